@@ -1,0 +1,45 @@
+# specd — `make up` starts the local cluster, `make test` runs every check.
+PY      := .venv/bin/python
+PIP     := .venv/bin/pip
+STAMP   := .venv/.setup-done
+# torch is pinned and installed first: the CPU wheel on a machine without a GPU, so pip
+# never pulls the multi-GB CUDA set there. TORCH_PIP_ARGS lets a user add an index.
+TORCH_SPEC     ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+
+.PHONY: setup up test lint format protos models bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PIP) install -q --disable-pip-version-check $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(PIP) install -q --disable-pip-version-check -e ".[dev]"
+	touch $(STAMP)
+
+models: setup
+	.venv/bin/specd models fetch small
+	.venv/bin/specd models fetch default
+
+up: setup
+	.venv/bin/specd up
+
+lint: setup
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+
+format: setup
+	.venv/bin/ruff check --fix .
+	.venv/bin/ruff format .
+
+test: lint models
+	.venv/bin/python -m pytest -q -ra tests
+
+protos: setup
+	$(PY) -m protos.generate
+
+bench: setup
+	.venv/bin/specd bench engine
+
+clean:
+	rm -rf .venv build *.egg-info

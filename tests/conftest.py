@@ -1,0 +1,81 @@
+"""Tiny random Llama-family models built in-test, and the real models from the cache."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+TINY = dict(
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+
+
+def make_tiny(kind: str, folder, seed: int = 0):
+    """Save a tiny random HF model of `kind` (llama with llama3 rope scaling, or qwen2
+    with QKV bias and tied embeddings) to `folder`; return the HF model (fp32, eval)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    if kind == "llama":
+        config = LlamaConfig(
+            **TINY,
+            tie_word_embeddings=False,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        )
+        model = LlamaForCausalLM(config)
+    elif kind == "qwen2":
+        config = Qwen2Config(
+            **TINY,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        )
+        model = Qwen2ForCausalLM(config)
+    else:
+        raise ValueError(kind)
+    with torch.no_grad():  # larger than the init's 0.02 so logits are far from uniform
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0, 0.15)
+    model.eval()
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen2"])
+def tiny(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(f"tiny-{request.param}")
+    hf = make_tiny(request.param, folder)
+    return folder, hf
+
+
+def real_model_or_skip(name: str):
+    """Real models are fetched by `make test` (`specd models fetch`); never from a hub."""
+    from specd.models.catalog import is_ready, model_dir
+
+    folder = model_dir(name)
+    if not is_ready(folder):
+        if os.environ.get("CI"):
+            pytest.fail(f"real model {name} missing: `make models` should have fetched it")
+        pytest.skip(f"{name} not in the cache; run `specd models fetch`")
+    return folder

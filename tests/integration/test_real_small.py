@@ -1,0 +1,33 @@
+import pytest
+import torch
+
+from specd.models.catalog import SMALL_MODEL
+from specd.models.loader import load_model, load_tokenizer
+from specd.models.paged_kv import PagedKV, SeqInput
+from tests.conftest import real_model_or_skip
+
+
+@pytest.mark.real
+def test_smollm2_greedy_matches_transformers_generate():
+    from transformers import AutoModelForCausalLM
+
+    folder = real_model_or_skip(SMALL_MODEL)
+    tok = load_tokenizer(folder)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "Write a Python function that reverses a string."}],
+        add_generation_prompt=True,
+        tokenize=True,
+    )["input_ids"]
+    model = load_model(folder, dtype="fp32", device="cpu")
+    kv = PagedKV.for_model(model, num_blocks=32)
+    kv.allocator.allocate(0)
+    logits = model.forward(kv, [SeqInput(0, list(ids))])
+    ours = []
+    for _ in range(32):
+        ours.append(int(logits[-1].argmax()))
+        logits = model.forward(kv, [SeqInput(0, [ours[-1]])])
+
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    ref = hf.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False)
+    assert len(ref[0]) - len(ids) == 32, "prompt should run past 32 tokens"
+    assert ours == ref[0, len(ids) :].tolist()

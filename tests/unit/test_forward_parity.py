@@ -1,0 +1,66 @@
+"""Our paged forward against transformers on tiny random models, fp32."""
+
+import torch
+
+from specd.models.loader import load_model
+from specd.models.paged_kv import PagedKV, SeqInput
+
+TOL = 1e-4
+
+
+def hf_logits(hf, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0].float()  # [len, V]
+
+
+def setup(tiny, num_blocks=64, block_size=4):
+    folder, hf = tiny
+    model = load_model(folder, dtype="fp32", device="cpu")
+    kv = PagedKV.for_model(model, num_blocks=num_blocks, block_size=block_size)
+    return model, kv, hf
+
+
+def test_prefill_then_decode(tiny):
+    model, kv, hf = setup(tiny)
+    ids = [5, 17, 33, 2, 90, 41, 7, 8, 11]
+    kv.allocator.allocate("a")
+    got = model.forward(kv, [SeqInput("a", ids[:6], num_logits=6)])
+    assert (got - hf_logits(hf, ids[:6])).abs().max() <= TOL
+    for n in range(6, len(ids)):
+        got = model.forward(kv, [SeqInput("a", [ids[n]])])
+        ref = hf_logits(hf, ids[: n + 1])[-1:]
+        assert (got - ref).abs().max() <= TOL
+
+
+def test_mixed_batch_and_truncate(tiny):
+    model, kv, hf = setup(tiny)
+    g = torch.Generator().manual_seed(1)
+    a_ids = torch.randint(3, 96, (7,), generator=g).tolist()
+    b_ids = torch.randint(3, 96, (6,), generator=g).tolist()  # 5 cached + decode 1
+    c_ids = torch.randint(3, 96, (10,), generator=g).tolist()  # 6 cached + append 4
+    for s in "abc":
+        kv.allocator.allocate(s)
+    model.forward(kv, [SeqInput("b", b_ids[:5], 0), SeqInput("c", c_ids[:6], 0)])
+
+    got = model.forward(
+        kv, [SeqInput("a", a_ids, 7), SeqInput("b", b_ids[5:], 1), SeqInput("c", c_ids[6:], 4)]
+    )
+    ref = torch.cat([hf_logits(hf, a_ids), hf_logits(hf, b_ids)[-1:], hf_logits(hf, c_ids)[-4:]])
+    assert got.shape == ref.shape
+    assert (got - ref).abs().max() <= TOL
+
+    # reject the last 3 of c's appended tokens and of a's prompt, then continue differently
+    kv.allocator.truncate_to("c", 7)
+    kv.allocator.truncate_to("a", 4)
+    c2 = c_ids[:7] + [3, 4]
+    a2 = a_ids[:4] + [60]
+    got = model.forward(
+        kv, [SeqInput("c", c2[7:], 2), SeqInput("a", a2[4:], 1), SeqInput("b", [9], 1)]
+    )
+    ref = torch.cat(
+        [hf_logits(hf, c2)[-2:], hf_logits(hf, a2)[-1:], hf_logits(hf, b_ids + [9])[-1:]]
+    )
+    assert (got - ref).abs().max() <= TOL
+    for s in "abc":
+        kv.allocator.free(s)
+    assert kv.allocator.num_used == 0

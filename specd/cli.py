@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(func=_up)
 
     bench = sub.add_parser("bench", help="benchmarks (see bench/)")
+    bench.add_argument("kind", choices=["engine"], help="engine: decode speed + verify cost")
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_bench)
     return parser

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from specd.models.args import ModelArgs
+from specd.models.matmul import linear
 from specd.models.paged_kv import BatchPlan, PagedKV, SeqInput
 
 
@@ -64,6 +65,10 @@ class LlamaModel:
         self.rope_scale = rope_scale
         self.dtype = dtype
         self.device = device
+        self.batch_invariant = False  # see specd.models.matmul
+
+    def _linear(self, x, w, b=None):
+        return linear(x, w, b, invariant=self.batch_invariant)
 
     # -- public API ----------------------------------------------------------------------
     @torch.inference_mode()
@@ -79,7 +84,7 @@ class LlamaModel:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head for selected rows [R, H] -> fp32 [R, V]."""
         h = rms_norm(hidden, self.norm, self.args.rms_norm_eps)
-        return F.linear(h, self.lm_head).float()
+        return linear(h, self.lm_head, invariant=self.batch_invariant, out_dtype=torch.float32)
 
     def hidden_states(self, kv: PagedKV, plan: BatchPlan) -> torch.Tensor:
         x = self.embed.index_select(0, plan.input_ids)  # [T, H]
@@ -95,8 +100,8 @@ class LlamaModel:
                 sin,
             )
             h = rms_norm(x, layer.mlp_norm, self.args.rms_norm_eps)
-            gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.w_down)
+            gate, up = self._linear(h, layer.w_gate_up).chunk(2, dim=-1)
+            x = x + self._linear(F.silu(gate) * up, layer.w_down)
         return x  # [T, H], before the final norm
 
     # -- pieces --------------------------------------------------------------------------
@@ -110,7 +115,7 @@ class LlamaModel:
     def _attention(self, layer: Layer, x, k_pool, v_pool, plan: BatchPlan, cos, sin):
         a = self.args
         n_q, n_kv, hd = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim, a.head_dim
-        qkv = F.linear(x, layer.wqkv, layer.bqkv)  # [T, n_q + 2 n_kv]
+        qkv = self._linear(x, layer.wqkv, layer.bqkv)  # [T, n_q + 2 n_kv]
         q = qkv[:, :n_q].view(-1, a.num_heads, hd)  # [T, heads, hd]
         k = qkv[:, n_q : n_q + n_kv].view(-1, a.num_kv_heads, hd)  # [T, kv_heads, hd]
         v = qkv[:, n_q + n_kv :].view(-1, a.num_kv_heads, hd)
@@ -122,21 +127,24 @@ class LlamaModel:
         keys = k_pool[plan.kv_slots].transpose(1, 2)  # [B, kv_heads, L_max, hd]
         values = v_pool[plan.kv_slots].transpose(1, 2)
 
-        b, qm = plan.batch, plan.q_max
+        b, qm, group = plan.batch, plan.q_max, a.num_heads // a.num_kv_heads
         if plan.pad_index is None:  # one sequence: its T rows are its queries
-            queries = q.view(1, -1, a.num_heads, hd).transpose(1, 2)
+            queries = q.view(1, -1, a.num_heads, hd)
         else:
             padded = q.new_zeros(b * qm, a.num_heads, hd)
             padded.index_copy_(0, plan.pad_index, q)
-            queries = padded.view(b, qm, a.num_heads, hd).transpose(1, 2)  # [B, heads, Q, hd]
-        out = F.scaled_dot_product_attention(
-            queries,
-            keys,
-            values,
-            attn_mask=plan.attn_mask,
-            enable_gqa=a.num_heads != a.num_kv_heads,
-        )  # [B, heads, Q, hd]
-        out = out.transpose(1, 2).reshape(-1, a.num_heads * hd)  # [B * Q, heads * hd]
+            queries = padded.view(b, qm, a.num_heads, hd)
+        # GQA: query head h reads kv head h // group. Fold each kv head's group of query
+        # heads into the query axis, [B, kv_heads, group * Q, hd], so attention sees equal
+        # head counts and never materialises repeated keys.
+        queries = queries.view(b, qm, a.num_kv_heads, group, hd).permute(0, 2, 3, 1, 4)
+        queries = queries.reshape(b, a.num_kv_heads, group * qm, hd)
+        mask = plan.attn_mask
+        if mask is not None and group > 1:  # [B, 1, Q, L] -> [B, 1, group * Q, L]
+            mask = mask.unsqueeze(2).expand(b, 1, group, qm, mask.shape[-1]).flatten(2, 3)
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask)
+        out = out.view(b, a.num_kv_heads, group, qm, hd).permute(0, 3, 1, 2, 4)  # [B,Q,kv,g,hd]
+        out = out.reshape(b * qm, a.num_heads * hd)
         if plan.pad_index is not None:
             out = out.index_select(0, plan.pad_index)  # back to the flat [T, ...]
-        return F.linear(out, layer.wo, layer.bo)
+        return self._linear(out, layer.wo, layer.bo)

@@ -1,0 +1,52 @@
+"""The weight matmul `y = x W^T + b`, dispatched by row count for CPU memory bandwidth.
+
+Decode and verification are bandwidth-bound: every weight is read once per forward.
+Measured on a 2-core AMX Xeon, bf16, cold weights [17920, 1536]: `F.linear` reads at
+~18 GB/s for 1-16 rows; `torch.mv` at ~26 GB/s for one row and `W @ x^T` at ~25 GB/s for
+2-16 rows. Past 16 rows (prefill) the work is compute-bound and `F.linear` (oneDNN/AMX)
+wins. See BENCHMARKS.md.
+
+Batch-invariant mode: every forward goes through `W @ X^T` in tiles of exactly
+`INVARIANT_TILE` rows (zero-padded), so a row's numbers never depend on how many rows
+share the forward (decode of 1 vs verification of k+1 vs other sequences).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+SMALL_M = 16
+INVARIANT_TILE = 16
+
+
+def linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None = None,
+    invariant: bool = False,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """x [M, in] @ w [out, in]^T (+ b [out]) -> [M, out], cast to `out_dtype` if given."""
+    m = x.shape[0]
+    if invariant:
+        y = _tiled(x, w)
+    elif m == 1 and x.device.type == "cpu":
+        y = torch.mv(w, x[0]).unsqueeze(0)
+    elif m <= SMALL_M and x.device.type == "cpu":
+        y = torch.mm(w, x.t())  # [out, M]: cast while contiguous, then transpose the view
+        y = (y if out_dtype is None else y.to(out_dtype)).t()
+    else:
+        y = F.linear(x, w)
+    if b is not None:
+        y = y + b
+    return y if out_dtype is None else y.to(out_dtype)
+
+
+def _tiled(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    m, tile = x.shape[0], INVARIANT_TILE
+    pad = (-m) % tile
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
+    outs = [torch.mm(w, x[i : i + tile].t()).t() for i in range(0, x.shape[0], tile)]
+    return torch.cat(outs)[:m]

@@ -108,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"decode batch 1: specd {ours_tps:.2f} tok/s")
     if not args.no_hf:
         hf_tps, hf_out = hf_decode(folder, model.dtype, prompt, args.new_tokens)
-        same = next((i for i, (a, b) in enumerate(zip(ours_out, hf_out)) if a != b), None)
+        same = next(
+            (i for i, (a, b) in enumerate(zip(ours_out, hf_out, strict=False)) if a != b), None
+        )
         report["decode_tokens_per_s"]["transformers"] = round(hf_tps, 3)
         report["decode_ratio_vs_transformers"] = round(ours_tps / hf_tps, 3)
         report["first_divergence_vs_transformers"] = same

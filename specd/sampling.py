@@ -183,10 +183,14 @@ def make_generator(seed: int | None) -> torch.Generator:
     return g
 
 
-def draw_randomness(generators: list[torch.Generator], k_max: int, vocab: int):
+def draw_randomness(generators: list[torch.Generator], ks: list[int], vocab: int):
     """Per-sequence draws from each request's own generator -> (uniforms [N, K], noise [N, V]).
-    A request's draws depend only on its seed and its own history, not on the batch."""
-    uniforms = torch.stack([torch.rand(k_max, generator=g) for g in generators])
+    Sequence i draws exactly k_i uniforms and V exponentials, so a request's draws depend
+    only on its seed and its own history, never on the rest of the batch."""
+    k_max = max(ks, default=0)
+    uniforms = torch.ones(len(generators), k_max)
+    for i, (g, k) in enumerate(zip(generators, ks, strict=True)):
+        uniforms[i, :k] = torch.rand(k, generator=g)
     noise = torch.stack([torch.empty(vocab).exponential_(generator=g) for g in generators])
     return uniforms, noise
 

@@ -79,3 +79,39 @@ def real_model_or_skip(name: str):
             pytest.fail(f"real model {name} missing: `make models` should have fetched it")
         pytest.skip(f"{name} not in the cache; run `specd models fetch`")
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory):
+    """(target, draft) tiny Llama models in fp32: the draft is the target with noise added,
+    so it agrees often but not always."""
+    from specd.models.loader import load_model
+
+    folder = tmp_path_factory.mktemp("pair-target")
+    hf = make_tiny("llama", folder, seed=3)
+    draft_folder = tmp_path_factory.mktemp("pair-draft")
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(4)
+        for name, p in hf.named_parameters():
+            if "norm" not in name:
+                p.add_(torch.randn(p.shape, generator=g) * 0.06)
+    hf.save_pretrained(draft_folder)
+    return load_model(folder, dtype="fp32", device="cpu"), load_model(
+        draft_folder, dtype="fp32", device="cpu"
+    )
+
+
+def run_engine(engine, requests: list[dict]) -> dict[int, list[int]]:
+    """Add requests, step the engine until idle; returns generated tokens per request."""
+    ids = [engine.add_request(**r) for r in requests]
+    out = {i: [] for i in ids}
+    reasons = {}
+    for _ in range(10_000):
+        if not engine.has_work():
+            break
+        for o in engine.step():
+            out[o.seq_id].extend(o.tokens)
+            if o.finish_reason:
+                reasons[o.seq_id] = o.finish_reason
+    assert set(reasons) == set(ids), "every request must finish"
+    return {i: out[i] for i in ids}

@@ -78,7 +78,7 @@ def test_seeded_determinism():
 
     def run(seeds):
         gens = [make_generator(s) for s in seeds]
-        u, noise = draw_randomness(gens, k, v)
+        u, noise = draw_randomness(gens, [k] * 3, v)
         return rejection_sample(p, drafts, q, torch.tensor([k] * 3), u, noise)[0]
 
     assert torch.equal(run([1, 2, 3]), run([1, 2, 3]))

@@ -1,0 +1,1 @@
+"""The drafter: proposers (draft model, n-gram) and, later, its gRPC servicer."""

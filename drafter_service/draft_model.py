@@ -1,0 +1,99 @@
+"""Drafting with a small model on its own paged KV cache.
+
+Per round, for all sequences at once: roll the cache back to what the verifier committed
+(`truncate_to` past the common prefix), catch up on committed tokens it has not seen (the
+prompt on the first round: lazy prefill; later the accepted drafts' tail and the
+recovered/bonus token), then k batched single-token forwards. The k-th draft is never fed
+back: if it is accepted it arrives next round as a committed token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from drafter_service.proposer import DraftState, Proposal
+from specd.kvcache import NoFreeBlocks
+from specd.models.paged_kv import PagedKV, SeqInput
+from specd.sampling import logits_to_probs, make_generator, presence_rows
+
+
+class DraftModelProposer:
+    def __init__(self, model, num_blocks: int, block_size: int = 16, top_m: int = 32):
+        self.model = model
+        self.kv = PagedKV.for_model(model, num_blocks, block_size)
+        self.top_m = top_m
+        self._cached: dict[object, list[int]] = {}  # tokens whose K/V the drafter holds
+        self._gens: dict[object, torch.Generator] = {}
+
+    @property
+    def num_sessions(self) -> int:
+        return len(self._cached)
+
+    def close(self, seq_id) -> None:
+        self.kv.allocator.free(seq_id)
+        self._cached.pop(seq_id, None)
+        self._gens.pop(seq_id, None)
+
+    def propose(self, states: list[DraftState]) -> list[Proposal]:
+        out = {id(s): Proposal() for s in states}
+        active = [s for s in states if s.k > 0 and s.tokens and self._sync(s)]
+        drafts: dict[int, list[int]] = {id(s): [] for s in active}
+        q_ids: dict[int, list] = {id(s): [] for s in active}
+        q_probs: dict[int, list] = {id(s): [] for s in active}
+        feed = {id(s): s.tokens[len(self._cached[s.seq_id]) :] for s in active}
+        for step in range(max((s.k for s in active), default=0)):
+            batch = [s for s in active if s.k > step]
+            try:
+                logits = self.model.forward(
+                    self.kv, [SeqInput(s.seq_id, feed[id(s)]) for s in batch]
+                )
+            except NoFreeBlocks:
+                break  # the drafter's cache is full: propose what we have so far
+            for s, row in zip(batch, logits, strict=True):
+                self._cached[s.seq_id] += feed[id(s)]
+                token, ids, probs = self._draw(s, row, drafts[id(s)])
+                drafts[id(s)].append(token)
+                feed[id(s)] = [token]
+                if ids is not None:
+                    q_ids[id(s)].append(ids)
+                    q_probs[id(s)].append(probs)
+        for s in active:
+            p = out[id(s)]
+            p.tokens = drafts[id(s)]
+            if q_ids[id(s)]:
+                p.q_ids, p.q_probs = torch.stack(q_ids[id(s)]), torch.stack(q_probs[id(s)])
+        return [out[id(s)] for s in states]
+
+    def _sync(self, s: DraftState) -> bool:
+        """Roll back to the longest prefix shared with the committed tokens."""
+        alloc = self.kv.allocator
+        if s.seq_id not in self._cached:
+            alloc.allocate(s.seq_id)
+            self._cached[s.seq_id] = []
+            seed = None if s.params.seed is None else s.params.seed + 0x5EED
+            self._gens[s.seq_id] = make_generator(seed)
+        cached = self._cached[s.seq_id]
+        common = 0
+        for a, b in zip(cached, s.tokens, strict=False):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(s.tokens) - 1)  # always feed at least one token
+        alloc.truncate_to(s.seq_id, common)
+        del cached[common:]
+        return True
+
+    def _draw(self, s: DraftState, logits: torch.Tensor, so_far: list[int]):
+        """One draft token; greedy drafting sends no q, sampling sends its top-m q."""
+        seen = None
+        if s.params.repetition_penalty != 1.0:
+            seen = presence_rows(s.tokens + so_far, [], logits.shape[-1])
+        if s.params.greedy:
+            row = logits[None] if seen is None else logits_to_probs(logits[None], s.params, seen)
+            return int(row.argmax()), None, None
+        probs = logits_to_probs(logits[None], s.params, seen)[0]
+        vals, ids = probs.topk(min(self.top_m, probs.shape[-1]))
+        vals = vals / vals.sum()  # q: the truncated, renormalised distribution we draw from
+        noise = torch.empty_like(vals).exponential_(generator=self._gens[s.seq_id])
+        idx = int((vals / noise).argmax())
+        return int(ids[idx]), ids, vals

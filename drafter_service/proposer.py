@@ -1,0 +1,37 @@
+"""The one small interface every proposer implements.
+
+The verifier tells a proposer, per sequence, the committed tokens (prompt + generated; they
+only ever grow) and how many drafts it wants; the proposer returns k tokens and the
+distribution q each was drawn from (sparse), or no q when it drafts deterministically
+(greedy drafting, n-gram): then q is one-hot at each token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from specd.sampling import SamplingParams
+
+
+@dataclass
+class DraftState:
+    seq_id: object
+    tokens: list[int]  # committed: prompt + generated so far
+    params: SamplingParams
+    k: int  # drafts wanted this round (may come back shorter)
+
+
+@dataclass
+class Proposal:
+    tokens: list[int] = field(default_factory=list)
+    q_ids: torch.Tensor | None = None  # [k, m] support of each position's truncated q
+    q_probs: torch.Tensor | None = None  # [k, m] its probabilities (sum to 1 per row)
+
+
+class Proposer(Protocol):
+    def propose(self, states: list[DraftState]) -> list[Proposal]: ...
+
+    def close(self, seq_id) -> None: ...

@@ -1,0 +1,151 @@
+"""The verifier engine with tiny models: greedy parity, batching, stops, leaks."""
+
+import asyncio
+
+import pytest
+
+from drafter_service.draft_model import DraftModelProposer
+from drafter_service.ngram import NgramProposer, ngram_propose
+from specd.config import EngineConfig
+from specd.sampling import SamplingParams
+from tests.conftest import run_engine
+from verifier_service.engine import Engine
+
+PROMPTS = [
+    [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9],  # repetitive: n-gram finds matches
+    [20, 31, 42, 53, 64, 75, 86],
+    [3] * 4 + [11, 12, 13, 14] * 3,
+    list(range(40, 90)),
+]
+
+
+def make_engine(tiny_pair, proposer_kind=None, **config):
+    target, draft = tiny_pair
+    proposer = None
+    if proposer_kind == "draft":
+        proposer = DraftModelProposer(draft, num_blocks=128, block_size=4)
+    elif proposer_kind == "ngram":
+        proposer = NgramProposer()
+    cfg = EngineConfig(num_blocks=256, block_size=4, **config)
+    return Engine(target, cfg, proposer, eos_ids=set())
+
+
+def test_ngram_search_worked_example():
+    assert ngram_propose([7, 1, 2, 3, 9, 4, 1, 2, 3], 3, max_n=3) == [9, 4, 1]
+    assert ngram_propose([1, 2, 3], 3) == []
+    assert ngram_propose([4, 5, 4], 5) == [5, 4]  # only what followed the match
+    assert ngram_propose([1, 2, 9, 1, 2, 8, 1, 2], 2) == [8, 1]  # most recent match wins
+
+
+@pytest.mark.parametrize("kind", ["draft", "ngram"])
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_parity_speculation_on_vs_off(tiny_pair, kind, k):
+    reqs = [dict(prompt=p, max_new_tokens=24) for p in PROMPTS]
+    off = run_engine(make_engine(tiny_pair), reqs)
+    engine = make_engine(tiny_pair, kind)
+    on = run_engine(engine, [dict(r, num_draft=k) for r in reqs])
+    assert list(on.values()) == list(off.values())
+    assert 0 < engine.totals.accepted < engine.totals.drafted  # speculation really ran
+    assert engine.kv.allocator.num_used == 0
+    if kind == "draft":
+        assert engine.proposer.kv.allocator.num_used == 0
+        assert engine.proposer.num_sessions == 0
+
+
+def test_mixed_batch_speculative_and_plain(tiny_pair):
+    reqs = [dict(prompt=p, max_new_tokens=20 + i) for i, p in enumerate(PROMPTS)]
+    ref = run_engine(make_engine(tiny_pair), reqs)
+    engine = make_engine(tiny_pair, "draft")
+    mixed = [dict(r, num_draft=k) for r, k in zip(reqs, [0, 2, 4, 1], strict=True)]
+    got = run_engine(engine, mixed)
+    assert list(got.values()) == list(ref.values())
+    assert [len(v) for v in got.values()] == [20, 21, 22, 23]  # max_new_tokens exactly
+
+
+def test_stop_token_mid_round_cuts_the_rest(tiny_pair):
+    ref = run_engine(make_engine(tiny_pair), [dict(prompt=PROMPTS[1], max_new_tokens=30)])
+    full = next(iter(ref.values()))
+    stop = full[9]
+    first = full.index(stop)
+    got = run_engine(
+        make_engine(tiny_pair, "draft"),
+        [dict(prompt=PROMPTS[1], max_new_tokens=30, num_draft=5, stop_ids={stop})],
+    )
+    assert next(iter(got.values())) == full[: first + 1]
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 7])
+def test_max_new_tokens_exact(tiny_pair, max_new):
+    engine = make_engine(tiny_pair, "ngram")
+    got = run_engine(engine, [dict(prompt=PROMPTS[0], max_new_tokens=max_new, num_draft=6)])
+    assert len(next(iter(got.values()))) == max_new
+
+
+def test_sampled_generation_is_seeded_and_frees_everything(tiny_pair):
+    engine = make_engine(tiny_pair, "draft")
+    params = SamplingParams(temperature=0.9, top_p=0.95, seed=11)
+    reqs = [dict(prompt=p, params=params, max_new_tokens=16, num_draft=3) for p in PROMPTS]
+    a = run_engine(engine, reqs)
+    b = run_engine(engine, reqs)
+    assert list(a.values()) == list(b.values())
+    assert engine.kv.allocator.num_used == 0 and engine.proposer.kv.allocator.num_used == 0
+
+
+def test_preemption_under_kv_pressure_keeps_outputs(tiny_pair):
+    reqs = [dict(prompt=p, max_new_tokens=30, num_draft=3) for p in PROMPTS]
+    ref = run_engine(make_engine(tiny_pair), [dict(r, num_draft=0) for r in reqs])
+    target, draft = tiny_pair
+    small = Engine(
+        target,
+        EngineConfig(num_blocks=40, block_size=4),
+        DraftModelProposer(draft, num_blocks=128, block_size=4),
+        eos_ids=set(),
+    )
+    got = run_engine(small, reqs)
+    assert list(got.values()) == list(ref.values())
+    assert small.kv.allocator.num_used == 0
+
+
+def test_cancel_frees_both_caches(tiny_pair):
+    engine = make_engine(tiny_pair, "draft")
+
+    async def main():
+        gen = engine.generate(PROMPTS[3], max_new_tokens=200, num_draft=3)
+        seen = 0
+        async for out in gen:
+            seen += len(out.tokens)
+            if seen >= 5:
+                break
+        await gen.aclose()
+        for _ in range(100):  # the loop applies the abort at the next step boundary
+            if engine.kv.allocator.num_used == 0 and not engine.has_work():
+                break
+            await asyncio.sleep(0.01)
+        return seen
+
+    assert asyncio.run(main()) >= 5
+    assert engine.kv.allocator.num_used == 0
+    assert engine.proposer.kv.allocator.num_used == 0 and engine.proposer.num_sessions == 0
+
+
+def test_bad_requests_are_refused(tiny_pair):
+    engine = make_engine(tiny_pair)
+    for bad in (
+        dict(prompt=[]),
+        dict(prompt=[1], max_new_tokens=0),
+        dict(prompt=[10_000]),
+        dict(prompt=[1], max_new_tokens=10_000),
+        dict(prompt=[1], params=SamplingParams(temperature=-1)),
+    ):
+        with pytest.raises(ValueError):
+            engine.add_request(**bad)
+    assert not engine.has_work()
+
+
+def test_batch_invariant_mode_keeps_parity(tiny_pair):
+    reqs = [dict(prompt=p, max_new_tokens=16) for p in PROMPTS]
+    off = run_engine(make_engine(tiny_pair, batch_invariant=True), reqs)
+    on = run_engine(
+        make_engine(tiny_pair, "draft", batch_invariant=True), [dict(r, num_draft=4) for r in reqs]
+    )
+    assert list(on.values()) == list(off.values())

@@ -1,0 +1,1 @@
+"""The verifier: continuous-batching engine with speculative verification, gRPC servicer."""

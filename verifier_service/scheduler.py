@@ -1,0 +1,138 @@
+"""Which sequences run in the next forward, with how many tokens and how many drafts.
+
+Running sequences decode first (1 pending token + k drafts each); the rest of the token
+budget goes to prefill chunks. Admission reserves KV blocks for the prompt + (k + 1).
+When blocks run short a sequence's k is lowered first; if even k = 0 does not fit, the
+newest running sequence is preempted (its blocks freed, recomputed later).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from specd.config import EngineConfig
+from specd.kvcache import BlockAllocator, NoFreeBlocks
+from verifier_service.sequence import Sequence
+
+
+@dataclass
+class Work:
+    seq: Sequence
+    tokens: list[int]  # new tokens for the forward (decode: the pending token; drafts later)
+    k: int  # drafts allowed (decode only)
+    num_logits: int  # prefill: 1 on the last chunk of a fresh prompt, else 0; decode: 1 + k
+
+    @property
+    def decode(self) -> bool:
+        return not self.seq.prefilling and self.seq.num_cached == len(self.seq.tokens) - 1
+
+
+def prefill_target(seq: Sequence) -> int:
+    """Tokens to cache before decoding: all of a fresh prompt (its last position's logits
+    give the first token); all but the pending token once tokens were generated."""
+    return len(seq.tokens) - (0 if seq.prefilling else 1)
+
+
+class Scheduler:
+    def __init__(self, allocator: BlockAllocator, config: EngineConfig):
+        self.allocator = allocator
+        self.config = config
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._last_was_prefill = False
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        self.allocator.free(seq.seq_id)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[Work]:
+        budget = self.config.max_batched_tokens
+        decode = self._schedule_decode(budget)
+        budget -= sum(1 + w.k for w in decode)
+        if self.config.batch_invariant and decode:
+            # decode/verification forwards must not mix with prefill (different kernels);
+            # alternate when both are waiting so neither starves
+            if not self._wants_prefill() or self._last_was_prefill:
+                self._last_was_prefill = False
+                return decode
+            decode, budget = [], self.config.max_batched_tokens
+        prefill = self._schedule_prefill(budget)
+        self._last_was_prefill = bool(prefill) and not decode
+        return decode + prefill
+
+    def _wants_prefill(self) -> bool:
+        return bool(self.waiting) or any(s.num_cached < prefill_target(s) for s in self.running)
+
+    def _schedule_decode(self, budget: int) -> list[Work]:
+        work = []
+        for seq in list(self.running):
+            if seq not in self.running or seq.num_cached < prefill_target(seq):
+                continue  # preempted meanwhile, or still prefilling
+            remaining = seq.max_new_tokens - seq.num_generated
+            k = max(0, min(seq.num_draft, self.config.max_draft_tokens, remaining - 1, budget - 1))
+            k = self._fit(seq, k)
+            if k is None:
+                continue
+            budget -= 1 + k
+            work.append(Work(seq, [seq.tokens[-1]], k, 1 + k))
+            if budget <= 0:
+                break
+        return work
+
+    def _fit(self, seq: Sequence, k: int) -> int | None:
+        """Reserve blocks for 1 + k new tokens, lowering k, then preempting others."""
+        while True:
+            for kk in range(k, -1, -1):
+                try:
+                    self.allocator.reserve(seq.seq_id, seq.num_cached + 1 + kk)
+                    return kk
+                except NoFreeBlocks:
+                    continue
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is seq:
+                return None
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.allocator.free(seq.seq_id)
+        seq.num_cached = 0
+        self.waiting.appendleft(seq)
+
+    def _schedule_prefill(self, budget: int) -> list[Work]:
+        work = []
+        for seq in self.running:  # chunked prefills already admitted
+            if budget <= 0:
+                break
+            if seq.num_cached < prefill_target(seq):
+                w = self._chunk(seq, budget)
+                budget -= len(w.tokens)
+                work.append(w)
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_batch_size:
+            seq = self.waiting[0]
+            k = min(seq.num_draft, self.config.max_draft_tokens)
+            try:
+                self.allocator.allocate(seq.seq_id, reserve_tokens=len(seq.tokens) + k + 1)
+            except NoFreeBlocks:
+                break
+            self.waiting.popleft()
+            self.running.append(seq)
+            w = self._chunk(seq, budget)
+            budget -= len(w.tokens)
+            work.append(w)
+        return work
+
+    def _chunk(self, seq: Sequence, budget: int) -> Work:
+        end = min(prefill_target(seq), seq.num_cached + budget)
+        last = end == prefill_target(seq) and seq.prefilling
+        return Work(seq, seq.tokens[seq.num_cached : end], 0, 1 if last else 0)

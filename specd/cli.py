@@ -27,9 +27,11 @@ def _up(args) -> int:
 
 
 def _bench(args) -> int:
-    from bench.engine import main as bench_engine
-
-    return bench_engine(args.rest)
+    if args.kind == "engine":
+        from bench.engine import main as run
+    else:
+        from bench.speculative import main as run
+    return run(args.rest)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(func=_up)
 
     bench = sub.add_parser("bench", help="benchmarks (see bench/)")
-    bench.add_argument("kind", choices=["engine"], help="engine: decode speed + verify cost")
+    bench.add_argument("kind", choices=["engine", "spec"],
+                       help="engine: decode speed + verify cost; spec: speculation vs none")
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_bench)
     return parser

@@ -1,0 +1,164 @@
+"""`specd bench spec`: speculation vs none on a workload, against transformers, one run.
+
+    specd bench spec --workload code [--configs off,draft:2,draft:3,...] [--peer hf]
+
+Concurrency 1, greedy. Each config runs every prompt through the in-process engine;
+tokens/s = generated tokens / wall time (prefill included), summed over prompts. Ratios
+are against `off` measured in the same run. `--peer hf` adds transformers `generate`
+(plain, assisted generation with the draft model, prompt lookup) on the same weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from drafter_service.draft_model import DraftModelProposer
+from drafter_service.ngram import NgramProposer
+from specd.config import EngineConfig
+from specd.models.loader import eos_token_ids, load_config, load_model, load_tokenizer, resolve
+from verifier_service.engine import Engine
+
+WORKLOADS = Path(__file__).parent / "workloads"
+DEFAULT_CONFIGS = "off,draft:2,draft:3,draft:4,draft:6,ngram:3,ngram:5"
+
+
+def load_workload(name: str, tokenizer, limit: int | None = None) -> list[list[int]]:
+    path = Path(name) if Path(name).exists() else WORKLOADS / f"{name}.jsonl"
+    prompts = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        item = json.loads(line)
+        if "messages" in item:
+            enc = tokenizer.apply_chat_template(item["messages"], add_generation_prompt=True,
+                                                tokenize=True)
+            ids = enc["input_ids"] if hasattr(enc, "keys") else enc
+        else:
+            ids = tokenizer(item["prompt"])["input_ids"]
+        prompts.append(list(ids))
+    return prompts[:limit] if limit else prompts
+
+
+def run_engine_config(engine: Engine, prompts, k: int, max_new: int) -> dict:
+    tokens, seconds, outputs = 0, 0.0, []
+    before = (engine.totals.drafted, engine.totals.accepted, engine.totals.rounds)
+    for ids in prompts:
+        t0 = time.perf_counter()
+        seq_id = engine.add_request(ids, max_new_tokens=max_new, num_draft=k)
+        out = []
+        while engine.has_work():
+            for o in engine.step():
+                if o.seq_id == seq_id:
+                    out.extend(o.tokens)
+        seconds += time.perf_counter() - t0
+        tokens += len(out)
+        outputs.append(out)
+    drafted = engine.totals.drafted - before[0]
+    accepted = engine.totals.accepted - before[1]
+    rounds = engine.totals.rounds - before[2]
+    return {"tokens": tokens, "seconds": round(seconds, 3), "tok_per_s": tokens / seconds,
+            "acceptance": accepted / drafted if drafted else None,
+            "mean_accepted_length": (accepted + rounds) / rounds if rounds else None,
+            "outputs": outputs}
+
+
+def run_hf(folder, draft_folder, prompts, max_new: int, dtype) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    draft = AutoModelForCausalLM.from_pretrained(draft_folder, dtype=dtype)
+    modes = {"hf:plain": {}, "hf:assisted": {"assistant_model": draft},
+             "hf:prompt-lookup": {"prompt_lookup_num_tokens": 10}}
+    results = {}
+    for name, extra in modes.items():
+        tokens, seconds, outputs = 0, 0.0, []
+        for ids in prompts:
+            x = torch.tensor([ids])
+            t0 = time.perf_counter()
+            out = target.generate(x, do_sample=False, max_new_tokens=max_new, **extra)
+            seconds += time.perf_counter() - t0
+            gen = out[0, len(ids) :].tolist()
+            tokens += len(gen)
+            outputs.append(gen)
+        results[name] = {"tokens": tokens, "seconds": round(seconds, 3),
+                         "tok_per_s": tokens / seconds, "outputs": outputs}
+    return results
+
+
+def first_divergence(a: list[list[int]], b: list[list[int]]) -> list[int | None]:
+    out = []
+    for x, y in zip(a, b, strict=True):
+        out.append(next((i for i, (s, t) in enumerate(zip(x, y, strict=False)) if s != t),
+                        None if len(x) == len(y) else min(len(x), len(y))))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="specd bench spec", description=__doc__.split("\n")[0])
+    p.add_argument("--workload", default="code")
+    p.add_argument("--target", default="default-target")
+    p.add_argument("--draft", default="default-draft")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--configs", default=DEFAULT_CONFIGS)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--limit", type=int, default=0, help="first N prompts only")
+    p.add_argument("--batch-invariant", action="store_true")
+    p.add_argument("--peer", choices=["none", "hf"], default="none")
+    p.add_argument("--json", help="write the full report here")
+    args = p.parse_args(argv)
+
+    folder, draft_folder = resolve(args.target), resolve(args.draft)
+    tokenizer = load_tokenizer(folder)
+    prompts = load_workload(args.workload, tokenizer, args.limit or None)
+    target = load_model(folder, dtype=args.dtype)
+    eos = eos_token_ids(folder, load_config(folder))
+    draft = None
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if any(c.startswith("draft") for c in configs):
+        draft = load_model(draft_folder, dtype=args.dtype)
+    cfg = EngineConfig(batch_invariant=args.batch_invariant, max_draft_tokens=16)
+    print(f"workload {args.workload}: {len(prompts)} prompts, {args.max_new_tokens} new tokens, "
+          f"{target.dtype}, threads {torch.get_num_threads()}")
+
+    results = {}
+    for name in configs:
+        kind, _, k = name.partition(":")
+        proposer = None
+        if kind == "draft":
+            proposer = DraftModelProposer(draft, num_blocks=512, top_m=cfg.draft_top_m)
+        elif kind == "ngram":
+            proposer = NgramProposer()
+        engine = Engine(target, cfg, proposer, eos_ids=eos)
+        results[name] = run_engine_config(engine, prompts, int(k or 0), args.max_new_tokens)
+        _print_row(name, results[name], results.get("off"))
+    if args.peer == "hf":
+        for name, r in run_hf(folder, draft_folder, prompts, args.max_new_tokens,
+                              target.dtype).items():
+            results[name] = r
+            _print_row(name, r, results.get("off"))
+    if "off" in results:
+        base = results["off"]["outputs"]
+        for r in results.values():
+            r["first_divergence_vs_off"] = first_divergence(r["outputs"], base)
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            {"workload": args.workload, "dtype": str(target.dtype), "results": results},
+            indent=1))
+    return 0
+
+
+def _print_row(name: str, r: dict, base: dict | None) -> None:
+    ratio = f"{r['tok_per_s'] / base['tok_per_s']:.2f}x" if base else "-"
+    acc = f"{r['acceptance']:.0%}" if r.get("acceptance") is not None else "-"
+    mal = f"{r['mean_accepted_length']:.2f}" if r.get("mean_accepted_length") else "-"
+    print(f"  {name:<18} {r['tok_per_s']:6.2f} tok/s  {ratio:>6}  acceptance {acc:>4}  "
+          f"mean accepted length {mal}", flush=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -35,8 +35,9 @@ def load_workload(name: str, tokenizer, limit: int | None = None) -> list[list[i
             continue
         item = json.loads(line)
         if "messages" in item:
-            enc = tokenizer.apply_chat_template(item["messages"], add_generation_prompt=True,
-                                                tokenize=True)
+            enc = tokenizer.apply_chat_template(
+                item["messages"], add_generation_prompt=True, tokenize=True
+            )
             ids = enc["input_ids"] if hasattr(enc, "keys") else enc
         else:
             ids = tokenizer(item["prompt"])["input_ids"]
@@ -61,10 +62,14 @@ def run_engine_config(engine: Engine, prompts, k: int, max_new: int) -> dict:
     drafted = engine.totals.drafted - before[0]
     accepted = engine.totals.accepted - before[1]
     rounds = engine.totals.rounds - before[2]
-    return {"tokens": tokens, "seconds": round(seconds, 3), "tok_per_s": tokens / seconds,
-            "acceptance": accepted / drafted if drafted else None,
-            "mean_accepted_length": (accepted + rounds) / rounds if rounds else None,
-            "outputs": outputs}
+    return {
+        "tokens": tokens,
+        "seconds": round(seconds, 3),
+        "tok_per_s": tokens / seconds,
+        "acceptance": accepted / drafted if drafted else None,
+        "mean_accepted_length": (accepted + rounds) / rounds if rounds else None,
+        "outputs": outputs,
+    }
 
 
 def run_hf(folder, draft_folder, prompts, max_new: int, dtype) -> dict:
@@ -72,8 +77,11 @@ def run_hf(folder, draft_folder, prompts, max_new: int, dtype) -> dict:
 
     target = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     draft = AutoModelForCausalLM.from_pretrained(draft_folder, dtype=dtype)
-    modes = {"hf:plain": {}, "hf:assisted": {"assistant_model": draft},
-             "hf:prompt-lookup": {"prompt_lookup_num_tokens": 10}}
+    modes = {
+        "hf:plain": {},
+        "hf:assisted": {"assistant_model": draft},
+        "hf:prompt-lookup": {"prompt_lookup_num_tokens": 10},
+    }
     results = {}
     for name, extra in modes.items():
         tokens, seconds, outputs = 0, 0.0, []
@@ -85,16 +93,24 @@ def run_hf(folder, draft_folder, prompts, max_new: int, dtype) -> dict:
             gen = out[0, len(ids) :].tolist()
             tokens += len(gen)
             outputs.append(gen)
-        results[name] = {"tokens": tokens, "seconds": round(seconds, 3),
-                         "tok_per_s": tokens / seconds, "outputs": outputs}
+        results[name] = {
+            "tokens": tokens,
+            "seconds": round(seconds, 3),
+            "tok_per_s": tokens / seconds,
+            "outputs": outputs,
+        }
     return results
 
 
 def first_divergence(a: list[list[int]], b: list[list[int]]) -> list[int | None]:
     out = []
     for x, y in zip(a, b, strict=True):
-        out.append(next((i for i, (s, t) in enumerate(zip(x, y, strict=False)) if s != t),
-                        None if len(x) == len(y) else min(len(x), len(y))))
+        out.append(
+            next(
+                (i for i, (s, t) in enumerate(zip(x, y, strict=False)) if s != t),
+                None if len(x) == len(y) else min(len(x), len(y)),
+            )
+        )
     return out
 
 
@@ -122,8 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     if any(c.startswith("draft") for c in configs):
         draft = load_model(draft_folder, dtype=args.dtype)
     cfg = EngineConfig(batch_invariant=args.batch_invariant, max_draft_tokens=16)
-    print(f"workload {args.workload}: {len(prompts)} prompts, {args.max_new_tokens} new tokens, "
-          f"{target.dtype}, threads {torch.get_num_threads()}")
+    print(
+        f"workload {args.workload}: {len(prompts)} prompts, {args.max_new_tokens} new tokens, "
+        f"{target.dtype}, threads {torch.get_num_threads()}"
+    )
 
     results = {}
     for name in configs:
@@ -137,8 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = run_engine_config(engine, prompts, int(k or 0), args.max_new_tokens)
         _print_row(name, results[name], results.get("off"))
     if args.peer == "hf":
-        for name, r in run_hf(folder, draft_folder, prompts, args.max_new_tokens,
-                              target.dtype).items():
+        for name, r in run_hf(
+            folder, draft_folder, prompts, args.max_new_tokens, target.dtype
+        ).items():
             results[name] = r
             _print_row(name, r, results.get("off"))
     if "off" in results:
@@ -146,9 +165,12 @@ def main(argv: list[str] | None = None) -> int:
         for r in results.values():
             r["first_divergence_vs_off"] = first_divergence(r["outputs"], base)
     if args.json:
-        Path(args.json).write_text(json.dumps(
-            {"workload": args.workload, "dtype": str(target.dtype), "results": results},
-            indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {"workload": args.workload, "dtype": str(target.dtype), "results": results},
+                indent=1,
+            )
+        )
     return 0
 
 
@@ -156,8 +178,11 @@ def _print_row(name: str, r: dict, base: dict | None) -> None:
     ratio = f"{r['tok_per_s'] / base['tok_per_s']:.2f}x" if base else "-"
     acc = f"{r['acceptance']:.0%}" if r.get("acceptance") is not None else "-"
     mal = f"{r['mean_accepted_length']:.2f}" if r.get("mean_accepted_length") else "-"
-    print(f"  {name:<18} {r['tok_per_s']:6.2f} tok/s  {ratio:>6}  acceptance {acc:>4}  "
-          f"mean accepted length {mal}", flush=True)
+    print(
+        f"  {name:<18} {r['tok_per_s']:6.2f} tok/s  {ratio:>6}  acceptance {acc:>4}  "
+        f"mean accepted length {mal}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

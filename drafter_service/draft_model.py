@@ -18,6 +18,8 @@ from specd.sampling import logits_to_probs, make_generator, presence_rows
 
 
 class DraftModelProposer:
+    available = True
+
     def __init__(self, model, num_blocks: int, block_size: int = 16, top_m: int = 32):
         self.model = model
         self.kv = PagedKV.for_model(model, num_blocks, block_size)

@@ -30,6 +30,8 @@ def ngram_propose(tokens: list[int], k: int, max_n: int = 4, min_n: int = 1) -> 
 
 
 class NgramProposer:
+    available = True
+
     def __init__(self, max_n: int = 4, min_n: int = 1):
         self.max_n, self.min_n = max_n, min_n
 

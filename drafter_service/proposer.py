@@ -32,6 +32,8 @@ class Proposal:
 
 
 class Proposer(Protocol):
+    available: bool  # False while a remote drafter cannot be reached
+
     def propose(self, states: list[DraftState]) -> list[Proposal]: ...
 
     def close(self, seq_id) -> None: ...

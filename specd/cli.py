@@ -1,9 +1,22 @@
-"""`specd` command line: models, up, serve, generate, bench (services imported lazily)."""
+"""`specd` command line: models, up, serve, generate, health, bench (services imported
+lazily, so `specd generate` never loads torch)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import sys
+
+from specd.config import (
+    DrafterConfig,
+    RouterConfig,
+    VerifierConfig,
+    add_arguments,
+    from_arguments,
+)
+
+ROLES = {"drafter": DrafterConfig, "verifier": VerifierConfig, "router": RouterConfig}
 
 
 def _models(args) -> int:
@@ -18,12 +31,70 @@ def _models(args) -> int:
     return 0
 
 
-def _up(args) -> int:
-    from specd.generate import generate_once
-
-    text = generate_once(args.target, args.prompt, args.max_new_tokens)
-    print(text)
+def _serve(args) -> int:
+    config = from_arguments(ROLES[args.role], args)
+    if args.role == "drafter":
+        from drafter_service.server import serve
+    elif args.role == "verifier":
+        from verifier_service.server import serve
+    else:
+        from router.server import serve
+    asyncio.run(serve(config))
     return 0
+
+
+def _generate(args) -> int:
+    import grpc
+
+    from router.client import SpecdClient
+
+    kwargs = dict(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        route=args.route,
+        speculation=args.speculation,
+        stop=args.stop or [],
+    )
+    if args.raw:
+        kwargs["prompt"] = args.prompt
+    else:
+        kwargs["messages"] = [{"role": "user", "content": args.prompt}]
+    with SpecdClient(args.address) as client:
+        try:
+            if args.stream:
+                final = None
+                for msg in client.stream(**kwargs):
+                    print(msg.text, end="", flush=True)
+                    final = msg
+                print()
+            else:
+                final = client.generate(**kwargs)
+                print(final.text)
+        except grpc.RpcError as exc:
+            print(f"specd generate: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return 1
+    s = final.speculation
+    print(
+        f"[{final.finish_reason}; {final.usage.completion_tokens} tokens; speculation "
+        f"{s.reason}, k={s.num_draft_tokens}, acceptance {s.acceptance_rate:.0%}, "
+        f"mean accepted length {s.mean_accepted_length:.2f}]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _health(args) -> int:
+    from specd.serving import check_health
+
+    ok = check_health(args.address, timeout=args.timeout)
+    print("SERVING" if ok else "NOT_SERVING")
+    return 0 if ok else 1
+
+
+def _up(args) -> int:
+    from specd.local_cluster import run_local_cluster
+
+    return run_local_cluster(args)
 
 
 def _bench(args) -> int:
@@ -36,6 +107,7 @@ def _bench(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specd", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
 
     models = sub.add_parser("models", help="manage the model cache")
@@ -44,15 +116,47 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("set", nargs="?", default="default", choices=["default", "small"])
     fetch.set_defaults(func=_models)
 
-    up = sub.add_parser("up", help="run the default pair locally")
+    serve = sub.add_parser("serve", help="run one service")
+    roles = serve.add_subparsers(dest="role", required=True)
+    for role, cls in ROLES.items():
+        p = roles.add_parser(role, help=cls.__doc__)
+        add_arguments(p, cls)
+        p.set_defaults(func=_serve)
+
+    gen = sub.add_parser("generate", help="send a prompt to the router")
+    gen.add_argument("prompt")
+    gen.add_argument("--address", default="127.0.0.1:50051")
+    gen.add_argument("--route", default="")
+    gen.add_argument("--stream", action="store_true")
+    gen.add_argument("--speculation", choices=["auto", "on", "off"], default="auto")
+    gen.add_argument("--max-new-tokens", type=int, default=0)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--stop", action="append")
+    gen.add_argument("--raw", action="store_true", help="no chat template")
+    gen.set_defaults(func=_generate)
+
+    health = sub.add_parser("health", help="grpc.health.v1 check of ADDR (exit 0 if serving)")
+    health.add_argument("address")
+    health.add_argument("--timeout", type=float, default=2.0)
+    health.set_defaults(func=_health)
+
+    up = sub.add_parser("up", help="drafter + verifier + router on localhost")
     up.add_argument("--target", default="default-target")
-    up.add_argument("--prompt", default="Write a Python function that checks if a number is prime.")
-    up.add_argument("--max-new-tokens", type=int, default=64)
+    up.add_argument("--draft", default="default-draft")
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--router-port", type=int, default=RouterConfig.port)
+    up.add_argument("--verifier-port", type=int, default=VerifierConfig.port)
+    up.add_argument("--drafter-port", type=int, default=DrafterConfig.port)
+    up.add_argument("--policy-file", default="")
+    up.add_argument("--ready-timeout", type=float, default=600.0)
     up.set_defaults(func=_up)
 
     bench = sub.add_parser("bench", help="benchmarks (see bench/)")
-    bench.add_argument("kind", choices=["engine", "spec"],
-                       help="engine: decode speed + verify cost; spec: speculation vs none")
+    bench.add_argument(
+        "kind",
+        choices=["engine", "spec"],
+        help="engine: decode speed + verify cost; spec: speculation vs none",
+    )
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_bench)
     return parser
@@ -60,6 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
     return args.func(args)
 
 

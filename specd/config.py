@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import argparse
+import typing
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 
 
 @dataclass
@@ -26,3 +28,92 @@ class EngineConfig:
             raise ValueError("max_batched_tokens must hold one verification (k + 1 tokens)")
         if self.max_draft_tokens < 0 or self.draft_top_m <= 0:
             raise ValueError("max_draft_tokens must be >= 0 and draft_top_m > 0")
+
+
+@dataclass
+class DrafterConfig:
+    """`specd serve drafter`."""
+
+    host: str = "127.0.0.1"
+    port: int = 50061
+    model: str = "default-draft"
+    proposer: str = "draft"  # draft (the small model) or ngram
+    dtype: str = "auto"
+    device: str = ""  # "" = cuda if present, else cpu
+    kv_cache_bytes: int = 1 << 29
+    top_m: int = 32  # support size of a sampled draft's q
+    max_draft_tokens: int = 16
+    metrics_port: int = 0  # 0 = no Prometheus endpoint
+
+    def __post_init__(self):
+        if self.proposer not in ("draft", "ngram"):
+            raise ValueError(f"proposer must be draft or ngram, got {self.proposer!r}")
+
+
+@dataclass
+class VerifierConfig:
+    """`specd serve verifier`."""
+
+    host: str = "127.0.0.1"
+    port: int = 50062
+    model: str = "default-target"
+    dtype: str = "auto"
+    device: str = ""
+    drafter: str = ""  # host:port of the drafter; "" = no speculation
+    drafter_timeout_ms: int = 3000  # per round; past it the round decodes with k = 0
+    drafter_reconnect_ms: int = 1000
+    max_queue: int = 256  # waiting requests past which Generate is RESOURCE_EXHAUSTED
+    metrics_port: int = 0
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+
+@dataclass
+class RouterConfig:
+    """`specd serve router`."""
+
+    host: str = "127.0.0.1"
+    port: int = 50051
+    verifier: list[str] = field(default_factory=list)  # host:port, repeat for replicas
+    tokenizer: str = "default-target"  # model name or folder with the tokenizer files
+    policy_file: str = ""  # per-route YAML; "" = built-in default policy
+    default_max_new_tokens: int = 256
+    max_new_tokens_cap: int = 4096
+    metrics_port: int = 0
+
+
+# -- the CLI is derived from these dataclasses, so defaults live in one place -------------
+def add_arguments(parser, cls, prefix: str = "") -> None:
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        kind = hints[f.name]
+        if is_dataclass(kind):
+            add_arguments(parser, kind, prefix=f"{prefix}{f.name}.")
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        dest = prefix + f.name
+        default = f.default if f.default is not MISSING else None
+        if kind is bool:
+            parser.add_argument(
+                flag, dest=dest, action=argparse.BooleanOptionalAction, default=default
+            )
+        elif typing.get_origin(kind) is list:
+            parser.add_argument(
+                flag, dest=dest, action="append", default=None, help="repeat for several"
+            )
+        else:
+            parser.add_argument(
+                flag, dest=dest, type=kind, default=default, help=f"default: {default}"
+            )
+
+
+def from_arguments(cls, namespace, prefix: str = ""):
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in fields(cls):
+        if is_dataclass(hints[f.name]):
+            values[f.name] = from_arguments(hints[f.name], namespace, f"{prefix}{f.name}.")
+            continue
+        value = getattr(namespace, prefix + f.name, None)
+        if value is not None:
+            values[f.name] = value
+    return cls(**values)

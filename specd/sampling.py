@@ -101,9 +101,10 @@ def logits_to_probs(
 
 # -- proposals -> dense q -----------------------------------------------------------------
 def sparse_to_dense(ids: torch.Tensor, probs: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Sparse q: ids, probs [..., m] -> dense [..., V] (zero off the support)."""
+    """Sparse q: ids, probs [..., m] -> dense [..., V] (zero off the support). Adds, so
+    zero-probability padding entries may repeat an id without clobbering it."""
     dense = torch.zeros(*ids.shape[:-1], vocab, dtype=probs.dtype)
-    return dense.scatter_(-1, ids, probs)
+    return dense.scatter_add_(-1, ids, probs)
 
 
 def onehot_probs(tokens: torch.Tensor, vocab: int) -> torch.Tensor:

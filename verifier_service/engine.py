@@ -9,6 +9,7 @@ thread so the event loop keeps serving while the model runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import threading
@@ -170,7 +171,8 @@ class Engine:
                 break
         if seq.finish_reason:
             self._finish(seq)
-        return [StepOutput(seq.seq_id, new, seq.finish_reason, w.k, accepted)]
+        stats = seq.stats if seq.finish_reason else None
+        return [StepOutput(seq.seq_id, new, seq.finish_reason, w.k, accepted, stats)]
 
     def _finish(self, seq: Sequence) -> None:
         self.scheduler.remove(seq)
@@ -188,7 +190,7 @@ class Engine:
             if seq is not None and seq.finish_reason is None:
                 seq.finish_reason = "abort"
                 self._finish(seq)
-                out.append(StepOutput(seq_id, [], "abort"))
+                out.append(StepOutput(seq_id, [], "abort", stats=seq.stats))
         return out
 
     def sequence(self, seq_id: int) -> Sequence | None:
@@ -220,6 +222,13 @@ class Engine:
         self._wake.set()
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.get_running_loop().create_task(self._run())
+
+    async def close(self) -> None:
+        """Stop the engine loop (the servers call this on shutdown)."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
 
     async def _run(self) -> None:
         while True:

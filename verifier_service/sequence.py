@@ -14,6 +14,7 @@ class SpecStats:
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
+    stats: SpecStats | None = None  # the request's speculation totals, on its last output
     drafted_per_pos: list[int] = field(default_factory=list)
     accepted_per_pos: list[int] = field(default_factory=list)
 
@@ -76,3 +77,4 @@ class StepOutput:
     finish_reason: str | None  # "stop", "length", "abort" or None while running
     drafted: int = 0
     accepted: int = 0
+    stats: SpecStats | None = None  # the request's speculation totals, on its last output

@@ -1,0 +1,145 @@
+"""The drafter's gRPC servicer: one bidirectional `Draft` stream per verifier connection.
+
+Sessions are keyed by (stream, seq_id), so several verifiers can connect at once; all of a
+stream's sessions close when it ends. The proposer runs on a worker thread, one round at a
+time (a lock), so the event loop keeps answering health checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from dataclasses import dataclass
+
+from drafter_service.proposer import DraftState, Proposer
+from protos.specd.v1 import drafter_pb2, drafter_pb2_grpc
+from specd.sampling import SamplingParams
+from specd.wire import params_from_proto
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Session:
+    tokens: list[int]
+    params: SamplingParams
+
+
+class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
+    def __init__(self, proposer: Proposer, vocab_size: int, max_draft_tokens: int = 16):
+        self.proposer = proposer
+        self.vocab_size = vocab_size
+        self.max_draft_tokens = max_draft_tokens
+        self.sessions: dict[tuple[int, int], Session] = {}
+        self._streams = itertools.count()
+        self._lock = threading.Lock()
+
+    @property
+    def num_sessions(self) -> int:
+        return len(self.sessions)
+
+    async def Draft(self, request_iterator, context):
+        stream = next(self._streams)
+        try:
+            async for request in request_iterator:
+                yield await asyncio.to_thread(self._round, stream, request)
+        finally:
+            await asyncio.to_thread(self._close_stream, stream)
+
+    def _round(self, stream: int, request: drafter_pb2.DraftRequest) -> drafter_pb2.DraftResponse:
+        with self._lock:
+            steps, errors = [], {}
+            for cmd in request.commands:
+                key = (stream, cmd.seq_id)
+                which = cmd.WhichOneof("command")
+                if which == "open":
+                    problem = self._check_ids(cmd.open.token_ids)
+                    try:
+                        params = params_from_proto(cmd.open.params)
+                        params.validate()
+                    except ValueError as exc:
+                        problem = str(exc)
+                    if problem:
+                        errors[cmd.seq_id] = problem
+                        continue
+                    self._close(key)
+                    self.sessions[key] = Session(list(cmd.open.token_ids), params)
+                elif which == "close":
+                    self._close(key)
+                elif which == "step":
+                    session = self.sessions.get(key)
+                    problem = errors.get(cmd.seq_id) or self._check_ids(cmd.step.committed_ids)
+                    if session is None and not problem:
+                        problem = f"no open session for seq_id {cmd.seq_id}"
+                    if not problem and not 0 < cmd.step.k <= self.max_draft_tokens:
+                        problem = f"k must be in [1, {self.max_draft_tokens}], got {cmd.step.k}"
+                    if problem:
+                        steps.append((cmd.seq_id, None, problem))
+                        continue
+                    session.tokens.extend(cmd.step.committed_ids)
+                    steps.append(
+                        (
+                            cmd.seq_id,
+                            DraftState(key, session.tokens, session.params, cmd.step.k),
+                            "",
+                        )
+                    )
+            states = [s for _, s, _ in steps if s is not None]
+            proposals = iter(self.proposer.propose(states) if states else [])
+            out = drafter_pb2.DraftResponse(round=request.round)
+            for seq_id, state, problem in steps:
+                msg = out.proposals.add(seq_id=seq_id, error=problem)
+                if state is None:
+                    continue
+                p = next(proposals)
+                msg.tokens.extend(p.tokens)
+                if p.q_ids is not None:
+                    for ids, probs in zip(p.q_ids.tolist(), p.q_probs.tolist(), strict=True):
+                        msg.q.add(ids=ids, probs=probs)
+            return out
+
+    def _check_ids(self, ids) -> str:
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        return f"token ids outside [0, {self.vocab_size}): {bad[:5]}" if bad else ""
+
+    def _close(self, key) -> None:
+        if self.sessions.pop(key, None) is not None:
+            self.proposer.close(key)
+
+    def _close_stream(self, stream: int) -> None:
+        with self._lock:
+            for key in [k for k in self.sessions if k[0] == stream]:
+                self._close(key)
+
+
+async def serve(config, ready=None) -> None:
+    """Load the drafter's model (or n-gram), serve until a signal."""
+    from drafter_service.draft_model import DraftModelProposer
+    from drafter_service.ngram import NgramProposer
+    from specd.models.loader import load_config, load_model, resolve
+    from specd.models.paged_kv import PagedKV
+    from specd.serving import serve_until_signal, start_server
+
+    folder = resolve(config.model)
+    if config.proposer == "ngram":
+        proposer, vocab = NgramProposer(), load_config(folder).vocab_size
+    else:
+        model = load_model(folder, dtype=config.dtype, device=config.device or None)
+        blocks = PagedKV.blocks_for_budget(model, config.kv_cache_bytes)
+        proposer, vocab = (
+            DraftModelProposer(model, blocks, top_m=config.top_m),
+            model.args.vocab_size,
+        )
+    servicer = DrafterServicer(proposer, vocab, config.max_draft_tokens)
+    server, port, _ = await start_server(
+        config.host,
+        config.port,
+        lambda s: drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
+        [drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name],
+    )
+    log.info("drafter serving on %s:%d (%s)", config.host, port, config.proposer)
+    if ready is not None:
+        ready(port)
+    await serve_until_signal(server)

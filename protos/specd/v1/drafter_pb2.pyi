@@ -1,0 +1,76 @@
+from protos.specd.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DraftRequest(_message.Message):
+    __slots__ = ("round", "commands")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    commands: _containers.RepeatedCompositeFieldContainer[SeqCommand]
+    def __init__(self, round: _Optional[int] = ..., commands: _Optional[_Iterable[_Union[SeqCommand, _Mapping]]] = ...) -> None: ...
+
+class SeqCommand(_message.Message):
+    __slots__ = ("seq_id", "open", "step", "close")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
+    seq_id: int
+    open: Open
+    step: Step
+    close: Close
+    def __init__(self, seq_id: _Optional[int] = ..., open: _Optional[_Union[Open, _Mapping]] = ..., step: _Optional[_Union[Step, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ...) -> None: ...
+
+class Open(_message.Message):
+    __slots__ = ("token_ids", "params")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    params: _common_pb2.SamplingParams
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+
+class Step(_message.Message):
+    __slots__ = ("committed_ids", "k")
+    COMMITTED_IDS_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    committed_ids: _containers.RepeatedScalarFieldContainer[int]
+    k: int
+    def __init__(self, committed_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ...) -> None: ...
+
+class Close(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DraftResponse(_message.Message):
+    __slots__ = ("round", "proposals")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    PROPOSALS_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    proposals: _containers.RepeatedCompositeFieldContainer[SeqProposal]
+    def __init__(self, round: _Optional[int] = ..., proposals: _Optional[_Iterable[_Union[SeqProposal, _Mapping]]] = ...) -> None: ...
+
+class SeqProposal(_message.Message):
+    __slots__ = ("seq_id", "tokens", "q", "error")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    Q_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    seq_id: int
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    q: _containers.RepeatedCompositeFieldContainer[SparseDistribution]
+    error: str
+    def __init__(self, seq_id: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., q: _Optional[_Iterable[_Union[SparseDistribution, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class SparseDistribution(_message.Message):
+    __slots__ = ("ids", "probs")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    PROBS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    probs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...

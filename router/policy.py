@@ -1,0 +1,112 @@
+"""Per-route speculation policy (YAML) and the load-aware decision (DESIGN.md section 6).
+
+    default:  {speculation: auto, num_draft_tokens: 4, max_batch_size: 8,
+               max_kv_utilization: 0.85, max_temperature: 1.0, min_acceptance: 0.5}
+    routes:
+      code:   {num_draft_tokens: 6}
+      batch:  {speculation: off}
+
+A route's entry overrides the default's fields. Unknown routes fall back to `default` with
+a warning in the response (not an error: a typo should not take a client down).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import yaml
+
+MODES = ("auto", "on", "off")
+
+
+@dataclass(frozen=True)
+class RoutePolicy:
+    speculation: str = "auto"
+    num_draft_tokens: int = 4
+    max_batch_size: int = 8
+    max_kv_utilization: float = 0.85
+    max_temperature: float = 1.0
+    min_acceptance: float = 0.5
+
+    def __post_init__(self):
+        if self.speculation not in MODES:
+            raise ValueError(f"speculation must be one of {MODES}, got {self.speculation!r}")
+        if self.num_draft_tokens < 0 or self.max_batch_size < 0:
+            raise ValueError("num_draft_tokens and max_batch_size must be >= 0")
+        if not 0 <= self.max_kv_utilization <= 1 or not 0 <= self.min_acceptance <= 1:
+            raise ValueError("max_kv_utilization and min_acceptance must be in [0, 1]")
+
+
+@dataclass(frozen=True)
+class Policy:
+    default: RoutePolicy
+    routes: dict[str, RoutePolicy]
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> Policy:
+        data = data or {}
+        unknown = set(data) - {"default", "routes"}
+        if unknown:
+            raise ValueError(f"unknown policy keys: {sorted(unknown)}")
+        default = _route(RoutePolicy(), data.get("default") or {}, "default")
+        routes = {
+            name: _route(default, body or {}, name)
+            for name, body in (data.get("routes") or {}).items()
+        }
+        return cls(default, routes)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> Policy:
+        return cls.from_dict(yaml.safe_load(text))
+
+    @classmethod
+    def load(cls, path: str) -> Policy:
+        with open(path) as f:
+            return cls.from_yaml(f.read())
+
+    def for_route(self, name: str) -> tuple[str, RoutePolicy, str | None]:
+        """-> (route applied, its policy, warning or None)."""
+        if name in ("", "default"):
+            return "default", self.default, None
+        if name in self.routes:
+            return name, self.routes[name], None
+        return "default", self.default, f"unknown route {name!r}; used 'default'"
+
+
+def _route(base: RoutePolicy, body: dict, name: str) -> RoutePolicy:
+    known = {f.name for f in fields(RoutePolicy)}
+    bad = set(body) - known
+    if bad:
+        raise ValueError(f"route {name!r}: unknown fields {sorted(bad)}")
+    return replace(base, **body)
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the decision reads from the chosen replica's last load report."""
+
+    running: int = 0
+    kv_utilization: float = 0.0
+    drafter_available: bool = True
+    route_acceptance: float | None = None  # None: no rounds on this route yet
+
+
+def decide(policy: RoutePolicy, client: str, temperature: float, load: Load) -> tuple[int, str]:
+    """-> (k, reason). client is the request's override: auto, on or off."""
+    if client == "off":
+        return 0, "off:client"
+    if policy.speculation == "off" or policy.num_draft_tokens == 0:
+        return 0, "off:policy"
+    if not load.drafter_available:
+        return 0, "off:drafter-unavailable"
+    if client == "on" or policy.speculation == "on":
+        return policy.num_draft_tokens, "on"
+    if temperature > policy.max_temperature:
+        return 0, "off:temperature"
+    if load.running >= policy.max_batch_size:
+        return 0, "off:batch"
+    if load.kv_utilization >= policy.max_kv_utilization:
+        return 0, "off:kv"
+    if load.route_acceptance is not None and load.route_acceptance < policy.min_acceptance:
+        return 0, "off:acceptance"
+    return policy.num_draft_tokens, "on"

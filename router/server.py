@@ -1,0 +1,251 @@
+"""The public `Generation` service: validate, tokenize, decide, pick a replica, stream."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import grpc
+
+from protos.specd.v1 import common_pb2, router_pb2, router_pb2_grpc, verifier_pb2
+from router.detok import IncrementalDetokenizer, StopStrings
+from router.policy import Load, Policy, decide
+from router.replicas import ReplicaSet
+from specd.wire import params_from_proto
+
+log = logging.getLogger(__name__)
+CLIENT_MODES = {
+    router_pb2.SPECULATION_AUTO: "auto",
+    router_pb2.SPECULATION_ON: "on",
+    router_pb2.SPECULATION_OFF: "off",
+}
+RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+class RequestError(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Prepared:
+    prompt_ids: list[int]
+    route: str
+    warnings: list[str]
+    policy: object
+    max_new_tokens: int
+
+
+class GenerationServicer(router_pb2_grpc.GenerationServicer):
+    def __init__(
+        self,
+        tokenizer,
+        replicas: ReplicaSet,
+        policy: Policy,
+        default_max_new_tokens: int = 256,
+        max_new_tokens_cap: int = 4096,
+    ):
+        self.tokenizer = tokenizer
+        self.replicas = replicas
+        self.policy = policy
+        self.default_max_new_tokens = default_max_new_tokens
+        self.max_new_tokens_cap = max_new_tokens_cap
+
+    async def Generate(self, request, context):
+        text, ids, final = [], [], None
+        async for msg in self._stream(request, context):
+            text.append(msg.text)
+            ids.extend(msg.token_ids)
+            final = msg
+        return router_pb2.GenerateResponse(
+            text="".join(text),
+            token_ids=ids,
+            finish_reason=final.finish_reason,
+            usage=final.usage,
+            speculation=final.speculation,
+            route=final.route,
+            warnings=final.warnings,
+        )
+
+    async def GenerateStream(self, request, context):
+        async for msg in self._stream(request, context):
+            yield msg
+
+    # -- the request's life ------------------------------------------------------------------
+    async def _stream(self, request, context):
+        try:
+            prep = self._prepare(request, context)
+        except RequestError as exc:
+            await context.abort(exc.code, str(exc))
+        params = params_from_proto(request.params)
+        client = CLIENT_MODES.get(request.speculation, "auto")
+        tried: set[str] = set()
+        while True:
+            replica = self.replicas.choose(exclude=tried)
+            if replica is None:
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE, "no healthy verifier replica; retry later"
+                )
+            tried.add(replica.address)
+            k, reason = decide(prep.policy, client, params.temperature, _load(replica, prep))
+            call = replica.stub.Generate(
+                verifier_pb2.VerifyGenerateRequest(
+                    prompt_ids=prep.prompt_ids,
+                    params=request.params,
+                    max_new_tokens=prep.max_new_tokens,
+                    ignore_eos=request.ignore_eos,
+                    num_draft_tokens=k,
+                    route=prep.route,
+                ),
+                timeout=context.time_remaining(),
+            )
+            replica.inflight += 1
+            started = False
+            try:
+                async for msg in self._relay(call, request, prep, k, reason):
+                    started = True
+                    yield msg
+                return
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in RETRYABLE and not started:
+                    log.warning("replica %s: %s; trying another", replica.address, exc.code())
+                    continue  # nothing streamed yet: safe to retry elsewhere
+                await context.abort(exc.code(), exc.details() or str(exc.code()))
+            finally:
+                replica.inflight -= 1
+                call.cancel()  # no-op when done; frees the verifier's KV when we stop early
+
+    async def _relay(self, call, request, prep: Prepared, k: int, reason: str):
+        detok = IncrementalDetokenizer(self.tokenizer)
+        stops = StopStrings(list(request.stop))
+        ids: list[int] = []
+        finish, spec, usage = "", common_pb2.SpeculationInfo(), common_pb2.Usage()
+        async for resp in call:
+            ids.extend(resp.token_ids)
+            text = stops.feed(detok.push(list(resp.token_ids)))
+            usage, finish = resp.usage, resp.finish_reason
+            if resp.HasField("speculation"):
+                spec = resp.speculation
+            if stops.stopped:
+                finish = "stop"
+                usage = common_pb2.Usage(
+                    prompt_tokens=len(prep.prompt_ids), completion_tokens=len(ids)
+                )
+                call.cancel()
+            if finish:
+                text += stops.flush()
+                spec.reason, spec.enabled, spec.num_draft_tokens = reason, k > 0, k
+                yield router_pb2.GenerateStreamResponse(
+                    text=text,
+                    token_ids=resp.token_ids,
+                    finish_reason=finish,
+                    usage=usage,
+                    speculation=spec,
+                    route=prep.route,
+                    warnings=prep.warnings,
+                )
+                return
+            if text or resp.token_ids:
+                yield router_pb2.GenerateStreamResponse(text=text, token_ids=resp.token_ids)
+
+    def _prepare(self, request, context) -> Prepared:
+        which = request.WhichOneof("input")
+        if which is None:
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT, "one of prompt, messages or token_ids is required"
+            )
+        p = request.params
+        try:
+            params_from_proto(p).validate()
+        except ValueError as exc:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        if p.top_p < 0:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "top_p must be in (0, 1]")
+        max_new = request.max_new_tokens or self.default_max_new_tokens
+        if max_new < 0 or max_new > self.max_new_tokens_cap:
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"max_new_tokens must be in [1, {self.max_new_tokens_cap}]",
+            )
+        ids = self._tokenize(request, which)
+        if not ids:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "the prompt is empty")
+        metadata = dict(context.invocation_metadata() or ())
+        route_name = request.route or metadata.get("x-route", "") or "default"
+        route, policy, warning = self.policy.for_route(route_name)
+        return Prepared(ids, route, [warning] if warning else [], policy, max_new)
+
+    def _tokenize(self, request, which: str) -> list[int]:
+        if which == "token_ids":
+            ids = list(request.token_ids.ids)
+            vocab = len(self.tokenizer)
+            if any(not 0 <= t < vocab for t in ids):
+                raise RequestError(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"token ids must be in [0, {vocab})"
+                )
+            return ids
+        if which == "prompt":
+            return list(self.tokenizer(request.prompt, add_special_tokens=False)["input_ids"])
+        messages = [{"role": m.role, "content": m.content} for m in request.messages.messages]
+        if not messages:
+            return []
+        try:
+            enc = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True
+            )
+        except Exception as exc:  # the template rejects the conversation
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT, f"chat template failed: {exc}"
+            ) from None
+        return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+
+
+def _load(replica, prep: Prepared) -> Load:
+    r = replica.report
+    if r is None:
+        return Load()
+    util = r.kv_blocks_used / r.kv_blocks_total if r.kv_blocks_total else 0.0
+    acceptance = r.acceptance_by_route.get(prep.route)
+    return Load(
+        running=max(r.running + r.waiting, replica.inflight),
+        kv_utilization=util,
+        drafter_available=r.drafter_available,
+        route_acceptance=acceptance,
+    )
+
+
+def load_tokenizer(spec: str):
+    from transformers import AutoTokenizer
+
+    from specd.models.resolve import resolve
+
+    return AutoTokenizer.from_pretrained(resolve(spec))
+
+
+async def serve(config, ready=None, tokenizer=None) -> None:
+    from specd.serving import serve_until_signal, start_server
+
+    policy = Policy.load(config.policy_file) if config.policy_file else Policy.from_dict({})
+    replicas = ReplicaSet(config.verifier or [])
+    await replicas.start()
+    servicer = GenerationServicer(
+        tokenizer or load_tokenizer(config.tokenizer),
+        replicas,
+        policy,
+        config.default_max_new_tokens,
+        config.max_new_tokens_cap,
+    )
+    server, port, _ = await start_server(
+        config.host,
+        config.port,
+        lambda s: router_pb2_grpc.add_GenerationServicer_to_server(servicer, s),
+        [router_pb2.DESCRIPTOR.services_by_name["Generation"].full_name],
+    )
+    log.info("router serving on %s:%d -> %s", config.host, port, config.verifier)
+    if ready is not None:
+        ready(port)
+    try:
+        await serve_until_signal(server)
+    finally:
+        await replicas.close()

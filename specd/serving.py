@@ -1,0 +1,72 @@
+"""What every specd gRPC server shares: an aio server with health and reflection.
+
+(DESIGN.md keeps gRPC servers out of `specd/`; this one generic bootstrap lives here so the
+three services do not each carry a copy. It knows no service.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+MAX_MESSAGE_BYTES = 16 << 20
+
+
+async def start_server(
+    host: str, port: int, register, service_names: list[str], interceptors=()
+) -> tuple[grpc.aio.Server, int, health.HealthServicer]:
+    """Start an aio server; `register(server)` adds the servicers. Returns the bound port
+    (port 0 picks a free one) and the health servicer (already SERVING)."""
+    options = [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.so_reuseport", 0),
+    ]
+    server = grpc.aio.server(options=options, interceptors=list(interceptors))
+    register(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [
+        *service_names,
+        health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+        reflection.SERVICE_NAME,
+    ]
+    reflection.enable_server_reflection(names, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind {host}:{port}")
+    await server.start()
+    for name in ["", *service_names]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, bound, health_servicer
+
+
+async def serve_until_signal(server: grpc.aio.Server, grace: float = 2.0) -> None:
+    """Run until SIGINT/SIGTERM, then stop with a grace period."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    waiter = asyncio.create_task(server.wait_for_termination())
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    await server.stop(grace)
+    waiter.cancel()
+    stopper.cancel()
+
+
+def check_health(address: str, timeout: float = 2.0, service: str = "") -> bool:
+    """True when `address` answers grpc.health.v1 with SERVING."""
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        except grpc.RpcError:
+            return False
+    return resp.status == health_pb2.HealthCheckResponse.SERVING

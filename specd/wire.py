@@ -1,0 +1,42 @@
+"""Conversions between protobuf messages and specd's own types (done at the edges)."""
+
+from __future__ import annotations
+
+from protos.specd.v1 import common_pb2
+from specd.sampling import SamplingParams
+
+
+def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
+    """Proto3 zeros mean "unset": top_p 0 -> 1 (off); repetition_penalty unset -> 1."""
+    return SamplingParams(
+        temperature=msg.temperature,
+        top_k=msg.top_k,
+        top_p=msg.top_p if msg.top_p != 0 else 1.0,
+        min_p=msg.min_p,
+        repetition_penalty=msg.repetition_penalty if msg.HasField("repetition_penalty") else 1.0,
+        seed=msg.seed if msg.HasField("seed") else None,
+    )
+
+
+def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
+    msg = common_pb2.SamplingParams(
+        temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p
+    )
+    if p.repetition_penalty != 1.0:
+        msg.repetition_penalty = p.repetition_penalty
+    if p.seed is not None:
+        msg.seed = p.seed
+    return msg
+
+
+def speculation_to_proto(stats, reason: str, k: int) -> common_pb2.SpeculationInfo:
+    return common_pb2.SpeculationInfo(
+        enabled=k > 0,
+        reason=reason,
+        num_draft_tokens=k,
+        rounds=stats.rounds,
+        drafted=stats.drafted,
+        accepted=stats.accepted,
+        acceptance_rate=stats.acceptance_rate,
+        mean_accepted_length=stats.mean_accepted_length,
+    )

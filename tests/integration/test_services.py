@@ -1,0 +1,249 @@
+"""Drafter, verifier(s) and router in-process on loopback, with tiny models."""
+
+import threading
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from router.client import SpecdClient
+from router.policy import Policy
+from tests.cluster import start_cluster
+
+POLICY = Policy.from_dict(
+    {
+        "default": {"speculation": "auto", "num_draft_tokens": 3, "min_acceptance": 0.0},
+        "routes": {
+            "batch": {"speculation": "off"},
+            "full": {"max_batch_size": 0},
+            "kvfull": {"max_kv_utilization": 0.0},
+            "picky": {"min_acceptance": 1.0},
+        },
+    }
+)
+PROMPTS = ["hello there, general", "def f(x): return x + 1", "abcabcabcabc"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_pair):
+    c = start_cluster(*tiny_pair, policy=POLICY, replicas=2)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def client(cluster):
+    with SpecdClient(cluster.router) as c:
+        yield c
+
+
+def wait_idle(cluster, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        used = [e.kv.allocator.num_used for e in cluster.engines]
+        if (
+            not any(used)
+            and cluster.proposer.kv.allocator.num_used == 0
+            and cluster.drafter_servicer.num_sessions == 0
+        ):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_unary_and_stream_agree(client):
+    for prompt in PROMPTS:
+        unary = client.generate(prompt, max_new_tokens=20, ignore_eos=True)
+        chunks = list(client.stream(prompt, max_new_tokens=20, ignore_eos=True))
+        assert "".join(c.text for c in chunks) == unary.text
+        assert [t for c in chunks for t in c.token_ids] == list(unary.token_ids)
+        assert chunks[-1].finish_reason == unary.finish_reason == "length"
+        assert unary.usage.completion_tokens == 20
+
+
+def test_greedy_identical_on_off_auto(client):
+    for prompt in PROMPTS:
+        out = {
+            m: client.generate(prompt, max_new_tokens=24, ignore_eos=True, speculation=m)
+            for m in ("on", "off", "auto")
+        }
+        assert out["on"].token_ids == out["off"].token_ids == out["auto"].token_ids
+        assert out["on"].speculation.enabled and out["on"].speculation.drafted > 0
+        assert not out["off"].speculation.enabled
+        assert out["off"].speculation.reason == "off:client"
+
+
+@pytest.mark.parametrize(
+    "route,params,reason",
+    [
+        ("", {}, "on"),
+        ("batch", {}, "off:policy"),
+        ("full", {}, "off:batch"),
+        ("kvfull", {}, "off:kv"),
+        ("", {"temperature": 1.5, "seed": 1}, "off:temperature"),
+    ],
+)
+def test_decision_reasons(client, route, params, reason):
+    r = client.generate("hello", max_new_tokens=4, route=route, **params)
+    assert r.speculation.reason == reason
+    assert r.speculation.enabled == (reason == "on")
+    assert r.route == (route or "default")
+
+
+def test_acceptance_branch_and_route_metadata(client):
+    # speculate on the route first, so the verifier has an acceptance rate for it (< 1.0)
+    first = client.generate(
+        "abcdefgh",
+        max_new_tokens=30,
+        ignore_eos=True,
+        speculation="on",
+        metadata=[("x-route", "picky")],
+    )
+    assert first.route == "picky" and first.speculation.drafted > 0
+    assert first.speculation.accepted < first.speculation.drafted
+    time.sleep(0.3)  # the next load report carries the route's acceptance
+    r = client.generate("abcdefgh", max_new_tokens=4, metadata=[("x-route", "picky")])
+    assert r.speculation.reason == "off:acceptance"
+
+
+def test_unknown_route_falls_back_with_warning(client):
+    r = client.generate("hi", max_new_tokens=2, route="nope")
+    assert r.route == "default" and "unknown route" in r.warnings[0]
+
+
+def test_chat_messages_and_stop_strings(client):
+    full = client.generate(
+        messages=[{"role": "user", "content": "hi"}], max_new_tokens=30, ignore_eos=True
+    )
+    assert full.finish_reason == "length"
+    stop = full.text[10:12]
+    cut = client.generate(
+        messages=[{"role": "user", "content": "hi"}],
+        max_new_tokens=30,
+        ignore_eos=True,
+        stop=[stop],
+        speculation="on",
+    )
+    assert cut.finish_reason == "stop"
+    assert cut.text == full.text[: full.text.index(stop)]
+
+
+def test_two_replicas_share_load(cluster, client):
+    before = [
+        e.totals.rounds + len(s.rate._events)
+        for e, s in zip(cluster.engines, cluster.verifier_servicers, strict=True)
+    ]
+    served = [0, 0]
+    lock = threading.Lock()
+
+    def one(i):
+        with SpecdClient(cluster.router) as c:
+            c.generate(PROMPTS[i % 3], max_new_tokens=16, ignore_eos=True, speculation="off")
+
+    counts_before = [s.rate._events.__len__() for s in cluster.verifier_servicers]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with lock:
+        served = [
+            len(s.rate._events) - b
+            for s, b in zip(cluster.verifier_servicers, counts_before, strict=True)
+        ]
+    assert all(n > 0 for n in served), f"one replica got nothing: {served} ({before})"
+
+
+def test_client_cancel_frees_kv_in_both_caches(cluster, client):
+    assert wait_idle(cluster)
+    stream = client.stream("abcabcabc", max_new_tokens=400, ignore_eos=True, speculation="on")
+    got = 0
+    for msg in stream:
+        got += len(msg.token_ids)
+        if got >= 5:
+            break
+    assert any(e.kv.allocator.num_used for e in cluster.engines)
+    stream.cancel()
+    assert wait_idle(cluster), "KV blocks or drafter sessions were not released"
+
+
+def test_deadline_exceeded(client, cluster):
+    with pytest.raises(grpc.RpcError) as err:
+        client.generate("abc", max_new_tokens=400, ignore_eos=True, timeout=0.3)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert wait_idle(cluster)
+
+
+def test_bad_input_gets_invalid_argument(client):
+    cases = [
+        dict(),
+        dict(prompt="x", temperature=-1.0),
+        dict(prompt="x", top_k=-2),
+        dict(prompt="x", max_new_tokens=100_000),
+        dict(token_ids=[5, 500]),
+        dict(prompt=""),
+    ]
+    for kwargs in cases:
+        with pytest.raises(grpc.RpcError) as err:
+            client.generate(**kwargs)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, kwargs
+        assert err.value.details()
+
+
+def test_health_and_reflection(cluster):
+    for address in [cluster.router, cluster.drafter, *cluster.verifiers]:
+        with grpc.insecure_channel(address) as ch:
+            status = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest())
+            assert status.status == health_pb2.HealthCheckResponse.SERVING
+            stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+            resp = next(
+                stub.ServerReflectionInfo(
+                    iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+                )
+            )
+            names = {s.name for s in resp.list_services_response.service}
+            assert "grpc.health.v1.Health" in names and any("specd.v1" in n for n in names)
+
+
+def test_drafter_killed_mid_stream_every_request_completes(cluster):
+    expected = {}
+    with SpecdClient(cluster.router) as c:
+        for p in PROMPTS:
+            expected[p] = list(
+                c.generate(p, max_new_tokens=40, ignore_eos=True, speculation="off").token_ids
+            )
+    results, errors = {}, []
+
+    def one(p):
+        try:
+            with SpecdClient(cluster.router) as c:
+                results[p] = list(
+                    c.generate(p, max_new_tokens=40, ignore_eos=True, speculation="on").token_ids
+                )
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in PROMPTS]
+    for t in threads:
+        t.start()
+    time.sleep(0.15)
+    cluster.stop_drafter()
+    for t in threads:
+        t.join(60)
+    assert not errors and results == expected
+    # with the drafter gone, auto turns speculation off and says why
+    time.sleep(0.5)
+    with SpecdClient(cluster.router) as c:
+        r = c.generate("abc", max_new_tokens=3)
+        assert r.speculation.reason == "off:drafter-unavailable"
+    cluster.start_drafter()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with SpecdClient(cluster.router) as c:
+            if c.generate("abc", max_new_tokens=3).speculation.reason == "on":
+                break
+        time.sleep(0.3)
+    else:
+        pytest.fail("speculation did not come back after the drafter restarted")

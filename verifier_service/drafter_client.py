@@ -1,0 +1,180 @@
+"""The verifier's side of the `Draft` stream, as a Proposer the engine calls each step.
+
+Runs on the engine's worker thread (synchronous gRPC). Each round sends one batched
+request (opens for new sequences, steps with the tokens committed since the last step,
+pending closes) and waits for its response up to a per-round deadline. A slow, failed or
+absent drafter yields empty proposals (k = 0 for that round, never a failed request); a
+broken stream is dropped and reconnected after a back-off, re-opening every session.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+
+import grpc
+import torch
+
+from drafter_service.proposer import DraftState, Proposal
+from protos.specd.v1 import drafter_pb2, drafter_pb2_grpc
+from specd.wire import params_to_proto
+
+log = logging.getLogger(__name__)
+
+
+class _Stream:
+    """One open `Draft` call: requests go through a queue, a reader thread pairs responses
+    with waiting rounds."""
+
+    def __init__(self, address: str):
+        self.channel = grpc.insecure_channel(address)
+        self._requests: queue.Queue = queue.Queue()
+        self._waiters: dict[int, list] = {}
+        self._lock = threading.Lock()
+        self.alive = True
+        self.ready = False  # set when the drafter answered the handshake (an empty round 0)
+        self._requests.put(drafter_pb2.DraftRequest(round=0))
+        requests = iter(self._requests.get, None)
+        responses = drafter_pb2_grpc.DrafterStub(self.channel).Draft(requests)
+        self._reader = threading.Thread(target=self._read, args=(responses,), daemon=True)
+        self._reader.start()
+
+    def _read(self, responses) -> None:
+        try:
+            for resp in responses:
+                self.ready = True
+                with self._lock:
+                    waiter = self._waiters.pop(resp.round, None)
+                if waiter is not None:
+                    waiter[1] = resp
+                    waiter[0].set()
+        except grpc.RpcError as exc:
+            log.warning("drafter stream ended: %s", exc.code())
+        finally:
+            self.alive = False
+            with self._lock:
+                waiters, self._waiters = list(self._waiters.values()), {}
+            for event, _ in waiters:
+                event.set()
+
+    def call(self, request, timeout_s: float):
+        waiter = [threading.Event(), None]
+        with self._lock:
+            self._waiters[request.round] = waiter
+        self._requests.put(request)
+        if not waiter[0].wait(timeout_s):
+            with self._lock:
+                self._waiters.pop(request.round, None)
+            raise TimeoutError(f"drafter round {request.round} took over {timeout_s:.3f}s")
+        if waiter[1] is None:
+            raise ConnectionError("drafter stream closed")
+        return waiter[1]
+
+    def send(self, request) -> None:
+        self._requests.put(request)
+
+    def close(self) -> None:
+        self._requests.put(None)
+        self.channel.close()
+
+
+class RemoteProposer:
+    def __init__(self, address: str, timeout_ms: int = 3000, reconnect_ms: int = 1000):
+        self.address = address
+        self.timeout_s = timeout_ms / 1000
+        self.reconnect_s = reconnect_ms / 1000
+        self._stream: _Stream | None = None
+        self._next_try = 0.0
+        self._sent: dict[int, int] = {}  # seq_id -> committed tokens the drafter has
+        self._rounds = itertools.count(1)
+        self.fallbacks = 0  # rounds that decoded with k = 0 because of the drafter
+        self._lock = threading.RLock()  # the engine thread and load reports both connect
+
+    @property
+    def available(self) -> bool:
+        """Whether a drafter stream is up (opening one if it is time to try again)."""
+        stream = self._connect()
+        return stream is not None and stream.alive and stream.ready
+
+    def _connect(self) -> _Stream | None:
+        with self._lock:
+            if self._stream is not None and not self._stream.alive:
+                self._drop()
+            if self._stream is None and time.monotonic() >= self._next_try:
+                try:
+                    self._stream = _Stream(self.address)
+                except Exception:  # noqa: BLE001 - any failure means: no drafter this round
+                    log.exception("cannot open a drafter stream to %s", self.address)
+                    self._next_try = time.monotonic() + self.reconnect_s
+            return self._stream
+
+    def _drop(self) -> None:
+        with self._lock:
+            if self._stream is not None:
+                self._stream.close()
+            self._stream = None
+            self._sent.clear()  # a new stream starts with no sessions
+            self._next_try = time.monotonic() + self.reconnect_s
+
+    def propose(self, states: list[DraftState]) -> list[Proposal]:
+        empty = [Proposal() for _ in states]
+        stream = self._connect()
+        if stream is None or not states:
+            self.fallbacks += bool(states)
+            return empty
+        request = drafter_pb2.DraftRequest(round=next(self._rounds))
+        for s in states:
+            sent = self._sent.get(s.seq_id)
+            if sent is None:
+                cmd = request.commands.add(seq_id=s.seq_id)
+                cmd.open.token_ids.extend(s.tokens)
+                cmd.open.params.CopyFrom(params_to_proto(s.params))
+                step = []
+            else:
+                step = s.tokens[sent:]
+            cmd = request.commands.add(seq_id=s.seq_id)
+            cmd.step.committed_ids.extend(step)
+            cmd.step.k = s.k
+            self._sent[s.seq_id] = len(s.tokens)
+        try:
+            response = stream.call(request, self.timeout_s)
+        except TimeoutError as exc:
+            log.warning("%s; decoding without drafts this round", exc)
+            self.fallbacks += 1
+            return empty
+        except ConnectionError:
+            self._drop()
+            self.fallbacks += 1
+            return empty
+        by_seq = {p.seq_id: p for p in response.proposals}
+        return [self._proposal(by_seq.get(s.seq_id), s.k) for s in states]
+
+    @staticmethod
+    def _proposal(msg, k: int) -> Proposal:
+        if msg is None or msg.error:
+            return Proposal()
+        tokens = list(msg.tokens)[:k]
+        if not msg.q or len(msg.q) < len(tokens):
+            return Proposal(tokens=tokens)
+        m = max(len(q.ids) for q in msg.q[: len(tokens)])
+        ids = torch.zeros(len(tokens), m, dtype=torch.long)
+        probs = torch.zeros(len(tokens), m)
+        for j, q in enumerate(msg.q[: len(tokens)]):
+            ids[j, : len(q.ids)] = torch.tensor(list(q.ids))
+            probs[j, : len(q.probs)] = torch.tensor(list(q.probs))
+        return Proposal(tokens=tokens, q_ids=ids, q_probs=probs)
+
+    def close(self, seq_id) -> None:
+        if self._sent.pop(seq_id, None) is None or not self.available:
+            return
+        request = drafter_pb2.DraftRequest(round=next(self._rounds))
+        request.commands.add(seq_id=seq_id).close.SetInParent()
+        self._stream.send(request)  # fire and forget: the response pairs with no waiter
+
+    def shutdown(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None

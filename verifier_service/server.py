@@ -1,0 +1,138 @@
+"""The verifier's gRPC servicer: thin; validation and protobuf conversion at the edge."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from protos.specd.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
+from specd.wire import params_from_proto, speculation_to_proto
+from verifier_service.engine import Engine
+from verifier_service.load import RouteAcceptance, TokenRate
+
+log = logging.getLogger(__name__)
+
+
+class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
+    def __init__(self, engine: Engine, model_name: str, max_queue: int = 256):
+        self.engine = engine
+        self.model_name = model_name
+        self.max_queue = max_queue
+        self.acceptance = RouteAcceptance()
+        self.rate = TokenRate()
+
+    def _drafter_available(self) -> bool:
+        proposer = self.engine.proposer
+        return proposer is not None and proposer.available
+
+    async def Generate(self, request, context):
+        params = params_from_proto(request.params)
+        if len(self.engine.scheduler.waiting) >= self.max_queue:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"verifier queue is full ({self.max_queue} waiting); retry "
+                "later or on another replica",
+            )
+        k = min(max(0, request.num_draft_tokens), self.engine.config.max_draft_tokens)
+        route = request.route or "default"
+        try:
+            stream = self.engine.generate(
+                list(request.prompt_ids),
+                params,
+                max_new_tokens=request.max_new_tokens,
+                num_draft=k,
+                stop_ids=set(request.stop_ids),
+                ignore_eos=request.ignore_eos,
+            )
+            first = await anext(stream)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        generated = 0
+        try:
+            out = first
+            while True:
+                generated += len(out.tokens)
+                self.rate.add(len(out.tokens))
+                self.acceptance.record(route, out.drafted, out.accepted)
+                msg = verifier_pb2.VerifyGenerateResponse(
+                    token_ids=out.tokens,
+                    finish_reason=out.finish_reason or "",
+                    usage=common_pb2.Usage(
+                        prompt_tokens=len(request.prompt_ids), completion_tokens=generated
+                    ),
+                )
+                if out.finish_reason and out.stats is not None:
+                    msg.speculation.CopyFrom(speculation_to_proto(out.stats, "", k))
+                yield msg
+                if out.finish_reason:
+                    break
+                out = await anext(stream)
+        finally:
+            await stream.aclose()  # a cancelled call frees the sequence's KV now
+
+    async def WatchLoad(self, request, context):
+        interval = (request.interval_ms or 100) / 1000
+        while not context.cancelled():
+            yield self.load_report()
+            await asyncio.sleep(interval)
+
+    def load_report(self) -> verifier_pb2.LoadReport:
+        engine = self.engine
+        alloc = engine.kv.allocator
+        running = engine.scheduler.running
+        return verifier_pb2.LoadReport(
+            kv_blocks_total=alloc.num_blocks,
+            kv_blocks_used=alloc.num_used,
+            running=len(running),
+            waiting=len(engine.scheduler.waiting),
+            spec_running=sum(1 for s in running if s.num_draft > 0),
+            tokens_per_s=self.rate.rate(),
+            acceptance_by_route=self.acceptance.rates(),
+            drafter_available=self._drafter_available(),
+        )
+
+    async def Info(self, request, context):
+        args = self.engine.model.args
+        return verifier_pb2.InfoResponse(
+            model=self.model_name,
+            vocab_size=args.vocab_size,
+            max_context=args.max_position_embeddings,
+            eos_ids=sorted(self.engine.eos_ids),
+            max_draft_tokens=self.engine.config.max_draft_tokens,
+        )
+
+
+def build_engine(config):
+    """The target model, its engine and (if configured) the remote drafter."""
+    from specd.models.loader import eos_token_ids, load_config, load_model, resolve
+    from verifier_service.drafter_client import RemoteProposer
+
+    folder = resolve(config.model)
+    model = load_model(folder, dtype=config.dtype, device=config.device or None)
+    proposer = None
+    if config.drafter:
+        proposer = RemoteProposer(
+            config.drafter, config.drafter_timeout_ms, config.drafter_reconnect_ms
+        )
+    engine = Engine(model, config.engine, proposer, eos_token_ids(folder, load_config(folder)))
+    return engine, folder.name
+
+
+async def serve(config, ready=None, engine=None, model_name="") -> None:
+    from specd.serving import serve_until_signal, start_server
+
+    if engine is None:
+        engine, model_name = build_engine(config)
+    servicer = VerifierServicer(engine, model_name, config.max_queue)
+    server, port, _ = await start_server(
+        config.host,
+        config.port,
+        lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, s),
+        [verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name],
+    )
+    log.info("verifier serving on %s:%d", config.host, port)
+    if ready is not None:
+        ready(port)
+    await serve_until_signal(server)

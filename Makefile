@@ -7,7 +7,7 @@ STAMP   := .venv/.setup-done
 TORCH_SPEC     ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup up test lint format protos models bench clean
+.PHONY: setup up test lint format protos models deploy-tools bench clean
 
 setup: $(STAMP)
 
@@ -32,7 +32,14 @@ format: setup
 	.venv/bin/ruff check --fix .
 	.venv/bin/ruff format .
 
-test: lint models
+# kubectl (for `kubectl kustomize`; part of this machine image) and Debian's docker-compose
+# (for `config`) validate deploy/ offline; neither needs a cluster or a Docker engine.
+deploy-tools:
+	@command -v kubectl >/dev/null || { echo "kubectl is required (kubectl kustomize)"; exit 1; }
+	@command -v docker-compose >/dev/null || { \
+	  apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null; }
+
+test: lint models deploy-tools
 	.venv/bin/python -m pytest -q -ra tests
 
 protos: setup

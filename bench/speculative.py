@@ -11,13 +11,14 @@ are against `off` measured in the same run. `--peer hf` adds transformers `gener
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
 
 import torch
 
-from drafter_service.draft_model import DraftModelProposer
+from drafter_service.draft_model import DraftModelProposer, load_draft_model
 from drafter_service.ngram import NgramProposer
 from specd.config import EngineConfig
 from specd.models.loader import eos_token_ids, load_config, load_model, load_tokenizer, resolve
@@ -25,6 +26,8 @@ from verifier_service.engine import Engine
 
 WORKLOADS = Path(__file__).parent / "workloads"
 DEFAULT_CONFIGS = "off,draft:2,draft:3,draft:4,draft:6,ngram:3,ngram:5"
+# draft[-int8][-vN][-adapt]:k  e.g. draft-int8-v32768:4 = int8 draft weights, a 32768-token
+# head, k=4; -adapt: adaptive k bounded by k
 
 
 def load_workload(name: str, tokenizer, limit: int | None = None) -> list[list[int]]:
@@ -133,10 +136,20 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_workload(args.workload, tokenizer, args.limit or None)
     target = load_model(folder, dtype=args.dtype)
     eos = eos_token_ids(folder, load_config(folder))
-    draft = None
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    if any(c.startswith("draft") for c in configs):
-        draft = load_model(draft_folder, dtype=args.dtype)
+    drafts: dict = {}
+
+    def draft_model(kind: str):
+        """draft[-int8][-vN]: the draft model, int8 weights and/or an N-token head."""
+        mods = kind.split("-")[1:]
+        weights = "int8" if "int8" in mods else "bf16"
+        vocab = next((int(m[1:]) for m in mods if m.startswith("v")), 0)
+        if (weights, vocab) not in drafts:
+            drafts[weights, vocab] = load_draft_model(
+                draft_folder, args.dtype, None, weights, vocab
+            )
+        return drafts[weights, vocab]
+
     cfg = EngineConfig(batch_invariant=args.batch_invariant, max_draft_tokens=16)
     print(
         f"workload {args.workload}: {len(prompts)} prompts, {args.max_new_tokens} new tokens, "
@@ -147,11 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in configs:
         kind, _, k = name.partition(":")
         proposer = None
-        if kind == "draft":
-            proposer = DraftModelProposer(draft, num_blocks=512, top_m=cfg.draft_top_m)
+        if kind.startswith("draft"):
+            proposer = DraftModelProposer(draft_model(kind), num_blocks=512, top_m=cfg.draft_top_m)
         elif kind == "ngram":
             proposer = NgramProposer()
-        engine = Engine(target, cfg, proposer, eos_ids=eos)
+        mods = kind.split("-")[1:]
+        engine_cfg = dataclasses.replace(cfg, adaptive_k="adapt" in mods)
+        engine = Engine(target, engine_cfg, proposer, eos_ids=eos)
         results[name] = run_engine_config(engine, prompts, int(k or 0), args.max_new_tokens)
         _print_row(name, results[name], results.get("off"))
     if args.peer == "hf":

@@ -86,16 +86,41 @@ class DraftModelProposer:
         return True
 
     def _draw(self, s: DraftState, logits: torch.Tensor, so_far: list[int]):
-        """One draft token; greedy drafting sends no q, sampling sends its top-m q."""
+        """One draft token; greedy drafting sends no q, sampling sends its top-m q.
+        With a trimmed head, logits cover only `head_ids` (q's support shrinks with it;
+        the repetition penalty is skipped there: the drafter's q is free to differ)."""
+        head_ids = self.model.head_ids
         seen = None
-        if s.params.repetition_penalty != 1.0:
+        if s.params.repetition_penalty != 1.0 and head_ids is None:
             seen = presence_rows(s.tokens + so_far, [], logits.shape[-1])
         if s.params.greedy:
             row = logits[None] if seen is None else logits_to_probs(logits[None], s.params, seen)
-            return int(row.argmax()), None, None
+            col = int(row.argmax())
+            return (col if head_ids is None else int(head_ids[col])), None, None
         probs = logits_to_probs(logits[None], s.params, seen)[0]
-        vals, ids = probs.topk(min(self.top_m, probs.shape[-1]))
+        vals, cols = probs.topk(min(self.top_m, probs.shape[-1]))
         vals = vals / vals.sum()  # q: the truncated, renormalised distribution we draw from
+        ids = cols if head_ids is None else head_ids[cols]
         noise = torch.empty_like(vals).exponential_(generator=self._gens[s.seq_id])
         idx = int((vals / noise).argmax())
         return int(ids[idx]), ids, vals
+
+
+def load_draft_model(
+    spec, dtype: str = "auto", device: str | None = None, weights: str = "bf16", vocab: int = 0
+):
+    """The draft model with its cost cuts: weight-only int8, and/or a head trimmed to the
+    `vocab` most frequent tokens (specd.models.vocab)."""
+    from specd.models.loader import load_model
+    from specd.models.quant import quantize_model_int8
+    from specd.models.resolve import resolve
+    from specd.models.vocab import load_or_build
+
+    folder = resolve(spec)
+    model = load_model(folder, dtype=dtype, device=device)
+    if weights == "int8":
+        quantize_model_int8(model)
+    if 0 < vocab < model.args.vocab_size:
+        keep = load_or_build(folder, vocab, model.args.vocab_size)
+        model.trim_head(torch.tensor(keep, dtype=torch.long))
+    return model

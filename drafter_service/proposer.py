@@ -22,6 +22,7 @@ class DraftState:
     tokens: list[int]  # committed: prompt + generated so far
     params: SamplingParams
     k: int  # drafts wanted this round (may come back shorter)
+    span: object = None  # the request's trace span, for a remote drafter's session span
 
 
 @dataclass

@@ -13,9 +13,12 @@ import logging
 import threading
 from dataclasses import dataclass
 
+from opentelemetry.metrics import Observation
+
 from drafter_service.proposer import DraftState, Proposer
 from protos.specd.v1 import drafter_pb2, drafter_pb2_grpc
 from specd.sampling import SamplingParams
+from specd.telemetry import DRAFTER_ROUNDS, DRAFTER_SESSIONS, extract_metadata
 from specd.wire import params_from_proto
 
 log = logging.getLogger(__name__)
@@ -25,16 +28,24 @@ log = logging.getLogger(__name__)
 class Session:
     tokens: list[int]
     params: SamplingParams
+    span: object = None  # "specd.drafter.session", child of the verifier's request span
 
 
 class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
-    def __init__(self, proposer: Proposer, vocab_size: int, max_draft_tokens: int = 16):
+    def __init__(
+        self, proposer: Proposer, vocab_size: int, max_draft_tokens: int = 16, telemetry=None
+    ):
         self.proposer = proposer
         self.vocab_size = vocab_size
         self.max_draft_tokens = max_draft_tokens
         self.sessions: dict[tuple[int, int], Session] = {}
         self._streams = itertools.count()
         self._lock = threading.Lock()
+        self.telemetry = telemetry
+        self.tracer = telemetry.tracer if telemetry is not None and telemetry.tracing else None
+        if telemetry is not None:
+            self._rounds = telemetry.counter(DRAFTER_ROUNDS, "Draft rounds served")
+            telemetry.gauge(DRAFTER_SESSIONS, self._observe_sessions, "Open draft sessions")
 
     @property
     def num_sessions(self) -> int:
@@ -65,7 +76,9 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                         errors[cmd.seq_id] = problem
                         continue
                     self._close(key)
-                    self.sessions[key] = Session(list(cmd.open.token_ids), params)
+                    self.sessions[key] = Session(
+                        list(cmd.open.token_ids), params, self._session_span(cmd.open.trace_context)
+                    )
                 elif which == "close":
                     self._close(key)
                 elif which == "step":
@@ -87,6 +100,8 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                         )
                     )
             states = [s for _, s, _ in steps if s is not None]
+            if states and self.telemetry is not None:
+                self._rounds.add(1)
             proposals = iter(self.proposer.propose(states) if states else [])
             out = drafter_pb2.DraftResponse(round=request.round)
             for seq_id, state, problem in steps:
@@ -95,6 +110,9 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                     continue
                 p = next(proposals)
                 msg.tokens.extend(p.tokens)
+                span = self.sessions[state.seq_id].span
+                if span is not None:
+                    span.add_event("draft.round", {"k": state.k, "proposed": len(p.tokens)})
                 if p.q_ids is not None:
                     for ids, probs in zip(p.q_ids.tolist(), p.q_probs.tolist(), strict=True):
                         msg.q.add(ids=ids, probs=probs)
@@ -105,8 +123,20 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         return f"token ids outside [0, {self.vocab_size}): {bad[:5]}" if bad else ""
 
     def _close(self, key) -> None:
-        if self.sessions.pop(key, None) is not None:
+        session = self.sessions.pop(key, None)
+        if session is not None:
             self.proposer.close(key)
+            if session.span is not None:
+                session.span.end()
+
+    def _session_span(self, trace_context):
+        if self.tracer is None or not trace_context:
+            return None
+        parent = extract_metadata(list(trace_context.items()))
+        return self.tracer.start_span("specd.drafter.session", context=parent)
+
+    def _observe_sessions(self, options):
+        yield Observation(len(self.sessions))
 
     def _close_stream(self, stream: int) -> None:
         with self._lock:
@@ -116,9 +146,9 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
 
 async def serve(config, ready=None) -> None:
     """Load the drafter's model (or n-gram), serve until a signal."""
-    from drafter_service.draft_model import DraftModelProposer
+    from drafter_service.draft_model import DraftModelProposer, load_draft_model
     from drafter_service.ngram import NgramProposer
-    from specd.models.loader import load_config, load_model, resolve
+    from specd.models.loader import load_config, resolve
     from specd.models.paged_kv import PagedKV
     from specd.serving import serve_until_signal, start_server
 
@@ -126,13 +156,18 @@ async def serve(config, ready=None) -> None:
     if config.proposer == "ngram":
         proposer, vocab = NgramProposer(), load_config(folder).vocab_size
     else:
-        model = load_model(folder, dtype=config.dtype, device=config.device or None)
+        model = load_draft_model(
+            folder, config.dtype, config.device or None, config.weights, config.vocab
+        )
         blocks = PagedKV.blocks_for_budget(model, config.kv_cache_bytes)
         proposer, vocab = (
             DraftModelProposer(model, blocks, top_m=config.top_m),
             model.args.vocab_size,
         )
-    servicer = DrafterServicer(proposer, vocab, config.max_draft_tokens)
+    from specd.telemetry import setup
+
+    telemetry = setup("drafter", config.metrics_port)
+    servicer = DrafterServicer(proposer, vocab, config.max_draft_tokens, telemetry)
     server, port, _ = await start_server(
         config.host,
         config.port,

@@ -12,9 +12,13 @@ a warning in the response (not an error: a typo should not take a client down).
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass, fields, replace
 
 import yaml
+
+log = logging.getLogger(__name__)
 
 MODES = ("auto", "on", "off")
 
@@ -71,6 +75,33 @@ class Policy:
         if name in self.routes:
             return name, self.routes[name], None
         return "default", self.default, f"unknown route {name!r}; used 'default'"
+
+
+class PolicyFile:
+    """A policy YAML (a mounted ConfigMap in Kubernetes) reloaded when it changes: every
+    request stats the file, so a new policy applies from the next request on. A file that
+    does not parse is logged and the previous policy stays."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._stamp = None
+        self.policy = Policy.load(path)
+        self._stamp = self._stat()
+
+    def _stat(self):
+        st = os.stat(self.path)
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def current(self) -> Policy:
+        try:
+            stamp = self._stat()
+            if stamp != self._stamp:
+                self._stamp = stamp
+                self.policy = Policy.load(self.path)
+                log.info("reloaded policy from %s", self.path)
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            log.error("keeping the previous policy: %s", exc)
+        return self.policy
 
 
 def _route(base: RoutePolicy, body: dict, name: str) -> RoutePolicy:

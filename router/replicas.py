@@ -64,6 +64,14 @@ class ReplicaSet:
                 await replica.task
             await replica.channel.close()
 
+    async def sync(self, addresses: list[str]) -> None:
+        """Watch exactly these addresses: add new replicas, drop vanished ones."""
+        wanted = set(addresses)
+        for address in wanted - set(self.replicas):
+            self.add(address)
+        for address in set(self.replicas) - wanted:
+            await self.remove(address)
+
     async def close(self) -> None:
         for address in list(self.replicas):
             await self.remove(address)
@@ -82,6 +90,16 @@ class ReplicaSet:
         """Least-loaded healthy replica not in `exclude` (None if there is none)."""
         healthy = [r for a, r in self.replicas.items() if r.healthy and a not in exclude]
         return min(healthy, key=Replica.score, default=None)
+
+    def route_acceptance(self, route: str) -> float | None:
+        """The route's rolling acceptance: the mean of what the healthy replicas report for
+        it (None until some replica has run speculation rounds on the route)."""
+        rates = [
+            r.report.acceptance_by_route[route]
+            for r in self.replicas.values()
+            if r.healthy and route in r.report.acceptance_by_route
+        ]
+        return sum(rates) / len(rates) if rates else None
 
     async def wait_ready(self, timeout: float = 10.0) -> bool:
         deadline = time.monotonic() + timeout

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import grpc
+from opentelemetry import trace
 
 from protos.specd.v1 import common_pb2, router_pb2, router_pb2_grpc, verifier_pb2
 from router.detok import IncrementalDetokenizer, StopStrings
-from router.policy import Load, Policy, decide
+from router.policy import Load, Policy, PolicyFile, decide
 from router.replicas import ReplicaSet
+from specd.telemetry import extract_metadata, inject_metadata
 from specd.wire import params_from_proto
 
 log = logging.getLogger(__name__)
@@ -45,7 +48,10 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
         policy: Policy,
         default_max_new_tokens: int = 256,
         max_new_tokens_cap: int = 4096,
+        telemetry=None,
     ):
+        self.metrics = RouterMetrics(telemetry) if telemetry is not None else None
+        self.tracer = telemetry.tracer if telemetry is not None and telemetry.tracing else None
         self.tokenizer = tokenizer
         self.replicas = replicas
         self.policy = policy
@@ -78,6 +84,34 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
             prep = self._prepare(request, context)
         except RequestError as exc:
             await context.abort(exc.code, str(exc))
+        if self.tracer is None and self.metrics is None:
+            async for msg in self._attempts(request, context, prep, None):
+                yield msg
+            return
+        span = None
+        if self.tracer is not None:
+            parent = extract_metadata(context.invocation_metadata())
+            span = self.tracer.start_span(
+                "specd.router.generate",
+                context=parent,
+                kind=trace.SpanKind.SERVER,
+                attributes={"specd.route": prep.route},
+            )
+        started, first, tokens, final = time.perf_counter(), None, 0, None
+        try:
+            async for msg in self._attempts(request, context, prep, span):
+                if first is None and msg.token_ids:
+                    first = time.perf_counter()
+                tokens += len(msg.token_ids)
+                final = msg if msg.finish_reason else final
+                yield msg
+        finally:
+            if self.metrics is not None and final is not None:
+                self.metrics.finished(prep.route, final, started, first, tokens)
+            if span is not None:
+                span.end()
+
+    async def _attempts(self, request, context, prep: Prepared, span):
         params = params_from_proto(request.params)
         client = CLIENT_MODES.get(request.speculation, "auto")
         tried: set[str] = set()
@@ -88,7 +122,7 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
                     grpc.StatusCode.UNAVAILABLE, "no healthy verifier replica; retry later"
                 )
             tried.add(replica.address)
-            k, reason = decide(prep.policy, client, params.temperature, _load(replica, prep))
+            k, reason = self._decide(prep, client, params.temperature, replica, span)
             call = replica.stub.Generate(
                 verifier_pb2.VerifyGenerateRequest(
                     prompt_ids=prep.prompt_ids,
@@ -99,6 +133,7 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
                     route=prep.route,
                 ),
                 timeout=context.time_remaining(),
+                metadata=inject_metadata(trace.set_span_in_context(span)) if span else None,
             )
             replica.inflight += 1
             started = False
@@ -115,6 +150,27 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
             finally:
                 replica.inflight -= 1
                 call.cancel()  # no-op when done; frees the verifier's KV when we stop early
+
+    def _decide(self, prep: Prepared, client: str, temperature: float, replica, span):
+        load = _load(replica, self.replicas.route_acceptance(prep.route))
+        if span is None:
+            k, reason = decide(prep.policy, client, temperature, load)
+        else:
+            ctx = trace.set_span_in_context(span)
+            with self.tracer.start_as_current_span("specd.router.decide", context=ctx) as d:
+                k, reason = decide(prep.policy, client, temperature, load)
+                d.set_attributes(
+                    {
+                        "specd.route": prep.route,
+                        "specd.speculation.reason": reason,
+                        "specd.k": k,
+                        "specd.replica": replica.address,
+                    }
+                )
+            span.set_attribute("specd.speculation.reason", reason)
+        if self.metrics is not None:
+            self.metrics.decisions.add(1, {"route": prep.route, "reason": reason})
+        return k, reason
 
     async def _relay(self, call, request, prep: Prepared, k: int, reason: str):
         detok = IncrementalDetokenizer(self.tokenizer)
@@ -173,7 +229,8 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "the prompt is empty")
         metadata = dict(context.invocation_metadata() or ())
         route_name = request.route or metadata.get("x-route", "") or "default"
-        route, policy, warning = self.policy.for_route(route_name)
+        policy_set = self.policy.current() if isinstance(self.policy, PolicyFile) else self.policy
+        route, policy, warning = policy_set.for_route(route_name)
         return Prepared(ids, route, [warning] if warning else [], policy, max_new)
 
     def _tokenize(self, request, which: str) -> list[int]:
@@ -201,17 +258,44 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
         return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
 
 
-def _load(replica, prep: Prepared) -> Load:
+class RouterMetrics:
+    def __init__(self, telemetry):
+        from specd import telemetry as names
+
+        t = telemetry
+        self.requests = t.counter(names.REQUESTS, "Requests finished")
+        self.decisions = t.counter(names.DECISIONS, "Speculation decisions")
+        self.tokens = t.counter(names.TOKENS_OUT, "Tokens generated")
+        self.ttft = t.histogram(names.TTFT, description="Time to first token")
+        self.tpot = t.histogram(names.TPOT, description="Time per output token after the first")
+        self.e2e = t.histogram(names.E2E, description="End-to-end request latency")
+
+    def finished(self, route: str, final, started: float, first, tokens: int) -> None:
+        now = time.perf_counter()
+        labels = {"route": route}
+        self.requests.add(1, {"route": route, "finish_reason": final.finish_reason})
+        self.tokens.add(tokens, labels)
+        self.e2e.record(now - started, labels)
+        if first is not None:
+            self.ttft.record(first - started, labels)
+            if tokens > 1:
+                spec = "on" if final.speculation.enabled else "off"
+                self.tpot.record(
+                    (now - first) / (tokens - 1), {"route": route, "speculation": spec}
+                )
+
+
+def _load(replica, route_acceptance: float | None) -> Load:
+    """The chosen replica's load, and the route's acceptance across all replicas."""
     r = replica.report
     if r is None:
-        return Load()
+        return Load(route_acceptance=route_acceptance)
     util = r.kv_blocks_used / r.kv_blocks_total if r.kv_blocks_total else 0.0
-    acceptance = r.acceptance_by_route.get(prep.route)
     return Load(
         running=max(r.running + r.waiting, replica.inflight),
         kv_utilization=util,
         drafter_available=r.drafter_available,
-        route_acceptance=acceptance,
+        route_acceptance=route_acceptance,
     )
 
 
@@ -225,16 +309,27 @@ def load_tokenizer(spec: str):
 
 async def serve(config, ready=None, tokenizer=None) -> None:
     from specd.serving import serve_until_signal, start_server
+    from specd.telemetry import setup
 
-    policy = Policy.load(config.policy_file) if config.policy_file else Policy.from_dict({})
+    telemetry = setup("router", config.metrics_port)
+    policy = PolicyFile(config.policy_file) if config.policy_file else Policy.from_dict({})
     replicas = ReplicaSet(config.verifier or [])
     await replicas.start()
+    discovery = None
+    if config.verifier_dns:
+        from router.discovery import DnsDiscovery
+
+        discovery = DnsDiscovery(
+            replicas, config.verifier_dns, config.verifier or [], config.dns_refresh_s
+        )
+        discovery.start()
     servicer = GenerationServicer(
         tokenizer or load_tokenizer(config.tokenizer),
         replicas,
         policy,
         config.default_max_new_tokens,
         config.max_new_tokens_cap,
+        telemetry,
     )
     server, port, _ = await start_server(
         config.host,
@@ -248,4 +343,6 @@ async def serve(config, ready=None, tokenizer=None) -> None:
     try:
         await serve_until_signal(server)
     finally:
+        if discovery is not None:
+            await discovery.stop()
         await replicas.close()

@@ -100,6 +100,8 @@ def _up(args) -> int:
 def _bench(args) -> int:
     if args.kind == "engine":
         from bench.engine import main as run
+    elif args.kind == "split":
+        from bench.split import main as run
     else:
         from bench.speculative import main as run
     return run(args.rest)
@@ -154,8 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks (see bench/)")
     bench.add_argument(
         "kind",
-        choices=["engine", "spec"],
-        help="engine: decode speed + verify cost; spec: speculation vs none",
+        choices=["engine", "spec", "split"],
+        help="engine: decode speed + verify cost; spec: speculation vs none; "
+        "split: the router vs the in-process engine",
     )
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_bench)

@@ -18,6 +18,7 @@ class EngineConfig:
     max_batched_tokens: int = 512  # tokens per forward (prefill chunks + verification)
     max_draft_tokens: int = 8  # upper bound on k per sequence
     batch_invariant: bool = False  # same kernels for decode and verification (bf16 parity)
+    adaptive_k: bool = False  # per sequence, k from its acceptance and the measured cost
     drafter_kv_cache_bytes: int = 1 << 29
     draft_top_m: int = 32  # support size of a sampled draft's q
 
@@ -43,11 +44,15 @@ class DrafterConfig:
     kv_cache_bytes: int = 1 << 29
     top_m: int = 32  # support size of a sampled draft's q
     max_draft_tokens: int = 16
+    weights: str = "bf16"  # bf16 (the model's dtype) or int8 (weight-only, per channel)
+    vocab: int = 0  # > 0: score only the `vocab` most frequent tokens (trimmed head)
     metrics_port: int = 0  # 0 = no Prometheus endpoint
 
     def __post_init__(self):
         if self.proposer not in ("draft", "ngram"):
             raise ValueError(f"proposer must be draft or ngram, got {self.proposer!r}")
+        if self.weights not in ("bf16", "int8"):
+            raise ValueError(f"weights must be bf16 or int8, got {self.weights!r}")
 
 
 @dataclass
@@ -74,6 +79,8 @@ class RouterConfig:
     host: str = "127.0.0.1"
     port: int = 50051
     verifier: list[str] = field(default_factory=list)  # host:port, repeat for replicas
+    verifier_dns: list[str] = field(default_factory=list)  # name:port resolved to replicas
+    dns_refresh_s: float = 5.0
     tokenizer: str = "default-target"  # model name or folder with the tokenizer files
     policy_file: str = ""  # per-route YAML; "" = built-in default policy
     default_max_new_tokens: int = 256

@@ -61,6 +61,10 @@ class Cluster:
     drafter_servicer: DrafterServicer | None = None
     proposer: DraftModelProposer | None = None
     servers: dict = field(default_factory=dict)
+    metrics_urls: dict = field(default_factory=dict)  # service -> scrape URL
+    http_servers: list = field(default_factory=list)
+    router_servicer: GenerationServicer | None = None
+    metrics_urls: dict = field(default_factory=dict)  # service -> scrape URL
 
     def run(self, coro, timeout: float = 60):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -82,6 +86,8 @@ class Cluster:
 
     def close(self) -> None:
         async def shutdown():
+            for httpd in self.http_servers:
+                httpd.shutdown()
             for server in self.servers.values():
                 await server.stop(0)
             await self.replicas.close()
@@ -96,6 +102,21 @@ class Cluster:
         self.thread.join(5)
 
 
+def _telemetry(c: Cluster, service: str, span_exporter, metrics: bool):
+    if span_exporter is None and not metrics:
+        return None
+    from prometheus_client import start_http_server
+
+    from specd.telemetry import setup
+
+    t = setup(service, span_exporter=span_exporter, metrics=metrics)
+    if metrics:
+        httpd, _ = start_http_server(0, addr="127.0.0.1", registry=t.registry)
+        c.metrics_urls[service] = f"http://127.0.0.1:{httpd.server_address[1]}/metrics"
+        c.http_servers.append(httpd)
+    return t
+
+
 def start_cluster(
     target,
     draft,
@@ -103,6 +124,8 @@ def start_cluster(
     replicas: int = 1,
     drafter_timeout_ms: int = 2000,
     engine_config: EngineConfig | None = None,
+    span_exporter=None,
+    metrics: bool = False,
 ) -> Cluster:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -111,15 +134,24 @@ def start_cluster(
 
     async def boot():
         c.proposer = DraftModelProposer(draft, num_blocks=256, block_size=4)
-        c.drafter_servicer = DrafterServicer(c.proposer, draft.args.vocab_size)
+        c.drafter_servicer = DrafterServicer(
+            c.proposer,
+            draft.args.vocab_size,
+            telemetry=_telemetry(c, "drafter", span_exporter, metrics),
+        )
         server, port, _ = await c._drafter_server(0)
         c.servers["drafter"], c.drafter = server, f"127.0.0.1:{port}"
         for i in range(replicas):
             cfg = engine_config or EngineConfig(num_blocks=256, block_size=4)
+            t = _telemetry(c, f"verifier{i}", span_exporter, metrics)
             engine = Engine(
-                target, cfg, RemoteProposer(c.drafter, drafter_timeout_ms, 200), eos_ids=set()
+                target,
+                cfg,
+                RemoteProposer(c.drafter, drafter_timeout_ms, 200, t),
+                eos_ids=set(),
+                telemetry=t,
             )
-            servicer = VerifierServicer(engine, "tiny")
+            servicer = VerifierServicer(engine, "tiny", telemetry=t)
             server, port, _ = await start_server(
                 "127.0.0.1",
                 0,
@@ -132,7 +164,13 @@ def start_cluster(
             c.verifier_servicers.append(servicer)
         c.replicas = ReplicaSet(c.verifiers)
         await c.replicas.start()
-        gen = GenerationServicer(char_tokenizer(), c.replicas, policy or Policy.from_dict({}))
+        gen = GenerationServicer(
+            char_tokenizer(),
+            c.replicas,
+            policy or Policy.from_dict({}),
+            telemetry=_telemetry(c, "router", span_exporter, metrics),
+        )
+        c.router_servicer = gen
         server, port, _ = await start_server(
             "127.0.0.1",
             0,
@@ -141,6 +179,11 @@ def start_cluster(
         )
         c.servers["router"], c.router = server, f"127.0.0.1:{port}"
         assert await c.replicas.wait_ready(10)
+        for _ in range(200):  # and until every replica's drafter handshake is done
+            reports = [r.report for r in c.replicas.replicas.values()]
+            if all(r is not None and r.drafter_available for r in reports):
+                break
+            await asyncio.sleep(0.05)
 
     c.run(boot())
     return c

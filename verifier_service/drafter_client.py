@@ -17,9 +17,11 @@ import time
 
 import grpc
 import torch
+from opentelemetry import trace
 
 from drafter_service.proposer import DraftState, Proposal
 from protos.specd.v1 import drafter_pb2, drafter_pb2_grpc
+from specd.telemetry import DRAFTER_FALLBACKS, DRAFTER_RTT, inject_metadata
 from specd.wire import params_to_proto
 
 log = logging.getLogger(__name__)
@@ -82,7 +84,9 @@ class _Stream:
 
 
 class RemoteProposer:
-    def __init__(self, address: str, timeout_ms: int = 3000, reconnect_ms: int = 1000):
+    def __init__(
+        self, address: str, timeout_ms: int = 3000, reconnect_ms: int = 1000, telemetry=None
+    ):
         self.address = address
         self.timeout_s = timeout_ms / 1000
         self.reconnect_s = reconnect_ms / 1000
@@ -92,6 +96,12 @@ class RemoteProposer:
         self._rounds = itertools.count(1)
         self.fallbacks = 0  # rounds that decoded with k = 0 because of the drafter
         self._lock = threading.RLock()  # the engine thread and load reports both connect
+        self._rtt = self._fallback_counter = None
+        if telemetry is not None:
+            self._rtt = telemetry.histogram(DRAFTER_RTT, description="Draft round trip")
+            self._fallback_counter = telemetry.counter(
+                DRAFTER_FALLBACKS, "Rounds decoded without drafts because of the drafter"
+            )
 
     @property
     def available(self) -> bool:
@@ -123,7 +133,7 @@ class RemoteProposer:
         empty = [Proposal() for _ in states]
         stream = self._connect()
         if stream is None or not states:
-            self.fallbacks += bool(states)
+            self._fell_back(bool(states))
             return empty
         request = drafter_pb2.DraftRequest(round=next(self._rounds))
         for s in states:
@@ -132,6 +142,9 @@ class RemoteProposer:
                 cmd = request.commands.add(seq_id=s.seq_id)
                 cmd.open.token_ids.extend(s.tokens)
                 cmd.open.params.CopyFrom(params_to_proto(s.params))
+                if s.span is not None:
+                    ctx = trace.set_span_in_context(s.span)
+                    cmd.open.trace_context.update(dict(inject_metadata(ctx)))
                 step = []
             else:
                 step = s.tokens[sent:]
@@ -139,18 +152,27 @@ class RemoteProposer:
             cmd.step.committed_ids.extend(step)
             cmd.step.k = s.k
             self._sent[s.seq_id] = len(s.tokens)
+        started = time.perf_counter()
         try:
             response = stream.call(request, self.timeout_s)
         except TimeoutError as exc:
             log.warning("%s; decoding without drafts this round", exc)
-            self.fallbacks += 1
+            self._fell_back()
             return empty
         except ConnectionError:
             self._drop()
-            self.fallbacks += 1
+            self._fell_back()
             return empty
+        if self._rtt is not None:
+            self._rtt.record(time.perf_counter() - started)
         by_seq = {p.seq_id: p for p in response.proposals}
         return [self._proposal(by_seq.get(s.seq_id), s.k) for s in states]
+
+    def _fell_back(self, happened: bool = True) -> None:
+        if happened:
+            self.fallbacks += 1
+            if self._fallback_counter is not None:
+                self._fallback_counter.add(1)
 
     @staticmethod
     def _proposal(msg, k: int) -> Proposal:

@@ -13,9 +13,11 @@ import contextlib
 import itertools
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator
 
 import torch
+from opentelemetry import trace
 
 from drafter_service.proposer import DraftState, Proposal, Proposer
 from specd.config import EngineConfig
@@ -35,6 +37,7 @@ class Engine:
         config: EngineConfig | None = None,
         proposer: Proposer | None = None,
         eos_ids: set[int] | None = None,
+        telemetry=None,
     ):
         self.model = model
         self.config = config or EngineConfig()
@@ -53,6 +56,7 @@ class Engine:
         self._loop_task: asyncio.Task | None = None
         self._wake = asyncio.Event()
         self.totals = SpecStats()  # every round since start (for load reports and metrics)
+        self.tracer = telemetry.tracer if telemetry is not None and telemetry.tracing else None
 
     # -- requests ----------------------------------------------------------------------------
     def add_request(
@@ -63,6 +67,7 @@ class Engine:
         num_draft: int = 0,
         stop_ids: set[int] | None = None,
         ignore_eos: bool = False,
+        span=None,
     ) -> int:
         params = params or SamplingParams()
         params.validate()
@@ -93,6 +98,7 @@ class Engine:
             max(0, num_draft),
             frozenset(stops),
             make_generator(params.seed),
+            span=span,
         )
         with self._lock:
             self._seqs[seq.seq_id] = seq
@@ -113,8 +119,22 @@ class Engine:
         work = self.scheduler.schedule()
         if not work:
             return outputs
+        if self.tracer is None:
+            return outputs + self._run_step(work)
+        # one batch serves many requests: link the step span to theirs, never parent it
+        links = [trace.Link(w.seq.span.get_span_context()) for w in work if w.seq.span]
+        with self.tracer.start_as_current_span("specd.engine.step", links=links) as span:
+            span.set_attribute("specd.batch_size", len(work))
+            return outputs + self._run_step(work)
+
+    def _run_step(self, work: list[Work]) -> list[StepOutput]:
+        outputs = []
+        t0 = time.perf_counter()
         proposals = self._propose([w for w in work if w.decode and w.k > 0])
+        t1 = time.perf_counter()
         logits = self._forward(work, proposals)
+        steps = max((len(p.tokens) for p in proposals.values()), default=0)
+        self.scheduler.cost.record(t1 - t0, steps, time.perf_counter() - t1)
         rounds = [w for w in work if w.num_logits > 0]
         emitted = verify_rounds(rounds, proposals, logits, self.model.args.vocab_size)
         for w in work:
@@ -124,7 +144,9 @@ class Engine:
     def _propose(self, work: list[Work]) -> dict[int, Proposal]:
         if not work or self.proposer is None:
             return {}
-        states = [DraftState(w.seq.seq_id, w.seq.tokens, w.seq.params, w.k) for w in work]
+        states = [
+            DraftState(w.seq.seq_id, w.seq.tokens, w.seq.params, w.k, w.seq.span) for w in work
+        ]
         try:
             proposals = self.proposer.propose(states)
         except Exception:  # a failed drafter costs speculation, never the request
@@ -155,7 +177,11 @@ class Engine:
             return []
         tokens, accepted = emitted
         seq.stats.record(w.k, accepted)
+        seq.acceptance.record(w.k, accepted)
         self.totals.record(w.k, accepted)
+        if seq.span is not None and w.k:
+            seq.span.add_event("speculation.round", {"k": w.k, "accepted": accepted})
+        seq.t_first_token = seq.t_first_token or time.time_ns()
         # keep the fed tokens up to the last accepted draft; the new last token is pending
         seq.num_cached += len(w.tokens) + accepted
         self.kv.allocator.truncate_to(seq.seq_id, seq.num_cached)
@@ -171,8 +197,10 @@ class Engine:
                 break
         if seq.finish_reason:
             self._finish(seq)
-        stats = seq.stats if seq.finish_reason else None
-        return [StepOutput(seq.seq_id, new, seq.finish_reason, w.k, accepted, stats)]
+        if not seq.finish_reason:
+            return [StepOutput(seq.seq_id, new, None, w.k, accepted)]
+        timing = (seq.t_arrived, seq.t_scheduled, seq.t_first_token)
+        return [StepOutput(seq.seq_id, new, seq.finish_reason, w.k, accepted, seq.stats, timing)]
 
     def _finish(self, seq: Sequence) -> None:
         self.scheduler.remove(seq)
@@ -191,6 +219,20 @@ class Engine:
                 seq.finish_reason = "abort"
                 self._finish(seq)
                 out.append(StepOutput(seq_id, [], "abort", stats=seq.stats))
+        return out
+
+    def _fail_all(self) -> list[StepOutput]:
+        """Finish every request with reason "error" and free its KV (both caches)."""
+        with self._lock:
+            seqs = list(self._seqs.values())
+        out = []
+        for seq in seqs:
+            seq.finish_reason = "error"
+            try:
+                self._finish(seq)
+            except Exception:  # noqa: BLE001 - freeing must not stop the others
+                log.exception("could not free sequence %d", seq.seq_id)
+            out.append(StepOutput(seq.seq_id, [], "error", stats=seq.stats))
         return out
 
     def sequence(self, seq_id: int) -> Sequence | None:
@@ -236,7 +278,11 @@ class Engine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            outputs = await asyncio.to_thread(self.step)
+            try:
+                outputs = await asyncio.to_thread(self.step)
+            except Exception:  # never leave requests waiting on a dead loop
+                log.exception("engine step failed; failing the running requests")
+                outputs = self._fail_all()
             for out in outputs:
                 queue = self._queues.get(out.seq_id)
                 if queue is not None:

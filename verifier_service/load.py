@@ -40,3 +40,45 @@ class TokenRate:
         while self._events and self._events[0][0] < cutoff:
             self._events.popleft()
         return sum(n for _, n in self._events) / self.window_s
+
+
+class VerifierMetrics:
+    """The verifier's Prometheus metrics (names in specd.telemetry)."""
+
+    def __init__(self, telemetry, servicer):
+        from specd import telemetry as names
+
+        t, self.servicer = telemetry, servicer
+        self.drafts = t.counter(names.NUM_DRAFTS, "Speculation rounds")
+        self.draft_tokens = t.counter(names.NUM_DRAFT_TOKENS, "Draft tokens proposed")
+        self.accepted = t.counter(names.NUM_ACCEPTED, "Draft tokens accepted")
+        self.per_pos = t.counter(names.ACCEPTED_PER_POS, "Accepted draft tokens by position")
+        self.tokens = t.counter(names.TOKENS_OUT, "Tokens generated")
+        t.gauge(names.KV_USAGE, self._kv, "Fraction of KV blocks in use")
+        t.gauge(names.RUNNING, self._running, "Sequences running")
+        t.gauge(names.WAITING, self._waiting, "Sequences waiting")
+
+    def step(self, route: str, out) -> None:
+        labels = {"route": route}
+        self.tokens.add(len(out.tokens), labels)
+        if out.drafted:
+            self.drafts.add(1, labels)
+            self.draft_tokens.add(out.drafted, labels)
+            self.accepted.add(out.accepted, labels)
+            for position in range(out.accepted):
+                self.per_pos.add(1, {"route": route, "position": str(position)})
+
+    def _kv(self, options):
+        from opentelemetry.metrics import Observation
+
+        yield Observation(self.servicer.engine.kv.allocator.utilization())
+
+    def _running(self, options):
+        from opentelemetry.metrics import Observation
+
+        yield Observation(len(self.servicer.engine.scheduler.running))
+
+    def _waiting(self, options):
+        from opentelemetry.metrics import Observation
+
+        yield Observation(len(self.servicer.engine.scheduler.waiting))

@@ -8,11 +8,13 @@ newest running sequence is preempted (its blocks freed, recomputed later).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
 from specd.config import EngineConfig
 from specd.kvcache import BlockAllocator, NoFreeBlocks
+from verifier_service.adaptive import CostRatio, best_k
 from verifier_service.sequence import Sequence
 
 
@@ -41,6 +43,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._last_was_prefill = False
+        self.cost = CostRatio()  # draft step / verification forward, measured by the engine
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -79,7 +82,10 @@ class Scheduler:
             if seq not in self.running or seq.num_cached < prefill_target(seq):
                 continue  # preempted meanwhile, or still prefilling
             remaining = seq.max_new_tokens - seq.num_generated
-            k = max(0, min(seq.num_draft, self.config.max_draft_tokens, remaining - 1, budget - 1))
+            bound = min(seq.num_draft, self.config.max_draft_tokens)  # the route's k
+            if self.config.adaptive_k and bound > 0:
+                bound = best_k(seq.acceptance.alpha, self.cost.value, bound)
+            k = max(0, min(bound, remaining - 1, budget - 1))
             k = self._fit(seq, k)
             if k is None:
                 continue
@@ -133,6 +139,7 @@ class Scheduler:
         return work
 
     def _chunk(self, seq: Sequence, budget: int) -> Work:
+        seq.t_scheduled = seq.t_scheduled or time.time_ns()
         end = min(prefill_target(seq), seq.num_cached + budget)
         last = end == prefill_target(seq) and seq.prefilling
         return Work(seq, seq.tokens[seq.num_cached : end], 0, 1 if last else 0)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
 
 from specd.sampling import SamplingParams
+from verifier_service.adaptive import AcceptanceEstimate
 
 
 @dataclass
@@ -15,6 +17,7 @@ class SpecStats:
     drafted: int = 0
     accepted: int = 0
     stats: SpecStats | None = None  # the request's speculation totals, on its last output
+    timing: tuple[int, int, int] = (0, 0, 0)  # last output: arrived, scheduled, first token (ns)
     drafted_per_pos: list[int] = field(default_factory=list)
     accepted_per_pos: list[int] = field(default_factory=list)
 
@@ -55,6 +58,11 @@ class Sequence:
     num_cached: int = 0  # tokens whose K/V the target cache holds
     finish_reason: str | None = None
     stats: SpecStats = field(default_factory=SpecStats)
+    span: object = None  # the request's trace span (None when tracing is off)
+    acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
+    t_arrived: int = field(default_factory=time.time_ns)
+    t_scheduled: int = 0  # first prefill chunk
+    t_first_token: int = 0
 
     def __post_init__(self):
         if not self.tokens:
@@ -78,3 +86,4 @@ class StepOutput:
     drafted: int = 0
     accepted: int = 0
     stats: SpecStats | None = None  # the request's speculation totals, on its last output
+    timing: tuple[int, int, int] = (0, 0, 0)  # last output: arrived, scheduled, first token (ns)

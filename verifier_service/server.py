@@ -6,56 +6,83 @@ import asyncio
 import logging
 
 import grpc
+from opentelemetry import trace
 
 from protos.specd.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
+from specd.telemetry import extract_metadata
 from specd.wire import params_from_proto, speculation_to_proto
 from verifier_service.engine import Engine
-from verifier_service.load import RouteAcceptance, TokenRate
+from verifier_service.load import RouteAcceptance, TokenRate, VerifierMetrics
 
 log = logging.getLogger(__name__)
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
-    def __init__(self, engine: Engine, model_name: str, max_queue: int = 256):
+    def __init__(self, engine: Engine, model_name: str, max_queue: int = 256, telemetry=None):
         self.engine = engine
         self.model_name = model_name
         self.max_queue = max_queue
         self.acceptance = RouteAcceptance()
         self.rate = TokenRate()
+        self.metrics = VerifierMetrics(telemetry, self) if telemetry is not None else None
+        self.tracer = telemetry.tracer if telemetry is not None and telemetry.tracing else None
 
     def _drafter_available(self) -> bool:
         proposer = self.engine.proposer
         return proposer is not None and proposer.available
 
     async def Generate(self, request, context):
-        params = params_from_proto(request.params)
         if len(self.engine.scheduler.waiting) >= self.max_queue:
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"verifier queue is full ({self.max_queue} waiting); retry "
-                "later or on another replica",
+                f"verifier queue is full ({self.max_queue} waiting); retry later or on "
+                "another replica",
             )
         k = min(max(0, request.num_draft_tokens), self.engine.config.max_draft_tokens)
         route = request.route or "default"
-        try:
-            stream = self.engine.generate(
-                list(request.prompt_ids),
-                params,
-                max_new_tokens=request.max_new_tokens,
-                num_draft=k,
-                stop_ids=set(request.stop_ids),
-                ignore_eos=request.ignore_eos,
+        span = None
+        if self.tracer is not None:
+            parent = extract_metadata(context.invocation_metadata())
+            span = self.tracer.start_span(
+                "specd.verifier.generate",
+                context=parent,
+                attributes={"specd.route": route, "specd.k": k},
             )
-            first = await anext(stream)
-        except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        generated = 0
         try:
-            out = first
+            async for msg in self._generate(request, context, route, k, span):
+                yield msg
+        finally:
+            if span is not None:
+                span.end()
+
+    async def _generate(self, request, context, route: str, k: int, span):
+        stream = self.engine.generate(
+            list(request.prompt_ids),
+            params_from_proto(request.params),
+            max_new_tokens=request.max_new_tokens,
+            num_draft=k,
+            stop_ids=set(request.stop_ids),
+            ignore_eos=request.ignore_eos,
+            span=span,
+        )
+        try:
+            try:
+                out = await anext(stream)
+            except ValueError as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            generated = 0
             while True:
+                if out.finish_reason == "error":
+                    await context.abort(
+                        grpc.StatusCode.INTERNAL,
+                        "the engine failed a step; "
+                        "the request was dropped (see the verifier's log)",
+                    )
                 generated += len(out.tokens)
                 self.rate.add(len(out.tokens))
                 self.acceptance.record(route, out.drafted, out.accepted)
+                if self.metrics is not None:
+                    self.metrics.step(route, out)
                 msg = verifier_pb2.VerifyGenerateResponse(
                     token_ids=out.tokens,
                     finish_reason=out.finish_reason or "",
@@ -65,12 +92,34 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                 )
                 if out.finish_reason and out.stats is not None:
                     msg.speculation.CopyFrom(speculation_to_proto(out.stats, "", k))
+                    if span is not None:
+                        self._phase_spans(span, out.stats, out.timing)
                 yield msg
                 if out.finish_reason:
-                    break
+                    return
                 out = await anext(stream)
         finally:
             await stream.aclose()  # a cancelled call frees the sequence's KV now
+
+    def _phase_spans(self, span, stats, timing) -> None:
+        """Queueing and prefill as child spans, from the engine's timestamps."""
+        arrived, scheduled, first = timing
+        ctx = trace.set_span_in_context(span)
+        if scheduled:
+            self.tracer.start_span("specd.verifier.queue", context=ctx, start_time=arrived).end(
+                end_time=scheduled
+            )
+        if scheduled and first:
+            self.tracer.start_span("specd.verifier.prefill", context=ctx, start_time=scheduled).end(
+                end_time=first
+            )
+        span.set_attributes(
+            {
+                "specd.speculation.rounds": stats.rounds,
+                "specd.speculation.drafted": stats.drafted,
+                "specd.speculation.accepted": stats.accepted,
+            }
+        )
 
     async def WatchLoad(self, request, context):
         interval = (request.interval_ms or 100) / 1000
@@ -104,7 +153,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         )
 
 
-def build_engine(config):
+def build_engine(config, telemetry=None):
     """The target model, its engine and (if configured) the remote drafter."""
     from specd.models.loader import eos_token_ids, load_config, load_model, resolve
     from verifier_service.drafter_client import RemoteProposer
@@ -114,18 +163,21 @@ def build_engine(config):
     proposer = None
     if config.drafter:
         proposer = RemoteProposer(
-            config.drafter, config.drafter_timeout_ms, config.drafter_reconnect_ms
+            config.drafter, config.drafter_timeout_ms, config.drafter_reconnect_ms, telemetry
         )
-    engine = Engine(model, config.engine, proposer, eos_token_ids(folder, load_config(folder)))
+    eos = eos_token_ids(folder, load_config(folder))
+    engine = Engine(model, config.engine, proposer, eos, telemetry=telemetry)
     return engine, folder.name
 
 
 async def serve(config, ready=None, engine=None, model_name="") -> None:
     from specd.serving import serve_until_signal, start_server
+    from specd.telemetry import setup
 
+    telemetry = setup("verifier", config.metrics_port)
     if engine is None:
-        engine, model_name = build_engine(config)
-    servicer = VerifierServicer(engine, model_name, config.max_queue)
+        engine, model_name = build_engine(config, telemetry)
+    servicer = VerifierServicer(engine, model_name, config.max_queue, telemetry)
     server, port, _ = await start_server(
         config.host,
         config.port,

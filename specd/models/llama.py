@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from specd.models.args import ModelArgs
 from specd.models.matmul import linear
 from specd.models.paged_kv import BatchPlan, PagedKV, SeqInput
+from specd.models.quant import Int8Weight
 
 
 @dataclass
@@ -66,6 +67,7 @@ class LlamaModel:
         self.dtype = dtype
         self.device = device
         self.batch_invariant = False  # see specd.models.matmul
+        self.head_ids: torch.Tensor | None = None  # set by trim_head
 
     def _linear(self, x, w, b=None):
         return linear(x, w, b, invariant=self.batch_invariant)
@@ -78,11 +80,22 @@ class LlamaModel:
         plan = BatchPlan.build(kv.allocator, seqs, self.device)
         hidden = self.hidden_states(kv, plan)
         if plan.logits_index.numel() == 0:
-            return hidden.new_zeros((0, self.args.vocab_size), dtype=torch.float32)
+            width = self.args.vocab_size if self.head_ids is None else len(self.head_ids)
+            return hidden.new_zeros((0, width), dtype=torch.float32)
         return self.logits(hidden.index_select(0, plan.logits_index))
 
+    def trim_head(self, keep: torch.Tensor) -> None:
+        """Score only the token ids in `keep` [V'] (a drafter's trimmed head): logits come
+        back as [R, V'] in `keep`'s order; `self.head_ids` maps a column to its token id."""
+        head = self.lm_head
+        if isinstance(head, Int8Weight):
+            self.lm_head = Int8Weight(head.qweight[keep].contiguous(), head.scales[keep])
+        else:
+            self.lm_head = head[keep].contiguous()
+        self.head_ids = keep.to(self.device)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final norm + LM head for selected rows [R, H] -> fp32 [R, V]."""
+        """Final norm + LM head for selected rows [R, H] -> fp32 [R, V] (V' if trimmed)."""
         h = rms_norm(hidden, self.norm, self.args.rms_norm_eps)
         return linear(h, self.lm_head, invariant=self.batch_invariant, out_dtype=torch.float32)
 

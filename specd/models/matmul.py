@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specd.models.quant import Int8Weight, int8_linear
+
 SMALL_M = 16
 INVARIANT_TILE = 16
 
@@ -29,7 +31,9 @@ def linear(
 ) -> torch.Tensor:
     """x [M, in] @ w [out, in]^T (+ b [out]) -> [M, out], cast to `out_dtype` if given."""
     m = x.shape[0]
-    if invariant:
+    if isinstance(w, Int8Weight):  # the drafter's weight-only int8
+        y = int8_linear(x, w)
+    elif invariant:
         y = _tiled(x, w)
     elif m == 1 and x.device.type == "cpu":
         y = torch.mv(w, x[0]).unsqueeze(0)

@@ -149,3 +149,58 @@ def test_batch_invariant_mode_keeps_parity(tiny_pair):
         make_engine(tiny_pair, "draft", batch_invariant=True), [dict(r, num_draft=4) for r in reqs]
     )
     assert list(on.values()) == list(off.values())
+
+
+def test_a_failing_step_fails_requests_instead_of_hanging(tiny_pair):
+    engine = make_engine(tiny_pair, "draft")
+    calls = {"n": 0}
+    real_forward = engine.model.forward
+
+    def flaky(kv, seqs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("injected")
+        return real_forward(kv, seqs)
+
+    async def main():
+        engine.model.forward = flaky
+        try:
+            outs = [o async for o in engine.generate(PROMPTS[0], max_new_tokens=50, num_draft=2)]
+        finally:
+            del engine.model.forward  # back to the class's method (the model is shared)
+        return outs
+
+    outs = asyncio.run(asyncio.wait_for(main(), 30))
+    assert outs[-1].finish_reason == "error"
+    assert engine.kv.allocator.num_used == 0 and engine.proposer.kv.allocator.num_used == 0
+
+
+def test_adaptive_k_never_exceeds_the_routes_bound(tiny_pair):
+    from verifier_service.adaptive import best_k, expected_tokens
+
+    assert best_k(0.95, 0.1, 8) == 8 and best_k(0.1, 0.9, 8) == 0
+    assert best_k(0.8, 0.4, 3) <= 3
+    assert expected_tokens(1.0, 4) == 5.0
+    for alpha in (0.0, 0.3, 0.6, 0.9, 0.99):
+        for c in (0.01, 0.2, 0.5, 1.0):
+            for bound in range(0, 9):
+                assert 0 <= best_k(alpha, c, bound) <= bound
+
+    engine = make_engine(tiny_pair, "draft", adaptive_k=True)
+    seen = []
+    real = engine.proposer.propose
+
+    def spy(states):
+        seen.extend((s.k, s.seq_id) for s in states)
+        return real(states)
+
+    engine.proposer.propose = spy
+    reqs = [
+        dict(prompt=p, max_new_tokens=30, num_draft=k)
+        for p, k in zip(PROMPTS, [2, 5, 3, 1], strict=True)
+    ]
+    ref = run_engine(make_engine(tiny_pair), [dict(r, num_draft=0) for r in reqs])
+    got = run_engine(engine, reqs)
+    assert list(got.values()) == list(ref.values())
+    bounds = {i: r["num_draft"] for i, r in zip(got, reqs, strict=True)}
+    assert seen and all(k <= bounds[seq_id] for k, seq_id in seen)

@@ -128,6 +128,9 @@ def simulate(target, draft, k, q_kind, n, seed, corrupt=0.0):
     if q_kind == "sparse":  # the drafter samples from its top-4, renormalised
         vals, ids = draft.topk(4, -1)
         draft = sparse_to_dense(ids, vals / vals.sum(-1, keepdim=True), V)
+    elif q_kind == "trimmed":  # a trimmed head: q's support is a fixed half of the vocab
+        draft = draft * (torch.arange(V) % 2 == 0)
+        draft = draft / draft.sum(-1, keepdim=True)
     while (length < T).any():
         drafts = torch.zeros(n, k, dtype=torch.long)
         prev = last
@@ -201,7 +204,7 @@ N = 200_000
 CASES = [
     (k, q_kind, params)
     for k in (1, 2, 3, 4)
-    for q_kind in ("dense", "sparse", "absent")
+    for q_kind in ("dense", "sparse", "absent", "trimmed")
     for params in (
         SamplingParams(temperature=1.0),
         SamplingParams(temperature=0.7, top_k=4),

@@ -1,0 +1,121 @@
+"""`specd bench split`: what the gRPC split costs — the router (drafter, verifier and
+router as separate processes) vs the in-process engine, same workload, one run.
+
+    specd bench split --workload code --mode on   [--address HOST:PORT]
+
+Without --address it starts `specd up` itself (and stops it afterwards). Concurrency 1,
+greedy. Speculation `on` uses the default policy's k for both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.speculative import WORKLOADS, run_engine_config
+from router.policy import RoutePolicy
+
+ROUTER = "127.0.0.1:50051"
+
+
+def _messages(workload: str, limit: int) -> list[list[dict]]:
+    path = Path(workload) if Path(workload).exists() else WORKLOADS / f"{workload}.jsonl"
+    items = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [it["messages"] for it in items][: limit or None]
+
+
+def through_router(address: str, conversations, mode: str, max_new: int) -> dict:
+    from router.client import SpecdClient
+
+    tokens, seconds, outputs, reasons = 0, 0.0, [], set()
+    with SpecdClient(address) as client:
+        client.generate(messages=[{"role": "user", "content": "hi"}], max_new_tokens=4)
+        for messages in conversations:
+            t0 = time.perf_counter()
+            r = client.generate(messages=messages, max_new_tokens=max_new, speculation=mode)
+            seconds += time.perf_counter() - t0
+            tokens += r.usage.completion_tokens
+            outputs.append(list(r.token_ids))
+            reasons.add(r.speculation.reason)
+    return {
+        "tokens": tokens,
+        "seconds": round(seconds, 3),
+        "tok_per_s": tokens / seconds,
+        "reasons": sorted(reasons),
+        "outputs": outputs,
+    }
+
+
+def in_process(conversations, mode: str, max_new: int, k: int) -> dict:
+    from drafter_service.draft_model import DraftModelProposer
+    from specd.config import EngineConfig
+    from specd.models.loader import eos_token_ids, load_config, load_model, load_tokenizer
+    from specd.models.resolve import resolve
+    from verifier_service.engine import Engine
+
+    folder = resolve("default-target")
+    tok = load_tokenizer(folder)
+    prompts = []
+    for messages in conversations:
+        enc = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        prompts.append(list(enc["input_ids"] if hasattr(enc, "keys") else enc))
+    proposer = None
+    if mode == "on":
+        proposer = DraftModelProposer(load_model(resolve("default-draft")), num_blocks=2048)
+    engine = Engine(
+        load_model(folder), EngineConfig(), proposer, eos_token_ids(folder, load_config(folder))
+    )
+    return run_engine_config(engine, prompts, k if mode == "on" else 0, max_new)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="specd bench split", description=__doc__.split("\n")[0])
+    p.add_argument("--workload", default="code")
+    p.add_argument("--limit", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--mode", choices=["on", "off"], default="on")
+    p.add_argument("--address", default="", help="a running router (default: start specd up)")
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    conversations = _messages(args.workload, args.limit)
+    k = RoutePolicy().num_draft_tokens
+
+    cluster = None
+    address = args.address or ROUTER
+    if not args.address:
+        cluster = subprocess.Popen(
+            [sys.executable, "-m", "specd.cli", "up"], stdout=subprocess.PIPE, text=True
+        )
+        for line in cluster.stdout:
+            if "specd is up" in line:
+                break
+        else:
+            raise SystemExit("specd up did not come up")
+    try:
+        split = through_router(address, conversations, args.mode, args.max_new_tokens)
+    finally:
+        if cluster is not None:
+            cluster.terminate()
+            cluster.wait(30)
+    local = in_process(conversations, args.mode, args.max_new_tokens, k)
+    ratio = split["tok_per_s"] / local["tok_per_s"]
+    same = split["outputs"] == local["outputs"]
+    print(f"{args.workload}, speculation {args.mode} (k={k}), {len(conversations)} prompts:")
+    print(f"  through the router : {split['tok_per_s']:.2f} tok/s  reasons {split['reasons']}")
+    print(f"  in-process engine  : {local['tok_per_s']:.2f} tok/s")
+    print(f"  split / in-process : {ratio:.3f}  (identical outputs: {same})")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {"split": split, "in_process": local, "ratio": ratio, "identical": same}, indent=1
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,197 @@
+"""OpenTelemetry for the three services: tracers, meters, and every metric name in one place.
+
+Tracing is off unless the standard OTEL_* environment asks for it (OTEL_TRACES_EXPORTER,
+OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT); off means the API's
+no-op tracer: no spans are built. Context travels in gRPC metadata (W3C traceparent).
+Metrics go to a Prometheus scrape endpoint per service (`--metrics-port`), one registry
+per service so several services can share a process (tests).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from opentelemetry import propagate, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+
+# -- metric names (vLLM's where they exist) --------------------------------------------------
+REQUESTS = "specd:requests"  # router, {route, finish_reason}
+DECISIONS = "specd:speculation_decisions"  # router, {route, reason}
+TTFT = "specd:time_to_first_token_seconds"  # router, {route}
+TPOT = "specd:time_per_output_token_seconds"  # router, {route, speculation}
+E2E = "specd:e2e_request_latency_seconds"  # router, {route}
+TOKENS_OUT = "specd:generation_tokens"  # router and verifier, {route}
+NUM_DRAFTS = "specd:spec_decode_num_drafts"  # verifier, {route}
+NUM_DRAFT_TOKENS = "specd:spec_decode_num_draft_tokens"  # verifier, {route}
+NUM_ACCEPTED = "specd:spec_decode_num_accepted_tokens"  # verifier, {route}
+ACCEPTED_PER_POS = "specd:spec_decode_num_accepted_tokens_per_pos"  # {route, position}
+KV_USAGE = "specd:kv_cache_usage_perc"  # verifier gauge, 0..1
+RUNNING = "specd:num_requests_running"  # verifier gauge
+WAITING = "specd:num_requests_waiting"  # verifier gauge
+DRAFTER_RTT = "specd:drafter_round_trip_seconds"  # verifier histogram
+DRAFTER_FALLBACKS = "specd:drafter_fallbacks"  # verifier: rounds decoded with k = 0
+DRAFTER_SESSIONS = "specd:drafter_sessions"  # drafter gauge
+DRAFTER_ROUNDS = "specd:drafter_rounds"  # drafter counter
+
+LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+
+
+def _otel(name: str) -> str:
+    """OpenTelemetry instrument names may not contain ':' -> "specd_..." (renamed back to
+    "specd:..." on the Prometheus side, see _ColonNames)."""
+    return name.replace(":", "_", 1)
+
+
+class _ColonNames:
+    """A collector that serves the OTel reader's families with vLLM-style names:
+    specd_x -> specd:x (Prometheus allows ':' in metric names; OTel does not)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def collect(self):
+        for family in self.inner.collect():
+            if family.name.startswith("specd_"):
+                family.name = "specd:" + family.name[len("specd_") :]
+                family.samples = [
+                    s._replace(name="specd:" + s.name[len("specd_") :])
+                    if s.name.startswith("specd_")
+                    else s
+                    for s in family.samples
+                ]
+            yield family
+
+
+def tracing_requested() -> bool:
+    env = os.environ
+    exporter = env.get("OTEL_TRACES_EXPORTER", "")
+    if exporter == "none":
+        return False
+    return bool(
+        exporter
+        or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
+
+
+@dataclass
+class Telemetry:
+    service: str
+    tracer: trace.Tracer
+    meter: object
+    registry: object = None  # prometheus_client.CollectorRegistry when metrics are on
+    _instruments: dict = field(default_factory=dict)
+
+    @property
+    def tracing(self) -> bool:
+        return not isinstance(self.tracer, trace.NoOpTracer)
+
+    def counter(self, name: str, description: str = ""):
+        return self._get(
+            name, lambda: self.meter.create_counter(_otel(name), description=description)
+        )
+
+    def histogram(self, name: str, unit: str = "s", description: str = ""):
+        return self._get(
+            name,
+            lambda: self.meter.create_histogram(_otel(name), unit=unit, description=description),
+        )
+
+    def gauge(self, name: str, callback, description: str = ""):
+        return self._get(
+            name,
+            lambda: self.meter.create_observable_gauge(
+                _otel(name), callbacks=[callback], description=description
+            ),
+        )
+
+    def _get(self, name, make):
+        if name not in self._instruments:
+            self._instruments[name] = make()
+        return self._instruments[name]
+
+
+def setup(
+    service: str, metrics_port: int = 0, span_exporter=None, metrics: bool | None = None
+) -> Telemetry:
+    """Telemetry for one service. `span_exporter` (tests) forces tracing on with it;
+    `metrics` defaults to on when a port is given (port 0 with metrics=True: no server,
+    but the registry can still be read)."""
+    resource = Resource.create({"service.name": f"specd-{service}"})
+    if span_exporter is not None:
+        provider = TracerProvider(resource=resource)
+        provider.add_span_processor(SimpleSpanProcessor(span_exporter))
+        tracer = provider.get_tracer("specd")
+    elif tracing_requested():
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        provider = TracerProvider(resource=resource)
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        tracer = provider.get_tracer("specd")
+    else:
+        tracer = trace.NoOpTracer()
+
+    registry = None
+    if metrics or (metrics is None and metrics_port):
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        inner = CollectorRegistry(auto_describe=True)
+        reader = PrometheusMetricReader(registry=inner)
+        registry = CollectorRegistry()
+        registry.register(_ColonNames(inner))
+        views = [
+            View(
+                instrument_name="*seconds",
+                aggregation=ExplicitBucketHistogramAggregation(LATENCY_BUCKETS),
+            )
+        ]
+        meter = MeterProvider(metric_readers=[reader], resource=resource, views=views).get_meter(
+            "specd"
+        )
+        if metrics_port:
+            start_http_server(metrics_port, registry=registry)
+    else:
+        from opentelemetry.metrics import NoOpMeter
+
+        meter = NoOpMeter("specd")
+    return Telemetry(service, tracer, meter, registry)
+
+
+# -- context in gRPC metadata ------------------------------------------------------------------
+def inject_metadata(context=None) -> list[tuple[str, str]]:
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=context)
+    return list(carrier.items())
+
+
+def extract_metadata(metadata) -> object:
+    return propagate.extract({k: v for k, v in (metadata or ()) if isinstance(v, str)})

@@ -1,0 +1,131 @@
+"""One trace per request across router -> verifier -> drafter; metrics move exactly."""
+
+import urllib.request
+
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client.parser import text_string_to_metric_families
+
+from router.client import SpecdClient
+from router.policy import Policy
+from tests.cluster import start_cluster
+
+
+@pytest.fixture(scope="module")
+def traced(tiny_pair):
+    exporter = InMemorySpanExporter()
+    policy = Policy.from_dict({"default": {"min_acceptance": 0.0}, "routes": {"code": {}}})
+    c = start_cluster(*tiny_pair, policy=policy, span_exporter=exporter, metrics=True)
+    yield c, exporter
+    c.close()
+
+
+def scrape(url: str) -> dict[tuple, float]:
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = tuple(
+                sorted(
+                    (k, v)
+                    for k, v in s.labels.items()
+                    if k not in ("otel_scope_name", "otel_scope_version")
+                )
+            )
+            out[(s.name, labels)] = s.value
+    return out
+
+
+def total(samples: dict, name: str, **labels) -> float:
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= set(ls))
+
+
+def test_one_trace_across_three_services(traced):
+    cluster, exporter = traced
+    exporter.clear()
+    with SpecdClient(cluster.router) as client:
+        r = client.generate(
+            "hello world", max_new_tokens=12, ignore_eos=True, speculation="on", route=""
+        )
+    assert r.speculation.enabled
+    cluster.run(_settle())  # the drafter's session span ends when the close arrives
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    root = spans["specd.router.generate"]
+    decide = spans["specd.router.decide"]
+    verify = spans["specd.verifier.generate"]
+    session = spans["specd.drafter.session"]
+    trace_id = root.context.trace_id
+    for s in (
+        decide,
+        verify,
+        session,
+        spans["specd.verifier.queue"],
+        spans["specd.verifier.prefill"],
+    ):
+        assert s.context.trace_id == trace_id, s.name
+    assert root.parent is None
+    assert decide.parent.span_id == root.context.span_id
+    assert verify.parent.span_id == root.context.span_id
+    assert session.parent.span_id == verify.context.span_id
+    assert spans["specd.verifier.queue"].parent.span_id == verify.context.span_id
+    assert decide.attributes["specd.speculation.reason"] == "on"
+    rounds = [e for e in verify.events if e.name == "speculation.round"]
+    assert len(rounds) == r.speculation.rounds > 0
+    steps = [s for s in exporter.get_finished_spans() if s.name == "specd.engine.step"]
+    assert steps and all(s.parent is None or s.context.trace_id != trace_id for s in steps)
+    assert any(link.context.span_id == verify.context.span_id for s in steps for link in s.links)
+
+
+async def _settle():
+    import asyncio
+
+    await asyncio.sleep(0.3)
+
+
+def test_metrics_move_by_exactly_the_expected_amounts(traced):
+    cluster, _ = traced
+    urls = cluster.metrics_urls
+    before = {name: scrape(url) for name, url in urls.items()}
+    n, new = 3, 10
+    results = []
+    with SpecdClient(cluster.router) as client:
+        for i in range(n):
+            results.append(
+                client.generate(
+                    f"abc{i}", max_new_tokens=new, ignore_eos=True, speculation="on", route="code"
+                )
+            )
+        off = client.generate(
+            "xyz", max_new_tokens=new, ignore_eos=True, speculation="off", route="code"
+        )
+    cluster.run(_settle())
+    after = {name: scrape(url) for name, url in urls.items()}
+
+    def moved(service, metric, **labels):
+        return total(after[service], metric, **labels) - total(before[service], metric, **labels)
+
+    rounds = sum(r.speculation.rounds for r in results)
+    drafted = sum(r.speculation.drafted for r in results)
+    accepted = sum(r.speculation.accepted for r in results)
+    assert moved("router", "specd:requests_total", route="code") == n + 1
+    assert moved("router", "specd:speculation_decisions_total", route="code", reason="on") == n
+    assert (
+        moved("router", "specd:speculation_decisions_total", route="code", reason="off:client") == 1
+    )
+    assert moved("router", "specd:generation_tokens_total", route="code") == (n + 1) * new
+    assert moved("router", "specd:time_to_first_token_seconds_count", route="code") == n + 1
+    assert (
+        moved("router", "specd:time_per_output_token_seconds_count", route="code", speculation="on")
+        == n
+    )
+    v = "verifier0"
+    assert moved(v, "specd:generation_tokens_total", route="code") == (n + 1) * new
+    assert moved(v, "specd:spec_decode_num_drafts_total", route="code") == rounds
+    assert moved(v, "specd:spec_decode_num_draft_tokens_total", route="code") == drafted
+    assert moved(v, "specd:spec_decode_num_accepted_tokens_total", route="code") == accepted
+    assert moved(v, "specd:spec_decode_num_accepted_tokens_per_pos_total", route="code") == accepted
+    assert moved(v, "specd:drafter_round_trip_seconds_count") >= rounds
+    assert moved("drafter", "specd:drafter_rounds_total") >= rounds
+    assert total(after[v], "specd:kv_cache_usage_perc") == 0.0
+    assert off.speculation.rounds == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -299,6 +300,25 @@ def _load(replica, route_acceptance: float | None) -> Load:
     )
 
 
+GENERATION = router_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
+
+
+async def _track_readiness(health, replicas: ReplicaSet) -> None:
+    """`specd.v1.Generation` is SERVING only while some verifier replica is healthy (the
+    readiness signal); the overall "" status stays SERVING while the process lives."""
+    from grpc_health.v1 import health_pb2
+
+    serving = health_pb2.HealthCheckResponse.SERVING
+    not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+    last = None
+    while True:
+        status = serving if replicas.choose() is not None else not_serving
+        if status != last:
+            await health.set(GENERATION, status)
+            last = status
+        await asyncio.sleep(0.2)
+
+
 def load_tokenizer(spec: str):
     from transformers import AutoTokenizer
 
@@ -331,18 +351,20 @@ async def serve(config, ready=None, tokenizer=None) -> None:
         config.max_new_tokens_cap,
         telemetry,
     )
-    server, port, _ = await start_server(
+    server, port, health = await start_server(
         config.host,
         config.port,
         lambda s: router_pb2_grpc.add_GenerationServicer_to_server(servicer, s),
-        [router_pb2.DESCRIPTOR.services_by_name["Generation"].full_name],
+        [GENERATION],
     )
+    readiness = asyncio.get_running_loop().create_task(_track_readiness(health, replicas))
     log.info("router serving on %s:%d -> %s", config.host, port, config.verifier)
     if ready is not None:
         ready(port)
     try:
         await serve_until_signal(server)
     finally:
+        readiness.cancel()
         if discovery is not None:
             await discovery.stop()
         await replicas.close()

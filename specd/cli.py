@@ -86,7 +86,7 @@ def _generate(args) -> int:
 def _health(args) -> int:
     from specd.serving import check_health
 
-    ok = check_health(args.address, timeout=args.timeout)
+    ok = check_health(args.address, timeout=args.timeout, service=args.service)
     print("SERVING" if ok else "NOT_SERVING")
     return 0 if ok else 1
 
@@ -140,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     health = sub.add_parser("health", help="grpc.health.v1 check of ADDR (exit 0 if serving)")
     health.add_argument("address")
     health.add_argument("--timeout", type=float, default=2.0)
+    health.add_argument("--service", default="", help='e.g. specd.v1.Generation ("": overall)')
     health.set_defaults(func=_health)
 
     up = sub.add_parser("up", help="drafter + verifier + router on localhost")

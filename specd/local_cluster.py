@@ -72,7 +72,9 @@ def run_local_cluster(args) -> int:
                         f"specd up: {role} exited with {children[role].returncode}", file=sys.stderr
                     )
                     return 1
-                if check_health(address, timeout=0.5):
+                # the router is ready once its Generation service is (a verifier is up)
+                service = "specd.v1.Generation" if role == "router" else ""
+                if check_health(address, timeout=0.5, service=service):
                     print(f"specd up: {role} ready on {address}", flush=True)
                     del pending[role]
             if time.monotonic() > deadline:

@@ -73,9 +73,11 @@ def test_compose_topology_as_local_processes(tmp_path):
                     stderr=subprocess.STDOUT,
                 )
             )
-            health = spec[role]["healthcheck"]["test"][-1]
+            test = spec[role]["healthcheck"]["test"]
+            address = test[test.index("health") + 1]
+            service = test[test.index("--service") + 1] if "--service" in test else ""
             deadline = time.monotonic() + 120
-            while not check_health(health, timeout=0.5):
+            while not check_health(address, timeout=0.5, service=service):
                 assert procs[-1].poll() is None, (tmp_path / f"{role}.log").read_text()
                 assert time.monotonic() < deadline, f"{role} not healthy"
                 time.sleep(0.3)

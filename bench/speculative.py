@@ -27,7 +27,7 @@ from verifier_service.engine import Engine
 WORKLOADS = Path(__file__).parent / "workloads"
 DEFAULT_CONFIGS = "off,draft:2,draft:3,draft:4,draft:6,ngram:3,ngram:5"
 # draft[-int8][-vN][-adapt]:k  e.g. draft-int8-v32768:4 = int8 draft weights, a 32768-token
-# head, k=4; -adapt: adaptive k bounded by k
+# head, k=4; -adapt: adaptive k bounded by k; -inv (also off-inv): batch-invariant mode
 
 
 def load_workload(name: str, tokenizer, limit: int | None = None) -> list[list[int]]:
@@ -165,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         elif kind == "ngram":
             proposer = NgramProposer()
         mods = kind.split("-")[1:]
-        engine_cfg = dataclasses.replace(cfg, adaptive_k="adapt" in mods)
+        engine_cfg = dataclasses.replace(
+            cfg, adaptive_k="adapt" in mods, batch_invariant=cfg.batch_invariant or "inv" in mods
+        )
         engine = Engine(target, engine_cfg, proposer, eos_ids=eos)
         results[name] = run_engine_config(engine, prompts, int(k or 0), args.max_new_tokens)
         _print_row(name, results[name], results.get("off"))

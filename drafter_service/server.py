@@ -173,6 +173,8 @@ async def serve(config, ready=None) -> None:
         config.port,
         lambda s: drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
         [drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name],
+        tls_cert=config.tls_cert,
+        tls_key=config.tls_key,
     )
     log.info("drafter serving on %s:%d (%s)", config.host, port, config.proposer)
     if ready is not None:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import grpc
-
 from protos.specd.v1 import common_pb2, router_pb2, router_pb2_grpc
+from specd.serving import open_channel
 
 MODES = {
     "auto": router_pb2.SPECULATION_AUTO,
@@ -50,8 +49,8 @@ def build_request(
 
 
 class SpecdClient:
-    def __init__(self, address: str = "127.0.0.1:50051"):
-        self.channel = grpc.insecure_channel(address)
+    def __init__(self, address: str = "127.0.0.1:50051", tls_ca: str = ""):
+        self.channel = open_channel(address, tls_ca)
         self.stub = router_pb2_grpc.GenerationStub(self.channel)
 
     def generate(

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from protos.specd.v1 import verifier_pb2, verifier_pb2_grpc
-from specd.serving import MAX_MESSAGE_BYTES
+from specd.serving import MAX_MESSAGE_BYTES, open_channel
 
 log = logging.getLogger(__name__)
 STALE_S = 1.0  # a replica whose last report is older than this is not chosen
@@ -39,7 +39,8 @@ class Replica:
 
 
 class ReplicaSet:
-    def __init__(self, addresses: list[str]):
+    def __init__(self, addresses: list[str], tls_ca: str = ""):
+        self.tls_ca = tls_ca
         self.replicas: dict[str, Replica] = {}
         self._addresses = list(addresses)
 
@@ -51,7 +52,7 @@ class ReplicaSet:
         if address in self.replicas:
             return
         options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
-        channel = grpc.aio.insecure_channel(address, options=options)
+        channel = open_channel(address, self.tls_ca, aio=True, options=options)
         replica = Replica(address, channel, verifier_pb2_grpc.VerifierStub(channel))
         replica.task = asyncio.get_running_loop().create_task(self._watch(replica))
         self.replicas[address] = replica

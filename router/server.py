@@ -116,8 +116,12 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
         params = params_from_proto(request.params)
         client = CLIENT_MODES.get(request.speculation, "auto")
         tried: set[str] = set()
+        last_error = None
         while True:
             replica = self.replicas.choose(exclude=tried)
+            if replica is None and last_error is not None:  # every replica refused
+                context.set_trailing_metadata(last_error.trailing_metadata() or ())
+                await context.abort(last_error.code(), last_error.details())
             if replica is None:
                 await context.abort(
                     grpc.StatusCode.UNAVAILABLE, "no healthy verifier replica; retry later"
@@ -146,6 +150,7 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in RETRYABLE and not started:
                     log.warning("replica %s: %s; trying another", replica.address, exc.code())
+                    last_error = exc
                     continue  # nothing streamed yet: safe to retry elsewhere
                 await context.abort(exc.code(), exc.details() or str(exc.code()))
             finally:
@@ -333,7 +338,7 @@ async def serve(config, ready=None, tokenizer=None) -> None:
 
     telemetry = setup("router", config.metrics_port)
     policy = PolicyFile(config.policy_file) if config.policy_file else Policy.from_dict({})
-    replicas = ReplicaSet(config.verifier or [])
+    replicas = ReplicaSet(config.verifier or [], config.tls_ca)
     await replicas.start()
     discovery = None
     if config.verifier_dns:
@@ -351,11 +356,19 @@ async def serve(config, ready=None, tokenizer=None) -> None:
         config.max_new_tokens_cap,
         telemetry,
     )
+    interceptors = []
+    if config.auth_token_file:
+        from router.auth import BearerTokenInterceptor, read_token
+
+        interceptors.append(BearerTokenInterceptor(read_token(config.auth_token_file)))
     server, port, health = await start_server(
         config.host,
         config.port,
         lambda s: router_pb2_grpc.add_GenerationServicer_to_server(servicer, s),
         [GENERATION],
+        interceptors=interceptors,
+        tls_cert=config.tls_cert,
+        tls_key=config.tls_key,
     )
     readiness = asyncio.get_running_loop().create_task(_track_readiness(health, replicas))
     log.info("router serving on %s:%d -> %s", config.host, port, config.verifier)

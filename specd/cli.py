@@ -59,7 +59,9 @@ def _generate(args) -> int:
         kwargs["prompt"] = args.prompt
     else:
         kwargs["messages"] = [{"role": "user", "content": args.prompt}]
-    with SpecdClient(args.address) as client:
+    metadata = [("authorization", f"Bearer {args.auth_token}")] if args.auth_token else None
+    kwargs["metadata"] = metadata
+    with SpecdClient(args.address, tls_ca=args.tls_ca) as client:
         try:
             if args.stream:
                 final = None
@@ -86,7 +88,7 @@ def _generate(args) -> int:
 def _health(args) -> int:
     from specd.serving import check_health
 
-    ok = check_health(args.address, timeout=args.timeout, service=args.service)
+    ok = check_health(args.address, timeout=args.timeout, service=args.service, tls_ca=args.tls_ca)
     print("SERVING" if ok else "NOT_SERVING")
     return 0 if ok else 1
 
@@ -102,6 +104,8 @@ def _bench(args) -> int:
         from bench.engine import main as run
     elif args.kind == "split":
         from bench.split import main as run
+    elif args.kind == "sweep":
+        from bench.sweep import main as run
     else:
         from bench.speculative import main as run
     return run(args.rest)
@@ -135,11 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--stop", action="append")
     gen.add_argument("--raw", action="store_true", help="no chat template")
+    gen.add_argument("--tls-ca", default="", help="PEM of the router's CA (TLS)")
+    gen.add_argument("--auth-token", default="", help="bearer token, if the router wants one")
     gen.set_defaults(func=_generate)
 
     health = sub.add_parser("health", help="grpc.health.v1 check of ADDR (exit 0 if serving)")
     health.add_argument("address")
     health.add_argument("--timeout", type=float, default=2.0)
+    health.add_argument("--tls-ca", default="", help="PEM of the CA, for a TLS listener")
     health.add_argument("--service", default="", help='e.g. specd.v1.Generation ("": overall)')
     health.set_defaults(func=_health)
 
@@ -151,15 +158,16 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--verifier-port", type=int, default=VerifierConfig.port)
     up.add_argument("--drafter-port", type=int, default=DrafterConfig.port)
     up.add_argument("--policy-file", default="")
+    up.add_argument("--proposer", choices=["draft", "ngram"], default=DrafterConfig.proposer)
     up.add_argument("--ready-timeout", type=float, default=600.0)
     up.set_defaults(func=_up)
 
     bench = sub.add_parser("bench", help="benchmarks (see bench/)")
     bench.add_argument(
         "kind",
-        choices=["engine", "spec", "split"],
+        choices=["engine", "spec", "split", "sweep"],
         help="engine: decode speed + verify cost; spec: speculation vs none; "
-        "split: the router vs the in-process engine",
+        "split: the router vs the in-process engine; sweep: concurrency x mode",
     )
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_bench)

@@ -47,6 +47,8 @@ class DrafterConfig:
     weights: str = "bf16"  # bf16 (the model's dtype) or int8 (weight-only, per channel)
     vocab: int = 0  # > 0: score only the `vocab` most frequent tokens (trimmed head)
     metrics_port: int = 0  # 0 = no Prometheus endpoint
+    tls_cert: str = ""  # PEM; with tls_key, this listener speaks TLS only
+    tls_key: str = ""
 
     def __post_init__(self):
         if self.proposer not in ("draft", "ngram"):
@@ -69,6 +71,9 @@ class VerifierConfig:
     drafter_reconnect_ms: int = 1000
     max_queue: int = 256  # waiting requests past which Generate is RESOURCE_EXHAUSTED
     metrics_port: int = 0
+    tls_cert: str = ""  # PEM; with tls_key, this listener speaks TLS only
+    tls_key: str = ""
+    tls_ca: str = ""  # PEM of the CA that signed the drafter's certificate
     engine: EngineConfig = field(default_factory=EngineConfig)
 
 
@@ -85,6 +90,10 @@ class RouterConfig:
     policy_file: str = ""  # per-route YAML; "" = built-in default policy
     default_max_new_tokens: int = 256
     max_new_tokens_cap: int = 4096
+    auth_token_file: str = ""  # clients must send "authorization: Bearer <token>"
+    tls_cert: str = ""  # PEM; with tls_key, this listener speaks TLS only
+    tls_key: str = ""
+    tls_ca: str = ""  # PEM of the CA that signed the verifiers' certificates
     metrics_port: int = 0
 
 

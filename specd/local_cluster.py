@@ -27,7 +27,15 @@ def run_local_cluster(args) -> int:
     router = f"{host}:{args.router_port}"
     children = {
         "drafter": _spawn(
-            "drafter", "--host", host, "--port", str(args.drafter_port), "--model", args.draft
+            "drafter",
+            "--host",
+            host,
+            "--port",
+            str(args.drafter_port),
+            "--model",
+            args.draft,
+            "--proposer",
+            args.proposer,
         ),
         "verifier": _spawn(
             "verifier",

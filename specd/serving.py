@@ -17,11 +17,32 @@ from grpc_reflection.v1alpha import reflection
 MAX_MESSAGE_BYTES = 16 << 20
 
 
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def open_channel(address: str, tls_ca: str = "", aio: bool = False, options=None):
+    """A client channel: TLS verified against `tls_ca` (a PEM file) when given."""
+    grpc_mod = grpc.aio if aio else grpc
+    if tls_ca:
+        creds = grpc.ssl_channel_credentials(root_certificates=_read(tls_ca))
+        return grpc_mod.secure_channel(address, creds, options=options)
+    return grpc_mod.insecure_channel(address, options=options)
+
+
 async def start_server(
-    host: str, port: int, register, service_names: list[str], interceptors=()
+    host: str,
+    port: int,
+    register,
+    service_names: list[str],
+    interceptors=(),
+    tls_cert: str = "",
+    tls_key: str = "",
 ) -> tuple[grpc.aio.Server, int, health.HealthServicer]:
     """Start an aio server; `register(server)` adds the servicers. Returns the bound port
-    (port 0 picks a free one) and the health servicer (already SERVING)."""
+    (port 0 picks a free one) and the health servicer (already SERVING). With a certificate
+    and key (PEM files) the port speaks TLS only."""
     options = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -37,7 +58,11 @@ async def start_server(
         reflection.SERVICE_NAME,
     ]
     reflection.enable_server_reflection(names, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    if tls_cert or tls_key:
+        creds = grpc.ssl_server_credentials([(_read(tls_key), _read(tls_cert))])
+        bound = server.add_secure_port(f"{host}:{port}", creds)
+    else:
+        bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot bind {host}:{port}")
     await server.start()
@@ -61,9 +86,9 @@ async def serve_until_signal(server: grpc.aio.Server, grace: float = 2.0) -> Non
     stopper.cancel()
 
 
-def check_health(address: str, timeout: float = 2.0, service: str = "") -> bool:
+def check_health(address: str, timeout: float = 2.0, service: str = "", tls_ca: str = "") -> bool:
     """True when `address` answers grpc.health.v1 with SERVING."""
-    with grpc.insecure_channel(address) as channel:
+    with open_channel(address, tls_ca) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)

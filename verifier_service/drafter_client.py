@@ -21,6 +21,7 @@ from opentelemetry import trace
 
 from drafter_service.proposer import DraftState, Proposal
 from protos.specd.v1 import drafter_pb2, drafter_pb2_grpc
+from specd.serving import open_channel
 from specd.telemetry import DRAFTER_FALLBACKS, DRAFTER_RTT, inject_metadata
 from specd.wire import params_to_proto
 
@@ -31,8 +32,8 @@ class _Stream:
     """One open `Draft` call: requests go through a queue, a reader thread pairs responses
     with waiting rounds."""
 
-    def __init__(self, address: str):
-        self.channel = grpc.insecure_channel(address)
+    def __init__(self, address: str, tls_ca: str = ""):
+        self.channel = open_channel(address, tls_ca)
         self._requests: queue.Queue = queue.Queue()
         self._waiters: dict[int, list] = {}
         self._lock = threading.Lock()
@@ -85,9 +86,15 @@ class _Stream:
 
 class RemoteProposer:
     def __init__(
-        self, address: str, timeout_ms: int = 3000, reconnect_ms: int = 1000, telemetry=None
+        self,
+        address: str,
+        timeout_ms: int = 3000,
+        reconnect_ms: int = 1000,
+        telemetry=None,
+        tls_ca: str = "",
     ):
         self.address = address
+        self.tls_ca = tls_ca
         self.timeout_s = timeout_ms / 1000
         self.reconnect_s = reconnect_ms / 1000
         self._stream: _Stream | None = None
@@ -115,7 +122,7 @@ class RemoteProposer:
                 self._drop()
             if self._stream is None and time.monotonic() >= self._next_try:
                 try:
-                    self._stream = _Stream(self.address)
+                    self._stream = _Stream(self.address, self.tls_ca)
                 except Exception:  # noqa: BLE001 - any failure means: no drafter this round
                     log.exception("cannot open a drafter stream to %s", self.address)
                     self._next_try = time.monotonic() + self.reconnect_s

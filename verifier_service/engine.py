@@ -138,7 +138,7 @@ class Engine:
         rounds = [w for w in work if w.num_logits > 0]
         emitted = verify_rounds(rounds, proposals, logits, self.model.args.vocab_size)
         for w in work:
-            outputs.extend(self._commit(w, proposals.get(w.seq.seq_id), emitted.get(id(w))))
+            outputs.extend(self._commit(w, emitted.get(id(w))))
         return outputs
 
     def _propose(self, work: list[Work]) -> dict[int, Proposal]:
@@ -170,7 +170,7 @@ class Engine:
         self.model.batch_invariant = invariant
         return self.model.forward(self.kv, inputs)
 
-    def _commit(self, w: Work, proposal: Proposal | None, emitted) -> list[StepOutput]:
+    def _commit(self, w: Work, emitted) -> list[StepOutput]:
         seq = w.seq
         if emitted is None:  # a non-final prefill chunk
             seq.num_cached += len(w.tokens)

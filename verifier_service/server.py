@@ -15,6 +15,7 @@ from verifier_service.engine import Engine
 from verifier_service.load import RouteAcceptance, TokenRate, VerifierMetrics
 
 log = logging.getLogger(__name__)
+RETRY_AFTER_MS = 500  # the hint sent with RESOURCE_EXHAUSTED
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
@@ -33,6 +34,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
 
     async def Generate(self, request, context):
         if len(self.engine.scheduler.waiting) >= self.max_queue:
+            context.set_trailing_metadata((("retry-after-ms", str(RETRY_AFTER_MS)),))
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"verifier queue is full ({self.max_queue} waiting); retry later or on "
@@ -163,7 +165,11 @@ def build_engine(config, telemetry=None):
     proposer = None
     if config.drafter:
         proposer = RemoteProposer(
-            config.drafter, config.drafter_timeout_ms, config.drafter_reconnect_ms, telemetry
+            config.drafter,
+            config.drafter_timeout_ms,
+            config.drafter_reconnect_ms,
+            telemetry,
+            tls_ca=config.tls_ca,
         )
     eos = eos_token_ids(folder, load_config(folder))
     engine = Engine(model, config.engine, proposer, eos, telemetry=telemetry)
@@ -183,6 +189,8 @@ async def serve(config, ready=None, engine=None, model_name="") -> None:
         config.port,
         lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, s),
         [verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name],
+        tls_cert=config.tls_cert,
+        tls_key=config.tls_key,
     )
     log.info("verifier serving on %s:%d", config.host, port)
     if ready is not None:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from specd.models.args import ModelArgs
-from specd.models.matmul import linear
+from specd.models.matmul import INVARIANT_TILE, linear
 from specd.models.paged_kv import BatchPlan, PagedKV, SeqInput
 from specd.models.quant import Int8Weight
 
@@ -77,7 +77,8 @@ class LlamaModel:
     def forward(self, kv: PagedKV, seqs: list[SeqInput]) -> torch.Tensor:
         """Run new tokens of several sequences; returns fp32 logits [R, V] where R is the
         sum of `num_logits`, in batch order. Appends the tokens to `kv.allocator`."""
-        plan = BatchPlan.build(kv.allocator, seqs, self.device)
+        tile = INVARIANT_TILE if self.batch_invariant else 0
+        plan = BatchPlan.build(kv.allocator, seqs, self.device, q_tile=tile)
         hidden = self.hidden_states(kv, plan)
         if plan.logits_index.numel() == 0:
             width = self.args.vocab_size if self.head_ids is None else len(self.head_ids)

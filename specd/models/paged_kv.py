@@ -15,6 +15,8 @@ import torch
 
 from specd.kvcache import BlockAllocator
 
+KV_TILE = 512  # batch-invariant mode pads keys to the CPU flash-attention block size
+
 
 class PagedKV:
     def __init__(
@@ -75,8 +77,12 @@ class BatchPlan:
     q_max: int
 
     @classmethod
-    def build(cls, allocator: BlockAllocator, seqs: list[SeqInput], device) -> BatchPlan:
-        """Append every sequence's tokens to the allocator (all or nothing) and index them."""
+    def build(
+        cls, allocator: BlockAllocator, seqs: list[SeqInput], device, q_tile: int = 0
+    ) -> BatchPlan:
+        """Append every sequence's tokens to the allocator (all or nothing) and index them.
+        q_tile > 0 (batch-invariant mode): pad every sequence's queries to a multiple of
+        q_tile and always mask, so attention has the same shapes for 1 or k+1 queries."""
         appended = []
         try:
             spans = []
@@ -91,14 +97,17 @@ class BatchPlan:
             for s in appended:
                 allocator.truncate_to(s.seq_id, allocator.length(s.seq_id) - len(s.tokens))
             raise
-        return cls._index(allocator, seqs, spans, device)
+        return cls._index(allocator, seqs, spans, device, q_tile)
 
     @classmethod
-    def _index(cls, allocator, seqs, spans, device) -> BatchPlan:
+    def _index(cls, allocator, seqs, spans, device, q_tile: int = 0) -> BatchPlan:
         bs = allocator.block_size
         q_lens = [len(s.tokens) for s in seqs]
         kv_lens = [end for _, end in spans]
         batch, q_max, l_max = len(seqs), max(q_lens), max(kv_lens)
+        if q_tile:  # batch-invariant: fixed attention shapes (padded keys are masked out)
+            q_max = -(-q_max // q_tile) * q_tile
+            l_max = -(-l_max // KV_TILE) * KV_TILE
 
         ids, positions, logits_rows, pad_rows = [], [], [], []
         table = torch.zeros(batch, -(-l_max // bs), dtype=torch.long)
@@ -120,9 +129,9 @@ class BatchPlan:
         write_slots = torch.cat([kv_slots[b, start:end] for b, (start, end) in enumerate(spans)])
 
         mask = None
-        if not (q_max == 1 and len(set(kv_lens)) == 1):
+        if q_tile or not (q_max == 1 and len(set(kv_lens)) == 1):
             # query i of sequence b sits at position start_b + i and sees keys j <= it;
-            # padded query rows (i >= n_b) see key 0 only, so no row is empty (no NaN).
+            # padded query rows (i >= n_b) repeat the last real row's view (never empty).
             starts = torch.tensor([start for start, _ in spans])
             n_b = torch.tensor(q_lens)
             qi = torch.arange(q_max)
@@ -138,7 +147,9 @@ class BatchPlan:
             write_slots=dev(write_slots),
             kv_slots=dev(kv_slots),
             attn_mask=None if mask is None else dev(mask),
-            pad_index=None if batch == 1 else dev(torch.tensor(pad_rows, dtype=torch.long)),
+            pad_index=None
+            if batch == 1 and not q_tile
+            else dev(torch.tensor(pad_rows, dtype=torch.long)),
             logits_index=dev(torch.tensor(logits_rows, dtype=torch.long)),
             batch=batch,
             q_max=q_max,

@@ -247,3 +247,29 @@ def test_drafter_killed_mid_stream_every_request_completes(cluster):
         time.sleep(0.3)
     else:
         pytest.fail("speculation did not come back after the drafter restarted")
+
+
+def test_a_full_replica_sends_requests_to_the_other(cluster):
+    full, other = cluster.verifier_servicers
+    queue = full.max_queue
+    try:
+        full.max_queue = 0  # its queue is always full
+        before = len(other.rate._events)
+        with SpecdClient(cluster.router) as c:
+            for _ in range(4):
+                assert (
+                    c.generate(
+                        "abc", max_new_tokens=3, ignore_eos=True, speculation="off"
+                    ).usage.completion_tokens
+                    == 3
+                )
+        assert len(other.rate._events) > before
+        other.max_queue = 0  # now both refuse: the client hears why, with a retry hint
+        with SpecdClient(cluster.router) as c:
+            with pytest.raises(grpc.RpcError) as err:
+                c.generate("abc", max_new_tokens=3)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "retry" in err.value.details()
+        assert ("retry-after-ms", "500") in tuple(err.value.trailing_metadata() or ())
+    finally:
+        full.max_queue = other.max_queue = queue

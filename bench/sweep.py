@@ -1,0 +1,228 @@
+"""`specd bench sweep`: throughput and latency vs concurrency, per speculation mode.
+
+    specd bench sweep --target HOST:PORT [--workload code] [--concurrency 1,2,4,8,16]
+                      [--modes off,on,auto] [--requests-per-cell 16] [--out bench/out/sweep]
+
+Against a running router (`--target`; `specd up` gives one). Each cell (mode x concurrency)
+sends a bounded number of requests from `--concurrency` concurrent clients, streaming, and
+records per request the time to first token, the time per output token after it, tokens,
+and the speculation the router decided (reason, acceptance, mean accepted length).
+Writes `sweep.json`, `sweep.md` and two PNG plots (throughput and TPOT p99 vs concurrency).
+An "ngram" mode is just "on" against a cluster whose drafter runs `--proposer ngram`:
+sweep that cluster with `--modes on --label ngram`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from collections import Counter
+from pathlib import Path
+
+import grpc
+
+from bench.speculative import WORKLOADS
+from protos.specd.v1 import router_pb2_grpc
+from router.client import build_request
+
+
+def load_conversations(workload: str) -> list[list[dict]]:
+    path = Path(workload) if Path(workload).exists() else WORKLOADS / f"{workload}.jsonl"
+    items = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [
+        it["messages"] if "messages" in it else [{"role": "user", "content": it["prompt"]}]
+        for it in items
+    ]
+
+
+async def _one(stub, messages, mode: str, max_new: int) -> dict:
+    start = time.perf_counter()
+    first, tokens, final = None, 0, None
+    request = build_request(messages=messages, max_new_tokens=max_new, speculation=mode)
+    async for msg in stub.GenerateStream(request):
+        if msg.token_ids and first is None:
+            first = time.perf_counter()
+        tokens += len(msg.token_ids)
+        if msg.finish_reason:
+            final = msg
+    end = time.perf_counter()
+    spec = final.speculation
+    return {
+        "ttft": (first or end) - start,
+        "tpot": (end - first) / (tokens - 1) if first and tokens > 1 else None,
+        "tokens": tokens,
+        "reason": spec.reason,
+        "drafted": spec.drafted,
+        "accepted": spec.accepted,
+        "rounds": spec.rounds,
+    }
+
+
+async def run_cell(
+    address: str, conversations, mode: str, concurrency: int, requests: int, max_new: int
+) -> dict:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = router_pb2_grpc.GenerationStub(channel)
+        queue: asyncio.Queue = asyncio.Queue()
+        for i in range(requests):
+            queue.put_nowait(conversations[i % len(conversations)])
+        results: list[dict] = []
+
+        async def worker():
+            while not queue.empty():
+                messages = queue.get_nowait()
+                results.append(await _one(stub, messages, mode, max_new))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+    return summarise(results, wall)
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
+
+
+def summarise(results: list[dict], wall: float) -> dict:
+    ttft = [r["ttft"] for r in results]
+    tpot = [r["tpot"] for r in results if r["tpot"] is not None]
+    drafted = sum(r["drafted"] for r in results)
+    accepted = sum(r["accepted"] for r in results)
+    rounds = sum(r["rounds"] for r in results)
+    tokens = sum(r["tokens"] for r in results)
+    return {
+        "requests": len(results),
+        "tokens": tokens,
+        "seconds": round(wall, 3),
+        "tokens_per_s": tokens / wall if wall else 0.0,
+        "ttft_p50": _pct(ttft, 0.5),
+        "ttft_p99": _pct(ttft, 0.99),
+        "tpot_p50": _pct(tpot, 0.5),
+        "tpot_p99": _pct(tpot, 0.99),
+        "tpot_mean": statistics.fmean(tpot) if tpot else None,
+        "acceptance": accepted / drafted if drafted else None,
+        "mean_accepted_length": (accepted + rounds) / rounds if rounds else None,
+        "reasons": dict(Counter(r["reason"] for r in results)),
+    }
+
+
+def sweep(
+    address: str,
+    conversations,
+    modes,
+    levels,
+    requests: int,
+    max_new: int,
+    label: str = "",
+    progress=print,
+) -> dict:
+    cells = []
+    for mode in modes:
+        for c in levels:
+            n = max(requests, c)
+            cell = asyncio.run(run_cell(address, conversations, mode, c, n, max_new))
+            cell.update(mode=f"{label}:{mode}" if label else mode, concurrency=c)
+            cells.append(cell)
+            progress(
+                f"  {cell['mode']:<6} c={c:<3} {cell['tokens_per_s']:7.2f} tok/s  "
+                f"TPOT p99 {_ms(cell['tpot_p99'])}  reasons {cell['reasons']}"
+            )
+    return {"target": address, "max_new_tokens": max_new, "cells": cells}
+
+
+def _ms(x) -> str:
+    return "-" if x is None else f"{x * 1000:.0f} ms"
+
+
+def to_markdown(report: dict) -> str:
+    rows = [
+        "| mode | concurrency | tok/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | "
+        "acceptance | mean accepted length | decisions |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in report["cells"]:
+        acc = "-" if c["acceptance"] is None else f"{c['acceptance']:.0%}"
+        mal = "-" if c["mean_accepted_length"] is None else f"{c['mean_accepted_length']:.2f}"
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(c["reasons"].items()))
+        rows.append(
+            f"| {c['mode']} | {c['concurrency']} | {c['tokens_per_s']:.2f} | "
+            f"{_ms(c['ttft_p50'])} | {_ms(c['ttft_p99'])} | {_ms(c['tpot_p50'])} | "
+            f"{_ms(c['tpot_p99'])} | {acc} | {mal} | {reasons} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def plot(report: dict, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for key, title, unit in (
+        ("tokens_per_s", "Throughput", "tokens/s"),
+        ("tpot_p99", "TPOT p99", "seconds"),
+    ):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for mode in dict.fromkeys(c["mode"] for c in report["cells"]):
+            cells = [c for c in report["cells"] if c["mode"] == mode and c[key] is not None]
+            ax.plot(
+                [c["concurrency"] for c in cells], [c[key] for c in cells], marker="o", label=mode
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(unit)
+        ax.set_title(f"{title} vs concurrency")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        path = out / f"sweep_{key}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def write_outputs(report: dict, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps(report, indent=1))
+    (out / "sweep.md").write_text(to_markdown(report))
+    return [out / "sweep.json", out / "sweep.md", *plot(report, out)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="specd bench sweep", description=__doc__.split("\n")[0])
+    p.add_argument("--target", default="127.0.0.1:50051", help="a running router")
+    p.add_argument("--workload", default="code")
+    p.add_argument("--concurrency", default="1,2,4,8,16")
+    p.add_argument("--modes", default="off,on,auto")
+    p.add_argument("--label", default="", help="prefix the mode column (e.g. ngram)")
+    p.add_argument("--requests-per-cell", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--out", default="bench/out/sweep")
+    args = p.parse_args(argv)
+    levels = [int(x) for x in args.concurrency.split(",")]
+    modes = [m.strip() for m in args.modes.split(",")]
+    report = sweep(
+        args.target,
+        load_conversations(args.workload),
+        modes,
+        levels,
+        args.requests_per_cell,
+        args.max_new_tokens,
+        args.label,
+    )
+    for path in write_outputs(report, Path(args.out)):
+        print(path)
+    print(to_markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

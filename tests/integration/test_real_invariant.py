@@ -1,0 +1,36 @@
+"""bf16 batch-invariant mode on the real target: a token's logits are bitwise the same
+whether it is decoded alone or verified inside a (k+1)-token forward."""
+
+import pytest
+import torch
+
+from specd.models.catalog import DEFAULT_TARGET
+from specd.models.loader import load_model
+from specd.models.paged_kv import PagedKV, SeqInput
+from tests.conftest import real_model_or_skip
+
+
+@pytest.mark.real
+def test_decode_and_verification_agree_bitwise_in_bf16():
+    model = load_model(real_model_or_skip(DEFAULT_TARGET), dtype="bf16", device="cpu")
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(100, 20000, (505,), generator=g).tolist()
+    tokens = torch.randint(100, 20000, (10,), generator=g).tolist()  # crosses 512 keys
+
+    def run(chunk: int) -> torch.Tensor:
+        kv = PagedKV.for_model(model, num_blocks=40)
+        kv.allocator.allocate(0)
+        model.batch_invariant = False  # prefill is shared by both paths
+        model.forward(kv, [SeqInput(0, prompt, 0)])
+        model.batch_invariant = True
+        try:
+            rows = [
+                model.forward(kv, [SeqInput(0, tokens[i : i + chunk], chunk)])
+                for i in range(0, len(tokens), chunk)
+            ]
+        finally:
+            model.batch_invariant = False
+        return torch.cat(rows)
+
+    decoded, verified = run(1), run(5)
+    assert torch.equal(decoded, verified), float((decoded - verified).abs().max())

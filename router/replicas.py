@@ -25,6 +25,7 @@ class Replica:
     report: verifier_pb2.LoadReport | None = None
     seen: float = 0.0
     inflight: int = 0  # requests this router sent and that have not finished
+    chosen: float = 0.0  # when this router last sent it a request (ties go to the oldest)
     task: asyncio.Task | None = field(default=None, repr=False)
 
     @property
@@ -35,7 +36,7 @@ class Replica:
         r = self.report
         util = r.kv_blocks_used / r.kv_blocks_total if r and r.kv_blocks_total else 0.0
         queued = (r.running + r.waiting) if r else 0
-        return (max(queued, self.inflight), util)
+        return (max(queued, self.inflight), util, self.chosen)
 
 
 class ReplicaSet:
@@ -87,10 +88,16 @@ class ReplicaSet:
             replica.report = None
             await asyncio.sleep(0.2)
 
+    def any_healthy(self) -> bool:
+        return any(r.healthy for r in self.replicas.values())
+
     def choose(self, exclude: set[str] = frozenset()) -> Replica | None:
         """Least-loaded healthy replica not in `exclude` (None if there is none)."""
         healthy = [r for a, r in self.replicas.items() if r.healthy and a not in exclude]
-        return min(healthy, key=Replica.score, default=None)
+        best = min(healthy, key=Replica.score, default=None)
+        if best is not None:
+            best.chosen = time.monotonic()
+        return best
 
     def route_acceptance(self, route: str) -> float | None:
         """The route's rolling acceptance: the mean of what the healthy replicas report for

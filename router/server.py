@@ -317,7 +317,7 @@ async def _track_readiness(health, replicas: ReplicaSet) -> None:
     not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
     last = None
     while True:
-        status = serving if replicas.choose() is not None else not_serving
+        status = serving if replicas.any_healthy() else not_serving
         if status != last:
             await health.set(GENERATION, status)
             last = status

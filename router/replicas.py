@@ -26,6 +26,7 @@ class Replica:
     seen: float = 0.0
     inflight: int = 0  # requests this router sent and that have not finished
     chosen: float = 0.0  # when this router last sent it a request (ties go to the oldest)
+    finished: float = 0.0  # when a request of this router's last finished there
     task: asyncio.Task | None = field(default=None, repr=False)
 
     @property
@@ -35,7 +36,8 @@ class Replica:
     def score(self) -> tuple:
         r = self.report
         util = r.kv_blocks_used / r.kv_blocks_total if r and r.kv_blocks_total else 0.0
-        queued = (r.running + r.waiting) if r else 0
+        # a report older than our last completion there may still count that request
+        queued = (r.running + r.waiting) if r and self.seen >= self.finished else 0
         return (max(queued, self.inflight), util, self.chosen)
 
 

@@ -155,6 +155,7 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
                 await context.abort(exc.code(), exc.details() or str(exc.code()))
             finally:
                 replica.inflight -= 1
+                replica.finished = time.monotonic()
                 call.cancel()  # no-op when done; frees the verifier's KV when we stop early
 
     def _decide(self, prep: Prepared, client: str, temperature: float, replica, span):

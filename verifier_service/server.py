@@ -25,6 +25,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self.max_queue = max_queue
         self.acceptance = RouteAcceptance()
         self.rate = TokenRate()
+        self.requests_started = 0  # Generate calls admitted (tests and debugging)
         self.metrics = VerifierMetrics(telemetry, self) if telemetry is not None else None
         self.tracer = telemetry.tracer if telemetry is not None and telemetry.tracing else None
 
@@ -42,6 +43,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             )
         k = min(max(0, request.num_draft_tokens), self.engine.config.max_draft_tokens)
         route = request.route or "default"
+        self.requests_started += 1
         span = None
         if self.tracer is not None:
             parent = extract_metadata(context.invocation_metadata())

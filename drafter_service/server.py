@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from opentelemetry.metrics import Observation
@@ -41,6 +42,8 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         self.sessions: dict[tuple[int, int], Session] = {}
         self._streams = itertools.count()
         self._lock = threading.Lock()
+        # rounds run on ONE thread (one OpenMP team; see verifier_service/engine.py)
+        self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drafter")
         self.telemetry = telemetry
         self.tracer = telemetry.tracer if telemetry is not None and telemetry.tracing else None
         if telemetry is not None:
@@ -55,9 +58,13 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         stream = next(self._streams)
         try:
             async for request in request_iterator:
-                yield await asyncio.to_thread(self._round, stream, request)
+                yield await asyncio.get_running_loop().run_in_executor(
+                    self._model_thread, self._round, stream, request
+                )
         finally:
-            await asyncio.to_thread(self._close_stream, stream)
+            await asyncio.get_running_loop().run_in_executor(
+                self._model_thread, self._close_stream, stream
+            )
 
     def _round(self, stream: int, request: drafter_pb2.DraftRequest) -> drafter_pb2.DraftResponse:
         with self._lock:

@@ -35,9 +35,10 @@ class Replica:
 
     def score(self) -> tuple:
         r = self.report
-        util = r.kv_blocks_used / r.kv_blocks_total if r and r.kv_blocks_total else 0.0
         # a report older than our last completion there may still count that request
-        queued = (r.running + r.waiting) if r and self.seen >= self.finished else 0
+        fresh = r is not None and self.seen >= self.finished
+        util = r.kv_blocks_used / r.kv_blocks_total if fresh and r.kv_blocks_total else 0.0
+        queued = (r.running + r.waiting) if fresh else 0
         return (max(queued, self.inflight), util, self.chosen)
 
 

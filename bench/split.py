@@ -4,7 +4,8 @@ router as separate processes) vs the in-process engine, same workload, one run.
     specd bench split --workload code --mode on   [--address HOST:PORT]
 
 Without --address it starts `specd up` itself (and stops it afterwards). Concurrency 1,
-greedy. Speculation `on` uses the default policy's k for both sides.
+greedy. Speculation `on` uses the default policy's k for both sides. The in-process engine
+is loaded beside the idle cluster and the prompts alternate between the two sides.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.speculative import WORKLOADS, run_engine_config
+from bench.speculative import WORKLOADS
 from router.policy import RoutePolicy
 
 ROUTER = "127.0.0.1:50051"
@@ -28,29 +29,22 @@ def _messages(workload: str, limit: int) -> list[list[dict]]:
     return [it["messages"] for it in items][: limit or None]
 
 
-def through_router(address: str, conversations, mode: str, max_new: int) -> dict:
-    from router.client import SpecdClient
-
-    tokens, seconds, outputs, reasons = 0, 0.0, [], set()
-    with SpecdClient(address) as client:
-        client.generate(messages=[{"role": "user", "content": "hi"}], max_new_tokens=4)
-        for messages in conversations:
-            t0 = time.perf_counter()
-            r = client.generate(messages=messages, max_new_tokens=max_new, speculation=mode)
-            seconds += time.perf_counter() - t0
-            tokens += r.usage.completion_tokens
-            outputs.append(list(r.token_ids))
-            reasons.add(r.speculation.reason)
-    return {
-        "tokens": tokens,
-        "seconds": round(seconds, 3),
-        "tok_per_s": tokens / seconds,
-        "reasons": sorted(reasons),
-        "outputs": outputs,
-    }
+def _router_one(client, messages, mode: str, max_new: int):
+    r = client.generate(messages=messages, max_new_tokens=max_new, speculation=mode)
+    return list(r.token_ids), r.speculation.reason
 
 
-def in_process(conversations, mode: str, max_new: int, k: int) -> dict:
+def _engine_one(engine, ids, k: int, max_new: int):
+    seq_id = engine.add_request(ids, max_new_tokens=max_new, num_draft=k)
+    out = []
+    while engine.has_work():
+        for o in engine.step():
+            if o.seq_id == seq_id:
+                out.extend(o.tokens)
+    return out, ""
+
+
+def _in_process_engine(mode: str):
     from drafter_service.draft_model import DraftModelProposer
     from specd.config import EngineConfig
     from specd.models.loader import eos_token_ids, load_config, load_model, load_tokenizer
@@ -58,18 +52,45 @@ def in_process(conversations, mode: str, max_new: int, k: int) -> dict:
     from verifier_service.engine import Engine
 
     folder = resolve("default-target")
-    tok = load_tokenizer(folder)
-    prompts = []
-    for messages in conversations:
-        enc = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        prompts.append(list(enc["input_ids"] if hasattr(enc, "keys") else enc))
     proposer = None
     if mode == "on":
         proposer = DraftModelProposer(load_model(resolve("default-draft")), num_blocks=2048)
     engine = Engine(
         load_model(folder), EngineConfig(), proposer, eos_token_ids(folder, load_config(folder))
     )
-    return run_engine_config(engine, prompts, k if mode == "on" else 0, max_new)
+    return engine, load_tokenizer(folder)
+
+
+def interleaved(address: str, conversations, mode: str, max_new: int, k: int) -> dict:
+    """Each prompt through the router and through the in-process engine, back to back
+    (alternating which goes first), so drift on a shared machine hits both alike."""
+    from router.client import SpecdClient
+
+    engine, tok = _in_process_engine(mode)
+    local_k = k if mode == "on" else 0
+    sides = {name: {"tokens": 0, "seconds": 0.0, "outputs": []} for name in ("split", "local")}
+    reasons = set()
+    with SpecdClient(address) as client:
+        client.generate(messages=[{"role": "user", "content": "hi"}], max_new_tokens=4)
+        _engine_one(engine, tok.encode("hi"), local_k, 4)  # warm both
+        for i, messages in enumerate(conversations):
+            enc = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            ids = list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+            runs = {
+                "split": lambda m=messages: _router_one(client, m, mode, max_new),
+                "local": lambda ids=ids: _engine_one(engine, ids, local_k, max_new),
+            }
+            for name in ("split", "local") if i % 2 == 0 else ("local", "split"):
+                t0 = time.perf_counter()
+                out, reason = runs[name]()
+                sides[name]["seconds"] += time.perf_counter() - t0
+                sides[name]["tokens"] += len(out)
+                sides[name]["outputs"].append(out)
+                reasons.add(reason)
+    for side in sides.values():
+        side["tok_per_s"] = side["tokens"] / side["seconds"]
+    sides["split"]["reasons"] = sorted(reasons - {""})
+    return sides
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,12 +117,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             raise SystemExit("specd up did not come up")
     try:
-        split = through_router(address, conversations, args.mode, args.max_new_tokens)
+        sides = interleaved(address, conversations, args.mode, args.max_new_tokens, k)
     finally:
         if cluster is not None:
             cluster.terminate()
             cluster.wait(30)
-    local = in_process(conversations, args.mode, args.max_new_tokens, k)
+    split, local = sides["split"], sides["local"]
     ratio = split["tok_per_s"] / local["tok_per_s"]
     same = split["outputs"] == local["outputs"]
     print(f"{args.workload}, speculation {args.mode} (k={k}), {len(conversations)} prompts:")

@@ -7,17 +7,16 @@ time (a lock), so the event loop keeps answering health checks.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from opentelemetry.metrics import Observation
 
 from drafter_service.proposer import DraftState, Proposer
 from protos.specd.v1 import drafter_pb2, drafter_pb2_grpc
+from specd.model_thread import on_model_thread
 from specd.sampling import SamplingParams
 from specd.telemetry import DRAFTER_ROUNDS, DRAFTER_SESSIONS, extract_metadata
 from specd.wire import params_from_proto
@@ -42,8 +41,6 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         self.sessions: dict[tuple[int, int], Session] = {}
         self._streams = itertools.count()
         self._lock = threading.Lock()
-        # rounds run on ONE thread (one OpenMP team; see verifier_service/engine.py)
-        self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drafter")
         self.telemetry = telemetry
         self.tracer = telemetry.tracer if telemetry is not None and telemetry.tracing else None
         if telemetry is not None:
@@ -58,13 +55,9 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         stream = next(self._streams)
         try:
             async for request in request_iterator:
-                yield await asyncio.get_running_loop().run_in_executor(
-                    self._model_thread, self._round, stream, request
-                )
+                yield await on_model_thread("drafter", self._round, stream, request)
         finally:
-            await asyncio.get_running_loop().run_in_executor(
-                self._model_thread, self._close_stream, stream
-            )
+            await on_model_thread("drafter", self._close_stream, stream)
 
     def _round(self, stream: int, request: drafter_pb2.DraftRequest) -> drafter_pb2.DraftResponse:
         with self._lock:
@@ -151,28 +144,30 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                 self._close(key)
 
 
-async def serve(config, ready=None) -> None:
-    """Load the drafter's model (or n-gram), serve until a signal."""
+def build_proposer(config):
+    """The proposer the config names and the vocabulary size it checks ids against."""
     from drafter_service.draft_model import DraftModelProposer, load_draft_model
     from drafter_service.ngram import NgramProposer
     from specd.models.loader import load_config, resolve
     from specd.models.paged_kv import PagedKV
-    from specd.serving import serve_until_signal, start_server
 
     folder = resolve(config.model)
     if config.proposer == "ngram":
-        proposer, vocab = NgramProposer(), load_config(folder).vocab_size
-    else:
-        model = load_draft_model(
-            folder, config.dtype, config.device or None, config.weights, config.vocab
-        )
-        blocks = PagedKV.blocks_for_budget(model, config.kv_cache_bytes)
-        proposer, vocab = (
-            DraftModelProposer(model, blocks, top_m=config.top_m),
-            model.args.vocab_size,
-        )
+        return NgramProposer(), load_config(folder).vocab_size
+    model = load_draft_model(
+        folder, config.dtype, config.device or None, config.weights, config.vocab
+    )
+    blocks = PagedKV.blocks_for_budget(model, config.kv_cache_bytes)
+    return DraftModelProposer(model, blocks, top_m=config.top_m), model.args.vocab_size
+
+
+async def serve(config, ready=None) -> None:
+    """Load the drafter's model (or n-gram), serve until a signal."""
+    from specd.serving import serve_until_signal, start_server
     from specd.telemetry import setup
 
+    # built on the thread that will run it (see specd/model_thread.py)
+    proposer, vocab = await on_model_thread("drafter", build_proposer, config)
     telemetry = setup("drafter", config.metrics_port)
     servicer = DrafterServicer(proposer, vocab, config.max_draft_tokens, telemetry)
     server, port, _ = await start_server(

@@ -15,13 +15,13 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from opentelemetry import trace
 
 from drafter_service.proposer import DraftState, Proposal, Proposer
 from specd.config import EngineConfig
+from specd.model_thread import on_model_thread
 from specd.models.paged_kv import PagedKV, SeqInput
 from specd.sampling import SamplingParams, make_generator
 from verifier_service.scheduler import Scheduler, Work
@@ -57,9 +57,6 @@ class Engine:
         self._loop_task: asyncio.Task | None = None
         self._wake = asyncio.Event()
         self.totals = SpecStats()  # every round since start (for load reports and metrics)
-        # every step on ONE thread: OpenMP keeps one thread team per calling thread, and a
-        # pool of callers would start several teams fighting over the cores
-        self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.tracer = telemetry.tracer if telemetry is not None and telemetry.tracing else None
 
     # -- requests ----------------------------------------------------------------------------
@@ -283,9 +280,7 @@ class Engine:
                 await self._wake.wait()
                 continue
             try:
-                outputs = await asyncio.get_running_loop().run_in_executor(
-                    self._model_thread, self.step
-                )
+                outputs = await on_model_thread("verifier", self.step)  # specd/model_thread.py
             except Exception:  # never leave requests waiting on a dead loop
                 log.exception("engine step failed; failing the running requests")
                 outputs = self._fail_all()

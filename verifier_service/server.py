@@ -179,12 +179,14 @@ def build_engine(config, telemetry=None):
 
 
 async def serve(config, ready=None, engine=None, model_name="") -> None:
+    from specd.model_thread import on_model_thread
     from specd.serving import serve_until_signal, start_server
     from specd.telemetry import setup
 
     telemetry = setup("verifier", config.metrics_port)
     if engine is None:
-        engine, model_name = build_engine(config, telemetry)
+        # loaded on the thread that will step it (see specd/model_thread.py)
+        engine, model_name = await on_model_thread("verifier", build_engine, config, telemetry)
     servicer = VerifierServicer(engine, model_name, config.max_queue, telemetry)
     server, port, _ = await start_server(
         config.host,

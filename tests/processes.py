@@ -1,0 +1,88 @@
+"""Real specd server processes on loopback ports, for fault tests: started like
+`specd serve ROLE`, SIGKILLed, restarted on the same port.
+
+Each process logs to a file in the test's temporary folder; a start that fails raises with
+the end of that log, so a broken server explains itself in the test report.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from specd.serving import check_health
+
+ROUTER_READY = "specd.v1.Generation"  # the router's readiness: some verifier is healthy
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def save_tiny_cluster_model(folder: Path) -> Path:
+    """A tiny random Llama with the char tokenizer beside it, loadable by every service."""
+    from tests.cluster import char_tokenizer
+    from tests.conftest import make_tiny
+
+    make_tiny("llama", folder)
+    char_tokenizer().save_pretrained(folder)
+    return folder
+
+
+class ServerProcess:
+    def __init__(self, role: str, *flags: str, logs: Path, ready_service: str = ""):
+        self.role = role
+        self.flags = list(flags)
+        self.port = free_port()
+        self.ready_service = ready_service
+        self.log_path = logs / f"{role}-{self.port}.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 90.0) -> ServerProcess:
+        cmd = [sys.executable, "-m", "specd.cli", "serve", self.role]
+        cmd += ["--host", "127.0.0.1", "--port", str(self.port), *self.flags]
+        with open(self.log_path, "a") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.role} exited {self.proc.returncode}:\n{self.log()}")
+            if check_health(self.address, timeout=1.0, service=self.ready_service):
+                return self
+            time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"{self.role} not healthy after {timeout}s:\n{self.log()}")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown handler runs, connections just drop."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the process now (Linux /proc)."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS")
+
+    def log(self, tail: int = 4000) -> str:
+        return self.log_path.read_text()[-tail:] if self.log_path.exists() else ""

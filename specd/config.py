@@ -69,6 +69,7 @@ class VerifierConfig:
     drafter: str = ""  # host:port of the drafter; "" = no speculation
     drafter_timeout_ms: int = 3000  # per round; past it the round decodes with k = 0
     drafter_reconnect_ms: int = 1000
+    drafter_startup_wait_ms: int = 30000  # at start, wait this long for the drafter to answer
     max_queue: int = 256  # waiting requests past which Generate is RESOURCE_EXHAUSTED
     metrics_port: int = 0
     tls_cert: str = ""  # PEM; with tls_key, this listener speaks TLS only

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import grpc
 from opentelemetry import trace
@@ -178,6 +179,20 @@ def build_engine(config, telemetry=None):
     return engine, folder.name
 
 
+async def _wait_for_drafter(proposer, timeout_s: float) -> None:
+    """Before serving, give a configured drafter time to answer the stream's handshake, so
+    the first requests after readiness speculate. A drafter still missing after that is
+    not fatal: requests run without drafts until it comes (DESIGN.md section 3)."""
+    if proposer is None or not hasattr(proposer, "available"):
+        return
+    deadline = time.monotonic() + timeout_s
+    while not proposer.available:
+        if time.monotonic() >= deadline:
+            log.warning("drafter %s not answering; serving without it", proposer.address)
+            return
+        await asyncio.sleep(0.1)
+
+
 async def serve(config, ready=None, engine=None, model_name="") -> None:
     from specd.model_thread import on_model_thread
     from specd.serving import serve_until_signal, start_server
@@ -187,6 +202,7 @@ async def serve(config, ready=None, engine=None, model_name="") -> None:
     if engine is None:
         # loaded on the thread that will step it (see specd/model_thread.py)
         engine, model_name = await on_model_thread("verifier", build_engine, config, telemetry)
+    await _wait_for_drafter(engine.proposer, config.drafter_startup_wait_ms / 1000)
     servicer = VerifierServicer(engine, model_name, config.max_queue, telemetry)
     server, port, _ = await start_server(
         config.host,

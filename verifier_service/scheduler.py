@@ -64,11 +64,15 @@ class Scheduler:
         budget -= sum(1 + w.k for w in decode)
         if self.config.batch_invariant and decode:
             # decode/verification forwards must not mix with prefill (different kernels);
-            # alternate when both are waiting so neither starves
-            if not self._wants_prefill() or self._last_was_prefill:
-                self._last_was_prefill = False
-                return decode
-            decode, budget = [], self.config.max_batched_tokens
+            # alternate when both are waiting so neither starves, and decode whenever no
+            # prefill can be scheduled (e.g. the batch is full)
+            if self._wants_prefill() and not self._last_was_prefill:
+                prefill = self._schedule_prefill(self.config.max_batched_tokens)
+                if prefill:
+                    self._last_was_prefill = True
+                    return prefill
+            self._last_was_prefill = False
+            return decode
         prefill = self._schedule_prefill(budget)
         self._last_was_prefill = bool(prefill) and not decode
         return decode + prefill

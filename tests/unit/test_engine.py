@@ -151,6 +151,18 @@ def test_batch_invariant_mode_keeps_parity(tiny_pair):
     assert list(on.values()) == list(off.values())
 
 
+@pytest.mark.parametrize("max_batch_size", [1, 2])
+def test_batch_invariant_mode_with_a_full_batch_still_decodes(tiny_pair, max_batch_size):
+    # requests waiting for a batch slot must not stop the running ones from decoding
+    # (invariant mode never mixes prefill and decode in one forward)
+    reqs = [dict(prompt=p, max_new_tokens=12) for p in PROMPTS]
+    inv = run_engine(
+        make_engine(tiny_pair, batch_invariant=True, max_batch_size=max_batch_size), reqs
+    )
+    assert all(len(v) == 12 for v in inv.values())
+    assert list(inv.values()) == list(run_engine(make_engine(tiny_pair), reqs).values())
+
+
 def test_a_failing_step_fails_requests_instead_of_hanging(tiny_pair):
     engine = make_engine(tiny_pair, "draft")
     calls = {"n": 0}

@@ -55,7 +55,12 @@ class ReplicaSet:
     def add(self, address: str) -> None:
         if address in self.replicas:
             return
-        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+        options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            # a restarted replica is taken back within ~2 s, not after minutes of back-off
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", 2000),
+        ]
         channel = open_channel(address, self.tls_ca, aio=True, options=options)
         replica = Replica(address, channel, verifier_pb2_grpc.VerifierStub(channel))
         replica.task = asyncio.get_running_loop().create_task(self._watch(replica))

@@ -86,3 +86,18 @@ class ServerProcess:
 
     def log(self, tail: int = 4000) -> str:
         return self.log_path.read_text()[-tail:] if self.log_path.exists() else ""
+
+
+def scrape(port: int, name: str) -> float:
+    """Sum of a metric's samples (all labels) from a service's Prometheus endpoint."""
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in (name, name + "_total"):
+                total += sample.value
+    return total

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from drafter_service.draft_model import DraftModelProposer
 from drafter_service.server import DrafterServicer
@@ -187,3 +188,12 @@ def start_cluster(
 
     c.run(boot())
     return c
+
+
+def save_tiny_cluster_model(folder: Path) -> Path:
+    """A tiny random Llama with the char tokenizer beside it, loadable by every service."""
+    from tests.conftest import make_tiny
+
+    make_tiny("llama", folder)
+    char_tokenizer().save_pretrained(folder)
+    return folder

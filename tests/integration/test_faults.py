@@ -15,14 +15,9 @@ import grpc
 import pytest
 
 from router.client import SpecdClient
+from specd.processes import ROUTER_READY, ServerProcess, free_port, scrape
 from specd.serving import check_health
-from tests.processes import (
-    ROUTER_READY,
-    ServerProcess,
-    free_port,
-    save_tiny_cluster_model,
-    scrape,
-)
+from tests.cluster import save_tiny_cluster_model
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -1,8 +1,9 @@
-"""Real specd server processes on loopback ports, for fault tests: started like
-`specd serve ROLE`, SIGKILLed, restarted on the same port.
+"""specd services as child processes on loopback ports (`specd serve ROLE`), for the soak
+benchmark and the fault tests: started, health-checked, SIGKILLed, restarted on the same
+port, their memory and Prometheus metrics read.
 
-Each process logs to a file in the test's temporary folder; a start that fails raises with
-the end of that log, so a broken server explains itself in the test report.
+Each process logs to a file; a start that fails raises with the end of that log, so a
+broken server explains itself.
 """
 
 from __future__ import annotations
@@ -23,16 +24,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def save_tiny_cluster_model(folder: Path) -> Path:
-    """A tiny random Llama with the char tokenizer beside it, loadable by every service."""
-    from tests.cluster import char_tokenizer
-    from tests.conftest import make_tiny
-
-    make_tiny("llama", folder)
-    char_tokenizer().save_pretrained(folder)
-    return folder
 
 
 class ServerProcess:

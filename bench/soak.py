@@ -1,0 +1,296 @@
+"""`specd bench soak`: many mixed requests, then proof that nothing leaked.
+
+    specd bench soak --requests 1000 --concurrency 8            # starts the default pair
+    specd bench soak --model small --draft-model small          # any models / folders
+    specd bench soak --target ROUTER --verifier VERIFIER        # a running cluster
+
+The mix (seeded): routes (including an unknown one), greedy and sampled requests with
+top-p / top-k, speculation on / off / auto, stop strings, streams the client cancels after
+the first message, and deadlines too short to finish. Expected outcomes: OK; CANCELLED for
+the cancels; OK or DEADLINE_EXCEEDED for the deadlines. Anything else is an unexpected
+error. Afterwards the verifier's KV blocks, running and waiting counts must return to 0
+and (when it started the services) the drafter's sessions too, and each service's resident
+memory may grow at most 10% between the end of warm-up (the first 10% of requests) and
+the end. Exit status 0 only when all of that holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from protos.specd.v1 import verifier_pb2, verifier_pb2_grpc
+from specd.processes import ROUTER_READY, ServerProcess, free_port, scrape
+
+ROUTES = ["default", "code", "chat", "no-such-route"]
+TEXTS = [
+    "def fibonacci(n):",
+    "Explain what a paged KV cache is.",
+    "import numpy as np\n\nx = np.arange(10)\n",
+    "Write a haiku about speculative decoding.",
+    "SELECT name, count(*) FROM users GROUP BY name",
+    "The quick brown fox",
+]
+MAX_RSS_GROWTH = 0.10
+
+
+@dataclass
+class SoakRequest:
+    kind: str  # plain | stream-cancel | deadline | stop
+    kwargs: dict
+    timeout: float | None = None
+
+
+def mixed_requests(n: int, seed: int = 0, max_new_tokens: int = 32) -> list[SoakRequest]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        temperature = rng.choice([0.0, 0.0, 0.7, 1.0])
+        kwargs = dict(
+            route=rng.choice(ROUTES),
+            speculation=rng.choice(["on", "off", "auto"]),
+            max_new_tokens=rng.randint(1, max_new_tokens),
+            temperature=temperature,
+            top_p=rng.choice([1.0, 0.9]) if temperature else 1.0,
+            top_k=rng.choice([0, 20]) if temperature else 0,
+            seed=i,
+        )
+        if rng.random() < 0.5:
+            kwargs["prompt"] = rng.choice(TEXTS)
+        else:
+            kwargs["messages"] = [{"role": "user", "content": rng.choice(TEXTS)}]
+        kind = rng.choices(["plain", "stream-cancel", "deadline", "stop"], [7, 1, 1, 1])[0]
+        timeout = 60.0
+        if kind == "deadline":
+            timeout = rng.uniform(0.01, 0.3)
+        if kind == "stop":
+            kwargs["stop"] = [rng.choice(["\n", " ", "e", "."])]
+        out.append(SoakRequest(kind, kwargs, timeout))
+    return out
+
+
+EXPECTED = {
+    "plain": {grpc.StatusCode.OK},
+    "stop": {grpc.StatusCode.OK},
+    "stream-cancel": {grpc.StatusCode.OK, grpc.StatusCode.CANCELLED},
+    "deadline": {grpc.StatusCode.OK, grpc.StatusCode.DEADLINE_EXCEEDED},
+}
+
+
+def _send(client, req: SoakRequest) -> tuple[grpc.StatusCode, str]:
+    kwargs = dict(req.kwargs)
+    prompt = kwargs.pop("prompt", None)
+    try:
+        if req.kind == "stream-cancel":
+            stream = client.stream(prompt, timeout=req.timeout, **kwargs)
+            for _ in stream:
+                stream.cancel()
+                break
+            return grpc.StatusCode.CANCELLED, ""
+        client.generate(prompt, timeout=req.timeout, **kwargs)
+        return grpc.StatusCode.OK, ""
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details() or ""
+
+
+@dataclass
+class SoakResult:
+    requests: int = 0
+    outcomes: dict = field(default_factory=dict)  # "kind/STATUS" -> count
+    unexpected: int = 0
+    examples: list = field(default_factory=list)  # (kind, status, details) of the first 20
+    seconds: float = 0.0
+    drained: dict = field(default_factory=dict)  # verifier (and drafter) state afterwards
+    rss: dict = field(default_factory=dict)  # role -> {"warm": bytes, "end": bytes, "growth"}
+
+    @property
+    def ok(self) -> bool:
+        drained = all(v == 0 for v in self.drained.values())
+        memory = all(r["growth"] < MAX_RSS_GROWTH for r in self.rss.values())
+        return not self.unexpected and drained and memory
+
+
+def verifier_load(address: str) -> verifier_pb2.LoadReport:
+    with grpc.insecure_channel(address) as channel:
+        stub = verifier_pb2_grpc.VerifierStub(channel)
+        return next(iter(stub.WatchLoad(verifier_pb2.WatchLoadRequest(), timeout=5)))
+
+
+def run_soak(
+    router: str,
+    verifier: str,
+    requests: list[SoakRequest],
+    concurrency: int = 8,
+    rss=None,  # role -> callable returning bytes, for services this process started
+    drafter_metrics_port: int = 0,
+    progress=None,
+) -> SoakResult:
+    from router.client import SpecdClient
+
+    result = SoakResult(requests=len(requests))
+    warm_at = max(1, len(requests) // 10)
+    done, lock = 0, threading.Lock()
+    warm: dict[str, int] = {}
+
+    def one(req: SoakRequest) -> None:
+        nonlocal done
+        code, details = _send(client, req)
+        with lock:
+            key = f"{req.kind}/{code.name}"
+            result.outcomes[key] = result.outcomes.get(key, 0) + 1
+            if code not in EXPECTED[req.kind]:
+                result.unexpected += 1
+                if len(result.examples) < 20:
+                    result.examples.append((req.kind, code.name, details))
+            done += 1
+            if done == warm_at:
+                warm.update({role: read() for role, read in (rss or {}).items()})
+            if progress is not None:
+                progress(done, len(requests))
+
+    started = time.perf_counter()
+    with SpecdClient(router) as client, ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(one, requests))
+    result.seconds = time.perf_counter() - started
+
+    # cancelled and timed-out requests free their KV asynchronously: allow a moment
+    deadline = time.monotonic() + 10
+    while True:
+        load = verifier_load(verifier)
+        result.drained = {
+            "kv_blocks_used": load.kv_blocks_used,
+            "running": load.running,
+            "waiting": load.waiting,
+        }
+        if drafter_metrics_port:
+            sessions = scrape(drafter_metrics_port, "specd:drafter_sessions")
+            result.drained["drafter_sessions"] = int(sessions)
+        if all(v == 0 for v in result.drained.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    for role, read in (rss or {}).items():
+        end = read()
+        result.rss[role] = {"warm": warm[role], "end": end, "growth": end / warm[role] - 1}
+    return result
+
+
+def start_cluster(model: str, draft_model: str, dtype: str, logs: Path) -> dict:
+    """Drafter, verifier and router as child processes on free loopback ports."""
+    drafter_metrics, verifier_metrics = free_port(), free_port()
+    flags = ["--dtype", dtype]
+    drafter = ServerProcess(
+        "drafter",
+        *flags,
+        "--model",
+        draft_model,
+        "--metrics-port",
+        str(drafter_metrics),
+        logs=logs,
+    ).start(timeout=300)
+    verifier = ServerProcess(
+        "verifier",
+        *flags,
+        "--model",
+        model,
+        "--drafter",
+        drafter.address,
+        "--metrics-port",
+        str(verifier_metrics),
+        logs=logs,
+    ).start(timeout=300)
+    router = ServerProcess(
+        "router",
+        "--tokenizer",
+        model,
+        "--verifier",
+        verifier.address,
+        logs=logs,
+        ready_service=ROUTER_READY,
+    ).start(timeout=120)
+    return {
+        "drafter": drafter,
+        "verifier": verifier,
+        "router": router,
+        "drafter_metrics_port": drafter_metrics,
+    }
+
+
+def _progress(done: int, total: int) -> None:
+    width = 40
+    filled = width * done // total
+    sys.stderr.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="specd bench soak", description=__doc__.split("\n")[0])
+    p.add_argument("--requests", type=int, default=1000)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--target", default="", help="a running router (with --verifier)")
+    p.add_argument("--verifier", default="", help="its verifier, to check the KV drained")
+    p.add_argument("--model", default="default-target")
+    p.add_argument("--draft-model", default="default-draft")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--json", help="write the result here")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    if bool(args.target) != bool(args.verifier):
+        p.error("--target and --verifier go together")
+
+    requests = mixed_requests(args.requests, args.seed, args.max_new_tokens)
+    progress = None if args.no_progress else _progress
+    if args.target:
+        result = run_soak(args.target, args.verifier, requests, args.concurrency, None, 0, progress)
+    else:
+        logs = Path(tempfile.mkdtemp(prefix="specd-soak-"))
+        cluster = start_cluster(args.model, args.draft_model, args.dtype, logs)
+        services = [cluster[r] for r in ("router", "verifier", "drafter")]
+        try:
+            result = run_soak(
+                cluster["router"].address,
+                cluster["verifier"].address,
+                requests,
+                args.concurrency,
+                {s.role: s.rss_bytes for s in services},
+                cluster["drafter_metrics_port"],
+                progress,
+            )
+        finally:
+            for s in services:
+                s.stop()
+        print(f"service logs: {logs}")
+
+    print(f"{result.requests} requests in {result.seconds:.1f}s, concurrency {args.concurrency}")
+    for key, count in sorted(result.outcomes.items()):
+        print(f"  {key:32s} {count}")
+    print(f"unexpected errors: {result.unexpected}")
+    for kind, code, details in result.examples:
+        print(f"  {kind}: {code} {details}")
+    print("after the run: " + ", ".join(f"{k} {v}" for k, v in result.drained.items()))
+    for role, r in result.rss.items():
+        print(
+            f"  {role:9s} RSS {r['warm'] / 2**20:.0f} MiB after warm-up -> "
+            f"{r['end'] / 2**20:.0f} MiB ({100 * r['growth']:+.1f}%)"
+        )
+    print("PASS" if result.ok else "FAIL")
+    if args.json:
+        Path(args.json).write_text(json.dumps({**result.__dict__, "ok": result.ok}, indent=1))
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

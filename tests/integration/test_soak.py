@@ -1,5 +1,5 @@
-"""The soak benchmark (1,000 requests of tiny models) against real service processes (tiny models): mixed
-requests -> no unexpected error, KV and drafter sessions back to 0, RSS growth < 10%."""
+"""`specd bench --soak` at 1,000 requests against real service processes (tiny models):
+mixed requests -> no unexpected error, KV and drafter sessions back to 0, RSS growth < 10%."""
 
 from __future__ import annotations
 

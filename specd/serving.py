@@ -14,6 +14,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from specd.request_decoding import strict_decoding
+
 MAX_MESSAGE_BYTES = 16 << 20
 
 
@@ -49,7 +51,7 @@ async def start_server(
         ("grpc.so_reuseport", 0),
     ]
     server = grpc.aio.server(options=options, interceptors=list(interceptors))
-    register(server)
+    register(strict_decoding(server))  # undecodable bytes: INVALID_ARGUMENT
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [

@@ -65,7 +65,6 @@ class Cluster:
     metrics_urls: dict = field(default_factory=dict)  # service -> scrape URL
     http_servers: list = field(default_factory=list)
     router_servicer: GenerationServicer | None = None
-    metrics_urls: dict = field(default_factory=dict)  # service -> scrape URL
 
     def run(self, coro, timeout: float = 60):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)

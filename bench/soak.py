@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import tempfile
 import threading
 import time
@@ -29,8 +28,8 @@ from pathlib import Path
 
 import grpc
 
-from protos.specd.v1 import verifier_pb2, verifier_pb2_grpc
-from specd.processes import ROUTER_READY, ServerProcess, free_port, scrape
+from bench.progress import progress_bar
+from specd.processes import scrape, start_services, verifier_load
 
 ROUTES = ["default", "code", "chat", "no-such-route"]
 TEXTS = [
@@ -120,12 +119,6 @@ class SoakResult:
         return not self.unexpected and drained and memory
 
 
-def verifier_load(address: str) -> verifier_pb2.LoadReport:
-    with grpc.insecure_channel(address) as channel:
-        stub = verifier_pb2_grpc.VerifierStub(channel)
-        return next(iter(stub.WatchLoad(verifier_pb2.WatchLoadRequest(), timeout=5)))
-
-
 def run_soak(
     router: str,
     verifier: str,
@@ -184,56 +177,6 @@ def run_soak(
     return result
 
 
-def start_cluster(model: str, draft_model: str, dtype: str, logs: Path) -> dict:
-    """Drafter, verifier and router as child processes on free loopback ports."""
-    drafter_metrics, verifier_metrics = free_port(), free_port()
-    flags = ["--dtype", dtype]
-    drafter = ServerProcess(
-        "drafter",
-        *flags,
-        "--model",
-        draft_model,
-        "--metrics-port",
-        str(drafter_metrics),
-        logs=logs,
-    ).start(timeout=300)
-    verifier = ServerProcess(
-        "verifier",
-        *flags,
-        "--model",
-        model,
-        "--drafter",
-        drafter.address,
-        "--metrics-port",
-        str(verifier_metrics),
-        logs=logs,
-    ).start(timeout=300)
-    router = ServerProcess(
-        "router",
-        "--tokenizer",
-        model,
-        "--verifier",
-        verifier.address,
-        logs=logs,
-        ready_service=ROUTER_READY,
-    ).start(timeout=120)
-    return {
-        "drafter": drafter,
-        "verifier": verifier,
-        "router": router,
-        "drafter_metrics_port": drafter_metrics,
-    }
-
-
-def _progress(done: int, total: int) -> None:
-    width = 40
-    filled = width * done // total
-    sys.stderr.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-    if done == total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="specd bench soak", description=__doc__.split("\n")[0])
     p.add_argument("--requests", type=int, default=1000)
@@ -252,12 +195,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--target and --verifier go together")
 
     requests = mixed_requests(args.requests, args.seed, args.max_new_tokens)
-    progress = None if args.no_progress else _progress
+    progress = None if args.no_progress else progress_bar("soak")
     if args.target:
         result = run_soak(args.target, args.verifier, requests, args.concurrency, None, 0, progress)
     else:
         logs = Path(tempfile.mkdtemp(prefix="specd-soak-"))
-        cluster = start_cluster(args.model, args.draft_model, args.dtype, logs)
+        cluster = start_services(args.model, args.draft_model, args.dtype, logs)
         services = [cluster[r] for r in ("router", "verifier", "drafter")]
         try:
             result = run_soak(

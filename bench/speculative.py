@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from drafter_service.combined import CombinedProposer
 from drafter_service.draft_model import DraftModelProposer, load_draft_model
 from drafter_service.ngram import NgramProposer
 from specd.config import EngineConfig
@@ -27,7 +28,8 @@ from verifier_service.engine import Engine
 WORKLOADS = Path(__file__).parent / "workloads"
 DEFAULT_CONFIGS = "off,draft:2,draft:3,draft:4,draft:6,ngram:3,ngram:5"
 # draft[-int8][-vN][-adapt]:k  e.g. draft-int8-v32768:4 = int8 draft weights, a 32768-token
-# head, k=4; -adapt: adaptive k bounded by k; -inv (also off-inv): batch-invariant mode
+# head, k=4; -adapt: adaptive k bounded by k; -inv (also off-inv): batch-invariant mode;
+# combo[-int8][-vN]:k = n-gram where the text repeats, else that draft model
 
 
 def load_workload(name: str, tokenizer, limit: int | None = None) -> list[list[int]]:
@@ -160,8 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in configs:
         kind, _, k = name.partition(":")
         proposer = None
-        if kind.startswith("draft"):
+        if kind.startswith(("draft", "combo")):
             proposer = DraftModelProposer(draft_model(kind), num_blocks=512, top_m=cfg.draft_top_m)
+            if kind.startswith("combo"):
+                proposer = CombinedProposer(proposer)
         elif kind == "ngram":
             proposer = NgramProposer()
         mods = kind.split("-")[1:]

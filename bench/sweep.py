@@ -1,15 +1,20 @@
 """`specd bench sweep`: throughput and latency vs concurrency, per speculation mode.
 
-    specd bench sweep --target HOST:PORT [--workload code] [--concurrency 1,2,4,8,16]
-                      [--modes off,on,auto] [--requests-per-cell 16] [--out bench/out/sweep]
+    specd bench sweep [--target HOST:PORT] [--workload code] [--concurrency 1,2,4,8,16]
+                      [--modes off,on,auto,ngram] [--requests-per-cell 16] [--peer hf]
+                      [--out bench/out/sweep]
 
-Against a running router (`--target`; `specd up` gives one). Each cell (mode x concurrency)
-sends a bounded number of requests from `--concurrency` concurrent clients, streaming, and
-records per request the time to first token, the time per output token after it, tokens,
-and the speculation the router decided (reason, acceptance, mean accepted length).
+Against a running router (`--target`), or, without it, a drafter, verifier and router it
+starts itself (`--model`, `--draft-model`). Each cell (mode x concurrency) sends a bounded
+number of requests from `--concurrency` concurrent clients, streaming, and records per
+request the time to first token, the time per output token after it, tokens, and the
+speculation the router decided (reason, acceptance, mean accepted length).
 Writes `sweep.json`, `sweep.md` and two PNG plots (throughput and TPOT p99 vs concurrency).
-An "ngram" mode is just "on" against a cluster whose drafter runs `--proposer ngram`:
-sweep that cluster with `--modes on --label ngram`.
+Mode "ngram" is speculation on with the drafter swapped for `--proposer ngram` (only when
+the sweep starts the services; against --target, sweep an n-gram cluster with
+`--modes on --label ngram`). `--peer hf` also runs transformers' generate (plain, assisted
+with the same draft model, prompt lookup) on the same prompts at concurrency 1 and reports
+each mode's ratio to it.
 """
 
 from __future__ import annotations
@@ -18,12 +23,14 @@ import argparse
 import asyncio
 import json
 import statistics
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
 import grpc
 
+from bench.progress import progress_bar
 from bench.speculative import WORKLOADS
 from protos.specd.v1 import router_pb2_grpc
 from router.client import build_request
@@ -62,7 +69,13 @@ async def _one(stub, messages, mode: str, max_new: int) -> dict:
 
 
 async def run_cell(
-    address: str, conversations, mode: str, concurrency: int, requests: int, max_new: int
+    address: str,
+    conversations,
+    mode: str,
+    concurrency: int,
+    requests: int,
+    max_new: int,
+    tick=None,
 ) -> dict:
     async with grpc.aio.insecure_channel(address) as channel:
         stub = router_pb2_grpc.GenerationStub(channel)
@@ -75,6 +88,8 @@ async def run_cell(
             while not queue.empty():
                 messages = queue.get_nowait()
                 results.append(await _one(stub, messages, mode, max_new))
+                if tick is not None:
+                    tick(len(results), requests)
 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -121,13 +136,16 @@ def sweep(
     max_new: int,
     label: str = "",
     progress=print,
+    bars: bool = False,
 ) -> dict:
     cells = []
     for mode in modes:
         for c in levels:
             n = max(requests, c)
-            cell = asyncio.run(run_cell(address, conversations, mode, c, n, max_new))
-            cell.update(mode=f"{label}:{mode}" if label else mode, concurrency=c)
+            name = label or mode
+            tick = progress_bar(f"{name:<6} c={c:<3}") if bars else None
+            cell = asyncio.run(run_cell(address, conversations, mode, c, n, max_new, tick))
+            cell.update(mode=name, concurrency=c)
             cells.append(cell)
             progress(
                 f"  {cell['mode']:<6} c={c:<3} {cell['tokens_per_s']:7.2f} tok/s  "
@@ -196,28 +214,87 @@ def write_outputs(report: dict, out: Path) -> list[Path]:
     return [out / "sweep.json", out / "sweep.md", *plot(report, out)]
 
 
+def hf_peer(model: str, draft_model: str, conversations, max_new: int, dtype_name: str) -> dict:
+    """transformers' generate on the same pair and prompts (concurrency 1, greedy, bf16
+    where the CPU has it, like the services)."""
+    import torch
+
+    from bench.speculative import run_hf
+    from specd.models.args import parse_dtype
+    from specd.models.loader import load_tokenizer
+    from specd.models.resolve import resolve
+
+    folder, draft = resolve(model), resolve(draft_model)
+    tok = load_tokenizer(folder)
+    prompts = []
+    for messages in conversations:
+        enc = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        prompts.append(list(enc["input_ids"] if hasattr(enc, "keys") else enc))
+    dtype = parse_dtype(dtype_name, torch.device("cpu"))
+    results = run_hf(folder, draft, prompts, max_new, dtype)
+    return {name: {k: v for k, v in r.items() if k != "outputs"} for name, r in results.items()}
+
+
+def peer_ratios(report: dict) -> list[str]:
+    """Each mode's concurrency-1 tokens/s over each transformers mode's."""
+    lines = []
+    for cell in (c for c in report["cells"] if c["concurrency"] == 1):
+        for name, peer in report["peer"].items():
+            ratio = cell["tokens_per_s"] / peer["tok_per_s"]
+            lines.append(f"specd {cell['mode']} (c=1) / {name}: {ratio:.2f}x")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="specd bench sweep", description=__doc__.split("\n")[0])
-    p.add_argument("--target", default="127.0.0.1:50051", help="a running router")
+    p.add_argument("--target", default="", help="a running router (default: start services)")
+    p.add_argument("--model", default="default-target")
+    p.add_argument("--draft-model", default="default-draft")
+    p.add_argument("--dtype", default="auto")
     p.add_argument("--workload", default="code")
     p.add_argument("--concurrency", default="1,2,4,8,16")
-    p.add_argument("--modes", default="off,on,auto")
-    p.add_argument("--label", default="", help="prefix the mode column (e.g. ngram)")
+    p.add_argument("--modes", default="off,on,auto,ngram")
+    p.add_argument("--label", default="", help="name the mode column (e.g. ngram)")
     p.add_argument("--requests-per-cell", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--peer", choices=["none", "hf"], default="none")
+    p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", default="bench/out/sweep")
     args = p.parse_args(argv)
     levels = [int(x) for x in args.concurrency.split(",")]
     modes = [m.strip() for m in args.modes.split(",")]
-    report = sweep(
-        args.target,
-        load_conversations(args.workload),
-        modes,
-        levels,
-        args.requests_per_cell,
-        args.max_new_tokens,
-        args.label,
+    conversations = load_conversations(args.workload)
+    run = dict(
+        conversations=conversations,
+        levels=levels,
+        requests=args.requests_per_cell,
+        max_new=args.max_new_tokens,
+        bars=not args.no_progress,
     )
+    if args.target:
+        if "ngram" in modes:
+            p.error("mode ngram needs the sweep to start the services (no --target)")
+        report = sweep(args.target, modes=modes, label=args.label, **run)
+    else:
+        from specd.processes import replace_drafter, start_services
+
+        logs = Path(tempfile.mkdtemp(prefix="specd-sweep-"))
+        services = start_services(args.model, args.draft_model, args.dtype, logs)
+        address = services["router"].address
+        try:
+            report = sweep(address, modes=[m for m in modes if m != "ngram"], **run)
+            if "ngram" in modes:
+                replace_drafter(services, args.draft_model, args.dtype, "ngram", logs)
+                report["cells"] += sweep(address, modes=["on"], label="ngram", **run)["cells"]
+        finally:
+            for role in ("router", "verifier", "drafter"):
+                services[role].stop()
+    if args.peer == "hf":
+        n = min(len(conversations), args.requests_per_cell)
+        report["peer"] = hf_peer(
+            args.model, args.draft_model, conversations[:n], run["max_new"], args.dtype
+        )
+        report["peer_ratios"] = peer_ratios(report)
     for path in write_outputs(report, Path(args.out)):
         print(path)
     print(to_markdown(report))

@@ -146,6 +146,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
 
 def build_proposer(config):
     """The proposer the config names and the vocabulary size it checks ids against."""
+    from drafter_service.combined import CombinedProposer
     from drafter_service.draft_model import DraftModelProposer, load_draft_model
     from drafter_service.ngram import NgramProposer
     from specd.models.loader import load_config, resolve
@@ -158,7 +159,10 @@ def build_proposer(config):
         folder, config.dtype, config.device or None, config.weights, config.vocab
     )
     blocks = PagedKV.blocks_for_budget(model, config.kv_cache_bytes)
-    return DraftModelProposer(model, blocks, top_m=config.top_m), model.args.vocab_size
+    proposer = DraftModelProposer(model, blocks, top_m=config.top_m)
+    if config.proposer == "combined":
+        proposer = CombinedProposer(proposer)
+    return proposer, model.args.vocab_size
 
 
 async def serve(config, ready=None) -> None:

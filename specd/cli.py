@@ -160,7 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--verifier-port", type=int, default=VerifierConfig.port)
     up.add_argument("--drafter-port", type=int, default=DrafterConfig.port)
     up.add_argument("--policy-file", default="")
-    up.add_argument("--proposer", choices=["draft", "ngram"], default=DrafterConfig.proposer)
+    up.add_argument(
+        "--proposer", choices=["draft", "ngram", "combined"], default=DrafterConfig.proposer
+    )
     up.add_argument("--ready-timeout", type=float, default=600.0)
     up.set_defaults(func=_up)
 

@@ -38,7 +38,7 @@ class DrafterConfig:
     host: str = "127.0.0.1"
     port: int = 50061
     model: str = "default-draft"
-    proposer: str = "draft"  # draft (the small model) or ngram
+    proposer: str = "draft"  # draft (the small model), ngram, or combined (ngram, else draft)
     dtype: str = "auto"
     device: str = ""  # "" = cuda if present, else cpu
     kv_cache_bytes: int = 1 << 29
@@ -51,8 +51,8 @@ class DrafterConfig:
     tls_key: str = ""
 
     def __post_init__(self):
-        if self.proposer not in ("draft", "ngram"):
-            raise ValueError(f"proposer must be draft or ngram, got {self.proposer!r}")
+        if self.proposer not in ("draft", "ngram", "combined"):
+            raise ValueError(f"proposer must be draft, ngram or combined, got {self.proposer!r}")
         if self.weights not in ("bf16", "int8"):
             raise ValueError(f"weights must be bf16 or int8, got {self.weights!r}")
 

@@ -27,10 +27,10 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, role: str, *flags: str, logs: Path, ready_service: str = ""):
+    def __init__(self, role: str, *flags: str, logs: Path, ready_service: str = "", port: int = 0):
         self.role = role
         self.flags = list(flags)
-        self.port = free_port()
+        self.port = port or free_port()
         self.ready_service = ready_service
         self.log_path = logs / f"{role}-{self.port}.log"
         self.proc: subprocess.Popen | None = None
@@ -92,3 +92,65 @@ def scrape(port: int, name: str) -> float:
             if sample.name in (name, name + "_total"):
                 total += sample.value
     return total
+
+
+def start_services(
+    model: str, draft_model: str, dtype: str, logs: Path, proposer: str = "draft"
+) -> dict:
+    """Drafter, verifier and router as child processes on free loopback ports, with
+    Prometheus endpoints on the drafter and verifier. Returns them by role, plus
+    `drafter_metrics_port`."""
+    drafter_metrics, verifier_metrics = free_port(), free_port()
+    drafter = ServerProcess(
+        "drafter",
+        *("--dtype", dtype, "--model", draft_model, "--proposer", proposer),
+        *("--metrics-port", str(drafter_metrics)),
+        logs=logs,
+    ).start(timeout=300)
+    verifier = ServerProcess(
+        "verifier",
+        *("--dtype", dtype, "--model", model, "--drafter", drafter.address),
+        *("--metrics-port", str(verifier_metrics)),
+        logs=logs,
+    ).start(timeout=300)
+    router = ServerProcess(
+        "router",
+        *("--tokenizer", model, "--verifier", verifier.address),
+        logs=logs,
+        ready_service=ROUTER_READY,
+    ).start(timeout=120)
+    return {
+        "drafter": drafter,
+        "verifier": verifier,
+        "router": router,
+        "drafter_metrics_port": drafter_metrics,
+    }
+
+
+def replace_drafter(services: dict, draft_model: str, dtype: str, proposer: str, logs: Path):
+    """Stop the drafter and start one with another proposer on the same port; returns once
+    the verifier's drafter stream is back (its load report says so)."""
+    old = services["drafter"]
+    old.stop()
+    services["drafter"] = ServerProcess(
+        "drafter",
+        *("--dtype", dtype, "--model", draft_model, "--proposer", proposer),
+        logs=logs,
+        port=old.port,
+    ).start(timeout=300)
+    deadline = time.monotonic() + 60
+    while not verifier_load(services["verifier"].address).drafter_available:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the verifier did not reconnect to the new drafter")
+        time.sleep(0.2)
+
+
+def verifier_load(address: str):
+    """The verifier's current load report (`WatchLoad`'s first message)."""
+    import grpc
+
+    from protos.specd.v1 import verifier_pb2, verifier_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        stub = verifier_pb2_grpc.VerifierStub(channel)
+        return next(iter(stub.WatchLoad(verifier_pb2.WatchLoadRequest(), timeout=5)))

@@ -45,3 +45,28 @@ def test_small_sweep_writes_json_markdown_and_png(cluster, tmp_path):
     assert len(pngs) == 2
     for png in pngs:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
+
+
+@pytest.mark.timeout(240)
+def test_sweep_starts_its_own_services_and_swaps_in_ngram(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.cluster import save_tiny_cluster_model
+
+    model = save_tiny_cluster_model(tmp_path / "tiny")
+    cmd = [sys.executable, "-m", "specd.cli", "bench", "sweep", "--model", str(model)]
+    cmd += ["--draft-model", str(model), "--dtype", "float32", "--concurrency", "1,2"]
+    cmd += ["--modes", "off,on,ngram", "--requests-per-cell", "2", "--max-new-tokens", "6"]
+    cmd += ["--no-progress", "--out", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=220)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    cells = json.loads((tmp_path / "out" / "sweep.json").read_text())["cells"]
+    assert [(c["mode"], c["concurrency"]) for c in cells] == [
+        (m, c) for m in ("off", "on", "ngram") for c in (1, 2)
+    ]
+    for cell in cells:
+        if cell["mode"] == "off":
+            assert cell["acceptance"] is None
+        else:  # the n-gram drafter really answered: rounds were drafted and verified
+            assert cell["reasons"] == {"on": 2} and cell["acceptance"] is not None

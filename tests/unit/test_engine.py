@@ -4,8 +4,10 @@ import asyncio
 
 import pytest
 
+from drafter_service.combined import CombinedProposer
 from drafter_service.draft_model import DraftModelProposer
 from drafter_service.ngram import NgramProposer, ngram_propose
+from drafter_service.proposer import DraftState
 from specd.config import EngineConfig
 from specd.sampling import SamplingParams
 from tests.conftest import run_engine
@@ -26,6 +28,8 @@ def make_engine(tiny_pair, proposer_kind=None, **config):
         proposer = DraftModelProposer(draft, num_blocks=128, block_size=4)
     elif proposer_kind == "ngram":
         proposer = NgramProposer()
+    elif proposer_kind == "combined":
+        proposer = CombinedProposer(DraftModelProposer(draft, num_blocks=128, block_size=4))
     cfg = EngineConfig(num_blocks=256, block_size=4, **config)
     return Engine(target, cfg, proposer, eos_ids=set())
 
@@ -37,7 +41,7 @@ def test_ngram_search_worked_example():
     assert ngram_propose([1, 2, 9, 1, 2, 8, 1, 2], 2) == [8, 1]  # most recent match wins
 
 
-@pytest.mark.parametrize("kind", ["draft", "ngram"])
+@pytest.mark.parametrize("kind", ["draft", "ngram", "combined"])
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_greedy_parity_speculation_on_vs_off(tiny_pair, kind, k):
     reqs = [dict(prompt=p, max_new_tokens=24) for p in PROMPTS]
@@ -47,9 +51,28 @@ def test_greedy_parity_speculation_on_vs_off(tiny_pair, kind, k):
     assert list(on.values()) == list(off.values())
     assert 0 < engine.totals.accepted < engine.totals.drafted  # speculation really ran
     assert engine.kv.allocator.num_used == 0
-    if kind == "draft":
-        assert engine.proposer.kv.allocator.num_used == 0
-        assert engine.proposer.num_sessions == 0
+    if kind != "ngram":
+        drafter = engine.proposer
+        if isinstance(drafter, CombinedProposer):
+            drafter = drafter.model
+        assert drafter.kv.allocator.num_used == 0
+        assert drafter.num_sessions == 0
+
+
+def test_combined_drafting_uses_ngram_where_text_repeats(tiny_pair):
+    _, draft = tiny_pair
+    model = DraftModelProposer(draft, num_blocks=128, block_size=4)
+    combined = CombinedProposer(model, min_match=3)
+    params = SamplingParams()
+    repeating = DraftState("a", [5, 6, 7, 8, 9, 5, 6, 7], params, 3)  # [5, 6, 7] seen before
+    fresh = DraftState("b", [20, 31, 42, 53], params, 3)
+    got = combined.propose([repeating, fresh])
+    assert got[0].tokens == [8, 9, 5] and got[0].q_ids is None  # the n-gram continuation
+    assert len(got[1].tokens) == 3  # the draft model's
+    assert model.num_sessions == 1  # only the fresh sequence cost a draft forward
+    for seq in ("a", "b"):
+        combined.close(seq)
+    assert model.num_sessions == 0 and model.kv.allocator.num_used == 0
 
 
 def test_mixed_batch_speculative_and_plain(tiny_pair):

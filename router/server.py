@@ -128,6 +128,8 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
                 )
             tried.add(replica.address)
             k, reason = self._decide(prep, client, params.temperature, replica, span)
+            # an `auto` decision stays load-aware while the request runs (see the proto)
+            auto = reason == "on" and client == "auto" and prep.policy.speculation == "auto"
             call = replica.stub.Generate(
                 verifier_pb2.VerifyGenerateRequest(
                     prompt_ids=prep.prompt_ids,
@@ -136,6 +138,7 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
                     ignore_eos=request.ignore_eos,
                     num_draft_tokens=k,
                     route=prep.route,
+                    draft_below_batch=prep.policy.max_batch_size if auto else 0,
                 ),
                 timeout=context.time_remaining(),
                 metadata=inject_metadata(trace.set_span_in_context(span)) if span else None,

@@ -69,6 +69,7 @@ class Engine:
         stop_ids: set[int] | None = None,
         ignore_eos: bool = False,
         span=None,
+        draft_below_batch: int = 0,
     ) -> int:
         params = params or SamplingParams()
         params.validate()
@@ -76,6 +77,8 @@ class Engine:
             raise ValueError("prompt is empty")
         if max_new_tokens <= 0:
             raise ValueError("max_new_tokens must be positive")
+        if draft_below_batch < 0:
+            raise ValueError("draft_below_batch must be >= 0")
         vocab = self.model.args.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
@@ -100,6 +103,7 @@ class Engine:
             frozenset(stops),
             make_generator(params.seed),
             span=span,
+            draft_below_batch=draft_below_batch,
         )
         with self._lock:
             self._seqs[seq.seq_id] = seq

@@ -87,6 +87,8 @@ class Scheduler:
                 continue  # preempted meanwhile, or still prefilling
             remaining = seq.max_new_tokens - seq.num_generated
             bound = min(seq.num_draft, self.config.max_draft_tokens)  # the route's k
+            if seq.draft_below_batch and len(self.running) >= seq.draft_below_batch:
+                bound = 0  # batch too large for speculation to pay (the route's policy)
             if self.config.adaptive_k and bound > 0:
                 bound = best_k(seq.acceptance.alpha, self.cost.value, bound)
             k = max(0, min(bound, remaining - 1, budget - 1))

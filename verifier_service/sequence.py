@@ -63,6 +63,7 @@ class Sequence:
     t_arrived: int = field(default_factory=time.time_ns)
     t_scheduled: int = 0  # first prefill chunk
     t_first_token: int = 0
+    draft_below_batch: int = 0  # > 0: draft only while fewer sequences than this run
 
     def __post_init__(self):
         if not self.tokens:

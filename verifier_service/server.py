@@ -69,6 +69,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             stop_ids=set(request.stop_ids),
             ignore_eos=request.ignore_eos,
             span=span,
+            draft_below_batch=request.draft_below_batch,
         )
         try:
             try:

@@ -75,6 +75,20 @@ def test_combined_drafting_uses_ngram_where_text_repeats(tiny_pair):
     assert model.num_sessions == 0 and model.kv.allocator.num_used == 0
 
 
+def test_draft_below_batch_speculates_only_while_the_batch_is_small(tiny_pair):
+    # lengths differ, so the batch shrinks 4 -> 3 -> 2 -> 1 as requests finish
+    reqs = [dict(prompt=p, max_new_tokens=16 + 8 * i) for i, p in enumerate(PROMPTS)]
+    off = run_engine(make_engine(tiny_pair), reqs)
+    drafted = {}
+    for limit in (0, 10, 2):
+        engine = make_engine(tiny_pair, "draft")
+        got = run_engine(engine, [dict(r, num_draft=3, draft_below_batch=limit) for r in reqs])
+        assert list(got.values()) == list(off.values())
+        drafted[limit] = engine.totals.drafted
+    assert drafted[10] == drafted[0] > 0  # a limit the batch never reaches changes nothing
+    assert 0 < drafted[2] < drafted[0] / 2  # with limit 2: only the last request's tail
+
+
 def test_mixed_batch_speculative_and_plain(tiny_pair):
     reqs = [dict(prompt=p, max_new_tokens=20 + i) for i, p in enumerate(PROMPTS)]
     ref = run_engine(make_engine(tiny_pair), reqs)

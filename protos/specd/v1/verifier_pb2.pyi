@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class VerifyGenerateRequest(_message.Message):
-    __slots__ = ("prompt_ids", "params", "max_new_tokens", "stop_ids", "ignore_eos", "num_draft_tokens", "route")
+    __slots__ = ("prompt_ids", "params", "max_new_tokens", "stop_ids", "ignore_eos", "num_draft_tokens", "route", "draft_below_batch")
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class VerifyGenerateRequest(_message.Message):
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ROUTE_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_BELOW_BATCH_FIELD_NUMBER: _ClassVar[int]
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     params: _common_pb2.SamplingParams
     max_new_tokens: int
@@ -23,7 +24,8 @@ class VerifyGenerateRequest(_message.Message):
     ignore_eos: bool
     num_draft_tokens: int
     route: str
-    def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., stop_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., num_draft_tokens: _Optional[int] = ..., route: _Optional[str] = ...) -> None: ...
+    draft_below_batch: int
+    def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., stop_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., num_draft_tokens: _Optional[int] = ..., route: _Optional[str] = ..., draft_below_batch: _Optional[int] = ...) -> None: ...
 
 class VerifyGenerateResponse(_message.Message):
     __slots__ = ("token_ids", "finish_reason", "speculation", "usage")

@@ -45,10 +45,12 @@ def load_conversations(workload: str) -> list[list[dict]]:
     ]
 
 
-async def _one(stub, messages, mode: str, max_new: int) -> dict:
+async def _one(stub, messages, mode: str, max_new: int, route: str = "") -> dict:
     start = time.perf_counter()
     first, tokens, final = None, 0, None
-    request = build_request(messages=messages, max_new_tokens=max_new, speculation=mode)
+    request = build_request(
+        messages=messages, max_new_tokens=max_new, speculation=mode, route=route
+    )
     async for msg in stub.GenerateStream(request):
         if msg.token_ids and first is None:
             first = time.perf_counter()
@@ -76,6 +78,7 @@ async def run_cell(
     requests: int,
     max_new: int,
     tick=None,
+    route: str = "",
 ) -> dict:
     async with grpc.aio.insecure_channel(address) as channel:
         stub = router_pb2_grpc.GenerationStub(channel)
@@ -87,7 +90,7 @@ async def run_cell(
         async def worker():
             while not queue.empty():
                 messages = queue.get_nowait()
-                results.append(await _one(stub, messages, mode, max_new))
+                results.append(await _one(stub, messages, mode, max_new, route))
                 if tick is not None:
                     tick(len(results), requests)
 
@@ -137,6 +140,7 @@ def sweep(
     label: str = "",
     progress=print,
     bars: bool = False,
+    route: str = "",
 ) -> dict:
     cells = []
     for mode in modes:
@@ -144,14 +148,14 @@ def sweep(
             n = max(requests, c)
             name = label or mode
             tick = progress_bar(f"{name:<6} c={c:<3}") if bars else None
-            cell = asyncio.run(run_cell(address, conversations, mode, c, n, max_new, tick))
+            cell = asyncio.run(run_cell(address, conversations, mode, c, n, max_new, tick, route))
             cell.update(mode=name, concurrency=c)
             cells.append(cell)
             progress(
                 f"  {cell['mode']:<6} c={c:<3} {cell['tokens_per_s']:7.2f} tok/s  "
                 f"TPOT p99 {_ms(cell['tpot_p99'])}  reasons {cell['reasons']}"
             )
-    return {"target": address, "max_new_tokens": max_new, "cells": cells}
+    return {"target": address, "route": route, "max_new_tokens": max_new, "cells": cells}
 
 
 def _ms(x) -> str:
@@ -251,7 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="default-target")
     p.add_argument("--draft-model", default="default-draft")
     p.add_argument("--dtype", default="auto")
+    p.add_argument(
+        "--drafter-args",
+        default="",
+        help='extra `specd serve drafter` flags, e.g. "--weights int8"',
+    )
     p.add_argument("--workload", default="code")
+    p.add_argument("--route", default="", help="the requests' route (default: default)")
     p.add_argument("--concurrency", default="1,2,4,8,16")
     p.add_argument("--modes", default="off,on,auto,ngram")
     p.add_argument("--label", default="", help="name the mode column (e.g. ngram)")
@@ -270,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         requests=args.requests_per_cell,
         max_new=args.max_new_tokens,
         bars=not args.no_progress,
+        route=args.route,
     )
     if args.target:
         if "ngram" in modes:
@@ -279,7 +290,9 @@ def main(argv: list[str] | None = None) -> int:
         from specd.processes import replace_drafter, start_services
 
         logs = Path(tempfile.mkdtemp(prefix="specd-sweep-"))
-        services = start_services(args.model, args.draft_model, args.dtype, logs)
+        services = start_services(
+            args.model, args.draft_model, args.dtype, logs, drafter_flags=args.drafter_args.split()
+        )
         address = services["router"].address
         try:
             report = sweep(address, modes=[m for m in modes if m != "ngram"], **run)

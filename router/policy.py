@@ -122,6 +122,18 @@ class Load:
     route_acceptance: float | None = None  # None: no rounds on this route yet
 
 
+def batch_gate(policy: RoutePolicy, client: str, temperature: float, load: Load) -> int:
+    """For `auto`: the batch size below which the verifier drafts for the request (0: no
+    gate). The batch changes while a request runs, so an auto request refused only for the
+    batch (or admitted under it) is gated per step by the verifier instead: when the
+    batch is large nobody drafts, and when it drains everybody does. (Mixing drafting and
+    plain sequences in one batch is the worst case: the plain ones wait for the drafter.)"""
+    if client != "auto" or policy.speculation != "auto" or policy.max_batch_size <= 0:
+        return 0
+    k, _ = decide(policy, client, temperature, replace(load, running=0))
+    return policy.max_batch_size if k > 0 else 0
+
+
 def decide(policy: RoutePolicy, client: str, temperature: float, load: Load) -> tuple[int, str]:
     """-> (k, reason). client is the request's override: auto, on or off."""
     if client == "off":

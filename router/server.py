@@ -12,7 +12,7 @@ from opentelemetry import trace
 
 from protos.specd.v1 import common_pb2, router_pb2, router_pb2_grpc, verifier_pb2
 from router.detok import IncrementalDetokenizer, StopStrings
-from router.policy import Load, Policy, PolicyFile, decide
+from router.policy import Load, Policy, PolicyFile, batch_gate, decide
 from router.replicas import ReplicaSet
 from specd.telemetry import extract_metadata, inject_metadata
 from specd.wire import params_from_proto
@@ -127,18 +127,17 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
                     grpc.StatusCode.UNAVAILABLE, "no healthy verifier replica; retry later"
                 )
             tried.add(replica.address)
-            k, reason = self._decide(prep, client, params.temperature, replica, span)
-            # an `auto` decision stays load-aware while the request runs (see the proto)
-            auto = reason == "on" and client == "auto" and prep.policy.speculation == "auto"
+            k, reason, gate = self._decide(prep, client, params.temperature, replica, span)
             call = replica.stub.Generate(
                 verifier_pb2.VerifyGenerateRequest(
                     prompt_ids=prep.prompt_ids,
                     params=request.params,
                     max_new_tokens=prep.max_new_tokens,
                     ignore_eos=request.ignore_eos,
-                    num_draft_tokens=k,
+                    # a gated auto request drafts while the batch is small (policy.batch_gate)
+                    num_draft_tokens=prep.policy.num_draft_tokens if gate else k,
                     route=prep.route,
-                    draft_below_batch=prep.policy.max_batch_size if auto else 0,
+                    draft_below_batch=gate,
                 ),
                 timeout=context.time_remaining(),
                 metadata=inject_metadata(trace.set_span_in_context(span)) if span else None,
@@ -163,6 +162,7 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
 
     def _decide(self, prep: Prepared, client: str, temperature: float, replica, span):
         load = _load(replica, self.replicas.route_acceptance(prep.route))
+        gate = batch_gate(prep.policy, client, temperature, load)
         if span is None:
             k, reason = decide(prep.policy, client, temperature, load)
         else:
@@ -180,7 +180,7 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
             span.set_attribute("specd.speculation.reason", reason)
         if self.metrics is not None:
             self.metrics.decisions.add(1, {"route": prep.route, "reason": reason})
-        return k, reason
+        return k, reason, gate
 
     async def _relay(self, call, request, prep: Prepared, k: int, reason: str):
         detok = IncrementalDetokenizer(self.tokenizer)

@@ -95,16 +95,22 @@ def scrape(port: int, name: str) -> float:
 
 
 def start_services(
-    model: str, draft_model: str, dtype: str, logs: Path, proposer: str = "draft"
+    model: str,
+    draft_model: str,
+    dtype: str,
+    logs: Path,
+    proposer: str = "draft",
+    drafter_flags: tuple[str, ...] = (),
 ) -> dict:
     """Drafter, verifier and router as child processes on free loopback ports, with
     Prometheus endpoints on the drafter and verifier. Returns them by role, plus
-    `drafter_metrics_port`."""
+    `drafter_metrics_port`. `drafter_flags` go to `specd serve drafter` as they are."""
     drafter_metrics, verifier_metrics = free_port(), free_port()
     drafter = ServerProcess(
         "drafter",
         *("--dtype", dtype, "--model", draft_model, "--proposer", proposer),
         *("--metrics-port", str(drafter_metrics)),
+        *drafter_flags,
         logs=logs,
     ).start(timeout=300)
     verifier = ServerProcess(
@@ -143,6 +149,7 @@ def replace_drafter(services: dict, draft_model: str, dtype: str, proposer: str,
         if time.monotonic() > deadline:
             raise TimeoutError("the verifier did not reconnect to the new drafter")
         time.sleep(0.2)
+    time.sleep(0.5)  # and the router has seen that in a load report (every ~100 ms)
 
 
 def verifier_load(address: str):

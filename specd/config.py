@@ -19,6 +19,7 @@ class EngineConfig:
     max_draft_tokens: int = 8  # upper bound on k per sequence
     batch_invariant: bool = False  # same kernels for decode and verification (bf16 parity)
     adaptive_k: bool = False  # per sequence, k from its acceptance and the measured cost
+    draft_gate_memory_s: float = 1.0  # draft_below_batch compares the largest batch seen
     drafter_kv_cache_bytes: int = 1 << 29
     draft_top_m: int = 32  # support size of a sampled draft's q
 

@@ -43,6 +43,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._last_was_prefill = False
+        self._batch_history: deque[tuple[float, int]] = deque()
         self.cost = CostRatio()  # draft step / verification forward, measured by the engine
 
     def add(self, seq: Sequence) -> None:
@@ -80,14 +81,26 @@ class Scheduler:
     def _wants_prefill(self) -> bool:
         return bool(self.waiting) or any(s.num_cached < prefill_target(s) for s in self.running)
 
+    def _recent_batch(self) -> int:
+        """The largest batch (running + waiting) over the last `draft_gate_memory_s`: a
+        one-step dip (a request finished, the next not yet admitted) must not switch the
+        whole batch to drafting, whose catch-up forward costs more than that step gains."""
+        now, size = time.monotonic(), len(self.running) + len(self.waiting)
+        history = self._batch_history
+        history.append((now, size))
+        while history[0][0] < now - self.config.draft_gate_memory_s:
+            history.popleft()
+        return max(n for _, n in history)
+
     def _schedule_decode(self, budget: int) -> list[Work]:
         work = []
+        recent = self._recent_batch()
         for seq in list(self.running):
             if seq not in self.running or seq.num_cached < prefill_target(seq):
                 continue  # preempted meanwhile, or still prefilling
             remaining = seq.max_new_tokens - seq.num_generated
             bound = min(seq.num_draft, self.config.max_draft_tokens)  # the route's k
-            if seq.draft_below_batch and len(self.running) >= seq.draft_below_batch:
+            if seq.draft_below_batch and recent >= seq.draft_below_batch:
                 bound = 0  # batch too large for speculation to pay (the route's policy)
             if self.config.adaptive_k and bound > 0:
                 bound = best_k(seq.acceptance.alpha, self.cost.value, bound)

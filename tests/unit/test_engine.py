@@ -81,12 +81,16 @@ def test_draft_below_batch_speculates_only_while_the_batch_is_small(tiny_pair):
     off = run_engine(make_engine(tiny_pair), reqs)
     drafted = {}
     for limit in (0, 10, 2):
-        engine = make_engine(tiny_pair, "draft")
+        engine = make_engine(tiny_pair, "draft", draft_gate_memory_s=0.0)
         got = run_engine(engine, [dict(r, num_draft=3, draft_below_batch=limit) for r in reqs])
         assert list(got.values()) == list(off.values())
         drafted[limit] = engine.totals.drafted
     assert drafted[10] == drafted[0] > 0  # a limit the batch never reaches changes nothing
     assert 0 < drafted[2] < drafted[0] / 2  # with limit 2: only the last request's tail
+    # the gate remembers the largest recent batch: with a long memory, no tail drafting
+    engine = make_engine(tiny_pair, "draft", draft_gate_memory_s=60.0)
+    run_engine(engine, [dict(r, num_draft=3, draft_below_batch=2) for r in reqs])
+    assert engine.totals.drafted == 0
 
 
 def test_mixed_batch_speculative_and_plain(tiny_pair):

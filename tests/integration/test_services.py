@@ -178,13 +178,25 @@ def test_bad_input_gets_invalid_argument(client):
         dict(prompt="x", top_k=-2),
         dict(prompt="x", max_new_tokens=100_000),
         dict(token_ids=[5, 500]),
+        dict(token_ids=[5, -1]),
         dict(prompt=""),
+        dict(prompt="x", top_p=1.5),
+        dict(prompt="x", top_p=-0.5),
+        dict(prompt="x", max_new_tokens=-1),
+        dict(prompt="x" * 500, max_new_tokens=100),  # over the tiny models' 512 context
     ]
     for kwargs in cases:
         with pytest.raises(grpc.RpcError) as err:
             client.generate(**kwargs)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, kwargs
         assert err.value.details()
+
+
+def test_a_message_over_the_grpc_size_limit_is_refused(client):
+    with pytest.raises(grpc.RpcError) as err:
+        client.generate("x" * (17 << 20), max_new_tokens=1)  # the limit is 16 MiB
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "larger than max" in err.value.details()
 
 
 def test_health_and_reflection(cluster):

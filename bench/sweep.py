@@ -311,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in write_outputs(report, Path(args.out)):
         print(path)
     print(to_markdown(report))
+    for line in report.get("peer_ratios", []):
+        print(line)
     return 0
 
 

@@ -50,17 +50,23 @@ def load_workload(name: str, tokenizer, limit: int | None = None) -> list[list[i
     return prompts[:limit] if limit else prompts
 
 
+def generate_one(engine: Engine, ids: list[int], k: int, max_new: int) -> list[int]:
+    """One request alone through the engine (concurrency 1): its generated tokens."""
+    seq_id = engine.add_request(ids, max_new_tokens=max_new, num_draft=k)
+    out = []
+    while engine.has_work():
+        for o in engine.step():
+            if o.seq_id == seq_id:
+                out.extend(o.tokens)
+    return out
+
+
 def run_engine_config(engine: Engine, prompts, k: int, max_new: int) -> dict:
     tokens, seconds, outputs = 0, 0.0, []
     before = (engine.totals.drafted, engine.totals.accepted, engine.totals.rounds)
     for ids in prompts:
         t0 = time.perf_counter()
-        seq_id = engine.add_request(ids, max_new_tokens=max_new, num_draft=k)
-        out = []
-        while engine.has_work():
-            for o in engine.step():
-                if o.seq_id == seq_id:
-                    out.extend(o.tokens)
+        out = generate_one(engine, ids, k, max_new)
         seconds += time.perf_counter() - t0
         tokens += len(out)
         outputs.append(out)

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.speculative import WORKLOADS
+from bench.speculative import WORKLOADS, generate_one
 from router.policy import RoutePolicy
 
 ROUTER = "127.0.0.1:50051"
@@ -35,13 +35,7 @@ def _router_one(client, messages, mode: str, max_new: int):
 
 
 def _engine_one(engine, ids, k: int, max_new: int):
-    seq_id = engine.add_request(ids, max_new_tokens=max_new, num_draft=k)
-    out = []
-    while engine.has_work():
-        for o in engine.step():
-            if o.seq_id == seq_id:
-                out.extend(o.tokens)
-    return out, ""
+    return generate_one(engine, ids, k, max_new), ""
 
 
 def _in_process_engine(mode: str):

@@ -10,11 +10,11 @@ number of requests from `--concurrency` concurrent clients, streaming, and recor
 request the time to first token, the time per output token after it, tokens, and the
 speculation the router decided (reason, acceptance, mean accepted length).
 Writes `sweep.json`, `sweep.md` and two PNG plots (throughput and TPOT p99 vs concurrency).
-Mode "ngram" is speculation on with the drafter swapped for `--proposer ngram` (only when
-the sweep starts the services; against --target, sweep an n-gram cluster with
-`--modes on --label ngram`). `--peer hf` also runs transformers' generate (plain, assisted
-with the same draft model, prompt lookup) on the same prompts at concurrency 1 and reports
-each mode's ratio to it.
+Modes "ngram" and "combined" are speculation on with the drafter swapped for that
+`--proposer` (only when the sweep starts the services; against --target, sweep such a
+cluster with `--modes on --label ngram`). `--peer hf` also runs transformers' generate
+(plain, assisted with the same draft model, prompt lookup) on the same prompts at
+concurrency 1 and reports each mode's ratio to it.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ from bench.progress import progress_bar
 from bench.speculative import WORKLOADS
 from protos.specd.v1 import router_pb2_grpc
 from router.client import build_request
+
+# modes that are "on" with the drafter process swapped for another proposer
+SWAPPED = {"ngram", "combined"}
 
 
 def load_conversations(workload: str) -> list[list[dict]]:
@@ -283,8 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         route=args.route,
     )
     if args.target:
-        if "ngram" in modes:
-            p.error("mode ngram needs the sweep to start the services (no --target)")
+        if SWAPPED & set(modes):
+            p.error("modes ngram and combined need the sweep to start the services")
         report = sweep(args.target, modes=modes, label=args.label, **run)
     else:
         from specd.processes import replace_drafter, start_services
@@ -295,10 +298,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         address = services["router"].address
         try:
-            report = sweep(address, modes=[m for m in modes if m != "ngram"], **run)
-            if "ngram" in modes:
-                replace_drafter(services, args.draft_model, args.dtype, "ngram", logs)
-                report["cells"] += sweep(address, modes=["on"], label="ngram", **run)["cells"]
+            report = sweep(address, modes=[m for m in modes if m not in SWAPPED], **run)
+            for proposer in [m for m in modes if m in SWAPPED]:
+                replace_drafter(services, args.draft_model, args.dtype, proposer, logs)
+                report["cells"] += sweep(address, modes=["on"], label=proposer, **run)["cells"]
         finally:
             for role in ("router", "verifier", "drafter"):
                 services[role].stop()

@@ -22,6 +22,20 @@ log = logging.getLogger(__name__)
 
 MODES = ("auto", "on", "off")
 
+# The policy of a router started without --policy-file. deploy/policy.yaml is the same
+# policy as a file (a test keeps the two equal). k per route from the sweeps in
+# BENCHMARKS.md: code drafts well at 6; editing repeats its source, so n-gram or combined
+# drafting runs long at 8; chat drafts poorly past 3 and only pays at small batches.
+BUILTIN_POLICY = {
+    "default": {"speculation": "auto", "num_draft_tokens": 4, "max_batch_size": 8},
+    "routes": {
+        "code": {"num_draft_tokens": 6},
+        "edit": {"num_draft_tokens": 8},
+        "chat": {"num_draft_tokens": 3, "max_batch_size": 4},
+        "batch": {"speculation": "off"},
+    },
+}
+
 
 @dataclass(frozen=True)
 class RoutePolicy:
@@ -58,6 +72,10 @@ class Policy:
             for name, body in (data.get("routes") or {}).items()
         }
         return cls(default, routes)
+
+    @classmethod
+    def builtin(cls) -> Policy:
+        return cls.from_dict(BUILTIN_POLICY)
 
     @classmethod
     def from_yaml(cls, text: str) -> Policy:

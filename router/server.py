@@ -341,7 +341,7 @@ async def serve(config, ready=None, tokenizer=None) -> None:
     from specd.telemetry import setup
 
     telemetry = setup("router", config.metrics_port)
-    policy = PolicyFile(config.policy_file) if config.policy_file else Policy.from_dict({})
+    policy = PolicyFile(config.policy_file) if config.policy_file else Policy.builtin()
     replicas = ReplicaSet(config.verifier or [], config.tls_ca)
     await replicas.start()
     discovery = None

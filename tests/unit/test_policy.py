@@ -1,8 +1,10 @@
 """The router's decision and the verifier-side batch gate for `auto` requests."""
 
+from pathlib import Path
+
 import pytest
 
-from router.policy import Load, RoutePolicy, batch_gate, decide
+from router.policy import Load, Policy, RoutePolicy, batch_gate, decide
 
 AUTO = RoutePolicy(speculation="auto", num_draft_tokens=4, max_batch_size=8)
 
@@ -30,3 +32,10 @@ def test_a_request_refused_only_for_the_batch_is_gated_not_refused():
 )
 def test_no_gate_where_anything_but_the_batch_says_no(policy, client, temperature, load):
     assert batch_gate(policy, client, temperature, load) == 0
+
+
+@pytest.mark.parametrize("path", ["deploy/policy.yaml", "deploy/k8s/base/policy.yaml"])
+def test_the_shipped_policy_files_are_the_builtin_policy(path):
+    root = Path(__file__).resolve().parents[2]
+    assert Policy.load(str(root / path)) == Policy.builtin()
+    assert Policy.builtin().for_route("edit")[1].num_draft_tokens == 8

@@ -29,7 +29,8 @@ WORKLOADS = Path(__file__).parent / "workloads"
 DEFAULT_CONFIGS = "off,draft:2,draft:3,draft:4,draft:6,ngram:3,ngram:5"
 # draft[-int8][-vN][-adapt]:k  e.g. draft-int8-v32768:4 = int8 draft weights, a 32768-token
 # head, k=4; -adapt: adaptive k bounded by k; -inv (also off-inv): batch-invariant mode;
-# combo[-int8][-vN]:k = n-gram where the text repeats, else that draft model
+# combo[-int8][-vN]:k = n-gram where the text repeats, else that draft model;
+# -aN (draft, combo): the runner-up as an alternative leaf beside the first N drafts
 
 
 def load_workload(name: str, tokenizer, limit: int | None = None) -> list[list[int]]:
@@ -169,7 +170,12 @@ def main(argv: list[str] | None = None) -> int:
         kind, _, k = name.partition(":")
         proposer = None
         if kind.startswith(("draft", "combo")):
-            proposer = DraftModelProposer(draft_model(kind), num_blocks=512, top_m=cfg.draft_top_m)
+            alts = next(
+                (int(m[1:]) for m in kind.split("-")[1:] if m[:1] == "a" and m[1:].isdigit()), 0
+            )
+            proposer = DraftModelProposer(
+                draft_model(kind), num_blocks=512, top_m=cfg.draft_top_m, alternatives=alts
+            )
             if kind.startswith("combo"):
                 proposer = CombinedProposer(proposer)
         elif kind == "ngram":

@@ -14,14 +14,22 @@ import torch
 from drafter_service.proposer import DraftState, Proposal
 from specd.kvcache import NoFreeBlocks
 from specd.models.paged_kv import PagedKV, SeqInput
-from specd.sampling import logits_to_probs, make_generator, presence_rows
+from specd.sampling import (
+    apply_repetition_penalty,
+    logits_to_probs,
+    make_generator,
+    presence_rows,
+)
 
 
 class DraftModelProposer:
     available = True
 
-    def __init__(self, model, num_blocks: int, block_size: int = 16, top_m: int = 32):
+    def __init__(
+        self, model, num_blocks: int, block_size: int = 16, top_m: int = 32, alternatives: int = 0
+    ):
         self.model = model
+        self.alternatives = alternatives  # runner-up leaves beside the first drafts
         self.kv = PagedKV.for_model(model, num_blocks, block_size)
         self.top_m = top_m
         self._cached: dict[object, list[int]] = {}  # tokens whose K/V the drafter holds
@@ -42,6 +50,7 @@ class DraftModelProposer:
         drafts: dict[int, list[int]] = {id(s): [] for s in active}
         q_ids: dict[int, list] = {id(s): [] for s in active}
         q_probs: dict[int, list] = {id(s): [] for s in active}
+        alts: dict[int, list] = {id(s): [] for s in active}
         feed = {id(s): s.tokens[len(self._cached[s.seq_id]) :] for s in active}
         for step in range(max((s.k for s in active), default=0)):
             batch = [s for s in active if s.k > step]
@@ -53,7 +62,9 @@ class DraftModelProposer:
                 break  # the drafter's cache is full: propose what we have so far
             for s, row in zip(batch, logits, strict=True):
                 self._cached[s.seq_id] += feed[id(s)]
-                token, ids, probs = self._draw(s, row, drafts[id(s)])
+                token, ids, probs, alt = self._draw(s, row, drafts[id(s)])
+                if alt is not None and step < self.alternatives:
+                    alts[id(s)].append((step, alt))
                 drafts[id(s)].append(token)
                 feed[id(s)] = [token]
                 if ids is not None:
@@ -61,7 +72,7 @@ class DraftModelProposer:
                     q_probs[id(s)].append(probs)
         for s in active:
             p = out[id(s)]
-            p.tokens = drafts[id(s)]
+            p.tokens, p.alts = drafts[id(s)], alts[id(s)]
             if q_ids[id(s)]:
                 p.q_ids, p.q_probs = torch.stack(q_ids[id(s)]), torch.stack(q_probs[id(s)])
         return [out[id(s)] for s in states]
@@ -86,24 +97,36 @@ class DraftModelProposer:
         return True
 
     def _draw(self, s: DraftState, logits: torch.Tensor, so_far: list[int]):
-        """One draft token; greedy drafting sends no q, sampling sends its top-m q.
+        """One draft token -> (token, q's ids, q's probs, alternative). Greedy drafting
+        sends no q, sampling sends its top-m q. The alternative is the most likely other
+        token: the runner-up when greedy; q's mode when sampling, or its runner-up if the
+        mode was drawn (exact either way: verifier_service/tree.py).
         With a trimmed head, logits cover only `head_ids` (q's support shrinks with it;
         the repetition penalty is skipped there: the drafter's q is free to differ)."""
         head_ids = self.model.head_ids
+
+        def token_id(col) -> int:
+            return int(col) if head_ids is None else int(head_ids[col])
+
         seen = None
         if s.params.repetition_penalty != 1.0 and head_ids is None:
             seen = presence_rows(s.tokens + so_far, [], logits.shape[-1])
         if s.params.greedy:
-            row = logits[None] if seen is None else logits_to_probs(logits[None], s.params, seen)
-            col = int(row.argmax())
-            return (col if head_ids is None else int(head_ids[col])), None, None
+            row = logits[None]
+            if seen is not None:
+                row = apply_repetition_penalty(row, seen, s.params.repetition_penalty)
+            top = row[0].topk(min(2, row.shape[-1])).indices
+            alt = token_id(top[1]) if len(top) > 1 else None
+            return token_id(top[0]), None, None, alt
         probs = logits_to_probs(logits[None], s.params, seen)[0]
         vals, cols = probs.topk(min(self.top_m, probs.shape[-1]))
         vals = vals / vals.sum()  # q: the truncated, renormalised distribution we draw from
         ids = cols if head_ids is None else head_ids[cols]
         noise = torch.empty_like(vals).exponential_(generator=self._gens[s.seq_id])
         idx = int((vals / noise).argmax())
-        return int(ids[idx]), ids, vals
+        other = 1 if idx == 0 else 0
+        alt = int(ids[other]) if other < len(ids) and vals[other] > 0 else None
+        return int(ids[idx]), ids, vals, alt
 
 
 def load_draft_model(
@@ -118,6 +141,9 @@ def load_draft_model(
 
     folder = resolve(spec)
     model = load_model(folder, dtype=dtype, device=device)
+    if weights == "auto":
+        on_cpu = model.device.type == "cpu" and model.dtype == torch.bfloat16
+        weights = "int8" if on_cpu else "bf16"
     if weights == "int8":
         quantize_model_int8(model)
     if 0 < vocab < model.args.vocab_size:

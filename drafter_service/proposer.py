@@ -3,7 +3,8 @@
 The verifier tells a proposer, per sequence, the committed tokens (prompt + generated; they
 only ever grow) and how many drafts it wants; the proposer returns k tokens and the
 distribution q each was drawn from (sparse), or no q when it drafts deterministically
-(greedy drafting, n-gram): then q is one-hot at each token.
+(greedy drafting, n-gram): then q is one-hot at each token. It may add alternative
+leaves: one more candidate token beside a draft, verified in the same forward.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class Proposal:
     tokens: list[int] = field(default_factory=list)
     q_ids: torch.Tensor | None = None  # [k, m] support of each position's truncated q
     q_probs: torch.Tensor | None = None  # [k, m] its probabilities (sum to 1 per row)
+    # alternative leaves (parent, token): a deterministic sibling of tokens[parent], parent
+    # in [0, k) (0: the pending token); verified side by side (verifier_service/tree.py)
+    alts: list[tuple[int, int]] = field(default_factory=list)
 
 
 class Proposer(Protocol):

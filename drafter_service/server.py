@@ -116,6 +116,8 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                 if p.q_ids is not None:
                     for ids, probs in zip(p.q_ids.tolist(), p.q_probs.tolist(), strict=True):
                         msg.q.add(ids=ids, probs=probs)
+                for parent, token in p.alts:
+                    msg.alternatives.add(parent=parent, token=token)
             return out
 
     def _check_ids(self, ids) -> str:
@@ -159,7 +161,9 @@ def build_proposer(config):
         folder, config.dtype, config.device or None, config.weights, config.vocab
     )
     blocks = PagedKV.blocks_for_budget(model, config.kv_cache_bytes)
-    proposer = DraftModelProposer(model, blocks, top_m=config.top_m)
+    proposer = DraftModelProposer(
+        model, blocks, top_m=config.top_m, alternatives=config.alternatives
+    )
     if config.proposer == "combined":
         proposer = CombinedProposer(proposer)
     return proposer, model.args.vocab_size

@@ -20,6 +20,9 @@ class EngineConfig:
     batch_invariant: bool = False  # same kernels for decode and verification (bf16 parity)
     adaptive_k: bool = False  # per sequence, k from its acceptance and the measured cost
     draft_gate_memory_s: float = 1.0  # draft_below_batch compares the largest batch seen
+    # a drafter's alternative leaves are verified while a step feeds at most this many
+    # tokens (up to 16 rows cost about one row on CPU, BENCHMARKS.md); 0 = never
+    max_tree_tokens: int = 16
     drafter_kv_cache_bytes: int = 1 << 29
     draft_top_m: int = 32  # support size of a sampled draft's q
 
@@ -39,14 +42,19 @@ class DrafterConfig:
     host: str = "127.0.0.1"
     port: int = 50061
     model: str = "default-draft"
-    proposer: str = "draft"  # draft (the small model), ngram, or combined (ngram, else draft)
+    proposer: str = "combined"  # draft (the small model), ngram, or combined (ngram, else draft)
     dtype: str = "auto"
     device: str = ""  # "" = cuda if present, else cpu
     kv_cache_bytes: int = 1 << 29
     top_m: int = 32  # support size of a sampled draft's q
     max_draft_tokens: int = 16
-    weights: str = "bf16"  # bf16 (the model's dtype) or int8 (weight-only, per channel)
-    vocab: int = 0  # > 0: score only the `vocab` most frequent tokens (trimmed head)
+    # the draft model adds its runner-up token as an alternative beside each of its first
+    # `alternatives` drafts (verifier_service/tree.py); 0 = a plain chain
+    alternatives: int = 0
+    # int8: weight-only, per channel; bf16: the model's own dtype; auto: int8 for a bf16
+    # model on CPU (decode there is memory-bound: +22-25% measured, BENCHMARKS.md), else bf16
+    weights: str = "auto"
+    vocab: int = 32768  # score only the `vocab` most frequent tokens (trimmed head); 0 = all
     metrics_port: int = 0  # 0 = no Prometheus endpoint
     tls_cert: str = ""  # PEM; with tls_key, this listener speaks TLS only
     tls_key: str = ""
@@ -54,8 +62,10 @@ class DrafterConfig:
     def __post_init__(self):
         if self.proposer not in ("draft", "ngram", "combined"):
             raise ValueError(f"proposer must be draft, ngram or combined, got {self.proposer!r}")
-        if self.weights not in ("bf16", "int8"):
-            raise ValueError(f"weights must be bf16 or int8, got {self.weights!r}")
+        if self.weights not in ("auto", "bf16", "int8"):
+            raise ValueError(f"weights must be auto, bf16 or int8, got {self.weights!r}")
+        if self.vocab < 0 or self.alternatives < 0:
+            raise ValueError("vocab and alternatives must be >= 0")
 
 
 @dataclass

@@ -126,6 +126,7 @@ def start_cluster(
     engine_config: EngineConfig | None = None,
     span_exporter=None,
     metrics: bool = False,
+    alternatives: int = 0,
 ) -> Cluster:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -133,7 +134,9 @@ def start_cluster(
     c = Cluster(loop, thread)
 
     async def boot():
-        c.proposer = DraftModelProposer(draft, num_blocks=256, block_size=4)
+        c.proposer = DraftModelProposer(
+            draft, num_blocks=256, block_size=4, alternatives=alternatives
+        )
         c.drafter_servicer = DrafterServicer(
             c.proposer,
             draft.args.vocab_size,

@@ -186,15 +186,16 @@ class RemoteProposer:
         if msg is None or msg.error:
             return Proposal()
         tokens = list(msg.tokens)[:k]
+        alts = [(a.parent, a.token) for a in msg.alternatives]
         if not msg.q or len(msg.q) < len(tokens):
-            return Proposal(tokens=tokens)
+            return Proposal(tokens=tokens, alts=alts)
         m = max(len(q.ids) for q in msg.q[: len(tokens)])
         ids = torch.zeros(len(tokens), m, dtype=torch.long)
         probs = torch.zeros(len(tokens), m)
         for j, q in enumerate(msg.q[: len(tokens)]):
             ids[j, : len(q.ids)] = torch.tensor(list(q.ids))
             probs[j, : len(q.probs)] = torch.tensor(list(q.probs))
-        return Proposal(tokens=tokens, q_ids=ids, q_probs=probs)
+        return Proposal(tokens=tokens, q_ids=ids, q_probs=probs, alts=alts)
 
     def close(self, seq_id) -> None:
         if self._sent.pop(seq_id, None) is None or not self.available:

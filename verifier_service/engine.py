@@ -21,11 +21,13 @@ from opentelemetry import trace
 
 from drafter_service.proposer import DraftState, Proposal, Proposer
 from specd.config import EngineConfig
+from specd.kvcache import NoFreeBlocks
 from specd.model_thread import on_model_thread
 from specd.models.paged_kv import PagedKV, SeqInput
 from specd.sampling import SamplingParams, make_generator
 from verifier_service.scheduler import Scheduler, Work
 from verifier_service.sequence import Sequence, SpecStats, StepOutput
+from verifier_service.tree import moves, tree_parents
 from verifier_service.verify import verify_rounds
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,7 @@ class Engine:
         self._loop_task: asyncio.Task | None = None
         self._wake = asyncio.Event()
         self.totals = SpecStats()  # every round since start (for load reports and metrics)
+        self.tree_rounds = self.branches_taken = 0  # rounds with alternatives; won by one
         self.tracer = telemetry.tracer if telemetry is not None and telemetry.tracing else None
 
     # -- requests ----------------------------------------------------------------------------
@@ -136,6 +139,7 @@ class Engine:
         outputs = []
         t0 = time.perf_counter()
         proposals = self._propose([w for w in work if w.decode and w.k > 0])
+        self._limit_alternatives(work, proposals)
         t1 = time.perf_counter()
         logits = self._forward(work, proposals)
         steps = max((len(p.tokens) for p in proposals.values()), default=0)
@@ -157,20 +161,54 @@ class Engine:
         except Exception:  # a failed drafter costs speculation, never the request
             log.exception("drafter failed; decoding without drafts this round")
             return {}
-        out = {}
+        out, vocab = {}, self.model.args.vocab_size
         for w, p in zip(work, proposals, strict=True):
-            p.tokens = p.tokens[: w.k]
+            # a remote drafter is another process: never feed the model an id it lacks
+            valid = next((j for j, t in enumerate(p.tokens) if not 0 <= t < vocab), None)
+            p.tokens = p.tokens[: min(w.k, len(p.tokens) if valid is None else valid)]
+            if p.q_ids is not None:
+                p.q_ids, p.q_probs = p.q_ids[: len(p.tokens)], p.q_probs[: len(p.tokens)]
+            k = len(p.tokens)
+            p.alts = [(parent, t) for parent, t in p.alts if 0 <= parent < k and 0 <= t < vocab]
             out[w.seq.seq_id] = p
         return out
+
+    def _limit_alternatives(self, work: list[Work], proposals: dict[int, Proposal]) -> None:
+        """Keep alternative leaves only while the step stays small: a forward of up to
+        `max_tree_tokens` new tokens costs about one token's on a memory-bound device, past
+        it every extra row costs. Also off in batch-invariant mode (fixed shapes), and for
+        a sequence whose KV blocks cannot take them."""
+        limit = 0 if self.config.batch_invariant else self.config.max_tree_tokens
+        chains = {seq_id: len(p.tokens) for seq_id, p in proposals.items()}
+        total = sum(len(w.tokens) + chains.get(w.seq.seq_id, 0) for w in work)
+        for w in work:
+            p = proposals.get(w.seq.seq_id)
+            if p is None or not p.alts:
+                continue
+            keep = max(0, min(len(p.alts), limit - total))
+            if keep:
+                try:
+                    fed = w.seq.num_cached + len(w.tokens) + len(p.tokens) + keep
+                    self.kv.allocator.reserve(w.seq.seq_id, fed)
+                except NoFreeBlocks:
+                    keep = 0
+            p.alts = p.alts[:keep]
+            total += keep
 
     def _forward(self, work: list[Work], proposals: dict[int, Proposal]) -> torch.Tensor:
         inputs = []
         for w in work:
-            drafts = proposals[w.seq.seq_id].tokens if w.seq.seq_id in proposals else []
-            w.k = len(drafts)
-            if w.decode:
-                w.num_logits = 1 + w.k
-            inputs.append(SeqInput(w.seq.seq_id, w.tokens + drafts, w.num_logits))
+            p = proposals.get(w.seq.seq_id)
+            if p is None:  # prefill, plain decode, or a round the drafter could not serve
+                w.k = 0
+                w.num_logits = 1 if w.decode else w.num_logits
+                inputs.append(SeqInput(w.seq.seq_id, w.tokens, w.num_logits))
+                continue
+            w.k = len(p.tokens)
+            alts = [t for _, t in p.alts]
+            w.num_logits = 1 + w.k + len(alts)
+            parents = tree_parents(len(w.tokens), p) if alts else None
+            inputs.append(SeqInput(w.seq.seq_id, w.tokens + p.tokens + alts, w.num_logits, parents))
         invariant = self.config.batch_invariant and all(w.decode for w in work)
         self.model.batch_invariant = invariant
         return self.model.forward(self.kv, inputs)
@@ -180,13 +218,20 @@ class Engine:
         if emitted is None:  # a non-final prefill chunk
             seq.num_cached += len(w.tokens)
             return []
-        tokens, accepted = emitted
+        tokens, accepted, path = emitted
         seq.stats.record(w.k, accepted)
         seq.acceptance.record(w.k, accepted)
         self.totals.record(w.k, accepted)
         if seq.span is not None and w.k:
             seq.span.add_event("speculation.round", {"k": w.k, "accepted": accepted})
         seq.t_first_token = seq.t_first_token or time.time_ns()
+        if path is not None:
+            self.tree_rounds += 1
+            root = seq.num_cached + len(w.tokens) - 1
+            shifted = moves(root, path)  # an accepted alternative goes where the chain's would
+            if shifted:
+                self.branches_taken += 1
+                self.kv.move(seq.seq_id, shifted)
         # keep the fed tokens up to the last accepted draft; the new last token is pending
         seq.num_cached += len(w.tokens) + accepted
         self.kv.allocator.truncate_to(seq.seq_id, seq.num_cached)

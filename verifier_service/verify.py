@@ -14,6 +14,7 @@ from specd.sampling import (
     rejection_sample,
     sparse_to_dense,
 )
+from verifier_service import tree
 
 
 def _target_rows(seq, drafts: list[int], rows: torch.Tensor) -> torch.Tensor:
@@ -30,18 +31,45 @@ def _draft_q(proposal: Proposal | None, drafts: torch.Tensor, vocab: int) -> tor
     return sparse_to_dense(proposal.q_ids, proposal.q_probs.float(), vocab)
 
 
+def _tree_round(w, proposal: Proposal, rows: torch.Tensor, vocab: int) -> tuple:
+    """One sequence's chain + alternatives (verifier_service/tree.py)."""
+    seq, drafts = w.seq, proposal.tokens
+    paths = tree.node_paths(proposal)
+    if seq.params.repetition_penalty != 1.0:  # each node has seen its own ancestors
+        seen = torch.zeros(len(paths), vocab, dtype=torch.bool)
+        if seq.tokens:
+            seen[:, torch.tensor(seq.tokens)] = True
+        for n, path in enumerate(paths):
+            seen[n, path] = True
+        rows = logits_to_probs(rows, seq.params, seen)
+    elif not seq.params.greedy:
+        rows = logits_to_probs(rows, seq.params)
+    if seq.params.greedy:
+        tokens, path = tree.verify_tree_greedy(rows.argmax(-1).tolist(), proposal)
+    else:
+        draft_t = torch.tensor(drafts, dtype=torch.long)
+        q = _draft_q(proposal, draft_t, vocab)
+        tokens, path = tree.verify_tree_sampled(rows, q, proposal, seq.generator)
+    return tokens, len(path), path
+
+
 def verify_rounds(rounds, proposals: dict, logits: torch.Tensor, vocab: int) -> dict:
-    """rounds: the step's works with logits, in forward order; logits [sum(k_i + 1), V].
-    -> {id(work): (emitted tokens, number of drafts accepted)}."""
+    """rounds: the step's works with logits, in forward order; logits [sum(nodes_i), V]
+    (nodes = 1 + k + alternatives). -> {id(work): (emitted tokens, number of drafts
+    accepted, accepted tree path or None for a chain)}."""
     greedy, sampled, offset = [], [], 0
+    result = {}
     for w in rounds:
         proposal = proposals.get(w.seq.seq_id)
         drafts = proposal.tokens if proposal is not None else []
-        rows = logits[offset : offset + len(drafts) + 1]  # [k + 1, V]
-        offset += len(drafts) + 1
+        nodes = len(drafts) + 1 + (len(proposal.alts) if proposal is not None else 0)
+        rows = logits[offset : offset + nodes]  # [nodes, V]
+        offset += nodes
+        if proposal is not None and proposal.alts:
+            result[id(w)] = _tree_round(w, proposal, rows, vocab)
+            continue
         item = (w, proposal, drafts, rows)
         (greedy if w.seq.params.greedy else sampled).append(item)
-    result = {}
     if greedy:
         k_max = max(len(d) for _, _, d, _ in greedy)
         argmax = torch.zeros(len(greedy), k_max + 1, dtype=torch.long)
@@ -77,5 +105,5 @@ def _unpack(items, tokens: torch.Tensor, accepted: torch.Tensor) -> dict:
     out = {}
     for i, (w, *_rest) in enumerate(items):
         a = int(accepted[i])
-        out[id(w)] = (tokens[i, : a + 1].tolist(), a)
+        out[id(w)] = (tokens[i, : a + 1].tolist(), a, None)
     return out

@@ -47,6 +47,18 @@ class PagedKV:
             model.device,
         )
 
+    def move(self, seq_id, moves: list[tuple[int, int]]) -> None:
+        """Copy the K/V of positions to other positions of the same sequence, every layer:
+        moves = [(from, to)]. Used to put an accepted tree branch where a chain would be."""
+        if not moves:
+            return
+        slots = self.allocator.slots
+        src = torch.tensor([slots(seq_id, a, a + 1)[0] for a, _ in moves], dtype=torch.long)
+        dst = torch.tensor([slots(seq_id, b, b + 1)[0] for _, b in moves], dtype=torch.long)
+        src, dst = src.to(self.k[0].device), dst.to(self.k[0].device)
+        for pool in (*self.k, *self.v):
+            pool.index_copy_(0, dst, pool.index_select(0, src))
+
     @staticmethod
     def blocks_for_budget(model, budget_bytes: int, block_size: int = 16) -> int:
         a = model.args
@@ -57,11 +69,40 @@ class PagedKV:
 @dataclass
 class SeqInput:
     """One sequence's part of a forward: `tokens` are appended after what is cached;
-    logits come back for its last `num_logits` new tokens (0 for a non-final prefill chunk)."""
+    logits come back for its last `num_logits` new tokens (0 for a non-final prefill chunk).
+
+    `parents` makes the new tokens a tree (several candidate continuations verified in one
+    forward): parents[i] is the index in `tokens` of token i's parent, -1 for the last
+    cached token, always < i. A token sits at the position after its parent's and attends
+    to the cache and its own ancestors only. None: a chain (parents[i] = i - 1)."""
 
     seq_id: object
     tokens: list[int]
     num_logits: int = 1
+    parents: list[int] | None = None
+
+    def depths(self) -> list[int]:
+        """Offset of each new token's position from the first one's."""
+        if self.parents is None:
+            return list(range(len(self.tokens)))
+        depth: list[int] = []
+        for i, parent in enumerate(self.parents):
+            if not -1 <= parent < i:
+                raise ValueError(f"token {i}'s parent {parent} is not an earlier token")
+            depth.append(0 if parent < 0 else depth[parent] + 1)
+        return depth
+
+    def ancestry(self) -> torch.Tensor:
+        """bool [n, n]: [i, j] when new token j is token i or one of its ancestors."""
+        n = len(self.tokens)
+        if self.parents is None:
+            return torch.ones(n, n, dtype=torch.bool).tril()
+        seen = torch.zeros(n, n, dtype=torch.bool)
+        for i, parent in enumerate(self.parents):
+            if parent >= 0:
+                seen[i] = seen[parent]
+            seen[i, i] = True
+        return seen
 
 
 @dataclass
@@ -114,7 +155,7 @@ class BatchPlan:
         offset = 0
         for b, (s, (start, end)) in enumerate(zip(seqs, spans, strict=True)):
             ids.extend(s.tokens)
-            positions.extend(range(start, end))
+            positions.extend(start + d for d in s.depths())
             n = end - start
             logits_rows.extend(range(offset + n - s.num_logits, offset + n))
             pad_rows.extend(range(b * q_max, b * q_max + n))
@@ -129,7 +170,8 @@ class BatchPlan:
         write_slots = torch.cat([kv_slots[b, start:end] for b, (start, end) in enumerate(spans)])
 
         mask = None
-        if q_tile or not (q_max == 1 and len(set(kv_lens)) == 1):
+        trees = [b for b, s in enumerate(seqs) if s.parents is not None]
+        if q_tile or trees or not (q_max == 1 and len(set(kv_lens)) == 1):
             # query i of sequence b sits at position start_b + i and sees keys j <= it;
             # padded query rows (i >= n_b) repeat the last real row's view (never empty).
             starts = torch.tensor([start for start, _ in spans])
@@ -137,6 +179,11 @@ class BatchPlan:
             qi = torch.arange(q_max)
             qpos = starts[:, None] + torch.minimum(qi[None, :], n_b[:, None] - 1)  # [B, Q_max]
             mask = (cols[None, None, :] <= qpos[:, :, None]).unsqueeze(1)  # [B,1,Q,L]
+            for b in trees:  # a tree's new keys: ancestors only (the cache stays visible)
+                (start, end), n = spans[b], q_lens[b]
+                seen = seqs[b].ancestry()
+                mask[b, 0, :n, start:end] = seen
+                mask[b, 0, n:, start:end] = seen[-1]
 
         def dev(t):
             return t.to(device, non_blocking=True)

@@ -28,7 +28,8 @@ PROMPTS = ["hello there, general", "def f(x): return x + 1", "abcabcabcabc"]
 
 @pytest.fixture(scope="module")
 def cluster(tiny_pair):
-    c = start_cluster(*tiny_pair, policy=POLICY, replicas=2)
+    # the drafter sends alternative leaves: every test here also crosses the wire with them
+    c = start_cluster(*tiny_pair, policy=POLICY, replicas=2, alternatives=2)
     yield c
     c.close()
 
@@ -63,7 +64,7 @@ def test_unary_and_stream_agree(client):
         assert unary.usage.completion_tokens == 20
 
 
-def test_greedy_identical_on_off_auto(client):
+def test_greedy_identical_on_off_auto(cluster, client):
     for prompt in PROMPTS:
         out = {
             m: client.generate(prompt, max_new_tokens=24, ignore_eos=True, speculation=m)
@@ -73,6 +74,7 @@ def test_greedy_identical_on_off_auto(client):
         assert out["on"].speculation.enabled and out["on"].speculation.drafted > 0
         assert not out["off"].speculation.enabled
         assert out["off"].speculation.reason == "off:client"
+    assert sum(e.tree_rounds for e in cluster.engines) > 0  # alternatives crossed the wire
 
 
 @pytest.mark.parametrize(

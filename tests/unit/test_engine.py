@@ -257,3 +257,102 @@ def test_adaptive_k_never_exceeds_the_routes_bound(tiny_pair):
     assert list(got.values()) == list(ref.values())
     bounds = {i: r["num_draft"] for i, r in zip(got, reqs, strict=True)}
     assert seen and all(k <= bounds[seq_id] for k, seq_id in seen)
+
+
+def _count_moves(engine) -> list:
+    moved = []
+    real = engine.kv.move
+
+    def spy(seq_id, moves):
+        moved.extend(moves)
+        return real(seq_id, moves)
+
+    engine.kv.move = spy
+    return moved
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_greedy_parity_with_alternative_leaves(tiny_pair, k):
+    target, draft = tiny_pair
+    reqs = [dict(prompt=p, max_new_tokens=24) for p in PROMPTS]
+    off = run_engine(make_engine(tiny_pair), reqs)
+    proposer = DraftModelProposer(draft, num_blocks=128, block_size=4, alternatives=k)
+    cfg = EngineConfig(num_blocks=256, block_size=4, max_tree_tokens=256)
+    engine = Engine(target, cfg, proposer, eos_ids=set())
+    moved = _count_moves(engine)
+    on = run_engine(engine, [dict(r, num_draft=k) for r in reqs])
+    assert list(on.values()) == list(off.values())
+    assert moved  # some rounds took a runner-up: its K/V was moved into place
+    assert engine.kv.allocator.num_used == 0 and proposer.kv.allocator.num_used == 0
+
+
+class OracleProposer:
+    """Knows the greedy answer: drafts it with one token wrong at depth `wrong_at`, and
+    the right token as the alternative beside it, so every round goes down a branch."""
+
+    available = True
+
+    def __init__(self, answers: dict[tuple, list[int]], wrong_at: int, vocab: int):
+        self.answers, self.wrong_at, self.vocab = answers, wrong_at, vocab
+
+    def propose(self, states):
+        from drafter_service.proposer import Proposal
+
+        out = []
+        for s in states:
+            prompt = next(p for p in self.answers if list(p) == s.tokens[: len(p)])
+            done = len(s.tokens) - len(prompt)
+            right = self.answers[prompt][done : done + s.k]
+            if len(right) <= self.wrong_at:
+                out.append(Proposal(tokens=right))
+                continue
+            chain = list(right)
+            chain[self.wrong_at] = (right[self.wrong_at] + 1) % self.vocab
+            out.append(Proposal(tokens=chain, alts=[(self.wrong_at, right[self.wrong_at])]))
+        return out
+
+    def close(self, seq_id):
+        pass
+
+
+@pytest.mark.parametrize("wrong_at", [0, 2])
+def test_a_branch_taken_every_round_keeps_parity(tiny_pair, wrong_at):
+    target, _ = tiny_pair
+    reqs = [dict(prompt=p, max_new_tokens=24) for p in PROMPTS[:2]]
+    off = run_engine(make_engine(tiny_pair), reqs)
+    answers = {tuple(r["prompt"]): out for r, out in zip(reqs, off.values(), strict=True)}
+    # a short prompt ends in its first prefix: look the longest prompts up first
+    answers = dict(sorted(answers.items(), key=lambda kv: -len(kv[0])))
+    proposer = OracleProposer(answers, wrong_at, target.args.vocab_size)
+    engine = Engine(target, EngineConfig(num_blocks=256, block_size=4), proposer, eos_ids=set())
+    moved = _count_moves(engine)
+    on = run_engine(engine, [dict(r, num_draft=4) for r in reqs])
+    assert list(on.values()) == list(off.values())
+    assert len(moved) >= 4  # every full round moved the branch's K/V
+    # each full round accepts up to the branch: wrong_at + 1 drafts
+    assert engine.totals.accepted >= (wrong_at + 1) * 4
+    assert engine.kv.allocator.num_used == 0
+
+
+def test_alternatives_are_dropped_when_the_step_is_large(tiny_pair):
+    target, draft = tiny_pair
+    # lengths differ, so the batch shrinks to one sequence, whose 1 + 3 + 3 tokens fit
+    reqs = [dict(prompt=p, max_new_tokens=8 + 8 * i, num_draft=3) for i, p in enumerate(PROMPTS)]
+    proposer = DraftModelProposer(draft, num_blocks=128, block_size=4, alternatives=3)
+    cfg = EngineConfig(num_blocks=256, block_size=4, max_tree_tokens=8)
+    engine = Engine(target, cfg, proposer, eos_ids=set())
+    tree_steps = []
+    real = target.forward
+
+    def spy(kv, seqs):
+        if any(s.parents is not None for s in seqs):
+            tree_steps.append(sum(len(s.tokens) for s in seqs))
+        return real(kv, seqs)
+
+    target.forward = spy
+    try:
+        run_engine(engine, reqs)
+    finally:
+        del target.forward
+    assert tree_steps and max(tree_steps) <= 8
+    assert engine.kv.allocator.num_used == 0

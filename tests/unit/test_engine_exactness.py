@@ -53,19 +53,27 @@ def chi_square_ok(counts: torch.Tensor, p: torch.Tensor, n: int) -> bool:
 
 
 @pytest.mark.parametrize(
-    "params",
-    [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=12)],
-    ids=["t1", "t0.8-top12"],
+    "params,alternatives",
+    [
+        (SamplingParams(temperature=1.0), 0),
+        (SamplingParams(temperature=0.8, top_k=12), 0),
+        (SamplingParams(temperature=1.0), 2),  # tree rounds (verifier_service/tree.py)
+    ],
+    ids=["t1", "t0.8-top12", "t1-alternatives"],
 )
-def test_engine_sampling_follows_the_target(tiny_pair, params):
+def test_engine_sampling_follows_the_target(tiny_pair, params, alternatives):
     target, draft = tiny_pair
-    proposer = DraftModelProposer(draft, num_blocks=2048, block_size=4, top_m=8)
-    engine = Engine(
-        target,
-        EngineConfig(num_blocks=4096, block_size=4, max_batch_size=256, max_batched_tokens=4096),
-        proposer,
-        eos_ids=set(),
+    proposer = DraftModelProposer(
+        draft, num_blocks=2048, block_size=4, top_m=8, alternatives=alternatives
     )
+    cfg = EngineConfig(
+        num_blocks=4096,
+        block_size=4,
+        max_batch_size=256,
+        max_batched_tokens=4096,
+        max_tree_tokens=1 << 20,  # alternatives for the whole batch
+    )
+    engine = Engine(target, cfg, proposer, eos_ids=set())
     samples = torch.zeros(N, 3, dtype=torch.long)
     out = {}
     for i in range(N):
@@ -77,6 +85,8 @@ def test_engine_sampling_follows_the_target(tiny_pair, params):
     for row, tokens in enumerate(out.values()):
         samples[row] = torch.tensor(tokens[:3])  # position 1 from prefill, 2-3 from a round
     assert engine.totals.drafted > 0 and engine.totals.accepted < engine.totals.drafted
+    if alternatives:
+        assert engine.branches_taken > 0
     assert engine.kv.allocator.num_used == 0 and proposer.kv.allocator.num_used == 0
     v = target.args.vocab_size
     for position, p in enumerate(exact_marginals(target, params)):

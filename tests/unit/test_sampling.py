@@ -192,11 +192,12 @@ def exact_distributions(target):
 
 
 def fails_exactness(samples, target) -> bool:
-    n = samples.shape[0]
+    """samples [n, 3] generated after the token 0 by a Markov target [V, V]."""
+    n, v = samples.shape[0], target.shape[0]
     p1, pair, p3 = exact_distributions(target)
-    c1 = torch.bincount(samples[:, 0], minlength=V).float()
-    c12 = torch.bincount(samples[:, 0] * V + samples[:, 1], minlength=V * V).float()
-    c3 = torch.bincount(samples[:, 2], minlength=V).float()
+    c1 = torch.bincount(samples[:, 0], minlength=v).float()
+    c12 = torch.bincount(samples[:, 0] * v + samples[:, 1], minlength=v * v).float()
+    c3 = torch.bincount(samples[:, 2], minlength=v).float()
     return any(chi_square_fails(c, e, n) for c, e in ((c1, p1), (c12, pair), (c3, p3)))
 
 

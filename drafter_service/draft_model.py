@@ -144,9 +144,9 @@ def load_draft_model(
     if weights == "auto":
         on_cpu = model.device.type == "cpu" and model.dtype == torch.bfloat16
         weights = "int8" if on_cpu else "bf16"
-    if weights == "int8":
-        quantize_model_int8(model)
-    if 0 < vocab < model.args.vocab_size:
+    if 0 < vocab < model.args.vocab_size:  # trim first: the head is quantised trimmed
         keep = load_or_build(folder, vocab, model.args.vocab_size)
         model.trim_head(torch.tensor(keep, dtype=torch.long))
+    if weights == "int8":
+        quantize_model_int8(model)
     return model

@@ -49,8 +49,9 @@ class DrafterConfig:
     top_m: int = 32  # support size of a sampled draft's q
     max_draft_tokens: int = 16
     # the draft model adds its runner-up token as an alternative beside each of its first
-    # `alternatives` drafts (verifier_service/tree.py); 0 = a plain chain
-    alternatives: int = 0
+    # `alternatives` drafts (verifier_service/tree.py; the verifier keeps them while a step
+    # feeds <= 16 tokens); 0 = a plain chain. +1-5% on code, +15% on chat (BENCHMARKS.md)
+    alternatives: int = 8
     # int8: weight-only, per channel; bf16: the model's own dtype; auto: int8 for a bf16
     # model on CPU (decode there is memory-bound: +22-25% measured, BENCHMARKS.md), else bf16
     weights: str = "auto"

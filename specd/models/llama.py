@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from specd.models.args import ModelArgs
 from specd.models.matmul import INVARIANT_TILE, linear
 from specd.models.paged_kv import BatchPlan, PagedKV, SeqInput
-from specd.models.quant import Int8Weight
+from specd.models.quant import Int8Weight, pack_for_cpu
 
 
 @dataclass
@@ -90,7 +90,8 @@ class LlamaModel:
         back as [R, V'] in `keep`'s order; `self.head_ids` maps a column to its token id."""
         head = self.lm_head
         if isinstance(head, Int8Weight):
-            self.lm_head = Int8Weight(head.qweight[keep].contiguous(), head.scales[keep])
+            trimmed = Int8Weight(head.qweight[keep].contiguous(), head.scales[keep])
+            self.lm_head = trimmed if head.packed is None else pack_for_cpu(trimmed)
         else:
             self.lm_head = head[keep].contiguous()
         self.head_ids = keep.to(self.device)

@@ -34,5 +34,8 @@ class CombinedProposer:
         drafted = iter(self.model.propose(rest) if rest else [])
         return [p if p is not None else next(drafted) for p in out]
 
+    def draft_ahead(self, stop=lambda: False) -> None:
+        self.model.draft_ahead(stop)
+
     def close(self, seq_id) -> None:
         self.model.close(seq_id)

@@ -34,6 +34,9 @@ class DraftModelProposer:
         self.top_m = top_m
         self._cached: dict[object, list[int]] = {}  # tokens whose K/V the drafter holds
         self._gens: dict[object, torch.Generator] = {}
+        self._last: list = []  # (state, proposal) of the last round, for draft_ahead
+        self._ahead: dict = {}  # seq_id -> (committed tokens it assumes, proposal)
+        self.ahead_hits = 0  # rounds answered from draft_ahead's work
 
     @property
     def num_sessions(self) -> int:
@@ -43,8 +46,52 @@ class DraftModelProposer:
         self.kv.allocator.free(seq_id)
         self._cached.pop(seq_id, None)
         self._gens.pop(seq_id, None)
+        self._ahead.pop(seq_id, None)
+        self._last = [(s, p) for s, p in self._last if s.seq_id != seq_id]
 
     def propose(self, states: list[DraftState]) -> list[Proposal]:
+        """Drafts for each state; a round prepared by draft_ahead for exactly these
+        committed tokens is returned without running the model."""
+        ahead, self._ahead = self._ahead, {}
+        ready: dict[int, Proposal] = {}
+        for s in states:
+            hit = ahead.get(s.seq_id)
+            if hit is not None and hit[0] == s.tokens and len(hit[1].tokens) >= s.k > 0:
+                ready[id(s)] = _first(hit[1], s.k)
+        self.ahead_hits += len(ready)
+        rest = [s for s in states if id(s) not in ready]
+        drafted = iter(self._propose(rest))
+        out = [ready[id(s)] if id(s) in ready else next(drafted) for s in states]
+        # what draft_ahead may continue: sequences that got every draft they asked for
+        self._last = [
+            (DraftState(s.seq_id, list(s.tokens), s.params, s.k), p)
+            for s, p in zip(states, out, strict=True)
+            if s.k > 0 and len(p.tokens) == s.k
+        ]
+        return out
+
+    def draft_ahead(self, stop=lambda: False) -> None:
+        """Between rounds (the verifier is busy verifying): continue the last round's
+        sequences as if every draft will be accepted, guessing the target's bonus token
+        with the drafter's own next token. The next round's propose returns that work at
+        once when the committed tokens match exactly; otherwise it only cost spare time
+        (and the cache rolls back as usual). `stop()` is polled between forwards."""
+        last, self._last = self._last, []
+        if not last:
+            return
+        chains = [DraftState(s.seq_id, s.tokens + p.tokens, s.params, 1) for s, p in last]
+        guesses = self._propose(chains, stop)  # feeds the last drafts; 1 token: the bonus
+        hyp = [
+            DraftState(s.seq_id, c.tokens + g.tokens, s.params, s.k)
+            for (s, _), c, g in zip(last, chains, guesses, strict=True)
+            if g.tokens
+        ]
+        if not hyp or stop():
+            return
+        for s, p in zip(hyp, self._propose(hyp, stop), strict=True):
+            self._ahead[s.seq_id] = (s.tokens, p)
+
+    def _propose(self, states: list[DraftState], stop=None) -> list[Proposal]:
         out = {id(s): Proposal() for s in states}
         active = [s for s in states if s.k > 0 and s.tokens and self._sync(s)]
         drafts: dict[int, list[int]] = {id(s): [] for s in active}
@@ -53,6 +100,8 @@ class DraftModelProposer:
         alts: dict[int, list] = {id(s): [] for s in active}
         feed = {id(s): s.tokens[len(self._cached[s.seq_id]) :] for s in active}
         for step in range(max((s.k for s in active), default=0)):
+            if stop is not None and stop():
+                break  # a new round is waiting: hand back what is drafted so far
             batch = [s for s in active if s.k > step]
             try:
                 logits = self.model.forward(
@@ -127,6 +176,14 @@ class DraftModelProposer:
         other = 1 if idx == 0 else 0
         alt = int(ids[other]) if other < len(ids) and vals[other] > 0 else None
         return int(ids[idx]), ids, vals, alt
+
+
+def _first(p: Proposal, k: int) -> Proposal:
+    """The proposal's first k drafts (with their q and alternatives)."""
+    q_ids = None if p.q_ids is None else p.q_ids[:k]
+    q_probs = None if p.q_probs is None else p.q_probs[:k]
+    alts = [(parent, t) for parent, t in p.alts if parent < k]
+    return Proposal(list(p.tokens[:k]), q_ids, q_probs, alts)
 
 
 def load_draft_model(

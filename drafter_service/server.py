@@ -7,6 +7,7 @@ time (a lock), so the event loop keeps answering health checks.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import threading
@@ -33,9 +34,16 @@ class Session:
 
 class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
     def __init__(
-        self, proposer: Proposer, vocab_size: int, max_draft_tokens: int = 16, telemetry=None
+        self,
+        proposer: Proposer,
+        vocab_size: int,
+        max_draft_tokens: int = 16,
+        telemetry=None,
+        draft_ahead: bool = False,
     ):
         self.proposer = proposer
+        # between rounds, let the proposer continue as if all drafts were accepted
+        self.draft_ahead = draft_ahead and hasattr(proposer, "draft_ahead")
         self.vocab_size = vocab_size
         self.max_draft_tokens = max_draft_tokens
         self.sessions: dict[tuple[int, int], Session] = {}
@@ -53,10 +61,22 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
 
     async def Draft(self, request_iterator, context):
         stream = next(self._streams)
+        stop, ahead = threading.Event(), None
         try:
             async for request in request_iterator:
+                if ahead is not None:  # a round is waiting: the work ahead stops at once
+                    stop.set()
+                    await ahead
+                    stop.clear()
                 yield await on_model_thread("drafter", self._round, stream, request)
+                if self.draft_ahead:
+                    ahead = asyncio.ensure_future(
+                        on_model_thread("drafter", self.proposer.draft_ahead, stop.is_set)
+                    )
         finally:
+            if ahead is not None:
+                stop.set()
+                await asyncio.gather(ahead, return_exceptions=True)
             await on_model_thread("drafter", self._close_stream, stream)
 
     def _round(self, stream: int, request: drafter_pb2.DraftRequest) -> drafter_pb2.DraftResponse:
@@ -177,7 +197,9 @@ async def serve(config, ready=None) -> None:
     # built on the thread that will run it (see specd/model_thread.py)
     proposer, vocab = await on_model_thread("drafter", build_proposer, config)
     telemetry = setup("drafter", config.metrics_port)
-    servicer = DrafterServicer(proposer, vocab, config.max_draft_tokens, telemetry)
+    servicer = DrafterServicer(
+        proposer, vocab, config.max_draft_tokens, telemetry, draft_ahead=config.draft_ahead
+    )
     server, port, _ = await start_server(
         config.host,
         config.port,

@@ -52,6 +52,9 @@ class DrafterConfig:
     # `alternatives` drafts (verifier_service/tree.py; the verifier keeps them while a step
     # feeds <= 16 tokens); 0 = a plain chain. +1-5% on code, +15% on chat (BENCHMARKS.md)
     alternatives: int = 8
+    # between rounds, draft the next round as if every draft will be accepted (pays only
+    # where the drafter has cores or a device of its own; BENCHMARKS.md)
+    draft_ahead: bool = False
     # int8: weight-only, per channel; bf16: the model's own dtype; auto: int8 for a bf16
     # model on CPU (decode there is memory-bound: +22-25% measured, BENCHMARKS.md), else bf16
     weights: str = "auto"

@@ -127,6 +127,7 @@ def start_cluster(
     span_exporter=None,
     metrics: bool = False,
     alternatives: int = 0,
+    draft_ahead: bool = False,
 ) -> Cluster:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -141,6 +142,7 @@ def start_cluster(
             c.proposer,
             draft.args.vocab_size,
             telemetry=_telemetry(c, "drafter", span_exporter, metrics),
+            draft_ahead=draft_ahead,
         )
         server, port, _ = await c._drafter_server(0)
         c.servers["drafter"], c.drafter = server, f"127.0.0.1:{port}"

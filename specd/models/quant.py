@@ -34,12 +34,15 @@ def quantize_int8(w: torch.Tensor) -> Int8Weight:
     return Int8Weight(q.contiguous(), scales.to(w.dtype))
 
 
+PACKED_MAX_ROWS = 4  # a batch of draft steps or a round's catch-up, never a prompt
+
+
 def pack_for_cpu(w: Int8Weight) -> Int8Weight:
     """Prepack the weight for fbgemm's dynamic int8 linear where torch has fbgemm (x86):
     it reads int8 weights at ~22 GB/s on this machine against ~12 GB/s for the weight-only
     kernel (BENCHMARKS.md). Activations are quantised per call (7-bit, per tensor), which
     moves the drafter's q a little; the drafter's q is free, exactness never depends on it.
-    Used for one-row calls only (int8_linear)."""
+    Used for a few rows only (int8_linear)."""
     if "fbgemm" not in torch.backends.quantized.supported_engines:
         return w
     zeros = torch.zeros(len(w.scales), dtype=torch.long)
@@ -58,11 +61,11 @@ def pack_for_cpu(w: Int8Weight) -> Int8Weight:
 
 
 def int8_linear(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
-    """x [M, in] @ dequant(w)^T -> [M, out]. One row (a draft step): fbgemm's dynamic int8
-    linear when packed. Several rows: its one activation scale per tensor would be set by
-    the largest row (Qwen's outlier tokens wreck the rest), so torch's CPU int8 weight-only
-    kernel where it exists; else a dequantised matmul (CUDA)."""
-    if w.packed is not None and x.device.type == "cpu" and x.shape[0] == 1:
+    """x [M, in] @ dequant(w)^T -> [M, out]. Draft steps (M <= PACKED_MAX_ROWS): fbgemm's
+    dynamic int8 linear when packed. More rows (a prompt): its one activation scale per
+    tensor would be set by the largest row (Qwen's outlier tokens wreck the rest), so
+    torch's CPU int8 weight-only kernel where it exists; else a dequantised matmul (CUDA)."""
+    if w.packed is not None and x.device.type == "cpu" and x.shape[0] <= PACKED_MAX_ROWS:
         y = torch.ops.quantized.linear_dynamic(x.float().contiguous(), w.packed, True)
         return y.to(x.dtype)
     if x.device.type == "cpu" and hasattr(torch, "_weight_int8pack_mm"):

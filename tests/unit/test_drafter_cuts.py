@@ -44,7 +44,7 @@ def test_fbgemm_packed_int8_matches_the_weight_only_kernel():
     packed = pack_for_cpu(w)
     if "fbgemm" in torch.backends.quantized.supported_engines:
         assert packed.packed is not None
-    for rows in (1, 3, 17):  # one row: fbgemm; more: the weight-only kernel
+    for rows in (1, 3, 17):  # a few rows: fbgemm; more: the weight-only kernel
         x = torch.randn(rows, 128)
         exact = x @ w.dequantize(torch.float32).t()
         got = int8_linear(x, packed)  # activations quantised per call: ~1% error

@@ -356,3 +356,52 @@ def test_alternatives_are_dropped_when_the_step_is_large(tiny_pair):
         del target.forward
     assert tree_steps and max(tree_steps) <= 8
     assert engine.kv.allocator.num_used == 0
+
+
+def _forwards(model) -> list:
+    calls = []
+    real = model.forward
+
+    def spy(kv, seqs):
+        calls.append(len(seqs))
+        return real(kv, seqs)
+
+    model.forward = spy
+    return calls
+
+
+@pytest.mark.parametrize("alternatives", [0, 2])
+def test_draft_ahead_answers_a_fully_accepted_round_without_the_model(tiny_pair, alternatives):
+    _, draft = tiny_pair
+    greedy = SamplingParams()
+    prompt = PROMPTS[1]
+
+    def fresh(tokens, k):
+        p = DraftModelProposer(draft, num_blocks=64, block_size=4, alternatives=alternatives)
+        return p.propose([DraftState("s", list(tokens), greedy, k)])[0]
+
+    proposer = DraftModelProposer(draft, num_blocks=64, block_size=4, alternatives=alternatives)
+    first = proposer.propose([DraftState("s", list(prompt), greedy, 3)])[0]
+    proposer.draft_ahead()
+    bonus = fresh(prompt + first.tokens, 1).tokens  # what the drafter guesses comes next
+    hyp = prompt + first.tokens + bonus
+    calls = _forwards(draft)
+    try:
+        got = proposer.propose([DraftState("s", hyp, greedy, 3)])[0]
+        assert calls == [] and proposer.ahead_hits == 1  # the work was done ahead
+        want = fresh(hyp, 3)
+        assert (got.tokens, got.alts) == (want.tokens, want.alts)
+        # a round that did not accept everything misses, and drafts as usual
+        partial = hyp + got.tokens[:1] + [(got.tokens[1] + 1) % draft.args.vocab_size]
+        proposer.draft_ahead()
+        missed = proposer.propose([DraftState("s", partial, greedy, 3)])[0]
+        assert calls and proposer.ahead_hits == 1
+        assert missed.tokens == fresh(partial, 3).tokens
+        # stopped at once: no forward at all
+        calls.clear()
+        proposer.draft_ahead(stop=lambda: True)
+        assert calls == []
+    finally:
+        del draft.forward
+    proposer.close("s")
+    assert proposer.kv.allocator.num_used == 0 and proposer.num_sessions == 0

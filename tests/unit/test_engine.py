@@ -271,10 +271,11 @@ def _count_moves(engine) -> list:
     return moved
 
 
-@pytest.mark.parametrize("k", [2, 4])
-def test_greedy_parity_with_alternative_leaves(tiny_pair, k):
+@pytest.mark.parametrize("k,penalty", [(2, 1.0), (4, 1.0), (3, 1.3)])
+def test_greedy_parity_with_alternative_leaves(tiny_pair, k, penalty):
     target, draft = tiny_pair
-    reqs = [dict(prompt=p, max_new_tokens=24) for p in PROMPTS]
+    params = SamplingParams(repetition_penalty=penalty)  # a node sees its own ancestors
+    reqs = [dict(prompt=p, params=params, max_new_tokens=24) for p in PROMPTS]
     off = run_engine(make_engine(tiny_pair), reqs)
     proposer = DraftModelProposer(draft, num_blocks=128, block_size=4, alternatives=k)
     cfg = EngineConfig(num_blocks=256, block_size=4, max_tree_tokens=256)

@@ -25,12 +25,19 @@ def real_pair():
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("kind,k", [("draft", 1), ("draft", 3), ("draft", 5), ("ngram", 3)])
+@pytest.mark.parametrize(
+    "kind,k", [("draft", 1), ("draft", 3), ("draft", 5), ("ngram", 3), ("alternatives", 4)]
+)
 def test_real_pair_greedy_parity_fp32(real_pair, kind, k):
     target, draft, reqs, off = real_pair
-    proposer = DraftModelProposer(draft, num_blocks=256) if kind == "draft" else NgramProposer()
+    if kind == "ngram":
+        proposer = NgramProposer()
+    else:  # "alternatives": the runner-up beside each draft, tree verification
+        proposer = DraftModelProposer(draft, num_blocks=256, alternatives=k * (kind != "draft"))
     engine = Engine(target, EngineConfig(), proposer)
     on = run_engine(engine, [dict(r, num_draft=k) for r in reqs])
     assert list(on.values()) == off
     assert engine.totals.accepted > 0
     assert engine.kv.allocator.num_used == 0
+    if kind == "alternatives":
+        assert engine.branches_taken > 0

@@ -57,16 +57,15 @@ class DraftModelProposer:
         for s in states:
             hit = ahead.get(s.seq_id)
             if hit is not None and hit[0] == s.tokens and len(hit[1].tokens) >= s.k > 0:
-                ready[id(s)] = _first(hit[1], s.k)
+                ready[id(s)] = hit[1].first(s.k)
         self.ahead_hits += len(ready)
         rest = [s for s in states if id(s) not in ready]
         drafted = iter(self._propose(rest))
         out = [ready[id(s)] if id(s) in ready else next(drafted) for s in states]
         # what draft_ahead may continue: sequences that got every draft they asked for
+        # (references, no copies: a later hit compares the tokens it assumed, in full)
         self._last = [
-            (DraftState(s.seq_id, list(s.tokens), s.params, s.k), p)
-            for s, p in zip(states, out, strict=True)
-            if s.k > 0 and len(p.tokens) == s.k
+            (s, p) for s, p in zip(states, out, strict=True) if s.k > 0 and len(p.tokens) == s.k
         ]
         return out
 
@@ -176,14 +175,6 @@ class DraftModelProposer:
         other = 1 if idx == 0 else 0
         alt = int(ids[other]) if other < len(ids) and vals[other] > 0 else None
         return int(ids[idx]), ids, vals, alt
-
-
-def _first(p: Proposal, k: int) -> Proposal:
-    """The proposal's first k drafts (with their q and alternatives)."""
-    q_ids = None if p.q_ids is None else p.q_ids[:k]
-    q_probs = None if p.q_probs is None else p.q_probs[:k]
-    alts = [(parent, t) for parent, t in p.alts if parent < k]
-    return Proposal(list(p.tokens[:k]), q_ids, q_probs, alts)
 
 
 def load_draft_model(

@@ -35,6 +35,13 @@ class Proposal:
     # in [0, k) (0: the pending token); verified side by side (verifier_service/tree.py)
     alts: list[tuple[int, int]] = field(default_factory=list)
 
+    def first(self, k: int) -> Proposal:
+        """The first k drafts, with their q and the alternatives beside them."""
+        q_ids = None if self.q_ids is None else self.q_ids[:k]
+        q_probs = None if self.q_probs is None else self.q_probs[:k]
+        alts = [(parent, t) for parent, t in self.alts if parent < k]
+        return Proposal(list(self.tokens[:k]), q_ids, q_probs, alts)
+
 
 class Proposer(Protocol):
     available: bool  # False while a remote drafter cannot be reached

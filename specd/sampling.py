@@ -59,11 +59,17 @@ class SamplingParams:
 def presence_rows(context: list[int], drafts: list[int], vocab: int) -> torch.Tensor:
     """Tokens seen before each of the k+1 rows of a round -> bool [k+1, V]: row j has the
     context plus d_1..d_j (row 0 the context only)."""
-    rows = torch.zeros(len(drafts) + 1, vocab, dtype=torch.bool)
+    return presence_of_paths(context, [drafts[:j] for j in range(len(drafts) + 1)], vocab)
+
+
+def presence_of_paths(context: list[int], paths: list[list[int]], vocab: int) -> torch.Tensor:
+    """The same for any rows (a tree's nodes): row n has the context plus paths[n]."""
+    rows = torch.zeros(len(paths), vocab, dtype=torch.bool)
     if context:
         rows[:, torch.tensor(context)] = True
-    for j, d in enumerate(drafts):
-        rows[j + 1 :, d] = True
+    for n, path in enumerate(paths):
+        if path:
+            rows[n, torch.tensor(path)] = True
     return rows
 
 

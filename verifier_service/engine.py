@@ -164,12 +164,9 @@ class Engine:
         out, vocab = {}, self.model.args.vocab_size
         for w, p in zip(work, proposals, strict=True):
             # a remote drafter is another process: never feed the model an id it lacks
-            valid = next((j for j, t in enumerate(p.tokens) if not 0 <= t < vocab), None)
-            p.tokens = p.tokens[: min(w.k, len(p.tokens) if valid is None else valid)]
-            if p.q_ids is not None:
-                p.q_ids, p.q_probs = p.q_ids[: len(p.tokens)], p.q_probs[: len(p.tokens)]
-            k = len(p.tokens)
-            p.alts = [(parent, t) for parent, t in p.alts if 0 <= parent < k and 0 <= t < vocab]
+            bad = next((j for j, t in enumerate(p.tokens) if not 0 <= t < vocab), w.k)
+            p = p.first(min(w.k, bad))
+            p.alts = [(parent, t) for parent, t in p.alts if parent >= 0 and 0 <= t < vocab]
             out[w.seq.seq_id] = p
         return out
 

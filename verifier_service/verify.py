@@ -10,18 +10,20 @@ from specd.sampling import (
     greedy_verify,
     logits_to_probs,
     onehot_probs,
-    presence_rows,
+    presence_of_paths,
     rejection_sample,
     sparse_to_dense,
 )
 from verifier_service import tree
 
 
-def _target_rows(seq, drafts: list[int], rows: torch.Tensor) -> torch.Tensor:
-    """Target probabilities p_1..p_{k+1} after the request's own transforms."""
+def _target_rows(seq, proposal: Proposal | None, rows: torch.Tensor) -> torch.Tensor:
+    """Target probabilities at every node of the round (p_1..p_{k+1} for a chain, then
+    the alternatives) after the request's own transforms; each node has seen its path."""
     seen = None
     if seq.params.repetition_penalty != 1.0:
-        seen = presence_rows(seq.tokens, drafts, rows.shape[-1])
+        paths = tree.node_paths(proposal) if proposal is not None else [[]]
+        seen = presence_of_paths(seq.tokens, paths, rows.shape[-1])
     return logits_to_probs(rows, seq.params, seen)
 
 
@@ -33,23 +35,15 @@ def _draft_q(proposal: Proposal | None, drafts: torch.Tensor, vocab: int) -> tor
 
 def _tree_round(w, proposal: Proposal, rows: torch.Tensor, vocab: int) -> tuple:
     """One sequence's chain + alternatives (verifier_service/tree.py)."""
-    seq, drafts = w.seq, proposal.tokens
-    paths = tree.node_paths(proposal)
-    if seq.params.repetition_penalty != 1.0:  # each node has seen its own ancestors
-        seen = torch.zeros(len(paths), vocab, dtype=torch.bool)
-        if seq.tokens:
-            seen[:, torch.tensor(seq.tokens)] = True
-        for n, path in enumerate(paths):
-            seen[n, path] = True
-        rows = logits_to_probs(rows, seq.params, seen)
-    elif not seq.params.greedy:
-        rows = logits_to_probs(rows, seq.params)
+    seq = w.seq
     if seq.params.greedy:
-        tokens, path = tree.verify_tree_greedy(rows.argmax(-1).tolist(), proposal)
+        penalised = seq.params.repetition_penalty != 1.0
+        scored = _target_rows(seq, proposal, rows) if penalised else rows
+        tokens, path = tree.verify_tree_greedy(scored.argmax(-1).tolist(), proposal)
     else:
-        draft_t = torch.tensor(drafts, dtype=torch.long)
-        q = _draft_q(proposal, draft_t, vocab)
-        tokens, path = tree.verify_tree_sampled(rows, q, proposal, seq.generator)
+        q = _draft_q(proposal, torch.tensor(proposal.tokens, dtype=torch.long), vocab)
+        probs = _target_rows(seq, proposal, rows)
+        tokens, path = tree.verify_tree_sampled(probs, q, proposal, seq.generator)
     return tokens, len(path), path
 
 
@@ -74,9 +68,9 @@ def verify_rounds(rounds, proposals: dict, logits: torch.Tensor, vocab: int) -> 
         k_max = max(len(d) for _, _, d, _ in greedy)
         argmax = torch.zeros(len(greedy), k_max + 1, dtype=torch.long)
         draft_t = torch.zeros(len(greedy), k_max, dtype=torch.long)
-        for i, (w, _, drafts, rows) in enumerate(greedy):
+        for i, (w, proposal, drafts, rows) in enumerate(greedy):
             if w.seq.params.repetition_penalty != 1.0:
-                rows = _target_rows(w.seq, drafts, rows)
+                rows = _target_rows(w.seq, proposal, rows)
             argmax[i, : len(drafts) + 1] = rows.argmax(-1)
             draft_t[i, : len(drafts)] = torch.tensor(drafts, dtype=torch.long)
         ks = torch.tensor([len(d) for _, _, d, _ in greedy])
@@ -90,7 +84,7 @@ def verify_rounds(rounds, proposals: dict, logits: torch.Tensor, vocab: int) -> 
         draft_t = torch.zeros(n, k_max, dtype=torch.long)
         for i, (w, proposal, drafts, rows) in enumerate(sampled):
             k = len(drafts)
-            target[i, : k + 1] = _target_rows(w.seq, drafts, rows)
+            target[i, : k + 1] = _target_rows(w.seq, proposal, rows)
             if k:
                 draft_t[i, :k] = torch.tensor(drafts, dtype=torch.long)
                 q[i, :k] = _draft_q(proposal, draft_t[i, :k], vocab)

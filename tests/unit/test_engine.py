@@ -259,16 +259,17 @@ def test_adaptive_k_never_exceeds_the_routes_bound(tiny_pair):
     assert seen and all(k <= bounds[seq_id] for k, seq_id in seen)
 
 
-def _count_moves(engine) -> list:
-    moved = []
-    real = engine.kv.move
+def _calls(obj, name: str) -> list:
+    """Record the arguments of every call of obj.name (still calling it)."""
+    calls = []
+    real = getattr(obj, name)
 
-    def spy(seq_id, moves):
-        moved.extend(moves)
-        return real(seq_id, moves)
+    def spy(*args):
+        calls.append(args)
+        return real(*args)
 
-    engine.kv.move = spy
-    return moved
+    setattr(obj, name, spy)
+    return calls
 
 
 @pytest.mark.parametrize("k,penalty", [(2, 1.0), (4, 1.0), (3, 1.3)])
@@ -280,7 +281,7 @@ def test_greedy_parity_with_alternative_leaves(tiny_pair, k, penalty):
     proposer = DraftModelProposer(draft, num_blocks=128, block_size=4, alternatives=k)
     cfg = EngineConfig(num_blocks=256, block_size=4, max_tree_tokens=256)
     engine = Engine(target, cfg, proposer, eos_ids=set())
-    moved = _count_moves(engine)
+    moved = _calls(engine.kv, "move")
     on = run_engine(engine, [dict(r, num_draft=k) for r in reqs])
     assert list(on.values()) == list(off.values())
     assert moved  # some rounds took a runner-up: its K/V was moved into place
@@ -326,7 +327,7 @@ def test_a_branch_taken_every_round_keeps_parity(tiny_pair, wrong_at):
     answers = dict(sorted(answers.items(), key=lambda kv: -len(kv[0])))
     proposer = OracleProposer(answers, wrong_at, target.args.vocab_size)
     engine = Engine(target, EngineConfig(num_blocks=256, block_size=4), proposer, eos_ids=set())
-    moved = _count_moves(engine)
+    moved = _calls(engine.kv, "move")
     on = run_engine(engine, [dict(r, num_draft=4) for r in reqs])
     assert list(on.values()) == list(off.values())
     assert len(moved) >= 4  # every full round moved the branch's K/V
@@ -359,18 +360,6 @@ def test_alternatives_are_dropped_when_the_step_is_large(tiny_pair):
     assert engine.kv.allocator.num_used == 0
 
 
-def _forwards(model) -> list:
-    calls = []
-    real = model.forward
-
-    def spy(kv, seqs):
-        calls.append(len(seqs))
-        return real(kv, seqs)
-
-    model.forward = spy
-    return calls
-
-
 @pytest.mark.parametrize("alternatives", [0, 2])
 def test_draft_ahead_answers_a_fully_accepted_round_without_the_model(tiny_pair, alternatives):
     _, draft = tiny_pair
@@ -386,7 +375,7 @@ def test_draft_ahead_answers_a_fully_accepted_round_without_the_model(tiny_pair,
     proposer.draft_ahead()
     bonus = fresh(prompt + first.tokens, 1).tokens  # what the drafter guesses comes next
     hyp = prompt + first.tokens + bonus
-    calls = _forwards(draft)
+    calls = _calls(draft, "forward")
     try:
         got = proposer.propose([DraftState("s", hyp, greedy, 3)])[0]
         assert calls == [] and proposer.ahead_hits == 1  # the work was done ahead

@@ -180,21 +180,15 @@ class DraftModelProposer:
 def load_draft_model(
     spec, dtype: str = "auto", device: str | None = None, weights: str = "bf16", vocab: int = 0
 ):
-    """The draft model with its cost cuts: weight-only int8, and/or a head trimmed to the
-    `vocab` most frequent tokens (specd.models.vocab)."""
+    """The draft model with its cost cuts: int8/int4 weights (specd.models.weights), and/or
+    a head trimmed to the `vocab` most frequent tokens (specd.models.vocab)."""
     from specd.models.loader import load_model
-    from specd.models.quant import quantize_model_int8
     from specd.models.resolve import resolve
     from specd.models.vocab import load_or_build
 
     folder = resolve(spec)
-    model = load_model(folder, dtype=dtype, device=device)
-    if weights == "auto":
-        on_cpu = model.device.type == "cpu" and model.dtype == torch.bfloat16
-        weights = "int8" if on_cpu else "bf16"
-    if 0 < vocab < model.args.vocab_size:  # trim first: the head is quantised trimmed
+    model = load_model(folder, dtype=dtype, device=device, weights=weights)
+    if 0 < vocab < model.args.vocab_size:
         keep = load_or_build(folder, vocab, model.args.vocab_size)
         model.trim_head(torch.tensor(keep, dtype=torch.long))
-    if weights == "int8":
-        quantize_model_int8(model)
     return model

@@ -17,7 +17,10 @@ class EngineConfig:
     max_batch_size: int = 16  # running sequences
     max_batched_tokens: int = 512  # tokens per forward (prefill chunks + verification)
     max_draft_tokens: int = 8  # upper bound on k per sequence
-    batch_invariant: bool = False  # same kernels for decode and verification (bf16 parity)
+    # decode and verification forwards take the same shapes (attention query tiles of 16;
+    # dense bf16 matmuls in 16-row tiles; the int8/int4 kernel is invariant by itself), so
+    # greedy output is identical with and without speculation (BENCHMARKS.md: its cost)
+    batch_invariant: bool = True
     adaptive_k: bool = False  # per sequence, k from its acceptance and the measured cost
     draft_gate_memory_s: float = 1.0  # draft_below_batch compares the largest batch seen
     # a drafter's alternative leaves are verified while a step feeds at most this many
@@ -55,9 +58,7 @@ class DrafterConfig:
     # between rounds, draft the next round as if every draft will be accepted (pays only
     # where the drafter has cores or a device of its own; BENCHMARKS.md)
     draft_ahead: bool = False
-    # int8: weight-only, per channel; bf16: the model's own dtype; auto: int8 for a bf16
-    # model on CPU (decode there is memory-bound: +22-25% measured, BENCHMARKS.md), else bf16
-    weights: str = "auto"
+    weights: str = "auto"  # bf16 | int8 | int4 | auto, as the verifier's (specd.models.weights)
     vocab: int = 32768  # score only the `vocab` most frequent tokens (trimmed head); 0 = all
     metrics_port: int = 0  # 0 = no Prometheus endpoint
     tls_cert: str = ""  # PEM; with tls_key, this listener speaks TLS only
@@ -66,10 +67,17 @@ class DrafterConfig:
     def __post_init__(self):
         if self.proposer not in ("draft", "ngram", "combined"):
             raise ValueError(f"proposer must be draft, ngram or combined, got {self.proposer!r}")
-        if self.weights not in ("auto", "bf16", "int8"):
-            raise ValueError(f"weights must be auto, bf16 or int8, got {self.weights!r}")
+        _check_weights(self.weights)
         if self.vocab < 0 or self.alternatives < 0:
             raise ValueError("vocab and alternatives must be >= 0")
+
+
+WEIGHT_FORMATS = ("auto", "bf16", "int8", "int4")  # specd.models.weights
+
+
+def _check_weights(value: str) -> None:
+    if value not in WEIGHT_FORMATS:
+        raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {value!r}")
 
 
 @dataclass
@@ -80,6 +88,10 @@ class VerifierConfig:
     port: int = 50062
     model: str = "default-target"
     dtype: str = "auto"
+    # matrices in bf16 (the model's dtype), int8 or int4 (groups of 32, from the GGUF's own
+    # blocks where it has them); auto: int4 on a CPU with AVX512-VNNI, else bf16
+    # (specd.models.weights; speed and quality in BENCHMARKS.md)
+    weights: str = "auto"
     device: str = ""
     drafter: str = ""  # host:port of the drafter; "" = no speculation
     drafter_timeout_ms: int = 3000  # per round; past it the round decodes with k = 0
@@ -91,6 +103,9 @@ class VerifierConfig:
     tls_key: str = ""
     tls_ca: str = ""  # PEM of the CA that signed the drafter's certificate
     engine: EngineConfig = field(default_factory=EngineConfig)
+
+    def __post_init__(self):
+        _check_weights(self.weights)
 
 
 @dataclass

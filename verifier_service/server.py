@@ -165,7 +165,9 @@ def build_engine(config, telemetry=None):
     from verifier_service.drafter_client import RemoteProposer
 
     folder = resolve(config.model)
-    model = load_model(folder, dtype=config.dtype, device=config.device or None)
+    model = load_model(
+        folder, dtype=config.dtype, device=config.device or None, weights=config.weights
+    )
     proposer = None
     if config.drafter:
         proposer = RemoteProposer(

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from specd.models.args import ModelArgs
 from specd.models.matmul import INVARIANT_TILE, linear
 from specd.models.paged_kv import BatchPlan, PagedKV, SeqInput
-from specd.models.quant import Int8Weight, pack_for_cpu
+from specd.models.qlinear import QWeight, pack
 
 
 @dataclass
@@ -68,6 +68,7 @@ class LlamaModel:
         self.device = device
         self.batch_invariant = False  # see specd.models.matmul
         self.head_ids: torch.Tensor | None = None  # set by trim_head
+        self.weights = "bf16"  # format of the matrices (specd.models.weights)
 
     def _linear(self, x, w, b=None):
         return linear(x, w, b, invariant=self.batch_invariant)
@@ -89,9 +90,9 @@ class LlamaModel:
         """Score only the token ids in `keep` [V'] (a drafter's trimmed head): logits come
         back as [R, V'] in `keep`'s order; `self.head_ids` maps a column to its token id."""
         head = self.lm_head
-        if isinstance(head, Int8Weight):
-            trimmed = Int8Weight(head.qweight[keep].contiguous(), head.scales[keep])
-            self.lm_head = trimmed if head.packed is None else pack_for_cpu(trimmed)
+        if isinstance(head, QWeight):  # the kept rows' codes, repacked (exact)
+            d, m = head.group_params()
+            self.lm_head = pack(head.codes()[keep], d[keep], m[keep], head.bits)
         else:
             self.lm_head = head[keep].contiguous()
         self.head_ids = keep.to(self.device)
@@ -102,7 +103,10 @@ class LlamaModel:
         return linear(h, self.lm_head, invariant=self.batch_invariant, out_dtype=torch.float32)
 
     def hidden_states(self, kv: PagedKV, plan: BatchPlan) -> torch.Tensor:
-        x = self.embed.index_select(0, plan.input_ids)  # [T, H]
+        if isinstance(self.embed, QWeight):
+            x = self.embed.rows(plan.input_ids, self.dtype)  # [T, H]
+        else:
+            x = self.embed.index_select(0, plan.input_ids)
         cos, sin = self._rope(plan.positions)
         for i, layer in enumerate(self.layers):
             x = x + self._attention(

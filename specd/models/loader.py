@@ -10,6 +10,7 @@ import torch
 from specd.models.args import ModelArgs, default_device, parse_dtype, rope_inv_freq
 from specd.models.llama import Layer, LlamaModel
 from specd.models.resolve import ALIASES, resolve  # noqa: F401 (re-exported)
+from specd.models.weights import QUANTISED, choose, fuse, load_quantised
 
 
 def load_config(folder: Path):
@@ -38,50 +39,87 @@ def eos_token_ids(folder: Path, config) -> set[int]:
     return ids
 
 
-def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+class DenseTensors:
+    """The folder's safetensors, read one tensor at a time (a quantised model never reads
+    its dense matrices)."""
 
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {folder}")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(f))
-    return state
+    def __init__(self, folder: Path):
+        from safetensors import safe_open
+
+        files = sorted(folder.glob("*.safetensors"))
+        files = [f for f in files if not f.name.startswith("weights-")]  # our caches
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors in {folder}")
+        self._where = {}
+        for f in files:
+            with safe_open(f, framework="pt") as h:
+                for key in h.keys():
+                    self._where[key.removeprefix("model.")] = (f, key)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def __call__(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        f, key = self._where[name]
+        with safe_open(f, framework="pt") as h:
+            return h.get_tensor(key)
+
+    def matrix_names(self) -> list[str]:
+        return [n for n in self._where if n.endswith(".weight") and "norm" not in n]
 
 
 def load_model(
     spec: str | Path,
     dtype: str | torch.dtype | None = None,
     device: str | torch.device | None = None,
+    weights: str = "bf16",
 ) -> LlamaModel:
+    """`weights`: bf16 (the model's dtype), int8, int4 or auto (specd.models.weights)."""
     folder = resolve(spec)
     config = load_config(folder)
     args = ModelArgs.from_hf(config)
     dev = torch.device(device) if device is not None else default_device()
     dt = dtype if isinstance(dtype, torch.dtype) else parse_dtype(dtype, dev)
-    raw = _read_safetensors(folder)
-    state = {k.removeprefix("model."): v for k, v in raw.items()}
+    dense = DenseTensors(folder)
+    fmt = choose(weights, dev)
+    quant = load_quantised(folder, fmt, config, dense) if fmt in QUANTISED else {}
 
-    def take(name: str, required: bool = True) -> torch.Tensor | None:
-        t = state.pop(name, None)
-        if t is None and required:
-            raise KeyError(f"{folder}: weight {name!r} missing")
-        return None if t is None else t.to(device=dev, dtype=dt).contiguous()
+    def take(name: str, required: bool = True, float_bias: bool = False):
+        if name in quant:
+            return quant.pop(name)
+        if name not in dense:
+            if required:
+                raise KeyError(f"{folder}: weight {name!r} missing")
+            return None
+        t = dense(name).to(device=dev, dtype=torch.float32 if float_bias else dt)
+        return t.contiguous()
 
-    def cat(*names: str, required: bool = True) -> torch.Tensor | None:
+    def cat(*names: str, required: bool = True):
         parts = [take(n, required) for n in names]
-        return None if any(p is None for p in parts) else torch.cat(parts, dim=0).contiguous()
+        if any(p is None for p in parts):
+            return None
+        if all(isinstance(p, torch.Tensor) for p in parts):
+            return torch.cat(parts, dim=0).contiguous()
+        return fuse(parts)
 
     layers = []
     for i in range(args.num_layers):
         p = f"layers.{i}."
         a = p + "self_attn."
+        wqkv = cat(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight")
+        qkv_bias = [take(a + f"{x}_proj.bias", False) for x in "qkv"]
+        quantised = not isinstance(wqkv, torch.Tensor)
+        if any(b is None for b in qkv_bias):
+            bqkv = None
+        else:  # the kernel adds an fp32 bias
+            bqkv = torch.cat(qkv_bias).to(torch.float32 if quantised else dt).contiguous()
         layers.append(
             Layer(
                 attn_norm=take(p + "input_layernorm.weight"),
-                wqkv=cat(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
-                bqkv=cat(a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias", required=False),
+                wqkv=wqkv,
+                bqkv=bqkv,
                 wo=take(a + "o_proj.weight"),
                 bo=take(a + "o_proj.bias", required=False),
                 mlp_norm=take(p + "post_attention_layernorm.weight"),
@@ -92,7 +130,7 @@ def load_model(
     embed = take("embed_tokens.weight")
     lm_head = take("lm_head.weight", required=not args.tie_word_embeddings)
     inv_freq, scale = rope_inv_freq(config)
-    return LlamaModel(
+    model = LlamaModel(
         args,
         embed,
         layers,
@@ -103,3 +141,5 @@ def load_model(
         dt,
         dev,
     )
+    model.weights = fmt
+    return model

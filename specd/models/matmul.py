@@ -9,6 +9,9 @@ wins. See BENCHMARKS.md.
 Batch-invariant mode: every forward goes through `W @ X^T` in tiles of exactly
 `INVARIANT_TILE` rows (zero-padded), so a row's numbers never depend on how many rows
 share the forward (decode of 1 vs verification of k+1 vs other sequences).
+
+Quantised weights (specd.models.qlinear) go to their own kernel, batch-invariant for any
+row count; matrices that could not be fused (q/k/v of different bit widths) are a list.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specd.models.quant import Int8Weight, int8_linear
+from specd.models.qlinear import QWeight, qlinear
 
 SMALL_M = 16
 INVARIANT_TILE = 16
@@ -31,8 +34,10 @@ def linear(
 ) -> torch.Tensor:
     """x [M, in] @ w [out, in]^T (+ b [out]) -> [M, out], cast to `out_dtype` if given."""
     m = x.shape[0]
-    if isinstance(w, Int8Weight):  # the drafter's weight-only int8
-        y = int8_linear(x, w)
+    if isinstance(w, QWeight):
+        return qlinear(x, w, b, out_dtype)
+    if isinstance(w, list):
+        y = torch.cat([linear(x, part, invariant=invariant) for part in w], dim=-1)
     elif invariant:
         y = _tiled(x, w)
     elif m == 1 and x.device.type == "cpu":
@@ -43,7 +48,7 @@ def linear(
     else:
         y = F.linear(x, w)
     if b is not None:
-        y = y + b
+        y = y + b.to(y.dtype)
     return y if out_dtype is None else y.to(out_dtype)
 
 

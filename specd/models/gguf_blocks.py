@@ -1,0 +1,126 @@
+"""GGUF tensors straight into the group-quantised format (specd.models.qlinear).
+
+4-bit GGUF blocks keep their codes: a Q4_K super-block is 8 sub-blocks of 32 four-bit
+codes, each with a 6-bit scale and min times the block's fp16 d and dmin, so
+w = (d * sc) * q - (dmin * m) is our group of 32 with scale d * sc and min dmin * m (stored
+as fp16: the only rounding). Q4_1 is w = d * q + m, our min being -m. Other types (Q5_0,
+Q6_K, Q8_0, float) are dequantised by the `gguf` package and quantised again, at 8 bits
+where the GGUF spent more than 5 bits on the tensor.
+
+GGUF names map to Hugging Face names as transformers maps them; Llama-architecture files
+store q/k rows permuted for llama.cpp's RoPE, undone here on whole rows (exact).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specd.models.qlinear import GROUP, QWeight, fits, pack, quantize
+
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+# bits per weight of a GGUF type, for "keep 8 bits where the file kept more than 5"
+_WIDE = {"Q6_K", "Q8_0", "Q8_1", "Q8_K", "F16", "BF16", "F32"}
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """'blk.3.ffn_up.weight' -> 'layers.3.mlp.up_proj.weight' (matrices only)."""
+    if gguf_name == "token_embd.weight":
+        return "embed_tokens.weight"
+    if gguf_name == "output.weight":
+        return "lm_head.weight"
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_NAMES and parts[3] == "weight":
+        return f"layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.weight"
+    return None
+
+
+def q4_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K blocks uint8 [B, 144] -> codes [B, 256], scales and mins [B, 8] (fp32)."""
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)  # [B, 1]
+    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    packed = blocks[:, 4:16].reshape(-1, 3, 4)  # 6-bit scale and min of 8 sub-blocks
+    lo, hi, mix = packed[:, 0], packed[:, 1], packed[:, 2]
+    sc = np.concatenate([lo & 0x3F, (mix & 0x0F) | ((lo >> 2) & 0x30)], axis=-1)
+    mn = np.concatenate([hi & 0x3F, (mix >> 4) | ((hi >> 2) & 0x30)], axis=-1)
+    qs = blocks[:, 16:].reshape(-1, 4, 1, 32)  # 4 chunks of 64: low nibbles, then high
+    codes = (qs >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F
+    return codes.reshape(-1, 256), d * sc, dmin * mn
+
+
+def q4_1(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_1 blocks uint8 [B, 20] -> codes [B, 32], scales and mins [B, 1]."""
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    qs = blocks[:, 4:].reshape(-1, 1, 16)
+    codes = (qs >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)) & 0x0F
+    return codes.reshape(-1, 32), d, -m
+
+
+_EXACT_4BIT = {"Q4_K": (144, q4_k), "Q4_1": (20, q4_1)}
+
+
+def to_qweight(tensor, mode: str) -> QWeight | None:
+    """One GGUFReader tensor -> QWeight in `mode` ('int4' or 'int8'); None when its shape
+    does not fit the kernel's tiles (it then stays dense)."""
+    import gguf
+
+    kind = tensor.tensor_type.name
+    rows, cols = int(tensor.shape[1]), int(tensor.shape[0])  # GGUF lists shape inner-first
+    if not fits((rows, cols)):
+        return None
+    if mode == "int4" and kind in _EXACT_4BIT:
+        size, decode = _EXACT_4BIT[kind]
+        codes, d, m = decode(np.asarray(tensor.data).reshape(-1, size))
+        q = torch.from_numpy(codes.reshape(rows, cols))
+        return pack(q, _groups(d, rows), _groups(m, rows), 4)
+    dense = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
+    bits = 8 if (mode == "int8" or kind in _WIDE) else 4
+    return quantize(torch.from_numpy(np.ascontiguousarray(dense)).reshape(rows, cols), bits)
+
+
+def _groups(per_group: np.ndarray, rows: int) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(per_group).reshape(rows, -1))
+
+
+def unpermute_rows(w: QWeight, n_head: int) -> QWeight:
+    """Undo llama.cpp's q/k row order (HF's `reverse_permute`) on whole rows."""
+    n, _ = w.shape
+    dim = n // n_head // 2
+    order = torch.arange(n).view(n_head, dim, 2).transpose(1, 2).reshape(n)
+    d, m = w.group_params()
+    return pack(w.codes()[order], d[order], m[order], w.bits)
+
+
+def read_gguf(path: Path, mode: str, config) -> dict[str, QWeight]:
+    """Every matrix of a GGUF file that fits the format, by Hugging Face name."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    out = {}
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if name is None:
+            continue
+        w = to_qweight(t, mode)
+        if w is None:
+            continue
+        if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
+            heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
+            w = unpermute_rows(w, heads)
+        out[name] = w
+    return out
+
+
+__all__ = ["GROUP", "hf_name", "q4_1", "q4_k", "read_gguf", "to_qweight", "unpermute_rows"]

@@ -1,0 +1,207 @@
+// Group-quantised linear for decode and verification on x86 CPUs with AVX512-VNNI.
+//
+// Weights (N output rows, K inputs, groups of G = 32 along K):
+//     w[n][k] = d[n][g] * q[n][k] - m[n][g],   g = k / 32,  q unsigned (4-bit or 8-bit)
+// Activations, quantised here per row and per 32-block (as llama.cpp's Q8 activations):
+//     x[r][k] ~= sx[r][g] * xq[r][k],          xq in [-127, 127]
+// so that
+//     y[r][n] = sum_g  d[n][g] * sx[r][g] * dot(q[n][g], xq[r][g])
+//                    - m[n][g] * sx[r][g] * sum(xq[r][g])
+// The dot is exact in int32 (vpdpbusd: u8 weight x s8 activation). The float terms are
+// added in group order for each (r, n) with the same instructions whatever the number
+// of rows, and threads split columns only: a row's result never depends on the other rows
+// (decode of 1 token and verification of k+1 round identically: batch invariance).
+//
+// Layout (see specd/models/qlinear.py::pack): columns in tiles of 16; per (tile, group)
+// one record, so that a thread reads a single sequential stream: the codes, then 16 fp16
+// scales, then 16 fp16 mins. Codes: 8 vectors of 64 bytes, vector j holding k = 4j..4j+3
+// for the 16 columns (byte c*4+i = q[c][4j+i]), which is the operand order of vpdpbusd;
+// 4-bit codes pack vectors 2s and 2s+1 into one: low nibbles are k = 8s..8s+3, high
+// nibbles k = 8s+4..8s+7. Each tile is unpacked once and used for every row.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+namespace {
+
+constexpr int G = 32;       // group size along K
+constexpr int NT = 16;      // columns per tile: one zmm of fp32
+constexpr int RMAX = 8;     // rows per register block
+constexpr int PREFETCH = 6;  // groups ahead
+
+// Per row and 32-block: scale, codes and scale * sum(codes).
+void quantize_rows(const at::Tensor& x, int8_t* xq, float* sx, float* c) {
+  const int64_t M = x.size(0), K = x.size(1), KG = K / G;
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const auto* xf = bf16 ? nullptr : x.data_ptr<float>();
+  const auto* xb = bf16 ? reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()) : nullptr;
+  for (int64_t r = 0; r < M; ++r) {
+    for (int64_t g = 0; g < KG; ++g) {
+      float v[G];
+      for (int i = 0; i < G; ++i) {
+        const int64_t k = r * K + g * G + i;
+        if (bf16) {
+          uint32_t bits = uint32_t(xb[k]) << 16;
+          std::memcpy(&v[i], &bits, 4);
+        } else {
+          v[i] = xf[k];
+        }
+      }
+      float amax = 0.f;
+      for (int i = 0; i < G; ++i) amax = std::max(amax, std::fabs(v[i]));
+      const float s = amax / 127.f;
+      const float inv = amax > 0.f ? 127.f / amax : 0.f;
+      int sum = 0;
+      for (int i = 0; i < G; ++i) {
+        const int q = int(std::nearbyint(v[i] * inv));
+        xq[r * K + g * G + i] = int8_t(q);
+        sum += q;
+      }
+      sx[r * KG + g] = s;
+      c[r * KG + g] = s * float(sum);
+    }
+  }
+}
+
+inline void store_row(__m512 v, void* out, bool bf16_out, int64_t offset) {
+  if (!bf16_out) {
+    _mm512_storeu_ps(static_cast<float*>(out) + offset, v);
+    return;
+  }
+  // fp32 -> bf16, round to nearest even (as torch's .to(bfloat16) for finite values)
+  __m512i bits = _mm512_castps_si512(v);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  bits = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  __m256i half = _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + offset), half);
+}
+
+template <bool U4>
+constexpr int64_t code_bytes() { return U4 ? 256 : 512; }
+template <bool U4>
+constexpr int64_t record_bytes() { return code_bytes<U4>() + 4 * NT; }  // + fp16 scales, mins
+
+template <int R, bool U4>
+void tile_rows(const uint8_t* wt, int64_t KG,
+               const int8_t* xq, const float* sx, const float* c, int64_t K, const float* bias,
+               void* out, bool bf16_out, int64_t ldo, int64_t n0) {
+  constexpr int64_t rec = record_bytes<U4>();
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (int64_t g = 0; g < KG; ++g) {
+    const uint8_t* wg = wt + g * rec;
+    // the weights are read once per forward: fetch a few groups ahead (runs past the end of
+    // a tile into the next one, which is the next in memory)
+    for (int64_t line = 0; line < rec; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(wg + PREFETCH * rec + line), _MM_HINT_T0);
+    __m512i w[8];
+    if constexpr (U4) {
+      for (int s = 0; s < 4; ++s) {
+        __m512i v = _mm512_loadu_si512(wg + 64 * s);
+        w[2 * s] = _mm512_and_si512(v, low4);
+        w[2 * s + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+      }
+    } else {
+      for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(wg + 64 * j);
+    }
+    const auto* dm = reinterpret_cast<const __m256i*>(wg + code_bytes<U4>());
+    const __m512 dg = _mm512_cvtph_ps(_mm256_loadu_si256(dm));
+    const __m512 mg = _mm512_cvtph_ps(_mm256_loadu_si256(dm + 1));
+    for (int r = 0; r < R; ++r) {
+      const int8_t* xg = xq + r * K + g * G;
+      // four independent chains (integer sums are exact in any order)
+      __m512i part[4];
+      for (int j = 0; j < 8; ++j) {
+        int32_t quad;
+        std::memcpy(&quad, xg + 4 * j, 4);
+        const __m512i a = _mm512_set1_epi32(quad);
+        part[j % 4] = j < 4 ? _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[j], a)
+                            : _mm512_dpbusd_epi32(part[j % 4], w[j], a);
+      }
+      const __m512i dot = _mm512_add_epi32(_mm512_add_epi32(part[0], part[1]),
+                                           _mm512_add_epi32(part[2], part[3]));
+      const __m512 scale = _mm512_mul_ps(dg, _mm512_set1_ps(sx[r * KG + g]));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
+      acc[r] = _mm512_fnmadd_ps(mg, _mm512_set1_ps(c[r * KG + g]), acc[r]);
+    }
+  }
+  const __m512 b = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
+  for (int r = 0; r < R; ++r) store_row(_mm512_add_ps(acc[r], b), out, bf16_out, r * ldo + n0);
+}
+
+template <bool U4>
+void tile_all_rows(int rows, const uint8_t* wt, int64_t KG, const int8_t* xq, const float* sx, const float* c, int64_t K,
+                   const float* bias, void* out, bool bf16_out, int64_t ldo, int64_t n0) {
+  auto* o = static_cast<char*>(out);
+  const int64_t esize = bf16_out ? 2 : 4;
+  for (int r0 = 0; r0 < rows; r0 += RMAX) {
+    const int n = std::min(RMAX, rows - r0);
+    const int8_t* x = xq + r0 * K;
+    const float* s = sx + r0 * KG;
+    const float* cc = c + r0 * KG;
+    void* y = o + r0 * ldo * esize;
+#define SPECD_ROWS(R) \
+  case R: tile_rows<R, U4>(wt, KG, x, s, cc, K, bias, y, bf16_out, ldo, n0); break;
+    switch (n) {
+      SPECD_ROWS(1) SPECD_ROWS(2) SPECD_ROWS(3) SPECD_ROWS(4)
+      SPECD_ROWS(5) SPECD_ROWS(6) SPECD_ROWS(7) SPECD_ROWS(8)
+    }
+#undef SPECD_ROWS
+  }
+}
+
+}  // namespace
+
+// x [M, K] fp32 or bf16; records uint8 [N/16, K/32, 256 + 64 (4-bit) or 512 + 64
+// (8-bit)]; bias fp32 [N] or empty. Returns [M, N] in `out_dtype` (fp32 or bf16).
+at::Tensor qlinear(const at::Tensor& x, const at::Tensor& records, const at::Tensor& bias,
+                   int64_t bits, at::ScalarType out_dtype) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [M, K] matrix");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "x must be fp32 or bf16");
+  TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8");
+  TORCH_CHECK(out_dtype == at::kFloat || out_dtype == at::kBFloat16, "out must be fp32 or bf16");
+  const int64_t M = x.size(0), K = x.size(1), KG = K / G;
+  const int64_t tiles = records.size(0), N = tiles * NT;
+  const int64_t rec = bits == 4 ? record_bytes<true>() : record_bytes<false>();
+  TORCH_CHECK(K % G == 0 && records.size(1) == KG && records.size(2) == rec,
+              "weight layout does not match x");
+  TORCH_CHECK(records.is_contiguous() && records.scalar_type() == at::kByte,
+              "weights must be contiguous uint8 records");
+  TORCH_CHECK(!bias.defined() || bias.numel() == 0 || bias.numel() == N, "bias size");
+  auto y = at::empty({M, N}, x.options().dtype(out_dtype));
+  if (M == 0) return y;
+  auto xq = at::empty({M, K}, x.options().dtype(at::kChar));
+  auto sx = at::empty({M, KG}, x.options().dtype(at::kFloat));
+  auto c = at::empty({M, KG}, x.options().dtype(at::kFloat));
+  quantize_rows(x, xq.data_ptr<int8_t>(), sx.data_ptr<float>(), c.data_ptr<float>());
+
+  const auto* w = records.data_ptr<uint8_t>();
+  const float* b = (bias.defined() && bias.numel()) ? bias.data_ptr<float>() : nullptr;
+  const bool bf16_out = out_dtype == at::kBFloat16;
+  void* out = y.data_ptr();
+  const int8_t* xqp = xq.data_ptr<int8_t>();
+  const float* sxp = sx.data_ptr<float>();
+  const float* cp = c.data_ptr<float>();
+  const int rows = int(M);
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const uint8_t* wt = w + t * KG * rec;
+      if (bits == 4)
+        tile_all_rows<true>(rows, wt, KG, xqp, sxp, cp, K, b, out, bf16_out, N, t * NT);
+      else
+        tile_all_rows<false>(rows, wt, KG, xqp, sxp, cp, K, b, out, bf16_out, N, t * NT);
+    }
+  });
+  return y;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("qlinear", &qlinear, "group-quantised linear (AVX512-VNNI)");
+}

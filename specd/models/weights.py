@@ -1,0 +1,109 @@
+"""Weight formats: which one a model runs in, and the cached quantised matrices.
+
+`bf16` keeps the model's own dtype. `int8` and `int4` hold every matrix in the group-
+quantised format of specd.models.qlinear; `int4` keeps 8 bits where the source GGUF spent
+more than 5 (llama.cpp's Q4_K_M keeps the LM head and half the down projections in Q6_K),
+and for the LM head of a dense source. `auto` is int4 on a CPU that runs the kernel, else
+the model's dtype (CUDA, or no AVX512-VNNI), said in one log line.
+
+The quantised matrices are converted once, from the GGUF the folder was made from where
+there is one (its blocks kept as they are), else from the dense weights, and cached next to
+them as `weights-<format>.safetensors`: a restart reads that file and nothing dense.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from specd.config import WEIGHT_FORMATS as FORMATS
+from specd.models import qlinear
+from specd.models.qlinear import QWeight, fits, quantize
+
+log = logging.getLogger(__name__)
+
+QUANTISED = ("int8", "int4")
+_HEADS = ("lm_head.weight", "embed_tokens.weight")
+
+
+def choose(requested: str, device: torch.device) -> str:
+    if requested not in FORMATS:
+        raise ValueError(f"weights must be one of {', '.join(FORMATS)}, got {requested!r}")
+    if requested == "bf16":
+        return requested
+    if device.type != "cpu":
+        log.warning("weights %s: no quantised kernel on %s; running bf16", requested, device)
+        return "bf16"
+    if qlinear.kernel() is None:
+        log.warning("weights %s: this CPU cannot run the int8/int4 kernel; running bf16", requested)
+        return "bf16"
+    return "int4" if requested == "auto" else requested
+
+
+def source_gguf(folder: Path) -> Path | None:
+    """The GGUF file a converted folder came from (written by specd.models.fetch)."""
+    from specd.models.catalog import cache_root
+
+    for marker in (folder / "source-gguf", folder / ".specd-complete"):
+        if marker.exists():
+            name = marker.read_text().strip()
+            for path in (Path(name), cache_root() / "gguf" / name):
+                if path.is_file():
+                    return path
+    return None
+
+
+def load_quantised(folder: Path, fmt: str, config, dense) -> dict[str, QWeight]:
+    """The matrices of `folder` in `fmt`, by Hugging Face name (without the "model."
+    prefix); `dense(name)` reads one dense tensor when there is no GGUF to convert from."""
+    cache = folder / f"weights-{fmt}.safetensors"
+    if cache.exists():
+        return _read(cache)
+    gguf = source_gguf(folder)
+    log.warning("converting %s weights to %s (once) -> %s", folder.name, fmt, cache)
+    if gguf is not None:
+        from specd.models.gguf_blocks import read_gguf
+
+        mats = read_gguf(gguf, fmt, config)
+    else:
+        mats = {}
+        for name in dense.matrix_names():
+            w = dense(name)
+            if w.dim() == 2 and fits(tuple(w.shape)):
+                bits = 8 if fmt == "int8" or name in _HEADS else 4
+                mats[name] = quantize(w, bits)
+    _write(cache, mats)
+    return mats
+
+
+def _write(path: Path, mats: dict[str, QWeight]) -> None:
+    from safetensors.torch import save_file
+
+    meta = {name: [w.bits, *w.shape] for name, w in mats.items()}
+    tmp = path.with_suffix(".tmp")
+    save_file(
+        {name: w.records for name, w in mats.items()}, tmp, metadata={"specd": json.dumps(meta)}
+    )
+    tmp.rename(path)
+
+
+def _read(path: Path) -> dict[str, QWeight]:
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as f:
+        meta = json.loads(f.metadata()["specd"])
+        return {
+            name: QWeight(f.get_tensor(name), bits, (n, k)) for name, (bits, n, k) in meta.items()
+        }
+
+
+def fuse(parts: list) -> QWeight | list:
+    """Stack matrices that share an input (q/k/v, gate/up) into one kernel call where they
+    share a bit width (records stack along the row tiles); else keep them a list."""
+    if len({p.bits for p in parts}) == 1 and all(isinstance(p, QWeight) for p in parts):
+        records = torch.cat([p.records for p in parts], dim=0)
+        return QWeight(records, parts[0].bits, (sum(p.shape[0] for p in parts), parts[0].shape[1]))
+    return list(parts)

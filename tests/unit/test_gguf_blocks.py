@@ -1,0 +1,64 @@
+"""GGUF blocks into the quantised format: the codes are kept (checked against the `gguf`
+package's own dequantiser on random blocks), names map as transformers maps them, and
+llama.cpp's q/k row order is undone exactly."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from specd.models import gguf_blocks as gb
+
+
+def random_blocks(kind: str, rows: int, cols: int, seed: int = 0):
+    """A GGUF-reader-like tensor of random blocks with sane fp16 scales."""
+    rng = np.random.default_rng(seed)
+    size = {"Q4_K": 144, "Q4_1": 20}[kind]
+    per_row = cols // (256 if kind == "Q4_K" else 32)
+    raw = rng.integers(0, 256, (rows * per_row, size), dtype=np.uint8)
+    scales = rng.uniform(1e-3, 5e-2, (rows * per_row, 2)).astype(np.float16)
+    raw[:, :4] = scales.view(np.uint8)  # d and dmin (Q4_K), d and m (Q4_1)
+    return SimpleNamespace(
+        tensor_type=GGMLQuantizationType[kind],
+        shape=np.array([cols, rows]),  # GGUF order: inner first
+        data=raw.reshape(rows, per_row * size),
+    )
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q4_1"])
+def test_four_bit_blocks_keep_their_codes(kind):
+    t = random_blocks(kind, rows=32, cols=512)
+    w = gb.to_qweight(t, "int4")
+    assert w.bits == 4
+    ref = torch.from_numpy(quants.dequantize(t.data, t.tensor_type)).reshape(32, 512)
+    # only the fp16 rounding of a sub-block's scale (d * sc) and min (dmin * m)
+    assert (w.dequantize() - ref).abs().max() <= 2e-3 * ref.abs().max()
+    if kind == "Q4_1":  # its scale and min are fp16 already: exact
+        assert torch.equal(w.dequantize(), ref)
+
+
+def test_int8_mode_requantises_at_eight_bits():
+    t = random_blocks("Q4_K", rows=16, cols=256)
+    w = gb.to_qweight(t, "int8")
+    ref = torch.from_numpy(quants.dequantize(t.data, t.tensor_type)).reshape(16, 256)
+    assert w.bits == 8 and (w.dequantize() - ref).abs().max() <= 0.01 * ref.abs().max()
+
+
+def test_names_map_like_transformers():
+    assert gb.hf_name("blk.3.ffn_up.weight") == "layers.3.mlp.up_proj.weight"
+    assert gb.hf_name("blk.0.attn_output.weight") == "layers.0.self_attn.o_proj.weight"
+    assert gb.hf_name("output.weight") == "lm_head.weight"
+    assert gb.hf_name("token_embd.weight") == "embed_tokens.weight"
+    assert gb.hf_name("blk.0.attn_norm.weight") is None  # norms stay dense
+
+
+def test_unpermute_rows_is_transformers_reverse_permute():
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    t = random_blocks("Q4_K", rows=64, cols=256, seed=5)
+    w = gb.to_qweight(t, "int4")
+    proc = LlamaTensorProcessor(config={"num_attention_heads": 4, "num_key_value_heads": 4})
+    expect = proc._reverse_permute_weights(w.dequantize().numpy(), 4, 4)
+    assert torch.equal(gb.unpermute_rows(w, 4).dequantize(), torch.from_numpy(expect))

@@ -1,0 +1,94 @@
+"""The group-quantised format and its kernel: layout round trips, the kernel against a
+slow reference of the same maths, and batch invariance (a row's bits never depend on the
+other rows: what makes greedy decoding identical with and without speculation)."""
+
+import os
+
+import pytest
+import torch
+
+from specd.models import qlinear as ql
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = ql.kernel()
+    if k is None:
+        if os.environ.get("CI") and ql.cpu_has_vnni():
+            pytest.fail("the qlinear kernel did not build on a CPU that has AVX512-VNNI")
+        pytest.skip("no AVX512-VNNI on this CPU")
+    return k
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_pack_round_trips_codes_and_group_params(bits):
+    g = torch.Generator().manual_seed(0)
+    n, k = 48, 96
+    q = torch.randint(0, 1 << bits, (n, k), generator=g, dtype=torch.uint8)
+    d = torch.rand(n, k // 32, generator=g).half().float()
+    m = torch.randn(n, k // 32, generator=g).half().float()
+    w = ql.pack(q, d, m, bits)
+    assert torch.equal(w.codes(), q)
+    d2, m2 = w.group_params()
+    assert torch.equal(d2, d) and torch.equal(m2, m)
+    dense = (q.float().view(n, -1, 32) * d[..., None] - m[..., None]).view(n, k)
+    assert torch.equal(w.dequantize(), dense)
+    ids = torch.tensor([0, 17, 47, 17])
+    assert torch.equal(w.rows(ids, torch.float32), dense[ids])
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantize_error_is_half_a_step_per_group(bits):
+    w = torch.randn(32, 128) * torch.linspace(0.01, 2.0, 32)[:, None]
+    q = ql.quantize(w, bits)
+    d, _ = q.group_params()
+    err = (q.dequantize() - w).abs().view(32, 4, 32)
+    # half a step, plus the fp16 rounding of the stored min
+    assert (err <= d[..., None] / 2 + 2e-3 * w.abs().max()).all()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_matches_the_reference(kernel, bits, dtype):
+    torch.manual_seed(1)
+    w = ql.quantize(torch.randn(96, 320) * 0.05, bits)
+    bias = torch.randn(96)
+    for rows in (1, 5, 8, 13):
+        x = (torch.randn(rows, 320) * torch.linspace(0.1, 8, 320)).to(dtype)
+        got = ql.qlinear(x, w, bias, out_dtype=torch.float32).double()
+        ref = ql.reference(x, w, bias, out_dtype=torch.float64)
+        assert (got - ref).abs().max() <= 1e-5 * ref.abs().max()
+    # bf16 output is the fp32 result rounded to nearest even
+    y32 = ql.qlinear(x, w, out_dtype=torch.float32)
+    assert torch.equal(ql.qlinear(x, w, out_dtype=torch.bfloat16), y32.to(torch.bfloat16))
+
+
+def test_reference_catches_a_wrong_kernel(kernel):
+    """The reference is sharp enough to see one code off by one."""
+    torch.manual_seed(2)
+    w = ql.quantize(torch.randn(32, 64), 4)
+    q = w.codes()
+    q[3, 7] = (q[3, 7] + 1) % 16
+    wrong = ql.pack(q, *w.group_params(), 4)
+    x = torch.randn(2, 64)
+    ref = ql.reference(x, w, out_dtype=torch.float64)
+    assert (ql.qlinear(x, wrong, out_dtype=torch.float32).double() - ref).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_rows_do_not_depend_on_the_other_rows(kernel, bits):
+    torch.manual_seed(3)
+    w = ql.quantize(torch.randn(1024, 512) * 0.05, bits)
+    x = torch.randn(21, 512, dtype=torch.bfloat16) * 3
+    batched = ql.qlinear(x, w)
+    for i in range(len(x)):  # alone, as a decode step
+        assert torch.equal(ql.qlinear(x[i : i + 1], w), batched[i : i + 1])
+    for lo, hi in ((0, 7), (5, 17), (3, 4)):  # inside other batch shapes
+        assert torch.equal(ql.qlinear(x[lo:hi], w), batched[lo:hi])
+
+
+def test_zero_rows_and_bad_layout(kernel):
+    w = ql.quantize(torch.randn(32, 64), 4)
+    assert ql.qlinear(torch.randn(0, 64), w).shape == (0, 32)
+    with pytest.raises(RuntimeError, match="layout"):
+        ql.qlinear(torch.randn(2, 96), w)

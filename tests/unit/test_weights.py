@@ -1,0 +1,88 @@
+"""Models in int8/int4: close to their dense logits, converted once and cached, a trimmed
+quantised head exact, and greedy output identical with and without speculation."""
+
+import pytest
+import torch
+
+from specd.config import EngineConfig
+from specd.models import qlinear, weights
+from specd.models.loader import load_model
+from tests.conftest import make_tiny, run_engine
+from tests.unit.test_drafter_cuts import PROMPT, prefill_logits
+from verifier_service.engine import Engine
+
+pytestmark = pytest.mark.skipif(qlinear.kernel() is None, reason="no AVX512-VNNI kernel")
+
+
+@pytest.fixture(scope="module")
+def pair_folders(tmp_path_factory):
+    """A tiny Llama target and a noisy copy of it as the draft, saved as HF folders."""
+    target = tmp_path_factory.mktemp("q-target")
+    hf = make_tiny("llama", target, seed=3)
+    draft = tmp_path_factory.mktemp("q-draft")
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(4)
+        for name, p in hf.named_parameters():
+            if "norm" not in name:
+                p.add_(torch.randn(p.shape, generator=g) * 0.06)
+    hf.save_pretrained(draft)
+    return target, draft
+
+
+@pytest.mark.parametrize(
+    "fmt,min_cos", [("int8", 0.998), ("int4", 0.9)]
+)  # tiny random weights: harsh
+def test_quantised_logits_track_the_dense_ones(tiny, fmt, min_cos):
+    folder, _ = tiny
+    dense = prefill_logits(load_model(folder, dtype="fp32", device="cpu"), PROMPT)
+    model = load_model(folder, dtype="fp32", device="cpu", weights=fmt)
+    assert model.weights == fmt
+    approx = prefill_logits(model, PROMPT, one_by_one_from=6)
+    cos = torch.nn.functional.cosine_similarity(approx, dense, dim=-1)
+    assert cos.min() > min_cos
+
+
+def test_converted_once_then_read_from_the_cache(pair_folders, monkeypatch):
+    folder, _ = pair_folders
+    first = load_model(folder, dtype="fp32", device="cpu", weights="int4")
+    assert (folder / "weights-int4.safetensors").exists()
+
+    def no_conversion(*a, **k):
+        raise AssertionError("a restart must not convert again")
+
+    monkeypatch.setattr(weights, "quantize", no_conversion)
+    again = load_model(folder, dtype="fp32", device="cpu", weights="int4")
+    assert torch.equal(prefill_logits(first, PROMPT), prefill_logits(again, PROMPT))
+
+
+def test_trimmed_quantised_head_is_exact(pair_folders):
+    folder, _ = pair_folders
+    model = load_model(folder, dtype="fp32", device="cpu", weights="int4")
+    full = prefill_logits(model, PROMPT)
+    keep = torch.arange(0, 96, 2)
+    model.trim_head(keep)
+    assert torch.equal(prefill_logits(model, PROMPT), full[:, keep])
+
+
+def test_unknown_format_is_refused():
+    with pytest.raises(ValueError, match="weights must be one of"):
+        weights.choose("int3", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_greedy_identical_with_and_without_speculation(pair_folders, fmt):
+    """bf16 activations, default engine config: the quantised linear rounds a row the same
+    in a 1-token decode and a (k+1)-token verification."""
+    from drafter_service.draft_model import DraftModelProposer
+
+    target_dir, draft_dir = pair_folders
+    target = load_model(target_dir, dtype="bf16", device="cpu", weights=fmt)
+    draft = load_model(draft_dir, dtype="bf16", device="cpu", weights=fmt)
+    prompts = [PROMPT, PROMPT[4:], [7, 3, 9, 11, 60, 61, 62, 5], list(range(10, 40))]
+    reqs = [dict(prompt=p, max_new_tokens=40) for p in prompts]
+    cfg = EngineConfig(num_blocks=256, block_size=4)
+    off = run_engine(Engine(target, cfg), reqs)
+    engine = Engine(target, cfg, DraftModelProposer(draft, num_blocks=256, block_size=4))
+    on = run_engine(engine, [dict(r, num_draft=4) for r in reqs])
+    assert list(on.values()) == list(off.values())
+    assert engine.totals.accepted > 0

@@ -23,6 +23,7 @@ from drafter_service.proposer import DraftState, Proposal, Proposer
 from specd.config import EngineConfig
 from specd.kvcache import NoFreeBlocks
 from specd.model_thread import on_model_thread
+from specd.models.matmul import INVARIANT_TILE
 from specd.models.paged_kv import PagedKV, SeqInput
 from specd.sampling import SamplingParams, make_generator
 from verifier_service.scheduler import Scheduler, Work
@@ -173,9 +174,12 @@ class Engine:
     def _limit_alternatives(self, work: list[Work], proposals: dict[int, Proposal]) -> None:
         """Keep alternative leaves only while the step stays small: a forward of up to
         `max_tree_tokens` new tokens costs about one token's on a memory-bound device, past
-        it every extra row costs. Also off in batch-invariant mode (fixed shapes), and for
-        a sequence whose KV blocks cannot take them."""
-        limit = 0 if self.config.batch_invariant else self.config.max_tree_tokens
+        it every extra row costs (in batch-invariant mode a sequence's tree then fits its one
+        16-row query tile, the shape a chain has). Also off for a sequence whose KV blocks
+        cannot take them."""
+        limit = self.config.max_tree_tokens
+        if self.config.batch_invariant:
+            limit = min(limit, INVARIANT_TILE)
         chains = {seq_id: len(p.tokens) for seq_id, p in proposals.items()}
         total = sum(len(w.tokens) + chains.get(w.seq.seq_id, 0) for w in work)
         for w in work:

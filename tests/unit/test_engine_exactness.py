@@ -72,6 +72,7 @@ def test_engine_sampling_follows_the_target(tiny_pair, params, alternatives):
         max_batch_size=256,
         max_batched_tokens=4096,
         max_tree_tokens=1 << 20,  # alternatives for the whole batch
+        batch_invariant=False,  # which caps trees at one 16-row tile
     )
     engine = Engine(target, cfg, proposer, eos_ids=set())
     samples = torch.zeros(N, 3, dtype=torch.long)

@@ -7,7 +7,7 @@ STAMP   := .venv/.setup-done
 TORCH_SPEC     ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup up test lint format protos models deploy-tools bench clean
+.PHONY: setup up test lint format protos models deploy-tools bench peer-llamacpp clean
 
 setup: $(STAMP)
 
@@ -47,6 +47,11 @@ protos: setup
 
 bench: setup
 	.venv/bin/specd bench engine
+
+# llama.cpp's llama-server and llama-bench, built from the llama-cpp-python sdist, for
+# `specd bench sweep --peer llamacpp` (never part of `make test`)
+peer-llamacpp: setup
+	PYTHON=$(abspath $(PY)) bash bench/peer/build_llamacpp.sh
 
 clean:
 	rm -rf .venv build *.egg-info

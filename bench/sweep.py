@@ -252,6 +252,26 @@ def peer_ratios(report: dict) -> list[str]:
     return lines
 
 
+def llamacpp_ratios(report: dict) -> list[str]:
+    """Each specd cell's tokens/s over each llama-server variant's at the same concurrency
+    (measured in the same run)."""
+    lines = []
+    for name, cells in report["llamacpp"].items():
+        if isinstance(cells, dict):
+            lines.append(f"{name}: {cells['error']}")
+            continue
+        peer = {c["concurrency"]: c["tokens_per_s"] for c in cells}
+        for cell in report["cells"]:
+            if cell["concurrency"] in peer:
+                ratio = cell["tokens_per_s"] / peer[cell["concurrency"]]
+                lines.append(
+                    f"specd {cell['mode']} (c={cell['concurrency']}, "
+                    f"{cell['tokens_per_s']:.1f} tok/s) / {name} "
+                    f"({peer[cell['concurrency']]:.1f} tok/s): {ratio:.2f}x"
+                )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="specd bench sweep", description=__doc__.split("\n")[0])
     p.add_argument("--target", default="", help="a running router (default: start services)")
@@ -270,7 +290,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--label", default="", help="name the mode column (e.g. ngram)")
     p.add_argument("--requests-per-cell", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--peer", choices=["none", "hf"], default="none")
+    p.add_argument("--peer", choices=["none", "hf", "llamacpp"], default="none")
+    p.add_argument(
+        "--peer-variants",
+        default="llamacpp,llamacpp-draft,llamacpp-ngram",
+        help="with --peer llamacpp: which llama-server set-ups (bench/llamacpp.py)",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", default="bench/out/sweep")
     args = p.parse_args(argv)
@@ -311,6 +336,21 @@ def main(argv: list[str] | None = None) -> int:
             args.model, args.draft_model, conversations[:n], run["max_new"], args.dtype
         )
         report["peer_ratios"] = peer_ratios(report)
+    if args.peer == "llamacpp":
+        from bench.llamacpp import llamacpp_peer
+
+        names = [n.strip() for n in args.peer_variants.split(",")]
+        report["llamacpp"] = llamacpp_peer(
+            args.model,
+            args.draft_model,
+            conversations,
+            levels,
+            args.requests_per_cell,
+            run["max_new"],
+            tempfile.mkdtemp(prefix="specd-peer-"),
+            names,
+        )
+        report["peer_ratios"] = llamacpp_ratios(report)
     for path in write_outputs(report, Path(args.out)):
         print(path)
     print(to_markdown(report))

@@ -108,6 +108,8 @@ def _bench(args) -> int:
         from bench.split import main as run
     elif args.kind == "sweep":
         from bench.sweep import main as run
+    elif args.kind == "quality":
+        from bench.quality import main as run
     else:
         from bench.speculative import main as run
     return run(args.rest)
@@ -169,8 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks (see bench/)")
     bench.add_argument(
         "kind",
-        choices=["engine", "spec", "split", "sweep", "soak"],
+        choices=["engine", "spec", "split", "sweep", "soak", "quality"],
         help="engine: decode speed + verify cost; spec: speculation vs none; "
+        "quality: NLL and greedy agreement of each weight format; "
         "split: the router vs the in-process engine; sweep: concurrency x mode; "
         "soak (or --soak): many mixed requests, then no leaks",
     )

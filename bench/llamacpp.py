@@ -1,0 +1,115 @@
+"""llama.cpp's server as the peer of `specd bench sweep --peer llamacpp`.
+
+Build it once with `make peer-llamacpp` (bench/peer/build_llamacpp.sh: llama.cpp from the
+llama-cpp-python sdist). The same GGUF files, the same conversations through its OpenAI
+chat endpoint (greedy, same max tokens), on loopback, 2 threads; tokens/s is counted as
+the specd cells count it (completion tokens over the cell's wall time). Variants: plain,
+with the draft model (`-md`, k = 3 as llama.cpp's default), and n-gram lookup drafting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from specd.models.catalog import CATALOG, cache_root
+
+VARIANTS = {
+    "llamacpp": [],
+    "llamacpp-draft": ["--draft-max", "3", "--draft-min", "0"],  # + "-md", the draft GGUF
+    "llamacpp-ngram": ["--spec-type", "ngram-simple", "--draft-max", "8"],
+}
+
+
+def binary(name: str) -> Path:
+    path = cache_root() / "peer" / "llama.cpp" / "build" / "bin" / name
+    if not path.exists():
+        raise SystemExit(f"{path} missing: build it with `make peer-llamacpp`")
+    return path
+
+
+def gguf_path(model: str) -> Path:
+    from specd.models.resolve import ALIASES
+
+    name = ALIASES.get(model, model)
+    if name in CATALOG:
+        return cache_root() / "gguf" / CATALOG[name].gguf_name
+    return Path(model)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_ready(port: int, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"llama-server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError("llama-server did not become ready")
+
+
+def _chat(port: int, messages, max_new: int) -> int:
+    body = {"messages": messages, "max_tokens": max_new, "temperature": 0.0, "seed": 0}
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())["usage"]["completion_tokens"]
+
+
+def run_variant(name, model, draft_model, conversations, levels, requests, max_new, log_dir):
+    port = _free_port()
+    slots = max(levels)
+    cmd = [str(binary("llama-server")), "-m", str(gguf_path(model)), "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "-t", str(os.cpu_count() or 2), "-np", str(slots)]
+    cmd += ["-c", str(slots * 2048), "--no-webui", *VARIANTS[name]]
+    if name == "llamacpp-draft":
+        cmd += ["-md", str(gguf_path(draft_model))]
+    log = open(Path(log_dir) / f"{name}.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    cells = []
+    try:
+        _wait_ready(port, proc)
+        _chat(port, conversations[0], 8)  # warm-up
+        for c in levels:
+            jobs = [conversations[i % len(conversations)] for i in range(requests)]
+            start = time.perf_counter()
+            with ThreadPoolExecutor(c) as pool:
+                tokens = sum(pool.map(lambda m: _chat(port, m, max_new), jobs))
+            wall = time.perf_counter() - start
+            cells.append({"concurrency": c, "tokens": tokens, "tokens_per_s": tokens / wall})
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+    return cells
+
+
+def llamacpp_peer(model, draft_model, conversations, levels, requests, max_new, log_dir, names):
+    out = {}
+    for name in names:
+        try:
+            out[name] = run_variant(
+                name, model, draft_model, conversations, levels, requests, max_new, log_dir
+            )
+        except (RuntimeError, TimeoutError) as e:  # a variant this build lacks
+            out[name] = {"error": str(e)}
+    return out

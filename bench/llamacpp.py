@@ -22,8 +22,9 @@ from specd.models.catalog import CATALOG, cache_root
 
 VARIANTS = {
     "llamacpp": [],
-    "llamacpp-draft": ["--draft-max", "3", "--draft-min", "0"],  # + "-md", the draft GGUF
-    "llamacpp-ngram": ["--spec-type", "ngram-simple", "--draft-max", "8"],
+    # flag names of the llama.cpp that llama-cpp-python 0.3.36 vendors
+    "llamacpp-draft": ["--spec-type", "draft-simple", "--spec-draft-n-max", "3"],  # + "-md"
+    "llamacpp-ngram": ["--spec-type", "ngram-simple", "--spec-draft-n-max", "8"],
 }
 
 

@@ -81,21 +81,27 @@ def real_model_or_skip(name: str):
     return folder
 
 
-@pytest.fixture(scope="session")
-def tiny_pair(tmp_path_factory):
-    """(target, draft) tiny Llama models in fp32: the draft is the target with noise added,
-    so it agrees often but not always."""
-    from specd.models.loader import load_model
-
-    folder = tmp_path_factory.mktemp("pair-target")
+def make_tiny_pair(tmp_path_factory, prefix: str = "pair"):
+    """Folders of a tiny Llama target and a draft that is the target with noise added, so
+    it agrees often but not always."""
+    folder = tmp_path_factory.mktemp(f"{prefix}-target")
     hf = make_tiny("llama", folder, seed=3)
-    draft_folder = tmp_path_factory.mktemp("pair-draft")
+    draft_folder = tmp_path_factory.mktemp(f"{prefix}-draft")
     with torch.no_grad():
         g = torch.Generator().manual_seed(4)
         for name, p in hf.named_parameters():
             if "norm" not in name:
                 p.add_(torch.randn(p.shape, generator=g) * 0.06)
     hf.save_pretrained(draft_folder)
+    return folder, draft_folder
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory):
+    """(target, draft) tiny Llama models in fp32 (make_tiny_pair)."""
+    from specd.models.loader import load_model
+
+    folder, draft_folder = make_tiny_pair(tmp_path_factory)
     return load_model(folder, dtype="fp32", device="cpu"), load_model(
         draft_folder, dtype="fp32", device="cpu"
     )

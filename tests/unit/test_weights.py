@@ -7,7 +7,7 @@ import torch
 from specd.config import EngineConfig
 from specd.models import qlinear, weights
 from specd.models.loader import load_model
-from tests.conftest import make_tiny, run_engine
+from tests.conftest import make_tiny_pair, run_engine
 from tests.unit.test_drafter_cuts import PROMPT, prefill_logits
 from verifier_service.engine import Engine
 
@@ -16,22 +16,12 @@ pytestmark = pytest.mark.skipif(qlinear.kernel() is None, reason="no AVX512-VNNI
 
 @pytest.fixture(scope="module")
 def pair_folders(tmp_path_factory):
-    """A tiny Llama target and a noisy copy of it as the draft, saved as HF folders."""
-    target = tmp_path_factory.mktemp("q-target")
-    hf = make_tiny("llama", target, seed=3)
-    draft = tmp_path_factory.mktemp("q-draft")
-    with torch.no_grad():
-        g = torch.Generator().manual_seed(4)
-        for name, p in hf.named_parameters():
-            if "norm" not in name:
-                p.add_(torch.randn(p.shape, generator=g) * 0.06)
-    hf.save_pretrained(draft)
-    return target, draft
+    """Their own copy of the tiny pair's folders: these tests write weight caches there."""
+    return make_tiny_pair(tmp_path_factory, prefix="q")
 
 
-@pytest.mark.parametrize(
-    "fmt,min_cos", [("int8", 0.998), ("int4", 0.9)]
-)  # tiny random weights: harsh
+# tiny random weights are harsh on int4
+@pytest.mark.parametrize("fmt,min_cos", [("int8", 0.998), ("int4", 0.9)])
 def test_quantised_logits_track_the_dense_ones(tiny, fmt, min_cos):
     folder, _ = tiny
     dense = prefill_logits(load_model(folder, dtype="fp32", device="cpu"), PROMPT)

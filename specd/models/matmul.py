@@ -6,9 +6,11 @@ Measured on a 2-core AMX Xeon, bf16, cold weights [17920, 1536]: `F.linear` read
 2-16 rows. Past 16 rows (prefill) the work is compute-bound and `F.linear` (oneDNN/AMX)
 wins. See BENCHMARKS.md.
 
-Batch-invariant mode: every forward goes through `W @ X^T` in tiles of exactly
+Batch-invariant mode: every bf16/fp16 forward goes through `W @ X^T` in tiles of exactly
 `INVARIANT_TILE` rows (zero-padded), so a row's numbers never depend on how many rows
-share the forward (decode of 1 vs verification of k+1 vs other sequences).
+share the forward (decode of 1 vs verification of k+1 vs other sequences). fp32 is not
+tiled (on a CPU without bf16 that would cost 16x the decode compute); its greedy parity
+is tested on the real pair.
 
 Quantised weights (specd.models.qlinear) go to their own kernel, batch-invariant for any
 row count; matrices that could not be fused (q/k/v of different bit widths) are a list.
@@ -38,7 +40,9 @@ def linear(
         return qlinear(x, w, b, out_dtype)
     if isinstance(w, list):
         y = torch.cat([linear(x, part, invariant=invariant) for part in w], dim=-1)
-    elif invariant:
+    elif invariant and x.dtype != torch.float32:
+        # reduced precision only: fp32 keeps its own path (16-row tiles would cost a decode
+        # step 16x the compute where there is no bf16 hardware; fp32 parity is tested)
         y = _tiled(x, w)
     elif m == 1 and x.device.type == "cpu":
         y = torch.mv(w, x[0]).unsqueeze(0)

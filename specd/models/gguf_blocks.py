@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specd.models.qlinear import GROUP, QWeight, fits, pack, quantize
+from specd.models.qlinear import QWeight, fits, pack, quantize
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -121,6 +121,3 @@ def read_gguf(path: Path, mode: str, config) -> dict[str, QWeight]:
             w = unpermute_rows(w, heads)
         out[name] = w
     return out
-
-
-__all__ = ["GROUP", "hf_name", "q4_1", "q4_k", "read_gguf", "to_qweight", "unpermute_rows"]

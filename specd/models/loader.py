@@ -86,15 +86,14 @@ def load_model(
     fmt = choose(weights, dev)
     quant = load_quantised(folder, fmt, config, dense) if fmt in QUANTISED else {}
 
-    def take(name: str, required: bool = True, float_bias: bool = False):
+    def take(name: str, required: bool = True):
         if name in quant:
             return quant.pop(name)
         if name not in dense:
             if required:
                 raise KeyError(f"{folder}: weight {name!r} missing")
             return None
-        t = dense(name).to(device=dev, dtype=torch.float32 if float_bias else dt)
-        return t.contiguous()
+        return dense(name).to(device=dev, dtype=dt).contiguous()
 
     def cat(*names: str, required: bool = True):
         parts = [take(n, required) for n in names]

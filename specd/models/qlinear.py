@@ -9,7 +9,8 @@ round-to-nearest between each group's min and max (`quantize`).
 The linear quantises activations per row and per 32-block to int8 and sums integer
 products exactly (`kernels/qlinear.cpp`), so a row's result never depends on the other
 rows: greedy decoding with and without speculation round identically. `reference` is the
-same maths in plain torch, for the tests and for machines without the kernel.
+same maths in plain torch, for the tests. Where the kernel cannot run (no AVX512-VNNI, no
+compiler, CUDA), specd.models.weights runs the model in bf16 instead.
 """
 
 from __future__ import annotations
@@ -37,10 +38,6 @@ class QWeight:
     records: torch.Tensor  # uint8 [N/16, K/32, code_bytes + 64]
     bits: int
     shape: tuple[int, int]  # (N, K) of the dense weight
-
-    @property
-    def nbytes(self) -> int:
-        return self.records.numel()
 
     @property
     def code_bytes(self) -> int:
@@ -174,7 +171,7 @@ def kernel():
         return _kernel
     _kernel_tried = True
     if os.environ.get("SPECD_NO_QKERNEL") or not cpu_has_vnni():
-        log.warning("no AVX512-VNNI kernel on this machine: quantised weights are dequantised")
+        log.warning("no AVX512-VNNI on this CPU (or SPECD_NO_QKERNEL set): no int8/int4 kernel")
         return None
     from torch.utils.cpp_extension import load
 
@@ -203,8 +200,8 @@ def kernel():
             build_directory=str(build),
             verbose=False,
         )
-    except Exception as e:  # no compiler, no headers: run dequantised instead
-        log.warning("could not build the quantised-linear kernel (%s); dequantising", e)
+    except Exception as e:  # no compiler, no headers: the model runs bf16 (weights.choose)
+        log.warning("could not build the int8/int4 kernel (%s)", e)
         _kernel = None
     return _kernel
 

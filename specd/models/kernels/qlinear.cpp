@@ -40,7 +40,9 @@ void quantize_rows(const at::Tensor& x, int8_t* xq, float* sx, float* c) {
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   const auto* xf = bf16 ? nullptr : x.data_ptr<float>();
   const auto* xb = bf16 ? reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()) : nullptr;
-  for (int64_t r = 0; r < M; ++r) {
+  // rows are independent: splitting them over threads changes no result
+  at::parallel_for(0, M, 1, [&](int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
     for (int64_t g = 0; g < KG; ++g) {
       float v[G];
       for (int i = 0; i < G; ++i) {
@@ -66,6 +68,7 @@ void quantize_rows(const at::Tensor& x, int8_t* xq, float* sx, float* c) {
       c[r * KG + g] = s * float(sum);
     }
   }
+  });
 }
 
 inline void store_row(__m512 v, void* out, bool bf16_out, int64_t offset) {

@@ -13,7 +13,7 @@ the verifier treats it as one-hot, like any deterministic draft.
 from __future__ import annotations
 
 from drafter_service.ngram import ngram_propose
-from drafter_service.proposer import DraftState, Proposal, Proposer
+from specd.proposal import DraftState, Proposal, Proposer
 
 
 class CombinedProposer:

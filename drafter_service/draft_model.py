@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from drafter_service.proposer import DraftState, Proposal
 from specd.kvcache import NoFreeBlocks
 from specd.models.paged_kv import PagedKV, SeqInput
+from specd.proposal import DraftState, Proposal
 from specd.sampling import (
     apply_repetition_penalty,
     logits_to_probs,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from drafter_service.proposer import DraftState, Proposal
+from specd.proposal import DraftState, Proposal
 
 
 def ngram_propose(tokens: list[int], k: int, max_n: int = 4, min_n: int = 1) -> list[int]:

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from opentelemetry.metrics import Observation
 
-from drafter_service.proposer import DraftState, Proposer
 from protos.specd.v1 import drafter_pb2, drafter_pb2_grpc
 from specd.model_thread import on_model_thread
+from specd.proposal import DraftState, Proposer
 from specd.sampling import SamplingParams
 from specd.telemetry import DRAFTER_ROUNDS, DRAFTER_SESSIONS, extract_metadata
 from specd.wire import params_from_proto

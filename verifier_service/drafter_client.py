@@ -19,8 +19,8 @@ import grpc
 import torch
 from opentelemetry import trace
 
-from drafter_service.proposer import DraftState, Proposal
 from protos.specd.v1 import drafter_pb2, drafter_pb2_grpc
+from specd.proposal import DraftState, Proposal
 from specd.serving import open_channel
 from specd.telemetry import DRAFTER_FALLBACKS, DRAFTER_RTT, inject_metadata
 from specd.wire import params_to_proto

@@ -19,12 +19,12 @@ from collections.abc import AsyncIterator
 import torch
 from opentelemetry import trace
 
-from drafter_service.proposer import DraftState, Proposal, Proposer
 from specd.config import EngineConfig
 from specd.kvcache import NoFreeBlocks
 from specd.model_thread import on_model_thread
 from specd.models.matmul import INVARIANT_TILE
 from specd.models.paged_kv import PagedKV, SeqInput
+from specd.proposal import DraftState, Proposal, Proposer
 from specd.sampling import SamplingParams, make_generator
 from verifier_service.scheduler import Scheduler, Work
 from verifier_service.sequence import Sequence, SpecStats, StepOutput

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from drafter_service.proposer import Proposal
+from specd.proposal import Proposal
 
 
 def tree_parents(num_fed: int, proposal: Proposal) -> list[int]:

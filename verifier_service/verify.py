@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from drafter_service.proposer import Proposal
+from specd.proposal import Proposal
 from specd.sampling import (
     draw_randomness,
     greedy_verify,

@@ -8,7 +8,6 @@ import grpc
 import pytest
 
 from drafter_service.draft_model import DraftModelProposer
-from drafter_service.proposer import DraftState
 from drafter_service.server import DrafterServicer
 from protos.specd.v1 import (
     drafter_pb2_grpc,
@@ -20,6 +19,7 @@ from router.policy import Policy
 from router.replicas import ReplicaSet
 from router.server import GenerationServicer
 from specd.config import EngineConfig
+from specd.proposal import DraftState
 from specd.sampling import SamplingParams
 from specd.serving import check_health, start_server
 from tests.cluster import char_tokenizer, start_cluster

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from drafter_service.draft_model import DraftModelProposer
-from drafter_service.proposer import DraftState
 from specd.config import EngineConfig
 from specd.models.catalog import DEFAULT_DRAFT
 from specd.models.loader import load_model
 from specd.models.paged_kv import PagedKV, SeqInput
+from specd.proposal import DraftState
 from specd.sampling import SamplingParams
 from tests.conftest import real_model_or_skip, run_engine
 from verifier_service.engine import Engine

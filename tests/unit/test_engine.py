@@ -7,8 +7,8 @@ import pytest
 from drafter_service.combined import CombinedProposer
 from drafter_service.draft_model import DraftModelProposer
 from drafter_service.ngram import NgramProposer, ngram_propose
-from drafter_service.proposer import DraftState
 from specd.config import EngineConfig
+from specd.proposal import DraftState
 from specd.sampling import SamplingParams
 from tests.conftest import run_engine
 from verifier_service.engine import Engine
@@ -298,7 +298,7 @@ class OracleProposer:
         self.answers, self.wrong_at, self.vocab = answers, wrong_at, vocab
 
     def propose(self, states):
-        from drafter_service.proposer import Proposal
+        from specd.proposal import Proposal
 
         out = []
         for s in states:

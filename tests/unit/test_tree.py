@@ -8,7 +8,7 @@ test. By hand: greedy walks, parents and K/V moves."""
 import pytest
 import torch
 
-from drafter_service.proposer import Proposal
+from specd.proposal import Proposal
 from specd.sampling import SamplingParams, logits_to_probs
 from tests.unit.test_sampling import fails_exactness
 from verifier_service import tree

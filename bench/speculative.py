@@ -24,11 +24,13 @@ from drafter_service.ngram import NgramProposer
 from specd.config import EngineConfig
 from specd.models.loader import eos_token_ids, load_config, load_model, load_tokenizer, resolve
 from verifier_service.engine import Engine
+from verifier_service.sequence import SpeculationBounds
 
 WORKLOADS = Path(__file__).parent / "workloads"
 DEFAULT_CONFIGS = "off,draft:2,draft:3,draft:4,draft:6,ngram:3,ngram:5"
-# draft[-int8][-vN][-adapt]:k  e.g. draft-int8-v32768:4 = int8 draft weights, a 32768-token
-# head, k=4; -adapt: adaptive k bounded by k; -inv (also off-inv): batch-invariant mode;
+# draft[-int8][-vN][-auto]:k  e.g. draft-int8-v32768:4 = int8 draft weights, a 32768-token
+# head, k=4; -auto: the speculation controller picks up to k per step;
+# -inv (also off-inv): batch-invariant mode;
 # combo[-int8][-vN]:k = n-gram where the text repeats, else that draft model;
 # -aN (draft, combo): the runner-up as an alternative leaf beside the first N drafts
 
@@ -51,9 +53,10 @@ def load_workload(name: str, tokenizer, limit: int | None = None) -> list[list[i
     return prompts[:limit] if limit else prompts
 
 
-def generate_one(engine: Engine, ids: list[int], k: int, max_new: int) -> list[int]:
+def generate_one(engine: Engine, ids: list[int], k: int, max_new: int, auto=False) -> list[int]:
     """One request alone through the engine (concurrency 1): its generated tokens."""
-    seq_id = engine.add_request(ids, max_new_tokens=max_new, num_draft=k)
+    bounds = SpeculationBounds(auto=auto)
+    seq_id = engine.add_request(ids, max_new_tokens=max_new, num_draft=k, speculation=bounds)
     out = []
     while engine.has_work():
         for o in engine.step():
@@ -62,12 +65,12 @@ def generate_one(engine: Engine, ids: list[int], k: int, max_new: int) -> list[i
     return out
 
 
-def run_engine_config(engine: Engine, prompts, k: int, max_new: int) -> dict:
+def run_engine_config(engine: Engine, prompts, k: int, max_new: int, auto=False) -> dict:
     tokens, seconds, outputs = 0, 0.0, []
     before = (engine.totals.drafted, engine.totals.accepted, engine.totals.rounds)
     for ids in prompts:
         t0 = time.perf_counter()
-        out = generate_one(engine, ids, k, max_new)
+        out = generate_one(engine, ids, k, max_new, auto)
         seconds += time.perf_counter() - t0
         tokens += len(out)
         outputs.append(out)
@@ -181,11 +184,11 @@ def main(argv: list[str] | None = None) -> int:
         elif kind == "ngram":
             proposer = NgramProposer()
         mods = kind.split("-")[1:]
-        engine_cfg = dataclasses.replace(
-            cfg, adaptive_k="adapt" in mods, batch_invariant=cfg.batch_invariant or "inv" in mods
-        )
+        engine_cfg = dataclasses.replace(cfg, batch_invariant=cfg.batch_invariant or "inv" in mods)
         engine = Engine(target, engine_cfg, proposer, eos_ids=eos)
-        results[name] = run_engine_config(engine, prompts, int(k or 0), args.max_new_tokens)
+        results[name] = run_engine_config(
+            engine, prompts, int(k or 0), args.max_new_tokens, auto="auto" in mods
+        )
         _print_row(name, results[name], results.get("off"))
     if args.peer == "hf":
         for name, r in run_hf(

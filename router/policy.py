@@ -1,4 +1,4 @@
-"""Per-route speculation policy (YAML) and the load-aware decision (DESIGN.md section 6).
+"""Per-route speculation policy (YAML) and the decision at arrival (DESIGN.md section 6).
 
     default:  {speculation: auto, num_draft_tokens: 4, max_batch_size: 8,
                max_kv_utilization: 0.85, max_temperature: 1.0, min_acceptance: 0.5}
@@ -132,42 +132,44 @@ def _route(base: RoutePolicy, body: dict, name: str) -> RoutePolicy:
 
 @dataclass(frozen=True)
 class Load:
-    """What the decision reads from the chosen replica's last load report."""
+    """What the arrival decision reads from the chosen replica's last load report."""
 
     running: int = 0
     kv_utilization: float = 0.0
     drafter_available: bool = True
-    route_acceptance: float | None = None  # None: no rounds on this route yet
 
 
-def batch_gate(policy: RoutePolicy, client: str, temperature: float, load: Load) -> int:
-    """For `auto`: the batch size below which the verifier drafts for the request (0: no
-    gate). The batch changes while a request runs, so an auto request refused only for the
-    batch (or admitted under it) is gated per step by the verifier instead: when the
-    batch is large nobody drafts, and when it drains everybody does. (Mixing drafting and
-    plain sequences in one batch is the worst case: the plain ones wait for the drafter.)"""
-    if client != "auto" or policy.speculation != "auto" or policy.max_batch_size <= 0:
-        return 0
-    k, _ = decide(policy, client, temperature, replace(load, running=0))
-    return policy.max_batch_size if k > 0 else 0
+@dataclass(frozen=True)
+class Decision:
+    """What the router sends: the most drafts per round (0: never), whether the verifier's
+    controller decides per step (`auto`), and the reason at arrival (reported beside the
+    verifier's own, which is the truth: the batch, KV and acceptance change while a
+    request runs)."""
+
+    k: int
+    auto: bool
+    reason: str
 
 
-def decide(policy: RoutePolicy, client: str, temperature: float, load: Load) -> tuple[int, str]:
-    """-> (k, reason). client is the request's override: auto, on or off."""
+def decide(policy: RoutePolicy, client: str, temperature: float, load: Load) -> Decision:
+    """client is the request's override: auto, on or off. The hard bounds (client, policy,
+    drafter, temperature) are final; the soft ones (batch, KV) only name the arrival's
+    state, since the verifier applies them every step (SpeculationBounds)."""
+    k = policy.num_draft_tokens
     if client == "off":
-        return 0, "off:client"
-    if policy.speculation == "off" or policy.num_draft_tokens == 0:
-        return 0, "off:policy"
+        return Decision(0, False, "off:client")
+    if policy.speculation == "off" or k == 0:
+        return Decision(0, False, "off:policy")
     if not load.drafter_available:
-        return 0, "off:drafter-unavailable"
+        return Decision(0, False, "off:drafter-unavailable")
     if client == "on" or policy.speculation == "on":
-        return policy.num_draft_tokens, "on"
+        return Decision(k, False, "on")
     if temperature > policy.max_temperature:
-        return 0, "off:temperature"
+        return Decision(0, False, "off:temperature")
+    if policy.max_batch_size <= 0:  # the route speculates at no batch size
+        return Decision(0, False, "off:batch")
     if load.running >= policy.max_batch_size:
-        return 0, "off:batch"
+        return Decision(k, True, "off:batch")
     if load.kv_utilization >= policy.max_kv_utilization:
-        return 0, "off:kv"
-    if load.route_acceptance is not None and load.route_acceptance < policy.min_acceptance:
-        return 0, "off:acceptance"
-    return policy.num_draft_tokens, "on"
+        return Decision(k, True, "off:kv")
+    return Decision(k, True, "auto")

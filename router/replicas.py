@@ -107,16 +107,6 @@ class ReplicaSet:
             best.chosen = time.monotonic()
         return best
 
-    def route_acceptance(self, route: str) -> float | None:
-        """The route's rolling acceptance: the mean of what the healthy replicas report for
-        it (None until some replica has run speculation rounds on the route)."""
-        rates = [
-            r.report.acceptance_by_route[route]
-            for r in self.replicas.values()
-            if r.healthy and route in r.report.acceptance_by_route
-        ]
-        return sum(rates) / len(rates) if rates else None
-
     async def wait_ready(self, timeout: float = 10.0) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -12,7 +12,7 @@ from opentelemetry import trace
 
 from protos.specd.v1 import common_pb2, router_pb2, router_pb2_grpc, verifier_pb2
 from router.detok import IncrementalDetokenizer, StopStrings
-from router.policy import Load, Policy, PolicyFile, batch_gate, decide
+from router.policy import Decision, Load, Policy, PolicyFile, decide
 from router.replicas import ReplicaSet
 from specd.telemetry import extract_metadata, inject_metadata
 from specd.wire import params_from_proto
@@ -127,17 +127,21 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
                     grpc.StatusCode.UNAVAILABLE, "no healthy verifier replica; retry later"
                 )
             tried.add(replica.address)
-            k, reason, gate = self._decide(prep, client, params.temperature, replica, span)
+            decision = self._decide(prep, client, params.temperature, replica, span)
+            policy = prep.policy
             call = replica.stub.Generate(
                 verifier_pb2.VerifyGenerateRequest(
                     prompt_ids=prep.prompt_ids,
                     params=request.params,
                     max_new_tokens=prep.max_new_tokens,
                     ignore_eos=request.ignore_eos,
-                    # a gated auto request drafts while the batch is small (policy.batch_gate)
-                    num_draft_tokens=prep.policy.num_draft_tokens if gate else k,
+                    num_draft_tokens=decision.k,
                     route=prep.route,
-                    draft_below_batch=gate,
+                    auto=decision.auto,
+                    # the route's soft bounds, applied by the verifier every step
+                    draft_below_batch=policy.max_batch_size if decision.auto else 0,
+                    max_kv_utilization=policy.max_kv_utilization if decision.auto else 0.0,
+                    min_acceptance=policy.min_acceptance if decision.auto else 0.0,
                 ),
                 timeout=context.time_remaining(),
                 metadata=inject_metadata(trace.set_span_in_context(span)) if span else None,
@@ -145,7 +149,7 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
             replica.inflight += 1
             started = False
             try:
-                async for msg in self._relay(call, request, prep, k, reason):
+                async for msg in self._relay(call, request, prep, decision):
                     started = True
                     yield msg
                 return
@@ -161,28 +165,27 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
                 call.cancel()  # no-op when done; frees the verifier's KV when we stop early
 
     def _decide(self, prep: Prepared, client: str, temperature: float, replica, span):
-        load = _load(replica, self.replicas.route_acceptance(prep.route))
-        gate = batch_gate(prep.policy, client, temperature, load)
+        load = _load(replica)
         if span is None:
-            k, reason = decide(prep.policy, client, temperature, load)
+            decision = decide(prep.policy, client, temperature, load)
         else:
             ctx = trace.set_span_in_context(span)
             with self.tracer.start_as_current_span("specd.router.decide", context=ctx) as d:
-                k, reason = decide(prep.policy, client, temperature, load)
+                decision = decide(prep.policy, client, temperature, load)
                 d.set_attributes(
                     {
                         "specd.route": prep.route,
-                        "specd.speculation.reason": reason,
-                        "specd.k": k,
+                        "specd.speculation.reason": decision.reason,
+                        "specd.k": decision.k,
                         "specd.replica": replica.address,
                     }
                 )
-            span.set_attribute("specd.speculation.reason", reason)
+            span.set_attribute("specd.speculation.arrival_reason", decision.reason)
         if self.metrics is not None:
-            self.metrics.decisions.add(1, {"route": prep.route, "reason": reason})
-        return k, reason, gate
+            self.metrics.decisions.add(1, {"route": prep.route, "reason": decision.reason})
+        return decision
 
-    async def _relay(self, call, request, prep: Prepared, k: int, reason: str):
+    async def _relay(self, call, request, prep: Prepared, decision: Decision):
         detok = IncrementalDetokenizer(self.tokenizer)
         stops = StopStrings(list(request.stop))
         ids: list[int] = []
@@ -201,7 +204,13 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
                 call.cancel()
             if finish:
                 text += stops.flush()
-                spec.reason, spec.enabled, spec.num_draft_tokens = reason, k > 0, k
+                # the verifier's account is the truth; the arrival's rides beside it, and
+                # stands in where the verifier had nothing to decide (or was cut off by a
+                # stop string before its final report)
+                spec.arrival_reason = decision.reason
+                if spec.reason in ("", "off:request"):
+                    spec.reason = decision.reason
+                    spec.num_draft_tokens = decision.k
                 yield router_pb2.GenerateStreamResponse(
                     text=text,
                     token_ids=resp.token_ids,
@@ -226,8 +235,6 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
             params_from_proto(p).validate()
         except ValueError as exc:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
-        if p.top_p < 0:
-            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "top_p must be in (0, 1]")
         max_new = request.max_new_tokens or self.default_max_new_tokens
         if max_new < 0 or max_new > self.max_new_tokens_cap:
             raise RequestError(
@@ -257,6 +264,12 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
         messages = [{"role": m.role, "content": m.content} for m in request.messages.messages]
         if not messages:
             return []
+        for i, m in enumerate(messages):
+            if m["role"] not in ROLES:
+                raise RequestError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"messages[{i}].role {m['role']!r} is not one of {', '.join(sorted(ROLES))}",
+                )
         try:
             enc = self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=True
@@ -266,6 +279,11 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, f"chat template failed: {exc}"
             ) from None
         return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+
+
+# the roles of the chat format every HF chat template is written for; a template that
+# cannot render one of them raises, and that is refused too (see _tokenize)
+ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 
 class RouterMetrics:
@@ -295,17 +313,16 @@ class RouterMetrics:
                 )
 
 
-def _load(replica, route_acceptance: float | None) -> Load:
-    """The chosen replica's load, and the route's acceptance across all replicas."""
+def _load(replica) -> Load:
+    """The chosen replica's load at arrival."""
     r = replica.report
     if r is None:
-        return Load(route_acceptance=route_acceptance)
+        return Load()
     util = r.kv_blocks_used / r.kv_blocks_total if r.kv_blocks_total else 0.0
     return Load(
         running=max(r.running + r.waiting, replica.inflight),
         kv_utilization=util,
         drafter_available=r.drafter_available,
-        route_acceptance=route_acceptance,
     )
 
 

@@ -21,7 +21,6 @@ class EngineConfig:
     # dense bf16 matmuls in 16-row tiles; the int8/int4 kernel is invariant by itself), so
     # greedy output is identical with and without speculation (BENCHMARKS.md: its cost)
     batch_invariant: bool = True
-    adaptive_k: bool = False  # per sequence, k from its acceptance and the measured cost
     draft_gate_memory_s: float = 1.0  # draft_below_batch compares the largest batch seen
     # a drafter's alternative leaves are verified while a step feeds at most this many
     # tokens (up to 16 rows cost about one row on CPU, BENCHMARKS.md); 0 = never

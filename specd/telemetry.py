@@ -30,6 +30,9 @@ NUM_DRAFTS = "specd:spec_decode_num_drafts"  # verifier, {route}
 NUM_DRAFT_TOKENS = "specd:spec_decode_num_draft_tokens"  # verifier, {route}
 NUM_ACCEPTED = "specd:spec_decode_num_accepted_tokens"  # verifier, {route}
 ACCEPTED_PER_POS = "specd:spec_decode_num_accepted_tokens_per_pos"  # {route, position}
+SPEC_K = "specd:speculation_chosen_k"  # verifier histogram {route}: k per decode step (0: plain)
+SPEC_GAIN = "specd:speculation_predicted_gain"  # verifier histogram {route}: tokens/s vs plain
+SPEC_DECISIONS = "specd:speculation_step_decisions"  # verifier counter {route, reason}
 KV_USAGE = "specd:kv_cache_usage_perc"  # verifier gauge, 0..1
 RUNNING = "specd:num_requests_running"  # verifier gauge
 WAITING = "specd:num_requests_waiting"  # verifier gauge
@@ -38,6 +41,8 @@ DRAFTER_FALLBACKS = "specd:drafter_fallbacks"  # verifier: rounds decoded with k
 DRAFTER_SESSIONS = "specd:drafter_sessions"  # drafter gauge
 DRAFTER_ROUNDS = "specd:drafter_rounds"  # drafter counter
 
+K_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
+GAIN_BUCKETS = (0.8, 0.9, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0)
 LATENCY_BUCKETS = (
     0.005,
     0.01,
@@ -172,7 +177,15 @@ def setup(
             View(
                 instrument_name="*seconds",
                 aggregation=ExplicitBucketHistogramAggregation(LATENCY_BUCKETS),
-            )
+            ),
+            View(
+                instrument_name=_otel(SPEC_K),
+                aggregation=ExplicitBucketHistogramAggregation(K_BUCKETS),
+            ),
+            View(
+                instrument_name=_otel(SPEC_GAIN),
+                aggregation=ExplicitBucketHistogramAggregation(GAIN_BUCKETS),
+            ),
         ]
         meter = MeterProvider(metric_readers=[reader], resource=resource, views=views).get_meter(
             "specd"

@@ -29,14 +29,16 @@ def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
     return msg
 
 
-def speculation_to_proto(stats, reason: str, k: int) -> common_pb2.SpeculationInfo:
+def speculation_to_proto(stats, k: int) -> common_pb2.SpeculationInfo:
+    """A request's speculation totals (verifier_service.sequence.SpecStats) as sent."""
     return common_pb2.SpeculationInfo(
-        enabled=k > 0,
-        reason=reason,
+        enabled=stats.rounds > 0,
+        reason=stats.reason,
         num_draft_tokens=k,
         rounds=stats.rounds,
         drafted=stats.drafted,
         accepted=stats.accepted,
         acceptance_rate=stats.acceptance_rate,
         mean_accepted_length=stats.mean_accepted_length,
+        mean_draft_tokens=stats.drafted / stats.rounds if stats.rounds else 0.0,
     )

@@ -195,6 +195,9 @@ class RemoteProposer:
         for j, q in enumerate(msg.q[: len(tokens)]):
             ids[j, : len(q.ids)] = torch.tensor(list(q.ids))
             probs[j, : len(q.probs)] = torch.tensor(list(q.probs))
+        if not torch.isfinite(probs).all() or (probs < 0).any():
+            log.warning("drafter sent a q with NaN, inf or negative mass; round dropped")
+            return Proposal()  # another process's numbers never reach the sampler unchecked
         return Proposal(tokens=tokens, q_ids=ids, q_probs=probs, alts=alts)
 
     def close(self, seq_id) -> None:

@@ -27,7 +27,7 @@ from specd.models.paged_kv import PagedKV, SeqInput
 from specd.proposal import DraftState, Proposal, Proposer
 from specd.sampling import SamplingParams, make_generator
 from verifier_service.scheduler import Scheduler, Work
-from verifier_service.sequence import Sequence, SpecStats, StepOutput
+from verifier_service.sequence import Sequence, SpecStats, SpeculationBounds, StepOutput
 from verifier_service.tree import moves, tree_parents
 from verifier_service.verify import verify_rounds
 
@@ -73,16 +73,19 @@ class Engine:
         stop_ids: set[int] | None = None,
         ignore_eos: bool = False,
         span=None,
-        draft_below_batch: int = 0,
+        speculation: SpeculationBounds | None = None,
     ) -> int:
+        """Queue a request. `num_draft`: the most drafts per round; with
+        `speculation.auto` the controller picks k <= num_draft every step, else every
+        round drafts num_draft."""
         params = params or SamplingParams()
         params.validate()
+        speculation = speculation or SpeculationBounds()
+        speculation.validate()
         if not prompt:
             raise ValueError("prompt is empty")
         if max_new_tokens <= 0:
             raise ValueError("max_new_tokens must be positive")
-        if draft_below_batch < 0:
-            raise ValueError("draft_below_batch must be >= 0")
         vocab = self.model.args.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
@@ -107,7 +110,7 @@ class Engine:
             frozenset(stops),
             make_generator(params.seed),
             span=span,
-            draft_below_batch=draft_below_batch,
+            speculation=speculation,
         )
         with self._lock:
             self._seqs[seq.seq_id] = seq
@@ -143,13 +146,24 @@ class Engine:
         self._limit_alternatives(work, proposals)
         t1 = time.perf_counter()
         logits = self._forward(work, proposals)
-        steps = max((len(p.tokens) for p in proposals.values()), default=0)
-        self.scheduler.cost.record(t1 - t0, steps, time.perf_counter() - t1)
+        self._measure(work, proposals, t1 - t0, time.perf_counter() - t1)
         rounds = [w for w in work if w.num_logits > 0]
         emitted = verify_rounds(rounds, proposals, logits, self.model.args.vocab_size)
         for w in work:
             outputs.extend(self._commit(w, emitted.get(id(w))))
         return outputs
+
+    def _measure(self, work, proposals, draft_s: float, forward_s: float) -> None:
+        """Feed the controller this step's costs: a drafter round by sequences, and the
+        forward by rows when it was decode and verification only (prefill costs apart)."""
+        controller = self.scheduler.controller
+        steps = max((len(p.tokens) for p in proposals.values()), default=0)
+        controller.record_draft(len(proposals), steps, draft_s)
+        if all(w.decode for w in work):
+            controller.record_forward(sum(w.num_logits for w in work), forward_s)
+
+    def acceptance_by_route(self) -> dict[str, float]:
+        return self.scheduler.controller.routes.rates()
 
     def _propose(self, work: list[Work]) -> dict[int, Proposal]:
         if not work or self.proposer is None:
@@ -221,7 +235,8 @@ class Engine:
             return []
         tokens, accepted, path = emitted
         seq.stats.record(w.k, accepted)
-        seq.acceptance.record(w.k, accepted)
+        seq.positions.record(w.k, accepted)
+        self.scheduler.controller.routes.record(seq.speculation.route, w.k, accepted)
         self.totals.record(w.k, accepted)
         if seq.span is not None and w.k:
             seq.span.add_event("speculation.round", {"k": w.k, "accepted": accepted})
@@ -248,12 +263,15 @@ class Engine:
                 break
         if seq.finish_reason:
             self._finish(seq)
-        if not seq.finish_reason:
-            return [StepOutput(seq.seq_id, new, None, w.k, accepted)]
-        timing = (seq.t_arrived, seq.t_scheduled, seq.t_first_token)
-        return [StepOutput(seq.seq_id, new, seq.finish_reason, w.k, accepted, seq.stats, timing)]
+        out = StepOutput(seq.seq_id, new, seq.finish_reason, w.k, accepted)
+        out.decision = seq.step_decision
+        if seq.finish_reason:
+            out.stats = seq.stats
+            out.timing = (seq.t_arrived, seq.t_scheduled, seq.t_first_token)
+        return [out]
 
     def _finish(self, seq: Sequence) -> None:
+        seq.stats.reason = seq.speculation.reason(seq.decisions, seq.stats.rounds)
         self.scheduler.remove(seq)
         if self.proposer is not None:
             self.proposer.close(seq.seq_id)

@@ -1,28 +1,9 @@
-"""What the verifier reports about its load: rolling acceptance per route, tokens/s."""
+"""What the verifier reports about its load: tokens/s, and its Prometheus metrics."""
 
 from __future__ import annotations
 
 import time
 from collections import deque
-
-
-class RouteAcceptance:
-    """Exponentially weighted acceptance rate per route (weight by drafted tokens)."""
-
-    def __init__(self, half_life_tokens: float = 200.0):
-        self.decay = 0.5 ** (1 / half_life_tokens)
-        self._drafted: dict[str, float] = {}
-        self._accepted: dict[str, float] = {}
-
-    def record(self, route: str, drafted: int, accepted: int) -> None:
-        if drafted <= 0:
-            return
-        d = self.decay**drafted
-        self._drafted[route] = self._drafted.get(route, 0.0) * d + drafted
-        self._accepted[route] = self._accepted.get(route, 0.0) * d + accepted
-
-    def rates(self) -> dict[str, float]:
-        return {r: self._accepted[r] / self._drafted[r] for r in self._drafted}
 
 
 class TokenRate:
@@ -54,6 +35,9 @@ class VerifierMetrics:
         self.accepted = t.counter(names.NUM_ACCEPTED, "Draft tokens accepted")
         self.per_pos = t.counter(names.ACCEPTED_PER_POS, "Accepted draft tokens by position")
         self.tokens = t.counter(names.TOKENS_OUT, "Tokens generated")
+        self.k = t.histogram(names.SPEC_K, "1", "Draft tokens per decode step (0: plain)")
+        self.gain = t.histogram(names.SPEC_GAIN, "1", "Predicted tokens/s of the step vs plain")
+        self.reasons = t.counter(names.SPEC_DECISIONS, "Controller decisions per decode step")
         t.gauge(names.KV_USAGE, self._kv, "Fraction of KV blocks in use")
         t.gauge(names.RUNNING, self._running, "Sequences running")
         t.gauge(names.WAITING, self._waiting, "Sequences waiting")
@@ -61,6 +45,11 @@ class VerifierMetrics:
     def step(self, route: str, out) -> None:
         labels = {"route": route}
         self.tokens.add(len(out.tokens), labels)
+        reason, gain = out.decision
+        if reason:  # a decode step (prefill chunks decide nothing)
+            self.k.record(out.drafted, labels)
+            self.gain.record(gain, labels)
+            self.reasons.add(1, {"route": route, "reason": reason})
         if out.drafted:
             self.drafts.add(1, labels)
             self.draft_tokens.add(out.drafted, labels)

@@ -1,7 +1,8 @@
 """Which sequences run in the next forward, with how many tokens and how many drafts.
 
-Running sequences decode first (1 pending token + k drafts each); the rest of the token
-budget goes to prefill chunks. Admission reserves KV blocks for the prompt + (k + 1).
+Running sequences decode first (1 pending token + k drafts each, k from the speculation
+controller for `auto` requests); the rest of the token budget goes to prefill chunks.
+Admission reserves KV blocks for the prompt + (k + 1).
 When blocks run short a sequence's k is lowered first; if even k = 0 does not fit, the
 newest running sequence is preempted (its blocks freed, recomputed later).
 """
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from specd.config import EngineConfig
 from specd.kvcache import BlockAllocator, NoFreeBlocks
-from verifier_service.adaptive import CostRatio, best_k
+from verifier_service.controller import Candidate, Controller, Plan, expected_tokens
 from verifier_service.sequence import Sequence
 
 
@@ -44,7 +45,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self._last_was_prefill = False
         self._batch_history: deque[tuple[float, int]] = deque()
-        self.cost = CostRatio()  # draft step / verification forward, measured by the engine
+        self.controller = Controller()  # costs and acceptance, measured by the engine
+        self.last_plan = Plan([], [], 1.0)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -93,19 +95,13 @@ class Scheduler:
         return max(n for _, n in history)
 
     def _schedule_decode(self, budget: int) -> list[Work]:
+        ready = [s for s in self.running if s.num_cached >= prefill_target(s)]
+        ks = self._draft_counts(ready)
         work = []
-        recent = self._recent_batch()
-        for seq in list(self.running):
-            if seq not in self.running or seq.num_cached < prefill_target(seq):
-                continue  # preempted meanwhile, or still prefilling
-            remaining = seq.max_new_tokens - seq.num_generated
-            bound = min(seq.num_draft, self.config.max_draft_tokens)  # the route's k
-            if seq.draft_below_batch and recent >= seq.draft_below_batch:
-                bound = 0  # batch too large for speculation to pay (the route's policy)
-            if self.config.adaptive_k and bound > 0:
-                bound = best_k(seq.acceptance.alpha, self.cost.value, bound)
-            k = max(0, min(bound, remaining - 1, budget - 1))
-            k = self._fit(seq, k)
+        for seq, k in zip(ready, ks, strict=True):
+            if seq not in self.running:
+                continue  # preempted by an earlier sequence's reservation
+            k = self._fit(seq, max(0, min(k, budget - 1)))
             if k is None:
                 continue
             budget -= 1 + k
@@ -113,6 +109,47 @@ class Scheduler:
             if budget <= 0:
                 break
         return work
+
+    def _draft_counts(self, ready: list[Sequence]) -> list[int]:
+        """Drafts per decoding sequence: none past its route's batch or KV bound; else
+        `auto` ones by the controller, the others as asked. Records each step's reason on
+        the sequence."""
+        recent = self._recent_batch()
+        kv_used = self.allocator.utilization()
+        ks, reasons, candidates, fixed_rows, fixed_tokens = [], [], [], 0, 0.0
+        for seq in ready:
+            bounds = seq.speculation
+            remaining = seq.max_new_tokens - seq.num_generated
+            k = max(0, min(seq.num_draft, self.config.max_draft_tokens, remaining - 1))
+            accept = self.controller.accept_rates(bounds.route, seq.positions)
+            reason = None
+            if k and bounds.draft_below_batch and recent >= bounds.draft_below_batch:
+                k, reason = 0, "off:batch"
+            elif k and kv_used > bounds.max_kv_utilization:
+                k, reason = 0, "off:kv"
+            elif k and bounds.auto:
+                probe = seq.off_steps + 1 >= self.controller.config.probe_every
+                candidates.append(Candidate(k, accept, probe, bounds.min_acceptance))
+                ks.append(None)
+                reasons.append(None)
+                continue
+            ks.append(k)
+            reasons.append(reason or ("on" if k else "off:request"))
+            fixed_rows += 1 + k
+            fixed_tokens += expected_tokens(accept, k)
+        plan = self.controller.plan(candidates, fixed_rows, fixed_tokens)
+        self.last_plan = plan
+        chosen = iter(zip(plan.ks, plan.reasons, strict=True))
+        out = []
+        for seq, k, reason in zip(ready, ks, reasons, strict=True):
+            gain = 1.0
+            if k is None:
+                (k, reason), gain = next(chosen), plan.gain
+            seq.decisions[reason] += 1
+            seq.step_decision = (reason, gain)
+            seq.off_steps = 0 if k else seq.off_steps + 1
+            out.append(k)
+        return out
 
     def _fit(self, seq: Sequence, k: int) -> int | None:
         """Reserve blocks for 1 + k new tokens, lowering k, then preempting others."""
@@ -145,7 +182,7 @@ class Scheduler:
                 work.append(w)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_batch_size:
             seq = self.waiting[0]
-            k = min(seq.num_draft, self.config.max_draft_tokens)
+            k = min(seq.num_draft, self.config.max_draft_tokens)  # the most it may draft
             try:
                 self.allocator.allocate(seq.seq_id, reserve_tokens=len(seq.tokens) + k + 1)
             except NoFreeBlocks:
@@ -159,6 +196,7 @@ class Scheduler:
 
     def _chunk(self, seq: Sequence, budget: int) -> Work:
         seq.t_scheduled = seq.t_scheduled or time.time_ns()
+        seq.step_decision = ("", 1.0)  # a prefill chunk decides no speculation
         end = min(prefill_target(seq), seq.num_cached + budget)
         last = end == prefill_target(seq) and seq.prefilling
         return Work(seq, seq.tokens[seq.num_cached : end], 0, 1 if last else 0)

@@ -13,7 +13,8 @@ from protos.specd.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from specd.telemetry import extract_metadata
 from specd.wire import params_from_proto, speculation_to_proto
 from verifier_service.engine import Engine
-from verifier_service.load import RouteAcceptance, TokenRate, VerifierMetrics
+from verifier_service.load import TokenRate, VerifierMetrics
+from verifier_service.sequence import SpeculationBounds
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_MS = 500  # the hint sent with RESOURCE_EXHAUSTED
@@ -24,7 +25,6 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self.engine = engine
         self.model_name = model_name
         self.max_queue = max_queue
-        self.acceptance = RouteAcceptance()
         self.rate = TokenRate()
         self.requests_started = 0  # Generate calls admitted (tests and debugging)
         self.metrics = VerifierMetrics(telemetry, self) if telemetry is not None else None
@@ -69,7 +69,14 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             stop_ids=set(request.stop_ids),
             ignore_eos=request.ignore_eos,
             span=span,
-            draft_below_batch=request.draft_below_batch,
+            speculation=SpeculationBounds(
+                auto=request.auto,
+                route=route,
+                draft_below_batch=request.draft_below_batch,
+                # the route's bounds bind `auto` requests (a forced k drafts regardless)
+                max_kv_utilization=request.max_kv_utilization if request.auto else 1.0,
+                min_acceptance=request.min_acceptance if request.auto else 0.0,
+            ),
         )
         try:
             try:
@@ -86,7 +93,6 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                     )
                 generated += len(out.tokens)
                 self.rate.add(len(out.tokens))
-                self.acceptance.record(route, out.drafted, out.accepted)
                 if self.metrics is not None:
                     self.metrics.step(route, out)
                 msg = verifier_pb2.VerifyGenerateResponse(
@@ -97,7 +103,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                     ),
                 )
                 if out.finish_reason and out.stats is not None:
-                    msg.speculation.CopyFrom(speculation_to_proto(out.stats, "", k))
+                    msg.speculation.CopyFrom(speculation_to_proto(out.stats, k))
                     if span is not None:
                         self._phase_spans(span, out.stats, out.timing)
                 yield msg
@@ -144,7 +150,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             waiting=len(engine.scheduler.waiting),
             spec_running=sum(1 for s in running if s.num_draft > 0),
             tokens_per_s=self.rate.rate(),
-            acceptance_by_route=self.acceptance.rates(),
+            acceptance_by_route=engine.acceptance_by_route(),
             drafter_available=self._drafter_available(),
         )
 

@@ -251,3 +251,68 @@ def test_extreme_draft_rounds_are_answered_per_sequence(cluster, requests):
 
 def test_services_are_healthy_and_idle_after_the_fuzzing(cluster):
     settle(cluster)
+
+
+def float_fields(message) -> list[str]:
+    """Every float/double field of a message type (new fields are covered by themselves)."""
+    from google.protobuf.descriptor import FieldDescriptor
+
+    kinds = (FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE)
+    return [f.name for f in message.DESCRIPTOR.fields if f.type in kinds]
+
+
+NON_FINITE = [float("nan"), float("inf"), float("-inf")]
+PARAM_FIELDS = float_fields(common_pb2.SamplingParams)
+BOUND_FIELDS = [f for f in float_fields(verifier_pb2.VerifyGenerateRequest)]
+
+
+def refusal(address: str, method: str, request) -> grpc.RpcError:
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_stream(method)(request.SerializeToString(), timeout=TIMEOUT_S)
+        with pytest.raises(grpc.RpcError) as err:
+            list(call)
+    return err.value
+
+
+@pytest.mark.parametrize("value", NON_FINITE, ids=str)
+@pytest.mark.parametrize("field", PARAM_FIELDS)
+def test_non_finite_sampling_params_are_refused_by_name_everywhere(cluster, field, value):
+    assert {"temperature", "top_p", "min_p", "repetition_penalty"} <= set(PARAM_FIELDS)
+    started = cluster.verifier_servicers[0].requests_started
+    params = common_pb2.SamplingParams(**{field: value})
+    routed = router_pb2.GenerateRequest(prompt="hello", max_new_tokens=4, params=params)
+    err = refusal(cluster.router, "/specd.v1.Generation/GenerateStream", routed)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and field in err.details()
+    assert cluster.verifier_servicers[0].requests_started == started  # never got that far
+    direct = verifier_pb2.VerifyGenerateRequest(prompt_ids=[5, 6], max_new_tokens=4, params=params)
+    err = refusal(cluster.verifiers[0], "/specd.v1.Verifier/Generate", direct)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and field in err.details()
+    # the drafter refuses the session by name and keeps the stream
+    open_cmd = drafter_pb2.DraftRequest(round=1)
+    cmd = open_cmd.commands.add(seq_id=1)
+    cmd.open.token_ids.extend([5, 6])
+    cmd.open.params.CopyFrom(params)
+    open_cmd.commands.add(seq_id=1).step.k = 2  # the refusal is the step's proposal
+    with grpc.insecure_channel(cluster.drafter) as channel:
+        stream = channel.stream_stream("/specd.v1.Drafter/Draft")
+        responses = list(stream(iter([open_cmd.SerializeToString()]), timeout=TIMEOUT_S))
+    reply = drafter_pb2.DraftResponse.FromString(responses[0])
+    assert field in reply.proposals[0].error
+
+
+@pytest.mark.parametrize("value", NON_FINITE, ids=str)
+@pytest.mark.parametrize("field", BOUND_FIELDS)
+def test_non_finite_speculation_bounds_are_refused_by_name(cluster, field, value):
+    assert {"max_kv_utilization", "min_acceptance"} <= set(BOUND_FIELDS)
+    request = verifier_pb2.VerifyGenerateRequest(
+        prompt_ids=[5, 6], max_new_tokens=4, num_draft_tokens=2, auto=True, **{field: value}
+    )
+    err = refusal(cluster.verifiers[0], "/specd.v1.Verifier/Generate", request)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and field in err.details()
+
+
+def test_unknown_chat_roles_are_refused(cluster):
+    request = router_pb2.GenerateRequest(max_new_tokens=4)
+    request.messages.messages.add(role="wizard", content="hi")
+    err = refusal(cluster.router, "/specd.v1.Generation/GenerateStream", request)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "wizard" in err.details()

@@ -80,7 +80,6 @@ def test_greedy_identical_on_off_auto(cluster, client):
 @pytest.mark.parametrize(
     "route,params,reason",
     [
-        ("", {}, "on"),
         ("batch", {}, "off:policy"),
         ("full", {}, "off:batch"),
         ("kvfull", {}, "off:kv"),
@@ -90,8 +89,22 @@ def test_greedy_identical_on_off_auto(cluster, client):
 def test_decision_reasons(client, route, params, reason):
     r = client.generate("hello", max_new_tokens=4, route=route, **params)
     assert r.speculation.reason == reason
-    assert r.speculation.enabled == (reason == "on")
+    assert not r.speculation.enabled and r.speculation.drafted == 0
     assert r.route == (route or "default")
+
+
+def test_auto_reports_what_the_verifier_did(client):
+    for prompt in PROMPTS:
+        r = client.generate(prompt, max_new_tokens=16, ignore_eos=True)
+        spec = r.speculation
+        assert spec.arrival_reason == "auto"
+        assert spec.enabled == (spec.rounds > 0)
+        # "on" exactly when rounds ran; otherwise the controller's own reason
+        assert (spec.reason == "on") == (spec.rounds > 0) or spec.reason == "probe"
+        assert spec.reason in ("on", "off:cost", "off:acceptance", "probe")
+        if spec.rounds:
+            assert spec.mean_draft_tokens == pytest.approx(spec.drafted / spec.rounds)
+            assert 0 < spec.mean_draft_tokens <= spec.num_draft_tokens == 3
 
 
 def test_acceptance_branch_and_route_metadata(client):
@@ -105,9 +118,9 @@ def test_acceptance_branch_and_route_metadata(client):
     )
     assert first.route == "picky" and first.speculation.drafted > 0
     assert first.speculation.accepted < first.speculation.drafted
-    time.sleep(0.3)  # the next load report carries the route's acceptance
     r = client.generate("abcdefgh", max_new_tokens=4, metadata=[("x-route", "picky")])
-    assert r.speculation.reason == "off:acceptance"
+    assert r.speculation.reason == "off:acceptance" and r.speculation.drafted == 0
+    assert r.speculation.arrival_reason == "auto"  # the verifier decided, step by step
 
 
 def test_unknown_route_falls_back_with_warning(client):
@@ -251,11 +264,15 @@ def test_drafter_killed_mid_stream_every_request_completes(cluster):
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         with SpecdClient(cluster.router) as c:
-            if c.generate("abc", max_new_tokens=3).speculation.reason == "on":
+            # auto is allowed again (the verifier's controller then decides per step)
+            if c.generate("abc", max_new_tokens=3).speculation.arrival_reason == "auto":
                 break
         time.sleep(0.3)
     else:
         pytest.fail("speculation did not come back after the drafter restarted")
+    with SpecdClient(cluster.router) as c:
+        r = c.generate("abcabc", max_new_tokens=8, ignore_eos=True, speculation="on")
+        assert r.speculation.reason == "on" and r.speculation.drafted > 0
 
 
 def test_a_full_replica_sends_requests_to_the_other(cluster):

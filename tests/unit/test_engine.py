@@ -12,6 +12,7 @@ from specd.proposal import DraftState
 from specd.sampling import SamplingParams
 from tests.conftest import run_engine
 from verifier_service.engine import Engine
+from verifier_service.sequence import SpeculationBounds
 
 PROMPTS = [
     [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9],  # repetitive: n-gram finds matches
@@ -82,14 +83,16 @@ def test_draft_below_batch_speculates_only_while_the_batch_is_small(tiny_pair):
     drafted = {}
     for limit in (0, 10, 2):
         engine = make_engine(tiny_pair, "draft", draft_gate_memory_s=0.0)
-        got = run_engine(engine, [dict(r, num_draft=3, draft_below_batch=limit) for r in reqs])
+        gate = SpeculationBounds(draft_below_batch=limit)
+        got = run_engine(engine, [dict(r, num_draft=3, speculation=gate) for r in reqs])
         assert list(got.values()) == list(off.values())
         drafted[limit] = engine.totals.drafted
     assert drafted[10] == drafted[0] > 0  # a limit the batch never reaches changes nothing
     assert 0 < drafted[2] < drafted[0] / 2  # with limit 2: only the last request's tail
     # the gate remembers the largest recent batch: with a long memory, no tail drafting
     engine = make_engine(tiny_pair, "draft", draft_gate_memory_s=60.0)
-    run_engine(engine, [dict(r, num_draft=3, draft_below_batch=2) for r in reqs])
+    gate = SpeculationBounds(draft_below_batch=2)
+    run_engine(engine, [dict(r, num_draft=3, speculation=gate) for r in reqs])
     assert engine.totals.drafted == 0
 
 
@@ -228,18 +231,8 @@ def test_a_failing_step_fails_requests_instead_of_hanging(tiny_pair):
     assert engine.kv.allocator.num_used == 0 and engine.proposer.kv.allocator.num_used == 0
 
 
-def test_adaptive_k_never_exceeds_the_routes_bound(tiny_pair):
-    from verifier_service.adaptive import best_k, expected_tokens
-
-    assert best_k(0.95, 0.1, 8) == 8 and best_k(0.1, 0.9, 8) == 0
-    assert best_k(0.8, 0.4, 3) <= 3
-    assert expected_tokens(1.0, 4) == 5.0
-    for alpha in (0.0, 0.3, 0.6, 0.9, 0.99):
-        for c in (0.01, 0.2, 0.5, 1.0):
-            for bound in range(0, 9):
-                assert 0 <= best_k(alpha, c, bound) <= bound
-
-    engine = make_engine(tiny_pair, "draft", adaptive_k=True)
+def test_auto_k_never_exceeds_the_routes_bound_and_keeps_the_output(tiny_pair):
+    engine = make_engine(tiny_pair, "draft")
     seen = []
     real = engine.proposer.propose
 
@@ -249,7 +242,7 @@ def test_adaptive_k_never_exceeds_the_routes_bound(tiny_pair):
 
     engine.proposer.propose = spy
     reqs = [
-        dict(prompt=p, max_new_tokens=30, num_draft=k)
+        dict(prompt=p, max_new_tokens=30, num_draft=k, speculation=SpeculationBounds(auto=True))
         for p, k in zip(PROMPTS, [2, 5, 3, 1], strict=True)
     ]
     ref = run_engine(make_engine(tiny_pair), [dict(r, num_draft=0) for r in reqs])

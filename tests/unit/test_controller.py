@@ -1,0 +1,187 @@
+"""The speculation controller as a pure function of recorded costs and acceptance."""
+
+import pytest
+
+from verifier_service.controller import (
+    Candidate,
+    Controller,
+    CostCurve,
+    PositionAcceptance,
+    RouteAcceptance,
+    expected_tokens,
+)
+from verifier_service.sequence import SpeculationBounds
+
+# one decode step of the 1.5B target at int4 on the 2-core CPU, by rows in the forward,
+# and one draft step of the 0.5B drafter (BENCHMARKS.md section 10)
+FORWARD_S = {1: 0.067, 4: 0.077, 7: 0.088, 16: 0.152, 32: 0.290, 64: 0.560, 128: 1.10}
+DRAFT_STEP_S = {1: 0.022, 4: 0.030, 8: 0.045, 16: 0.080}
+
+
+def recorded() -> Controller:
+    c = Controller()
+    for rows, s in FORWARD_S.items():
+        c.record_forward(rows, s)
+    for seqs, s in DRAFT_STEP_S.items():
+        c.record_draft(seqs, 3, 3 * s)
+    return c
+
+
+def test_expected_tokens_by_hand():
+    assert expected_tokens([0.5], 0) == 1.0
+    assert expected_tokens([0.5], 2) == 1 + 0.5 + 0.25
+    assert expected_tokens([1.0, 0.5, 0.0], 4) == 1 + 1 + 0.5 + 0 + 0
+    assert expected_tokens([0.9, 0.5], 3) == pytest.approx(1 + 0.9 + 0.45 + 0.225)
+
+
+def test_cost_curve_interpolates_and_is_flat_past_the_measured():
+    curve = CostCurve()
+    assert curve(4) is None
+    curve.record(1, 1.0)
+    curve.record(9, 3.0)
+    assert curve(5) == pytest.approx(2.0)
+    assert curve(1) == 1.0 and curve(100) == 3.0  # past the largest: flat (optimistic)
+    curve.record(1, 2.0)  # an EMA, not the last sample
+    assert 1.0 < curve(1) < 2.0
+    curve.record(3, 0.0)  # nonsense timings are ignored
+    assert 3 not in curve.measured()
+
+
+def test_position_acceptance_counts_reached_positions():
+    acc = PositionAcceptance()
+    acc.record(4, 2)  # positions 0, 1 accepted, 2 rejected, 3 never reached
+    acc.record(4, 4)
+    assert acc.trials == [2, 2, 2, 1] and acc.hits == [2, 2, 1, 1]
+    rates = acc.rates([0.5], strength=2.0)
+    assert rates[0] == pytest.approx((2 + 1) / (2 + 2))
+    assert rates[2] == pytest.approx((1 + 1) / (2 + 2))
+    acc.limit(1.0)
+    assert acc.trials[0] == pytest.approx(1.0) and acc.hits[0] == pytest.approx(1.0)
+
+
+def test_one_sequence_on_a_cpu_drafts_as_far_as_acceptance_pays():
+    c = recorded()
+    good = c.plan([Candidate(8, [0.85])], 0, 0.0)
+    assert good.reasons == ["on"] and 3 <= good.ks[0] <= 8 and good.gain > 1.4
+    fair = c.plan([Candidate(8, [0.6])], 0, 0.0)
+    assert 1 <= fair.ks[0] < good.ks[0]
+    poor = c.plan([Candidate(8, [0.15])], 0, 0.0)
+    assert poor.ks == [0] and poor.reasons == ["off:acceptance"] and poor.gain == 1.0
+
+
+def test_the_best_k_is_the_argmax_of_the_predicted_rate():
+    c = recorded()
+    for alpha in (0.5, 0.7, 0.9):
+        plan = c.plan([Candidate(8, [alpha])], 0, 0.0)
+        rates = [
+            expected_tokens([alpha], k) / (c.forward(1 + k) + (k * c.draft(1) if k else 0.0))
+            for k in range(9)
+        ]
+        best = max(range(9), key=lambda k: rates[k])
+        assert plan.ks[0] == best
+        assert plan.gain == pytest.approx(rates[best] / rates[0])
+
+
+def test_a_loaded_batch_goes_off_for_cost_not_for_acceptance():
+    # 16 sequences: 16 rows cost 2.3x one row, and each draft row costs nearly a full row
+    c = recorded()
+    batch = [Candidate(6, [0.7]) for _ in range(16)]
+    plan = c.plan(batch, 0, 0.0)
+    assert plan.ks == [0] * 16 and set(plan.reasons) == {"off:cost"}
+    # the same sequences alone draft
+    assert c.plan(batch[:1], 0, 0.0).ks[0] > 0
+
+
+def test_a_poor_sequence_is_left_out_of_a_good_round():
+    c = recorded()
+    plan = c.plan([Candidate(6, [0.9]), Candidate(6, [0.02])], 0, 0.0)
+    assert plan.ks[0] > 0 and plan.ks[1] == 0
+    assert plan.reasons == ["on", "off:acceptance"]
+
+
+def test_the_margin_keeps_plain_decoding_when_the_gain_is_marginal():
+    c = Controller()
+    c.record_forward(1, 1.0)
+    c.record_forward(2, 1.0)
+    c.record_draft(1, 1, 0.5)
+    # E(1) = 1.55 over 1.5 s: 1.033x plain, under the 5% margin
+    assert c.plan([Candidate(1, [0.55])], 0, 0.0).ks == [0]
+    assert c.plan([Candidate(1, [0.7])], 0, 0.0).ks == [1]  # 1.13x
+
+
+def test_a_route_below_its_floor_probes_at_k1_only_when_due():
+    c = recorded()
+    low = [0.3]
+    assert c.plan([Candidate(6, low, probe=False, floor=0.5)], 0, 0.0).reasons == ["off:acceptance"]
+    plan = c.plan([Candidate(6, low, probe=True, floor=0.5)], 0, 0.0)
+    assert plan.ks == [1] and plan.reasons == ["probe"]
+    # a good route above its floor never "probes": it drafts
+    assert c.plan([Candidate(6, [0.9], probe=True, floor=0.5)], 0, 0.0).reasons == ["on"]
+    # a loaded batch (off for cost) does not probe either
+    busy = [Candidate(6, [0.7], probe=True) for _ in range(16)]
+    assert c.plan(busy, 0, 0.0).ks == [0] * 16
+
+
+def test_route_acceptance_decays_back_to_the_prior_with_time():
+    now = [0.0]
+    routes = RouteAcceptance(half_life_s=10.0, max_rounds=64, clock=lambda: now[0])
+    for _ in range(500):  # a burst of rejected rounds
+        routes.record("chat", 4, 0)
+    acc = routes.positions("chat")
+    assert acc.trials[0] == pytest.approx(64)  # never worth more than 64 rounds
+    assert acc.rates([0.7], 2.0)[0] < 0.05
+    assert routes.rates()["chat"] == 0.0
+    now[0] = 60.0  # six half-lives later the burst weighs 1 round
+    assert routes.positions("chat").rates([0.7], 2.0)[0] > 0.45
+
+
+def test_recovery_after_a_bad_burst_within_a_few_probes():
+    """The latch of issue 15: a burst of 0% rounds on a route, then normal traffic.
+    Probing at k = 1 every 16 steps must bring the route back to drafting, with no time
+    passing at all (the time decay is the second, independent way back)."""
+    c = recorded()
+    c.routes.clock = lambda: 0.0
+    for _ in range(300):
+        c.routes.record("chat", 3, 0)
+    steps_off, seq, on_at = 0, PositionAcceptance(), None
+    for step in range(400):
+        accept = c.accept_rates("chat", seq)
+        cand = Candidate(3, accept, probe=steps_off + 1 >= c.config.probe_every, floor=0.5)
+        k, reason = (lambda p: (p.ks[0], p.reasons[0]))(c.plan([cand], 0, 0.0))
+        if reason == "on":
+            on_at = step
+            break
+        steps_off = 0 if k else steps_off + 1
+        if k:  # the new traffic accepts what it drafts
+            seq.record(k, k)
+            c.routes.record("chat", k, k)
+    assert on_at is not None and on_at <= 10 * c.config.probe_every
+    probes = on_at // c.config.probe_every
+    assert probes <= 10  # the probing cost: at most one k = 1 round in 16 steps, bounded
+
+
+@pytest.mark.parametrize(
+    "decisions,rounds,reason",
+    [
+        ({"on": 5, "off:batch": 9}, 5, "on"),
+        ({"off:acceptance": 30, "probe": 2}, 2, "probe"),
+        ({"off:batch": 3, "off:kv": 5}, 0, "off:kv"),
+        ({"on": 4}, 0, "off:drafter-unavailable"),
+        ({"off:request": 4}, 0, "off:request"),
+        ({}, 0, "off:request"),
+    ],
+)
+def test_a_request_reason_agrees_with_its_counts(decisions, rounds, reason):
+    from collections import Counter
+
+    assert SpeculationBounds.reason(Counter(decisions), rounds) == reason
+
+
+def test_bounds_refuse_nan_and_out_of_range():
+    for bad in (float("nan"), -0.1, 1.5, float("inf")):
+        with pytest.raises(ValueError, match="max_kv_utilization"):
+            SpeculationBounds(max_kv_utilization=bad).validate()
+        with pytest.raises(ValueError, match="min_acceptance"):
+            SpeculationBounds(min_acceptance=bad).validate()
+    with pytest.raises(ValueError, match="draft_below_batch"):
+        SpeculationBounds(draft_below_batch=-1).validate()

@@ -1,0 +1,296 @@
+"""The speculation controller: per step, draft only when the predicted tokens/s beat plain.
+
+For the decoding sequences of one step, drafting k tokens for sequence s (k_s <= its
+route's k) predicts
+
+    tokens(k) = sum_s E_s(k_s),   E(k) = 1 + sum_{j=1..k} prod_{i=1..j} a_i
+    time(k)   = T(rows) + D(k),   rows = sum_s (1 + k_s)
+
+with a_i the probability that draft position i is accepted once positions < i were
+(measured per route and per sequence), T the forward's cost by row count and D a drafter
+round of k steps (both measured online). Plain decoding is tokens = B, time = T(B). The
+controller takes the k with the best tokens/time and drafts only when it beats plain by
+`margin`; a sequence whose drafts cost more than they bring is left out of the round.
+
+Nothing latches: acceptance decays with time back toward a prior, and a route that is off
+for acceptance still probes one round in `probe_every` at k = 1, so it measures again and
+comes back by itself. Pure Python (no torch): the unit tests feed it recorded timings.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from dataclasses import dataclass, field
+
+
+class CostCurve:
+    """Seconds per event by size (rows of a forward, or sequences in a drafter round), an
+    EMA per size. Unmeasured sizes interpolate between measured neighbours; past the
+    largest measured size the curve is flat, an optimistic guess on a memory-bound device
+    that the first such step corrects."""
+
+    def __init__(self, prior: dict[int, float] | None = None, weight: float = 0.3):
+        self.weight = weight
+        self._by_size: dict[int, float] = dict(prior or {})
+        self._sizes = sorted(self._by_size)
+
+    def record(self, size: int, seconds: float) -> None:
+        if size <= 0 or not seconds > 0:
+            return
+        old = self._by_size.get(size)
+        if old is None:
+            self._by_size[size] = seconds
+            self._sizes = sorted(self._by_size)
+        else:
+            self._by_size[size] = old + self.weight * (seconds - old)
+
+    def __call__(self, size: int) -> float | None:
+        sizes = self._sizes
+        if not sizes:
+            return None
+        i = bisect_left(sizes, size)
+        if i < len(sizes) and sizes[i] == size:
+            return self._by_size[size]
+        if i == 0:
+            return self._by_size[sizes[0]]
+        if i == len(sizes):
+            return self._by_size[sizes[-1]]
+        lo, hi = sizes[i - 1], sizes[i]
+        f = (size - lo) / (hi - lo)
+        return self._by_size[lo] * (1 - f) + self._by_size[hi] * f
+
+    def measured(self) -> dict[int, float]:
+        return dict(self._by_size)
+
+
+def expected_tokens(accept: list[float], k: int) -> float:
+    """E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i: the bonus/recovered token plus each draft
+    position reached and accepted (a position past the measured ones repeats the last)."""
+    total, p = 1.0, 1.0
+    for j in range(k):
+        p *= accept[min(j, len(accept) - 1)] if accept else 0.0
+        total += p
+    return total
+
+
+@dataclass
+class PositionAcceptance:
+    """Acceptance by draft position as decayed counts: `trials[i]` rounds reached position
+    i, `hits[i]` accepted it. `decay(f)` multiplies every count by f (0 < f <= 1)."""
+
+    trials: list[float] = field(default_factory=list)
+    hits: list[float] = field(default_factory=list)
+
+    def record(self, k: int, accepted: int) -> None:
+        if k <= 0:
+            return
+        reached = min(accepted + 1, k)  # positions 0..accepted were tried (not past k)
+        grow = reached - len(self.trials)
+        if grow > 0:
+            self.trials += [0.0] * grow
+            self.hits += [0.0] * grow
+        for i in range(reached):
+            self.trials[i] += 1
+            self.hits[i] += i < accepted
+
+    def limit(self, max_trials: float) -> None:
+        """Scale the counts down so position 0 holds at most `max_trials` rounds."""
+        if self.trials and self.trials[0] > max_trials:
+            self.decay(max_trials / self.trials[0])
+
+    def decay(self, factor: float) -> None:
+        self.trials = [t * factor for t in self.trials]
+        self.hits = [h * factor for h in self.hits]
+
+    def rates(self, prior: list[float], strength: float) -> list[float]:
+        """Per position: (hits + strength * prior) / (trials + strength)."""
+        n = max(len(prior), len(self.trials))
+        out = []
+        for i in range(n):
+            p = prior[min(i, len(prior) - 1)]
+            t = self.trials[i] if i < len(self.trials) else 0.0
+            h = self.hits[i] if i < len(self.hits) else 0.0
+            out.append((h + strength * p) / (t + strength))
+        return out
+
+    @property
+    def drafted(self) -> float:
+        return sum(self.trials)
+
+
+class RouteAcceptance:
+    """Per route, acceptance by position, decayed with wall-clock time (half-life
+    `half_life_s`) so an old burst stops counting and the estimate returns to the prior, and
+    never worth more than `max_rounds` rounds, so new rounds move it within a request or
+    two."""
+
+    def __init__(self, half_life_s: float = 30.0, max_rounds: float = 16.0, clock=time.monotonic):
+        self.half_life_s = half_life_s
+        self.max_rounds = max_rounds
+        self.clock = clock
+        self._routes: dict[str, PositionAcceptance] = {}
+        self._stamp: dict[str, float] = {}
+        self._overall: dict[str, list[float]] = {}  # decayed [drafted, accepted]
+
+    def _aged(self, route: str) -> PositionAcceptance:
+        now = self.clock()
+        acc = self._routes.setdefault(route, PositionAcceptance())
+        last = self._stamp.get(route, now)
+        if now > last:
+            factor = 0.5 ** ((now - last) / self.half_life_s)
+            acc.decay(factor)
+            self._overall[route] = [x * factor for x in self._overall.get(route, [0.0, 0.0])]
+        self._stamp[route] = now
+        return acc
+
+    def record(self, route: str, k: int, accepted: int) -> None:
+        if k <= 0:
+            return
+        acc = self._aged(route)
+        acc.record(k, accepted)
+        acc.limit(self.max_rounds)
+        d, a = self._overall.get(route, [0.0, 0.0])
+        self._overall[route] = [d + k, a + accepted]
+
+    def positions(self, route: str) -> PositionAcceptance:
+        return self._aged(route)
+
+    def rates(self) -> dict[str, float]:
+        """accepted / drafted per route with rounds in memory (for load reports)."""
+        out = {}
+        for route in list(self._routes):
+            self._aged(route)
+            d, a = self._overall.get(route, [0.0, 0.0])
+            if d > 1e-3:
+                out[route] = a / d
+        return out
+
+
+@dataclass
+class Candidate:
+    """One decoding sequence of an `auto` request, as the controller sees it."""
+
+    cap: int  # the most drafts the route and the sequence allow this step
+    accept: list[float]  # a_i by position
+    probe: bool = False  # due a probe round if it is off for acceptance
+    floor: float = 0.0  # the route's min_acceptance: below it a_1 is off for acceptance
+
+
+@dataclass(frozen=True)
+class Plan:
+    ks: list[int]  # drafts per candidate, in order
+    reasons: list[str]  # per candidate: "on", "probe", "off:cost", "off:acceptance"
+    gain: float  # predicted tokens/s of the plan over plain decoding (1.0: plain)
+
+
+@dataclass
+class ControllerConfig:
+    margin: float = 0.05  # drafting must predict >= (1 + margin) x plain's tokens/s
+    prior_acceptance: float = 0.7  # a_i before any round on a route
+    prior_strength: float = 2.0  # how many rounds the prior weighs
+    route_strength: float = 4.0  # how many rounds a route's estimate weighs for a sequence
+    probe_every: int = 16  # while off for acceptance: one k = 1 round in this many steps
+
+
+class Controller:
+    """Owns the measured costs; `plan` decides one step."""
+
+    def __init__(self, config: ControllerConfig | None = None):
+        self.config = config or ControllerConfig()
+        self.forward = CostCurve()  # seconds per decode-only forward, by rows
+        self.draft = CostCurve()  # seconds per draft step, by sequences in the round
+        self.routes = RouteAcceptance()
+
+    def accept_rates(self, route: str, seq: PositionAcceptance) -> list[float]:
+        c = self.config
+        route_rates = self.routes.positions(route).rates([c.prior_acceptance], c.prior_strength)
+        return seq.rates(route_rates, c.route_strength)
+
+    def record_forward(self, rows: int, seconds: float) -> None:
+        self.forward.record(rows, seconds)
+
+    def record_draft(self, sequences: int, steps: int, seconds: float) -> None:
+        if steps > 0:
+            self.draft.record(sequences, seconds / steps)
+
+    def plan(self, candidates: list[Candidate], fixed_rows: int, fixed_tokens: float) -> Plan:
+        """Drafts per candidate for one step. `fixed_rows`/`fixed_tokens`: the rest of the
+        batch (plain or forced-k sequences), which the decision does not change.
+
+        A candidate left at k = 0 is `off:cost` when it would draft alone (the batch makes
+        drafting too dear) and `off:acceptance` when not even alone, or below the route's
+        `min_acceptance`: only those probe, so probing never adds to a loaded batch."""
+        if not candidates:
+            return Plan([], [], 1.0)
+        eligible = [c if c.accept[0] >= c.floor else _capped(c) for c in candidates]
+        ks, gain = self._best(eligible, fixed_rows, fixed_tokens)
+        reasons = []
+        for i, c in enumerate(candidates):
+            if ks[i]:
+                reasons.append("on")
+            elif eligible[i].cap and self._best([c], 0, 0.0)[0][0]:
+                reasons.append("off:cost")
+            elif c.probe and c.cap:
+                ks[i] = 1
+                reasons.append("probe")
+            else:
+                reasons.append("off:acceptance")
+        return Plan(ks, reasons, gain)
+
+    def _best(self, candidates, fixed_rows, fixed_tokens) -> tuple[list[int], float]:
+        """The k (<= each cap) with the best predicted tokens/s, if it beats plain by the
+        margin; -> (ks, predicted gain over plain)."""
+        n = len(candidates)
+        plain = [0] * n
+        base = self._rate(candidates, plain, fixed_rows, fixed_tokens)
+        if base <= 0:
+            return plain, 1.0
+        best, best_rate = plain, base
+        for k in range(1, max((c.cap for c in candidates), default=0) + 1):
+            ks = [min(k, c.cap) for c in candidates]
+            ks = self._drop_losers(candidates, ks, fixed_rows, fixed_tokens)
+            rate = self._rate(candidates, ks, fixed_rows, fixed_tokens)
+            if rate > best_rate + 1e-12:
+                best, best_rate = ks, rate
+        if best_rate < base * (1 + self.config.margin):
+            return plain, 1.0
+        return best, best_rate / base
+
+    def _drop_losers(self, candidates, ks, fixed_rows, fixed_tokens) -> list[int]:
+        """Leave out, one at a time, a sequence whose drafts cost more than they bring."""
+        ks = list(ks)
+        order = sorted(range(len(ks)), key=lambda i: expected_tokens(candidates[i].accept, 1))
+        rate = self._rate(candidates, ks, fixed_rows, fixed_tokens)
+        for i in order:
+            if ks[i] == 0 or sum(1 for k in ks if k) == 1:
+                continue
+            trial = ks[:i] + [0] + ks[i + 1 :]
+            r = self._rate(candidates, trial, fixed_rows, fixed_tokens)
+            if r > rate:
+                ks, rate = trial, r
+        return ks
+
+    def _rate(self, candidates, ks, fixed_rows, fixed_tokens) -> float:
+        tokens = fixed_tokens + sum(
+            expected_tokens(c.accept, k) for c, k in zip(candidates, ks, strict=True)
+        )
+        rows = fixed_rows + sum(1 + k for k in ks)
+        seconds = self._forward_s(rows)
+        drafting = [k for k in ks if k]
+        if drafting:
+            seconds += max(drafting) * self._draft_step_s(len(drafting), rows)
+        return tokens / seconds if seconds > 0 else 0.0
+
+    def _forward_s(self, rows: int) -> float:
+        t = self.forward(rows)
+        return 1.0 if t is None else t  # nothing measured yet: every size costs the same
+
+    def _draft_step_s(self, sequences: int, rows: int) -> float:
+        t = self.draft(sequences)
+        # before any drafter round: a draft step guessed at a quarter of a forward
+        return 0.25 * self._forward_s(rows) if t is None else t
+
+
+def _capped(c: Candidate) -> Candidate:
+    return Candidate(0, c.accept, c.probe, c.floor)

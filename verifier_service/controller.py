@@ -199,7 +199,10 @@ class Controller:
     def __init__(self, config: ControllerConfig | None = None):
         self.config = config or ControllerConfig()
         self.forward = CostCurve()  # seconds per decode-only forward, by rows
-        self.draft = CostCurve()  # seconds per draft step, by sequences in the round
+        # seconds per drafter round, by draft steps (k), one curve per sequences in the
+        # round: a round has a fixed part (the catch-up of accepted tokens, the round trip)
+        # that a per-step average would charge to every step, and so undervalue long k
+        self.draft: dict[int, CostCurve] = {}
         self.routes = RouteAcceptance()
 
     def accept_rates(self, route: str, seq: PositionAcceptance) -> list[float]:
@@ -211,8 +214,8 @@ class Controller:
         self.forward.record(rows, seconds)
 
     def record_draft(self, sequences: int, steps: int, seconds: float) -> None:
-        if steps > 0:
-            self.draft.record(sequences, seconds / steps)
+        if steps > 0 and sequences > 0:
+            self.draft.setdefault(sequences, CostCurve()).record(steps, seconds)
 
     def plan(self, candidates: list[Candidate], fixed_rows: int, fixed_tokens: float) -> Plan:
         """Drafts per candidate for one step. `fixed_rows`/`fixed_tokens`: the rest of the
@@ -279,17 +282,22 @@ class Controller:
         seconds = self._forward_s(rows)
         drafting = [k for k in ks if k]
         if drafting:
-            seconds += max(drafting) * self._draft_step_s(len(drafting), rows)
+            seconds += self._draft_round_s(len(drafting), max(drafting), rows)
         return tokens / seconds if seconds > 0 else 0.0
 
     def _forward_s(self, rows: int) -> float:
         t = self.forward(rows)
         return 1.0 if t is None else t  # nothing measured yet: every size costs the same
 
-    def _draft_step_s(self, sequences: int, rows: int) -> float:
-        t = self.draft(sequences)
-        # before any drafter round: a draft step guessed at a quarter of a forward
-        return 0.25 * self._forward_s(rows) if t is None else t
+    def _draft_round_s(self, sequences: int, steps: int, rows: int) -> float:
+        """A drafter round of `steps` for `sequences`, from the round size measured nearest
+        (the fewest sequences at or above, else the most below)."""
+        if not self.draft:
+            # before any round: a draft step guessed at a quarter of a forward
+            return 0.25 * steps * self._forward_s(rows)
+        sizes = sorted(self.draft)
+        size = next((n for n in sizes if n >= sequences), sizes[-1])
+        return self.draft[size](steps)
 
 
 def _capped(c: Candidate) -> Candidate:

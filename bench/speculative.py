@@ -184,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         elif kind == "ngram":
             proposer = NgramProposer()
         mods = kind.split("-")[1:]
-        engine_cfg = dataclasses.replace(cfg, batch_invariant=cfg.batch_invariant or "inv" in mods)
+        engine_cfg = dataclasses.replace(
+            cfg, batch_invariant=cfg.batch_invariant or "inv" in mods, cost_model="auto" in mods
+        )
         engine = Engine(target, engine_cfg, proposer, eos_ids=eos)
         results[name] = run_engine_config(
             engine, prompts, int(k or 0), args.max_new_tokens, auto="auto" in mods

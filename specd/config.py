@@ -21,6 +21,11 @@ class EngineConfig:
     # dense bf16 matmuls in 16-row tiles; the int8/int4 kernel is invariant by itself), so
     # greedy output is identical with and without speculation (BENCHMARKS.md: its cost)
     batch_invariant: bool = True
+    # `auto` requests: pick k per step from measured costs (verifier_service/controller.py).
+    # Off by default until it is calibrated under load: at 4 concurrent code requests it
+    # gave 0.88x of always drafting (BENCHMARKS.md section 11); off, `auto` drafts the
+    # route's k within its batch/KV bounds, and acceptance still decays and probes
+    cost_model: bool = False
     draft_gate_memory_s: float = 1.0  # draft_below_batch compares the largest batch seen
     # a drafter's alternative leaves are verified while a step feeds at most this many
     # tokens (up to 16 rows cost about one row on CPU, BENCHMARKS.md); 0 = never

@@ -10,7 +10,10 @@ with a_i the probability that draft position i is accepted once positions < i we
 (measured per route and per sequence), T the forward's cost by row count and D a drafter
 round of k steps (both measured online). Plain decoding is tokens = B, time = T(B). The
 controller takes the k with the best tokens/time and drafts only when it beats plain by
-`margin`; a sequence whose drafts cost more than they bring is left out of the round.
+`margin`, for every sequence of the step at once: a sequence whose route accepts less than
+its `min_acceptance` is left out, but no other (measured: a batch that mixes drafting and
+plain sequences, each plain one waiting for the drafter's round and then costing the
+drafter a catch-up, did worse than both all-on and all-off, BENCHMARKS.md section 11).
 
 Nothing latches: acceptance decays with time back toward a prior, and a route that is off
 for acceptance still probes one round in `probe_every` at k = 1, so it measures again and
@@ -186,7 +189,9 @@ class Plan:
 
 @dataclass
 class ControllerConfig:
-    margin: float = 0.05  # drafting must predict >= (1 + margin) x plain's tokens/s
+    costs: bool = True  # False: every eligible sequence drafts its cap (no cost model)
+    margin: float = 0.05  # plain -> drafting when drafting predicts >= (1 + margin) x plain
+    off_margin: float = 0.10  # drafting -> plain when it predicts < (1 - off_margin) x plain
     prior_acceptance: float = 0.7  # a_i before any round on a route
     prior_strength: float = 2.0  # how many rounds the prior weighs
     route_strength: float = 4.0  # how many rounds a route's estimate weighs for a sequence
@@ -204,6 +209,8 @@ class Controller:
         # that a per-step average would charge to every step, and so undervalue long k
         self.draft: dict[int, CostCurve] = {}
         self.routes = RouteAcceptance()
+        # the last step's plan drafted (for the hysteresis); a route's `auto` starts on
+        self.drafting = True
 
     def accept_rates(self, route: str, seq: PositionAcceptance) -> list[float]:
         c = self.config
@@ -227,12 +234,22 @@ class Controller:
         if not candidates:
             return Plan([], [], 1.0)
         eligible = [c if c.accept[0] >= c.floor else _capped(c) for c in candidates]
-        ks, gain = self._best(eligible, fixed_rows, fixed_tokens)
+        # hysteresis: switching costs (the drafter catches up on what it skipped), and the
+        # model errs by ~10% near break-even (at 4 sequences it kept choosing plain where
+        # drafting gained 11%), so a drafting batch stays on until drafting predicts
+        # `off_margin` worse than plain, and a plain one waits for `margin` better
+        cfg = self.config
+        if cfg.costs:
+            threshold = -cfg.off_margin if self.drafting else cfg.margin
+            ks, gain = self._best(eligible, fixed_rows, fixed_tokens, threshold)
+        else:
+            ks, gain = [c.cap for c in eligible], 1.0
+        self.drafting = any(ks)
         reasons = []
         for i, c in enumerate(candidates):
             if ks[i]:
                 reasons.append("on")
-            elif eligible[i].cap and self._best([c], 0, 0.0)[0][0]:
+            elif eligible[i].cap and (not cfg.costs or self._best([c], 0, 0.0)[0][0]):
                 reasons.append("off:cost")
             elif c.probe and c.cap:
                 ks[i] = 1
@@ -241,38 +258,24 @@ class Controller:
                 reasons.append("off:acceptance")
         return Plan(ks, reasons, gain)
 
-    def _best(self, candidates, fixed_rows, fixed_tokens) -> tuple[list[int], float]:
-        """The k (<= each cap) with the best predicted tokens/s, if it beats plain by the
-        margin; -> (ks, predicted gain over plain)."""
+    def _best(self, candidates, fixed_rows, fixed_tokens, margin=None) -> tuple[list[int], float]:
+        """The k (<= each cap) with the best predicted tokens/s, if it beats plain by
+        `margin` (default: the config's); -> (ks, predicted gain over plain)."""
+        margin = self.config.margin if margin is None else margin
         n = len(candidates)
         plain = [0] * n
         base = self._rate(candidates, plain, fixed_rows, fixed_tokens)
         if base <= 0:
             return plain, 1.0
-        best, best_rate = plain, base
+        best, best_rate = plain, 0.0
         for k in range(1, max((c.cap for c in candidates), default=0) + 1):
             ks = [min(k, c.cap) for c in candidates]
-            ks = self._drop_losers(candidates, ks, fixed_rows, fixed_tokens)
             rate = self._rate(candidates, ks, fixed_rows, fixed_tokens)
             if rate > best_rate + 1e-12:
                 best, best_rate = ks, rate
-        if best_rate < base * (1 + self.config.margin):
+        if best is plain or best_rate < base * (1 + margin):
             return plain, 1.0
         return best, best_rate / base
-
-    def _drop_losers(self, candidates, ks, fixed_rows, fixed_tokens) -> list[int]:
-        """Leave out, one at a time, a sequence whose drafts cost more than they bring."""
-        ks = list(ks)
-        order = sorted(range(len(ks)), key=lambda i: expected_tokens(candidates[i].accept, 1))
-        rate = self._rate(candidates, ks, fixed_rows, fixed_tokens)
-        for i in order:
-            if ks[i] == 0 or sum(1 for k in ks if k) == 1:
-                continue
-            trial = ks[:i] + [0] + ks[i + 1 :]
-            r = self._rate(candidates, trial, fixed_rows, fixed_tokens)
-            if r > rate:
-                ks, rate = trial, r
-        return ks
 
     def _rate(self, candidates, ks, fixed_rows, fixed_tokens) -> float:
         tokens = fixed_tokens + sum(

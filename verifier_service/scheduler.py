@@ -15,7 +15,13 @@ from dataclasses import dataclass
 
 from specd.config import EngineConfig
 from specd.kvcache import BlockAllocator, NoFreeBlocks
-from verifier_service.controller import Candidate, Controller, Plan, expected_tokens
+from verifier_service.controller import (
+    Candidate,
+    Controller,
+    ControllerConfig,
+    Plan,
+    expected_tokens,
+)
 from verifier_service.sequence import Sequence
 
 
@@ -45,7 +51,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self._last_was_prefill = False
         self._batch_history: deque[tuple[float, int]] = deque()
-        self.controller = Controller()  # costs and acceptance, measured by the engine
+        # costs and acceptance, measured by the engine
+        self.controller = Controller(ControllerConfig(costs=config.cost_model))
         self.last_plan = Plan([], [], 1.0)
 
     def add(self, seq: Sequence) -> None:

@@ -81,6 +81,7 @@ def test_one_sequence_on_a_cpu_drafts_as_far_as_acceptance_pays():
 def test_the_best_k_is_the_argmax_of_the_predicted_rate():
     c = recorded()
     for alpha in (0.5, 0.7, 0.9):
+        c.drafting = False  # no hysteresis: the plain argmax with the switch-on margin
         plan = c.plan([Candidate(8, [alpha])], 0, 0.0)
         rates = [
             expected_tokens([alpha], k) / (c.forward(1 + k) + (draft_round(1, k) if k else 0.0))
@@ -101,7 +102,7 @@ def test_a_loaded_batch_goes_off_for_cost_not_for_acceptance():
     assert c.plan(batch[:1], 0, 0.0).ks[0] > 0
 
 
-def test_a_poor_sequence_is_left_out_of_a_good_round():
+def test_a_sequence_below_its_routes_floor_is_left_out_of_a_good_round():
     # a device where up to 16 rows cost one (bf16 on AMX, a GPU), more cost more, and
     # drafts are cheap: the poor sequence's 6 rows would cost and bring nothing
     c = Controller()
@@ -111,7 +112,8 @@ def test_a_poor_sequence_is_left_out_of_a_good_round():
     for k in (1, 6):
         c.record_draft(2, k, 0.005 * k)
         c.record_draft(1, k, 0.004 * k)
-    plan = c.plan([Candidate(6, [0.9]), Candidate(6, [0.02]), Candidate(6, [0.8])], 0, 0.0)
+    batch = [Candidate(6, [0.9], floor=0.5), Candidate(6, [0.02], floor=0.5)]
+    plan = c.plan(batch + [Candidate(6, [0.8], floor=0.5)], 0, 0.0)
     assert plan.ks[0] > 0 and plan.ks[1] == 0 and plan.ks[2] > 0
     assert plan.reasons == ["on", "off:acceptance", "on"]
 
@@ -130,6 +132,7 @@ def test_the_margin_keeps_plain_decoding_when_the_gain_is_marginal():
     c.record_forward(1, 1.0)
     c.record_forward(2, 1.0)
     c.record_draft(1, 1, 0.5)
+    c.drafting = False  # from plain decoding (the hysteresis is tested below)
     # E(1) = 1.55 over 1.5 s: 1.033x plain, under the 5% margin
     assert c.plan([Candidate(1, [0.55])], 0, 0.0).ks == [0]
     assert c.plan([Candidate(1, [0.7])], 0, 0.0).ks == [1]  # 1.13x
@@ -211,3 +214,27 @@ def test_bounds_refuse_nan_and_out_of_range():
             SpeculationBounds(min_acceptance=bad).validate()
     with pytest.raises(ValueError, match="draft_below_batch"):
         SpeculationBounds(draft_below_batch=-1).validate()
+
+
+def test_hysteresis_a_drafting_batch_stays_on_near_the_break_even():
+    c = Controller()
+    c.record_forward(1, 1.0)
+    c.record_forward(2, 1.0)
+    c.record_draft(1, 1, 0.5)
+    near = [Candidate(1, [0.55])]  # predicted 1.033x plain
+    c.drafting = False
+    assert c.plan(near, 0, 0.0).ks == [0] and not c.drafting  # not enough to switch on
+    assert c.plan([Candidate(1, [0.9])], 0, 0.0).ks == [1] and c.drafting
+    assert c.plan(near, 0, 0.0).ks == [1]  # not bad enough to switch off
+    assert c.plan([Candidate(1, [0.4])], 0, 0.0).ks == [1]  # 0.93x: within the off margin
+    assert c.plan([Candidate(1, [0.3])], 0, 0.0).ks == [0] and not c.drafting  # 0.87x
+
+
+def test_without_the_cost_model_auto_drafts_its_cap_but_still_probes():
+    from verifier_service.controller import ControllerConfig
+
+    c = Controller(ControllerConfig(costs=False))
+    plan = c.plan([Candidate(6, [0.6]), Candidate(3, [0.2], floor=0.5)], 0, 0.0)
+    assert plan.ks == [6, 0] and plan.reasons == ["on", "off:acceptance"]
+    plan = c.plan([Candidate(3, [0.2], probe=True, floor=0.5)], 0, 0.0)
+    assert plan.ks == [1] and plan.reasons == ["probe"]

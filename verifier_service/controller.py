@@ -9,11 +9,12 @@ route's k) predicts
 with a_i the probability that draft position i is accepted once positions < i were
 (measured per route and per sequence), T the forward's cost by row count and D a drafter
 round of k steps (both measured online). Plain decoding is tokens = B, time = T(B). The
-controller takes the k with the best tokens/time and drafts only when it beats plain by
-`margin`, for every sequence of the step at once: a sequence whose route accepts less than
-its `min_acceptance` is left out, but no other (measured: a batch that mixes drafting and
-plain sequences, each plain one waiting for the drafter's round and then costing the
-drafter a catch-up, did worse than both all-on and all-off, BENCHMARKS.md section 11).
+controller takes the k with the best tokens/time, for every sequence of the step at once
+(only a sequence under its route's `min_acceptance` is left out), with hysteresis: from
+plain it needs `margin` better, once drafting it stays until `off_margin` worse. This cost
+model is optional (`ControllerConfig.costs`, the engine's `cost_model`, off by default):
+at 4 concurrent code requests it still chose plain or small k where drafting the route's k
+gained ~10% (BENCHMARKS.md section 11). Without it, every eligible sequence drafts its cap.
 
 Nothing latches: acceptance decays with time back toward a prior, and a route that is off
 for acceptance still probes one round in `probe_every` at k = 1, so it measures again and

@@ -7,7 +7,7 @@ STAMP   := .venv/.setup-done
 TORCH_SPEC     ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup up test lint format protos models deploy-tools bench peer-llamacpp clean
+.PHONY: setup up test test-cuda lint format protos models deploy-tools bench peer-llamacpp clean
 
 setup: $(STAMP)
 
@@ -41,6 +41,13 @@ deploy-tools:
 
 test: lint models deploy-tools
 	.venv/bin/python -m pytest -q -ra tests
+
+# on a GPU machine: the CUDA tests, then the engine and forward tests on the GPU (skipped,
+# not failed, by `make test` where torch sees no GPU)
+test-cuda: setup
+	SPECD_REQUIRE_CUDA=1 $(PY) -m pytest -q -ra tests/cuda
+	SPECD_TEST_DEVICE=cuda $(PY) -m pytest -q -ra tests/unit/test_forward_parity.py \
+	  tests/unit/test_engine.py tests/unit/test_engine_exactness.py
 
 protos: setup
 	$(PY) -m protos.generate

@@ -168,8 +168,11 @@ class DraftModelProposer:
             return token_id(top[0]), None, None, alt
         probs = logits_to_probs(logits[None], s.params, seen)[0]
         vals, cols = probs.topk(min(self.top_m, probs.shape[-1]))
-        vals = vals / vals.sum()  # q: the truncated, renormalised distribution we draw from
-        ids = cols if head_ids is None else head_ids[cols]
+        # q: the truncated, renormalised distribution we draw from, on the CPU where the
+        # request's generator is (and where the proposal goes on the wire)
+        vals, cols = vals.cpu(), cols.cpu()
+        vals = vals / vals.sum()
+        ids = cols if head_ids is None else head_ids[cols.to(head_ids.device)].cpu()
         noise = torch.empty_like(vals).exponential_(generator=self._gens[s.seq_id])
         idx = int((vals / noise).argmax())
         other = 1 if idx == 0 else 0

@@ -79,11 +79,12 @@ def presence_of_paths(context: list[int], paths: list[list[int]], vocab: int) ->
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float):
-    """logits [R, V], seen bool [R, V] -> logits with seen tokens penalised."""
+    """logits [R, V], seen bool [R, V] (built on the CPU) -> logits with seen tokens
+    penalised, on the logits' device."""
     if penalty == 1.0:
         return logits
     penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
-    return torch.where(seen, penalised, logits)
+    return torch.where(seen.to(logits.device), penalised, logits)
 
 
 def logits_to_probs(

@@ -9,6 +9,10 @@ import torch
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
+# where the tiny-model unit tests run: cpu here and in CI; `make test-cuda` on a GPU machine
+# runs the same engine and forward tests on "cuda"
+TEST_DEVICE = os.environ.get("SPECD_TEST_DEVICE", "cpu")
+
 TINY = dict(
     vocab_size=96,
     hidden_size=64,
@@ -98,12 +102,12 @@ def make_tiny_pair(tmp_path_factory, prefix: str = "pair"):
 
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory):
-    """(target, draft) tiny Llama models in fp32 (make_tiny_pair)."""
+    """(target, draft) tiny Llama models in fp32 on TEST_DEVICE (make_tiny_pair)."""
     from specd.models.loader import load_model
 
     folder, draft_folder = make_tiny_pair(tmp_path_factory)
-    return load_model(folder, dtype="fp32", device="cpu"), load_model(
-        draft_folder, dtype="fp32", device="cpu"
+    return load_model(folder, dtype="fp32", device=TEST_DEVICE), load_model(
+        draft_folder, dtype="fp32", device=TEST_DEVICE
     )
 
 

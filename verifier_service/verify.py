@@ -42,7 +42,7 @@ def _tree_round(w, proposal: Proposal, rows: torch.Tensor, vocab: int) -> tuple:
         tokens, path = tree.verify_tree_greedy(scored.argmax(-1).tolist(), proposal)
     else:
         q = _draft_q(proposal, torch.tensor(proposal.tokens, dtype=torch.long), vocab)
-        probs = _target_rows(seq, proposal, rows)
+        probs = _target_rows(seq, proposal, rows).cpu()  # with q and the generator
         tokens, path = tree.verify_tree_sampled(probs, q, proposal, seq.generator)
     return tokens, len(path), path
 

@@ -91,5 +91,6 @@ def test_engine_sampling_follows_the_target(tiny_pair, params, alternatives):
     assert engine.kv.allocator.num_used == 0 and proposer.kv.allocator.num_used == 0
     v = target.args.vocab_size
     for position, p in enumerate(exact_marginals(target, params)):
+        p = p.cpu()
         counts = torch.bincount(samples[:, position], minlength=v).float()
         assert chi_square_ok(counts, p, N), f"position {position + 1}"

@@ -4,18 +4,19 @@ import torch
 
 from specd.models.loader import load_model
 from specd.models.paged_kv import PagedKV, SeqInput
+from tests.conftest import TEST_DEVICE
 
 TOL = 1e-4
 
 
 def hf_logits(hf, ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
-        return hf(torch.tensor([ids])).logits[0].float()  # [len, V]
+        return hf(torch.tensor([ids])).logits[0].float().to(TEST_DEVICE)  # [len, V]
 
 
 def setup(tiny, num_blocks=64, block_size=4):
     folder, hf = tiny
-    model = load_model(folder, dtype="fp32", device="cpu")
+    model = load_model(folder, dtype="fp32", device=TEST_DEVICE)
     kv = PagedKV.for_model(model, num_blocks=num_blocks, block_size=block_size)
     return model, kv, hf
 

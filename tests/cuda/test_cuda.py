@@ -1,0 +1,92 @@
+"""CUDA paths, on a GPU machine (`make test-cuda`; skipped where torch sees no GPU).
+
+Every weight format loads there (the quantised ones as bf16, said in one log line), the
+forward matches transformers, and greedy output is the same with speculation on and off
+in the default configuration (bf16, batch-invariant), alone and in a batch."""
+
+import logging
+import os
+
+import pytest
+import torch
+
+from drafter_service.draft_model import DraftModelProposer
+from specd.config import EngineConfig
+from specd.models.loader import load_model
+from specd.models.paged_kv import PagedKV, SeqInput
+from tests.conftest import make_tiny, make_tiny_pair, run_engine
+from verifier_service.engine import Engine
+
+if not torch.cuda.is_available():
+    if os.environ.get("SPECD_REQUIRE_CUDA"):
+        raise RuntimeError("SPECD_REQUIRE_CUDA is set but torch sees no CUDA device")
+    pytest.skip("no CUDA device; `make test-cuda` runs these on a GPU", allow_module_level=True)
+
+PROMPTS = [
+    [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9],
+    [20, 31, 42, 53, 64, 75, 86],
+    [3] * 4 + [11, 12, 13, 14] * 3,
+    list(range(40, 90)),
+]
+
+
+def _tensors(model) -> list[torch.Tensor]:
+    out = [model.embed, model.norm, model.lm_head]
+    for layer in model.layers:
+        out += [v for v in vars(layer).values() if isinstance(v, torch.Tensor)]
+    return out
+
+
+@pytest.mark.parametrize("weights", ["bf16", "int8", "int4", "auto"])
+def test_every_weight_format_runs_on_cuda(tmp_path, caplog, weights):
+    hf = make_tiny("qwen2", tmp_path).to("cuda")
+    with caplog.at_level(logging.WARNING, logger="specd.models.weights"):
+        model = load_model(tmp_path, device="cuda", weights=weights)
+    said = [r.getMessage() for r in caplog.records if "running bf16" in r.getMessage()]
+    assert len(said) == (0 if weights == "bf16" else 1), said
+    assert model.weights == "bf16"
+    for t in _tensors(model):  # nothing quantised, nothing left on the CPU
+        assert t.device.type == "cuda" and t.dtype == torch.bfloat16
+    assert not list(tmp_path.glob("weights-int*.safetensors"))  # no conversion ran
+
+    ids = [5, 17, 33, 2, 90, 41, 7, 8, 11]
+    kv = PagedKV.for_model(model, num_blocks=16, block_size=4)
+    kv.allocator.allocate("a")
+    got = model.forward(kv, [SeqInput("a", ids, num_logits=len(ids))])
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids], device="cuda")).logits[0].float()
+    assert got.device.type == "cuda"
+    assert (got - ref).abs().max() <= 0.03 * ref.abs().max()  # bf16 against fp32
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.8
+
+
+@pytest.fixture(scope="module")
+def cuda_pair(tmp_path_factory):
+    """The tiny target and its noisy draft on the GPU in the default dtype (bf16)."""
+    folder, draft_folder = make_tiny_pair(tmp_path_factory, "cuda")
+    return load_model(folder, device="cuda"), load_model(draft_folder, device="cuda")
+
+
+def _engine(target, proposer=None) -> Engine:
+    return Engine(target, EngineConfig(num_blocks=256, block_size=4), proposer, eos_ids=set())
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("together", [False, True], ids=["alone", "batch"])
+def test_greedy_identical_on_and_off_in_the_default_configuration(cuda_pair, k, together):
+    target, draft = cuda_pair
+    assert target.dtype == torch.bfloat16 and EngineConfig().batch_invariant
+    reqs = [dict(prompt=p, max_new_tokens=40) for p in PROMPTS]
+    groups = [reqs] if together else [[r] for r in reqs]
+    off, on = [], []
+    totals = [0, 0]
+    for group in groups:
+        off += run_engine(_engine(target), group).values()
+        proposer = DraftModelProposer(draft, num_blocks=128, block_size=4)
+        engine = _engine(target, proposer)
+        on += run_engine(engine, [dict(r, num_draft=k) for r in group]).values()
+        totals[0] += engine.totals.drafted
+        totals[1] += engine.totals.accepted
+        assert engine.kv.allocator.num_used == 0 and proposer.kv.allocator.num_used == 0
+    assert on == off
+    assert 0 < totals[1] < totals[0]  # speculation ran, and rejected some drafts

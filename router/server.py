@@ -61,7 +61,7 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
 
     async def Generate(self, request, context):
         text, ids, final = [], [], None
-        async for msg in self._stream(request, context):
+        async for msg in self._stream(request, context, buffered=True):
             text.append(msg.text)
             ids.extend(msg.token_ids)
             final = msg
@@ -80,13 +80,16 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
             yield msg
 
     # -- the request's life ------------------------------------------------------------------
-    async def _stream(self, request, context):
+    async def _stream(self, request, context, buffered: bool = False):
+        """The request's messages. `buffered`: the caller sends nothing before the end
+        (unary Generate), so a replica lost mid-generation is retried elsewhere from the
+        start, as one that failed before its first token always is."""
         try:
             prep = self._prepare(request, context)
         except RequestError as exc:
             await context.abort(exc.code, str(exc))
         if self.tracer is None and self.metrics is None:
-            async for msg in self._attempts(request, context, prep, None):
+            async for msg in self._attempts(request, context, prep, None, buffered):
                 yield msg
             return
         span = None
@@ -100,7 +103,7 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
             )
         started, first, tokens, final = time.perf_counter(), None, 0, None
         try:
-            async for msg in self._attempts(request, context, prep, span):
+            async for msg in self._attempts(request, context, prep, span, buffered):
                 if first is None and msg.token_ids:
                     first = time.perf_counter()
                 tokens += len(msg.token_ids)
@@ -112,7 +115,7 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
             if span is not None:
                 span.end()
 
-    async def _attempts(self, request, context, prep: Prepared, span):
+    async def _attempts(self, request, context, prep: Prepared, span, buffered: bool):
         params = params_from_proto(request.params)
         client = CLIENT_MODES.get(request.speculation, "auto")
         tried: set[str] = set()
@@ -149,6 +152,11 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
             replica.inflight += 1
             started = False
             try:
+                if buffered:
+                    messages = [m async for m in self._relay(call, request, prep, decision)]
+                    for msg in messages:
+                        yield msg
+                    return
                 async for msg in self._relay(call, request, prep, decision):
                     started = True
                     yield msg

@@ -168,6 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--proposer", choices=["draft", "ngram", "combined"], default=DrafterConfig.proposer
     )
     up.add_argument("--ready-timeout", type=float, default=600.0)
+    up.add_argument(
+        "--verifiers", type=int, default=1, help="verifier replicas (ports from --verifier-port)"
+    )
+    up.add_argument("--dtype", default="", help="activations of both models (default: auto)")
     up.set_defaults(func=_up)
 
     bench = sub.add_parser("bench", help="benchmarks (see bench/)")

@@ -1,14 +1,21 @@
-"""`specd up`: three child processes, ready line, a request, clean stop on SIGTERM."""
+"""`specd up` as users run it: ready line, a request, clean stop on SIGTERM; a SIGKILLed
+drafter or verifier is restarted while the cluster keeps serving (issue #16)."""
 
+import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from router.client import SpecdClient
+from specd.processes import free_port
 from specd.serving import check_health
+from tests.cluster import save_tiny_cluster_model
 from tests.conftest import real_model_or_skip
 
 PORTS = {"router": 50151, "verifier": 50162, "drafter": 50161}
@@ -60,4 +67,102 @@ def test_specd_up_starts_serves_and_stops_cleanly():
         code = proc.wait(30)
     assert code == 0
     for port in PORTS.values():
+        assert not check_health(f"127.0.0.1:{port}", timeout=0.5)
+
+
+class Up:
+    """`specd up` as users run it, its output collected line by line in a thread."""
+
+    def __init__(self, *flags: str):
+        cmd = [sys.executable, "-m", "specd.cli", "up", *flags]
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float, after: int = 0) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(pattern, "".join(self.lines[after:]))
+            if found:
+                return found
+            assert self.proc.poll() is None, f"specd up exited:\n{self.text()[-3000:]}"
+            time.sleep(0.1)
+        raise AssertionError(f"no {pattern!r} after {timeout} s:\n{self.text()[-3000:]}")
+
+    def pid(self, role: str, after: int = 0) -> int:
+        return int(self.wait_for(rf"{role} ready[a-z ]* on \S+ \(pid (\d+)\)", 60, after)[1])
+
+
+def test_specd_up_keeps_serving_through_a_killed_drafter_and_a_killed_verifier(tmp_path):
+    model = save_tiny_cluster_model(tmp_path / "tiny")
+    ports = {"router": free_port(), "verifier": free_port(), "drafter": free_port()}
+    up = Up(
+        *("--target", str(model), "--draft", str(model), "--dtype", "float32"),
+        *("--router-port", str(ports["router"]), "--drafter-port", str(ports["drafter"])),
+        *("--verifier-port", str(ports["verifier"]), "--verifiers", "2"),
+    )
+    try:
+        up.wait_for("specd is up", 120)
+        drafter, verifier = up.pid("drafter"), up.pid("verifier")
+        with SpecdClient(f"127.0.0.1:{ports['router']}") as client, ThreadPoolExecutor(8) as pool:
+            # 1. the drafter is SIGKILLed once all 8 streams are producing: none fails
+            first: set[int] = set()
+
+            def stream(i: int) -> int:
+                n = 0
+                for msg in client.stream(
+                    f"drafter {i}", max_new_tokens=300, ignore_eos=True, speculation="on"
+                ):
+                    first.add(i)
+                    n += len(msg.token_ids)
+                return n
+
+            futures = [pool.submit(stream, i) for i in range(8)]
+            while len(first) < 8:
+                assert not any(f.done() and f.exception() for f in futures)
+                time.sleep(0.01)
+            mark = len(up.lines)
+            os.kill(drafter, signal.SIGKILL)
+            assert [f.result(timeout=120) for f in futures] == [300] * 8  # 0 failures
+            up.wait_for("drafter exited with -9; restart 1", 10, mark)
+            assert up.pid("drafter", mark) != drafter  # back within 60 s
+            deadline = time.monotonic() + 60
+            while True:  # and speculating again once the verifier has reconnected
+                r = client.generate("again", max_new_tokens=16, speculation="on")
+                if r.speculation.drafted > 0 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            assert r.speculation.drafted > 0, r.speculation
+
+            # 2. one of two verifiers is SIGKILLed under 8 unary requests: each is retried
+            # on the other replica (nothing had reached its client), none fails
+            mark = len(up.lines)
+            unary = lambda i: len(  # noqa: E731
+                client.generate(f"verifier {i}", max_new_tokens=300, ignore_eos=True).token_ids
+            )
+            futures = [pool.submit(unary, i) for i in range(8)]
+            time.sleep(0.3)
+            os.kill(verifier, signal.SIGKILL)
+            assert [f.result(timeout=120) for f in futures] == [300] * 8
+            up.wait_for("verifier exited with -9; restart 1", 10, mark)
+            up.pid("verifier", mark)
+            assert "trying another" in up.text()[len("".join(up.lines[:mark])) :], (
+                "the kill must hit requests in flight"
+            )
+    finally:
+        up.proc.send_signal(signal.SIGTERM)
+        code = up.proc.wait(60)
+    assert code == 0, up.text()[-3000:]
+    assert "SIGTERM: stopping every process" in up.text()
+    for port in ports.values():
         assert not check_health(f"127.0.0.1:{port}", timeout=0.5)

@@ -6,17 +6,23 @@
       code:   {num_draft_tokens: 6}
       batch:  {speculation: off}
 
-A route's entry overrides the default's fields. Unknown routes fall back to `default` with
-a warning in the response (not an error: a typo should not take a client down).
+A route's entry overrides the default's fields. The file is parsed into typed models
+(pydantic, strict: `'6'` or `6.5` is not an integer, NaN is not a number, unknown keys are
+refused) and an error names the field, e.g. `routes.code.num_draft_tokens: Input should be
+a valid integer`. YAML reads a bare `off`/`on` as a boolean; both spellings mean the mode.
+Unknown routes fall back to `default` with a warning in the response (not an error: a typo
+should not take a client down).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 log = logging.getLogger(__name__)
 
@@ -37,22 +43,72 @@ BUILTIN_POLICY = {
 }
 
 
-@dataclass(frozen=True)
-class RoutePolicy:
-    speculation: str = "auto"
-    num_draft_tokens: int = 4
-    max_batch_size: int = 8
-    max_kv_utilization: float = 0.85
-    max_temperature: float = 1.0
-    min_acceptance: float = 0.5
+class PolicyError(ValueError):
+    """A policy that does not validate; the message names each bad field."""
 
-    def __post_init__(self):
-        if self.speculation not in MODES:
-            raise ValueError(f"speculation must be one of {MODES}, got {self.speculation!r}")
-        if self.num_draft_tokens < 0 or self.max_batch_size < 0:
-            raise ValueError("num_draft_tokens and max_batch_size must be >= 0")
-        if not 0 <= self.max_kv_utilization <= 1 or not 0 <= self.min_acceptance <= 1:
-            raise ValueError("max_kv_utilization and min_acceptance must be in [0, 1]")
+
+def _mode(value):
+    """YAML 1.1 reads `off`/`on` as booleans: take them as the modes users meant."""
+    if value is True:
+        return "on"
+    if value is False:
+        return "off"
+    return value
+
+
+Mode = Annotated[Literal["auto", "on", "off"], BeforeValidator(_mode)]
+Count = Annotated[int, Field(ge=0)]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+Temperature = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+_STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class RoutePolicy(BaseModel):
+    """One route's bounds (the defaults of a policy without a `default` entry)."""
+
+    model_config = _STRICT
+    speculation: Mode = "auto"
+    num_draft_tokens: Count = 4
+    max_batch_size: Count = 8
+    max_kv_utilization: Fraction = 0.85
+    max_temperature: Temperature = 1.0
+    min_acceptance: Fraction = 0.5
+
+
+class _Overrides(BaseModel):
+    """A route's entry in the file: the fields it sets (None: inherit the default's)."""
+
+    model_config = _STRICT
+    speculation: Mode | None = None
+    num_draft_tokens: Count | None = None
+    max_batch_size: Count | None = None
+    max_kv_utilization: Fraction | None = None
+    max_temperature: Temperature | None = None
+    min_acceptance: Fraction | None = None
+
+    def over(self, base: RoutePolicy) -> RoutePolicy:
+        return base.model_copy(update=self.model_dump(exclude_none=True))
+
+
+def _empty_is_default(value):
+    return {} if value is None else value  # `code:` with nothing under it
+
+
+class _PolicyFile(BaseModel):
+    model_config = _STRICT
+    default: Annotated[_Overrides, BeforeValidator(_empty_is_default)] = _Overrides()
+    routes: Annotated[
+        dict[str, Annotated[_Overrides, BeforeValidator(_empty_is_default)]],
+        BeforeValidator(_empty_is_default),
+    ] = {}
+
+
+def _explain(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(x) for x in err["loc"]) or "policy"
+        parts.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -61,17 +117,13 @@ class Policy:
     routes: dict[str, RoutePolicy]
 
     @classmethod
-    def from_dict(cls, data: dict | None) -> Policy:
-        data = data or {}
-        unknown = set(data) - {"default", "routes"}
-        if unknown:
-            raise ValueError(f"unknown policy keys: {sorted(unknown)}")
-        default = _route(RoutePolicy(), data.get("default") or {}, "default")
-        routes = {
-            name: _route(default, body or {}, name)
-            for name, body in (data.get("routes") or {}).items()
-        }
-        return cls(default, routes)
+    def from_dict(cls, data) -> Policy:
+        try:
+            spec = _PolicyFile.model_validate({} if data is None else data)
+        except ValidationError as exc:
+            raise PolicyError(_explain(exc)) from None
+        default = spec.default.over(RoutePolicy())
+        return cls(default, {name: body.over(default) for name, body in spec.routes.items()})
 
     @classmethod
     def builtin(cls) -> Policy:
@@ -83,8 +135,11 @@ class Policy:
 
     @classmethod
     def load(cls, path: str) -> Policy:
-        with open(path) as f:
-            return cls.from_yaml(f.read())
+        try:
+            with open(path) as f:
+                return cls.from_yaml(f.read())
+        except (OSError, yaml.YAMLError, PolicyError) as exc:
+            raise PolicyError(f"policy file {path}: {exc}") from None
 
     def for_route(self, name: str) -> tuple[str, RoutePolicy, str | None]:
         """-> (route applied, its policy, warning or None)."""
@@ -97,12 +152,12 @@ class Policy:
 
 class PolicyFile:
     """A policy YAML (a mounted ConfigMap in Kubernetes) reloaded when it changes: every
-    request stats the file, so a new policy applies from the next request on. A file that
-    does not parse is logged and the previous policy stays."""
+    request stats the file, so a new policy applies from the next request on. A version of
+    the file that does not load is logged once, naming the field, and the previous policy
+    stays; a bad file at start is a startup error (PolicyError)."""
 
     def __init__(self, path: str):
         self.path = path
-        self._stamp = None
         self.policy = Policy.load(path)
         self._stamp = self._stat()
 
@@ -114,20 +169,12 @@ class PolicyFile:
         try:
             stamp = self._stat()
             if stamp != self._stamp:
-                self._stamp = stamp
+                self._stamp = stamp  # one log line per version of the file, not per request
                 self.policy = Policy.load(self.path)
                 log.info("reloaded policy from %s", self.path)
-        except (OSError, ValueError, yaml.YAMLError) as exc:
+        except (OSError, PolicyError) as exc:
             log.error("keeping the previous policy: %s", exc)
         return self.policy
-
-
-def _route(base: RoutePolicy, body: dict, name: str) -> RoutePolicy:
-    known = {f.name for f in fields(RoutePolicy)}
-    bad = set(body) - known
-    if bad:
-        raise ValueError(f"route {name!r}: unknown fields {sorted(bad)}")
-    return replace(base, **body)
 
 
 @dataclass(frozen=True)

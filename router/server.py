@@ -12,7 +12,7 @@ from opentelemetry import trace
 
 from protos.specd.v1 import common_pb2, router_pb2, router_pb2_grpc, verifier_pb2
 from router.detok import IncrementalDetokenizer, StopStrings
-from router.policy import Decision, Load, Policy, PolicyFile, decide
+from router.policy import Decision, Load, Policy, PolicyError, PolicyFile, decide
 from router.replicas import ReplicaSet
 from specd.telemetry import extract_metadata, inject_metadata
 from specd.wire import params_from_proto
@@ -366,7 +366,10 @@ async def serve(config, ready=None, tokenizer=None) -> None:
     from specd.telemetry import setup
 
     telemetry = setup("router", config.metrics_port)
-    policy = PolicyFile(config.policy_file) if config.policy_file else Policy.builtin()
+    try:
+        policy = PolicyFile(config.policy_file) if config.policy_file else Policy.builtin()
+    except PolicyError as exc:
+        raise SystemExit(f"specd router: {exc}") from None
     replicas = ReplicaSet(config.verifier or [], config.tls_ca)
     await replicas.start()
     discovery = None

@@ -200,7 +200,7 @@ async def serve(config, ready=None) -> None:
     servicer = DrafterServicer(
         proposer, vocab, config.max_draft_tokens, telemetry, draft_ahead=config.draft_ahead
     )
-    server, port, _ = await start_server(
+    server, port, health = await start_server(
         config.host,
         config.port,
         lambda s: drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
@@ -211,4 +211,4 @@ async def serve(config, ready=None) -> None:
     log.info("drafter serving on %s:%d (%s)", config.host, port, config.proposer)
     if ready is not None:
         ready(port)
-    await serve_until_signal(server)
+    await serve_until_signal(server, health, config.drain_seconds)

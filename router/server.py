@@ -406,8 +406,8 @@ async def serve(config, ready=None, tokenizer=None) -> None:
     log.info("router serving on %s:%d -> %s", config.host, port, config.verifier)
     if ready is not None:
         ready(port)
-    try:
-        await serve_until_signal(server)
+    try:  # once draining, health stays NOT_SERVING whatever the replicas say
+        await serve_until_signal(server, health, config.drain_seconds)
     finally:
         readiness.cancel()
         if discovery is not None:

@@ -65,6 +65,8 @@ class DrafterConfig:
     weights: str = "auto"  # bf16 | int8 | int4 | auto, as the verifier's (specd.models.weights)
     vocab: int = 32768  # score only the `vocab` most frequent tokens (trimmed head); 0 = all
     metrics_port: int = 0  # 0 = no Prometheus endpoint
+    # on SIGTERM: draft streams get this long (a verifier decodes without drafts meanwhile)
+    drain_seconds: float = 2.0
     tls_cert: str = ""  # PEM; with tls_key, this listener speaks TLS only
     tls_key: str = ""
 
@@ -103,6 +105,8 @@ class VerifierConfig:
     drafter_startup_wait_ms: int = 30000  # at start, wait this long for the drafter to answer
     max_queue: int = 256  # waiting requests past which Generate is RESOURCE_EXHAUSTED
     metrics_port: int = 0
+    # on SIGTERM: NOT_SERVING, new calls refused, running requests get this long to finish
+    drain_seconds: float = 30.0
     tls_cert: str = ""  # PEM; with tls_key, this listener speaks TLS only
     tls_key: str = ""
     tls_ca: str = ""  # PEM of the CA that signed the drafter's certificate
@@ -130,6 +134,8 @@ class RouterConfig:
     tls_key: str = ""
     tls_ca: str = ""  # PEM of the CA that signed the verifiers' certificates
     metrics_port: int = 0
+    # on SIGTERM: NOT_SERVING, new calls refused, running requests get this long to finish
+    drain_seconds: float = 30.0
 
 
 # -- the CLI is derived from these dataclasses, so defaults live in one place -------------

@@ -73,8 +73,15 @@ async def start_server(
     return server, bound, health_servicer
 
 
-async def serve_until_signal(server: grpc.aio.Server, grace: float = 2.0) -> None:
-    """Run until SIGINT/SIGTERM, then stop with a grace period."""
+async def serve_until_signal(
+    server: grpc.aio.Server,
+    health: health.aio.HealthServicer,
+    grace: float,
+    draining: asyncio.Event | None = None,
+) -> None:
+    """Run until SIGINT/SIGTERM, then drain: health answers NOT_SERVING (readiness probes
+    and peers stop sending), `draining` is set (long-lived streams end), new calls are
+    refused (the router retries them elsewhere) and calls in flight get `grace` seconds."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -83,6 +90,9 @@ async def serve_until_signal(server: grpc.aio.Server, grace: float = 2.0) -> Non
     waiter = asyncio.create_task(server.wait_for_termination())
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if draining is not None:
+        draining.set()
+    await health.enter_graceful_shutdown()
     await server.stop(grace)
     waiter.cancel()
     stopper.cancel()

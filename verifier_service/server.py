@@ -27,6 +27,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self.max_queue = max_queue
         self.rate = TokenRate()
         self.requests_started = 0  # Generate calls admitted (tests and debugging)
+        self.draining = asyncio.Event()  # set on SIGTERM: load watches end
         self.metrics = VerifierMetrics(telemetry, self) if telemetry is not None else None
         self.tracer = telemetry.tracer if telemetry is not None and telemetry.tracing else None
 
@@ -135,9 +136,9 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
 
     async def WatchLoad(self, request, context):
         interval = (request.interval_ms or 100) / 1000
-        while not context.cancelled():
+        while not context.cancelled() and not self.draining.is_set():
             yield self.load_report()
-            await asyncio.sleep(interval)
+            await asyncio.sleep(interval)  # draining ends the watch: the router stops sending
 
     def load_report(self) -> verifier_pb2.LoadReport:
         engine = self.engine
@@ -213,7 +214,7 @@ async def serve(config, ready=None, engine=None, model_name="") -> None:
         engine, model_name = await on_model_thread("verifier", build_engine, config, telemetry)
     await _wait_for_drafter(engine.proposer, config.drafter_startup_wait_ms / 1000)
     servicer = VerifierServicer(engine, model_name, config.max_queue, telemetry)
-    server, port, _ = await start_server(
+    server, port, health = await start_server(
         config.host,
         config.port,
         lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, s),
@@ -224,4 +225,4 @@ async def serve(config, ready=None, engine=None, model_name="") -> None:
     log.info("verifier serving on %s:%d", config.host, port)
     if ready is not None:
         ready(port)
-    await serve_until_signal(server)
+    await serve_until_signal(server, health, config.drain_seconds, servicer.draining)

@@ -7,6 +7,7 @@ cannot depend on which requests happened to share a step) with a character token
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -185,4 +186,29 @@ def test_router_restart_means_unavailable_never_a_hang(model, tmp_path):
                     time.sleep(0.5)
     finally:
         for p in (front, target):
+            p.stop()
+
+
+def test_sigterm_drains_a_verifier_its_running_requests_finish(model, tmp_path):
+    a = verifier(model, tmp_path).start()
+    b = verifier(model, tmp_path).start()
+    front = router(model, tmp_path, a, b).start()
+    try:
+        with SpecdClient(front.address) as client:
+            streams = [client.stream(p, max_new_tokens=400, ignore_eos=True) for p in PROMPTS[:4]]
+            counts = [len(next(s).token_ids) for s in streams]  # all four are running
+            a.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            assert a.proc.poll() is None, "a verifier with running requests waits for them"
+            assert not check_health(a.address)  # NOT_SERVING: probes and peers stop sending
+            assert all(n < 400 for n in counts)
+            for i, stream in enumerate(streams):
+                counts[i] += sum(len(m.token_ids) for m in stream)
+            assert counts == [400] * 4  # none was cut, on either replica
+            assert a.proc.wait(30) == 0
+            # new requests go to the other replica, none fails
+            for p in PROMPTS[4:8]:
+                assert len(greedy(client, p)) == 16
+    finally:
+        for p in (front, a, b):
             p.stop()

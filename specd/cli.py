@@ -24,6 +24,11 @@ def _models(args) -> int:
 
     try:
         for folder in fetch_set(args.set):
+            if args.weights != "none":  # the quantised cache too, now (an image build)
+                from specd.models.loader import DenseTensors, load_config
+                from specd.models.weights import load_quantised
+
+                load_quantised(folder, args.weights, load_config(folder), DenseTensors(folder))
             print(folder)
     except FetchError as exc:
         print(f"specd models fetch: {exc}", file=sys.stderr)
@@ -126,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     models_sub = models.add_subparsers(dest="action", required=True)
     fetch = models_sub.add_parser("fetch", help="download, verify and convert a model set")
     fetch.add_argument("set", nargs="?", default="default", choices=["default", "small"])
+    fetch.add_argument(
+        "--weights",
+        choices=["none", "int8", "int4"],
+        default="none",
+        help="also write the quantised weights cache (the first start does it otherwise)",
+    )
     fetch.set_defaults(func=_models)
 
     serve = sub.add_parser("serve", help="run one service")

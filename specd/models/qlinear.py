@@ -170,7 +170,10 @@ def kernel():
     if _kernel_tried:
         return _kernel
     _kernel_tried = True
-    if os.environ.get("SPECD_NO_QKERNEL") or not cpu_has_vnni():
+    # SPECD_BUILD_QKERNEL: build (and load, never run) where this CPU could not run it,
+    # so an image build leaves the compiled kernel in the image's cache
+    runnable = cpu_has_vnni() or os.environ.get("SPECD_BUILD_QKERNEL")
+    if os.environ.get("SPECD_NO_QKERNEL") or not runnable:
         log.warning("no AVX512-VNNI on this CPU (or SPECD_NO_QKERNEL set): no int8/int4 kernel")
         return None
     from torch.utils.cpp_extension import load

@@ -65,9 +65,10 @@ def test_compose_topology_as_local_processes(tmp_path):
                 }
             )
             log = open(tmp_path / f"{role}.log", "w")
+            env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
             procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "specd.cli", *local_command(spec[role])],
+                subprocess.Popen(  # through the image's entrypoint, as the container runs
+                    ["sh", str(DEPLOY / "entrypoint.sh"), *local_command(spec[role])],
                     env=env,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -96,3 +97,39 @@ def test_compose_topology_as_local_processes(tmp_path):
             p.terminate()
         for p in procs:
             p.wait(20)
+
+
+def test_the_dockerfile_lints_clean():
+    tool = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    result = subprocess.run(
+        [tool, "--failure-threshold", "warning", str(DEPLOY / "Dockerfile")],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_entrypoint_fetches_only_into_an_empty_cache(tmp_path):
+    bin_dir = tmp_path / "bin"  # a stand-in `specd` that records how it was called
+    bin_dir.mkdir()
+    fake = bin_dir / "specd"
+    fake.write_text('#!/bin/sh\necho "specd $*" >> "$CALLS"\n')
+    fake.chmod(0o755)
+    calls = tmp_path / "calls"
+
+    def run(cache: Path, fetch: str | None) -> list[str]:
+        calls.write_text("")
+        env = {"PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin", "CALLS": str(calls)}
+        env["SPECD_CACHE"] = str(cache)
+        if fetch is not None:
+            env["SPECD_FETCH"] = fetch
+        cmd = ["sh", str(DEPLOY / "entrypoint.sh"), "serve", "router"]
+        subprocess.run(cmd, env=env, check=True, timeout=30)
+        return calls.read_text().splitlines()
+
+    empty, filled = tmp_path / "empty", tmp_path / "filled"
+    (filled / "models" / "some-model").mkdir(parents=True)
+    assert run(empty, None) == ["specd serve router"]  # the image's models: no fetch
+    assert run(empty, "none") == ["specd serve router"]
+    assert run(empty, "small") == ["specd models fetch small", "specd serve router"]
+    assert run(filled, "small") == ["specd serve router"]  # a filled volume is kept

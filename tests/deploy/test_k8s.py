@@ -8,6 +8,8 @@ import pytest
 import yaml
 
 from router.policy import Policy
+from specd import telemetry as names
+from specd.config import DrafterConfig, RouterConfig, VerifierConfig
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 K8S_VERSION = "1.30.0"
@@ -40,28 +42,129 @@ def test_every_object_validates(rendered):
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 
 
+def by_kind(objects: list[dict]) -> dict[str, dict[str, dict]]:
+    out: dict[str, dict[str, dict]] = {}
+    for o in objects:
+        out.setdefault(o["kind"], {})[o["metadata"]["name"]] = o
+    return out
+
+
+def workloads(objects: list[dict]) -> list[dict]:
+    kinds = by_kind(objects)
+    return [*kinds["Deployment"].values(), *kinds["StatefulSet"].values()]
+
+
 def test_topology(rendered):
     overlay, objects = rendered
-    by_kind = {}
-    for o in objects:
-        by_kind.setdefault(o["kind"], {})[o["metadata"]["name"]] = o
-    assert by_kind["Service"]["specd-verifier"]["spec"]["clusterIP"] == "None"  # headless
-    assert set(by_kind["PodDisruptionBudget"]) == {
-        "specd-verifier",
-        "specd-router",
-        "specd-drafter",
-    }
-    assert "specd-router" in by_kind["HorizontalPodAutoscaler"]
-    router = by_kind["Deployment"]["specd-router"]["spec"]["template"]["spec"]
+    kinds = by_kind(objects)
+    assert kinds["Service"]["specd-verifier"]["spec"]["clusterIP"] == "None"  # headless
+    assert set(kinds["PodDisruptionBudget"]) == {"specd-verifier", "specd-router", "specd-drafter"}
+    router = kinds["Deployment"]["specd-router"]["spec"]["template"]["spec"]
     args = router["containers"][0]["args"]
     assert args[args.index("--verifier-dns") + 1] == "specd-verifier:50062"
-    for workload in [*by_kind["Deployment"].values(), *by_kind["StatefulSet"].values()]:
+    for workload in workloads(objects):
         container = workload["spec"]["template"]["spec"]["containers"][0]
-        assert "grpc" in container["readinessProbe"] and "grpc" in container["livenessProbe"]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert "grpc" in container[probe], (workload["metadata"]["name"], probe)
         gpus = container["resources"].get("limits", {}).get("nvidia.com/gpu")
         wants_gpu = overlay == "gpu" and workload["metadata"]["name"] != "specd-router"
         assert (gpus == 1) == wants_gpu, workload["metadata"]["name"]
-        assert container["image"] == ("specd:cuda" if overlay == "gpu" else "specd:latest")
+        assert container["image"] == ("specd:0.4.0-cuda" if overlay == "gpu" else "specd:0.4.0")
+        assert container["imagePullPolicy"] == "IfNotPresent"  # a local image works
+
+
+def test_no_pod_downloads_models(rendered):
+    # the models are baked into the image (deploy/Dockerfile): no init container fetches
+    # them, no per-pod volume holds them, nothing tells the entrypoint to fetch
+    _, objects = rendered
+    for workload in workloads(objects):
+        pod = workload["spec"]["template"]["spec"]
+        assert not pod.get("initContainers"), workload["metadata"]["name"]
+        assert not any("emptyDir" in v for v in pod.get("volumes", []))
+        for c in pod["containers"]:
+            assert all(e["name"] != "SPECD_FETCH" or e["value"] == "none" for e in c.get("env", []))
+    dockerfile = (K8S.parent / "Dockerfile").read_text()
+    assert "specd models fetch" in dockerfile and "--weights int4" in dockerfile
+
+
+def test_pods_meet_the_restricted_pod_security_profile(rendered):
+    """The checks of Kubernetes' Pod Security Standards, profile "restricted"."""
+    _, objects = rendered
+    allowed_volumes = {"configMap", "secret", "emptyDir", "projected", "downwardAPI", "csi",
+                       "persistentVolumeClaim", "ephemeral"}  # fmt: skip
+    for workload in workloads(objects):
+        name = workload["metadata"]["name"]
+        pod = workload["spec"]["template"]["spec"]
+        psc = pod.get("securityContext", {})
+        for host in ("hostNetwork", "hostPID", "hostIPC"):
+            assert not pod.get(host), (name, host)
+        for volume in pod.get("volumes", []):
+            assert set(volume) - {"name"} <= allowed_volumes, (name, volume)
+        for c in [*pod.get("initContainers", []), *pod["containers"]]:
+            sc = c.get("securityContext", {})
+            assert not sc.get("privileged"), name
+            assert sc.get("allowPrivilegeEscalation") is False, name
+            assert "ALL" in sc.get("capabilities", {}).get("drop", []), name
+            assert set(sc.get("capabilities", {}).get("add", [])) <= {"NET_BIND_SERVICE"}
+            assert sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is True, name
+            assert sc.get("runAsUser", psc.get("runAsUser", 1)) != 0, name
+            seccomp = sc.get("seccompProfile", psc.get("seccompProfile", {}))
+            assert seccomp.get("type") in ("RuntimeDefault", "Localhost"), name
+            assert not any("hostPort" in port for port in c.get("ports", [])), name
+
+
+def test_shutdown_drains_inside_the_grace_period(rendered):
+    _, objects = rendered
+    for workload in workloads(objects):
+        pod = workload["spec"]["template"]["spec"]
+        args = pod["containers"][0]["args"]
+        role = args[1]
+        config = {"router": RouterConfig, "verifier": VerifierConfig, "drafter": DrafterConfig}
+        drain = (
+            float(args[args.index("--drain-seconds") + 1])
+            if "--drain-seconds" in args
+            else (config[role].drain_seconds)
+        )
+        assert drain + 10 <= pod["terminationGracePeriodSeconds"], workload["metadata"]["name"]
+
+
+def test_only_the_router_is_open_and_it_asks_for_a_token(rendered):
+    _, objects = rendered
+    kinds = by_kind(objects)
+    policies = kinds["NetworkPolicy"]
+    assert set(policies) == {"specd-router", "specd-verifier", "specd-drafter"}
+
+    def grpc_sources(name: str, port: int) -> list:
+        rules = policies[name]["spec"]["ingress"]
+        return [r.get("from") for r in rules if {"protocol": "TCP", "port": port} in r["ports"]]
+
+    router_only = [[{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "specd-router"}}}]]
+    verifiers = [[{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "specd-verifier"}}}]]
+    assert grpc_sources("specd-verifier", 50062) == router_only
+    assert grpc_sources("specd-drafter", 50061) == verifiers
+    assert grpc_sources("specd-router", 50051) == [None]  # clients, from anywhere
+    router = kinds["Deployment"]["specd-router"]["spec"]["template"]["spec"]
+    args = router["containers"][0]["args"]
+    token = args[args.index("--auth-token-file") + 1]
+    mounts = {m["mountPath"]: m["name"] for m in router["containers"][0]["volumeMounts"]}
+    volume = next(v for v in router["volumes"] if v["name"] == mounts[str(Path(token).parent)])
+    assert volume["secret"]["secretName"] == "specd-auth"
+
+
+def test_the_verifiers_autoscale_on_their_queue_and_are_scraped(rendered):
+    _, objects = rendered
+    kinds = by_kind(objects)
+    hpa = kinds["HorizontalPodAutoscaler"]["specd-verifier"]["spec"]
+    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet",
+                                     "name": "specd-verifier"}  # fmt: skip
+    metric = hpa["metrics"][0]["pods"]["metric"]["name"]
+    adapter = yaml.safe_load((K8S.parent / "observability" / "prometheus-adapter.yaml").read_text())
+    rule = adapter["rules"]["custom"][0]
+    assert rule["name"]["as"] == metric
+    assert rule["seriesQuery"].startswith(names.WAITING + "{")  # what the verifier exports
+    for workload in workloads(objects):
+        notes = workload["spec"]["template"]["metadata"]["annotations"]
+        assert notes["prometheus.io/scrape"] == "true" and notes["prometheus.io/port"] == "9400"
 
 
 def test_policy_configmap_parses_with_the_router_loader(rendered):

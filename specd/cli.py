@@ -117,6 +117,8 @@ def _bench(args) -> int:
         from bench.quality import main as run
     elif args.kind == "kernel":
         from bench.kernel import main as run
+    elif args.kind == "faults":
+        from bench.faults import main as run
     else:
         from bench.speculative import main as run
     return run(args.rest)
@@ -188,12 +190,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks (see bench/)")
     bench.add_argument(
         "kind",
-        choices=["engine", "spec", "split", "sweep", "soak", "quality", "kernel"],
+        choices=["engine", "spec", "split", "sweep", "soak", "quality", "kernel", "faults"],
         help="engine: decode speed + verify cost; spec: speculation vs none; "
         "quality: NLL and greedy agreement of each weight format; "
         "kernel: one matrix's matmul per weight format and row count; "
         "split: the router vs the in-process engine; sweep: concurrency x mode; "
-        "soak (or --soak): many mixed requests, then no leaks",
+        "soak (or --soak): many mixed requests, then no leaks; "
+        "faults: SIGKILL a drafter and a verifier under load in specd up",
     )
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_bench)

@@ -2,16 +2,15 @@
 drafter or verifier is restarted while the cluster keeps serving (issue #16)."""
 
 import os
-import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from bench.faults import Up
 from router.client import SpecdClient
 from specd.processes import free_port
 from specd.serving import check_health
@@ -70,39 +69,6 @@ def test_specd_up_starts_serves_and_stops_cleanly():
         assert not check_health(f"127.0.0.1:{port}", timeout=0.5)
 
 
-class Up:
-    """`specd up` as users run it, its output collected line by line in a thread."""
-
-    def __init__(self, *flags: str):
-        cmd = [sys.executable, "-m", "specd.cli", "up", *flags]
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        self.lines: list[str] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    def text(self) -> str:
-        return "".join(self.lines)
-
-    def wait_for(self, pattern: str, timeout: float, after: int = 0) -> re.Match:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = re.search(pattern, "".join(self.lines[after:]))
-            if found:
-                return found
-            assert self.proc.poll() is None, f"specd up exited:\n{self.text()[-3000:]}"
-            time.sleep(0.1)
-        raise AssertionError(f"no {pattern!r} after {timeout} s:\n{self.text()[-3000:]}")
-
-    def pid(self, role: str, after: int = 0) -> int:
-        return int(self.wait_for(rf"{role} ready[a-z ]* on \S+ \(pid (\d+)\)", 60, after)[1])
-
-
 def test_specd_up_keeps_serving_through_a_killed_drafter_and_a_killed_verifier(tmp_path):
     model = save_tiny_cluster_model(tmp_path / "tiny")
     ports = {"router": free_port(), "verifier": free_port(), "drafter": free_port()}
@@ -156,12 +122,9 @@ def test_specd_up_keeps_serving_through_a_killed_drafter_and_a_killed_verifier(t
             assert [f.result(timeout=120) for f in futures] == [300] * 8
             up.wait_for("verifier exited with -9; restart 1", 10, mark)
             up.pid("verifier", mark)
-            assert "trying another" in up.text()[len("".join(up.lines[:mark])) :], (
-                "the kill must hit requests in flight"
-            )
+            assert "trying another" in up.text(mark), "the kill must hit requests in flight"
     finally:
-        up.proc.send_signal(signal.SIGTERM)
-        code = up.proc.wait(60)
+        code = up.stop(60)
     assert code == 0, up.text()[-3000:]
     assert "SIGTERM: stopping every process" in up.text()
     for port in ports.values():

@@ -102,29 +102,33 @@ def kill_drafter(up: Up, client: SpecdClient, n: int, tokens: int) -> dict:
             got += len(msg.token_ids)
         return got
 
-    with ThreadPoolExecutor(n) as pool:
+    with ThreadPoolExecutor(n + 1) as pool:
         futures = [pool.submit(_outcome, lambda i=i: stream(i)) for i in range(n)]
         while len(first) < n and not all(f.done() for f in futures):
             time.sleep(0.01)
         mark = len(up.lines)
         os.kill(drafter, signal.SIGKILL)
         killed = time.monotonic()
-        up.pid("drafter", mark, timeout=120)
-        ready_s = time.monotonic() - killed
+        ready = pool.submit(_ready_after, up, "drafter", mark, killed)
+        while True:  # drafting again once a verifier has reconnected (streams still run)
+            r = client.generate(PROMPTS[0], max_new_tokens=16, route="code", speculation="on")
+            if r.speculation.drafted > 0 or time.monotonic() - killed > 120:
+                break
+        drafting_s = time.monotonic() - killed
         outcomes = [f.result() for f in futures]
-    while True:  # drafting again once the verifiers have reconnected
-        r = client.generate(PROMPTS[0], max_new_tokens=16, route="code", speculation="on")
-        if r.speculation.drafted > 0 or time.monotonic() - killed > 120:
-            break
-        time.sleep(0.2)
     return {
         "fault": "SIGKILL drafter",
         "requests": n,
         "failed": sum(not isinstance(o, int) for o in outcomes),
         "outcomes": outcomes,
-        "drafter_ready_again_s": round(ready_s, 1),
-        "drafting_again_s": round(time.monotonic() - killed, 1),
+        "drafter_ready_again_s": ready.result(),
+        "drafting_again_s": round(drafting_s, 1),
     }
+
+
+def _ready_after(up: Up, role: str, mark: int, since: float) -> float:
+    up.pid(role, mark, timeout=300)
+    return round(time.monotonic() - since, 1)
 
 
 def kill_verifier(up: Up, client: SpecdClient, n: int, tokens: int) -> dict:
@@ -135,14 +139,15 @@ def kill_verifier(up: Up, client: SpecdClient, n: int, tokens: int) -> dict:
         prompt = PROMPTS[i % len(PROMPTS)]
         return len(client.generate(prompt, max_new_tokens=tokens, route="code").token_ids)
 
-    with ThreadPoolExecutor(n) as pool:
+    with ThreadPoolExecutor(n + 1) as pool:
         futures = [pool.submit(_outcome, lambda i=i: unary(i)) for i in range(n)]
         time.sleep(2.0)  # every request is running
         os.kill(verifier, signal.SIGKILL)
         killed = time.monotonic()
+        ready = pool.submit(_ready_after, up, "verifier", mark, killed)
         outcomes = [f.result() for f in futures]
         served_s = time.monotonic() - killed
-    up.pid("verifier", mark, timeout=300)
+        ready_s = ready.result()
     return {
         "fault": "SIGKILL one of two verifiers",
         "requests": n,
@@ -150,7 +155,7 @@ def kill_verifier(up: Up, client: SpecdClient, n: int, tokens: int) -> dict:
         "outcomes": outcomes,
         "retried_elsewhere": up.text(mark).count("trying another"),
         "all_answered_s": round(served_s, 1),
-        "verifier_ready_again_s": round(time.monotonic() - killed, 1),
+        "verifier_ready_again_s": ready_s,
     }
 
 

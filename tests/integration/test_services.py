@@ -10,6 +10,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from router.client import SpecdClient
 from router.policy import Policy
+from specd.processes import verifier_load
 from tests.cluster import start_cluster
 
 POLICY = Policy.from_dict(
@@ -262,14 +263,14 @@ def test_drafter_killed_mid_stream_every_request_completes(cluster):
         assert r.speculation.reason == "off:drafter-unavailable"
     cluster.start_drafter()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with SpecdClient(cluster.router) as c:
-            # auto is allowed again (the verifier's controller then decides per step)
-            if c.generate("abc", max_new_tokens=3).speculation.arrival_reason == "auto":
-                break
-        time.sleep(0.3)
-    else:
-        pytest.fail("speculation did not come back after the drafter restarted")
+    while not all(verifier_load(v).drafter_available for v in cluster.verifiers):
+        if time.monotonic() > deadline:  # every replica reconnects by itself
+            pytest.fail("the verifiers did not reconnect after the drafter restarted")
+        time.sleep(0.1)
+    time.sleep(0.5)  # and the router has seen it in a load report (every ~100 ms)
+    with SpecdClient(cluster.router) as c:
+        for _ in cluster.verifiers:  # auto is allowed again on every replica
+            assert c.generate("abc", max_new_tokens=3).speculation.arrival_reason == "auto"
     with SpecdClient(cluster.router) as c:
         r = c.generate("abcabc", max_new_tokens=8, ignore_eos=True, speculation="on")
         assert r.speculation.reason == "on" and r.speculation.drafted > 0

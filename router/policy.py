@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
@@ -75,40 +75,28 @@ class RoutePolicy(BaseModel):
     min_acceptance: Fraction = 0.5
 
 
-class _Overrides(BaseModel):
-    """A route's entry in the file: the fields it sets (None: inherit the default's)."""
-
-    model_config = _STRICT
-    speculation: Mode | None = None
-    num_draft_tokens: Count | None = None
-    max_batch_size: Count | None = None
-    max_kv_utilization: Fraction | None = None
-    max_temperature: Temperature | None = None
-    min_acceptance: Fraction | None = None
-
-    def over(self, base: RoutePolicy) -> RoutePolicy:
-        return base.model_copy(update=self.model_dump(exclude_none=True))
-
-
-def _empty_is_default(value):
-    return {} if value is None else value  # `code:` with nothing under it
-
-
 class _PolicyFile(BaseModel):
-    model_config = _STRICT
-    default: Annotated[_Overrides, BeforeValidator(_empty_is_default)] = _Overrides()
-    routes: Annotated[
-        dict[str, Annotated[_Overrides, BeforeValidator(_empty_is_default)]],
-        BeforeValidator(_empty_is_default),
-    ] = {}
+    """The file's shape; each entry is then a RoutePolicy over the default's fields."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    default: dict[str, Any] | None = None
+    routes: dict[str, dict[str, Any] | None] | None = None  # `code:` alone: the default
 
 
-def _explain(exc: ValidationError) -> str:
+def _explain(exc: ValidationError, where: str = "") -> str:
     parts = []
     for err in exc.errors():
-        where = ".".join(str(x) for x in err["loc"]) or "policy"
-        parts.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
+        loc = ".".join(([where] if where else []) + [str(x) for x in err["loc"]]) or "policy"
+        parts.append(f"{loc}: {err['msg']} (got {err.get('input')!r})")
     return "; ".join(parts)
+
+
+def _entry(base: RoutePolicy, body: dict | None, where: str) -> RoutePolicy:
+    """`body`'s fields over `base`'s, validated; errors are located at `where`."""
+    try:
+        return RoutePolicy.model_validate({**base.model_dump(), **(body or {})})
+    except ValidationError as exc:
+        raise PolicyError(_explain(exc, where)) from None
 
 
 @dataclass(frozen=True)
@@ -122,8 +110,9 @@ class Policy:
             spec = _PolicyFile.model_validate({} if data is None else data)
         except ValidationError as exc:
             raise PolicyError(_explain(exc)) from None
-        default = spec.default.over(RoutePolicy())
-        return cls(default, {name: body.over(default) for name, body in spec.routes.items()})
+        default = _entry(RoutePolicy(), spec.default, "default")
+        routes = spec.routes or {}
+        return cls(default, {n: _entry(default, b, f"routes.{n}") for n, b in routes.items()})
 
     @classmethod
     def builtin(cls) -> Policy:

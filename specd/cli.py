@@ -25,10 +25,9 @@ def _models(args) -> int:
     try:
         for folder in fetch_set(args.set):
             if args.weights != "none":  # the quantised cache too, now (an image build)
-                from specd.models.loader import DenseTensors, load_config
-                from specd.models.weights import load_quantised
+                from specd.models.loader import prepare_weights
 
-                load_quantised(folder, args.weights, load_config(folder), DenseTensors(folder))
+                prepare_weights(folder, args.weights)
             print(folder)
     except FetchError as exc:
         print(f"specd models fetch: {exc}", file=sys.stderr)

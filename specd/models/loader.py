@@ -70,6 +70,12 @@ class DenseTensors:
         return [n for n in self._where if n.endswith(".weight") and "norm" not in n]
 
 
+def prepare_weights(folder: Path, fmt: str) -> Path:
+    """Write `folder`'s cached `fmt` weights (int8/int4) now, without loading a model."""
+    load_quantised(folder, fmt, load_config(folder), DenseTensors(folder))
+    return folder / f"weights-{fmt}.safetensors"
+
+
 def load_model(
     spec: str | Path,
     dtype: str | torch.dtype | None = None,

@@ -202,8 +202,9 @@ def test_sigterm_drains_a_verifier_its_running_requests_finish(model, tmp_path):
             assert a.proc.poll() is None, "a verifier with running requests waits for them"
             assert not check_health(a.address)  # NOT_SERVING: probes and peers stop sending
             assert all(n < 400 for n in counts)
-            for i, stream in enumerate(streams):
-                counts[i] += sum(len(m.token_ids) for m in stream)
+            with ThreadPoolExecutor(4) as pool:  # read all four as their clients would
+                rest = pool.map(lambda s: sum(len(m.token_ids) for m in s), streams)
+                counts = [n + m for n, m in zip(counts, rest, strict=True)]
             assert counts == [400] * 4  # none was cut, on either replica
             assert a.proc.wait(30) == 0
             # new requests go to the other replica, none fails

@@ -40,8 +40,10 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         max_draft_tokens: int = 16,
         telemetry=None,
         draft_ahead: bool = False,
+        name: str = "",
     ):
         self.proposer = proposer
+        self.name = name  # told to each verifier in the handshake
         # between rounds, let the proposer continue as if all drafts were accepted
         self.draft_ahead = draft_ahead and hasattr(proposer, "draft_ahead")
         self.vocab_size = vocab_size
@@ -124,6 +126,8 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                 self._rounds.add(1)
             proposals = iter(self.proposer.propose(states) if states else [])
             out = drafter_pb2.DraftResponse(round=request.round)
+            if request.round == 0:
+                out.drafter = self.name
             for seq_id, state, problem in steps:
                 msg = out.proposals.add(seq_id=seq_id, error=problem)
                 if state is None:
@@ -167,7 +171,8 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
 
 
 def build_proposer(config):
-    """The proposer the config names and the vocabulary size it checks ids against."""
+    """The proposer the config names, the vocabulary size it checks ids against, and what
+    it tells verifiers it is."""
     from drafter_service.combined import CombinedProposer
     from drafter_service.draft_model import DraftModelProposer, load_draft_model
     from drafter_service.ngram import NgramProposer
@@ -176,7 +181,7 @@ def build_proposer(config):
 
     folder = resolve(config.model)
     if config.proposer == "ngram":
-        return NgramProposer(), load_config(folder).vocab_size
+        return NgramProposer(), load_config(folder).vocab_size, "ngram"
     model = load_draft_model(
         folder, config.dtype, config.device or None, config.weights, config.vocab
     )
@@ -184,9 +189,10 @@ def build_proposer(config):
     proposer = DraftModelProposer(
         model, blocks, top_m=config.top_m, alternatives=config.alternatives
     )
+    name = folder.name
     if config.proposer == "combined":
-        proposer = CombinedProposer(proposer)
-    return proposer, model.args.vocab_size
+        proposer, name = CombinedProposer(proposer), f"combined:{name}"
+    return proposer, model.args.vocab_size, name
 
 
 async def serve(config, ready=None) -> None:
@@ -195,10 +201,15 @@ async def serve(config, ready=None) -> None:
     from specd.telemetry import setup
 
     # built on the thread that will run it (see specd/model_thread.py)
-    proposer, vocab = await on_model_thread("drafter", build_proposer, config)
+    proposer, vocab, name = await on_model_thread("drafter", build_proposer, config)
     telemetry = setup("drafter", config.metrics_port)
     servicer = DrafterServicer(
-        proposer, vocab, config.max_draft_tokens, telemetry, draft_ahead=config.draft_ahead
+        proposer,
+        vocab,
+        config.max_draft_tokens,
+        telemetry,
+        draft_ahead=config.draft_ahead,
+        name=name,
     )
     server, port, health = await start_server(
         config.host,

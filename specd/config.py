@@ -136,6 +136,10 @@ class RouterConfig:
     metrics_port: int = 0
     # on SIGTERM: NOT_SERVING, new calls refused, running requests get this long to finish
     drain_seconds: float = 30.0
+    # the OpenAI-compatible HTTP API (same token and certificate); 0 = off. `specd up`,
+    # compose and the Kubernetes manifests serve it on 8000
+    http_port: int = 0
+    served_model_name: str = ""  # the model id HTTP clients name; "" = --tokenizer's
 
 
 # -- the CLI is derived from these dataclasses, so defaults live in one place -------------

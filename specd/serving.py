@@ -78,10 +78,12 @@ async def serve_until_signal(
     health: health.aio.HealthServicer,
     grace: float,
     draining: asyncio.Event | None = None,
+    also_stop=(),
 ) -> None:
     """Run until SIGINT/SIGTERM, then drain: health answers NOT_SERVING (readiness probes
     and peers stop sending), `draining` is set (long-lived streams end), new calls are
-    refused (the router retries them elsewhere) and calls in flight get `grace` seconds."""
+    refused (the router retries them elsewhere) and calls in flight get `grace` seconds.
+    `also_stop`: coroutine functions that drain other listeners, awaited alongside."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -93,7 +95,7 @@ async def serve_until_signal(
     if draining is not None:
         draining.set()
     await health.enter_graceful_shutdown()
-    await server.stop(grace)
+    await asyncio.gather(server.stop(grace), *(stop_other() for stop_other in also_stop))
     waiter.cancel()
     stopper.cancel()
 

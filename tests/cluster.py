@@ -21,6 +21,9 @@ from protos.specd.v1 import (
     verifier_pb2,
     verifier_pb2_grpc,
 )
+from router.generation import Router
+from router.openai_http import OpenAIDoor
+from router.openai_http import start as start_http
 from router.policy import Policy
 from router.replicas import ReplicaSet
 from router.server import GenerationServicer
@@ -30,6 +33,7 @@ from verifier_service.drafter_client import RemoteProposer
 from verifier_service.engine import Engine
 from verifier_service.server import VerifierServicer
 
+TINY_MODEL_ID = "tiny"  # the model id the router's HTTP door serves
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
@@ -64,7 +68,9 @@ class Cluster:
     servers: dict = field(default_factory=dict)
     metrics_urls: dict = field(default_factory=dict)  # service -> scrape URL
     http_servers: list = field(default_factory=list)
-    router_servicer: GenerationServicer | None = None
+    router_core: Router | None = None
+    http: str = ""  # the router's OpenAI-compatible door, http://host:port
+    http_runner: object = None
 
     def run(self, coro, timeout: float = 60):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -88,6 +94,8 @@ class Cluster:
         async def shutdown():
             for httpd in self.http_servers:
                 httpd.shutdown()
+            if self.http_runner is not None:
+                await self.http_runner.cleanup()
             for server in self.servers.values():
                 await server.stop(0)
             await self.replicas.close()
@@ -143,6 +151,7 @@ def start_cluster(
             draft.args.vocab_size,
             telemetry=_telemetry(c, "drafter", span_exporter, metrics),
             draft_ahead=draft_ahead,
+            name="tiny-draft",
         )
         server, port, _ = await c._drafter_server(0)
         c.servers["drafter"], c.drafter = server, f"127.0.0.1:{port}"
@@ -169,13 +178,13 @@ def start_cluster(
             c.verifier_servicers.append(servicer)
         c.replicas = ReplicaSet(c.verifiers)
         await c.replicas.start()
-        gen = GenerationServicer(
+        c.router_core = Router(
             char_tokenizer(),
             c.replicas,
             policy or Policy.from_dict({}),
             telemetry=_telemetry(c, "router", span_exporter, metrics),
         )
-        c.router_servicer = gen
+        gen = GenerationServicer(c.router_core)
         server, port, _ = await start_server(
             "127.0.0.1",
             0,
@@ -183,6 +192,9 @@ def start_cluster(
             [router_pb2.DESCRIPTOR.services_by_name["Generation"].full_name],
         )
         c.servers["router"], c.router = server, f"127.0.0.1:{port}"
+        door = OpenAIDoor(c.router_core, TINY_MODEL_ID, aliases=("tiny-alias",))
+        c.http_runner, http_port = await start_http(door, "127.0.0.1", 0)
+        c.http = f"http://127.0.0.1:{http_port}"
         assert await c.replicas.wait_ready(10)
         for _ in range(200):  # and until every replica's drafter handshake is done
             reports = [r.report for r in c.replicas.replicas.values()]

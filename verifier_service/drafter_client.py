@@ -39,6 +39,7 @@ class _Stream:
         self._lock = threading.Lock()
         self.alive = True
         self.ready = False  # set when the drafter answered the handshake (an empty round 0)
+        self.drafter = ""  # what the handshake said drafts
         self._requests.put(drafter_pb2.DraftRequest(round=0))
         requests = iter(self._requests.get, None)
         responses = drafter_pb2_grpc.DrafterStub(self.channel).Draft(requests)
@@ -48,6 +49,8 @@ class _Stream:
     def _read(self, responses) -> None:
         try:
             for resp in responses:
+                if resp.round == 0:
+                    self.drafter = resp.drafter
                 self.ready = True
                 with self._lock:
                     waiter = self._waiters.pop(resp.round, None)
@@ -109,6 +112,12 @@ class RemoteProposer:
             self._fallback_counter = telemetry.counter(
                 DRAFTER_FALLBACKS, "Rounds decoded without drafts because of the drafter"
             )
+
+    @property
+    def drafter(self) -> str:
+        """What the connected drafter drafts with ("" while none is connected)."""
+        stream = self._stream
+        return stream.drafter if stream is not None and stream.alive else ""
 
     @property
     def available(self) -> bool:

@@ -163,6 +163,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             max_context=args.max_position_embeddings,
             eos_ids=sorted(self.engine.eos_ids),
             max_draft_tokens=self.engine.config.max_draft_tokens,
+            drafter=getattr(self.engine.proposer, "drafter", ""),
         )
 
 

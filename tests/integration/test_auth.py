@@ -7,6 +7,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from protos.specd.v1 import router_pb2_grpc
 from router.auth import BearerTokenInterceptor
 from router.client import SpecdClient, build_request
+from router.generation import Router
 from router.policy import Policy
 from router.replicas import ReplicaSet
 from router.server import GenerationServicer
@@ -24,7 +25,7 @@ def secured(tiny_pair):
         replicas = ReplicaSet(c.verifiers)
         await replicas.start()
         await replicas.wait_ready(10)
-        servicer = GenerationServicer(char_tokenizer(), replicas, Policy.from_dict({}))
+        servicer = GenerationServicer(Router(char_tokenizer(), replicas, Policy.from_dict({})))
         server, port, _ = await start_server(
             "127.0.0.1",
             0,

@@ -15,6 +15,7 @@ from protos.specd.v1 import (
     verifier_pb2_grpc,
 )
 from router.client import SpecdClient
+from router.generation import Router
 from router.policy import Policy
 from router.replicas import ReplicaSet
 from router.server import GenerationServicer
@@ -96,7 +97,7 @@ def tls_stack(tiny_pair, tmp_path_factory):
         replicas = ReplicaSet([f"localhost:{vport}"], tls_ca=cert)
         await replicas.start()
         router = GenerationServicer(
-            char_tokenizer(), replicas, Policy.from_dict({"default": {"min_acceptance": 0}})
+            Router(char_tokenizer(), replicas, Policy.from_dict({"default": {"min_acceptance": 0}}))
         )
         rs, rport, _ = await start_server(
             "127.0.0.1",

@@ -57,12 +57,14 @@ class Close(_message.Message):
     def __init__(self) -> None: ...
 
 class DraftResponse(_message.Message):
-    __slots__ = ("round", "proposals")
+    __slots__ = ("round", "proposals", "drafter")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     PROPOSALS_FIELD_NUMBER: _ClassVar[int]
+    DRAFTER_FIELD_NUMBER: _ClassVar[int]
     round: int
     proposals: _containers.RepeatedCompositeFieldContainer[SeqProposal]
-    def __init__(self, round: _Optional[int] = ..., proposals: _Optional[_Iterable[_Union[SeqProposal, _Mapping]]] = ...) -> None: ...
+    drafter: str
+    def __init__(self, round: _Optional[int] = ..., proposals: _Optional[_Iterable[_Union[SeqProposal, _Mapping]]] = ..., drafter: _Optional[str] = ...) -> None: ...
 
 class SeqProposal(_message.Message):
     __slots__ = ("seq_id", "tokens", "q", "error", "alternatives")

@@ -83,15 +83,17 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model", "vocab_size", "max_context", "eos_ids", "max_draft_tokens")
+    __slots__ = ("model", "vocab_size", "max_context", "eos_ids", "max_draft_tokens", "drafter")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     EOS_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DRAFTER_FIELD_NUMBER: _ClassVar[int]
     model: str
     vocab_size: int
     max_context: int
     eos_ids: _containers.RepeatedScalarFieldContainer[int]
     max_draft_tokens: int
-    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., eos_ids: _Optional[_Iterable[int]] = ..., max_draft_tokens: _Optional[int] = ...) -> None: ...
+    drafter: str
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., eos_ids: _Optional[_Iterable[int]] = ..., max_draft_tokens: _Optional[int] = ..., drafter: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,235 @@
+"""The OpenAI API's request bodies (the parts specd serves), checked strictly, and the JSON
+shapes of its answers. Torch-free and server-free: `router.openai_http` wires it up.
+
+A body becomes the same `GenerateRequest` a gRPC client sends, so both doors give the same
+answer. Where this differs from the OpenAI API, on purpose:
+- unknown fields are refused (400), not ignored;
+- fields specd does not implement (logprobs, tools, penalties, logit_bias, n > 1, echo,
+  suffix, best_of > 1, a response_format other than text) are refused when set to anything
+  but their neutral value;
+- extensions, as vLLM names them: `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
+  `return_token_ids`; and specd's `route` and `speculation` ("auto", "on", "off").
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from google.protobuf.json_format import MessageToDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from protos.specd.v1 import common_pb2, router_pb2
+from router.client import MODES
+
+DEFAULT_TEMPERATURE = 1.0  # the OpenAI API's default (gRPC's is 0: greedy)
+
+
+class BodyError(ValueError):
+    """A body that cannot be served: 400 with `param` naming the field (None: the body)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: str
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+Positive = Annotated[int, Field(ge=1)]
+
+
+class _Body(_Strict):
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: Positive | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: Annotated[int, Field(ge=0, lt=1 << 64)] | None = None
+    stop: str | list[str] | None = None
+    n: int | None = None
+    user: str | None = None  # accepted; specd keeps no per-user state
+    # OpenAI fields specd does not implement: allowed only at their neutral value
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    # extensions (vLLM's names) and specd's per-request speculation
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool = False
+    return_token_ids: bool = False
+    route: str | None = None
+    speculation: Literal["auto", "on", "off"] | None = None
+
+    def unsupported(self) -> dict[str, bool]:
+        """Field -> whether it asks for something specd does not do."""
+        return {
+            "n": self.n not in (None, 1),
+            "frequency_penalty": bool(self.frequency_penalty),
+            "presence_penalty": bool(self.presence_penalty),
+            "logit_bias": bool(self.logit_bias),
+        }
+
+    def max_new_tokens(self) -> int:
+        return self.max_tokens or 0
+
+
+class CompletionBody(_Body):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+    logprobs: int | None = None
+
+    def unsupported(self) -> dict[str, bool]:
+        return {
+            **super().unsupported(),
+            "echo": bool(self.echo),
+            "suffix": bool(self.suffix),
+            "best_of": self.best_of not in (None, 1),
+            "logprobs": self.logprobs is not None,
+        }
+
+
+class ChatBody(_Body):
+    messages: list[ChatMessage]
+    max_completion_tokens: Positive | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+
+    def unsupported(self) -> dict[str, bool]:
+        return {
+            **super().unsupported(),
+            "logprobs": bool(self.logprobs),
+            "top_logprobs": self.top_logprobs is not None,
+            "response_format": self.response_format not in (None, {"type": "text"}),
+            "tools": bool(self.tools),
+            "tool_choice": self.tool_choice not in (None, "none", "auto"),
+        }
+
+    def max_new_tokens(self) -> int:
+        return self.max_completion_tokens or self.max_tokens or 0
+
+
+def parse(raw: bytes, kind: type[_Body]) -> _Body:
+    """The body as `kind`, or BodyError with a message naming the field."""
+    try:
+        data = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BodyError(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BodyError("the body must be a JSON object")
+    try:
+        body = kind.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or None
+        if err["type"] == "extra_forbidden":
+            raise BodyError(f"unknown field {where!r}", where) from None
+        raise BodyError(f"{where}: {err['msg']}", where) from None
+    for field, refused in body.unsupported().items():
+        if refused:
+            raise BodyError(f"{field!r} is not supported by specd", field)
+    return body
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def to_request(body: _Body, speculation_header: str = "") -> router_pb2.GenerateRequest:
+    """The gRPC request a client would send for this body."""
+    mode = body.speculation or speculation_header or "auto"
+    if mode not in MODES:
+        raise BodyError(f"x-speculation must be auto, on or off (got {mode!r})", "speculation")
+    temperature = DEFAULT_TEMPERATURE if body.temperature is None else body.temperature
+    params = common_pb2.SamplingParams(
+        temperature=temperature,
+        top_p=body.top_p or 0.0,
+        top_k=body.top_k or 0,
+        min_p=body.min_p or 0.0,
+    )
+    if body.seed is not None:
+        params.seed = body.seed
+    if body.repetition_penalty is not None:
+        params.repetition_penalty = body.repetition_penalty
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    request = router_pb2.GenerateRequest(
+        params=params,
+        max_new_tokens=body.max_new_tokens(),
+        stop=stop,
+        route=body.route or "",
+        speculation=MODES[mode],
+        ignore_eos=body.ignore_eos,
+    )
+    if isinstance(body, ChatBody):
+        request.messages.messages.extend(
+            router_pb2.ChatMessage(role=m.role, content=m.text()) for m in body.messages
+        )
+    else:
+        _set_prompt(request, body.prompt)
+    return request
+
+
+def _set_prompt(request: router_pb2.GenerateRequest, prompt) -> None:
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise BodyError("a batch of prompts is not supported; send one per request", "prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        request.prompt = prompt
+    else:
+        request.token_ids.ids.extend(prompt)
+
+
+# -- answers ---------------------------------------------------------------------------------
+def usage(u: common_pb2.Usage) -> dict:
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+    }
+
+
+def extension(msg) -> dict:
+    """specd's fields beside the standard ones: the speculation account and the route."""
+    spec = MessageToDict(
+        msg.speculation,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+    )
+    out = {"speculation": spec, "route": msg.route}
+    if msg.warnings:
+        out["warnings"] = list(msg.warnings)
+    return out
+
+
+def error(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     up = Up(
         *("--target", args.target, "--draft", args.draft, "--verifiers", "2"),
         *("--router-port", str(ports["router"]), "--drafter-port", str(ports["drafter"])),
-        *("--verifier-port", str(ports["verifier"])),
+        *("--verifier-port", str(ports["verifier"]), "--http-port", str(free_port())),
     )
     try:
         up.wait_for("specd is up", 900)

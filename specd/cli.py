@@ -175,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--router-port", type=int, default=RouterConfig.port)
     up.add_argument("--verifier-port", type=int, default=VerifierConfig.port)
     up.add_argument("--drafter-port", type=int, default=DrafterConfig.port)
+    up.add_argument(
+        "--http-port", type=int, default=8000, help="the OpenAI-compatible API (0 = off)"
+    )
     up.add_argument("--policy-file", default="")
     up.add_argument(
         "--proposer", choices=["draft", "ngram", "combined"], default=DrafterConfig.proposer

@@ -51,7 +51,7 @@ def cluster_children(args) -> list[Child]:
                 "router",
                 *("--host", host, "--port", str(args.router_port)),
                 *[x for v in verifiers for x in ("--verifier", v)],
-                *("--tokenizer", args.target),
+                *("--tokenizer", args.target, "--http-port", str(args.http_port)),
                 *(["--policy-file", args.policy_file] if args.policy_file else []),
             ),
             router,
@@ -62,7 +62,7 @@ def cluster_children(args) -> list[Child]:
 
 
 def run_local_cluster(args) -> int:
-    from specd.models.resolve import resolve
+    from specd.models.resolve import ALIASES, resolve
 
     if args.verifiers < 1:
         print("specd up: --verifiers must be at least 1", file=sys.stderr)
@@ -72,12 +72,20 @@ def run_local_cluster(args) -> int:
     resolve(args.draft)
     children = cluster_children(args)
     router = children[-1].address
+    model = ALIASES.get(args.target, args.target)
+    http = (
+        f"\n  or:  curl http://{args.host}:{args.http_port}/v1/chat/completions "
+        f'-H \'content-type: application/json\' -d \'{{"model": "{model}", '
+        '"messages": [{"role": "user", "content": "Reverse a string in Python."}]}\''
+        if args.http_port
+        else ""
+    )
 
     def ready() -> None:
         print(
             f"\nspecd is up: router on {router}\n  try: specd generate "
             f'--address {router} --stream "Write a Python function that reverses a '
-            'string."\nA process that dies is restarted; Ctrl-C stops them all.',
+            f'string."{http}\nA process that dies is restarted; Ctrl-C stops them all.',
             flush=True,
         )
 

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import openai
 import pytest
 import yaml
 
@@ -92,6 +93,15 @@ def test_compose_topology_as_local_processes(tmp_path):
             )
         assert r.usage.completion_tokens > 0 and r.route == "code"
         assert r.speculation.enabled and r.speculation.num_draft_tokens == 6
+        router = spec["router"]["command"]
+        port = router[router.index("--http-port") + 1]
+        assert f"{port}:{port}" in spec["router"]["ports"]
+        with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-") as c:
+            model = c.models.list().data[0].id
+            chat = c.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8
+            )
+        assert chat.usage.completion_tokens > 0
     finally:
         for p in procs:
             p.terminate()

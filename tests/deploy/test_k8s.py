@@ -145,6 +145,13 @@ def test_only_the_router_is_open_and_it_asks_for_a_token(rendered):
     assert grpc_sources("specd-router", 50051) == [None]  # clients, from anywhere
     router = kinds["Deployment"]["specd-router"]["spec"]["template"]["spec"]
     args = router["containers"][0]["args"]
+    # the OpenAI-compatible door: served, exposed by the Service, open like gRPC
+    http = int(args[args.index("--http-port") + 1])
+    assert grpc_sources("specd-router", http) == [None]
+    container_ports = {p["name"]: p["containerPort"] for p in router["containers"][0]["ports"]}
+    service = kinds["Service"]["specd-router"]["spec"]["ports"]
+    assert {"name": "http", "port": http, "targetPort": "http"} in service
+    assert container_ports["http"] == http
     token = args[args.index("--auth-token-file") + 1]
     mounts = {m["mountPath"]: m["name"] for m in router["containers"][0]["volumeMounts"]}
     volume = next(v for v in router["volumes"] if v["name"] == mounts[str(Path(token).parent)])

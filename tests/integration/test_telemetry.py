@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from router.client import SpecdClient
 from router.policy import Policy
-from tests.cluster import start_cluster
+from tests.cluster import TINY_MODEL_ID, start_cluster
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +129,35 @@ def test_metrics_move_by_exactly_the_expected_amounts(traced):
     assert moved("drafter", "specd:drafter_rounds_total") >= rounds
     assert total(after[v], "specd:kv_cache_usage_perc") == 0.0
     assert off.speculation.rounds == 0
+
+
+def test_http_requests_are_traced_and_counted(traced):
+    import openai
+
+    cluster, exporter = traced
+    exporter.clear()
+    before = scrape(cluster.metrics_urls["router"])
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    headers = {"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01", "x-route": "code"}
+    with openai.OpenAI(base_url=f"{cluster.http}/v1", api_key="-", max_retries=0) as client:
+        client.completions.create(
+            model=TINY_MODEL_ID,
+            prompt="abc",
+            max_tokens=6,
+            extra_headers=headers,
+            extra_body={"ignore_eos": True, "speculation": "on"},
+        )
+    cluster.run(_settle())
+    after = scrape(cluster.metrics_urls["router"])
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    root, verify = spans["specd.router.generate"], spans["specd.verifier.generate"]
+    assert format(root.context.trace_id, "032x") == trace_id  # the caller's trace continues
+    assert verify.context.trace_id == root.context.trace_id
+    assert root.attributes["specd.route"] == "code"
+
+    def moved(metric, **labels):
+        return total(after, metric, **labels) - total(before, metric, **labels)
+
+    assert moved("specd:requests_total", route="code") == 1
+    assert moved("specd:generation_tokens_total", route="code") == 6
+    assert moved("specd:time_to_first_token_seconds_count", route="code") == 1

@@ -2,7 +2,11 @@
 
 import datetime
 import ipaddress
+import json
+import ssl
 import time
+import urllib.error
+import urllib.request
 
 import grpc
 import pytest
@@ -16,6 +20,8 @@ from protos.specd.v1 import (
 )
 from router.client import SpecdClient
 from router.generation import Router
+from router.openai_http import OpenAIDoor
+from router.openai_http import start as start_http
 from router.policy import Policy
 from router.replicas import ReplicaSet
 from router.server import GenerationServicer
@@ -96,9 +102,12 @@ def tls_stack(tiny_pair, tmp_path_factory):
         )
         replicas = ReplicaSet([f"localhost:{vport}"], tls_ca=cert)
         await replicas.start()
-        router = GenerationServicer(
-            Router(char_tokenizer(), replicas, Policy.from_dict({"default": {"min_acceptance": 0}}))
+        core = Router(
+            char_tokenizer(), replicas, Policy.from_dict({"default": {"min_acceptance": 0}})
         )
+        router = GenerationServicer(core)
+        # the HTTP door with the same certificate
+        door, hport = await start_http(OpenAIDoor(core, "tiny"), "127.0.0.1", 0, cert, key)
         rs, rport, _ = await start_server(
             "127.0.0.1",
             0,
@@ -109,12 +118,20 @@ def tls_stack(tiny_pair, tmp_path_factory):
         )
         c.servers.update(tls_drafter=ds, tls_verifier=vs, tls_router=rs)
         c.tls = dict(
-            drafter=dport, verifier=vport, router=rport, replicas=replicas, engine=engine, cert=cert
+            drafter=dport,
+            verifier=vport,
+            router=rport,
+            replicas=replicas,
+            engine=engine,
+            cert=cert,
+            http=hport,
+            door=door,
         )
         assert await replicas.wait_ready(10)
 
     c.run(boot())
     yield c
+    c.run(c.tls["door"].cleanup())
     c.run(c.tls["replicas"].close())
     c.run(c.tls["engine"].close())
     c.close()
@@ -146,3 +163,20 @@ def test_plaintext_clients_are_refused(tls_stack):
     states = [DraftState(1, [5, 6, 7], SamplingParams(), 3)]
     assert proposer.propose(states)[0].tokens == []
     proposer.shutdown()
+
+
+def test_the_http_door_speaks_https_only(tls_stack):
+    t = tls_stack.tls
+    body = json.dumps({"model": "tiny", "prompt": "abc", "max_tokens": 4}).encode()
+    headers = {"content-type": "application/json"}
+    trusted = ssl.create_default_context(cafile=t["cert"])
+    req = urllib.request.Request(f"https://localhost:{t['http']}/v1/completions", body, headers)
+    with urllib.request.urlopen(req, context=trusted, timeout=30) as resp:
+        answer = json.loads(resp.read())
+    assert answer["usage"]["completion_tokens"] == 4
+    plain = urllib.request.Request(f"http://127.0.0.1:{t['http']}/v1/completions", body, headers)
+    with pytest.raises((urllib.error.URLError, ConnectionError)):
+        urllib.request.urlopen(plain, timeout=10)
+    untrusted = urllib.request.Request(f"https://localhost:{t['http']}/v1/models")
+    with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+        urllib.request.urlopen(untrusted, context=ssl.create_default_context(), timeout=10)

@@ -8,6 +8,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import openai
 import pytest
 
 from bench.faults import Up
@@ -17,7 +18,7 @@ from specd.serving import check_health
 from tests.cluster import save_tiny_cluster_model
 from tests.conftest import real_model_or_skip
 
-PORTS = {"router": 50151, "verifier": 50162, "drafter": 50161}
+PORTS = {"router": 50151, "verifier": 50162, "drafter": 50161, "http": 50152}
 
 
 @pytest.mark.real
@@ -38,6 +39,8 @@ def test_specd_up_starts_serves_and_stops_cleanly():
         str(PORTS["verifier"]),
         "--drafter-port",
         str(PORTS["drafter"]),
+        "--http-port",
+        str(PORTS["http"]),
         "--ready-timeout",
         "180",
     ]
@@ -61,6 +64,15 @@ def test_specd_up_starts_serves_and_stops_cleanly():
             )
             assert r.usage.completion_tokens > 0
         assert r.speculation.enabled
+        assert "curl http://" in ready_text  # and the OpenAI door, as the README shows it
+        with openai.OpenAI(base_url=f"http://127.0.0.1:{PORTS['http']}/v1", api_key="-") as c:
+            chat = c.chat.completions.create(
+                model="smollm2-135m-instruct",
+                messages=[{"role": "user", "content": "Say hi."}],
+                max_tokens=8,
+                temperature=0,
+            )
+        assert chat.choices[0].message.content and chat.usage.completion_tokens > 0
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(30)
@@ -76,6 +88,7 @@ def test_specd_up_keeps_serving_through_a_killed_drafter_and_a_killed_verifier(t
         *("--target", str(model), "--draft", str(model), "--dtype", "float32"),
         *("--router-port", str(ports["router"]), "--drafter-port", str(ports["drafter"])),
         *("--verifier-port", str(ports["verifier"]), "--verifiers", "2"),
+        *("--http-port", str(free_port())),
     )
     try:
         up.wait_for("specd is up", 120)

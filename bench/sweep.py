@@ -73,6 +73,25 @@ async def _one(stub, messages, mode: str, max_new: int, route: str = "") -> dict
     }
 
 
+async def drive(one, conversations, concurrency: int, requests: int, tick=None):
+    """`requests` calls of `one(messages)` from `concurrency` concurrent clients, cycling
+    through the conversations; returns their results and the wall time."""
+    queue: asyncio.Queue = asyncio.Queue()
+    for i in range(requests):
+        queue.put_nowait(conversations[i % len(conversations)])
+    results: list[dict] = []
+
+    async def worker():
+        while not queue.empty():
+            results.append(await one(queue.get_nowait()))
+            if tick is not None:
+                tick(len(results), requests)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return results, time.perf_counter() - start
+
+
 async def run_cell(
     address: str,
     conversations,
@@ -85,21 +104,13 @@ async def run_cell(
 ) -> dict:
     async with grpc.aio.insecure_channel(address) as channel:
         stub = router_pb2_grpc.GenerationStub(channel)
-        queue: asyncio.Queue = asyncio.Queue()
-        for i in range(requests):
-            queue.put_nowait(conversations[i % len(conversations)])
-        results: list[dict] = []
-
-        async def worker():
-            while not queue.empty():
-                messages = queue.get_nowait()
-                results.append(await _one(stub, messages, mode, max_new, route))
-                if tick is not None:
-                    tick(len(results), requests)
-
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        wall = time.perf_counter() - start
+        results, wall = await drive(
+            lambda m: _one(stub, m, mode, max_new, route),
+            conversations,
+            concurrency,
+            requests,
+            tick,
+        )
     return summarise(results, wall)
 
 

@@ -17,8 +17,8 @@ from opentelemetry.metrics import Observation
 
 from protos.specd.v1 import drafter_pb2, drafter_pb2_grpc
 from specd.model_thread import on_model_thread
+from specd.params import SamplingParams
 from specd.proposal import DraftState, Proposer
-from specd.sampling import SamplingParams
 from specd.telemetry import DRAFTER_ROUNDS, DRAFTER_SESSIONS, extract_metadata
 from specd.wire import params_from_proto
 

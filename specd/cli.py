@@ -103,24 +103,23 @@ def _up(args) -> int:
     return run_local_cluster(args)
 
 
+BENCHES = {  # `specd bench KIND` -> the module whose main() runs it
+    "engine": "bench.engine",
+    "spec": "bench.speculative",
+    "split": "bench.split",
+    "sweep": "bench.sweep",
+    "soak": "bench.soak",
+    "quality": "bench.quality",
+    "kernel": "bench.kernel",
+    "faults": "bench.faults",
+    "doors": "bench.doors",
+}
+
+
 def _bench(args) -> int:
-    if args.kind == "soak":
-        from bench.soak import main as run
-    elif args.kind == "engine":
-        from bench.engine import main as run
-    elif args.kind == "split":
-        from bench.split import main as run
-    elif args.kind == "sweep":
-        from bench.sweep import main as run
-    elif args.kind == "quality":
-        from bench.quality import main as run
-    elif args.kind == "kernel":
-        from bench.kernel import main as run
-    elif args.kind == "faults":
-        from bench.faults import main as run
-    else:
-        from bench.speculative import main as run
-    return run(args.rest)
+    import importlib
+
+    return importlib.import_module(BENCHES[args.kind]).main(args.rest)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -192,13 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks (see bench/)")
     bench.add_argument(
         "kind",
-        choices=["engine", "spec", "split", "sweep", "soak", "quality", "kernel", "faults"],
+        choices=list(BENCHES),
         help="engine: decode speed + verify cost; spec: speculation vs none; "
         "quality: NLL and greedy agreement of each weight format; "
         "kernel: one matrix's matmul per weight format and row count; "
         "split: the router vs the in-process engine; sweep: concurrency x mode; "
         "soak (or --soak): many mixed requests, then no leaks; "
-        "faults: SIGKILL a drafter and a verifier under load in specd up",
+        "faults: SIGKILL a drafter and a verifier under load in specd up; "
+        "doors: the OpenAI HTTP door vs gRPC, same router",
     )
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_bench)

@@ -101,10 +101,12 @@ def start_services(
     logs: Path,
     proposer: str = "draft",
     drafter_flags: tuple[str, ...] = (),
+    router_flags: tuple[str, ...] = (),
 ) -> dict:
     """Drafter, verifier and router as child processes on free loopback ports, with
     Prometheus endpoints on the drafter and verifier. Returns them by role, plus
-    `drafter_metrics_port`. `drafter_flags` go to `specd serve drafter` as they are."""
+    `drafter_metrics_port`. `drafter_flags` and `router_flags` go to `specd serve drafter`
+    and `specd serve router` as they are."""
     drafter_metrics, verifier_metrics = free_port(), free_port()
     drafter = ServerProcess(
         "drafter",
@@ -122,6 +124,7 @@ def start_services(
     router = ServerProcess(
         "router",
         *("--tokenizer", model, "--verifier", verifier.address),
+        *router_flags,
         logs=logs,
         ready_service=ROUTER_READY,
     ).start(timeout=120)

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from specd.sampling import SamplingParams
+from specd.params import SamplingParams
 
 
 @dataclass

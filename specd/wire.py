@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from protos.specd.v1 import common_pb2
-from specd.sampling import SamplingParams
+from specd.params import SamplingParams
 
 
 def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:

@@ -24,8 +24,9 @@ from specd.kvcache import NoFreeBlocks
 from specd.model_thread import on_model_thread
 from specd.models.matmul import INVARIANT_TILE
 from specd.models.paged_kv import PagedKV, SeqInput
+from specd.params import SamplingParams
 from specd.proposal import DraftState, Proposal, Proposer
-from specd.sampling import SamplingParams, make_generator
+from specd.sampling import make_generator
 from verifier_service.scheduler import Scheduler, Work
 from verifier_service.sequence import Sequence, SpecStats, SpeculationBounds, StepOutput
 from verifier_service.tree import moves, tree_parents

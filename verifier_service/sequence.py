@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specd.sampling import SamplingParams
+from specd.params import SamplingParams
 from verifier_service.controller import PositionAcceptance
 
 

@@ -26,8 +26,8 @@ from router.policy import Policy
 from router.replicas import ReplicaSet
 from router.server import GenerationServicer
 from specd.config import EngineConfig
+from specd.params import SamplingParams
 from specd.proposal import DraftState
-from specd.sampling import SamplingParams
 from specd.serving import check_health, start_server
 from tests.cluster import char_tokenizer, start_cluster
 from verifier_service.drafter_client import RemoteProposer

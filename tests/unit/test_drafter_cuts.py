@@ -11,8 +11,8 @@ from specd.config import EngineConfig
 from specd.models.catalog import DEFAULT_DRAFT
 from specd.models.loader import load_model
 from specd.models.paged_kv import PagedKV, SeqInput
+from specd.params import SamplingParams
 from specd.proposal import DraftState
-from specd.sampling import SamplingParams
 from tests.conftest import real_model_or_skip, run_engine
 from verifier_service.engine import Engine
 

@@ -8,8 +8,8 @@ from drafter_service.combined import CombinedProposer
 from drafter_service.draft_model import DraftModelProposer
 from drafter_service.ngram import NgramProposer, ngram_propose
 from specd.config import EngineConfig
+from specd.params import SamplingParams
 from specd.proposal import DraftState
-from specd.sampling import SamplingParams
 from tests.conftest import run_engine
 from verifier_service.engine import Engine
 from verifier_service.sequence import SpeculationBounds

@@ -10,7 +10,8 @@ import torch
 from drafter_service.draft_model import DraftModelProposer
 from specd.config import EngineConfig
 from specd.models.paged_kv import PagedKV, SeqInput
-from specd.sampling import SamplingParams, logits_to_probs
+from specd.params import SamplingParams
+from specd.sampling import logits_to_probs
 from verifier_service.engine import Engine
 
 PROMPT = [11, 12, 13, 14, 15, 16]

@@ -8,8 +8,9 @@ test. By hand: greedy walks, parents and K/V moves."""
 import pytest
 import torch
 
+from specd.params import SamplingParams
 from specd.proposal import Proposal
-from specd.sampling import SamplingParams, logits_to_probs
+from specd.sampling import logits_to_probs
 from tests.unit.test_sampling import fails_exactness
 from verifier_service import tree
 

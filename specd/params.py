@@ -1,0 +1,37 @@
+"""How a request samples: the parameters every service applies, checked once (torch-free,
+so the router validates requests without loading torch)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+    min_p: float = 0.0  # 0: off
+    repetition_penalty: float = 1.0  # 1: off (CTRL-style: logit / r if > 0 else logit * r)
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    def validate(self) -> None:
+        """Refuse out-of-range values, NaN and +/-inf included (a NaN compares false with
+        everything, so every check is written as "not inside the valid range")."""
+        finite = math.isfinite
+        if not (finite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        rp = self.repetition_penalty
+        if not (finite(rp) and rp > 0):
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {rp}")

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from tqdm import tqdm
 
-from bench.progress import progress_bar
 from specd.processes import scrape, start_services, verifier_load
 
 ROUTES = ["default", "code", "chat", "no-such-route"]
@@ -149,7 +149,7 @@ def run_soak(
             if done == warm_at:
                 warm.update({role: read() for role, read in (rss or {}).items()})
             if progress is not None:
-                progress(done, len(requests))
+                progress(1)
 
     started = time.perf_counter()
     with SpecdClient(router) as client, ThreadPoolExecutor(concurrency) as pool:
@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--target and --verifier go together")
 
     requests = mixed_requests(args.requests, args.seed, args.max_new_tokens)
-    progress = None if args.no_progress else progress_bar("soak")
+    bar = None if args.no_progress else tqdm(total=len(requests), desc="soak")
+    progress = bar.update if bar is not None else None
     if args.target:
         result = run_soak(args.target, args.verifier, requests, args.concurrency, None, 0, progress)
     else:
@@ -216,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
             for s in services:
                 s.stop()
         print(f"service logs: {logs}")
+    if bar is not None:
+        bar.close()
 
     print(f"{result.requests} requests in {result.seconds:.1f}s, concurrency {args.concurrency}")
     for key, count in sorted(result.outcomes.items()):

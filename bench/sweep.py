@@ -29,8 +29,8 @@ from collections import Counter
 from pathlib import Path
 
 import grpc
+from tqdm import tqdm
 
-from bench.progress import progress_bar
 from bench.speculative import WORKLOADS
 from protos.specd.v1 import router_pb2_grpc
 from router.client import build_request
@@ -75,7 +75,8 @@ async def _one(stub, messages, mode: str, max_new: int, route: str = "") -> dict
 
 async def drive(one, conversations, concurrency: int, requests: int, tick=None):
     """`requests` calls of `one(messages)` from `concurrency` concurrent clients, cycling
-    through the conversations; returns their results and the wall time."""
+    through the conversations; returns their results and the wall time. `tick(1)` after
+    each (a tqdm bar's `update`)."""
     queue: asyncio.Queue = asyncio.Queue()
     for i in range(requests):
         queue.put_nowait(conversations[i % len(conversations)])
@@ -85,7 +86,7 @@ async def drive(one, conversations, concurrency: int, requests: int, tick=None):
         while not queue.empty():
             results.append(await one(queue.get_nowait()))
             if tick is not None:
-                tick(len(results), requests)
+                tick(1)
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -161,8 +162,11 @@ def sweep(
         for c in levels:
             n = max(requests, c)
             name = label or mode
-            tick = progress_bar(f"{name:<6} c={c:<3}") if bars else None
+            bar = tqdm(total=n, desc=f"{name:<6} c={c:<3}", leave=False) if bars else None
+            tick = bar.update if bar is not None else None
             cell = asyncio.run(run_cell(address, conversations, mode, c, n, max_new, tick, route))
+            if bar is not None:
+                bar.close()
             cell.update(mode=name, concurrency=c)
             cells.append(cell)
             progress(
@@ -195,7 +199,11 @@ def to_markdown(report: dict) -> str:
 
 
 def plot(report: dict, out: Path) -> list[Path]:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # an optional extra: the JSON and markdown are the results
+        print("plots skipped: matplotlib is missing (pip install 'specd[bench]')")
+        return []
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

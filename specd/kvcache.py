@@ -60,11 +60,6 @@ class BlockAllocator:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def blocks_needed(self, seq_id, extra_tokens: int) -> int:
-        """Blocks that must be taken from the pool to grow `seq_id` by `extra_tokens`."""
-        seq = self._seqs.get(seq_id, _Seq())
-        return max(0, self.blocks_for(seq.length + extra_tokens) - len(seq.blocks))
-
     def slots(self, seq_id, start: int, end: int) -> list[int]:
         """Slot numbers of token positions [start, end) of a sequence."""
         seq = self._seqs[seq_id]

@@ -175,9 +175,3 @@ def draw_randomness(generators: list[torch.Generator], ks: list[int], vocab: int
         uniforms[i, :k] = torch.rand(k, generator=g)
     noise = torch.stack([torch.empty(vocab).exponential_(generator=g) for g in generators])
     return uniforms, noise
-
-
-def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """One token from probs [V] (same exponential race as the verifier)."""
-    noise = torch.empty(probs.shape[-1]).exponential_(generator=generator)
-    return int((probs / noise).argmax())

@@ -18,8 +18,6 @@ class SpecStats:
     drafted: int = 0
     accepted: int = 0
     reason: str = ""  # set when the request finishes (SpeculationBounds.reason)
-    drafted_per_pos: list[int] = field(default_factory=list)
-    accepted_per_pos: list[int] = field(default_factory=list)
 
     def record(self, k: int, a: int) -> None:
         if k == 0:
@@ -27,13 +25,6 @@ class SpecStats:
         self.rounds += 1
         self.drafted += k
         self.accepted += a
-        grow = k - len(self.drafted_per_pos)
-        if grow > 0:
-            self.drafted_per_pos += [0] * grow
-            self.accepted_per_pos += [0] * grow
-        for j in range(k):
-            self.drafted_per_pos[j] += 1
-            self.accepted_per_pos[j] += j < a
 
     @property
     def acceptance_rate(self) -> float:

@@ -108,7 +108,7 @@ class OpenAIDoor:
     # -- middlewares -----------------------------------------------------------------------
     @web.middleware
     async def _errors(self, request, handler):
-        """aiohttp's own refusals (404, 405, 413) in the OpenAI shape."""
+        """aiohttp's own refusals (404, 405, 413), and any bug, in the OpenAI shape."""
         try:
             return await handler(request)
         except web.HTTPException as exc:
@@ -118,6 +118,9 @@ class OpenAIDoor:
             if exc.status == 413:
                 message = f"the body is larger than {MAX_BODY_BYTES} bytes"
             return error_response(exc.status, message, headers=_allow(exc))
+        except Exception as exc:  # a bug: logged, answered 500 (streams handle their own)
+            log.exception("%s %s failed", request.method, request.path)
+            return error_response(500, f"internal error: {type(exc).__name__}")
 
     @web.middleware
     async def _auth(self, request, handler):
@@ -205,6 +208,8 @@ class OpenAIDoor:
                 status = HTTP_STATUS.get(exc.code, 500)
                 kind = ERROR_TYPES.get(status, "server_error")
                 await _send(response, schema.error(str(exc), kind, code=exc.code.name.lower()))
+            except ConnectionError:  # the client left: closing `messages` frees the request
+                return response
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
             return response

@@ -459,3 +459,18 @@ def test_bad_headers_and_methods(cluster):
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     # after all that, the door still answers
     assert post_json(f"{base}/v1/completions", body).status_code == 200
+
+
+def test_a_bug_is_a_500_in_the_openai_shape(cluster, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(cluster.router_core, "prepare", broken)
+    r = post_json(f"{cluster.http}/v1/completions", {"model": TINY_MODEL_ID, "prompt": "abc"})
+    assert r.status_code == 500
+    assert r.json()["error"] == {
+        "message": "internal error: RuntimeError",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }

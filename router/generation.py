@@ -15,18 +15,16 @@ import grpc
 from opentelemetry import trace
 
 from protos.specd.v1 import common_pb2, router_pb2, verifier_pb2
+from router.client import MODES
 from router.detok import IncrementalDetokenizer, StopStrings
 from router.policy import Decision, Load, Policy, PolicyFile, decide
 from router.replicas import ReplicaSet
+from specd.params import SamplingParams
 from specd.telemetry import extract_metadata, inject_metadata
 from specd.wire import params_from_proto
 
 log = logging.getLogger(__name__)
-CLIENT_MODES = {
-    router_pb2.SPECULATION_AUTO: "auto",
-    router_pb2.SPECULATION_ON: "on",
-    router_pb2.SPECULATION_OFF: "off",
-}
+CLIENT_MODES = {proto: name for name, proto in MODES.items()}  # the request's override
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED}
 # the roles of the chat format every HF chat template is written for; a template that
 # cannot render one of them raises, and that is refused too (see _tokenize)
@@ -54,6 +52,7 @@ class Prepared:
     """A validated request: what every attempt on a replica sends."""
 
     request: router_pb2.GenerateRequest
+    params: SamplingParams  # request.params, checked
     prompt_ids: list[int]
     route: str
     warnings: list[str]
@@ -135,7 +134,7 @@ class Router:
     async def _attempts(self, prep: Prepared, span, buffered: bool):
         request = prep.request
         client = CLIENT_MODES.get(request.speculation, "auto")
-        temperature = params_from_proto(request.params).temperature
+        temperature = prep.params.temperature
         tried: set[str] = set()
         last_error = None
         while True:
@@ -248,8 +247,9 @@ class Router:
         which = request.WhichOneof("input")
         if which is None:
             raise _invalid("one of prompt, messages or token_ids is required")
+        params = params_from_proto(request.params)
         try:
-            params_from_proto(request.params).validate()
+            params.validate()
         except ValueError as exc:
             raise _invalid(str(exc)) from None
         max_new = request.max_new_tokens or self.default_max_new_tokens
@@ -263,7 +263,7 @@ class Router:
         route, policy, warning = policy_set.for_route(route_name)
         deadline = None if timeout is None else time.monotonic() + timeout
         warnings = [warning] if warning else []
-        return Prepared(request, ids, route, warnings, policy, max_new, metadata, deadline)
+        return Prepared(request, params, ids, route, warnings, policy, max_new, metadata, deadline)
 
     def _tokenize(self, request, which: str) -> list[int]:
         if which == "token_ids":

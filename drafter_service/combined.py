@@ -12,7 +12,7 @@ the verifier treats it as one-hot, like any deterministic draft.
 
 from __future__ import annotations
 
-from drafter_service.ngram import ngram_propose
+from drafter_service.ngram import allowed_prefix, ngram_propose
 from specd.proposal import DraftState, Proposal, Proposer
 
 
@@ -28,7 +28,7 @@ class CombinedProposer:
     def propose(self, states: list[DraftState]) -> list[Proposal]:
         out: list[Proposal | None] = []
         for s in states:
-            tokens = ngram_propose(s.tokens, s.k, self.max_n, self.min_match)
+            tokens = allowed_prefix(s, ngram_propose(s.tokens, s.k, self.max_n, self.min_match))
             out.append(Proposal(tokens=tokens) if tokens else None)
         rest = [s for s, p in zip(states, out, strict=True) if p is None]
         drafted = iter(self.model.propose(rest) if rest else [])

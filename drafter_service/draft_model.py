@@ -64,8 +64,11 @@ class DraftModelProposer:
         out = [ready[id(s)] if id(s) in ready else next(drafted) for s in states]
         # what draft_ahead may continue: sequences that got every draft they asked for
         # (references, no copies: a later hit compares the tokens it assumed, in full)
+        # (constrained sequences are left out: their grammar follows the committed tokens)
         self._last = [
-            (s, p) for s, p in zip(states, out, strict=True) if s.k > 0 and len(p.tokens) == s.k
+            (s, p)
+            for s, p in zip(states, out, strict=True)
+            if s.k > 0 and len(p.tokens) == s.k and s.grammar is None
         ]
         return out
 
@@ -98,10 +101,13 @@ class DraftModelProposer:
         q_probs: dict[int, list] = {id(s): [] for s in active}
         alts: dict[int, list] = {id(s): [] for s in active}
         feed = {id(s): s.tokens[len(self._cached[s.seq_id]) :] for s in active}
+        halted: set[int] = set()  # constrained sequences whose grammar allows no draft
         for step in range(max((s.k for s in active), default=0)):
             if stop is not None and stop():
                 break  # a new round is waiting: hand back what is drafted so far
-            batch = [s for s in active if s.k > step]
+            batch = [s for s in active if s.k > step and id(s) not in halted]
+            if not batch:
+                break
             try:
                 logits = self.model.forward(
                     self.kv, [SeqInput(s.seq_id, feed[id(s)]) for s in batch]
@@ -110,7 +116,14 @@ class DraftModelProposer:
                 break  # the drafter's cache is full: propose what we have so far
             for s, row in zip(batch, logits, strict=True):
                 self._cached[s.seq_id] += feed[id(s)]
+                row = self._constrained(s, row)
+                if row is None:  # the grammar allows nothing the head can draft
+                    halted.add(id(s))
+                    continue
                 token, ids, probs, alt = self._draw(s, row, drafts[id(s)])
+                if s.grammar is not None and not s.grammar.push(token):  # popped below
+                    halted.add(id(s))
+                    continue
                 if alt is not None and step < self.alternatives:
                     alts[id(s)].append((step, alt))
                 drafts[id(s)].append(token)
@@ -121,9 +134,25 @@ class DraftModelProposer:
         for s in active:
             p = out[id(s)]
             p.tokens, p.alts = drafts[id(s)], alts[id(s)]
+            if s.grammar is not None and p.tokens:
+                s.grammar.pop(len(p.tokens))
             if q_ids[id(s)]:
                 p.q_ids, p.q_probs = torch.stack(q_ids[id(s)]), torch.stack(q_probs[id(s)])
         return [out[id(s)] for s in states]
+
+    def _constrained(self, s: DraftState, logits: torch.Tensor):
+        """A constrained sequence's logits masked to what its grammar allows after its
+        drafts so far (so q is the masked q); None when the head has no allowed token."""
+        if s.grammar is None:
+            return logits
+        if s.grammar.done:
+            return None
+        allowed = s.grammar.allowed()
+        if self.model.head_ids is not None:
+            allowed = allowed[self.model.head_ids.cpu()]
+        if not allowed.any():
+            return None
+        return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
 
     def _sync(self, s: DraftState) -> bool:
         """Roll back to the longest prefix shared with the committed tokens."""
@@ -164,7 +193,7 @@ class DraftModelProposer:
             if seen is not None:
                 row = apply_repetition_penalty(row, seen, s.params.repetition_penalty)
             top = row[0].topk(min(2, row.shape[-1])).indices
-            alt = token_id(top[1]) if len(top) > 1 else None
+            alt = token_id(top[1]) if len(top) > 1 and row[0, top[1]].isfinite() else None
             return token_id(top[0]), None, None, alt
         probs = logits_to_probs(logits[None], s.params, seen)[0]
         vals, cols = probs.topk(min(self.top_m, probs.shape[-1]))

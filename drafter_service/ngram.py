@@ -29,6 +29,11 @@ def ngram_propose(tokens: list[int], k: int, max_n: int = 4, min_n: int = 1) -> 
     return []
 
 
+def allowed_prefix(s: DraftState, tokens: list[int]) -> list[int]:
+    """A constrained sequence's drafts, cut at the first its grammar forbids."""
+    return tokens if s.grammar is None else tokens[: s.grammar.valid_prefix(tokens)]
+
+
 class NgramProposer:
     available = True
 
@@ -37,7 +42,8 @@ class NgramProposer:
 
     def propose(self, states: list[DraftState]) -> list[Proposal]:
         return [
-            Proposal(tokens=ngram_propose(s.tokens, s.k, self.max_n, self.min_n)) for s in states
+            Proposal(tokens=allowed_prefix(s, ngram_propose(s.tokens, s.k, self.max_n, self.min_n)))
+            for s in states
         ]
 
     def close(self, seq_id) -> None:  # stateless

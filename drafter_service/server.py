@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from opentelemetry.metrics import Observation
 
 from protos.specd.v1 import drafter_pb2, drafter_pb2_grpc
+from specd.grammar import Grammars, GrammarState
 from specd.model_thread import on_model_thread
 from specd.params import SamplingParams
 from specd.proposal import DraftState, Proposer
 from specd.telemetry import DRAFTER_ROUNDS, DRAFTER_SESSIONS, extract_metadata
-from specd.wire import params_from_proto
+from specd.wire import constraint_from_proto, params_from_proto
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,13 @@ class Session:
     tokens: list[int]
     params: SamplingParams
     span: object = None  # "specd.drafter.session", child of the verifier's request span
+    grammar: GrammarState | None = None  # a constrained request's, at `tokens`
+
+    def commit(self, tokens: list[int]) -> None:
+        self.tokens.extend(tokens)
+        if self.grammar is not None and not self.grammar.consume(tokens):
+            log.warning("committed tokens outside the session's grammar; drafting unconstrained")
+            self.grammar = None
 
 
 class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
@@ -41,8 +49,12 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         telemetry=None,
         draft_ahead: bool = False,
         name: str = "",
+        tokenizer=None,
+        eos_ids: set[int] | None = None,
     ):
         self.proposer = proposer
+        # drafting under a request's constraint needs the tokenizer (specd/grammar.py)
+        self.grammars = None if tokenizer is None else Grammars(tokenizer, vocab_size, eos_ids)
         self.name = name  # told to each verifier in the handshake
         # between rounds, let the proposer continue as if all drafts were accepted
         self.draft_ahead = draft_ahead and hasattr(proposer, "draft_ahead")
@@ -88,19 +100,9 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                 key = (stream, cmd.seq_id)
                 which = cmd.WhichOneof("command")
                 if which == "open":
-                    problem = self._check_ids(cmd.open.token_ids)
-                    try:
-                        params = params_from_proto(cmd.open.params)
-                        params.validate()
-                    except ValueError as exc:
-                        problem = str(exc)
+                    problem = self._open(key, cmd.open)
                     if problem:
                         errors[cmd.seq_id] = problem
-                        continue
-                    self._close(key)
-                    self.sessions[key] = Session(
-                        list(cmd.open.token_ids), params, self._session_span(cmd.open.trace_context)
-                    )
                 elif which == "close":
                     self._close(key)
                 elif which == "step":
@@ -113,14 +115,11 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                     if problem:
                         steps.append((cmd.seq_id, None, problem))
                         continue
-                    session.tokens.extend(cmd.step.committed_ids)
-                    steps.append(
-                        (
-                            cmd.seq_id,
-                            DraftState(key, session.tokens, session.params, cmd.step.k),
-                            "",
-                        )
+                    session.commit(list(cmd.step.committed_ids))
+                    state = DraftState(
+                        key, session.tokens, session.params, cmd.step.k, grammar=session.grammar
                     )
+                    steps.append((cmd.seq_id, state, ""))
             states = [s for _, s, _ in steps if s is not None]
             if states and self.telemetry is not None:
                 self._rounds.add(1)
@@ -143,6 +142,35 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                 for parent, token in p.alts:
                     msg.alternatives.add(parent=parent, token=token)
             return out
+
+    def _open(self, key, msg: drafter_pb2.Open) -> str:
+        """Start a session -> "" or what is wrong with the command."""
+        problem = self._check_ids(msg.token_ids)
+        try:
+            params = params_from_proto(msg.params)
+            params.validate()
+            grammar = self._grammar(msg)
+        except ValueError as exc:
+            problem = str(exc)
+        if problem:
+            return problem
+        self._close(key)
+        span = self._session_span(msg.trace_context)
+        self.sessions[key] = Session(list(msg.token_ids), params, span, grammar)
+        return ""
+
+    def _grammar(self, msg: drafter_pb2.Open):
+        """The session's grammar at its committed tokens; None when unconstrained, or when
+        this drafter has no tokenizer (it then drafts freely and the verifier cuts)."""
+        constraint = constraint_from_proto(msg.constraint)
+        if constraint is None or self.grammars is None:
+            return None
+        if msg.prompt_length > len(msg.token_ids):
+            raise ValueError("prompt_length exceeds the tokens sent")
+        grammar = self.grammars.start(constraint)
+        if not grammar.consume(list(msg.token_ids[msg.prompt_length :])):
+            raise ValueError("the committed tokens break the constraint")
+        return grammar
 
     def _check_ids(self, ids) -> str:
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
@@ -197,11 +225,14 @@ def build_proposer(config):
 
 async def serve(config, ready=None) -> None:
     """Load the drafter's model (or n-gram), serve until a signal."""
+    from specd.models.loader import eos_token_ids, load_config, load_tokenizer, resolve
     from specd.serving import serve_until_signal, start_server
     from specd.telemetry import setup
 
     # built on the thread that will run it (see specd/model_thread.py)
     proposer, vocab, name = await on_model_thread("drafter", build_proposer, config)
+    folder = resolve(config.model)
+    tokenizer, eos = load_tokenizer(folder), eos_token_ids(folder, load_config(folder))
     telemetry = setup("drafter", config.metrics_port)
     servicer = DrafterServicer(
         proposer,
@@ -210,6 +241,8 @@ async def serve(config, ready=None) -> None:
         telemetry,
         draft_ahead=config.draft_ahead,
         name=name,
+        tokenizer=tokenizer,
+        eos_ids=eos,
     )
     server, port, health = await start_server(
         config.host,

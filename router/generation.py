@@ -21,7 +21,7 @@ from router.policy import Decision, Load, Policy, PolicyFile, decide
 from router.replicas import ReplicaSet
 from specd.params import SamplingParams
 from specd.telemetry import extract_metadata, inject_metadata
-from specd.wire import params_from_proto
+from specd.wire import constraint_from_proto, params_from_proto
 
 log = logging.getLogger(__name__)
 CLIENT_MODES = {proto: name for name, proto in MODES.items()}  # the request's override
@@ -250,6 +250,9 @@ class Router:
         params = params_from_proto(request.params)
         try:
             params.validate()
+            constraint = constraint_from_proto(request.constraint)
+            if constraint is not None:
+                constraint.grammar()  # compiled (and cached) here: a bad one never travels
         except ValueError as exc:
             raise _invalid(str(exc)) from None
         max_new = request.max_new_tokens or self.default_max_new_tokens
@@ -311,6 +314,7 @@ def _verifier_request(prep: Prepared, decision: Decision) -> verifier_pb2.Verify
         params=request.params,
         max_new_tokens=prep.max_new_tokens,
         ignore_eos=request.ignore_eos,
+        constraint=request.constraint,
         num_draft_tokens=decision.k,
         route=prep.route,
         auto=decision.auto,

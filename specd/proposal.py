@@ -24,6 +24,9 @@ class DraftState:
     params: SamplingParams
     k: int  # drafts wanted this round (may come back shorter)
     span: object = None  # the request's trace span, for a remote drafter's session span
+    # a constrained request's grammar (specd.grammar.GrammarState) at `tokens`: a proposer
+    # drafts under its masks and must leave it as it found it
+    grammar: object = None
 
 
 @dataclass

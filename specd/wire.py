@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from protos.specd.v1 import common_pb2
+from specd.constraint import Constraint
 from specd.params import SamplingParams
 
 
@@ -42,3 +43,23 @@ def speculation_to_proto(stats, k: int) -> common_pb2.SpeculationInfo:
         mean_accepted_length=stats.mean_accepted_length,
         mean_draft_tokens=stats.drafted / stats.rounds if stats.rounds else 0.0,
     )
+
+
+def constraint_from_proto(msg: common_pb2.Constraint) -> Constraint | None:
+    """Unset -> None. Only the kind is checked here; Constraint.grammar() checks the rest."""
+    kind = msg.WhichOneof("kind")
+    if kind is None:
+        return None
+    if kind == "json_object":
+        if not msg.json_object:
+            raise ValueError("constraint.json_object must be true when set")
+        return Constraint("json_object")
+    return Constraint(kind, getattr(msg, kind))
+
+
+def constraint_to_proto(c: Constraint | None) -> common_pb2.Constraint:
+    if c is None:
+        return common_pb2.Constraint()
+    if c.kind == "json_object":
+        return common_pb2.Constraint(json_object=True)
+    return common_pb2.Constraint(**{c.kind: c.text})

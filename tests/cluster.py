@@ -152,6 +152,7 @@ def start_cluster(
             telemetry=_telemetry(c, "drafter", span_exporter, metrics),
             draft_ahead=draft_ahead,
             name="tiny-draft",
+            tokenizer=char_tokenizer(),
         )
         server, port, _ = await c._drafter_server(0)
         c.servers["drafter"], c.drafter = server, f"127.0.0.1:{port}"
@@ -164,6 +165,7 @@ def start_cluster(
                 RemoteProposer(c.drafter, drafter_timeout_ms, 200, t),
                 eos_ids=set(),
                 telemetry=t,
+                tokenizer=char_tokenizer(),
             )
             servicer = VerifierServicer(engine, "tiny", telemetry=t)
             server, port, _ = await start_server(

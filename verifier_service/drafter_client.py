@@ -23,7 +23,7 @@ from protos.specd.v1 import drafter_pb2, drafter_pb2_grpc
 from specd.proposal import DraftState, Proposal
 from specd.serving import open_channel
 from specd.telemetry import DRAFTER_FALLBACKS, DRAFTER_RTT, inject_metadata
-from specd.wire import params_to_proto
+from specd.wire import constraint_to_proto, params_to_proto
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +158,9 @@ class RemoteProposer:
                 cmd = request.commands.add(seq_id=s.seq_id)
                 cmd.open.token_ids.extend(s.tokens)
                 cmd.open.params.CopyFrom(params_to_proto(s.params))
+                if s.grammar is not None:  # the drafter drafts under the same constraint
+                    cmd.open.constraint.CopyFrom(constraint_to_proto(s.grammar.constraint))
+                    cmd.open.prompt_length = len(s.tokens) - s.grammar.consumed
                 if s.span is not None:
                     ctx = trace.set_span_in_context(s.span)
                     cmd.open.trace_context.update(dict(inject_metadata(ctx)))

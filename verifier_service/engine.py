@@ -20,6 +20,8 @@ import torch
 from opentelemetry import trace
 
 from specd.config import EngineConfig
+from specd.constraint import Constraint
+from specd.grammar import Grammars
 from specd.kvcache import NoFreeBlocks
 from specd.model_thread import on_model_thread
 from specd.models.matmul import INVARIANT_TILE
@@ -30,7 +32,7 @@ from specd.sampling import make_generator
 from verifier_service.scheduler import Scheduler, Work
 from verifier_service.sequence import Sequence, SpecStats, SpeculationBounds, StepOutput
 from verifier_service.tree import moves, tree_parents
-from verifier_service.verify import verify_rounds
+from verifier_service.verify import mask_logits, verify_rounds
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +45,12 @@ class Engine:
         proposer: Proposer | None = None,
         eos_ids: set[int] | None = None,
         telemetry=None,
+        tokenizer=None,
     ):
         self.model = model
+        # constrained requests need the tokenizer (llguidance reads its tokens' bytes)
+        vocab = model.args.vocab_size
+        self.grammars = None if tokenizer is None else Grammars(tokenizer, vocab, eos_ids)
         self.config = config or EngineConfig()
         num_blocks = self.config.num_blocks or PagedKV.blocks_for_budget(
             model, self.config.kv_cache_bytes, self.config.block_size
@@ -75,6 +81,7 @@ class Engine:
         ignore_eos: bool = False,
         span=None,
         speculation: SpeculationBounds | None = None,
+        constraint: Constraint | None = None,
     ) -> int:
         """Queue a request. `num_draft`: the most drafts per round; with
         `speculation.auto` the controller picks k <= num_draft every step, else every
@@ -101,6 +108,11 @@ class Engine:
             raise ValueError(
                 f"request needs {need} KV blocks; the pool has {self.kv.allocator.num_blocks}"
             )
+        grammar = None
+        if constraint is not None:
+            if self.grammars is None:
+                raise ValueError("this verifier was started without a tokenizer: no constraints")
+            grammar = self.grammars.start(constraint)
         stops = set(stop_ids or ()) | (set() if ignore_eos else set(self.eos_ids))
         seq = Sequence(
             next(self._ids),
@@ -112,6 +124,7 @@ class Engine:
             make_generator(params.seed),
             span=span,
             speculation=speculation,
+            grammar=grammar,
         )
         with self._lock:
             self._seqs[seq.seq_id] = seq
@@ -144,11 +157,13 @@ class Engine:
         outputs = []
         t0 = time.perf_counter()
         proposals = self._propose([w for w in work if w.decode and w.k > 0])
+        masks = self._constrain(work, proposals)
         self._limit_alternatives(work, proposals)
         t1 = time.perf_counter()
         logits = self._forward(work, proposals)
         self._measure(work, proposals, t1 - t0, time.perf_counter() - t1)
         rounds = [w for w in work if w.num_logits > 0]
+        mask_logits(rounds, masks, logits)
         emitted = verify_rounds(rounds, proposals, logits, self.model.args.vocab_size)
         for w in work:
             outputs.extend(self._commit(w, emitted.get(id(w))))
@@ -170,7 +185,8 @@ class Engine:
         if not work or self.proposer is None:
             return {}
         states = [
-            DraftState(w.seq.seq_id, w.seq.tokens, w.seq.params, w.k, w.seq.span) for w in work
+            DraftState(w.seq.seq_id, w.seq.tokens, w.seq.params, w.k, w.seq.span, w.seq.grammar)
+            for w in work
         ]
         try:
             proposals = self.proposer.propose(states)
@@ -185,6 +201,22 @@ class Engine:
             p.alts = [(parent, t) for parent, t in p.alts if parent >= 0 and 0 <= t < vocab]
             out[w.seq.seq_id] = p
         return out
+
+    @staticmethod
+    def _constrain(work: list[Work], proposals: dict[int, Proposal]) -> dict[int, torch.Tensor]:
+        """Cut each constrained sequence's proposal to what its grammar allows (specd/grammar.py)
+        -> the masks of its logits, seq_id -> bool [nodes, V] (root, chain, alternatives)."""
+        masks = {}
+        for w in work:
+            grammar = w.seq.grammar
+            if grammar is None or w.num_logits == 0:
+                continue
+            p = proposals.get(w.seq.seq_id)
+            if p is None:
+                masks[w.seq.seq_id] = grammar.allowed()[None]
+            else:
+                proposals[w.seq.seq_id], masks[w.seq.seq_id] = grammar.plan(p)
+        return masks
 
     def _limit_alternatives(self, work: list[Work], proposals: dict[int, Proposal]) -> None:
         """Keep alternative leaves only while the step stays small: a forward of up to
@@ -256,10 +288,7 @@ class Engine:
         for t in tokens:
             seq.tokens.append(t)
             new.append(t)
-            if t in seq.stop_ids:
-                seq.finish_reason = "stop"
-            elif seq.num_generated >= seq.max_new_tokens:
-                seq.finish_reason = "length"
+            seq.finish_reason = self._finished(seq, t)
             if seq.finish_reason:
                 break
         if seq.finish_reason:
@@ -270,6 +299,16 @@ class Engine:
             out.stats = seq.stats
             out.timing = (seq.t_arrived, seq.t_scheduled, seq.t_first_token)
         return [out]
+
+    @staticmethod
+    def _finished(seq: Sequence, token: int) -> str | None:
+        """After committing `token`: "stop" at a stop token or once the constraint is
+        complete (a bonus token sampled past that point is dropped), "length", or None."""
+        if seq.grammar is not None and not seq.grammar.consume([token]):
+            log.error("sequence %d: a token its grammar refuses", seq.seq_id)  # masked: never
+        if token in seq.stop_ids or (seq.grammar is not None and seq.grammar.done):
+            return "stop"
+        return "length" if seq.num_generated >= seq.max_new_tokens else None
 
     def _finish(self, seq: Sequence) -> None:
         seq.stats.reason = seq.speculation.reason(seq.decisions, seq.stats.rounds)

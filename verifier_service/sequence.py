@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specd.grammar import GrammarState
 from specd.params import SamplingParams
 from verifier_service.controller import PositionAcceptance
 
@@ -91,6 +92,7 @@ class Sequence:
     decisions: Counter = field(default_factory=Counter)  # reason -> decode steps
     off_steps: int = 0  # decode steps since the last round that drafted (for probes)
     step_decision: tuple[str, float] = ("", 1.0)  # this step: reason, predicted gain
+    grammar: GrammarState | None = None  # a constrained request's state at `tokens`
 
     def __post_init__(self):
         if not self.tokens:

@@ -11,7 +11,7 @@ from opentelemetry import trace
 
 from protos.specd.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from specd.telemetry import extract_metadata
-from specd.wire import params_from_proto, speculation_to_proto
+from specd.wire import constraint_from_proto, params_from_proto, speculation_to_proto
 from verifier_service.engine import Engine
 from verifier_service.load import TokenRate, VerifierMetrics
 from verifier_service.sequence import SpeculationBounds
@@ -62,6 +62,10 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                 span.end()
 
     async def _generate(self, request, context, route: str, k: int, span):
+        try:
+            constraint = constraint_from_proto(request.constraint)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         stream = self.engine.generate(
             list(request.prompt_ids),
             params_from_proto(request.params),
@@ -78,6 +82,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                 max_kv_utilization=request.max_kv_utilization if request.auto else 1.0,
                 min_acceptance=request.min_acceptance if request.auto else 0.0,
             ),
+            constraint=constraint,
         )
         try:
             try:
@@ -169,7 +174,13 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
 
 def build_engine(config, telemetry=None):
     """The target model, its engine and (if configured) the remote drafter."""
-    from specd.models.loader import eos_token_ids, load_config, load_model, resolve
+    from specd.models.loader import (
+        eos_token_ids,
+        load_config,
+        load_model,
+        load_tokenizer,
+        resolve,
+    )
     from verifier_service.drafter_client import RemoteProposer
 
     folder = resolve(config.model)
@@ -186,7 +197,8 @@ def build_engine(config, telemetry=None):
             tls_ca=config.tls_ca,
         )
     eos = eos_token_ids(folder, load_config(folder))
-    engine = Engine(model, config.engine, proposer, eos, telemetry=telemetry)
+    tokenizer = load_tokenizer(folder)  # for constrained requests (specd/grammar.py)
+    engine = Engine(model, config.engine, proposer, eos, telemetry=telemetry, tokenizer=tokenizer)
     return engine, folder.name
 
 

@@ -95,6 +95,20 @@ def verify_rounds(rounds, proposals: dict, logits: torch.Tensor, vocab: int) -> 
     return result
 
 
+def mask_logits(rounds, masks: dict, logits: torch.Tensor) -> None:
+    """Constrained sequences: -inf, in place, at every token their grammar forbids, at
+    every node (masks: seq_id -> bool [nodes, V], specd/grammar.py). Every verification
+    path below then works on the masked target, so it stays exact for it."""
+    offset = 0
+    with torch.inference_mode():  # the forward's output is an inference tensor
+        for w in rounds:
+            mask = masks.get(w.seq.seq_id)
+            if mask is not None:
+                rows = logits[offset : offset + w.num_logits]
+                rows.masked_fill_(~mask[: w.num_logits].to(rows.device), float("-inf"))
+            offset += w.num_logits
+
+
 def _unpack(items, tokens: torch.Tensor, accepted: torch.Tensor) -> dict:
     out = {}
     for i, (w, *_rest) in enumerate(items):

@@ -1,0 +1,175 @@
+"""Grammar state of one constrained sequence: which tokens may come next, for the pending
+position and for every node of a draft round, with exact rollback.
+
+`Grammars` is per process (one tokenizer, compiled grammars cached by their text);
+`GrammarState` follows one sequence's committed tokens. `plan` walks a proposal: each
+draft must be allowed where it stands (the chain is cut before the first that is not, an
+alternative that is not is dropped), and the state is rolled back afterwards, so a
+proposal leaves no trace. The masks it returns are what the target's logits are masked
+with at each node; `mask_q` renormalises the drafter's q on the same masks.
+
+Why masking keeps speculative sampling exact: the target's distribution at a node is
+p' = norm(p * allowed). Verification tests drafts against p' as against any p. A draft the
+grammar forbids has p'(d) = 0 and would always be rejected, with the residual
+norm(max(0, p' - q)) at that node; cutting the chain there and sampling p' instead is the
+same in distribution when q is masked too: a drafter that sampled from q and happened to
+draw an allowed token drew it from q' = norm(q * allowed), so q' is what the test uses.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from specd.constraint import Constraint
+from specd.proposal import Proposal
+
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+def _lltokenizer(tokenizer, vocab_size: int, eos_ids: set[int]):
+    """llguidance's view of the tokenizer, `vocab_size` wide (the model's logits). A model
+    without an end-of-sequence token gets a virtual one past its vocabulary: the grammar
+    then "stops" instead of asking for it."""
+    import llguidance
+    import llguidance.hf
+
+    n_vocab, eos = vocab_size, sorted(eos_ids)
+    if not eos:
+        n_vocab, eos = vocab_size + 1, [vocab_size]
+    try:
+        return llguidance.hf.from_tokenizer(tokenizer, n_vocab=n_vocab, eos_token=eos)
+    except ValueError:  # a decoder llguidance cannot read: give it each token's bytes
+        tokens = [tokenizer.decode([i]).encode() for i in range(len(tokenizer))]
+        tokens += [b""] * (n_vocab - len(tokens))
+        return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Tokens(tokens, eos[0])))
+
+
+class _Tokens:
+    """The smallest tokenizer llguidance's TokenizerWrapper takes: bytes per token."""
+
+    bos_token_id = None
+
+    def __init__(self, tokens: list[bytes], eos: int):
+        self.tokens, self.eos_token_id = tokens, eos
+        self._by_bytes = {t: i for i, t in enumerate(tokens) if t}
+
+    def __call__(self, text: str) -> list[int]:  # greedy longest match, for its tests only
+        data, out = text.encode(), []
+        while data:
+            n = max(n for n in range(1, len(data) + 1) if data[:n] in self._by_bytes or n == 1)
+            out.append(self._by_bytes.get(data[:n], 0))
+            data = data[n:]
+        return out
+
+
+class Grammars:
+    """One tokenizer's grammar matchers; compiled grammars are cached by their text."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_ids: set[int] | None = None):
+        self.vocab_size = vocab_size
+        self._tokenizer, self._eos = tokenizer, set(eos_ids or ())
+        self._ll = None
+        self._templates: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    def start(self, constraint: Constraint) -> GrammarState:
+        """A fresh state for `constraint`; ValueError when it is invalid or admits nothing."""
+        from llguidance import LLMatcher
+
+        grammar = constraint.grammar()
+        with self._lock:
+            if self._ll is None:  # about a second for a 150k vocabulary, once
+                self._ll = _lltokenizer(self._tokenizer, self.vocab_size, self._eos)
+            template = self._templates.get(grammar)
+            if template is None:
+                template = LLMatcher(self._ll, grammar, log_level=0)
+                if template.is_error():
+                    raise ValueError(f"invalid {constraint.kind}: {template.get_error()}")
+                if len(self._templates) >= 256:
+                    self._templates.pop(next(iter(self._templates)))
+                self._templates[grammar] = template
+        state = GrammarState(template.deep_copy(), constraint, self.vocab_size)
+        if state.done or not state.allowed().any():  # (an empty match counts as none)
+            raise ValueError(f"the {constraint.kind} constraint admits no output")
+        return state
+
+
+class GrammarState:
+    def __init__(self, matcher, constraint: Constraint, vocab_size: int):
+        self.matcher, self.constraint, self.vocab_size = matcher, constraint, vocab_size
+        self.consumed = 0  # tokens committed into the state
+        self._words = torch.zeros((self.vocab_size + 32) // 32, dtype=torch.int32)
+
+    @property
+    def done(self) -> bool:
+        """Complete: nothing but end-of-sequence may follow (the request stops here)."""
+        return self.matcher.is_stopped()
+
+    def allowed(self) -> torch.Tensor:
+        """bool [vocab_size]: the tokens that may come next. Once the constraint is
+        complete every token is allowed: nothing after that point is ever committed (the
+        engine stops the sequence), so that row only has to stay a valid distribution."""
+        if self.done:
+            return torch.ones(self.vocab_size, dtype=torch.bool)
+        w = self._words
+        self.matcher.unsafe_compute_mask_ptr(w.data_ptr(), w.numel() * w.element_size())
+        return ((w[:, None] >> _BITS) & 1).bool().flatten()[: self.vocab_size]
+
+    def consume(self, tokens: list[int]) -> bool:
+        """Commit tokens; False (and the state unchanged) if the grammar refuses one."""
+        n = self.matcher.validate_tokens(tokens)
+        if n < len(tokens):
+            return False
+        if tokens:
+            self.matcher.consume_tokens(tokens)
+        self.consumed += len(tokens)
+        return True
+
+    def push(self, token: int) -> bool:
+        """Advance over a draft, tentatively (`pop` takes it back; `consumed` stays);
+        False, and no change, if the grammar refuses it. (Every change is checked first:
+        a refused token would put llguidance's matcher in an error state for good.)"""
+        return self.valid_prefix([token]) == 1 and self.matcher.consume_token(token)
+
+    def pop(self, n: int) -> None:
+        self.matcher.rollback(n)
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of `tokens` the grammar allows in a row from here."""
+        return self.matcher.validate_tokens(tokens)
+
+    def plan(self, proposal: Proposal) -> tuple[Proposal, torch.Tensor]:
+        """-> (the proposal cut to what the grammar allows, masks bool [nodes, V] in the
+        verifier's node order: root, chain, alternatives). The state is left as it was."""
+        by_parent: dict[int, list[int]] = {}
+        for parent, t in proposal.alts:
+            by_parent.setdefault(parent, []).append(t)
+        chain, alts, alt_masks = [self.allowed()], [], []
+        m = self.matcher
+        for j, d in enumerate(proposal.tokens):
+            if self.done or not chain[j][d]:
+                break
+            for t in by_parent.get(j, []):  # siblings of d, tried from node j
+                if chain[j][t] and m.consume_token(t):
+                    alts.append((j, t))
+                    alt_masks.append(self.allowed())
+                    m.rollback(1)
+            m.consume_token(d)
+            chain.append(self.allowed())
+        k = len(chain) - 1
+        m.rollback(k)
+        kept = proposal.first(k)
+        kept.alts = alts
+        if kept.q_ids is not None and k:
+            kept.q_probs = mask_q(kept.q_ids, kept.q_probs, torch.stack(chain[:k]))
+        return kept, torch.stack(chain + alt_masks)
+
+
+def mask_q(q_ids: torch.Tensor, q_probs: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
+    """Sparse q [k, m] -> q' = norm(q * allowed) with row j on masks[j] (the node where
+    draft j + 1 was drawn)."""
+    kept = q_probs * masks.gather(1, q_ids).to(q_probs.dtype)
+    total = kept.sum(-1, keepdim=True)
+    return torch.where(total > 0, kept / total.clamp(min=1e-30), q_probs)

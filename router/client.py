@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 from protos.specd.v1 import common_pb2, router_pb2, router_pb2_grpc
@@ -28,6 +29,10 @@ def build_request(
     route: str = "",
     speculation: str = "auto",
     ignore_eos: bool = False,
+    json_schema: dict | str | None = None,
+    json_object: bool = False,
+    regex: str | None = None,
+    grammar: str | None = None,
 ) -> router_pb2.GenerateRequest:
     req = router_pb2.GenerateRequest(
         max_new_tokens=max_new_tokens,
@@ -39,6 +44,16 @@ def build_request(
     )
     if seed is not None:
         req.params.seed = seed
+    if isinstance(json_schema, dict):
+        json_schema = json.dumps(json_schema)
+    kinds = {"json_schema": json_schema, "regex": regex, "grammar": grammar}
+    kinds = {k: v for k, v in kinds.items() if v is not None}
+    if json_object:
+        kinds["json_object"] = True
+    if len(kinds) > 1:
+        raise ValueError(f"at most one constraint per request, got {sorted(kinds)}")
+    for kind, value in kinds.items():
+        setattr(req.constraint, kind, value)
     if prompt is not None:
         req.prompt = prompt
     elif messages is not None:

@@ -5,8 +5,10 @@ A body becomes the same `GenerateRequest` a gRPC client sends, so both doors giv
 answer. Where this differs from the OpenAI API, on purpose:
 - unknown fields are refused (400), not ignored;
 - fields specd does not implement (logprobs, tools, penalties, logit_bias, n > 1, echo,
-  suffix, best_of > 1, a response_format other than text) are refused when set to anything
-  but their neutral value;
+  suffix, best_of > 1) are refused when set to anything but their neutral value;
+- `response_format` (`text`, `json_object`, `json_schema`) constrains the output on both
+  endpoints, as vLLM allows; so do vLLM's `guided_json`, `guided_regex` and
+  `guided_grammar` (a Lark grammar, llguidance's dialect), one constraint per request;
 - extensions, as vLLM names them: `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
   `return_token_ids`; and specd's `route` and `speculation` ("auto", "on", "off").
 """
@@ -60,6 +62,18 @@ class ChatMessage(_Strict):
 Positive = Annotated[int, Field(ge=1)]
 
 
+class JsonSchemaFormat(_Strict):
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None  # specd's constraint is always strict
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class _Body(_Strict):
     model: str
     stream: bool = False
@@ -83,6 +97,48 @@ class _Body(_Strict):
     return_token_ids: bool = False
     route: str | None = None
     speculation: Literal["auto", "on", "off"] | None = None
+    # structured output
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
+
+    def constraint(self) -> common_pb2.Constraint | None:
+        """The one constraint the body asks for, if any (checked by the router)."""
+        asked = {
+            name: value
+            for name, value in [
+                ("response_format", self._response_format()),
+                ("guided_json", self.guided_json),
+                ("guided_regex", self.guided_regex),
+                ("guided_grammar", self.guided_grammar),
+            ]
+            if value is not None
+        }
+        if len(asked) > 1:
+            raise BodyError(f"at most one constraint per request, got {sorted(asked)}")
+        if not asked:
+            return None
+        ((name, value),) = asked.items()
+        if name == "guided_regex":
+            return common_pb2.Constraint(regex=value)
+        if name == "guided_grammar":
+            return common_pb2.Constraint(grammar=value)
+        if value == "json_object":
+            return common_pb2.Constraint(json_object=True)
+        schema = value if isinstance(value, str) else json.dumps(value)
+        return common_pb2.Constraint(json_schema=schema)
+
+    def _response_format(self):
+        """None (text), "json_object" or the schema."""
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return "json_object"
+        if fmt.json_schema is None:
+            raise BodyError("response_format.json_schema is required", "response_format")
+        return fmt.json_schema.schema_
 
     def unsupported(self) -> dict[str, bool]:
         """Field -> whether it asks for something specd does not do."""
@@ -119,7 +175,6 @@ class ChatBody(_Body):
     max_completion_tokens: Positive | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -129,7 +184,6 @@ class ChatBody(_Body):
             **super().unsupported(),
             "logprobs": bool(self.logprobs),
             "top_logprobs": self.top_logprobs is not None,
-            "response_format": self.response_format not in (None, {"type": "text"}),
             "tools": bool(self.tools),
             "tool_choice": self.tool_choice not in (None, "none", "auto"),
         }
@@ -189,6 +243,9 @@ def to_request(body: _Body, speculation_header: str = "") -> router_pb2.Generate
         speculation=MODES[mode],
         ignore_eos=body.ignore_eos,
     )
+    constraint = body.constraint()
+    if constraint is not None:
+        request.constraint.CopyFrom(constraint)
     if isinstance(body, ChatBody):
         request.messages.messages.extend(
             router_pb2.ChatMessage(role=m.role, content=m.text()) for m in body.messages

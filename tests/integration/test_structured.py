@@ -1,0 +1,152 @@
+"""Structured output across the services: constraints travel router -> verifier -> drafter,
+every output keeps to its constraint through both doors, greedy is the same with
+speculation on and off, and bad constraints get INVALID_ARGUMENT / 400 with the
+library's message (tiny models on loopback)."""
+
+import json
+import re
+
+import grpc
+import jsonschema
+import openai
+import pytest
+
+from router.client import SpecdClient
+from router.policy import Policy
+from tests.cluster import TINY_MODEL_ID, start_cluster
+from tests.integration.test_openai_http import post_json
+from tests.integration.test_services import wait_idle
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "size": {"enum": ["S", "M", "L"]},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["name", "size", "ok"],
+    "additionalProperties": False,
+}
+PROMPTS = ["Return the record: ", "def f(x):", "Q: name, size? A:", "{"]
+POLICY = Policy.from_dict({"default": {"speculation": "on", "num_draft_tokens": 4}})
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_pair):
+    c = start_cluster(*tiny_pair, policy=POLICY, alternatives=2)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def client(cluster):
+    with SpecdClient(cluster.router) as c:
+        yield c
+
+
+def test_schema_outputs_validate_and_greedy_is_identical_on_and_off(cluster, client):
+    finished = 0
+    for prompt in PROMPTS:
+        runs = {
+            mode: client.generate(prompt, max_new_tokens=80, speculation=mode, json_schema=SCHEMA)
+            for mode in ("off", "on")
+        }
+        assert list(runs["on"].token_ids) == list(runs["off"].token_ids), prompt
+        assert runs["on"].speculation.drafted > 0 and runs["off"].speculation.drafted == 0
+        for reply in runs.values():
+            if reply.finish_reason == "stop":
+                jsonschema.validate(json.loads(reply.text), SCHEMA)
+                finished += 1
+            else:
+                assert reply.finish_reason == "length"
+    assert finished > 0
+    # the drafter drafted under the constraint: its sessions carried a grammar
+    wait_idle(cluster)
+    assert cluster.drafter_servicer.num_sessions == 0
+
+
+def test_sampled_outputs_keep_to_regex_and_grammar(client):
+    regex = "(red|green|blue)-[0-9]{2}"
+    grammar = 'start: "[" num ("," num)* "]"\nnum: /[0-9]{1,2}/'
+    for seed in range(6):
+        reply = client.generate(
+            PROMPTS[seed % 4], max_new_tokens=40, temperature=1.0, seed=seed, regex=regex
+        )
+        assert reply.finish_reason == "stop"
+        assert reply.text.split("-")[0] in ("red", "green", "blue")
+        assert len(reply.text.split("-")[1]) == 2
+        reply = client.generate(
+            PROMPTS[seed % 4], max_new_tokens=40, temperature=1.0, seed=seed, grammar=grammar
+        )
+        if reply.finish_reason == "stop":
+            assert re.fullmatch(r"\[[0-9]{1,2}(,[0-9]{1,2})*\]", reply.text)
+        else:
+            assert reply.text.startswith("[")
+
+
+def test_streaming_under_a_constraint_agrees_with_unary(client):
+    unary = client.generate(PROMPTS[0], max_new_tokens=60, json_object=True)
+    chunks = list(client.stream(PROMPTS[0], max_new_tokens=60, json_object=True))
+    assert "".join(c.text for c in chunks) == unary.text
+    if unary.finish_reason == "stop":
+        assert isinstance(json.loads(unary.text), dict)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"regex": "[a-"}, "regex"),
+        ({"json_schema": "{not json"}, "JSON"),
+        ({"json_schema": {"type": "objec"}}, "objec"),
+        ({"grammar": "start: nothing_here"}, "nothing_here"),
+    ],
+)
+def test_bad_constraints_are_invalid_argument(client, kwargs, message):
+    with pytest.raises(grpc.RpcError) as err:
+        client.generate(PROMPTS[0], max_new_tokens=8, **kwargs)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in err.value.details()
+
+
+def test_a_constraint_with_no_output_is_refused_by_the_verifier(client):
+    """Valid syntax, empty language: only the tokenizer-aware check can see it."""
+    with pytest.raises(grpc.RpcError) as err:
+        client.generate(PROMPTS[0], max_new_tokens=8, regex="[^\\s\\S]")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "admits no output" in err.value.details()
+
+
+def test_openai_response_format_json_schema(cluster):
+    sdk = openai.OpenAI(base_url=cluster.http + "/v1", api_key="none", max_retries=0)
+    fmt = {"type": "json_schema", "json_schema": {"name": "item", "schema": SCHEMA}}
+    reply = sdk.chat.completions.create(
+        model=TINY_MODEL_ID,
+        messages=[{"role": "user", "content": "an item please"}],
+        max_tokens=80,
+        temperature=0,
+        response_format=fmt,
+    )
+    choice = reply.choices[0]
+    if choice.finish_reason == "stop":
+        jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+    else:
+        assert choice.message.content.startswith("{")
+    reply = sdk.completions.create(
+        model=TINY_MODEL_ID,
+        prompt="size:",
+        max_tokens=10,
+        extra_body={"guided_regex": "(S|M|L)!"},
+    )
+    assert reply.choices[0].text in ("S!", "M!", "L!")
+
+
+def test_openai_bad_response_format_is_400(cluster):
+    url = cluster.http + "/v1/chat/completions"
+    body = {"model": TINY_MODEL_ID, "messages": [{"role": "user", "content": "x"}]}
+    bad = post_json(url, {**body, "response_format": {"type": "json_schema"}})
+    assert bad.status_code == 400 and "json_schema" in bad.json()["error"]["message"]
+    two = post_json(url, {**body, "guided_regex": "a", "response_format": {"type": "json_object"}})
+    assert two.status_code == 400 and "one constraint" in two.json()["error"]["message"]
+    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objec"}}}
+    invalid = post_json(url, {**body, "response_format": schema})
+    assert invalid.status_code == 400 and "objec" in invalid.json()["error"]["message"]

@@ -113,6 +113,7 @@ BENCHES = {  # `specd bench KIND` -> the module whose main() runs it
     "kernel": "bench.kernel",
     "faults": "bench.faults",
     "doors": "bench.doors",
+    "structured": "bench.structured",
 }
 
 

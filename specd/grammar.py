@@ -90,17 +90,18 @@ class Grammars:
                 if len(self._templates) >= 256:
                     self._templates.pop(next(iter(self._templates)))
                 self._templates[grammar] = template
-        state = GrammarState(template.deep_copy(), constraint, self.vocab_size)
+        words = (self._ll.vocab_size + 31) // 32  # llguidance's bitmask: one bit per token
+        state = GrammarState(template.deep_copy(), constraint, self.vocab_size, words)
         if state.done or not state.allowed().any():  # (an empty match counts as none)
             raise ValueError(f"the {constraint.kind} constraint admits no output")
         return state
 
 
 class GrammarState:
-    def __init__(self, matcher, constraint: Constraint, vocab_size: int):
+    def __init__(self, matcher, constraint: Constraint, vocab_size: int, words: int):
         self.matcher, self.constraint, self.vocab_size = matcher, constraint, vocab_size
         self.consumed = 0  # tokens committed into the state
-        self._words = torch.zeros((self.vocab_size + 32) // 32, dtype=torch.int32)
+        self._words = torch.zeros(words, dtype=torch.int32)
 
     @property
     def done(self) -> bool:

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import grpc
 
-from bench.sweep import _one, _pct, drive, load_conversations
+from bench.sweep import _one, _pct, add_service_args, drive, load_conversations
 from protos.specd.v1 import router_pb2_grpc
 
 
@@ -132,12 +132,9 @@ def to_markdown(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="specd bench doors", description=__doc__.split("\n")[0])
-    p.add_argument("--target", default="", help="a running router's gRPC address")
+    add_service_args(p)
     p.add_argument("--http", default="", help="its HTTP door, e.g. http://127.0.0.1:8000")
     p.add_argument("--served-model", default="", help="the model id (default: /v1/models)")
-    p.add_argument("--model", default="default-target")
-    p.add_argument("--draft-model", default="default-draft")
-    p.add_argument("--dtype", default="auto")
     p.add_argument("--workload", default="chat")
     p.add_argument("--concurrency", default="1,8")
     p.add_argument("--repeats", type=int, default=3)
@@ -147,19 +144,18 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     conversations = load_conversations(args.workload)
     levels = [int(x) for x in args.concurrency.split(",")]
-    services = None
-    if args.target:
-        address, url = args.target, args.http.rstrip("/")
-    else:
-        from specd.processes import free_port, start_services
+    with contextlib.ExitStack() as stack:
+        if args.target:
+            address, url = args.target, args.http.rstrip("/")
+        else:
+            from specd.processes import free_port, services_running
 
-        port = free_port()
-        logs = Path(tempfile.mkdtemp(prefix="specd-doors-"))
-        services = start_services(
-            args.model, args.draft_model, args.dtype, logs, router_flags=("--http-port", str(port))
-        )
-        address, url = services["router"].address, f"http://127.0.0.1:{port}"
-    try:
+            port = free_port()
+            flags = {"router_flags": ("--http-port", str(port))}
+            services = stack.enter_context(
+                services_running(args.model, args.draft_model, args.dtype, "specd-doors-", **flags)
+            )
+            address, url = services["router"].address, f"http://127.0.0.1:{port}"
         model = args.served_model or _served_model(url)
         report = compare(
             address,
@@ -171,10 +167,6 @@ def main(argv: list[str] | None = None) -> int:
             args.requests,
             args.max_new_tokens,
         )
-    finally:
-        if services is not None:
-            for role in ("router", "verifier", "drafter"):
-                services[role].stop()
     print(to_markdown(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))

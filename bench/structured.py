@@ -19,13 +19,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import tempfile
 import time
 from pathlib import Path
 
 import grpc
 
 from bench.speculative import WORKLOADS
+from bench.sweep import add_service_args
 from protos.specd.v1 import router_pb2_grpc
 from router.client import build_request
 
@@ -141,30 +141,20 @@ def to_markdown(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="specd bench structured", description=__doc__.split("\n")[0])
-    p.add_argument("--target", default="", help="a running router's gRPC address")
-    p.add_argument("--model", default="default-target")
-    p.add_argument("--draft-model", default="default-draft")
-    p.add_argument("--dtype", default="auto")
+    add_service_args(p)
     p.add_argument("--workload", default="structured")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=160)
     p.add_argument("--json", help="also write the report here")
     args = p.parse_args(argv)
     items = load_items(args.workload)
-    services = None
-    address = args.target
-    if not address:
-        from specd.processes import start_services
+    if args.target:
+        report = asyncio.run(run(args.target, items, args.repeats, args.max_new_tokens))
+    else:
+        from specd.processes import services_running
 
-        logs = Path(tempfile.mkdtemp(prefix="specd-structured-"))
-        services = start_services(args.model, args.draft_model, args.dtype, logs)
-        address = services["router"].address
-    try:
-        report = asyncio.run(run(address, items, args.repeats, args.max_new_tokens))
-    finally:
-        if services is not None:
-            for role in ("router", "verifier", "drafter"):
-                services[role].stop()
+        with services_running(args.model, args.draft_model, args.dtype, "specd-structured-") as s:
+            report = asyncio.run(run(s["router"].address, items, args.repeats, args.max_new_tokens))
     print(to_markdown(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))

@@ -291,12 +291,17 @@ def llamacpp_ratios(report: dict) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="specd bench sweep", description=__doc__.split("\n")[0])
+def add_service_args(p: argparse.ArgumentParser) -> None:
+    """What every bench that can start its own services takes."""
     p.add_argument("--target", default="", help="a running router (default: start services)")
     p.add_argument("--model", default="default-target")
     p.add_argument("--draft-model", default="default-draft")
     p.add_argument("--dtype", default="auto")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="specd bench sweep", description=__doc__.split("\n")[0])
+    add_service_args(p)
     p.add_argument(
         "--drafter-args",
         default="",

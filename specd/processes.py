@@ -8,10 +8,12 @@ broken server explains itself.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -164,3 +166,16 @@ def verifier_load(address: str):
     with grpc.insecure_channel(address) as channel:
         stub = verifier_pb2_grpc.VerifierStub(channel)
         return next(iter(stub.WatchLoad(verifier_pb2.WatchLoadRequest(), timeout=5)))
+
+
+@contextlib.contextmanager
+def services_running(model: str, draft_model: str, dtype: str, prefix: str, **flags):
+    """`start_services` for the length of a `with` block (logs in a fresh temp folder);
+    all three are stopped on the way out."""
+    logs = Path(tempfile.mkdtemp(prefix=prefix))
+    services = start_services(model, draft_model, dtype, logs, **flags)
+    try:
+        yield services
+    finally:
+        for role in ("router", "verifier", "drafter"):
+            services[role].stop()

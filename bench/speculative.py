@@ -35,13 +35,15 @@ DEFAULT_CONFIGS = "off,draft:2,draft:3,draft:4,draft:6,ngram:3,ngram:5"
 # -aN (draft, combo): the runner-up as an alternative leaf beside the first N drafts
 
 
+def load_items(workload: str) -> list[dict]:
+    """A workload's requests: a shipped name (`code`, `chat`, ...) or a JSONL file."""
+    path = Path(workload) if Path(workload).exists() else WORKLOADS / f"{workload}.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
 def load_workload(name: str, tokenizer, limit: int | None = None) -> list[list[int]]:
-    path = Path(name) if Path(name).exists() else WORKLOADS / f"{name}.jsonl"
     prompts = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        item = json.loads(line)
+    for item in load_items(name):
         if "messages" in item:
             enc = tokenizer.apply_chat_template(
                 item["messages"], add_generation_prompt=True, tokenize=True

@@ -17,16 +17,14 @@ import sys
 import time
 from pathlib import Path
 
-from bench.speculative import WORKLOADS, generate_one
+from bench.speculative import generate_one, load_items
 from router.policy import RoutePolicy
 
 ROUTER = "127.0.0.1:50051"
 
 
 def _messages(workload: str, limit: int) -> list[list[dict]]:
-    path = Path(workload) if Path(workload).exists() else WORKLOADS / f"{workload}.jsonl"
-    items = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    return [it["messages"] for it in items][: limit or None]
+    return [it["messages"] for it in load_items(workload)][: limit or None]
 
 
 def _router_one(client, messages, mode: str, max_new: int):

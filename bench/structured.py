@@ -24,17 +24,12 @@ from pathlib import Path
 
 import grpc
 
-from bench.speculative import WORKLOADS
+from bench.speculative import load_items
 from bench.sweep import add_service_args
 from protos.specd.v1 import router_pb2_grpc
 from router.client import build_request
 
 SETTINGS = [("json", "on"), ("json", "off"), ("free", "off"), ("free", "on")]
-
-
-def load_items(workload: str) -> list[dict]:
-    path = Path(workload) if Path(workload).exists() else WORKLOADS / f"{workload}.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
 async def _one(stub, item: dict, constrained: bool, mode: str, max_new: int) -> dict:

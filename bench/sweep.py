@@ -31,7 +31,7 @@ from pathlib import Path
 import grpc
 from tqdm import tqdm
 
-from bench.speculative import WORKLOADS
+from bench.speculative import load_items
 from protos.specd.v1 import router_pb2_grpc
 from router.client import build_request
 
@@ -40,11 +40,9 @@ SWAPPED = {"ngram", "combined"}
 
 
 def load_conversations(workload: str) -> list[list[dict]]:
-    path = Path(workload) if Path(workload).exists() else WORKLOADS / f"{workload}.jsonl"
-    items = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     return [
         it["messages"] if "messages" in it else [{"role": "user", "content": it["prompt"]}]
-        for it in items
+        for it in load_items(workload)
     ]
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
 from protos.specd.v1 import common_pb2, router_pb2, router_pb2_grpc
+from specd.constraint import named
 from specd.serving import open_channel
+from specd.wire import constraint_to_proto
 
 MODES = {
     "auto": router_pb2.SPECULATION_AUTO,
@@ -44,16 +45,9 @@ def build_request(
     )
     if seed is not None:
         req.params.seed = seed
-    if isinstance(json_schema, dict):
-        json_schema = json.dumps(json_schema)
-    kinds = {"json_schema": json_schema, "regex": regex, "grammar": grammar}
-    kinds = {k: v for k, v in kinds.items() if v is not None}
-    if json_object:
-        kinds["json_object"] = True
-    if len(kinds) > 1:
-        raise ValueError(f"at most one constraint per request, got {sorted(kinds)}")
-    for kind, value in kinds.items():
-        setattr(req.constraint, kind, value)
+    constraint = named(json_schema, json_object, regex, grammar)
+    if constraint is not None:
+        req.constraint.CopyFrom(constraint_to_proto(constraint))
     if prompt is not None:
         req.prompt = prompt
     elif messages is not None:

@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from protos.specd.v1 import common_pb2, router_pb2
 from router.client import MODES
+from specd.constraint import named
+from specd.wire import constraint_to_proto
 
 DEFAULT_TEMPERATURE = 1.0  # the OpenAI API's default (gRPC's is 0: greedy)
 
@@ -106,39 +108,29 @@ class _Body(_Strict):
     def constraint(self) -> common_pb2.Constraint | None:
         """The one constraint the body asks for, if any (checked by the router)."""
         asked = {
-            name: value
-            for name, value in [
+            field: kwargs
+            for field, kwargs in [
                 ("response_format", self._response_format()),
-                ("guided_json", self.guided_json),
-                ("guided_regex", self.guided_regex),
-                ("guided_grammar", self.guided_grammar),
+                ("guided_json", {"json_schema": self.guided_json}),
+                ("guided_regex", {"regex": self.guided_regex}),
+                ("guided_grammar", {"grammar": self.guided_grammar}),
             ]
-            if value is not None
+            if any(v is not None for v in kwargs.values())
         }
         if len(asked) > 1:
             raise BodyError(f"at most one constraint per request, got {sorted(asked)}")
-        if not asked:
-            return None
-        ((name, value),) = asked.items()
-        if name == "guided_regex":
-            return common_pb2.Constraint(regex=value)
-        if name == "guided_grammar":
-            return common_pb2.Constraint(grammar=value)
-        if value == "json_object":
-            return common_pb2.Constraint(json_object=True)
-        schema = value if isinstance(value, str) else json.dumps(value)
-        return common_pb2.Constraint(json_schema=schema)
+        return constraint_to_proto(named(**asked.popitem()[1])) if asked else None
 
-    def _response_format(self):
-        """None (text), "json_object" or the schema."""
+    def _response_format(self) -> dict:
+        """The constraint `response_format` names, as keywords of specd.constraint.named."""
         fmt = self.response_format
         if fmt is None or fmt.type == "text":
-            return None
+            return {}
         if fmt.type == "json_object":
-            return "json_object"
+            return {"json_object": True}
         if fmt.json_schema is None:
             raise BodyError("response_format.json_schema is required", "response_format")
-        return fmt.json_schema.schema_
+        return {"json_schema": fmt.json_schema.schema_}
 
     def unsupported(self) -> dict[str, bool]:
         """Field -> whether it asks for something specd does not do."""

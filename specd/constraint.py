@@ -29,6 +29,25 @@ class Constraint:
         return compile_grammar(self.kind, self.text)
 
 
+def named(
+    json_schema: dict | str | None = None,
+    json_object: bool = False,
+    regex: str | None = None,
+    grammar: str | None = None,
+) -> Constraint | None:
+    """The one constraint given by keyword (a schema may be a dict); None for none,
+    ValueError for more than one."""
+    if isinstance(json_schema, dict):
+        json_schema = json.dumps(json_schema)
+    given = {"json_schema": json_schema, "regex": regex, "grammar": grammar}
+    given = {kind: text for kind, text in given.items() if text is not None}
+    if json_object:
+        given["json_object"] = ""
+    if len(given) > 1:
+        raise ValueError(f"at most one constraint per request, got {sorted(given)}")
+    return Constraint(*next(iter(given.items()))) if given else None
+
+
 @functools.lru_cache(maxsize=256)
 def compile_grammar(kind: str, text: str) -> str:
     from llguidance import LLMatcher
@@ -40,9 +59,9 @@ def compile_grammar(kind: str, text: str) -> str:
             schema = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"json_schema is not valid JSON: {exc}") from None
-        if not isinstance(schema, dict | bool):
+        if not isinstance(schema, dict):
             raise ValueError("json_schema must be a JSON object (a schema)")
-        grammar = LLMatcher.grammar_from_json_schema(json.dumps(schema))
+        grammar = LLMatcher.grammar_from_json_schema(schema)
     elif kind == "regex":
         grammar = LLMatcher.grammar_from_regex(text)
     elif kind == "grammar":

@@ -9,6 +9,7 @@ with the draft model (`-md`, k = 3 as llama.cpp's default), and n-gram lookup dr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -65,20 +66,26 @@ def _wait_ready(port: int, proc: subprocess.Popen, timeout: float = 300) -> None
     raise TimeoutError("llama-server did not become ready")
 
 
-def _chat(port: int, messages, max_new: int) -> int:
-    body = {"messages": messages, "max_tokens": max_new, "temperature": 0.0, "seed": 0}
+def chat(port: int, messages, max_new: int, **extra) -> dict:
+    """One greedy chat completion (`extra`: more body fields, e.g. response_format)."""
+    body = {"messages": messages, "max_tokens": max_new, "temperature": 0.0, "seed": 0, **extra}
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/chat/completions",
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(req, timeout=600) as r:
-        return json.loads(r.read())["usage"]["completion_tokens"]
+        return json.loads(r.read())
 
 
-def run_variant(name, model, draft_model, conversations, levels, requests, max_new, log_dir):
+def _tokens(port: int, messages, max_new: int) -> int:
+    return chat(port, messages, max_new)["usage"]["completion_tokens"]
+
+
+@contextlib.contextmanager
+def server(name: str, model: str, draft_model: str, slots: int, log_dir):
+    """A llama-server variant on a free loopback port, ready and warmed up: yields it."""
     port = _free_port()
-    slots = max(levels)
     cmd = [str(binary("llama-server")), "-m", str(gguf_path(model)), "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "-t", str(os.cpu_count() or 2), "-np", str(slots)]
     cmd += ["-c", str(slots * 2048), "--no-webui", *VARIANTS[name]]
@@ -86,21 +93,26 @@ def run_variant(name, model, draft_model, conversations, levels, requests, max_n
         cmd += ["-md", str(gguf_path(draft_model))]
     log = open(Path(log_dir) / f"{name}.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    cells = []
     try:
         _wait_ready(port, proc)
-        _chat(port, conversations[0], 8)  # warm-up
-        for c in levels:
-            jobs = [conversations[i % len(conversations)] for i in range(requests)]
-            start = time.perf_counter()
-            with ThreadPoolExecutor(c) as pool:
-                tokens = sum(pool.map(lambda m: _chat(port, m, max_new), jobs))
-            wall = time.perf_counter() - start
-            cells.append({"concurrency": c, "tokens": tokens, "tokens_per_s": tokens / wall})
+        chat(port, [{"role": "user", "content": "hi"}], 8)  # warm-up
+        yield port
     finally:
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
+
+
+def run_variant(name, model, draft_model, conversations, levels, requests, max_new, log_dir):
+    cells = []
+    with server(name, model, draft_model, max(levels), log_dir) as port:
+        for c in levels:
+            jobs = [conversations[i % len(conversations)] for i in range(requests)]
+            start = time.perf_counter()
+            with ThreadPoolExecutor(c) as pool:
+                tokens = sum(pool.map(lambda m: _tokens(port, m, max_new), jobs))
+            wall = time.perf_counter() - start
+            cells.append({"concurrency": c, "tokens": tokens, "tokens_per_s": tokens / wall})
     return cells
 
 

@@ -4,7 +4,9 @@ paged KV cache, for a batch of sequences with different query lengths in one cal
 Per layer: RMSNorm -> fused QKV (+bias) -> RoPE -> write K/V to their slots -> GQA
 attention over each sequence's cached + new keys -> O -> residual -> RMSNorm -> fused
 gate/up -> SiLU(gate) * up -> down -> residual. Activations stay flat `[T, hidden]`
-(T = all new tokens of the batch, no padding); only attention pads queries per sequence.
+(T = all new tokens of the batch, no padding). Attention of a decode or verification step
+reads the K/V pool in place (specd.models.attention's kernel, one query row at a time);
+a prefill, or a device without the kernel, gathers keys and pads queries for SDPA.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specd.models import attention
 from specd.models.args import ModelArgs
 from specd.models.matmul import INVARIANT_TILE, linear
 from specd.models.paged_kv import BatchPlan, PagedKV, SeqInput
@@ -69,6 +72,7 @@ class LlamaModel:
         self.batch_invariant = False  # see specd.models.matmul
         self.head_ids: torch.Tensor | None = None  # set by trim_head
         self.weights = "bf16"  # format of the matrices (specd.models.weights)
+        self._paged: bool | None = None  # can steps use specd.models.attention's kernel?
 
     def _linear(self, x, w, b=None):
         return linear(x, w, b, invariant=self.batch_invariant)
@@ -79,7 +83,9 @@ class LlamaModel:
         """Run new tokens of several sequences; returns fp32 logits [R, V] where R is the
         sum of `num_logits`, in batch order. Appends the tokens to `kv.allocator`."""
         tile = INVARIANT_TILE if self.batch_invariant else 0
-        plan = BatchPlan.build(kv.allocator, seqs, self.device, q_tile=tile)
+        if self._paged is None:
+            self._paged = attention.available(self.device, self.dtype, self.args.head_dim)
+        plan = BatchPlan.build(kv.allocator, seqs, self.device, q_tile=tile, paged=self._paged)
         hidden = self.hidden_states(kv, plan)
         if plan.logits_index.numel() == 0:
             width = self.args.vocab_size if self.head_ids is None else len(self.head_ids)
@@ -143,6 +149,9 @@ class LlamaModel:
 
         k_pool.index_copy_(0, plan.write_slots, k)
         v_pool.index_copy_(0, plan.write_slots, v)
+        if plan.paged is not None:  # a decode or verification step: read the pool in place
+            out = attention.paged_attention(q, k_pool, v_pool, plan.paged)
+            return self._linear(out.view(-1, n_q), layer.wo, layer.bo)
         keys = k_pool[plan.kv_slots].transpose(1, 2)  # [B, kv_heads, L_max, hd]
         values = v_pool[plan.kv_slots].transpose(1, 2)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from specd.kvcache import BlockAllocator
+from specd.models.attention import MAX_ROWS, PagedRows
 
 KV_TILE = 512  # batch-invariant mode pads keys to the CPU flash-attention block size
 
@@ -116,14 +117,22 @@ class BatchPlan:
     logits_index: torch.Tensor  # [R] rows of the flat T whose logits are returned
     batch: int
     q_max: int
+    paged: PagedRows | None = None  # set when attention reads the pool in place
 
     @classmethod
     def build(
-        cls, allocator: BlockAllocator, seqs: list[SeqInput], device, q_tile: int = 0
+        cls,
+        allocator: BlockAllocator,
+        seqs: list[SeqInput],
+        device,
+        q_tile: int = 0,
+        paged: bool = False,
     ) -> BatchPlan:
         """Append every sequence's tokens to the allocator (all or nothing) and index them.
-        q_tile > 0 (batch-invariant mode): pad every sequence's queries to a multiple of
-        q_tile and always mask, so attention has the same shapes for 1 or k+1 queries."""
+        paged (the caller can run specd.models.attention's kernel): a step of at most
+        MAX_ROWS new tokens per sequence gets `PagedRows` and no mask or padding. Else, for
+        SDPA: q_tile > 0 (batch-invariant mode) pads every sequence's queries to a multiple
+        of q_tile and always masks, so attention has the same shapes for 1 or k+1 queries."""
         appended = []
         try:
             spans = []
@@ -138,10 +147,11 @@ class BatchPlan:
             for s in appended:
                 allocator.truncate_to(s.seq_id, allocator.length(s.seq_id) - len(s.tokens))
             raise
-        return cls._index(allocator, seqs, spans, device, q_tile)
+        paged = paged and max(len(s.tokens) for s in seqs) <= MAX_ROWS
+        return cls._index(allocator, seqs, spans, device, 0 if paged else q_tile, paged)
 
     @classmethod
-    def _index(cls, allocator, seqs, spans, device, q_tile: int = 0) -> BatchPlan:
+    def _index(cls, allocator, seqs, spans, device, q_tile=0, paged=False) -> BatchPlan:
         bs = allocator.block_size
         q_lens = [len(s.tokens) for s in seqs]
         kv_lens = [end for _, end in spans]
@@ -169,6 +179,25 @@ class BatchPlan:
         pos = torch.tensor(positions, dtype=torch.long)
         write_slots = torch.cat([kv_slots[b, start:end] for b, (start, end) in enumerate(spans)])
 
+        def dev(t):
+            return t.to(device, non_blocking=True)
+
+        plan = cls(
+            input_ids=dev(torch.tensor(ids, dtype=torch.long)),
+            positions=dev(pos),
+            write_slots=dev(write_slots),
+            kv_slots=dev(kv_slots),
+            attn_mask=None,
+            pad_index=None,
+            logits_index=dev(torch.tensor(logits_rows, dtype=torch.long)),
+            batch=batch,
+            q_max=q_max,
+        )
+        if paged:
+            ancestries = [None if s.parents is None else s.ancestry() for s in seqs]
+            plan.paged = PagedRows.build(dev(table), bs, spans, ancestries)
+            return plan
+
         mask = None
         trees = [b for b, s in enumerate(seqs) if s.parents is not None]
         if q_tile or trees or not (q_max == 1 and len(set(kv_lens)) == 1):
@@ -185,19 +214,8 @@ class BatchPlan:
                 mask[b, 0, :n, start:end] = seen
                 mask[b, 0, n:, start:end] = seen[-1]
 
-        def dev(t):
-            return t.to(device, non_blocking=True)
-
-        return cls(
-            input_ids=dev(torch.tensor(ids, dtype=torch.long)),
-            positions=dev(pos),
-            write_slots=dev(write_slots),
-            kv_slots=dev(kv_slots),
-            attn_mask=None if mask is None else dev(mask),
-            pad_index=None
-            if batch == 1 and not q_tile
-            else dev(torch.tensor(pad_rows, dtype=torch.long)),
-            logits_index=dev(torch.tensor(logits_rows, dtype=torch.long)),
-            batch=batch,
-            q_max=q_max,
-        )
+        if mask is not None:
+            plan.attn_mask = dev(mask)
+        if batch > 1 or q_tile:
+            plan.pad_index = dev(torch.tensor(pad_rows, dtype=torch.long))
+        return plan

@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 GROUP = 32
 TILE = 16  # output columns per kernel tile
-_SOURCE = Path(__file__).with_name("kernels") / "qlinear.cpp"
+_KERNELS = Path(__file__).with_name("kernels")
+_SOURCES = [_KERNELS / name for name in ("qlinear.cpp", "paged_attention.cpp", "bindings.cpp")]
 
 
 @dataclass
@@ -164,8 +165,9 @@ def cpu_has_vnni() -> bool:
 
 
 def kernel():
-    """Build (once, cached under $SPECD_CACHE/kernels) and load the AVX512-VNNI kernel;
-    None where this CPU or toolchain cannot run it."""
+    """Build (once, cached under $SPECD_CACHE/kernels) and load the AVX512-VNNI kernels
+    (this linear, and specd.models.attention's); None where this CPU or toolchain cannot
+    run them."""
     global _kernel, _kernel_tried
     if _kernel_tried:
         return _kernel
@@ -180,7 +182,7 @@ def kernel():
 
     from specd.models.catalog import cache_root
 
-    src = _SOURCE.read_bytes()
+    src = b"".join(path.read_bytes() for path in _SOURCES)
     tag = hashlib.sha256(src + torch.__version__.encode()).hexdigest()[:12]
     build = cache_root() / "kernels" / tag
     build.mkdir(parents=True, exist_ok=True)
@@ -197,7 +199,7 @@ def kernel():
     try:
         _kernel = load(
             name=f"specd_qlinear_{tag}",
-            sources=[str(_SOURCE)],
+            sources=[str(path) for path in _SOURCES],
             extra_cflags=flags,
             extra_ldflags=["-fopenmp"],
             build_directory=str(build),

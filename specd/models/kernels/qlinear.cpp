@@ -204,7 +204,3 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& records, const at::Ten
   });
   return y;
 }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("qlinear", &qlinear, "group-quantised linear (AVX512-VNNI)");
-}

@@ -13,7 +13,6 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from opentelemetry.metrics import Observation
 
 from protos.specd.v1 import drafter_pb2, drafter_pb2_grpc
 from specd.grammar import Grammars, GrammarState
@@ -67,7 +66,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         self.tracer = telemetry.tracer if telemetry is not None and telemetry.tracing else None
         if telemetry is not None:
             self._rounds = telemetry.counter(DRAFTER_ROUNDS, "Draft rounds served")
-            telemetry.gauge(DRAFTER_SESSIONS, self._observe_sessions, "Open draft sessions")
+            telemetry.gauge(DRAFTER_SESSIONS, lambda: len(self.sessions), "Open draft sessions")
 
     @property
     def num_sessions(self) -> int:
@@ -122,7 +121,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                     steps.append((cmd.seq_id, state, ""))
             states = [s for _, s, _ in steps if s is not None]
             if states and self.telemetry is not None:
-                self._rounds.add(1)
+                self._rounds.inc()
             proposals = iter(self.proposer.propose(states) if states else [])
             out = drafter_pb2.DraftResponse(round=request.round)
             if request.round == 0:
@@ -188,9 +187,6 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             return None
         parent = extract_metadata(list(trace_context.items()))
         return self.tracer.start_span("specd.drafter.session", context=parent)
-
-    def _observe_sessions(self, options):
-        yield Observation(len(self.sessions))
 
     def _close_stream(self, stream: int) -> None:
         with self._lock:

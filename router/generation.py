@@ -193,7 +193,7 @@ class Router:
                 )
             span.set_attribute("specd.speculation.arrival_reason", decision.reason)
         if self.metrics is not None:
-            self.metrics.decisions.add(1, {"route": prep.route, "reason": decision.reason})
+            self.metrics.decisions.labels(prep.route, decision.reason).inc()
         return decision
 
     async def _relay(self, call, prep: Prepared, decision: Decision):
@@ -343,23 +343,23 @@ class RouterMetrics:
         from specd import telemetry as names
 
         t = telemetry
-        self.requests = t.counter(names.REQUESTS, "Requests finished")
-        self.decisions = t.counter(names.DECISIONS, "Speculation decisions")
-        self.tokens = t.counter(names.TOKENS_OUT, "Tokens generated")
-        self.ttft = t.histogram(names.TTFT, description="Time to first token")
-        self.tpot = t.histogram(names.TPOT, description="Time per output token after the first")
-        self.e2e = t.histogram(names.E2E, description="End-to-end request latency")
+        route = ("route",)
+        self.requests = t.counter(names.REQUESTS, "Requests finished", ("route", "finish_reason"))
+        self.decisions = t.counter(names.DECISIONS, "Speculation decisions", ("route", "reason"))
+        self.tokens = t.counter(names.TOKENS_OUT, "Tokens generated", route)
+        self.ttft = t.histogram(names.TTFT, "Time to first token", route)
+        self.tpot = t.histogram(
+            names.TPOT, "Time per output token after the first", ("route", "speculation")
+        )
+        self.e2e = t.histogram(names.E2E, "End-to-end request latency", route)
 
     def finished(self, route: str, final, started: float, first, tokens: int) -> None:
         now = time.perf_counter()
-        labels = {"route": route}
-        self.requests.add(1, {"route": route, "finish_reason": final.finish_reason})
-        self.tokens.add(tokens, labels)
-        self.e2e.record(now - started, labels)
+        self.requests.labels(route, final.finish_reason).inc()
+        self.tokens.labels(route).inc(tokens)
+        self.e2e.labels(route).observe(now - started)
         if first is not None:
-            self.ttft.record(first - started, labels)
+            self.ttft.labels(route).observe(first - started)
             if tokens > 1:
                 spec = "on" if final.speculation.enabled else "off"
-                self.tpot.record(
-                    (now - first) / (tokens - 1), {"route": route, "speculation": spec}
-                )
+                self.tpot.labels(route, spec).observe((now - first) / (tokens - 1))

@@ -1,10 +1,13 @@
-"""OpenTelemetry for the three services: tracers, meters, and every metric name in one place.
+"""Telemetry for the three services: OpenTelemetry tracing, Prometheus metrics, and every
+metric name in one place.
 
 Tracing is off unless the standard OTEL_* environment asks for it (OTEL_TRACES_EXPORTER,
 OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT); off means the API's
 no-op tracer: no spans are built. Context travels in gRPC metadata (W3C traceparent).
-Metrics go to a Prometheus scrape endpoint per service (`--metrics-port`), one registry
-per service so several services can share a process (tests).
+Metrics are prometheus_client's own, named as vLLM names its (`specd:...`), served on a
+scrape endpoint per service (`--metrics-port`), one registry per service so several
+services can share a process (tests). With metrics off they are created unregistered:
+the calls stay the same and nothing is served.
 """
 
 from __future__ import annotations
@@ -12,9 +15,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+import prometheus_client
 from opentelemetry import propagate, trace
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
@@ -69,32 +71,6 @@ LATENCY_BUCKETS = (
 )
 
 
-def _otel(name: str) -> str:
-    """OpenTelemetry instrument names may not contain ':' -> "specd_..." (renamed back to
-    "specd:..." on the Prometheus side, see _ColonNames)."""
-    return name.replace(":", "_", 1)
-
-
-class _ColonNames:
-    """A collector that serves the OTel reader's families with vLLM-style names:
-    specd_x -> specd:x (Prometheus allows ':' in metric names; OTel does not)."""
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def collect(self):
-        for family in self.inner.collect():
-            if family.name.startswith("specd_"):
-                family.name = "specd:" + family.name[len("specd_") :]
-                family.samples = [
-                    s._replace(name="specd:" + s.name[len("specd_") :])
-                    if s.name.startswith("specd_")
-                    else s
-                    for s in family.samples
-                ]
-            yield family
-
-
 def tracing_requested() -> bool:
     env = os.environ
     exporter = env.get("OTEL_TRACES_EXPORTER", "")
@@ -111,37 +87,32 @@ def tracing_requested() -> bool:
 class Telemetry:
     service: str
     tracer: trace.Tracer
-    meter: object
-    registry: object = None  # prometheus_client.CollectorRegistry when metrics are on
-    _instruments: dict = field(default_factory=dict)
+    registry: prometheus_client.CollectorRegistry | None = None  # None: metrics off
+    _metrics: dict = field(default_factory=dict)
 
     @property
     def tracing(self) -> bool:
         return not isinstance(self.tracer, trace.NoOpTracer)
 
-    def counter(self, name: str, description: str = ""):
-        return self._get(
-            name, lambda: self.meter.create_counter(_otel(name), description=description)
-        )
+    def counter(self, name: str, description: str, labels: tuple[str, ...] = ()):
+        return self._get(prometheus_client.Counter, name, description, labels)
 
-    def histogram(self, name: str, unit: str = "s", description: str = ""):
-        return self._get(
-            name,
-            lambda: self.meter.create_histogram(_otel(name), unit=unit, description=description),
-        )
+    def histogram(self, name: str, description: str, labels: tuple[str, ...] = ()):
+        buckets = {SPEC_K: K_BUCKETS, SPEC_GAIN: GAIN_BUCKETS}.get(name, LATENCY_BUCKETS)
+        return self._get(prometheus_client.Histogram, name, description, labels, buckets=buckets)
 
-    def gauge(self, name: str, callback, description: str = ""):
-        return self._get(
-            name,
-            lambda: self.meter.create_observable_gauge(
-                _otel(name), callbacks=[callback], description=description
-            ),
-        )
+    def gauge(self, name: str, read, description: str):
+        """A gauge whose value is `read()` at each scrape."""
+        gauge = self._get(prometheus_client.Gauge, name, description, ())
+        gauge.set_function(read)
+        return gauge
 
-    def _get(self, name, make):
-        if name not in self._instruments:
-            self._instruments[name] = make()
-        return self._instruments[name]
+    def _get(self, kind, name, description, labels, **options):
+        if name not in self._metrics:
+            self._metrics[name] = kind(
+                name, description, labels, registry=self.registry, **options
+            )
+        return self._metrics[name]
 
 
 def setup(
@@ -166,37 +137,11 @@ def setup(
 
     registry = None
     if metrics or (metrics is None and metrics_port):
-        from opentelemetry.exporter.prometheus import PrometheusMetricReader
-        from prometheus_client import CollectorRegistry, start_http_server
-
-        inner = CollectorRegistry(auto_describe=True)
-        reader = PrometheusMetricReader(registry=inner)
-        registry = CollectorRegistry()
-        registry.register(_ColonNames(inner))
-        views = [
-            View(
-                instrument_name="*seconds",
-                aggregation=ExplicitBucketHistogramAggregation(LATENCY_BUCKETS),
-            ),
-            View(
-                instrument_name=_otel(SPEC_K),
-                aggregation=ExplicitBucketHistogramAggregation(K_BUCKETS),
-            ),
-            View(
-                instrument_name=_otel(SPEC_GAIN),
-                aggregation=ExplicitBucketHistogramAggregation(GAIN_BUCKETS),
-            ),
-        ]
-        meter = MeterProvider(metric_readers=[reader], resource=resource, views=views).get_meter(
-            "specd"
-        )
+        prometheus_client.disable_created_metrics()  # no *_created series (as vLLM)
+        registry = prometheus_client.CollectorRegistry()
         if metrics_port:
-            start_http_server(metrics_port, registry=registry)
-    else:
-        from opentelemetry.metrics import NoOpMeter
-
-        meter = NoOpMeter("specd")
-    return Telemetry(service, tracer, meter, registry)
+            prometheus_client.start_http_server(metrics_port, registry=registry)
+    return Telemetry(service, tracer, registry)
 
 
 # -- context in gRPC metadata ------------------------------------------------------------------

@@ -108,7 +108,7 @@ class RemoteProposer:
         self._lock = threading.RLock()  # the engine thread and load reports both connect
         self._rtt = self._fallback_counter = None
         if telemetry is not None:
-            self._rtt = telemetry.histogram(DRAFTER_RTT, description="Draft round trip")
+            self._rtt = telemetry.histogram(DRAFTER_RTT, "Draft round trip")
             self._fallback_counter = telemetry.counter(
                 DRAFTER_FALLBACKS, "Rounds decoded without drafts because of the drafter"
             )
@@ -183,7 +183,7 @@ class RemoteProposer:
             self._fell_back()
             return empty
         if self._rtt is not None:
-            self._rtt.record(time.perf_counter() - started)
+            self._rtt.observe(time.perf_counter() - started)
         by_seq = {p.seq_id: p for p in response.proposals}
         return [self._proposal(by_seq.get(s.seq_id), s.k) for s in states]
 
@@ -191,7 +191,7 @@ class RemoteProposer:
         if happened:
             self.fallbacks += 1
             if self._fallback_counter is not None:
-                self._fallback_counter.add(1)
+                self._fallback_counter.inc()
 
     @staticmethod
     def _proposal(msg, k: int) -> Proposal:

@@ -29,45 +29,34 @@ class VerifierMetrics:
     def __init__(self, telemetry, servicer):
         from specd import telemetry as names
 
-        t, self.servicer = telemetry, servicer
-        self.drafts = t.counter(names.NUM_DRAFTS, "Speculation rounds")
-        self.draft_tokens = t.counter(names.NUM_DRAFT_TOKENS, "Draft tokens proposed")
-        self.accepted = t.counter(names.NUM_ACCEPTED, "Draft tokens accepted")
-        self.per_pos = t.counter(names.ACCEPTED_PER_POS, "Accepted draft tokens by position")
-        self.tokens = t.counter(names.TOKENS_OUT, "Tokens generated")
-        self.k = t.histogram(names.SPEC_K, "1", "Draft tokens per decode step (0: plain)")
-        self.gain = t.histogram(names.SPEC_GAIN, "1", "Predicted tokens/s of the step vs plain")
-        self.reasons = t.counter(names.SPEC_DECISIONS, "Controller decisions per decode step")
-        t.gauge(names.KV_USAGE, self._kv, "Fraction of KV blocks in use")
-        t.gauge(names.RUNNING, self._running, "Sequences running")
-        t.gauge(names.WAITING, self._waiting, "Sequences waiting")
+        t, self.servicer, route = telemetry, servicer, ("route",)
+        self.drafts = t.counter(names.NUM_DRAFTS, "Speculation rounds", route)
+        self.draft_tokens = t.counter(names.NUM_DRAFT_TOKENS, "Draft tokens proposed", route)
+        self.accepted = t.counter(names.NUM_ACCEPTED, "Draft tokens accepted", route)
+        self.per_pos = t.counter(
+            names.ACCEPTED_PER_POS, "Accepted draft tokens by position", ("route", "position")
+        )
+        self.tokens = t.counter(names.TOKENS_OUT, "Tokens generated", route)
+        self.k = t.histogram(names.SPEC_K, "Draft tokens per decode step (0: plain)", route)
+        self.gain = t.histogram(names.SPEC_GAIN, "Predicted tokens/s of the step vs plain", route)
+        self.reasons = t.counter(
+            names.SPEC_DECISIONS, "Controller decisions per decode step", ("route", "reason")
+        )
+        engine = lambda: servicer.engine  # noqa: E731  (read at each scrape)
+        t.gauge(names.KV_USAGE, lambda: engine().kv.allocator.utilization(), "KV blocks in use")
+        t.gauge(names.RUNNING, lambda: len(engine().scheduler.running), "Sequences running")
+        t.gauge(names.WAITING, lambda: len(engine().scheduler.waiting), "Sequences waiting")
 
     def step(self, route: str, out) -> None:
-        labels = {"route": route}
-        self.tokens.add(len(out.tokens), labels)
+        self.tokens.labels(route).inc(len(out.tokens))
         reason, gain = out.decision
         if reason:  # a decode step (prefill chunks decide nothing)
-            self.k.record(out.drafted, labels)
-            self.gain.record(gain, labels)
-            self.reasons.add(1, {"route": route, "reason": reason})
+            self.k.labels(route).observe(out.drafted)
+            self.gain.labels(route).observe(gain)
+            self.reasons.labels(route, reason).inc()
         if out.drafted:
-            self.drafts.add(1, labels)
-            self.draft_tokens.add(out.drafted, labels)
-            self.accepted.add(out.accepted, labels)
+            self.drafts.labels(route).inc()
+            self.draft_tokens.labels(route).inc(out.drafted)
+            self.accepted.labels(route).inc(out.accepted)
             for position in range(out.accepted):
-                self.per_pos.add(1, {"route": route, "position": str(position)})
-
-    def _kv(self, options):
-        from opentelemetry.metrics import Observation
-
-        yield Observation(self.servicer.engine.kv.allocator.utilization())
-
-    def _running(self, options):
-        from opentelemetry.metrics import Observation
-
-        yield Observation(len(self.servicer.engine.scheduler.running))
-
-    def _waiting(self, options):
-        from opentelemetry.metrics import Observation
-
-        yield Observation(len(self.servicer.engine.scheduler.waiting))
+                self.per_pos.labels(route, str(position)).inc()

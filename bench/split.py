@@ -46,9 +46,13 @@ def _in_process_engine(mode: str):
     folder = resolve("default-target")
     proposer = None
     if mode == "on":
-        proposer = DraftModelProposer(load_model(resolve("default-draft")), num_blocks=2048)
+        draft = load_model(resolve("default-draft"), weights="auto")  # as the services load
+        proposer = DraftModelProposer(draft, num_blocks=2048)
     engine = Engine(
-        load_model(folder), EngineConfig(), proposer, eos_token_ids(folder, load_config(folder))
+        load_model(folder, weights="auto"),
+        EngineConfig(),
+        proposer,
+        eos_token_ids(folder, load_config(folder)),
     )
     return engine, load_tokenizer(folder)
 

@@ -35,6 +35,8 @@ from bench.speculative import load_items
 from protos.specd.v1 import router_pb2_grpc
 from router.client import build_request
 
+WARM_UP = [{"role": "user", "content": "Write a Python function that reverses a string."}]
+
 # modes that are "on" with the drafter process swapped for another proposer
 SWAPPED = {"ngram", "combined"}
 
@@ -157,6 +159,9 @@ def sweep(
 ) -> dict:
     cells = []
     for mode in modes:
+        # one untimed request first: the services' first forwards page the weights in and
+        # build kernels (llama-server gets the same warm-up, bench/llamacpp.py)
+        asyncio.run(run_cell(address, [WARM_UP], mode, 1, 1, 16, route=route))
         for c in levels:
             n = max(requests, c)
             name = label or mode

@@ -13,7 +13,6 @@ import logging
 import threading
 from dataclasses import dataclass
 
-
 from protos.specd.v1 import drafter_pb2, drafter_pb2_grpc
 from specd.grammar import Grammars, GrammarState
 from specd.model_thread import on_model_thread

@@ -109,9 +109,7 @@ class Telemetry:
 
     def _get(self, kind, name, description, labels, **options):
         if name not in self._metrics:
-            self._metrics[name] = kind(
-                name, description, labels, registry=self.registry, **options
-            )
+            self._metrics[name] = kind(name, description, labels, registry=self.registry, **options)
         return self._metrics[name]
 
 

@@ -84,6 +84,14 @@ inline void store_row(__m512 v, void* out, bool bf16_out, int64_t offset) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + offset), half);
 }
 
+// acc += dot4(u8 w, s8 x) per 32-bit lane with the same 4 activation bytes *x in every
+// lane, broadcast by the instruction's memory operand ({1to16}): one fused uop where
+// _mm512_set1_epi32 + _mm512_dpbusd_epi32 compile to two. The integer sums are exact.
+inline __m512i dpbusd_broadcast(__m512i acc, __m512i w, const int32_t* x) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*x));
+  return acc;
+}
+
 template <bool U4>
 constexpr int64_t code_bytes() { return U4 ? 256 : 512; }
 template <bool U4>
@@ -117,18 +125,11 @@ void tile_rows(const uint8_t* wt, int64_t KG,
     const __m512 dg = _mm512_cvtph_ps(_mm256_loadu_si256(dm));
     const __m512 mg = _mm512_cvtph_ps(_mm256_loadu_si256(dm + 1));
     for (int r = 0; r < R; ++r) {
-      const int8_t* xg = xq + r * K + g * G;
-      // four independent chains (integer sums are exact in any order)
-      __m512i part[4];
-      for (int j = 0; j < 8; ++j) {
-        int32_t quad;
-        std::memcpy(&quad, xg + 4 * j, 4);
-        const __m512i a = _mm512_set1_epi32(quad);
-        part[j % 4] = j < 4 ? _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[j], a)
-                            : _mm512_dpbusd_epi32(part[j % 4], w[j], a);
-      }
-      const __m512i dot = _mm512_add_epi32(_mm512_add_epi32(part[0], part[1]),
-                                           _mm512_add_epi32(part[2], part[3]));
+      // one chain per row (the rows give the parallelism); each step reads its 4
+      // activation bytes as a broadcast operand of vpdpbusd itself
+      const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
+      __m512i dot = _mm512_setzero_si512();
+      for (int j = 0; j < 8; ++j) dot = dpbusd_broadcast(dot, w[j], xg + j);
       const __m512 scale = _mm512_mul_ps(dg, _mm512_set1_ps(sx[r * KG + g]));
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
       acc[r] = _mm512_fnmadd_ps(mg, _mm512_set1_ps(c[r * KG + g]), acc[r]);

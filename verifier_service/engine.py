@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import torch
 from opentelemetry import trace
@@ -35,6 +36,21 @@ from verifier_service.tree import moves, tree_parents
 from verifier_service.verify import mask_logits, verify_rounds
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """What the engine carries right now (for load reports, metrics, admission)."""
+
+    kv_blocks_total: int
+    kv_blocks_used: int
+    running: int
+    waiting: int
+    spec_running: int  # running sequences that may draft
+
+    @property
+    def kv_utilization(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
 
 
 class Engine:
@@ -177,6 +193,16 @@ class Engine:
         controller.record_draft(len(proposals), steps, draft_s)
         if all(w.decode for w in work):
             controller.record_forward(sum(w.num_logits for w in work), forward_s)
+
+    def load(self) -> EngineLoad:
+        alloc, running = self.kv.allocator, list(self.scheduler.running)
+        return EngineLoad(
+            kv_blocks_total=alloc.num_blocks,
+            kv_blocks_used=alloc.num_used,
+            running=len(running),
+            waiting=len(self.scheduler.waiting),
+            spec_running=sum(1 for s in running if s.num_draft > 0),
+        )
 
     def acceptance_by_route(self) -> dict[str, float]:
         return self.scheduler.controller.routes.rates()

@@ -42,10 +42,10 @@ class VerifierMetrics:
         self.reasons = t.counter(
             names.SPEC_DECISIONS, "Controller decisions per decode step", ("route", "reason")
         )
-        engine = lambda: servicer.engine  # noqa: E731  (read at each scrape)
-        t.gauge(names.KV_USAGE, lambda: engine().kv.allocator.utilization(), "KV blocks in use")
-        t.gauge(names.RUNNING, lambda: len(engine().scheduler.running), "Sequences running")
-        t.gauge(names.WAITING, lambda: len(engine().scheduler.waiting), "Sequences waiting")
+        load = lambda: servicer.engine.load()  # noqa: E731  (read at each scrape)
+        t.gauge(names.KV_USAGE, lambda: load().kv_utilization, "Fraction of KV blocks in use")
+        t.gauge(names.RUNNING, lambda: load().running, "Sequences running")
+        t.gauge(names.WAITING, lambda: load().waiting, "Sequences waiting")
 
     def step(self, route: str, out) -> None:
         self.tokens.labels(route).inc(len(out.tokens))

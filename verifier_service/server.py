@@ -36,7 +36,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         return proposer is not None and proposer.available
 
     async def Generate(self, request, context):
-        if len(self.engine.scheduler.waiting) >= self.max_queue:
+        if self.engine.load().waiting >= self.max_queue:
             context.set_trailing_metadata((("retry-after-ms", str(RETRY_AFTER_MS)),))
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -146,17 +146,15 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             await asyncio.sleep(interval)  # draining ends the watch: the router stops sending
 
     def load_report(self) -> verifier_pb2.LoadReport:
-        engine = self.engine
-        alloc = engine.kv.allocator
-        running = engine.scheduler.running
+        load = self.engine.load()
         return verifier_pb2.LoadReport(
-            kv_blocks_total=alloc.num_blocks,
-            kv_blocks_used=alloc.num_used,
-            running=len(running),
-            waiting=len(engine.scheduler.waiting),
-            spec_running=sum(1 for s in running if s.num_draft > 0),
+            kv_blocks_total=load.kv_blocks_total,
+            kv_blocks_used=load.kv_blocks_used,
+            running=load.running,
+            waiting=load.waiting,
+            spec_running=load.spec_running,
             tokens_per_s=self.rate.rate(),
-            acceptance_by_route=engine.acceptance_by_route(),
+            acceptance_by_route=self.engine.acceptance_by_route(),
             drafter_available=self._drafter_available(),
         )
 

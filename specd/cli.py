@@ -114,6 +114,7 @@ BENCHES = {  # `specd bench KIND` -> the module whose main() runs it
     "faults": "bench.faults",
     "doors": "bench.doors",
     "structured": "bench.structured",
+    "parity": "bench.parity",
 }
 
 
@@ -199,7 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
         "split: the router vs the in-process engine; sweep: concurrency x mode; "
         "soak (or --soak): many mixed requests, then no leaks; "
         "faults: SIGKILL a drafter and a verifier under load in specd up; "
-        "doors: the OpenAI HTTP door vs gRPC, same router",
+        "doors: the OpenAI HTTP door vs gRPC, same router; "
+        "structured: JSON-schema output on/off and vs unconstrained; "
+        "parity: greedy output with speculation on vs off, every workload prompt",
     )
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_bench)

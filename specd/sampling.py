@@ -19,10 +19,31 @@ every emitted token is distributed as the target's p (Leviathan et al. 2023, Thm
 any q as long as q is what d was really drawn from. With temperature 0 the same round is
 greedy verification: accept while d_j == argmax p_j, then emit argmax p_{a+1}.
 
-Batched shapes: N sequences, K = max k (shorter rows padded), V vocabulary.
+Alternatives make the round a tree (one forward verifies them, see
+verifier_service/tree.py): (parent, token) pairs, each a sibling of chain draft
+d_{parent+1}, so a leaf hanging off node `parent` (0 is the root). A chain is the tree
+without alternatives: the same functions verify both. Where the chain stops at node a,
+the alternatives hanging there are tested in order against what is left, as deterministic
+proposals (iterative speculative sampling, ../shared/seeds/003 section 2):
+  sampled   w = the residual max(0, p_{a+1} - q_{a+1}); alternative x is accepted with
+            probability w(x) / sum(w), else x is removed from w; the first accepted is
+            emitted followed by a bonus token from p at its node; if none is, a token
+            from norm(w) is emitted.
+  greedy    the first alternative equal to argmax p_{a+1} is taken, then argmax p at it.
+This stays exact whatever chose the alternatives: once the children before it are
+rejected the node's residual no longer depends on which tokens they were, and testing a
+fixed token x against it (accept with probability w(x), else sample w without x) emits
+exactly norm(w). A duplicate of a rejected child is always rejected (rejecting x leaves
+no residual mass at x).
+
+Batched shapes: N sequences, K = max k (shorter rows padded), A = max alternatives, V
+vocabulary. Target rows per sequence: R = K + 1 + A, the chain's nodes 0..K then the
+alternatives' nodes (row K + 1 + j for alternative j).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -94,6 +115,23 @@ def onehot_probs(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 # -- verification ---------------------------------------------------------------------------
+class Verified(NamedTuple):
+    tokens: torch.Tensor  # [N, K+1] emitted, padded with -1
+    accepted: torch.Tensor  # [N] drafts accepted, the alternative taken included
+    alternative: torch.Tensor  # [N] index of the alternative taken, -1 for none
+
+
+class Alternatives(NamedTuple):
+    tokens: torch.Tensor  # [N, A] long (padding: any token)
+    parents: torch.Tensor  # [N, A] long: chain node each hangs off (padding: -1)
+    uniforms: torch.Tensor | None = None  # [N, A] U(0, 1) draws (sampling only)
+
+    @staticmethod
+    def none(n: int) -> Alternatives:
+        empty = torch.zeros(n, 0, dtype=torch.long)
+        return Alternatives(empty, empty, torch.zeros(n, 0))
+
+
 def _num_accepted(accept: torch.Tensor, num_draft: torch.Tensor) -> torch.Tensor:
     """accept bool [N, K] -> leading run of accepted drafts within each row's k, [N]."""
     k_max = accept.shape[1]
@@ -102,14 +140,25 @@ def _num_accepted(accept: torch.Tensor, num_draft: torch.Tensor) -> torch.Tensor
 
 
 def greedy_verify(
-    target_argmax: torch.Tensor, draft_tokens: torch.Tensor, num_draft: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """target_argmax [N, K+1], draft_tokens [N, K], num_draft [N]
-    -> (tokens [N, K+1] emitted, padded with -1; num_accepted [N])."""
+    target_argmax: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    num_draft: torch.Tensor,
+    alts: Alternatives | None = None,
+) -> Verified:
+    """target_argmax [N, R] (argmax p at every node), draft_tokens [N, K], num_draft [N]."""
     n, k_max = draft_tokens.shape
+    alts = alts if alts is not None else Alternatives.none(n)
     a = _num_accepted(draft_tokens == target_argmax[:, :k_max], num_draft)
-    extra = target_argmax.gather(1, a[:, None])  # [N, 1] correction or bonus
-    return _emitted(draft_tokens, a, extra[:, 0]), a
+    want = target_argmax.gather(1, a[:, None])[:, 0]  # the target's token at node a
+    taken = torch.full((n,), -1, dtype=torch.long)
+    for j in range(alts.tokens.shape[1]):
+        hit = (alts.parents[:, j] == a) & (alts.tokens[:, j] == want) & (taken < 0)
+        taken = torch.where(hit, j, taken)
+    extra = want
+    if alts.tokens.shape[1]:
+        bonus = target_argmax.gather(1, (k_max + 1 + taken.clamp(min=0))[:, None])[:, 0]
+        extra = torch.where(taken >= 0, bonus, want)
+    return _verified(draft_tokens, a, extra, alts, taken)
 
 
 def rejection_sample(
@@ -119,18 +168,20 @@ def rejection_sample(
     num_draft: torch.Tensor,
     uniforms: torch.Tensor,
     noise: torch.Tensor,
-):
+    alts: Alternatives | None = None,
+) -> Verified:
     """Exact speculative sampling for a batch of sequences with different k.
 
-    target_probs [N, K+1, V]  p_1..p_{K+1}
+    target_probs [N, R, V]    p at every node: p_1..p_{K+1}, then the alternatives'
     draft_tokens [N, K]       d_1..d_K (positions >= num_draft[i] are padding)
     draft_probs  [N, K, V]    dense q (see sparse_to_dense / onehot_probs)
     num_draft    [N]          k_i
     uniforms     [N, K]       u_j ~ U(0, 1)
     noise        [N, V]       Exp(1) draws; argmax(w / noise) samples from weights w
-    -> (tokens [N, K+1] emitted, padded with -1; num_accepted [N])
+    alts                      alternatives with their own uniforms, or None
     """
     n, k_max = draft_tokens.shape
+    alts = alts if alts is not None else Alternatives.none(n)
     rows = torch.arange(n)
     p_d = target_probs[:, :k_max].gather(-1, draft_tokens[..., None])[..., 0]  # [N, K]
     q_d = draft_probs.gather(-1, draft_tokens[..., None])[..., 0]  # [N, K]
@@ -146,16 +197,39 @@ def rejection_sample(
         residual = torch.where(empty, p_next, residual)
     else:
         residual = p_next
-    extra = (residual / noise).argmax(-1)  # [N], a sample from norm(residual)
-    return _emitted(draft_tokens, a, extra), a
+    taken = torch.full((n,), -1, dtype=torch.long)
+    for j in range(alts.tokens.shape[1]):  # the alternatives hanging where the chain stopped
+        x = alts.tokens[:, j]
+        active = (alts.parents[:, j] == a) & (taken < 0)
+        total, w_x = residual.sum(-1), residual[rows, x]
+        accept = active & (alts.uniforms[:, j] * total < w_x)  # u < w(x) / sum(w)
+        taken = torch.where(accept, j, taken)
+        drop = active & ~accept & (total - w_x > 0)  # else the rejection had probability 0
+        residual[rows[drop], x[drop]] = 0.0
+    final = residual
+    if alts.tokens.shape[1]:
+        bonus = target_probs[rows, k_max + 1 + taken.clamp(min=0)]  # p at the alternative taken
+        final = torch.where((taken >= 0)[:, None], bonus, residual)
+    extra = (final / noise).argmax(-1)  # [N], a sample from norm(final)
+    return _verified(draft_tokens, a, extra, alts, taken)
 
 
-def _emitted(draft_tokens, a, extra) -> torch.Tensor:
+def _verified(draft_tokens, a, extra, alts: Alternatives, taken) -> Verified:
+    """Emitted: d_1..d_a, then the alternative taken (if any), then `extra`."""
     n, k_max = draft_tokens.shape
+    rows = torch.arange(n)
     pos = torch.arange(k_max + 1)[None, :]
     padded = torch.cat([draft_tokens, torch.full((n, 1), -1, dtype=torch.long)], dim=1)
     out = torch.where(pos < a[:, None], padded, torch.full_like(padded, -1))
-    return out.scatter(1, a[:, None], extra[:, None])
+    has = taken >= 0
+    if alts.tokens.shape[1]:
+        alt_token = alts.tokens[rows, taken.clamp(min=0)]
+        out = out.scatter(1, a[:, None], torch.where(has, alt_token, extra)[:, None])
+    else:
+        out = out.scatter(1, a[:, None], extra[:, None])
+    # after an alternative (a < k there, so a + 1 <= K fits), its bonus token
+    out[rows[has], a[has] + 1] = extra[has]
+    return Verified(out, a + has.long(), taken)
 
 
 # -- randomness -----------------------------------------------------------------------------
@@ -165,13 +239,20 @@ def make_generator(seed: int | None) -> torch.Generator:
     return g
 
 
-def draw_randomness(generators: list[torch.Generator], ks: list[int], vocab: int):
-    """Per-sequence draws from each request's own generator -> (uniforms [N, K], noise [N, V]).
-    Sequence i draws exactly k_i uniforms and V exponentials, so a request's draws depend
-    only on its seed and its own history, never on the rest of the batch."""
-    k_max = max(ks, default=0)
+def draw_randomness(
+    generators: list[torch.Generator], ks: list[int], vocab: int, alts: list[int] | None = None
+):
+    """Per-sequence draws from each request's own generator -> (uniforms [N, K], noise
+    [N, V], alternative uniforms [N, A]). Sequence i draws exactly k_i uniforms, V
+    exponentials and then alts[i] uniforms, so a request's draws depend only on its seed
+    and its own history, never on the rest of the batch."""
+    alts = alts if alts is not None else [0] * len(ks)
+    k_max, a_max = max(ks, default=0), max(alts, default=0)
     uniforms = torch.ones(len(generators), k_max)
     for i, (g, k) in enumerate(zip(generators, ks, strict=True)):
         uniforms[i, :k] = torch.rand(k, generator=g)
     noise = torch.stack([torch.empty(vocab).exponential_(generator=g) for g in generators])
-    return uniforms, noise
+    alt_uniforms = torch.ones(len(generators), a_max)
+    for i, (g, m) in enumerate(zip(generators, alts, strict=True)):
+        alt_uniforms[i, :m] = torch.rand(m, generator=g)
+    return uniforms, noise, alt_uniforms

@@ -1,4 +1,8 @@
-"""From one step's logits to the tokens each round emits (greedy or exact sampling)."""
+"""From one step's logits to the tokens each round emits (greedy or exact sampling).
+
+Every round, chain or tree, goes through the same two batched functions of
+specd.sampling (greedy_verify, rejection_sample); this module only lays the step's rows
+out for them and reads their results back."""
 
 from __future__ import annotations
 
@@ -6,6 +10,8 @@ import torch
 
 from specd.proposal import Proposal
 from specd.sampling import (
+    Alternatives,
+    Verified,
     draw_randomness,
     greedy_verify,
     logits_to_probs,
@@ -33,65 +39,101 @@ def _draft_q(proposal: Proposal | None, drafts: torch.Tensor, vocab: int) -> tor
     return sparse_to_dense(proposal.q_ids, proposal.q_probs.float(), vocab)
 
 
-def _tree_round(w, proposal: Proposal, rows: torch.Tensor, vocab: int) -> tuple:
-    """One sequence's chain + alternatives (verifier_service/tree.py)."""
-    seq = w.seq
-    if seq.params.greedy:
-        penalised = seq.params.repetition_penalty != 1.0
-        scored = _target_rows(seq, proposal, rows) if penalised else rows
-        tokens, path = tree.verify_tree_greedy(scored.argmax(-1).tolist(), proposal)
-    else:
-        q = _draft_q(proposal, torch.tensor(proposal.tokens, dtype=torch.long), vocab)
-        probs = _target_rows(seq, proposal, rows).cpu()  # with q and the generator
-        tokens, path = tree.verify_tree_sampled(probs, q, proposal, seq.generator)
-    return tokens, len(path), path
-
-
 def verify_rounds(rounds, proposals: dict, logits: torch.Tensor, vocab: int) -> dict:
     """rounds: the step's works with logits, in forward order; logits [sum(nodes_i), V]
-    (nodes = 1 + k + alternatives). -> {id(work): (emitted tokens, number of drafts
-    accepted, accepted tree path or None for a chain)}."""
+    (nodes = 1 + k + alternatives: a chain is a tree without alternatives). -> {id(work):
+    (emitted tokens, number of drafts accepted, accepted tree path or None for a chain)}."""
     greedy, sampled, offset = [], [], 0
-    result = {}
     for w in rounds:
         proposal = proposals.get(w.seq.seq_id)
-        drafts = proposal.tokens if proposal is not None else []
-        nodes = len(drafts) + 1 + (len(proposal.alts) if proposal is not None else 0)
-        rows = logits[offset : offset + nodes]  # [nodes, V]
+        nodes = 1 + (len(proposal.tokens) + len(proposal.alts) if proposal is not None else 0)
+        item = (w, proposal, logits[offset : offset + nodes])  # rows [nodes, V]
         offset += nodes
-        if proposal is not None and proposal.alts:
-            result[id(w)] = _tree_round(w, proposal, rows, vocab)
-            continue
-        item = (w, proposal, drafts, rows)
         (greedy if w.seq.params.greedy else sampled).append(item)
+    result = {}
     if greedy:
-        k_max = max(len(d) for _, _, d, _ in greedy)
-        argmax = torch.zeros(len(greedy), k_max + 1, dtype=torch.long)
-        draft_t = torch.zeros(len(greedy), k_max, dtype=torch.long)
-        for i, (w, proposal, drafts, rows) in enumerate(greedy):
-            if w.seq.params.repetition_penalty != 1.0:
-                rows = _target_rows(w.seq, proposal, rows)
-            argmax[i, : len(drafts) + 1] = rows.argmax(-1)
-            draft_t[i, : len(drafts)] = torch.tensor(drafts, dtype=torch.long)
-        ks = torch.tensor([len(d) for _, _, d, _ in greedy])
-        tokens, accepted = greedy_verify(argmax, draft_t, ks)
-        result.update(_unpack(greedy, tokens, accepted))
+        result.update(_greedy(greedy))
     if sampled:
-        k_max = max(len(d) for _, _, d, _ in sampled)
-        n = len(sampled)
-        target = torch.zeros(n, k_max + 1, vocab)
-        q = torch.zeros(n, k_max, vocab)
-        draft_t = torch.zeros(n, k_max, dtype=torch.long)
-        for i, (w, proposal, drafts, rows) in enumerate(sampled):
-            k = len(drafts)
-            target[i, : k + 1] = _target_rows(w.seq, proposal, rows)
-            if k:
-                draft_t[i, :k] = torch.tensor(drafts, dtype=torch.long)
-                q[i, :k] = _draft_q(proposal, draft_t[i, :k], vocab)
-        ks = [len(d) for _, _, d, _ in sampled]
-        uniforms, noise = draw_randomness([w.seq.generator for w, *_ in sampled], ks, vocab)
-        tokens, accepted = rejection_sample(target, draft_t, q, torch.tensor(ks), uniforms, noise)
-        result.update(_unpack(sampled, tokens, accepted))
+        result.update(_sampled(sampled, vocab))
+    return result
+
+
+def _shapes(items) -> tuple[list[int], list[int], int, int]:
+    ks = [len(p.tokens) if p is not None else 0 for _, p, _ in items]
+    alts = [len(p.alts) if p is not None else 0 for _, p, _ in items]
+    return ks, alts, max(ks), max(alts)
+
+
+def _alternatives(items, a_max: int, uniforms=None) -> Alternatives:
+    tokens = torch.zeros(len(items), a_max, dtype=torch.long)
+    parents = torch.full((len(items), a_max), -1, dtype=torch.long)
+    for i, (_, proposal, _) in enumerate(items):
+        for j, (parent, token) in enumerate(proposal.alts if proposal is not None else []):
+            parents[i, j], tokens[i, j] = parent, token
+    return Alternatives(tokens, parents, uniforms)
+
+
+def _drafts(items, k_max: int) -> torch.Tensor:
+    drafts = torch.zeros(len(items), k_max, dtype=torch.long)
+    for i, (_, proposal, _) in enumerate(items):
+        if proposal is not None and proposal.tokens:
+            drafts[i, : len(proposal.tokens)] = torch.tensor(proposal.tokens, dtype=torch.long)
+    return drafts
+
+
+def _place(target: torch.Tensor, i: int, rows: torch.Tensor, k: int, k_max: int) -> None:
+    """Sequence i's node rows into the batch layout: chain nodes at 0..k, alternatives
+    from k_max + 1 on."""
+    target[i, : k + 1] = rows[: k + 1]
+    target[i, k_max + 1 : k_max + 1 + len(rows) - k - 1] = rows[k + 1 :]
+
+
+def _greedy(items) -> dict:
+    ks, alts, k_max, a_max = _shapes(items)
+    argmax = torch.zeros(len(items), k_max + 1 + a_max, dtype=torch.long)
+    for i, (w, proposal, rows) in enumerate(items):
+        if w.seq.params.repetition_penalty != 1.0:
+            rows = _target_rows(w.seq, proposal, rows)
+        _place(argmax, i, rows.argmax(-1).cpu(), ks[i], k_max)
+    out = greedy_verify(
+        argmax, _drafts(items, k_max), torch.tensor(ks), _alternatives(items, a_max)
+    )
+    return _unpack(items, ks, out)
+
+
+def _sampled(items, vocab: int) -> dict:
+    ks, alts, k_max, a_max = _shapes(items)
+    n = len(items)
+    target = torch.zeros(n, k_max + 1 + a_max, vocab)
+    q = torch.zeros(n, k_max, vocab)
+    drafts = _drafts(items, k_max)
+    for i, (w, proposal, rows) in enumerate(items):
+        _place(target, i, _target_rows(w.seq, proposal, rows).cpu(), ks[i], k_max)
+        if ks[i]:
+            q[i, : ks[i]] = _draft_q(proposal, drafts[i, : ks[i]], vocab)
+    generators = [w.seq.generator for w, _, _ in items]
+    uniforms, noise, alt_uniforms = draw_randomness(generators, ks, vocab, alts)
+    out = rejection_sample(
+        target,
+        drafts,
+        q,
+        torch.tensor(ks),
+        uniforms,
+        noise,
+        _alternatives(items, a_max, alt_uniforms),
+    )
+    return _unpack(items, ks, out)
+
+
+def _unpack(items, ks: list[int], out: Verified) -> dict:
+    result = {}
+    for i, (w, proposal, _) in enumerate(items):
+        accepted, taken = int(out.accepted[i]), int(out.alternative[i])
+        path = None
+        if proposal is not None and proposal.alts:  # a tree: the accepted nodes, in order
+            chain = accepted - (taken >= 0)
+            path = list(range(1, chain + 1)) + ([ks[i] + 1 + taken] if taken >= 0 else [])
+        result[id(w)] = (out.tokens[i, : accepted + 1].tolist(), accepted, path)
     return result
 
 
@@ -107,11 +149,3 @@ def mask_logits(rounds, masks: dict, logits: torch.Tensor) -> None:
                 rows = logits[offset : offset + w.num_logits]
                 rows.masked_fill_(~mask[: w.num_logits].to(rows.device), float("-inf"))
             offset += w.num_logits
-
-
-def _unpack(items, tokens: torch.Tensor, accepted: torch.Tensor) -> dict:
-    out = {}
-    for i, (w, *_rest) in enumerate(items):
-        a = int(accepted[i])
-        out[id(w)] = (tokens[i, : a + 1].tolist(), a, None)
-    return out

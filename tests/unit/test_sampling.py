@@ -23,7 +23,7 @@ def test_greedy_hand_made():
     argmax = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 8], [9, 9, 9, 9]])
     drafts = torch.tensor([[5, 6, 7], [5, 0, 7], [1, 6, 7], [9, 9, 9]])
     k = torch.tensor([3, 3, 3, 0])
-    tokens, a = greedy_verify(argmax, drafts, k)
+    tokens, a, _ = greedy_verify(argmax, drafts, k)
     assert a.tolist() == [3, 1, 0, 0]
     assert tokens.tolist() == [[5, 6, 7, 8], [5, 6, -1, -1], [5, -1, -1, -1], [9, -1, -1, -1]]
 
@@ -31,7 +31,7 @@ def test_greedy_hand_made():
 def test_greedy_respects_each_rows_k():
     argmax = torch.tensor([[1, 2, 3], [1, 2, 3]])
     drafts = torch.tensor([[1, 2], [1, 2]])
-    tokens, a = greedy_verify(argmax, drafts, torch.tensor([1, 2]))
+    tokens, a, _ = greedy_verify(argmax, drafts, torch.tensor([1, 2]))
     assert a.tolist() == [1, 2]
     assert tokens.tolist() == [[1, 2, -1], [1, 2, 3]]  # k=1: bonus is argmax at position 2
 
@@ -63,7 +63,7 @@ def test_batched_matches_reference():
     k = torch.randint(0, k_max + 1, (n,), generator=g)
     u = torch.rand(n, k_max, generator=g)
     noise = torch.empty(n, v).exponential_(generator=g)
-    tokens, a = rejection_sample(p, drafts, q, k, u, noise)
+    tokens, a, _ = rejection_sample(p, drafts, q, k, u, noise)
     for i in range(n):
         ref = reference_round(p[i], drafts[i], q[i], int(k[i]), u[i], noise[i])
         assert tokens[i, : a[i] + 1].tolist() == ref
@@ -78,7 +78,7 @@ def test_seeded_determinism():
 
     def run(seeds):
         gens = [make_generator(s) for s in seeds]
-        u, noise = draw_randomness(gens, [k] * 3, v)
+        u, noise, _ = draw_randomness(gens, [k] * 3, v)
         return rejection_sample(p, drafts, q, torch.tensor([k] * 3), u, noise)[0]
 
     assert torch.equal(run([1, 2, 3]), run([1, 2, 3]))
@@ -150,7 +150,7 @@ def simulate(target, draft, k, q_kind, n, seed, corrupt=0.0):
         p = target[torch.cat([last[:, None], drafts], 1)]  # [n, k+1, V]
         u = torch.rand(n, k, generator=g)
         noise = torch.empty(n, V).exponential_(generator=g)
-        tokens, a = rejection_sample(p, drafts, q, torch.full((n,), k), u, noise)
+        tokens, a, _ = rejection_sample(p, drafts, q, torch.full((n,), k), u, noise)
         if corrupt:  # a deliberately wrong sampler: 1 emitted token in 100 is uniform
             flip = torch.rand(n, k + 1, generator=g) < corrupt
             tokens = torch.where(

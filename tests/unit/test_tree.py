@@ -1,16 +1,18 @@
-"""Wider verification (verifier_service/tree.py): a chain plus alternative leaves.
+"""Wider verification: a chain plus alternative leaves, verified by the same batched
+functions as a chain (specd.sampling; the tree's shape in verifier_service/tree.py).
 
 Statistically: tokens emitted through tree rounds follow the target exactly, for sampled
 and deterministic chains, with alternatives chosen from the prefix or from the sampled
 draft beside them; a sampled chain verified as if deterministic is caught by the same
-test. By hand: greedy walks, parents and K/V moves."""
+test. Against a slow walk of the tree written node by node, on the same random draws. By
+hand: greedy walks, parents and K/V moves."""
 
 import pytest
 import torch
 
 from specd.params import SamplingParams
 from specd.proposal import Proposal
-from specd.sampling import logits_to_probs
+from specd.sampling import Alternatives, greedy_verify, logits_to_probs, rejection_sample
 from tests.unit.test_sampling import fails_exactness
 from verifier_service import tree
 
@@ -28,8 +30,8 @@ def markov_pair(seed: int):
 
 def tree_round(last: int, target, draft, k: int, chain: str, alts: str, g) -> list[int]:
     """One round from the token `last`: the drafter's chain and alternatives, then
-    verify_tree_sampled. chain: "sampled" (d ~ q), "greedy" (argmax q, one-hot q) or
-    "greedy-as-sampled" (argmax q verified as if drawn from q: wrong on purpose).
+    the batched sampler (verify_one). chain: "sampled" (d ~ q), "greedy" (argmax q,
+    one-hot q) or "greedy-as-sampled" (argmax q verified as if drawn from q: wrong on purpose).
     alts: "likely" (the most likely token other than d, as the drafter does) or "next"
     ((d + 1) mod V: chosen from the sampled draft itself)."""
     tokens, qs, alternatives, prev = [], [], [], last
@@ -46,9 +48,58 @@ def tree_round(last: int, target, draft, k: int, chain: str, alts: str, g) -> li
     proposal = Proposal(tokens=tokens, alts=alternatives)
     node_last = [last] + tokens + [t for _, t in alternatives]  # p at a node: its own token's row
     probs = target[torch.tensor(node_last)]
-    emitted, path = tree.verify_tree_sampled(probs, torch.stack(qs), proposal, g)
+    u, noise = torch.rand(k, generator=g), torch.empty(V).exponential_(generator=g)
+    alt_u = torch.rand(len(alternatives), generator=g)
+    emitted, path = verify_one(probs, torch.stack(qs), proposal, u, noise, alt_u)
     assert len(emitted) == len(path) + 1
     return emitted
+
+
+def verify_one(probs, q, proposal: Proposal, u, noise, alt_u):
+    """One sequence through the batched sampler: (emitted tokens, accepted node path)."""
+    k = len(proposal.tokens)
+    alts = Alternatives(
+        torch.tensor([[t for _, t in proposal.alts]], dtype=torch.long).view(1, -1),
+        torch.tensor([[p for p, _ in proposal.alts]], dtype=torch.long).view(1, -1),
+        alt_u[None],
+    )
+    drafts = torch.tensor([proposal.tokens], dtype=torch.long)
+    out = rejection_sample(
+        probs[None], drafts, q[None], torch.tensor([k]), u[None], noise[None], alts
+    )
+    a, taken = int(out.accepted[0]), int(out.alternative[0])
+    chain = a - (taken >= 0)
+    path = list(range(1, chain + 1)) + ([k + 1 + taken] if taken >= 0 else [])
+    return out.tokens[0, : a + 1].tolist(), path
+
+
+def walk(probs, q, proposal: Proposal, u, noise, alt_u):
+    """The slow reference: walk the tree node by node as iterative speculative sampling
+    states it; the chain child first (its q), then the alternatives (q one-hot)."""
+    k = len(proposal.tokens)
+    kids = {j: [j + 1] for j in range(k)} | {k: []}
+    for i, (parent, _) in enumerate(proposal.alts):
+        kids[parent].append(k + 1 + i)
+    tokens = list(proposal.tokens) + [t for _, t in proposal.alts]
+    draws = list(u) + list(alt_u)  # node n's test uses draws[n - 1]
+    node, path = 0, []
+    while True:
+        p, accepted = probs[node], None
+        for child in kids.get(node, []):
+            x = tokens[child - 1]
+            q_x = float(q[child - 1, x]) if child <= k else 1.0
+            if float(draws[child - 1]) * q_x < float(p[x]):
+                accepted = child
+                break
+            residual = (p - q[child - 1]).clamp(min=0) if child <= k else p.clone()
+            if child > k:
+                residual[x] = 0.0
+            if residual.sum() > 0:
+                p = residual / residual.sum()
+        if accepted is None:
+            return [tokens[n - 1] for n in path] + [int((p / noise).argmax())], path
+        path.append(accepted)
+        node = accepted
 
 
 def generate(target, draft, k: int, chain: str, alts: str, n: int, seed: int) -> torch.Tensor:
@@ -86,16 +137,78 @@ def test_a_greedy_chain_verified_as_sampled_is_caught():
     assert fails_exactness(samples, target)
 
 
+def test_batched_tree_verification_matches_the_slow_walk():
+    """Random trees (alternatives at random parents, some duplicating the chain's token),
+    the batched sampler and the node-by-node walk fed the same draws."""
+    g = torch.Generator().manual_seed(3)
+    for trial in range(300):
+        k = int(torch.randint(1, 5, (1,), generator=g))
+        n_alts = int(torch.randint(0, 5, (1,), generator=g))
+        sharp = 1.0 + trial % 3  # flatter and sharper targets: more and fewer rejections
+        probs = torch.softmax(torch.randn(1 + k + n_alts, V, generator=g) * sharp, -1)
+        q = torch.softmax(torch.randn(k, V, generator=g) * sharp, -1)
+        chain = torch.multinomial(q, 1, generator=g)[:, 0].tolist()
+        alts = [
+            (
+                int(torch.randint(0, k, (1,), generator=g)),
+                int(torch.randint(0, V, (1,), generator=g)),
+            )
+            for _ in range(n_alts)
+        ]
+        proposal = Proposal(tokens=chain, alts=alts)
+        u, noise = torch.rand(k, generator=g), torch.empty(V).exponential_(generator=g)
+        alt_u = torch.rand(n_alts, generator=g)
+        args = (probs, q, proposal, u, noise, alt_u)
+        assert verify_one(*args) == walk(*args), trial
+
+
+def test_seeded_trees_are_deterministic_and_independent_of_their_neighbours():
+    from specd.sampling import draw_randomness, make_generator
+
+    g = torch.Generator().manual_seed(4)
+    n, k, n_alts = 3, 3, 2
+    probs = torch.softmax(torch.randn(n, 1 + k + n_alts, V, generator=g), -1)
+    q = torch.softmax(torch.randn(n, k, V, generator=g), -1)
+    drafts = q.argmax(-1)
+    alt_tokens = (drafts[:, :n_alts] + 1) % V
+    parents = torch.tensor([[0, 1]] * n)
+
+    def run(seeds):
+        gens = [make_generator(s) for s in seeds]
+        u, noise, alt_u = draw_randomness(gens, [k] * n, V, [n_alts] * n)
+        alts = Alternatives(alt_tokens, parents, alt_u)
+        return rejection_sample(probs, drafts, q, torch.tensor([k] * n), u, noise, alts).tokens
+
+    assert torch.equal(run([1, 2, 3]), run([1, 2, 3]))
+    assert not torch.equal(run([1, 2, 3]), run([4, 5, 6]))
+    assert torch.equal(run([7, 2, 3])[0], run([7, 8, 9])[0])
+
+
+def greedy_one(argmax: list[int], proposal: Proposal):
+    k = len(proposal.tokens)
+    alts = Alternatives(
+        torch.tensor([[t for _, t in proposal.alts]], dtype=torch.long),
+        torch.tensor([[p for p, _ in proposal.alts]], dtype=torch.long),
+    )
+    drafts = torch.tensor([proposal.tokens], dtype=torch.long)
+    out = greedy_verify(torch.tensor([argmax]), drafts, torch.tensor([k]), alts)
+    a, taken = int(out.accepted[0]), int(out.alternative[0])
+    path = list(range(1, a - (taken >= 0) + 1)) + ([k + 1 + taken] if taken >= 0 else [])
+    return out.tokens[0, : a + 1].tolist(), path
+
+
 def test_greedy_walk_takes_the_alternative_that_matches():
     # chain 7, 8, 9; alternatives: 5 beside 7 (parent 0), 4 beside 9 (parent 2)
     proposal = Proposal(tokens=[7, 8, 9], alts=[(0, 5), (2, 4)])
     # nodes: 0 root, 1..3 chain, 4 = alt 5, 5 = alt 4
     argmax = [5, 8, 9, 1, 6, 2]  # root wants 5 -> alt node 4, whose argmax 6 is the bonus
-    assert tree.verify_tree_greedy(argmax, proposal) == ([5, 6], [4])
+    assert greedy_one(argmax, proposal) == ([5, 6], [4])
     argmax = [7, 8, 4, 1, 0, 3]  # chain 7, 8, then 4 (alt node 5), bonus 3
-    assert tree.verify_tree_greedy(argmax, proposal) == ([7, 8, 4, 3], [1, 2, 5])
+    assert greedy_one(argmax, proposal) == ([7, 8, 4, 3], [1, 2, 5])
     argmax = [7, 8, 9, 1, 0, 0]  # the whole chain and its bonus
-    assert tree.verify_tree_greedy(argmax, proposal) == ([7, 8, 9, 1], [1, 2, 3])
+    assert greedy_one(argmax, proposal) == ([7, 8, 9, 1], [1, 2, 3])
+    argmax = [7, 3, 9, 1, 0, 0]  # stops at node 1: no alternative hangs there
+    assert greedy_one(argmax, proposal) == ([7, 3], [1])
     assert tree.moves(100, [1, 2, 5]) == [(105, 103)]
     assert tree.moves(100, [4]) == [(104, 101)]
     assert tree.tree_parents(1, proposal) == [-1, 0, 1, 2, 0, 2]

@@ -37,17 +37,16 @@ def _engine_one(engine, ids, k: int, max_new: int):
 
 
 def _in_process_engine(mode: str):
-    from drafter_service.draft_model import DraftModelProposer
-    from specd.config import EngineConfig
+    """The verifier's engine with the drafter's proposer in one process, each built from
+    its service's default config (weights, trimmed vocabulary, combined drafting)."""
+    from drafter_service.server import build_proposer
+    from specd.config import DrafterConfig, EngineConfig
     from specd.models.loader import eos_token_ids, load_config, load_model, load_tokenizer
     from specd.models.resolve import resolve
     from verifier_service.engine import Engine
 
     folder = resolve("default-target")
-    proposer = None
-    if mode == "on":
-        draft = load_model(resolve("default-draft"), weights="auto")  # as the services load
-        proposer = DraftModelProposer(draft, num_blocks=2048)
+    proposer = build_proposer(DrafterConfig())[0] if mode == "on" else None
     engine = Engine(
         load_model(folder, weights="auto"),
         EngineConfig(),

@@ -73,6 +73,20 @@ def tiny(request, tmp_path_factory):
     return folder, hf
 
 
+@pytest.fixture(scope="session")
+def cpu_kernels():
+    """The AVX512-VNNI kernels (int8/int4 linear, paged attention); skips where this CPU
+    cannot run them, fails in CI where it can but they did not build."""
+    from specd.models import qlinear
+
+    k = qlinear.kernel()
+    if k is None:
+        if os.environ.get("CI") and qlinear.cpu_has_vnni():
+            pytest.fail("the CPU kernels did not build on a CPU that has AVX512-VNNI")
+        pytest.skip("no AVX512-VNNI on this CPU")
+    return k
+
+
 def real_model_or_skip(name: str):
     """Real models are fetched by `make test` (`specd models fetch`); never from a hub."""
     from specd.models.catalog import is_ready, model_dir

@@ -3,27 +3,19 @@ against a slow fp64 reference on scattered block tables, chains and trees; batch
 invariance (a row's bits are the same alone, in a k+1-row verification and beside other
 sequences); and the model's forward on it against the SDPA path."""
 
-import os
-
 import pytest
 import torch
 
 from specd.models import attention
-from specd.models import qlinear as ql
 from specd.models.attention import PagedRows
 from specd.models.paged_kv import PagedKV, SeqInput
 
 H, HKV, D, BS = 6, 2, 32, 16
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    k = ql.kernel()
-    if k is None:
-        if os.environ.get("CI") and ql.cpu_has_vnni():
-            pytest.fail("the CPU kernels did not build on a CPU that has AVX512-VNNI")
-        pytest.skip("no AVX512-VNNI on this CPU")
-    return k
+@pytest.fixture
+def kernel(cpu_kernels):
+    return cpu_kernels
 
 
 def pools(dtype, blocks=48, seed=0):

@@ -2,22 +2,15 @@
 slow reference of the same maths, and batch invariance (a row's bits never depend on the
 other rows: what makes greedy decoding identical with and without speculation)."""
 
-import os
-
 import pytest
 import torch
 
 from specd.models import qlinear as ql
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    k = ql.kernel()
-    if k is None:
-        if os.environ.get("CI") and ql.cpu_has_vnni():
-            pytest.fail("the qlinear kernel did not build on a CPU that has AVX512-VNNI")
-        pytest.skip("no AVX512-VNNI on this CPU")
-    return k
+@pytest.fixture
+def kernel(cpu_kernels):
+    return cpu_kernels
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -11,31 +11,16 @@ import asyncio
 import itertools
 import logging
 import threading
-from dataclasses import dataclass
 
+from drafter_service.sessions import Sessions
 from protos.specd.v1 import drafter_pb2, drafter_pb2_grpc
-from specd.grammar import Grammars, GrammarState
+from specd.grammar import Grammars
 from specd.model_thread import on_model_thread
-from specd.params import SamplingParams
-from specd.proposal import DraftState, Proposer
+from specd.proposal import Proposer
 from specd.telemetry import DRAFTER_ROUNDS, DRAFTER_SESSIONS, extract_metadata
-from specd.wire import constraint_from_proto, params_from_proto
+from specd.wire import proposal_to_proto
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Session:
-    tokens: list[int]
-    params: SamplingParams
-    span: object = None  # "specd.drafter.session", child of the verifier's request span
-    grammar: GrammarState | None = None  # a constrained request's, at `tokens`
-
-    def commit(self, tokens: list[int]) -> None:
-        self.tokens.extend(tokens)
-        if self.grammar is not None and not self.grammar.consume(tokens):
-            log.warning("committed tokens outside the session's grammar; drafting unconstrained")
-            self.grammar = None
 
 
 class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
@@ -58,7 +43,9 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         self.draft_ahead = draft_ahead and hasattr(proposer, "draft_ahead")
         self.vocab_size = vocab_size
         self.max_draft_tokens = max_draft_tokens
-        self.sessions: dict[tuple[int, int], Session] = {}
+        self.sessions = Sessions(
+            vocab_size, max_draft_tokens, self.grammars, proposer.close, self._session_span
+        )
         self._streams = itertools.count()
         self._lock = threading.Lock()
         self.telemetry = telemetry
@@ -93,95 +80,26 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
 
     def _round(self, stream: int, request: drafter_pb2.DraftRequest) -> drafter_pb2.DraftResponse:
         with self._lock:
-            steps, errors = [], {}
-            for cmd in request.commands:
-                key = (stream, cmd.seq_id)
-                which = cmd.WhichOneof("command")
-                if which == "open":
-                    problem = self._open(key, cmd.open)
-                    if problem:
-                        errors[cmd.seq_id] = problem
-                elif which == "close":
-                    self._close(key)
-                elif which == "step":
-                    session = self.sessions.get(key)
-                    problem = errors.get(cmd.seq_id) or self._check_ids(cmd.step.committed_ids)
-                    if session is None and not problem:
-                        problem = f"no open session for seq_id {cmd.seq_id}"
-                    if not problem and not 0 < cmd.step.k <= self.max_draft_tokens:
-                        problem = f"k must be in [1, {self.max_draft_tokens}], got {cmd.step.k}"
-                    if problem:
-                        steps.append((cmd.seq_id, None, problem))
-                        continue
-                    session.commit(list(cmd.step.committed_ids))
-                    state = DraftState(
-                        key, session.tokens, session.params, cmd.step.k, grammar=session.grammar
-                    )
-                    steps.append((cmd.seq_id, state, ""))
-            states = [s for _, s, _ in steps if s is not None]
+            steps = self.sessions.round(stream, request.commands)
+            states = [s.state for s in steps if s.state is not None]
             if states and self.telemetry is not None:
                 self._rounds.inc()
             proposals = iter(self.proposer.propose(states) if states else [])
             out = drafter_pb2.DraftResponse(round=request.round)
             if request.round == 0:
                 out.drafter = self.name
-            for seq_id, state, problem in steps:
-                msg = out.proposals.add(seq_id=seq_id, error=problem)
-                if state is None:
+            for step in steps:
+                msg = out.proposals.add(seq_id=step.seq_id, error=step.problem)
+                if step.state is None:
                     continue
                 p = next(proposals)
-                msg.tokens.extend(p.tokens)
-                span = self.sessions[state.seq_id].span
+                proposal_to_proto(p, msg)
+                span = self.sessions.get(step.state.seq_id).span
                 if span is not None:
-                    span.add_event("draft.round", {"k": state.k, "proposed": len(p.tokens)})
-                if p.q_ids is not None:
-                    for ids, probs in zip(p.q_ids.tolist(), p.q_probs.tolist(), strict=True):
-                        msg.q.add(ids=ids, probs=probs)
-                for parent, token in p.alts:
-                    msg.alternatives.add(parent=parent, token=token)
+                    span.add_event("draft.round", {"k": step.state.k, "proposed": len(p.tokens)})
             return out
 
-    def _open(self, key, msg: drafter_pb2.Open) -> str:
-        """Start a session -> "" or what is wrong with the command."""
-        problem = self._check_ids(msg.token_ids)
-        try:
-            params = params_from_proto(msg.params)
-            params.validate()
-            grammar = self._grammar(msg)
-        except ValueError as exc:
-            problem = str(exc)
-        if problem:
-            return problem
-        self._close(key)
-        span = self._session_span(msg.trace_context)
-        self.sessions[key] = Session(list(msg.token_ids), params, span, grammar)
-        return ""
-
-    def _grammar(self, msg: drafter_pb2.Open):
-        """The session's grammar at its committed tokens; None when unconstrained, or when
-        this drafter has no tokenizer (it then drafts freely and the verifier cuts)."""
-        constraint = constraint_from_proto(msg.constraint)
-        if constraint is None or self.grammars is None:
-            return None
-        if msg.prompt_length > len(msg.token_ids):
-            raise ValueError("prompt_length exceeds the tokens sent")
-        grammar = self.grammars.start(constraint)
-        if not grammar.consume(list(msg.token_ids[msg.prompt_length :])):
-            raise ValueError("the committed tokens break the constraint")
-        return grammar
-
-    def _check_ids(self, ids) -> str:
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        return f"token ids outside [0, {self.vocab_size}): {bad[:5]}" if bad else ""
-
-    def _close(self, key) -> None:
-        session = self.sessions.pop(key, None)
-        if session is not None:
-            self.proposer.close(key)
-            if session.span is not None:
-                session.span.end()
-
-    def _session_span(self, trace_context):
+    def _session_span(self, trace_context: dict):
         if self.tracer is None or not trace_context:
             return None
         parent = extract_metadata(list(trace_context.items()))
@@ -189,8 +107,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
 
     def _close_stream(self, stream: int) -> None:
         with self._lock:
-            for key in [k for k in self.sessions if k[0] == stream]:
-                self._close(key)
+            self.sessions.close_stream(stream)
 
 
 def build_proposer(config):

@@ -16,14 +16,13 @@ import threading
 import time
 
 import grpc
-import torch
 from opentelemetry import trace
 
 from protos.specd.v1 import drafter_pb2, drafter_pb2_grpc
 from specd.proposal import DraftState, Proposal
 from specd.serving import open_channel
 from specd.telemetry import DRAFTER_FALLBACKS, DRAFTER_RTT, inject_metadata
-from specd.wire import constraint_to_proto, params_to_proto
+from specd.wire import constraint_to_proto, params_to_proto, proposal_from_proto
 
 log = logging.getLogger(__name__)
 
@@ -185,32 +184,13 @@ class RemoteProposer:
         if self._rtt is not None:
             self._rtt.observe(time.perf_counter() - started)
         by_seq = {p.seq_id: p for p in response.proposals}
-        return [self._proposal(by_seq.get(s.seq_id), s.k) for s in states]
+        return [proposal_from_proto(by_seq.get(s.seq_id), s.k) for s in states]
 
     def _fell_back(self, happened: bool = True) -> None:
         if happened:
             self.fallbacks += 1
             if self._fallback_counter is not None:
                 self._fallback_counter.inc()
-
-    @staticmethod
-    def _proposal(msg, k: int) -> Proposal:
-        if msg is None or msg.error:
-            return Proposal()
-        tokens = list(msg.tokens)[:k]
-        alts = [(a.parent, a.token) for a in msg.alternatives]
-        if not msg.q or len(msg.q) < len(tokens):
-            return Proposal(tokens=tokens, alts=alts)
-        m = max(len(q.ids) for q in msg.q[: len(tokens)])
-        ids = torch.zeros(len(tokens), m, dtype=torch.long)
-        probs = torch.zeros(len(tokens), m)
-        for j, q in enumerate(msg.q[: len(tokens)]):
-            ids[j, : len(q.ids)] = torch.tensor(list(q.ids))
-            probs[j, : len(q.probs)] = torch.tensor(list(q.probs))
-        if not torch.isfinite(probs).all() or (probs < 0).any():
-            log.warning("drafter sent a q with NaN, inf or negative mass; round dropped")
-            return Proposal()  # another process's numbers never reach the sampler unchecked
-        return Proposal(tokens=tokens, q_ids=ids, q_probs=probs, alts=alts)
 
     def close(self, seq_id) -> None:
         if self._sent.pop(seq_id, None) is None or not self.available:

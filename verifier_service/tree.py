@@ -41,6 +41,13 @@ def node_paths(proposal: Proposal) -> list[list[int]]:
     return paths
 
 
+def accepted_path(k: int, accepted: int, alternative: int) -> list[int]:
+    """The accepted nodes in order: chain nodes 1..a, then the alternative taken (node
+    k + 1 + alternative) when there is one; `accepted` counts it."""
+    chain = accepted - (alternative >= 0)
+    return list(range(1, chain + 1)) + ([k + 1 + alternative] if alternative >= 0 else [])
+
+
 def moves(root_position: int, path: list[int]) -> list[tuple[int, int]]:
     """K/V copies that put the accepted path at the chain's positions: node n was fed at
     root_position + n; the path's j-th node belongs at root_position + j."""

@@ -131,8 +131,7 @@ def _unpack(items, ks: list[int], out: Verified) -> dict:
         accepted, taken = int(out.accepted[i]), int(out.alternative[i])
         path = None
         if proposal is not None and proposal.alts:  # a tree: the accepted nodes, in order
-            chain = accepted - (taken >= 0)
-            path = list(range(1, chain + 1)) + ([ks[i] + 1 + taken] if taken >= 0 else [])
+            path = tree.accepted_path(ks[i], accepted, taken)
         result[id(w)] = (out.tokens[i, : accepted + 1].tolist(), accepted, path)
     return result
 

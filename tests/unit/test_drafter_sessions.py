@@ -2,6 +2,7 @@
 in order, bad commands answered with a problem and never a crash, sessions closed one by
 one or with their stream, constrained sessions following their grammar."""
 
+from drafter_service.sessions import Sessions
 from protos.specd.v1 import common_pb2, drafter_pb2
 from specd.grammar import Grammars
 from tests.cluster import char_tokenizer
@@ -23,8 +24,6 @@ class Recorder:
 
 def make(grammars=None):
     closed = Recorder()
-    from drafter_service.sessions import Sessions
-
     return Sessions(V, max_draft_tokens=8, grammars=grammars, on_close=closed), closed
 
 

@@ -55,22 +55,23 @@ def tree_round(last: int, target, draft, k: int, chain: str, alts: str, g) -> li
     return emitted
 
 
+def alternatives_of(proposal: Proposal, uniforms=None) -> Alternatives:
+    """One sequence's alternatives in the batched layout [1, A]."""
+    tokens = torch.tensor([t for _, t in proposal.alts], dtype=torch.long).view(1, -1)
+    parents = torch.tensor([p for p, _ in proposal.alts], dtype=torch.long).view(1, -1)
+    return Alternatives(tokens, parents, None if uniforms is None else uniforms[None])
+
+
 def verify_one(probs, q, proposal: Proposal, u, noise, alt_u):
     """One sequence through the batched sampler: (emitted tokens, accepted node path)."""
     k = len(proposal.tokens)
-    alts = Alternatives(
-        torch.tensor([[t for _, t in proposal.alts]], dtype=torch.long).view(1, -1),
-        torch.tensor([[p for p, _ in proposal.alts]], dtype=torch.long).view(1, -1),
-        alt_u[None],
-    )
     drafts = torch.tensor([proposal.tokens], dtype=torch.long)
     out = rejection_sample(
-        probs[None], drafts, q[None], torch.tensor([k]), u[None], noise[None], alts
-    )
+        probs[None], drafts, q[None], torch.tensor([k]), u[None], noise[None],
+        alternatives_of(proposal, alt_u),
+    )  # fmt: skip
     a, taken = int(out.accepted[0]), int(out.alternative[0])
-    chain = a - (taken >= 0)
-    path = list(range(1, chain + 1)) + ([k + 1 + taken] if taken >= 0 else [])
-    return out.tokens[0, : a + 1].tolist(), path
+    return out.tokens[0, : a + 1].tolist(), tree.accepted_path(k, a, taken)
 
 
 def walk(probs, q, proposal: Proposal, u, noise, alt_u):
@@ -186,15 +187,12 @@ def test_seeded_trees_are_deterministic_and_independent_of_their_neighbours():
 
 def greedy_one(argmax: list[int], proposal: Proposal):
     k = len(proposal.tokens)
-    alts = Alternatives(
-        torch.tensor([[t for _, t in proposal.alts]], dtype=torch.long),
-        torch.tensor([[p for p, _ in proposal.alts]], dtype=torch.long),
-    )
     drafts = torch.tensor([proposal.tokens], dtype=torch.long)
-    out = greedy_verify(torch.tensor([argmax]), drafts, torch.tensor([k]), alts)
+    out = greedy_verify(
+        torch.tensor([argmax]), drafts, torch.tensor([k]), alternatives_of(proposal)
+    )
     a, taken = int(out.accepted[0]), int(out.alternative[0])
-    path = list(range(1, a - (taken >= 0) + 1)) + ([k + 1 + taken] if taken >= 0 else [])
-    return out.tokens[0, : a + 1].tolist(), path
+    return out.tokens[0, : a + 1].tolist(), tree.accepted_path(k, a, taken)
 
 
 def test_greedy_walk_takes_the_alternative_that_matches():

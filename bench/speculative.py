@@ -24,7 +24,7 @@ from drafter_service.ngram import NgramProposer
 from specd.config import EngineConfig
 from specd.models.loader import eos_token_ids, load_config, load_model, load_tokenizer, resolve
 from verifier_service.engine import Engine
-from verifier_service.sequence import SpeculationBounds
+from verifier_service.request import Request, SpeculationBounds
 
 WORKLOADS = Path(__file__).parent / "workloads"
 DEFAULT_CONFIGS = "off,draft:2,draft:3,draft:4,draft:6,ngram:3,ngram:5"
@@ -58,7 +58,9 @@ def load_workload(name: str, tokenizer, limit: int | None = None) -> list[list[i
 def generate_one(engine: Engine, ids: list[int], k: int, max_new: int, auto=False) -> list[int]:
     """One request alone through the engine (concurrency 1): its generated tokens."""
     bounds = SpeculationBounds(auto=auto)
-    seq_id = engine.add_request(ids, max_new_tokens=max_new, num_draft=k, speculation=bounds)
+    seq_id = engine.add_request(
+        Request(ids, max_new_tokens=max_new, num_draft=k, speculation=bounds)
+    )
     out = []
     while engine.has_work():
         for o in engine.step():

@@ -99,8 +99,8 @@ class Cluster:
             for server in self.servers.values():
                 await server.stop(0)
             await self.replicas.close()
-            for engine in self.engines:
-                await engine.close()
+            for servicer in self.verifier_servicers:
+                await servicer.close()
 
         self.run(shutdown())
         for engine in self.engines:

@@ -127,7 +127,9 @@ def tiny_pair(tmp_path_factory):
 
 def run_engine(engine, requests: list[dict]) -> dict[int, list[int]]:
     """Add requests, step the engine until idle; returns generated tokens per request."""
-    ids = [engine.add_request(**r) for r in requests]
+    from verifier_service.request import Request
+
+    ids = [engine.add_request(Request(**r)) for r in requests]
     out = {i: [] for i in ids}
     reasons = {}
     for _ in range(10_000):

@@ -1,7 +1,9 @@
-"""One request's state inside the engine, and what a step hands back for it."""
+"""One request's state inside the engine, how a step's tokens land on it, and what a step
+hands back for it."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -10,7 +12,11 @@ import torch
 
 from specd.grammar import GrammarState
 from specd.params import SamplingParams
+from specd.sampling import make_generator
 from verifier_service.controller import PositionAcceptance
+from verifier_service.request import Request, SpeculationBounds
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -37,39 +43,6 @@ class SpecStats:
         return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
 
 
-@dataclass(frozen=True)
-class SpeculationBounds:
-    """What the request's route allows. `auto`: the controller picks k <= num_draft per
-    step within these bounds; otherwise every step drafts num_draft (0: never)."""
-
-    auto: bool = False
-    route: str = "default"
-    draft_below_batch: int = 0  # > 0: no drafts while this many sequences run
-    max_kv_utilization: float = 1.0  # no drafts while the KV pool is fuller than this
-    min_acceptance: float = 0.0  # below this, off for acceptance (probing only)
-
-    def validate(self) -> None:
-        if self.draft_below_batch < 0:
-            raise ValueError("draft_below_batch must be >= 0")
-        for name in ("max_kv_utilization", "min_acceptance"):
-            value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:  # also refuses NaN
-                raise ValueError(f"{name} must be in [0, 1], got {value}")
-
-    @staticmethod
-    def reason(decisions: Counter, rounds: int) -> str:
-        """One reason for the whole request, consistent with its counts: "on" when rounds
-        ran that were not only probes; "probe" when only probes ran; with no rounds, the
-        most frequent reason of its steps ("off:drafter-unavailable" when every step
-        chose to draft and no drafter answered; "off:request" when it never could)."""
-        if rounds:
-            return "on" if decisions.get("on") else "probe"
-        offs = Counter({r: n for r, n in decisions.items() if r not in ("on", "probe")})
-        if offs:
-            return offs.most_common(1)[0][0]
-        return "off:drafter-unavailable" if decisions else "off:request"
-
-
 @dataclass
 class Sequence:
     seq_id: int
@@ -91,12 +64,27 @@ class Sequence:
     speculation: SpeculationBounds = field(default_factory=lambda: SpeculationBounds())
     decisions: Counter = field(default_factory=Counter)  # reason -> decode steps
     off_steps: int = 0  # decode steps since the last round that drafted (for probes)
-    step_decision: tuple[str, float] = ("", 1.0)  # this step: reason, predicted gain
     grammar: GrammarState | None = None  # a constrained request's state at `tokens`
 
     def __post_init__(self):
         if not self.tokens:
             self.tokens = list(self.prompt)
+
+    @classmethod
+    def start(cls, seq_id: int, request: Request, eos_ids, grammar=None) -> Sequence:
+        stops = set(request.stop_ids) | (set() if request.ignore_eos else set(eos_ids))
+        return cls(
+            seq_id,
+            list(request.prompt),
+            request.params,
+            request.max_new_tokens,
+            max(0, request.num_draft),
+            frozenset(stops),
+            make_generator(request.params.seed),
+            span=request.span,
+            speculation=request.speculation,
+            grammar=grammar,
+        )
 
     @property
     def num_generated(self) -> int:
@@ -106,6 +94,32 @@ class Sequence:
     def prefilling(self) -> bool:
         """True until the first token exists (the pending token is then never cached)."""
         return self.num_generated == 0
+
+    def decided(self, reason: str, k: int) -> None:
+        """A decode step ran with this speculation decision and k drafts."""
+        self.decisions[reason] += 1
+        self.off_steps = 0 if k else self.off_steps + 1
+
+    def append(self, tokens: list[int]) -> list[int]:
+        """Commit a round's tokens up to the first that finishes the request (its
+        finish_reason is then set); -> the tokens committed."""
+        self.t_first_token = self.t_first_token or time.time_ns()
+        for n, token in enumerate(tokens, 1):
+            self.tokens.append(token)
+            self.finish_reason = self._finished(token)
+            if self.finish_reason:
+                return tokens[:n]
+        return list(tokens)
+
+    def _finished(self, token: int) -> str | None:
+        """After committing `token`: "stop" at a stop token or once the constraint is
+        complete (a bonus token sampled past that point is dropped), "length", or None."""
+        grammar = self.grammar
+        if grammar is not None and not grammar.consume([token]):
+            log.error("sequence %d: a token its grammar refuses", self.seq_id)  # masked: never
+        if token in self.stop_ids or (grammar is not None and grammar.done):
+            return "stop"
+        return "length" if self.num_generated >= self.max_new_tokens else None
 
 
 @dataclass

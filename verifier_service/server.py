@@ -13,8 +13,9 @@ from protos.specd.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from specd.telemetry import extract_metadata
 from specd.wire import constraint_from_proto, params_from_proto, speculation_to_proto
 from verifier_service.engine import Engine
+from verifier_service.frontend import AsyncEngine
 from verifier_service.load import TokenRate, VerifierMetrics
-from verifier_service.sequence import SpeculationBounds
+from verifier_service.request import Request, SpeculationBounds
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_MS = 500  # the hint sent with RESOURCE_EXHAUSTED
@@ -23,6 +24,7 @@ RETRY_AFTER_MS = 500  # the hint sent with RESOURCE_EXHAUSTED
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     def __init__(self, engine: Engine, model_name: str, max_queue: int = 256, telemetry=None):
         self.engine = engine
+        self.frontend = AsyncEngine(engine)
         self.model_name = model_name
         self.max_queue = max_queue
         self.rate = TokenRate()
@@ -30,6 +32,10 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self.draining = asyncio.Event()  # set on SIGTERM: load watches end
         self.metrics = VerifierMetrics(telemetry, self) if telemetry is not None else None
         self.tracer = telemetry.tracer if telemetry is not None and telemetry.tracing else None
+
+    async def close(self) -> None:
+        """Stop the engine's step loop."""
+        await self.frontend.close()
 
     def _drafter_available(self) -> bool:
         proposer = self.engine.proposer
@@ -66,24 +72,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             constraint = constraint_from_proto(request.constraint)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        stream = self.engine.generate(
-            list(request.prompt_ids),
-            params_from_proto(request.params),
-            max_new_tokens=request.max_new_tokens,
-            num_draft=k,
-            stop_ids=set(request.stop_ids),
-            ignore_eos=request.ignore_eos,
-            span=span,
-            speculation=SpeculationBounds(
-                auto=request.auto,
-                route=route,
-                draft_below_batch=request.draft_below_batch,
-                # the route's bounds bind `auto` requests (a forced k drafts regardless)
-                max_kv_utilization=request.max_kv_utilization if request.auto else 1.0,
-                min_acceptance=request.min_acceptance if request.auto else 0.0,
-            ),
-            constraint=constraint,
-        )
+        stream = self.frontend.generate(_request(request, route, k, constraint, span))
         try:
             try:
                 out = await anext(stream)
@@ -98,26 +87,29 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                         "the request was dropped (see the verifier's log)",
                     )
                 generated += len(out.tokens)
-                self.rate.add(len(out.tokens))
-                if self.metrics is not None:
-                    self.metrics.step(route, out)
-                msg = verifier_pb2.VerifyGenerateResponse(
-                    token_ids=out.tokens,
-                    finish_reason=out.finish_reason or "",
-                    usage=common_pb2.Usage(
-                        prompt_tokens=len(request.prompt_ids), completion_tokens=generated
-                    ),
-                )
-                if out.finish_reason and out.stats is not None:
-                    msg.speculation.CopyFrom(speculation_to_proto(out.stats, k))
-                    if span is not None:
-                        self._phase_spans(span, out.stats, out.timing)
-                yield msg
+                yield self._response(request, route, k, out, generated, span)
                 if out.finish_reason:
                     return
                 out = await anext(stream)
         finally:
             await stream.aclose()  # a cancelled call frees the sequence's KV now
+
+    def _response(self, request, route: str, k: int, out, generated: int, span):
+        self.rate.add(len(out.tokens))
+        if self.metrics is not None:
+            self.metrics.step(route, out)
+        msg = verifier_pb2.VerifyGenerateResponse(
+            token_ids=out.tokens,
+            finish_reason=out.finish_reason or "",
+            usage=common_pb2.Usage(
+                prompt_tokens=len(request.prompt_ids), completion_tokens=generated
+            ),
+        )
+        if out.finish_reason and out.stats is not None:
+            msg.speculation.CopyFrom(speculation_to_proto(out.stats, k))
+            if span is not None:
+                self._phase_spans(span, out.stats, out.timing)
+        return msg
 
     def _phase_spans(self, span, stats, timing) -> None:
         """Queueing and prefill as child spans, from the engine's timestamps."""
@@ -168,6 +160,28 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             max_draft_tokens=self.engine.config.max_draft_tokens,
             drafter=getattr(self.engine.proposer, "drafter", ""),
         )
+
+
+def _request(request, route: str, k: int, constraint, span) -> Request:
+    auto = request.auto  # the route's bounds bind `auto` requests (a forced k drafts anyway)
+    bounds = SpeculationBounds(
+        auto=auto,
+        route=route,
+        draft_below_batch=request.draft_below_batch,
+        max_kv_utilization=request.max_kv_utilization if auto else 1.0,
+        min_acceptance=request.min_acceptance if auto else 0.0,
+    )
+    return Request(
+        list(request.prompt_ids),
+        params_from_proto(request.params),
+        max_new_tokens=request.max_new_tokens,
+        num_draft=k,
+        stop_ids=frozenset(request.stop_ids),
+        ignore_eos=request.ignore_eos,
+        speculation=bounds,
+        constraint=constraint,
+        span=span,
+    )
 
 
 def build_engine(config, telemetry=None):
@@ -237,3 +251,4 @@ async def serve(config, ready=None, engine=None, model_name="") -> None:
     if ready is not None:
         ready(port)
     await serve_until_signal(server, health, config.drain_seconds, servicer.draining)
+    await servicer.close()

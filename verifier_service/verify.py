@@ -6,6 +6,8 @@ out for them and reads their results back."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from specd.proposal import Proposal
@@ -21,6 +23,16 @@ from specd.sampling import (
     sparse_to_dense,
 )
 from verifier_service import tree
+from verifier_service.drafting import Round
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one round emits."""
+
+    tokens: list[int]  # the accepted drafts, then the token the target chose after them
+    accepted: int  # drafts accepted (an accepted alternative counts)
+    path: list[int] | None  # a tree's accepted nodes in order (None for a chain)
 
 
 def _target_rows(seq, proposal: Proposal | None, rows: torch.Tensor) -> torch.Tensor:
@@ -39,17 +51,16 @@ def _draft_q(proposal: Proposal | None, drafts: torch.Tensor, vocab: int) -> tor
     return sparse_to_dense(proposal.q_ids, proposal.q_probs.float(), vocab)
 
 
-def verify_rounds(rounds, proposals: dict, logits: torch.Tensor, vocab: int) -> dict:
-    """rounds: the step's works with logits, in forward order; logits [sum(nodes_i), V]
-    (nodes = 1 + k + alternatives: a chain is a tree without alternatives). -> {id(work):
-    (emitted tokens, number of drafts accepted, accepted tree path or None for a chain)}."""
+def verify_rounds(rounds: list[Round], logits: torch.Tensor, vocab: int) -> dict[int, Verdict]:
+    """rounds: the step's rounds with logits, in forward order; logits [sum(nodes_i), V]
+    (nodes = 1 + k + alternatives: a chain is a tree without alternatives), masked here
+    for constrained rounds. -> seq_id -> Verdict."""
+    _mask(rounds, logits)
     greedy, sampled, offset = [], [], 0
-    for w in rounds:
-        proposal = proposals.get(w.seq.seq_id)
-        nodes = 1 + (len(proposal.tokens) + len(proposal.alts) if proposal is not None else 0)
-        item = (w, proposal, logits[offset : offset + nodes])  # rows [nodes, V]
-        offset += nodes
-        (greedy if w.seq.params.greedy else sampled).append(item)
+    for r in rounds:
+        item = (r, logits[offset : offset + r.num_logits])  # rows [nodes, V]
+        offset += r.num_logits
+        (greedy if r.seq.params.greedy else sampled).append(item)
     result = {}
     if greedy:
         result.update(_greedy(greedy))
@@ -58,26 +69,39 @@ def verify_rounds(rounds, proposals: dict, logits: torch.Tensor, vocab: int) -> 
     return result
 
 
+def _mask(rounds: list[Round], logits: torch.Tensor) -> None:
+    """Constrained rounds: -inf, in place, at every token their grammar forbids, at every
+    node (specd/grammar.py). Every verification below then works on the masked target,
+    so it stays exact for it."""
+    offset = 0
+    with torch.inference_mode():  # the forward's output is an inference tensor
+        for r in rounds:
+            if r.mask is not None:
+                rows = logits[offset : offset + r.num_logits]
+                rows.masked_fill_(~r.mask[: r.num_logits].to(rows.device), float("-inf"))
+            offset += r.num_logits
+
+
 def _shapes(items) -> tuple[list[int], list[int], int, int]:
-    ks = [len(p.tokens) if p is not None else 0 for _, p, _ in items]
-    alts = [len(p.alts) if p is not None else 0 for _, p, _ in items]
+    ks = [r.k for r, _ in items]
+    alts = [len(r.proposal.alts) if r.proposal is not None else 0 for r, _ in items]
     return ks, alts, max(ks), max(alts)
 
 
 def _alternatives(items, a_max: int, uniforms=None) -> Alternatives:
     tokens = torch.zeros(len(items), a_max, dtype=torch.long)
     parents = torch.full((len(items), a_max), -1, dtype=torch.long)
-    for i, (_, proposal, _) in enumerate(items):
-        for j, (parent, token) in enumerate(proposal.alts if proposal is not None else []):
+    for i, (r, _) in enumerate(items):
+        for j, (parent, token) in enumerate(r.proposal.alts if r.proposal is not None else []):
             parents[i, j], tokens[i, j] = parent, token
     return Alternatives(tokens, parents, uniforms)
 
 
 def _drafts(items, k_max: int) -> torch.Tensor:
     drafts = torch.zeros(len(items), k_max, dtype=torch.long)
-    for i, (_, proposal, _) in enumerate(items):
-        if proposal is not None and proposal.tokens:
-            drafts[i, : len(proposal.tokens)] = torch.tensor(proposal.tokens, dtype=torch.long)
+    for i, (r, _) in enumerate(items):
+        if r.k:
+            drafts[i, : r.k] = torch.tensor(r.proposal.tokens, dtype=torch.long)
     return drafts
 
 
@@ -91,9 +115,9 @@ def _place(target: torch.Tensor, i: int, rows: torch.Tensor, k: int, k_max: int)
 def _greedy(items) -> dict:
     ks, alts, k_max, a_max = _shapes(items)
     argmax = torch.zeros(len(items), k_max + 1 + a_max, dtype=torch.long)
-    for i, (w, proposal, rows) in enumerate(items):
-        if w.seq.params.repetition_penalty != 1.0:
-            rows = _target_rows(w.seq, proposal, rows)
+    for i, (r, rows) in enumerate(items):
+        if r.seq.params.repetition_penalty != 1.0:
+            rows = _target_rows(r.seq, r.proposal, rows)
         _place(argmax, i, rows.argmax(-1).cpu(), ks[i], k_max)
     out = greedy_verify(
         argmax, _drafts(items, k_max), torch.tensor(ks), _alternatives(items, a_max)
@@ -107,11 +131,11 @@ def _sampled(items, vocab: int) -> dict:
     target = torch.zeros(n, k_max + 1 + a_max, vocab)
     q = torch.zeros(n, k_max, vocab)
     drafts = _drafts(items, k_max)
-    for i, (w, proposal, rows) in enumerate(items):
-        _place(target, i, _target_rows(w.seq, proposal, rows).cpu(), ks[i], k_max)
+    for i, (r, rows) in enumerate(items):
+        _place(target, i, _target_rows(r.seq, r.proposal, rows).cpu(), ks[i], k_max)
         if ks[i]:
-            q[i, : ks[i]] = _draft_q(proposal, drafts[i, : ks[i]], vocab)
-    generators = [w.seq.generator for w, _, _ in items]
+            q[i, : ks[i]] = _draft_q(r.proposal, drafts[i, : ks[i]], vocab)
+    generators = [r.seq.generator for r, _ in items]
     uniforms, noise, alt_uniforms = draw_randomness(generators, ks, vocab, alts)
     out = rejection_sample(
         target,
@@ -125,26 +149,12 @@ def _sampled(items, vocab: int) -> dict:
     return _unpack(items, ks, out)
 
 
-def _unpack(items, ks: list[int], out: Verified) -> dict:
+def _unpack(items, ks: list[int], out: Verified) -> dict[int, Verdict]:
     result = {}
-    for i, (w, proposal, _) in enumerate(items):
+    for i, (r, _) in enumerate(items):
         accepted, taken = int(out.accepted[i]), int(out.alternative[i])
         path = None
-        if proposal is not None and proposal.alts:  # a tree: the accepted nodes, in order
+        if r.proposal is not None and r.proposal.alts:  # a tree: the accepted nodes
             path = tree.accepted_path(ks[i], accepted, taken)
-        result[id(w)] = (out.tokens[i, : accepted + 1].tolist(), accepted, path)
+        result[r.slot.seq_id] = Verdict(out.tokens[i, : accepted + 1].tolist(), accepted, path)
     return result
-
-
-def mask_logits(rounds, masks: dict, logits: torch.Tensor) -> None:
-    """Constrained sequences: -inf, in place, at every token their grammar forbids, at
-    every node (masks: seq_id -> bool [nodes, V], specd/grammar.py). Every verification
-    path below then works on the masked target, so it stays exact for it."""
-    offset = 0
-    with torch.inference_mode():  # the forward's output is an inference tensor
-        for w in rounds:
-            mask = masks.get(w.seq.seq_id)
-            if mask is not None:
-                rows = logits[offset : offset + w.num_logits]
-                rows.masked_fill_(~mask[: w.num_logits].to(rows.device), float("-inf"))
-            offset += w.num_logits

@@ -17,10 +17,11 @@ from specd.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specd.models.loader import eos_token_ids, load_config, load_model, load_tokenizer
 from tests.conftest import real_model_or_skip
 from verifier_service.engine import Engine
+from verifier_service.request import Request
 
 
 def _run(engine, requests):
-    ids = [engine.add_request(**r) for r in requests]
+    ids = [engine.add_request(Request(**r)) for r in requests]
     out, reasons = {i: [] for i in ids}, {}
     while engine.has_work():
         for o in engine.step():

@@ -122,7 +122,7 @@ def tls_stack(tiny_pair, tmp_path_factory):
             verifier=vport,
             router=rport,
             replicas=replicas,
-            engine=engine,
+            verifier_servicer=verifier,
             cert=cert,
             http=hport,
             door=door,
@@ -133,7 +133,7 @@ def tls_stack(tiny_pair, tmp_path_factory):
     yield c
     c.run(c.tls["door"].cleanup())
     c.run(c.tls["replicas"].close())
-    c.run(c.tls["engine"].close())
+    c.run(c.tls["verifier_servicer"].close())
     c.close()
 
 

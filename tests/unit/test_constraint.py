@@ -21,6 +21,7 @@ from specd.proposal import Proposal
 from tests.cluster import char_tokenizer
 from tests.unit.test_engine_exactness import chi_square_ok
 from verifier_service.engine import Engine
+from verifier_service.request import Request
 
 V = 96  # the tiny models' vocabulary: printable ASCII, id = ord(c) - 32
 SCHEMA = {
@@ -147,7 +148,7 @@ def test_outputs_keep_to_the_constraint_and_greedy_is_the_same_on_and_off(tiny_p
                 )
                 for i, p in enumerate(PROMPTS)
             ]
-            ids_ = [engine.add_request(**r) for r in requests]
+            ids_ = [engine.add_request(Request(**r)) for r in requests]
             got, reasons = {i: [] for i in ids_}, {}
             while engine.has_work():
                 for o in engine.step():
@@ -180,9 +181,8 @@ def test_rejected_drafts_leave_the_grammar_as_if_never_proposed(tiny_pair):
     state fed only the committed tokens (same next-token mask, same count)."""
     engine = _engine(tiny_pair, "model", alternatives=2)
     constraint = Constraint("json_schema", json.dumps(SCHEMA))
-    seq_id = engine.add_request(
-        PROMPTS[0], SamplingParams(temperature=1.0, seed=3), 64, num_draft=4, constraint=constraint
-    )
+    seeded = SamplingParams(temperature=1.0, seed=3)
+    seq_id = engine.add_request(Request(PROMPTS[0], seeded, 64, num_draft=4, constraint=constraint))
     seq = engine.sequence(seq_id)
     while engine.has_work():
         engine.step()
@@ -238,7 +238,7 @@ def test_sampling_follows_the_masked_target(tiny_pair, alternatives):
     for i in range(n):
         seeded = SamplingParams(temperature=1.0, seed=500 + i)
         constraint = Constraint("regex", regex)
-        out[engine.add_request(prompt, seeded, 4, num_draft=2, constraint=constraint)] = []
+        out[engine.add_request(Request(prompt, seeded, 4, num_draft=2, constraint=constraint))] = []
     while engine.has_work():
         for o in engine.step():
             out[o.seq_id].extend(o.tokens)

@@ -10,7 +10,7 @@ from verifier_service.controller import (
     RouteAcceptance,
     expected_tokens,
 )
-from verifier_service.sequence import SpeculationBounds
+from verifier_service.request import SpeculationBounds
 
 # one decode step of the 1.5B target at int4 on the 2-core CPU, by rows in the forward,
 # and one draft step of the 0.5B drafter by sequences, plus a round's fixed part (catch-up,

@@ -12,7 +12,8 @@ from specd.params import SamplingParams
 from specd.proposal import DraftState
 from tests.conftest import run_engine
 from verifier_service.engine import Engine
-from verifier_service.sequence import SpeculationBounds
+from verifier_service.frontend import AsyncEngine
+from verifier_service.request import Request, SpeculationBounds
 
 PROMPTS = [
     [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9],  # repetitive: n-gram finds matches
@@ -154,7 +155,7 @@ def test_cancel_frees_both_caches(tiny_pair):
     engine = make_engine(tiny_pair, "draft")
 
     async def main():
-        gen = engine.generate(PROMPTS[3], max_new_tokens=200, num_draft=3)
+        gen = AsyncEngine(engine).generate(Request(PROMPTS[3], max_new_tokens=200, num_draft=3))
         seen = 0
         async for out in gen:
             seen += len(out.tokens)
@@ -182,7 +183,7 @@ def test_bad_requests_are_refused(tiny_pair):
         dict(prompt=[1], params=SamplingParams(temperature=-1)),
     ):
         with pytest.raises(ValueError):
-            engine.add_request(**bad)
+            engine.add_request(Request(**bad))
     assert not engine.has_work()
 
 
@@ -221,7 +222,12 @@ def test_a_failing_step_fails_requests_instead_of_hanging(tiny_pair):
     async def main():
         engine.model.forward = flaky
         try:
-            outs = [o async for o in engine.generate(PROMPTS[0], max_new_tokens=50, num_draft=2)]
+            outs = [
+                o
+                async for o in AsyncEngine(engine).generate(
+                    Request(PROMPTS[0], max_new_tokens=50, num_draft=2)
+                )
+            ]
         finally:
             del engine.model.forward  # back to the class's method (the model is shared)
         return outs

@@ -13,6 +13,7 @@ from specd.models.paged_kv import PagedKV, SeqInput
 from specd.params import SamplingParams
 from specd.sampling import logits_to_probs
 from verifier_service.engine import Engine
+from verifier_service.request import Request
 
 PROMPT = [11, 12, 13, 14, 15, 16]
 N = 3000
@@ -80,7 +81,7 @@ def test_engine_sampling_follows_the_target(tiny_pair, params, alternatives):
     out = {}
     for i in range(N):
         seed_params = SamplingParams(**{**params.__dict__, "seed": 1000 + i})
-        out[engine.add_request(PROMPT, seed_params, max_new_tokens=4, num_draft=2)] = []
+        out[engine.add_request(Request(PROMPT, seed_params, max_new_tokens=4, num_draft=2))] = []
     while engine.has_work():
         for o in engine.step():
             out[o.seq_id].extend(o.tokens)

@@ -1,0 +1,150 @@
+"""The scheduler alone (no model): what a plan holds, every KV reservation it makes, how it
+gives way when blocks run short, and the draft decisions behind each decode slot."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from specd.config import EngineConfig
+from specd.kvcache import BlockAllocator
+from specd.params import SamplingParams
+from verifier_service.decisions import DraftDecisions
+from verifier_service.request import Request, SpeculationBounds
+from verifier_service.scheduler import Scheduler
+from verifier_service.sequence import Sequence
+
+BLOCK = 4
+
+
+def _scheduler(num_blocks: int = 64, **config) -> Scheduler:
+    config.setdefault("block_size", BLOCK)
+    return Scheduler(BlockAllocator(num_blocks, BLOCK), EngineConfig(**config))
+
+
+def _seq(seq_id: int, prompt_len: int = 6, num_draft: int = 4, **request) -> Sequence:
+    request = Request(
+        list(range(1, prompt_len + 1)), SamplingParams(), num_draft=num_draft, **request
+    )
+    return Sequence.start(seq_id, request, eos_ids=())
+
+
+def _decoding(sched: Scheduler, *seqs: Sequence) -> None:
+    """Admit and prefill the sequences, as the engine would, and give each a first token."""
+    for seq in seqs:
+        sched.add(seq)
+    for slot in sched.schedule():
+        assert not slot.decode and slot.logits
+        slot.seq.num_cached += len(slot.tokens)
+        slot.seq.append([7])
+
+
+def test_a_fresh_prompt_is_one_prefill_slot_with_logits_and_its_blocks_reserved():
+    sched = _scheduler()
+    seq = _seq(0, prompt_len=6, num_draft=4)
+    sched.add(seq)
+    (slot,) = sched.schedule()
+    assert (slot.decode, slot.tokens, slot.logits, slot.k) == (False, tuple(range(1, 7)), True, 0)
+    # admission reserves the prompt + the most it may draft + 1
+    assert len(sched.allocator.block_table(0)) == sched.allocator.blocks_for(6 + 4 + 1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        slot.k = 3  # nothing after the scheduler changes a plan
+
+
+def test_long_prompts_are_chunked_to_the_token_budget():
+    sched = _scheduler(max_batched_tokens=10, max_draft_tokens=4)
+    seq = _seq(0, prompt_len=25)
+    sched.add(seq)
+    chunks = []
+    while seq.num_cached < len(seq.prompt):
+        (slot,) = sched.schedule()
+        chunks.append((len(slot.tokens), slot.logits))
+        seq.num_cached += len(slot.tokens)
+    assert chunks == [(10, False), (10, False), (5, True)]
+
+
+def test_decode_slots_get_k_and_one_leaf_per_draft_within_the_tree_room():
+    sched = _scheduler(max_tree_tokens=16)
+    a, b = _seq(0, num_draft=4), _seq(1, num_draft=4)
+    _decoding(sched, a, b)
+    first, second = sched.schedule()
+    assert first.decode and first.tokens == (7,) and first.k == 4
+    # 16 rows - 2 * (1 + 4) = 6 leaves: 4 beside the first sequence's drafts, 2 for the next
+    assert (first.alts, second.alts) == (4, 2)
+    for slot in (first, second):
+        reserved = len(sched.allocator.block_table(slot.seq_id)) * BLOCK
+        assert reserved >= slot.seq.num_cached + 1 + slot.k + slot.alts
+        assert slot.decision.reason == "on"
+
+
+def test_short_of_blocks_the_leaves_go_first_then_k_then_the_newest_sequence():
+    sched = _scheduler(num_blocks=6, max_tree_tokens=16)
+    a, b = _seq(0, prompt_len=6, num_draft=4), _seq(1, prompt_len=6, num_draft=4)
+    _decoding(sched, a, b)  # admission: ceil((6 + 4 + 1) / 4) = 3 blocks each, the whole pool
+    assert sched.allocator.num_free == 0
+    first, second = sched.schedule()
+    # 6 cached + 1 + 4 drafts fit the 3 blocks; 4 leaves more would need a 4th
+    assert [(s.k, s.alts) for s in (first, second)] == [(4, 0), (4, 0)]
+    # a grows past its blocks: k goes down to what fits...
+    a.num_cached, a.tokens = 10, a.tokens + [7] * 4
+    (first, second) = sched.schedule()
+    assert (first.k, first.alts) == (1, 0) and second.k == 4
+    # ...and when not even k = 0 fits, the newest running sequence is preempted
+    a.num_cached, a.tokens = 12, a.tokens + [7] * 2
+    plan = sched.schedule()
+    assert [(s.seq_id, s.k, s.alts) for s in plan] == [(0, 4, 4)]
+    assert list(sched.waiting) == [b] and b.num_cached == 0 and 1 not in sched.allocator
+
+
+def test_batch_invariant_steps_never_mix_prefill_and_decode_and_alternate():
+    sched = _scheduler(batch_invariant=True)
+    a = _seq(0)
+    _decoding(sched, a)
+    sched.add(_seq(1))
+    kinds = [tuple(s.decode for s in sched.schedule()) for _ in range(3)]
+    assert kinds == [(True,), (False,), (True,)]  # after a prefill step a decode step
+
+
+def test_without_invariance_prefill_rides_along_and_the_leaves_go():
+    sched = _scheduler(batch_invariant=False)
+    a = _seq(0)
+    _decoding(sched, a)
+    sched.add(_seq(1))
+    plan = sched.schedule()
+    assert [s.decode for s in plan] == [True, False]
+    assert plan[0].k == 4 and plan[0].alts == 0
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_decisions_gate_on_the_largest_recent_batch_and_on_kv():
+    sched = _scheduler()
+    clock = FakeClock()
+    decide = DraftDecisions(sched.controller, sched.config, clock).decide
+    gated = _seq(0, speculation=SpeculationBounds(draft_below_batch=3, max_kv_utilization=0.5))
+    plain = _seq(1, num_draft=0)
+    assert decide([gated, plain], batch=3, kv_used=0.1) == [
+        (0, "off:batch", 1.0),
+        (0, "off:request", 1.0),
+    ]
+    clock.now = 0.5  # the batch fell to 2, but a batch of 3 was seen within the last second
+    assert decide([gated], batch=2, kv_used=0.1)[0].reason == "off:batch"
+    clock.now = 2.0
+    assert decide([gated], batch=2, kv_used=0.1)[0] == (4, "on", 1.0)
+    assert decide([gated], batch=2, kv_used=0.6)[0].reason == "off:kv"
+
+
+def test_decisions_never_draft_past_the_tokens_left_or_the_engine_bound():
+    sched = _scheduler(max_draft_tokens=3)
+    decide = DraftDecisions(sched.controller, sched.config).decide
+    seq = _seq(0, num_draft=8, max_new_tokens=10)
+    assert decide([seq], batch=1, kv_used=0.0)[0].k == 3
+    seq.append([7] * 8)  # 2 tokens left: one draft, then the bonus token
+    assert decide([seq], batch=1, kv_used=0.0)[0].k == 1

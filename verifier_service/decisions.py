@@ -1,0 +1,67 @@
+"""How many drafts each decoding sequence may have this step, and why.
+
+None past its route's batch or KV bound; `auto` sequences as the controller plans from
+measured costs and acceptance (verifier_service/controller.py); the others as asked.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import NamedTuple
+
+from specd.config import EngineConfig
+from verifier_service.controller import Candidate, Controller, expected_tokens
+from verifier_service.sequence import Sequence
+
+
+class Decision(NamedTuple):
+    k: int  # drafts allowed this step
+    reason: str  # "on", "probe", "off:batch", "off:kv", "off:request", "off:cost", ...
+    gain: float  # the controller's predicted speed-up (1.0 when it did not plan)
+
+
+class DraftDecisions:
+    def __init__(self, controller: Controller, config: EngineConfig, clock=time.monotonic):
+        self.controller = controller
+        self.config = config
+        self.clock = clock
+        self._batch_history: deque[tuple[float, int]] = deque()
+
+    def decide(self, ready: list[Sequence], batch: int, kv_used: float) -> list[Decision]:
+        """`batch`: sequences running + waiting; `kv_used`: the KV pool's utilization."""
+        recent = self._recent_batch(batch)
+        fixed: dict[int, Decision] = {}
+        candidates, auto, fixed_rows, fixed_tokens = [], [], 0, 0.0
+        for i, seq in enumerate(ready):
+            bounds = seq.speculation
+            remaining = seq.max_new_tokens - seq.num_generated
+            k = max(0, min(seq.num_draft, self.config.max_draft_tokens, remaining - 1))
+            accept = self.controller.accept_rates(bounds.route, seq.positions)
+            reason = "on" if k else "off:request"
+            if k and bounds.draft_below_batch and recent >= bounds.draft_below_batch:
+                k, reason = 0, "off:batch"
+            elif k and kv_used > bounds.max_kv_utilization:
+                k, reason = 0, "off:kv"
+            elif k and bounds.auto:
+                probe = seq.off_steps + 1 >= self.controller.config.probe_every
+                candidates.append(Candidate(k, accept, probe, bounds.min_acceptance))
+                auto.append(i)
+                continue
+            fixed[i] = Decision(k, reason, 1.0)
+            fixed_rows += 1 + k
+            fixed_tokens += expected_tokens(accept, k)
+        plan = self.controller.plan(candidates, fixed_rows, fixed_tokens)
+        for i, k, reason in zip(auto, plan.ks, plan.reasons, strict=True):
+            fixed[i] = Decision(k, reason, plan.gain)
+        return [fixed[i] for i in range(len(ready))]
+
+    def _recent_batch(self, size: int) -> int:
+        """The largest batch over the last `draft_gate_memory_s`: a one-step dip (a
+        request finished, the next not yet admitted) must not switch the whole batch to
+        drafting, whose catch-up forward costs more than that step gains."""
+        now, history = self.clock(), self._batch_history
+        history.append((now, size))
+        while history[0][0] < now - self.config.draft_gate_memory_s:
+            history.popleft()
+        return max(n for _, n in history)

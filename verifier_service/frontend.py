@@ -1,0 +1,74 @@
+"""The engine for asyncio callers: `generate` streams one request's outputs while one
+loop task runs the engine's steps on the model thread, so the event loop keeps serving
+while the model runs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from specd.model_thread import on_model_thread
+from verifier_service.engine import Engine
+from verifier_service.request import Request
+from verifier_service.sequence import StepOutput
+
+log = logging.getLogger(__name__)
+
+
+class AsyncEngine:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._queues: dict[int, asyncio.Queue] = {}
+        self._loop_task: asyncio.Task | None = None
+        self._wake = asyncio.Event()
+
+    async def generate(self, request: Request) -> AsyncIterator[StepOutput]:
+        """Yield each step's new tokens for one request; the last output has
+        finish_reason. ValueError (before any output) when the request cannot be served.
+        Leaving early (cancel, break) aborts the request and frees its KV."""
+        seq_id = self.engine.add_request(request)
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[seq_id] = queue
+        self._ensure_loop()
+        finished = False
+        try:
+            while not finished:
+                out = await queue.get()
+                finished = out.finish_reason is not None
+                yield out
+        finally:
+            self._queues.pop(seq_id, None)
+            if not finished:
+                self.engine.abort(seq_id)
+                self._ensure_loop()
+
+    def _ensure_loop(self) -> None:
+        self._wake.set()
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.get_running_loop().create_task(self._run())
+
+    async def close(self) -> None:
+        """Stop the step loop (the servers call this on shutdown)."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+
+    async def _run(self) -> None:
+        engine = self.engine
+        while True:
+            if not engine.has_work():
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                outputs = await on_model_thread("verifier", engine.step)  # model_thread.py
+            except Exception:  # never leave requests waiting on a dead loop
+                log.exception("engine step failed; failing the running requests")
+                outputs = engine.fail_all()
+            for out in outputs:
+                queue = self._queues.get(out.seq_id)
+                if queue is not None:
+                    queue.put_nowait(out)

@@ -156,28 +156,29 @@ def run_soak(
         list(pool.map(one, requests))
     result.seconds = time.perf_counter() - started
 
-    # cancelled and timed-out requests free their KV asynchronously: allow a moment
-    deadline = time.monotonic() + 10
-    while True:
-        load = verifier_load(verifier)
-        result.drained = {
-            "kv_blocks_used": load.kv_blocks_used,
-            "running": load.running,
-            "waiting": load.waiting,
-        }
-        if drafter_metrics_port:
-            sessions = scrape(drafter_metrics_port, "specd:drafter_sessions")
-            result.drained["drafter_sessions"] = int(sessions)
-        if all(v == 0 for v in result.drained.values()) or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    result.drained = _drained(verifier, drafter_metrics_port)
     for role, read in (rss or {}).items():
         end = read()
         result.rss[role] = {"warm": warm[role], "end": end, "growth": end / warm[role] - 1}
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
+def _drained(verifier: str, drafter_metrics_port: int, wait_s: float = 10) -> dict[str, int]:
+    """What is still held after the run: KV blocks, running and waiting sequences, drafter
+    sessions. Cancelled and timed-out requests free theirs asynchronously: wait a moment."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        load = verifier_load(verifier)
+        held = {"kv_blocks_used": load.kv_blocks_used, "running": load.running}
+        held["waiting"] = load.waiting
+        if drafter_metrics_port:
+            held["drafter_sessions"] = int(scrape(drafter_metrics_port, "specd:drafter_sessions"))
+        if all(v == 0 for v in held.values()) or time.monotonic() > deadline:
+            return held
+        time.sleep(0.2)
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specd bench soak", description=__doc__.split("\n")[0])
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--concurrency", type=int, default=8)
@@ -190,37 +191,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--json", help="write the result here")
     p.add_argument("--no-progress", action="store_true")
-    args = p.parse_args(argv)
-    if bool(args.target) != bool(args.verifier):
-        p.error("--target and --verifier go together")
+    return p
 
-    requests = mixed_requests(args.requests, args.seed, args.max_new_tokens)
-    bar = None if args.no_progress else tqdm(total=len(requests), desc="soak")
-    progress = bar.update if bar is not None else None
-    if args.target:
-        result = run_soak(args.target, args.verifier, requests, args.concurrency, None, 0, progress)
-    else:
-        logs = Path(tempfile.mkdtemp(prefix="specd-soak-"))
-        cluster = start_services(args.model, args.draft_model, args.dtype, logs)
-        services = [cluster[r] for r in ("router", "verifier", "drafter")]
-        try:
-            result = run_soak(
-                cluster["router"].address,
-                cluster["verifier"].address,
-                requests,
-                args.concurrency,
-                {s.role: s.rss_bytes for s in services},
-                cluster["drafter_metrics_port"],
-                progress,
-            )
-        finally:
-            for s in services:
-                s.stop()
+
+def _soak_started_services(args, requests, progress) -> SoakResult:
+    """Start the three services here (their RSS and the drafter's sessions are checked)."""
+    logs = Path(tempfile.mkdtemp(prefix="specd-soak-"))
+    cluster = start_services(args.model, args.draft_model, args.dtype, logs)
+    services = [cluster[r] for r in ("router", "verifier", "drafter")]
+    try:
+        return run_soak(
+            cluster["router"].address,
+            cluster["verifier"].address,
+            requests,
+            args.concurrency,
+            {s.role: s.rss_bytes for s in services},
+            cluster["drafter_metrics_port"],
+            progress,
+        )
+    finally:
+        for s in services:
+            s.stop()
         print(f"service logs: {logs}")
-    if bar is not None:
-        bar.close()
 
-    print(f"{result.requests} requests in {result.seconds:.1f}s, concurrency {args.concurrency}")
+
+def _report(result: SoakResult, concurrency: int) -> None:
+    print(f"{result.requests} requests in {result.seconds:.1f}s, concurrency {concurrency}")
     for key, count in sorted(result.outcomes.items()):
         print(f"  {key:32s} {count}")
     print(f"unexpected errors: {result.unexpected}")
@@ -233,6 +229,22 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['end'] / 2**20:.0f} MiB ({100 * r['growth']:+.1f}%)"
         )
     print("PASS" if result.ok else "FAIL")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
+    args = p.parse_args(argv)
+    if bool(args.target) != bool(args.verifier):
+        p.error("--target and --verifier go together")
+    requests = mixed_requests(args.requests, args.seed, args.max_new_tokens)
+    with tqdm(total=len(requests), desc="soak", disable=args.no_progress) as bar:
+        if args.target:
+            result = run_soak(
+                args.target, args.verifier, requests, args.concurrency, None, 0, bar.update
+            )
+        else:
+            result = _soak_started_services(args, requests, bar.update)
+    _report(result, args.concurrency)
     if args.json:
         Path(args.json).write_text(json.dumps({**result.__dict__, "ok": result.ok}, indent=1))
     return 0 if result.ok else 1

@@ -133,7 +133,7 @@ def first_divergence(a: list[list[int]], b: list[list[int]]) -> list[int | None]
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specd bench spec", description=__doc__.split("\n")[0])
     p.add_argument("--workload", default="code")
     p.add_argument("--target", default="default-target")
@@ -145,75 +145,78 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-invariant", action="store_true")
     p.add_argument("--peer", choices=["none", "hf"], default="none")
     p.add_argument("--json", help="write the full report here")
-    args = p.parse_args(argv)
+    return p
 
-    folder, draft_folder = resolve(args.target), resolve(args.draft)
-    tokenizer = load_tokenizer(folder)
-    prompts = load_workload(args.workload, tokenizer, args.limit or None)
-    target = load_model(folder, dtype=args.dtype)
-    eos = eos_token_ids(folder, load_config(folder))
-    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    drafts: dict = {}
 
-    def draft_model(kind: str):
+class DraftModels:
+    """The draft model in each variant a config names, loaded once each."""
+
+    def __init__(self, folder, dtype: str):
+        self.folder, self.dtype, self.loaded = folder, dtype, {}
+
+    def __call__(self, kind: str):
         """draft[-int8][-vN]: the draft model, int8 weights and/or an N-token head."""
         mods = kind.split("-")[1:]
         weights = "int8" if "int8" in mods else "bf16"
         vocab = next((int(m[1:]) for m in mods if m.startswith("v")), 0)
-        if (weights, vocab) not in drafts:
-            drafts[weights, vocab] = load_draft_model(
-                draft_folder, args.dtype, None, weights, vocab
+        if (weights, vocab) not in self.loaded:
+            self.loaded[weights, vocab] = load_draft_model(
+                self.folder, self.dtype, None, weights, vocab
             )
-        return drafts[weights, vocab]
+        return self.loaded[weights, vocab]
 
+
+def _proposer(kind: str, drafts: DraftModels, top_m: int):
+    """A config's proposer: draft[-mods] / combo[-mods] (-aN: N alternatives), ngram, off."""
+    if kind.startswith(("draft", "combo")):
+        mods = kind.split("-")[1:]
+        alts = next((int(m[1:]) for m in mods if m[:1] == "a" and m[1:].isdigit()), 0)
+        proposer = DraftModelProposer(drafts(kind), num_blocks=512, top_m=top_m, alternatives=alts)
+        return CombinedProposer(proposer) if kind.startswith("combo") else proposer
+    return NgramProposer() if kind == "ngram" else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    folder, draft_folder = resolve(args.target), resolve(args.draft)
+    prompts = load_workload(args.workload, load_tokenizer(folder), args.limit or None)
+    target = load_model(folder, dtype=args.dtype)
+    eos = eos_token_ids(folder, load_config(folder))
+    drafts = DraftModels(draft_folder, args.dtype)
     cfg = EngineConfig(batch_invariant=args.batch_invariant, max_draft_tokens=16)
     print(
         f"workload {args.workload}: {len(prompts)} prompts, {args.max_new_tokens} new tokens, "
         f"{target.dtype}, threads {torch.get_num_threads()}"
     )
-
     results = {}
-    for name in configs:
+    for name in [c.strip() for c in args.configs.split(",") if c.strip()]:
         kind, _, k = name.partition(":")
-        proposer = None
-        if kind.startswith(("draft", "combo")):
-            alts = next(
-                (int(m[1:]) for m in kind.split("-")[1:] if m[:1] == "a" and m[1:].isdigit()), 0
-            )
-            proposer = DraftModelProposer(
-                draft_model(kind), num_blocks=512, top_m=cfg.draft_top_m, alternatives=alts
-            )
-            if kind.startswith("combo"):
-                proposer = CombinedProposer(proposer)
-        elif kind == "ngram":
-            proposer = NgramProposer()
         mods = kind.split("-")[1:]
         engine_cfg = dataclasses.replace(
             cfg, batch_invariant=cfg.batch_invariant or "inv" in mods, cost_model="auto" in mods
         )
-        engine = Engine(target, engine_cfg, proposer, eos_ids=eos)
+        engine = Engine(target, engine_cfg, _proposer(kind, drafts, cfg.draft_top_m), eos)
         results[name] = run_engine_config(
             engine, prompts, int(k or 0), args.max_new_tokens, auto="auto" in mods
         )
         _print_row(name, results[name], results.get("off"))
     if args.peer == "hf":
-        for name, r in run_hf(
-            folder, draft_folder, prompts, args.max_new_tokens, target.dtype
-        ).items():
+        peer = run_hf(folder, draft_folder, prompts, args.max_new_tokens, target.dtype)
+        for name, r in peer.items():
             results[name] = r
             _print_row(name, r, results.get("off"))
+    _divergences(results)
+    if args.json:
+        report = {"workload": args.workload, "dtype": str(target.dtype), "results": results}
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+def _divergences(results: dict) -> None:
     if "off" in results:
         base = results["off"]["outputs"]
         for r in results.values():
             r["first_divergence_vs_off"] = first_divergence(r["outputs"], base)
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {"workload": args.workload, "dtype": str(target.dtype), "results": results},
-                indent=1,
-            )
-        )
-    return 0
 
 
 def _print_row(name: str, r: dict, base: dict | None) -> None:

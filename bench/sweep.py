@@ -302,7 +302,7 @@ def add_service_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specd bench sweep", description=__doc__.split("\n")[0])
     add_service_args(p)
     p.add_argument(
@@ -325,38 +325,34 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", default="bench/out/sweep")
-    args = p.parse_args(argv)
-    levels = [int(x) for x in args.concurrency.split(",")]
-    modes = [m.strip() for m in args.modes.split(",")]
-    conversations = load_conversations(args.workload)
-    run = dict(
-        conversations=conversations,
-        levels=levels,
-        requests=args.requests_per_cell,
-        max_new=args.max_new_tokens,
-        bars=not args.no_progress,
-        route=args.route,
-    )
-    if args.target:
-        if SWAPPED & set(modes):
-            p.error("modes ngram and combined need the sweep to start the services")
-        report = sweep(args.target, modes=modes, label=args.label, **run)
-    else:
-        from specd.processes import replace_drafter, start_services
+    return p
 
-        logs = Path(tempfile.mkdtemp(prefix="specd-sweep-"))
-        services = start_services(
-            args.model, args.draft_model, args.dtype, logs, drafter_flags=args.drafter_args.split()
-        )
-        address = services["router"].address
-        try:
-            report = sweep(address, modes=[m for m in modes if m not in SWAPPED], **run)
-            for proposer in [m for m in modes if m in SWAPPED]:
-                replace_drafter(services, args.draft_model, args.dtype, proposer, logs)
-                report["cells"] += sweep(address, modes=["on"], label=proposer, **run)["cells"]
-        finally:
-            for role in ("router", "verifier", "drafter"):
-                services[role].stop()
+
+def _specd_cells(args, modes: list[str], run: dict) -> dict:
+    """Every (mode, concurrency) cell through specd: a running router (--target) or
+    services started here (then ngram/combined swap the drafter between modes)."""
+    if args.target:
+        return sweep(args.target, modes=modes, label=args.label, **run)
+    from specd.processes import replace_drafter, start_services
+
+    logs = Path(tempfile.mkdtemp(prefix="specd-sweep-"))
+    services = start_services(
+        args.model, args.draft_model, args.dtype, logs, drafter_flags=args.drafter_args.split()
+    )
+    address = services["router"].address
+    try:
+        report = sweep(address, modes=[m for m in modes if m not in SWAPPED], **run)
+        for proposer in [m for m in modes if m in SWAPPED]:
+            replace_drafter(services, args.draft_model, args.dtype, proposer, logs)
+            report["cells"] += sweep(address, modes=["on"], label=proposer, **run)["cells"]
+    finally:
+        for role in ("router", "verifier", "drafter"):
+            services[role].stop()
+    return report
+
+
+def _add_peer(report: dict, args, run: dict) -> None:
+    conversations = run["conversations"]
     if args.peer == "hf":
         n = min(len(conversations), args.requests_per_cell)
         report["peer"] = hf_peer(
@@ -366,18 +362,35 @@ def main(argv: list[str] | None = None) -> int:
     if args.peer == "llamacpp":
         from bench.llamacpp import llamacpp_peer
 
-        names = [n.strip() for n in args.peer_variants.split(",")]
         report["llamacpp"] = llamacpp_peer(
             args.model,
             args.draft_model,
             conversations,
-            levels,
+            run["levels"],
             args.requests_per_cell,
             run["max_new"],
             tempfile.mkdtemp(prefix="specd-peer-"),
-            names,
+            [n.strip() for n in args.peer_variants.split(",")],
         )
         report["peer_ratios"] = llamacpp_ratios(report)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
+    args = p.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",")]
+    if args.target and SWAPPED & set(modes):
+        p.error("modes ngram and combined need the sweep to start the services")
+    run = dict(
+        conversations=load_conversations(args.workload),
+        levels=[int(x) for x in args.concurrency.split(",")],
+        requests=args.requests_per_cell,
+        max_new=args.max_new_tokens,
+        bars=not args.no_progress,
+        route=args.route,
+    )
+    report = _specd_cells(args, modes, run)
+    _add_peer(report, args, run)
     for path in write_outputs(report, Path(args.out)):
         print(path)
     print(to_markdown(report))

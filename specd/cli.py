@@ -128,7 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specd", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_models, _add_serve, _add_generate, _add_health, _add_up, _add_bench):
+        add(sub)
+    return parser
 
+
+def _add_models(sub) -> None:
     models = sub.add_parser("models", help="manage the model cache")
     models_sub = models.add_subparsers(dest="action", required=True)
     fetch = models_sub.add_parser("fetch", help="download, verify and convert a model set")
@@ -141,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fetch.set_defaults(func=_models)
 
+
+def _add_serve(sub) -> None:
     serve = sub.add_parser("serve", help="run one service")
     roles = serve.add_subparsers(dest="role", required=True)
     for role, cls in ROLES.items():
@@ -148,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
         add_arguments(p, cls)
         p.set_defaults(func=_serve)
 
+
+def _add_generate(sub) -> None:
     gen = sub.add_parser("generate", help="send a prompt to the router")
     gen.add_argument("prompt")
     gen.add_argument("--address", default="127.0.0.1:50051")
@@ -162,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--auth-token", default="", help="bearer token, if the router wants one")
     gen.set_defaults(func=_generate)
 
+
+def _add_health(sub) -> None:
     health = sub.add_parser("health", help="grpc.health.v1 check of ADDR (exit 0 if serving)")
     health.add_argument("address")
     health.add_argument("--timeout", type=float, default=2.0)
@@ -169,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("--service", default="", help='e.g. specd.v1.Generation ("": overall)')
     health.set_defaults(func=_health)
 
+
+def _add_up(sub) -> None:
     up = sub.add_parser("up", help="drafter + verifier + router on localhost")
     up.add_argument("--target", default="default-target")
     up.add_argument("--draft", default="default-draft")
@@ -190,6 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--dtype", default="", help="activations of both models (default: auto)")
     up.set_defaults(func=_up)
 
+
+def _add_bench(sub) -> None:
     bench = sub.add_parser("bench", help="benchmarks (see bench/)")
     bench.add_argument(
         "kind",
@@ -206,7 +221,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_bench)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,6 +76,50 @@ def prepare_weights(folder: Path, fmt: str) -> Path:
     return folder / f"weights-{fmt}.safetensors"
 
 
+class _Tensors:
+    """Every weight of one model in its serving form: quantised matrices where `fmt` has
+    them, the rest dense in `dtype` on `device`; q/k/v and gate/up fused."""
+
+    def __init__(self, folder: Path, dense: DenseTensors, quant: dict, dtype, device):
+        self.folder, self.dense, self.quant = folder, dense, quant
+        self.dtype, self.device = dtype, device
+
+    def take(self, name: str, required: bool = True):
+        if name in self.quant:
+            return self.quant.pop(name)
+        if name not in self.dense:
+            if required:
+                raise KeyError(f"{self.folder}: weight {name!r} missing")
+            return None
+        return self.dense(name).to(device=self.device, dtype=self.dtype).contiguous()
+
+    def cat(self, *names: str):
+        parts = [self.take(n) for n in names]
+        if all(isinstance(p, torch.Tensor) for p in parts):
+            return torch.cat(parts, dim=0).contiguous()
+        return fuse(parts)
+
+    def layer(self, i: int) -> Layer:
+        p = f"layers.{i}."
+        a = p + "self_attn."
+        wqkv = self.cat(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight")
+        qkv_bias = [self.take(a + f"{x}_proj.bias", False) for x in "qkv"]
+        bqkv = None
+        if all(b is not None for b in qkv_bias):  # a quantised kernel adds an fp32 bias
+            quantised = not isinstance(wqkv, torch.Tensor)
+            bqkv = torch.cat(qkv_bias).to(torch.float32 if quantised else self.dtype)
+        return Layer(
+            attn_norm=self.take(p + "input_layernorm.weight"),
+            wqkv=wqkv,
+            bqkv=None if bqkv is None else bqkv.contiguous(),
+            wo=self.take(a + "o_proj.weight"),
+            bo=self.take(a + "o_proj.bias", required=False),
+            mlp_norm=self.take(p + "post_attention_layernorm.weight"),
+            w_gate_up=self.cat(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+            w_down=self.take(p + "mlp.down_proj.weight"),
+        )
+
+
 def load_model(
     spec: str | Path,
     dtype: str | torch.dtype | None = None,
@@ -91,60 +135,13 @@ def load_model(
     dense = DenseTensors(folder)
     fmt = choose(weights, dev)
     quant = load_quantised(folder, fmt, config, dense) if fmt in QUANTISED else {}
-
-    def take(name: str, required: bool = True):
-        if name in quant:
-            return quant.pop(name)
-        if name not in dense:
-            if required:
-                raise KeyError(f"{folder}: weight {name!r} missing")
-            return None
-        return dense(name).to(device=dev, dtype=dt).contiguous()
-
-    def cat(*names: str, required: bool = True):
-        parts = [take(n, required) for n in names]
-        if any(p is None for p in parts):
-            return None
-        if all(isinstance(p, torch.Tensor) for p in parts):
-            return torch.cat(parts, dim=0).contiguous()
-        return fuse(parts)
-
-    layers = []
-    for i in range(args.num_layers):
-        p = f"layers.{i}."
-        a = p + "self_attn."
-        wqkv = cat(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight")
-        qkv_bias = [take(a + f"{x}_proj.bias", False) for x in "qkv"]
-        quantised = not isinstance(wqkv, torch.Tensor)
-        if any(b is None for b in qkv_bias):
-            bqkv = None
-        else:  # the kernel adds an fp32 bias
-            bqkv = torch.cat(qkv_bias).to(torch.float32 if quantised else dt).contiguous()
-        layers.append(
-            Layer(
-                attn_norm=take(p + "input_layernorm.weight"),
-                wqkv=wqkv,
-                bqkv=bqkv,
-                wo=take(a + "o_proj.weight"),
-                bo=take(a + "o_proj.bias", required=False),
-                mlp_norm=take(p + "post_attention_layernorm.weight"),
-                w_gate_up=cat(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
-                w_down=take(p + "mlp.down_proj.weight"),
-            )
-        )
-    embed = take("embed_tokens.weight")
-    lm_head = take("lm_head.weight", required=not args.tie_word_embeddings)
+    tensors = _Tensors(folder, dense, quant, dt, dev)
+    layers = [tensors.layer(i) for i in range(args.num_layers)]
+    embed = tensors.take("embed_tokens.weight")
+    lm_head = tensors.take("lm_head.weight", required=not args.tie_word_embeddings)
     inv_freq, scale = rope_inv_freq(config)
-    model = LlamaModel(
-        args,
-        embed,
-        layers,
-        take("norm.weight"),
-        embed if lm_head is None else lm_head,
-        inv_freq,
-        scale,
-        dt,
-        dev,
-    )
+    norm = tensors.take("norm.weight")
+    head = embed if lm_head is None else lm_head
+    model = LlamaModel(args, embed, layers, norm, head, inv_freq, scale, dt, dev)
     model.weights = fmt
     return model

@@ -198,24 +198,31 @@ class BatchPlan:
             plan.paged = PagedRows.build(dev(table), bs, spans, ancestries)
             return plan
 
-        mask = None
-        trees = [b for b, s in enumerate(seqs) if s.parents is not None]
-        if q_tile or trees or not (q_max == 1 and len(set(kv_lens)) == 1):
-            # query i of sequence b sits at position start_b + i and sees keys j <= it;
-            # padded query rows (i >= n_b) repeat the last real row's view (never empty).
-            starts = torch.tensor([start for start, _ in spans])
-            n_b = torch.tensor(q_lens)
-            qi = torch.arange(q_max)
-            qpos = starts[:, None] + torch.minimum(qi[None, :], n_b[:, None] - 1)  # [B, Q_max]
-            mask = (cols[None, None, :] <= qpos[:, :, None]).unsqueeze(1)  # [B,1,Q,L]
-            for b in trees:  # a tree's new keys: ancestors only (the cache stays visible)
-                (start, end), n = spans[b], q_lens[b]
-                seen = seqs[b].ancestry()
-                mask[b, 0, :n, start:end] = seen
-                mask[b, 0, n:, start:end] = seen[-1]
-
+        mask = cls._mask(seqs, spans, q_max, cols, bool(q_tile))
         if mask is not None:
             plan.attn_mask = dev(mask)
         if batch > 1 or q_tile:
             plan.pad_index = dev(torch.tensor(pad_rows, dtype=torch.long))
         return plan
+
+    @staticmethod
+    def _mask(seqs, spans, q_max: int, cols: torch.Tensor, tiled: bool) -> torch.Tensor | None:
+        """The SDPA mask [B, 1, Q_max, L_max], or None when plain causal attention of one
+        row per sequence over equal lengths needs none."""
+        q_lens = [len(s.tokens) for s in seqs]
+        trees = [b for b, s in enumerate(seqs) if s.parents is not None]
+        if not (tiled or trees) and q_max == 1 and len({end for _, end in spans}) == 1:
+            return None
+        # query i of sequence b sits at position start_b + i and sees keys j <= it;
+        # padded query rows (i >= n_b) repeat the last real row's view (never empty).
+        starts = torch.tensor([start for start, _ in spans])
+        n_b = torch.tensor(q_lens)
+        qi = torch.arange(q_max)
+        qpos = starts[:, None] + torch.minimum(qi[None, :], n_b[:, None] - 1)  # [B, Q_max]
+        mask = (cols[None, None, :] <= qpos[:, :, None]).unsqueeze(1)  # [B,1,Q,L]
+        for b in trees:  # a tree's new keys: ancestors only (the cache stays visible)
+            (start, end), n = spans[b], q_lens[b]
+            seen = seqs[b].ancestry()
+            mask[b, 0, :n, start:end] = seen
+            mask[b, 0, n:, start:end] = seen[-1]
+        return mask

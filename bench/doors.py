@@ -130,7 +130,7 @@ def to_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specd bench doors", description=__doc__.split("\n")[0])
     add_service_args(p)
     p.add_argument("--http", default="", help="its HTTP door, e.g. http://127.0.0.1:8000")
@@ -141,21 +141,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--json", help="also write the report here")
-    args = p.parse_args(argv)
+    return p
+
+
+@contextlib.contextmanager
+def _doors(args):
+    """(gRPC address, HTTP url) of --target/--http, or of services started here."""
+    if args.target:
+        yield args.target, args.http.rstrip("/")
+        return
+    from specd.processes import free_port, services_running
+
+    port = free_port()
+    flags = {"router_flags": ("--http-port", str(port))}
+    with services_running(
+        args.model, args.draft_model, args.dtype, "specd-doors-", **flags
+    ) as services:
+        yield services["router"].address, f"http://127.0.0.1:{port}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     conversations = load_conversations(args.workload)
     levels = [int(x) for x in args.concurrency.split(",")]
-    with contextlib.ExitStack() as stack:
-        if args.target:
-            address, url = args.target, args.http.rstrip("/")
-        else:
-            from specd.processes import free_port, services_running
-
-            port = free_port()
-            flags = {"router_flags": ("--http-port", str(port))}
-            services = stack.enter_context(
-                services_running(args.model, args.draft_model, args.dtype, "specd-doors-", **flags)
-            )
-            address, url = services["router"].address, f"http://127.0.0.1:{port}"
+    with _doors(args) as (address, url):
         model = args.served_model or _served_model(url)
         report = compare(
             address,

@@ -77,7 +77,7 @@ def verification_curve(model, context: int, sizes, repeats: int) -> dict[int, fl
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specd bench engine", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="default-target")
     p.add_argument("--dtype", default="auto")
@@ -88,44 +88,49 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
     p.add_argument("--json", help="also write the results here")
-    args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    return p
 
-    folder = resolve(args.model)
-    model = load_model(folder, dtype=args.dtype)
-    print(f"model {folder.name} dtype {model.dtype} threads {torch.get_num_threads()}")
-    g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(100, 20000, (args.prompt_tokens,), generator=g).tolist()
 
-    report: dict = {
-        "model": folder.name,
-        "dtype": str(model.dtype),
-        "threads": torch.get_num_threads(),
-    }
-    ours_tps, ours_out = ours_decode(model, prompt, args.new_tokens)
-    report["decode_tokens_per_s"] = {"specd": round(ours_tps, 3)}
-    print(f"decode batch 1: specd {ours_tps:.2f} tok/s")
-    if not args.no_hf:
-        hf_tps, hf_out = hf_decode(folder, model.dtype, prompt, args.new_tokens)
-        same = next(
-            (i for i, (a, b) in enumerate(zip(ours_out, hf_out, strict=False)) if a != b), None
-        )
-        report["decode_tokens_per_s"]["transformers"] = round(hf_tps, 3)
-        report["decode_ratio_vs_transformers"] = round(ours_tps / hf_tps, 3)
-        report["first_divergence_vs_transformers"] = same
-        print(
-            f"decode batch 1: transformers {hf_tps:.2f} tok/s -> ratio {ours_tps / hf_tps:.2f}x"
-            f" (first differing token: {same})"
-        )
+def _versus_hf(report: dict, folder, model, prompt, new_tokens: int, ours) -> None:
+    ours_tps, ours_out = ours
+    hf_tps, hf_out = hf_decode(folder, model.dtype, prompt, new_tokens)
+    same = next((i for i, (a, b) in enumerate(zip(ours_out, hf_out, strict=False)) if a != b), None)
+    report["decode_tokens_per_s"]["transformers"] = round(hf_tps, 3)
+    report["decode_ratio_vs_transformers"] = round(ours_tps / hf_tps, 3)
+    report["first_divergence_vs_transformers"] = same
+    print(
+        f"decode batch 1: transformers {hf_tps:.2f} tok/s -> ratio {ours_tps / hf_tps:.2f}x"
+        f" (first differing token: {same})"
+    )
 
-    curve = verification_curve(model, args.context, (1, 2, 4, 6, 8, 16), args.repeats)
+
+def _verification(report: dict, model, context: int, repeats: int) -> None:
+    curve = verification_curve(model, context, (1, 2, 4, 6, 8, 16), repeats)
     base = curve[1]
     report["verification_seconds"] = {n: round(t, 4) for n, t in curve.items()}
     report["verification_ratio"] = {n: round(t / base, 3) for n, t in curve.items()}
-    print(f"verification cost, context {args.context}:")
+    print(f"verification cost, context {context}:")
     for n, t in curve.items():
         print(f"  +{n:>2} tokens: {t * 1000:7.1f} ms  {t / base:5.2f}x")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    folder = resolve(args.model)
+    model = load_model(folder, dtype=args.dtype)
+    threads = torch.get_num_threads()
+    print(f"model {folder.name} dtype {model.dtype} threads {threads}")
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(100, 20000, (args.prompt_tokens,), generator=g).tolist()
+    report: dict = {"model": folder.name, "dtype": str(model.dtype), "threads": threads}
+    ours = ours_decode(model, prompt, args.new_tokens)
+    report["decode_tokens_per_s"] = {"specd": round(ours[0], 3)}
+    print(f"decode batch 1: specd {ours[0]:.2f} tok/s")
+    if not args.no_hf:
+        _versus_hf(report, folder, model, prompt, args.new_tokens, ours)
+    _verification(report, model, args.context, args.repeats)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

@@ -112,6 +112,14 @@ class SoakResult:
     drained: dict = field(default_factory=dict)  # verifier (and drafter) state afterwards
     rss: dict = field(default_factory=dict)  # role -> {"warm": bytes, "end": bytes, "growth"}
 
+    def record(self, kind: str, code, details: str) -> None:
+        key = f"{kind}/{code.name}"
+        self.outcomes[key] = self.outcomes.get(key, 0) + 1
+        if code not in EXPECTED[kind]:
+            self.unexpected += 1
+            if len(self.examples) < 20:
+                self.examples.append((kind, code.name, details))
+
     @property
     def ok(self) -> bool:
         drained = all(v == 0 for v in self.drained.values())
@@ -139,12 +147,7 @@ def run_soak(
         nonlocal done
         code, details = _send(client, req)
         with lock:
-            key = f"{req.kind}/{code.name}"
-            result.outcomes[key] = result.outcomes.get(key, 0) + 1
-            if code not in EXPECTED[req.kind]:
-                result.unexpected += 1
-                if len(result.examples) < 20:
-                    result.examples.append((req.kind, code.name, details))
+            result.record(req.kind, code, details)
             done += 1
             if done == warm_at:
                 warm.update({role: read() for role, read in (rss or {}).items()})

@@ -11,6 +11,7 @@ is loaded beside the idle cluster and the prompts alternate between the two side
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -88,7 +89,7 @@ def interleaved(address: str, conversations, mode: str, max_new: int, k: int) ->
     return sides
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specd bench split", description=__doc__.split("\n")[0])
     p.add_argument("--workload", default="code")
     p.add_argument("--limit", type=int, default=8)
@@ -96,27 +97,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", choices=["on", "off"], default="on")
     p.add_argument("--address", default="", help="a running router (default: start specd up)")
     p.add_argument("--json")
-    args = p.parse_args(argv)
+    return p
+
+
+@contextlib.contextmanager
+def _router(address: str):
+    """`address`, or a `specd up` started here (stopped on exit) when it is empty."""
+    if address:
+        yield address
+        return
+    cluster = subprocess.Popen(
+        [sys.executable, "-m", "specd.cli", "up"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        if not any("specd is up" in line for line in cluster.stdout):
+            raise SystemExit("specd up did not come up")
+        yield ROUTER
+    finally:
+        cluster.terminate()
+        cluster.wait(30)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     conversations = _messages(args.workload, args.limit)
     k = RoutePolicy().num_draft_tokens
-
-    cluster = None
-    address = args.address or ROUTER
-    if not args.address:
-        cluster = subprocess.Popen(
-            [sys.executable, "-m", "specd.cli", "up"], stdout=subprocess.PIPE, text=True
-        )
-        for line in cluster.stdout:
-            if "specd is up" in line:
-                break
-        else:
-            raise SystemExit("specd up did not come up")
-    try:
+    with _router(args.address) as address:
         sides = interleaved(address, conversations, args.mode, args.max_new_tokens, k)
-    finally:
-        if cluster is not None:
-            cluster.terminate()
-            cluster.wait(30)
     split, local = sides["split"], sides["local"]
     ratio = split["tok_per_s"] / local["tok_per_s"]
     same = split["outputs"] == local["outputs"]
@@ -125,11 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  in-process engine  : {local['tok_per_s']:.2f} tok/s")
     print(f"  split / in-process : {ratio:.3f}  (identical outputs: {same})")
     if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {"split": split, "in_process": local, "ratio": ratio, "identical": same}, indent=1
-            )
-        )
+        report = {"split": split, "in_process": local, "ratio": ratio, "identical": same}
+        Path(args.json).write_text(json.dumps(report, indent=1))
     return 0
 
 

@@ -9,6 +9,8 @@ back: if it is accepted it arrives next round as a committed token.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from specd.kvcache import NoFreeBlocks
@@ -20,6 +22,28 @@ from specd.sampling import (
     make_generator,
     presence_rows,
 )
+
+
+@dataclass
+class _Drafting:
+    """One sequence's round in progress."""
+
+    state: DraftState
+    feed: list[int]  # tokens the draft model has not seen yet
+    tokens: list[int] = field(default_factory=list)
+    q_ids: list[torch.Tensor] = field(default_factory=list)
+    q_probs: list[torch.Tensor] = field(default_factory=list)
+    alts: list[tuple[int, int]] = field(default_factory=list)
+    halted: bool = False  # a constrained sequence whose grammar allows no more drafts
+
+    def proposal(self) -> Proposal:
+        """The drafts; a constrained sequence's grammar goes back to where it was."""
+        if self.state.grammar is not None and self.tokens:
+            self.state.grammar.pop(len(self.tokens))
+        p = Proposal(self.tokens, alts=self.alts)
+        if self.q_ids:
+            p.q_ids, p.q_probs = torch.stack(self.q_ids), torch.stack(self.q_probs)
+        return p
 
 
 class DraftModelProposer:
@@ -94,51 +118,46 @@ class DraftModelProposer:
             self._ahead[s.seq_id] = (s.tokens, p)
 
     def _propose(self, states: list[DraftState], stop=None) -> list[Proposal]:
-        out = {id(s): Proposal() for s in states}
-        active = [s for s in states if s.k > 0 and s.tokens and self._sync(s)]
-        drafts: dict[int, list[int]] = {id(s): [] for s in active}
-        q_ids: dict[int, list] = {id(s): [] for s in active}
-        q_probs: dict[int, list] = {id(s): [] for s in active}
-        alts: dict[int, list] = {id(s): [] for s in active}
-        feed = {id(s): s.tokens[len(self._cached[s.seq_id]) :] for s in active}
-        halted: set[int] = set()  # constrained sequences whose grammar allows no draft
-        for step in range(max((s.k for s in active), default=0)):
+        active = [
+            _Drafting(s, s.tokens[len(self._cached[s.seq_id]) :])
+            for s in states
+            if s.k > 0 and s.tokens and self._sync(s)
+        ]
+        for step in range(max((d.state.k for d in active), default=0)):
             if stop is not None and stop():
                 break  # a new round is waiting: hand back what is drafted so far
-            batch = [s for s in active if s.k > step and id(s) not in halted]
+            batch = [d for d in active if d.state.k > step and not d.halted]
             if not batch:
                 break
             try:
-                logits = self.model.forward(
-                    self.kv, [SeqInput(s.seq_id, feed[id(s)]) for s in batch]
-                )
+                inputs = [SeqInput(d.state.seq_id, d.feed) for d in batch]
+                logits = self.model.forward(self.kv, inputs)
             except NoFreeBlocks:
                 break  # the drafter's cache is full: propose what we have so far
-            for s, row in zip(batch, logits, strict=True):
-                self._cached[s.seq_id] += feed[id(s)]
-                row = self._constrained(s, row)
-                if row is None:  # the grammar allows nothing the head can draft
-                    halted.add(id(s))
-                    continue
-                token, ids, probs, alt = self._draw(s, row, drafts[id(s)])
-                if s.grammar is not None and not s.grammar.push(token):  # popped below
-                    halted.add(id(s))
-                    continue
-                if alt is not None and step < self.alternatives:
-                    alts[id(s)].append((step, alt))
-                drafts[id(s)].append(token)
-                feed[id(s)] = [token]
-                if ids is not None:
-                    q_ids[id(s)].append(ids)
-                    q_probs[id(s)].append(probs)
-        for s in active:
-            p = out[id(s)]
-            p.tokens, p.alts = drafts[id(s)], alts[id(s)]
-            if s.grammar is not None and p.tokens:
-                s.grammar.pop(len(p.tokens))
-            if q_ids[id(s)]:
-                p.q_ids, p.q_probs = torch.stack(q_ids[id(s)]), torch.stack(q_probs[id(s)])
-        return [out[id(s)] for s in states]
+            for d, row in zip(batch, logits, strict=True):
+                self._step(d, row, step)
+        done = {id(d.state): d.proposal() for d in active}
+        return [done.get(id(s), Proposal()) for s in states]
+
+    def _step(self, d: _Drafting, row: torch.Tensor, step: int) -> None:
+        """One draft for one sequence from its logits row (or its halt)."""
+        s = d.state
+        self._cached[s.seq_id] += d.feed
+        row = self._constrained(s, row)
+        if row is None:  # the grammar allows nothing the head can draft
+            d.halted = True
+            return
+        token, ids, probs, alt = self._draw(s, row, d.tokens)
+        if s.grammar is not None and not s.grammar.push(token):  # popped in proposal()
+            d.halted = True
+            return
+        if alt is not None and step < self.alternatives:
+            d.alts.append((step, alt))
+        d.tokens.append(token)
+        d.feed = [token]
+        if ids is not None:
+            d.q_ids.append(ids)
+            d.q_probs.append(probs)
 
     def _constrained(self, s: DraftState, logits: torch.Tensor):
         """A constrained sequence's logits masked to what its grammar allows after its

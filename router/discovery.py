@@ -37,7 +37,6 @@ class DnsDiscovery:
         self.static = list(static)
         self.interval_s = interval_s
         self.resolve = resolve
-        self._task: asyncio.Task | None = None
 
     async def refresh(self) -> list[str]:
         found = list(self.static)
@@ -50,13 +49,7 @@ class DnsDiscovery:
         return found
 
     async def run(self) -> None:
+        """Refresh every interval until cancelled (the router's task group runs it)."""
         while True:
             await self.refresh()
             await asyncio.sleep(self.interval_s)
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self.run())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()

@@ -6,6 +6,7 @@ as a `RequestError` carrying a gRPC status (the HTTP door maps it to an HTTP cod
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -132,9 +133,9 @@ class Router:
                 span.end()
 
     async def _attempts(self, prep: Prepared, span, buffered: bool):
-        request = prep.request
-        client = CLIENT_MODES.get(request.speculation, "auto")
-        temperature = prep.params.temperature
+        """The verifier's stream from the least-loaded replica; one that fails before it
+        streamed anything is retried on the next (never one already tried)."""
+        client = CLIENT_MODES.get(prep.request.speculation, "auto")
         tried: set[str] = set()
         last_error = None
         while True:
@@ -146,23 +147,14 @@ class Router:
                     grpc.StatusCode.UNAVAILABLE, "no healthy verifier replica; retry later"
                 )
             tried.add(replica.address)
-            decision = self._decide(prep, client, temperature, replica, span)
-            call = replica.stub.Generate(
-                _verifier_request(prep, decision),
-                timeout=_remaining(prep.deadline),
-                metadata=inject_metadata(trace.set_span_in_context(span)) if span else None,
-            )
-            replica.inflight += 1
-            started = False
+            decision = self._decide(prep, client, prep.params.temperature, replica, span)
+            started = False  # once a message went to the client, no retry
             try:
-                if buffered:
-                    messages = [m async for m in self._relay(call, prep, decision)]
-                    for msg in messages:
+                call = self._call(replica, prep, decision, span, buffered)
+                async with contextlib.aclosing(call) as messages:  # its cleanup runs now
+                    async for msg in messages:
+                        started = True
                         yield msg
-                    return
-                async for msg in self._relay(call, prep, decision):
-                    started = True
-                    yield msg
                 return
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in RETRYABLE and not started:
@@ -170,10 +162,27 @@ class Router:
                     last_error = exc
                     continue  # nothing streamed yet: safe to retry elsewhere
                 raise RequestError.from_rpc(exc) from None
-            finally:
-                replica.inflight -= 1
-                replica.finished = time.monotonic()
-                call.cancel()  # no-op when done; frees the verifier's KV when we stop early
+
+    async def _call(self, replica, prep: Prepared, decision, span, buffered: bool):
+        """One Generate call on one replica, relayed (buffered: every message read before
+        the first is handed on, so a failure mid-way can still be retried)."""
+        call = replica.stub.Generate(
+            _verifier_request(prep, decision),
+            timeout=_remaining(prep.deadline),
+            metadata=inject_metadata(trace.set_span_in_context(span)) if span else None,
+        )
+        replica.inflight += 1
+        try:
+            if buffered:
+                for msg in [m async for m in self._relay(call, prep, decision)]:
+                    yield msg
+                return
+            async for msg in self._relay(call, prep, decision):
+                yield msg
+        finally:
+            replica.inflight -= 1
+            replica.finished = time.monotonic()
+            call.cancel()  # no-op when done; frees the verifier's KV when we stop early
 
     def _decide(self, prep: Prepared, client: str, temperature: float, replica, span):
         load = _load(replica)

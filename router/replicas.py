@@ -1,13 +1,17 @@
-"""Verifier replicas: watch each one's `WatchLoad`, send a request to the least loaded."""
+"""Verifier replicas: watch each one's `WatchLoad`, send a request to the least loaded.
+
+Every replica's watcher runs in one anyio task group, hosted by `ReplicaSet.run` (the
+router's serve runs it in its own task group; `start`/`close` host it for callers that
+have none); removing a replica cancels its watcher's scope."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
 
+import anyio
 import grpc
 
 from protos.specd.v1 import verifier_pb2, verifier_pb2_grpc
@@ -27,7 +31,7 @@ class Replica:
     inflight: int = 0  # requests this router sent and that have not finished
     chosen: float = 0.0  # when this router last sent it a request (ties go to the oldest)
     finished: float = 0.0  # when a request of this router's last finished there
-    task: asyncio.Task | None = field(default=None, repr=False)
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope, repr=False)
 
     @property
     def healthy(self) -> bool:
@@ -47,10 +51,42 @@ class ReplicaSet:
         self.tls_ca = tls_ca
         self.replicas: dict[str, Replica] = {}
         self._addresses = list(addresses)
+        self._group: anyio.abc.TaskGroup | None = None
+        self._host: asyncio.Task | None = None
+
+    async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        """Watch the replicas until cancelled; `started` once the first ones are added."""
+        try:
+            async with anyio.create_task_group() as group:
+                self._group = group
+                for address in self._addresses:
+                    self.add(address)
+                task_status.started()
+                await anyio.sleep_forever()
+        finally:
+            self._group = None
+            with anyio.CancelScope(shield=True):
+                for replica in self.replicas.values():
+                    await replica.channel.close()
+                self.replicas.clear()
 
     async def start(self) -> None:
-        for address in self._addresses:
-            self.add(address)
+        """run() in a task of its own, until close()."""
+        started = asyncio.get_running_loop().create_future()
+
+        async def host():
+            async with anyio.create_task_group() as group:
+                await group.start(self.run)
+                started.set_result(None)
+
+        self._host = asyncio.get_running_loop().create_task(host())
+        await started
+
+    async def close(self) -> None:
+        if self._host is not None:
+            self._host.cancel()
+            await asyncio.gather(self._host, return_exceptions=True)
+            self._host = None
 
     def add(self, address: str) -> None:
         if address in self.replicas:
@@ -63,15 +99,13 @@ class ReplicaSet:
         ]
         channel = open_channel(address, self.tls_ca, aio=True, options=options)
         replica = Replica(address, channel, verifier_pb2_grpc.VerifierStub(channel))
-        replica.task = asyncio.get_running_loop().create_task(self._watch(replica))
         self.replicas[address] = replica
+        self._group.start_soon(self._watch, replica)
 
     async def remove(self, address: str) -> None:
         replica = self.replicas.pop(address, None)
         if replica is not None:
-            replica.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await replica.task
+            replica.scope.cancel()
             await replica.channel.close()
 
     async def sync(self, addresses: list[str]) -> None:
@@ -82,19 +116,16 @@ class ReplicaSet:
         for address in set(self.replicas) - wanted:
             await self.remove(address)
 
-    async def close(self) -> None:
-        for address in list(self.replicas):
-            await self.remove(address)
-
     async def _watch(self, replica: Replica) -> None:
-        while True:
-            try:
-                async for report in replica.stub.WatchLoad(verifier_pb2.WatchLoadRequest()):
-                    replica.report, replica.seen = report, time.monotonic()
-            except grpc.aio.AioRpcError as exc:
-                log.debug("load watch of %s ended: %s", replica.address, exc.code())
-            replica.report = None
-            await asyncio.sleep(0.2)
+        with replica.scope:
+            while True:
+                try:
+                    async for report in replica.stub.WatchLoad(verifier_pb2.WatchLoadRequest()):
+                        replica.report, replica.seen = report, time.monotonic()
+                except grpc.aio.AioRpcError as exc:
+                    log.debug("load watch of %s ended: %s", replica.address, exc.code())
+                replica.report = None
+                await anyio.sleep(0.2)
 
     def any_healthy(self) -> bool:
         return any(r.healthy for r in self.replicas.values())

@@ -4,8 +4,9 @@ request path is `router.generation.Router`."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
+
+import anyio
 
 from protos.specd.v1 import router_pb2, router_pb2_grpc
 from router.generation import Prepared, RequestError, Router
@@ -62,7 +63,7 @@ async def _track_readiness(health, replicas: ReplicaSet) -> None:
         if status != last:
             await health.set(GENERATION, status)
             last = status
-        await asyncio.sleep(0.2)
+        await anyio.sleep(0.2)
 
 
 def load_tokenizer(spec: str):
@@ -74,7 +75,9 @@ def load_tokenizer(spec: str):
 
 
 async def serve(config, ready=None, tokenizer=None) -> None:
-    from specd.serving import serve_until_signal, start_server
+    """Serve until SIGINT/SIGTERM. The replica watchers, DNS discovery and readiness
+    tracking run in one task group that ends with the server."""
+    from specd.serving import serve_until_signal
     from specd.telemetry import setup
 
     telemetry = setup("router", config.metrics_port)
@@ -83,23 +86,37 @@ async def serve(config, ready=None, tokenizer=None) -> None:
     except PolicyError as exc:
         raise SystemExit(f"specd router: {exc}") from None
     replicas = ReplicaSet(config.verifier or [], config.tls_ca)
-    await replicas.start()
-    discovery = None
-    if config.verifier_dns:
-        from router.discovery import DnsDiscovery
+    async with anyio.create_task_group() as background:
+        await background.start(replicas.run)
+        if config.verifier_dns:
+            from router.discovery import DnsDiscovery
 
-        discovery = DnsDiscovery(
-            replicas, config.verifier_dns, config.verifier or [], config.dns_refresh_s
+            static = config.verifier or []
+            discovery = DnsDiscovery(replicas, config.verifier_dns, static, config.dns_refresh_s)
+            background.start_soon(discovery.run)
+        router = Router(
+            tokenizer or load_tokenizer(config.tokenizer),
+            replicas,
+            policy,
+            config.default_max_new_tokens,
+            config.max_new_tokens_cap,
+            telemetry,
         )
-        discovery.start()
-    router = Router(
-        tokenizer or load_tokenizer(config.tokenizer),
-        replicas,
-        policy,
-        config.default_max_new_tokens,
-        config.max_new_tokens_cap,
-        telemetry,
-    )
+        server, port, health, also_stop = await _start_servers(config, router)
+        background.start_soon(_track_readiness, health, replicas)
+        log.info("router serving on %s:%d -> %s", config.host, port, config.verifier)
+        if ready is not None:
+            ready(port)
+        # once draining, health stays NOT_SERVING whatever the replicas say
+        await serve_until_signal(server, health, config.drain_seconds, also_stop=also_stop)
+        background.cancel_scope.cancel()
+
+
+async def _start_servers(config, router: Router):
+    """The gRPC listener (bearer token and TLS as configured) and, with http_port, the
+    OpenAI-compatible door. -> server, port, health, the door's drain (or none)."""
+    from specd.serving import start_server
+
     servicer = GenerationServicer(router)
     interceptors, token = [], ""
     if config.auth_token_file:
@@ -116,20 +133,8 @@ async def serve(config, ready=None, tokenizer=None) -> None:
         tls_cert=config.tls_cert,
         tls_key=config.tls_key,
     )
-    also_stop = []
-    if config.http_port:
-        also_stop.append(await _start_http(config, router, token))
-    readiness = asyncio.get_running_loop().create_task(_track_readiness(health, replicas))
-    log.info("router serving on %s:%d -> %s", config.host, port, config.verifier)
-    if ready is not None:
-        ready(port)
-    try:  # once draining, health stays NOT_SERVING whatever the replicas say
-        await serve_until_signal(server, health, config.drain_seconds, also_stop=also_stop)
-    finally:
-        readiness.cancel()
-        if discovery is not None:
-            await discovery.stop()
-        await replicas.close()
+    also_stop = [await _start_http(config, router, token)] if config.http_port else []
+    return server, port, health, also_stop
 
 
 async def _start_http(config, router: Router, token: str):

@@ -13,52 +13,46 @@ def _serve(role: str, *flags: str) -> list[str]:
 
 
 def cluster_children(args) -> list[Child]:
+    """The drafter, `args.verifiers` verifiers and the router, in start order."""
     host = args.host
     drafter = f"{host}:{args.drafter_port}"
     model_flags = ["--dtype", args.dtype] if args.dtype else []
+    drafter_flags = ("--model", args.draft, "--proposer", args.proposer, *model_flags)
     children = [
         Child(
-            "drafter",
-            _serve(
-                "drafter",
-                *("--host", host, "--port", str(args.drafter_port)),
-                *("--model", args.draft, "--proposer", args.proposer, *model_flags),
-            ),
-            drafter,
+            "drafter", _serve("drafter", *_listen(host, args.drafter_port), *drafter_flags), drafter
         )
     ]
-    verifiers = []
-    for i in range(args.verifiers):
-        port = args.verifier_port + i
-        address = f"{host}:{port}"
-        verifiers.append(address)
-        children.append(
-            Child(
-                "verifier" if i == 0 else f"verifier-{i + 1}",
-                _serve(
-                    "verifier",
-                    *("--host", host, "--port", str(port)),
-                    *("--model", args.target, "--drafter", drafter, *model_flags),
-                ),
-                address,
-            )
+    verifiers = [f"{host}:{args.verifier_port + i}" for i in range(args.verifiers)]
+    for i, address in enumerate(verifiers):
+        flags = (
+            *_listen(host, args.verifier_port + i),
+            "--model",
+            args.target,
+            "--drafter",
+            drafter,
         )
-    router = f"{host}:{args.router_port}"
+        name = "verifier" if i == 0 else f"verifier-{i + 1}"
+        children.append(Child(name, _serve("verifier", *flags, *model_flags), address))
+    router_flags = (
+        *_listen(host, args.router_port),
+        *[x for v in verifiers for x in ("--verifier", v)],
+        *("--tokenizer", args.target, "--http-port", str(args.http_port)),
+        *(["--policy-file", args.policy_file] if args.policy_file else []),
+    )
     children.append(
         Child(
             "router",
-            _serve(
-                "router",
-                *("--host", host, "--port", str(args.router_port)),
-                *[x for v in verifiers for x in ("--verifier", v)],
-                *("--tokenizer", args.target, "--http-port", str(args.http_port)),
-                *(["--policy-file", args.policy_file] if args.policy_file else []),
-            ),
-            router,
+            _serve("router", *router_flags),
+            f"{host}:{args.router_port}",
             ready_service="specd.v1.Generation",  # ready once a verifier is
         )
     )
     return children
+
+
+def _listen(host: str, port: int) -> tuple[str, ...]:
+    return ("--host", host, "--port", str(port))
 
 
 def run_local_cluster(args) -> int:

@@ -29,7 +29,51 @@ async def _checked(requests, context):
         yield request
 
 
+def _unary_unary(inner):
+    async def handle(request, context):
+        if isinstance(request, _Undecodable):
+            await _reject(context, request)
+        return await inner(request, context)
+
+    return handle
+
+
+def _unary_stream(inner):
+    async def handle(request, context):
+        if isinstance(request, _Undecodable):
+            await _reject(context, request)
+        async for response in inner(request, context):
+            yield response
+
+    return handle
+
+
+def _stream_unary(inner):
+    async def handle(requests, context):
+        return await inner(_checked(requests, context), context)
+
+    return handle
+
+
+def _stream_stream(inner):
+    async def handle(requests, context):
+        async for response in inner(_checked(requests, context), context):
+            yield response
+
+    return handle
+
+
+_WRAPPERS = {
+    "unary_unary": _unary_unary,
+    "unary_stream": _unary_stream,
+    "stream_unary": _stream_unary,
+    "stream_stream": _stream_stream,
+}
+
+
 def _guard(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """The same handler, with a deserializer that hands an undecodable message on as
+    _Undecodable and a behaviour that rejects it with INVALID_ARGUMENT."""
     decode = handler.request_deserializer
 
     def safe_decode(data: bytes):
@@ -38,42 +82,9 @@ def _guard(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         except DecodeError as exc:
             return _Undecodable(str(exc))
 
-    fields = {"request_deserializer": safe_decode}
-    if handler.unary_unary is not None:
-        inner_uu = handler.unary_unary
-
-        async def unary_unary(request, context):
-            if isinstance(request, _Undecodable):
-                await _reject(context, request)
-            return await inner_uu(request, context)
-
-        fields["unary_unary"] = unary_unary
-    elif handler.unary_stream is not None:
-        inner_us = handler.unary_stream
-
-        async def unary_stream(request, context):
-            if isinstance(request, _Undecodable):
-                await _reject(context, request)
-            async for response in inner_us(request, context):
-                yield response
-
-        fields["unary_stream"] = unary_stream
-    elif handler.stream_unary is not None:
-        inner_su = handler.stream_unary
-
-        async def stream_unary(requests, context):
-            return await inner_su(_checked(requests, context), context)
-
-        fields["stream_unary"] = stream_unary
-    else:
-        inner_ss = handler.stream_stream
-
-        async def stream_stream(requests, context):
-            async for response in inner_ss(_checked(requests, context), context):
-                yield response
-
-        fields["stream_stream"] = stream_stream
-    return handler._replace(**fields)
+    kind = next(k for k in _WRAPPERS if getattr(handler, k) is not None)
+    wrapped = _WRAPPERS[kind](getattr(handler, kind))
+    return handler._replace(request_deserializer=safe_decode, **{kind: wrapped})
 
 
 class strict_decoding:  # noqa: N801 - used like a function: strict_decoding(server)

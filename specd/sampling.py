@@ -188,17 +188,38 @@ def rejection_sample(
     a = _num_accepted(uniforms * q_d < p_d, num_draft)  # u < p/q without dividing by q
 
     p_next = target_probs[rows, a]  # [N, V] the distribution after the accepted run
+    residual = p_next
     if k_max > 0:
         q_next = draft_probs[rows, a.clamp(max=k_max - 1)]
         q_next = torch.where((a < num_draft)[:, None], q_next, 0.0)  # bonus: no q
-        residual = (p_next - q_next).clamp(min=0.0)  # recovered: norm(max(0, p - q))
-        # p == q (numerically) leaves no residual mass; then rejection had probability 0
-        empty = residual.sum(-1, keepdim=True) <= 0
-        residual = torch.where(empty, p_next, residual)
-    else:
-        residual = p_next
+        residual = _residual(p_next, q_next)
+    taken = _take_alternative(residual, alts, a)
+    final = residual
+    if alts.tokens.shape[1]:
+        bonus = target_probs[rows, k_max + 1 + taken.clamp(min=0)]  # p at the alternative taken
+        final = torch.where((taken >= 0)[:, None], bonus, residual)
+    extra = (final / noise).argmax(-1)  # [N], a sample from norm(final)
+    return _verified(draft_tokens, a, extra, alts, taken)
+
+
+def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Where a draft was rejected the next token comes from norm(max(0, p - q))
+    (unnormalised here). p == q (numerically) leaves no mass; then rejection had
+    probability 0 and p stands."""
+    residual = (p - q).clamp(min=0.0)
+    empty = residual.sum(-1, keepdim=True) <= 0
+    return torch.where(empty, p, residual)
+
+
+def _take_alternative(residual: torch.Tensor, alts: Alternatives, a: torch.Tensor):
+    """Try the alternatives hanging where the chain stopped, in order, each as a draft
+    of the deterministic proposer from the residual: accepted with probability
+    w(x) / sum(w); a rejected one's mass leaves the residual (in place). -> [N] index of
+    the alternative taken, -1 for none."""
+    n = residual.shape[0]
+    rows = torch.arange(n)
     taken = torch.full((n,), -1, dtype=torch.long)
-    for j in range(alts.tokens.shape[1]):  # the alternatives hanging where the chain stopped
+    for j in range(alts.tokens.shape[1]):
         x = alts.tokens[:, j]
         active = (alts.parents[:, j] == a) & (taken < 0)
         total, w_x = residual.sum(-1), residual[rows, x]
@@ -206,12 +227,7 @@ def rejection_sample(
         taken = torch.where(accept, j, taken)
         drop = active & ~accept & (total - w_x > 0)  # else the rejection had probability 0
         residual[rows[drop], x[drop]] = 0.0
-    final = residual
-    if alts.tokens.shape[1]:
-        bonus = target_probs[rows, k_max + 1 + taken.clamp(min=0)]  # p at the alternative taken
-        final = torch.where((taken >= 0)[:, None], bonus, residual)
-    extra = (final / noise).argmax(-1)  # [N], a sample from norm(final)
-    return _verified(draft_tokens, a, extra, alts, taken)
+    return taken
 
 
 def _verified(draft_tokens, a, extra, alts: Alternatives, taken) -> Verified:

@@ -11,7 +11,8 @@ from collections import deque
 from typing import NamedTuple
 
 from specd.config import EngineConfig
-from verifier_service.controller import Candidate, Controller, expected_tokens
+from verifier_service.acceptance import expected_tokens
+from verifier_service.controller import Candidate, Controller
 from verifier_service.sequence import Sequence
 
 

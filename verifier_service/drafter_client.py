@@ -152,24 +152,7 @@ class RemoteProposer:
             return empty
         request = drafter_pb2.DraftRequest(round=next(self._rounds))
         for s in states:
-            sent = self._sent.get(s.seq_id)
-            if sent is None:
-                cmd = request.commands.add(seq_id=s.seq_id)
-                cmd.open.token_ids.extend(s.tokens)
-                cmd.open.params.CopyFrom(params_to_proto(s.params))
-                if s.grammar is not None:  # the drafter drafts under the same constraint
-                    cmd.open.constraint.CopyFrom(constraint_to_proto(s.grammar.constraint))
-                    cmd.open.prompt_length = len(s.tokens) - s.grammar.consumed
-                if s.span is not None:
-                    ctx = trace.set_span_in_context(s.span)
-                    cmd.open.trace_context.update(dict(inject_metadata(ctx)))
-                step = []
-            else:
-                step = s.tokens[sent:]
-            cmd = request.commands.add(seq_id=s.seq_id)
-            cmd.step.committed_ids.extend(step)
-            cmd.step.k = s.k
-            self._sent[s.seq_id] = len(s.tokens)
+            self._add_commands(request, s)
         started = time.perf_counter()
         try:
             response = stream.call(request, self.timeout_s)
@@ -185,6 +168,27 @@ class RemoteProposer:
             self._rtt.observe(time.perf_counter() - started)
         by_seq = {p.seq_id: p for p in response.proposals}
         return [proposal_from_proto(by_seq.get(s.seq_id), s.k) for s in states]
+
+    def _add_commands(self, request, s: DraftState) -> None:
+        """A round's commands for one sequence: open its session (the first time on this
+        stream: its tokens, params, constraint, trace context), then step it with the
+        tokens committed since the last round."""
+        sent = self._sent.get(s.seq_id)
+        step = s.tokens[sent:] if sent is not None else []
+        if sent is None:
+            cmd = request.commands.add(seq_id=s.seq_id)
+            cmd.open.token_ids.extend(s.tokens)
+            cmd.open.params.CopyFrom(params_to_proto(s.params))
+            if s.grammar is not None:  # the drafter drafts under the same constraint
+                cmd.open.constraint.CopyFrom(constraint_to_proto(s.grammar.constraint))
+                cmd.open.prompt_length = len(s.tokens) - s.grammar.consumed
+            if s.span is not None:
+                ctx = trace.set_span_in_context(s.span)
+                cmd.open.trace_context.update(dict(inject_metadata(ctx)))
+        cmd = request.commands.add(seq_id=s.seq_id)
+        cmd.step.committed_ids.extend(step)
+        cmd.step.k = s.k
+        self._sent[s.seq_id] = len(s.tokens)
 
     def _fell_back(self, happened: bool = True) -> None:
         if happened:

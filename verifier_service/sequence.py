@@ -13,7 +13,7 @@ import torch
 from specd.grammar import GrammarState
 from specd.params import SamplingParams
 from specd.sampling import make_generator
-from verifier_service.controller import PositionAcceptance
+from verifier_service.acceptance import PositionAcceptance
 from verifier_service.request import Request, SpeculationBounds
 
 log = logging.getLogger(__name__)

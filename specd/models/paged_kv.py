@@ -152,17 +152,51 @@ class BatchPlan:
 
     @classmethod
     def _index(cls, allocator, seqs, spans, device, q_tile=0, paged=False) -> BatchPlan:
-        bs = allocator.block_size
-        q_lens = [len(s.tokens) for s in seqs]
-        kv_lens = [end for _, end in spans]
-        batch, q_max, l_max = len(seqs), max(q_lens), max(kv_lens)
+        bs, batch = allocator.block_size, len(seqs)
+        q_max, l_max = max(len(s.tokens) for s in seqs), max(end for _, end in spans)
         if q_tile:  # batch-invariant: fixed attention shapes (padded keys are masked out)
-            q_max = -(-q_max // q_tile) * q_tile
-            l_max = -(-l_max // KV_TILE) * KV_TILE
+            q_max, l_max = -(-q_max // q_tile) * q_tile, -(-l_max // KV_TILE) * KV_TILE
 
-        ids, positions, logits_rows, pad_rows = [], [], [], []
         table = torch.zeros(batch, -(-l_max // bs), dtype=torch.long)
-        offset = 0
+        ids, positions, logits_rows, pad_rows = cls._rows(allocator, seqs, spans, q_max, table)
+
+        # slot of position p in sequence b = table[b, p // bs] * bs + p % bs
+        cols = torch.arange(l_max)
+        kv_slots = table[:, cols // bs] * bs + cols % bs  # [B, L_max]
+        write_slots = torch.cat([kv_slots[b, start:end] for b, (start, end) in enumerate(spans)])
+
+        def dev(t):
+            t = torch.tensor(t, dtype=torch.long) if isinstance(t, list) else t
+            return t.to(device, non_blocking=True)
+
+        plan = cls(
+            input_ids=dev(ids),
+            positions=dev(positions),
+            write_slots=dev(write_slots),
+            kv_slots=dev(kv_slots),
+            attn_mask=None,
+            pad_index=None,
+            logits_index=dev(logits_rows),
+            batch=batch,
+            q_max=q_max,
+        )
+        if paged:
+            ancestries = [None if s.parents is None else s.ancestry() for s in seqs]
+            plan.paged = PagedRows.build(dev(table), bs, spans, ancestries)
+            return plan
+        if (mask := cls._mask(seqs, spans, q_max, cols, bool(q_tile))) is not None:
+            plan.attn_mask = dev(mask)
+        if batch > 1 or q_tile:
+            plan.pad_index = dev(pad_rows)
+        return plan
+
+    @staticmethod
+    def _rows(allocator, seqs, spans, q_max: int, table: torch.Tensor):
+        """The step's rows, sequence after sequence: token ids, positions, the rows whose
+        logits are wanted, each row's place in a [B * Q_max] padded layout. Fills each
+        sequence's block table into `table`."""
+        bs = allocator.block_size
+        ids, positions, logits_rows, pad_rows, offset = [], [], [], [], 0
         for b, (s, (start, end)) in enumerate(zip(seqs, spans, strict=True)):
             ids.extend(s.tokens)
             positions.extend(start + d for d in s.depths())
@@ -172,38 +206,7 @@ class BatchPlan:
             blocks = allocator.block_table(s.seq_id)[: -(-end // bs)]
             table[b, : len(blocks)] = torch.tensor(blocks, dtype=torch.long)
             offset += n
-
-        # slot of position p in sequence b = table[b, p // bs] * bs + p % bs
-        cols = torch.arange(l_max)
-        kv_slots = table[:, cols // bs] * bs + cols % bs  # [B, L_max]
-        pos = torch.tensor(positions, dtype=torch.long)
-        write_slots = torch.cat([kv_slots[b, start:end] for b, (start, end) in enumerate(spans)])
-
-        def dev(t):
-            return t.to(device, non_blocking=True)
-
-        plan = cls(
-            input_ids=dev(torch.tensor(ids, dtype=torch.long)),
-            positions=dev(pos),
-            write_slots=dev(write_slots),
-            kv_slots=dev(kv_slots),
-            attn_mask=None,
-            pad_index=None,
-            logits_index=dev(torch.tensor(logits_rows, dtype=torch.long)),
-            batch=batch,
-            q_max=q_max,
-        )
-        if paged:
-            ancestries = [None if s.parents is None else s.ancestry() for s in seqs]
-            plan.paged = PagedRows.build(dev(table), bs, spans, ancestries)
-            return plan
-
-        mask = cls._mask(seqs, spans, q_max, cols, bool(q_tile))
-        if mask is not None:
-            plan.attn_mask = dev(mask)
-        if batch > 1 or q_tile:
-            plan.pad_index = dev(torch.tensor(pad_rows, dtype=torch.long))
-        return plan
+        return ids, positions, logits_rows, pad_rows
 
     @staticmethod
     def _mask(seqs, spans, q_max: int, cols: torch.Tensor, tiled: bool) -> torch.Tensor | None:

@@ -164,6 +164,10 @@ def cpu_has_vnni() -> bool:
     return all(f in flags for f in ("avx512f", "avx512bw", "avx512_vnni", "f16c"))
 
 
+_FLAGS = ["-O3", "-fopenmp", "-mf16c", "-mfma"]
+_FLAGS += [f"-mavx512{x}" for x in ("f", "bw", "vl", "vnni")]
+
+
 def kernel():
     """Build (once, cached under $SPECD_CACHE/kernels) and load the AVX512-VNNI kernels
     (this linear, and specd.models.attention's); None where this CPU or toolchain cannot
@@ -178,6 +182,15 @@ def kernel():
     if os.environ.get("SPECD_NO_QKERNEL") or not runnable:
         log.warning("no AVX512-VNNI on this CPU (or SPECD_NO_QKERNEL set): no int8/int4 kernel")
         return None
+    try:
+        _kernel = _build()
+    except Exception as e:  # no compiler, no headers: the model runs bf16 (weights.choose)
+        log.warning("could not build the int8/int4 kernel (%s)", e)
+        _kernel = None
+    return _kernel
+
+
+def _build():
     from torch.utils.cpp_extension import load
 
     from specd.models.catalog import cache_root
@@ -186,29 +199,14 @@ def kernel():
     tag = hashlib.sha256(src + torch.__version__.encode()).hexdigest()[:12]
     build = cache_root() / "kernels" / tag
     build.mkdir(parents=True, exist_ok=True)
-    flags = [
-        "-O3",
-        "-fopenmp",
-        "-mavx512f",
-        "-mavx512bw",
-        "-mavx512vl",
-        "-mavx512vnni",
-        "-mf16c",
-        "-mfma",
-    ]
-    try:
-        _kernel = load(
-            name=f"specd_qlinear_{tag}",
-            sources=[str(path) for path in _SOURCES],
-            extra_cflags=flags,
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(build),
-            verbose=False,
-        )
-    except Exception as e:  # no compiler, no headers: the model runs bf16 (weights.choose)
-        log.warning("could not build the int8/int4 kernel (%s)", e)
-        _kernel = None
-    return _kernel
+    return load(
+        name=f"specd_qlinear_{tag}",
+        sources=[str(path) for path in _SOURCES],
+        extra_cflags=_FLAGS,
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(build),
+        verbose=False,
+    )
 
 
 def qlinear(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None, out_dtype=None):

@@ -2,14 +2,9 @@
 
 import pytest
 
-from verifier_service.controller import (
-    Candidate,
-    Controller,
-    CostCurve,
-    PositionAcceptance,
-    RouteAcceptance,
-    expected_tokens,
-)
+from verifier_service.acceptance import PositionAcceptance, RouteAcceptance, expected_tokens
+from verifier_service.controller import Candidate, Controller
+from verifier_service.costs import CostCurve
 from verifier_service.request import SpeculationBounds
 
 # one decode step of the 1.5B target at int4 on the 2-core CPU, by rows in the forward,

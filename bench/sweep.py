@@ -28,6 +28,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import anyio
 import grpc
 from tqdm import tqdm
 
@@ -74,22 +75,23 @@ async def _one(stub, messages, mode: str, max_new: int, route: str = "") -> dict
 
 
 async def drive(one, conversations, concurrency: int, requests: int, tick=None):
-    """`requests` calls of `one(messages)` from `concurrency` concurrent clients, cycling
-    through the conversations; returns their results and the wall time. `tick(1)` after
-    each (a tqdm bar's `update`)."""
-    queue: asyncio.Queue = asyncio.Queue()
-    for i in range(requests):
-        queue.put_nowait(conversations[i % len(conversations)])
+    """`requests` calls of `one(messages)` from `concurrency` concurrent clients (one anyio
+    task group: a client that fails cancels the others), cycling through the
+    conversations; returns their results and the wall time. `tick(1)` after each (a tqdm
+    bar's `update`)."""
+    pending = iter([conversations[i % len(conversations)] for i in range(requests)])
     results: list[dict] = []
 
-    async def worker():
-        while not queue.empty():
-            results.append(await one(queue.get_nowait()))
+    async def client():
+        for messages in pending:  # shared: each conversation goes to one client
+            results.append(await one(messages))
             if tick is not None:
                 tick(1)
 
     start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    async with anyio.create_task_group() as clients:
+        for _ in range(concurrency):
+            clients.start_soon(client)
     return results, time.perf_counter() - start
 
 

@@ -28,7 +28,8 @@ from aiohttp import web
 
 from protos.specd.v1 import verifier_pb2
 from router import openai_schema as schema
-from router.generation import RequestError, Router
+from router.generation import Router
+from router.prepare import RequestError
 from specd.serving import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)

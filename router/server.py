@@ -9,8 +9,9 @@ import logging
 import anyio
 
 from protos.specd.v1 import router_pb2, router_pb2_grpc
-from router.generation import Prepared, RequestError, Router
+from router.generation import Router
 from router.policy import Policy, PolicyError, PolicyFile
+from router.prepare import Prepared, RequestError
 from router.replicas import ReplicaSet
 
 log = logging.getLogger(__name__)

@@ -51,7 +51,7 @@ def test_dns_answers_move_traffic(two):
 def test_policy_reload_applies_to_the_next_request(two, tmp_path):
     path = tmp_path / "policy.yaml"
     path.write_text("routes:\n  code: {num_draft_tokens: 2}\n")
-    servicer = two.router_core
+    servicer = two.router_core.preparer
     old = servicer.policy
     servicer.policy = PolicyFile(str(path))
     try:

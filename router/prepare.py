@@ -1,0 +1,125 @@
+"""A request checked and tokenized once, before any replica sees it: what every attempt
+sends (`Prepared`), or a `RequestError` carrying the gRPC status it ends with (the HTTP door
+maps it to an HTTP code)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import grpc
+
+from protos.specd.v1 import router_pb2
+from router.policy import Policy, PolicyFile
+from specd.params import SamplingParams
+from specd.wire import constraint_from_proto, params_from_proto
+
+# the roles of the chat format every HF chat template is written for; a template that
+# cannot render one of them raises, and that is refused too (see _tokenize)
+ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+
+class RequestError(Exception):
+    """A request that ends with a status: `retry_after_ms` is the hint a verifier sent with
+    RESOURCE_EXHAUSTED (0: none)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, retry_after_ms: int = 0):
+        super().__init__(message)
+        self.code = code
+        self.retry_after_ms = retry_after_ms
+
+    @classmethod
+    def from_rpc(cls, exc: grpc.aio.AioRpcError) -> RequestError:
+        hint = dict(exc.trailing_metadata() or ()).get("retry-after-ms", "0")
+        retry = int(hint) if str(hint).isdigit() else 0
+        return cls(exc.code(), exc.details() or str(exc.code()), retry)
+
+
+@dataclass
+class Prepared:
+    """A validated request: what every attempt on a replica sends."""
+
+    request: router_pb2.GenerateRequest
+    params: SamplingParams  # request.params, checked
+    prompt_ids: list[int]
+    route: str
+    warnings: list[str]
+    policy: object
+    max_new_tokens: int
+    metadata: Mapping[str, str]  # the caller's gRPC metadata or HTTP headers (lower case)
+    deadline: float | None  # time.monotonic() past which the request fails
+
+
+class Preparer:
+    """Validation and tokenization with the router's tokenizer, route policies and token
+    limits."""
+
+    def __init__(
+        self, tokenizer, policy: Policy, default_max_new_tokens: int, max_new_tokens_cap: int
+    ):
+        self.tokenizer = tokenizer
+        self.policy = policy
+        self.default_max_new_tokens = default_max_new_tokens
+        self.max_new_tokens_cap = max_new_tokens_cap
+
+    def prepare(
+        self,
+        request: router_pb2.GenerateRequest,
+        metadata: Mapping[str, str],
+        timeout: float | None = None,
+    ) -> Prepared:
+        """Check the request and tokenize its input; raises RequestError(INVALID_ARGUMENT).
+        `metadata`: lower-case keys (x-route, traceparent); `timeout`: seconds, or None."""
+        which = request.WhichOneof("input")
+        if which is None:
+            raise _invalid("one of prompt, messages or token_ids is required")
+        params = params_from_proto(request.params)
+        try:
+            params.validate()
+            constraint = constraint_from_proto(request.constraint)
+            if constraint is not None:
+                constraint.grammar()  # compiled (and cached) here: a bad one never travels
+        except ValueError as exc:
+            raise _invalid(str(exc)) from None
+        max_new = request.max_new_tokens or self.default_max_new_tokens
+        if max_new < 0 or max_new > self.max_new_tokens_cap:
+            raise _invalid(f"max_new_tokens must be in [1, {self.max_new_tokens_cap}]")
+        ids = self._tokenize(request, which)
+        if not ids:
+            raise _invalid("the prompt is empty")
+        route_name = request.route or metadata.get("x-route", "") or "default"
+        policy_set = self.policy.current() if isinstance(self.policy, PolicyFile) else self.policy
+        route, policy, warning = policy_set.for_route(route_name)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        warnings = [warning] if warning else []
+        return Prepared(request, params, ids, route, warnings, policy, max_new, metadata, deadline)
+
+    def _tokenize(self, request, which: str) -> list[int]:
+        if which == "token_ids":
+            ids = list(request.token_ids.ids)
+            vocab = len(self.tokenizer)
+            if any(not 0 <= t < vocab for t in ids):
+                raise _invalid(f"token ids must be in [0, {vocab})")
+            return ids
+        if which == "prompt":
+            return list(self.tokenizer(request.prompt, add_special_tokens=False)["input_ids"])
+        messages = [{"role": m.role, "content": m.content} for m in request.messages.messages]
+        if not messages:
+            return []
+        for i, m in enumerate(messages):
+            if m["role"] not in ROLES:
+                raise _invalid(
+                    f"messages[{i}].role {m['role']!r} is not one of {', '.join(sorted(ROLES))}"
+                )
+        try:
+            enc = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True
+            )
+        except Exception as exc:  # the template rejects the conversation
+            raise _invalid(f"chat template failed: {exc}") from None
+        return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+
+
+def _invalid(message: str) -> RequestError:
+    return RequestError(grpc.StatusCode.INVALID_ARGUMENT, message)

@@ -1,0 +1,80 @@
+"""One attempt on one verifier replica: the request it is sent, and its stream relayed as
+text deltas (detokenized, cut at stop strings) with the verifier's account at the end."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+
+from protos.specd.v1 import common_pb2, router_pb2, verifier_pb2
+from router.detok import IncrementalDetokenizer, StopStrings
+from router.policy import Decision
+from router.prepare import Prepared, RequestError
+
+
+async def relay(call, prep: Prepared, decision: Decision, tokenizer):
+    """The verifier's messages as the client's: text deltas, and at the end the finish
+    reason, usage and the verifier's account of speculation."""
+    detok = IncrementalDetokenizer(tokenizer)
+    stops = StopStrings(list(prep.request.stop))
+    ids: list[int] = []
+    finish, spec, usage = "", common_pb2.SpeculationInfo(), common_pb2.Usage()
+    async for resp in call:
+        ids.extend(resp.token_ids)
+        text = stops.feed(detok.push(list(resp.token_ids)))
+        usage, finish = resp.usage, resp.finish_reason
+        if resp.HasField("speculation"):
+            spec = resp.speculation
+        if stops.stopped:
+            finish = "stop"
+            usage = common_pb2.Usage(prompt_tokens=len(prep.prompt_ids), completion_tokens=len(ids))
+            call.cancel()
+        if finish:
+            text += stops.flush()
+            # the verifier's account is the truth; the arrival's rides beside it, and
+            # stands in where the verifier had nothing to decide (or was cut off by a
+            # stop string before its final report)
+            spec.arrival_reason = decision.reason
+            if spec.reason in ("", "off:request"):
+                spec.reason = decision.reason
+                spec.num_draft_tokens = decision.k
+            yield router_pb2.GenerateStreamResponse(
+                text=text,
+                token_ids=resp.token_ids,
+                finish_reason=finish,
+                usage=usage,
+                speculation=spec,
+                route=prep.route,
+                warnings=prep.warnings,
+            )
+            return
+        if text or resp.token_ids:
+            yield router_pb2.GenerateStreamResponse(text=text, token_ids=resp.token_ids)
+
+
+def remaining(deadline: float | None) -> float | None:
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise RequestError(grpc.StatusCode.DEADLINE_EXCEEDED, "the request's deadline passed")
+    return left
+
+
+def verifier_request(prep: Prepared, decision: Decision) -> verifier_pb2.VerifyGenerateRequest:
+    request, policy = prep.request, prep.policy
+    return verifier_pb2.VerifyGenerateRequest(
+        prompt_ids=prep.prompt_ids,
+        params=request.params,
+        max_new_tokens=prep.max_new_tokens,
+        ignore_eos=request.ignore_eos,
+        constraint=request.constraint,
+        num_draft_tokens=decision.k,
+        route=prep.route,
+        auto=decision.auto,
+        # the route's soft bounds, applied by the verifier every step
+        draft_below_batch=policy.max_batch_size if decision.auto else 0,
+        max_kv_utilization=policy.max_kv_utilization if decision.auto else 0.0,
+        min_acceptance=policy.min_acceptance if decision.auto else 0.0,
+    )

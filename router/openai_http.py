@@ -29,50 +29,14 @@ from aiohttp import web
 from protos.specd.v1 import verifier_pb2
 from router import openai_schema as schema
 from router.generation import Router
+from router.openai_answer import Answer
+from router.openai_errors import error_event, error_response, request_error_response
 from router.prepare import RequestError
 from specd.serving import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = MAX_MESSAGE_BYTES  # as the gRPC listener's
-HTTP_STATUS = {
-    grpc.StatusCode.INVALID_ARGUMENT: 400,
-    grpc.StatusCode.OUT_OF_RANGE: 400,
-    grpc.StatusCode.FAILED_PRECONDITION: 400,
-    grpc.StatusCode.UNAUTHENTICATED: 401,
-    grpc.StatusCode.PERMISSION_DENIED: 403,
-    grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-    grpc.StatusCode.CANCELLED: 499,
-    grpc.StatusCode.UNIMPLEMENTED: 501,
-    grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
-}
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-    503: "service_unavailable_error",
-    504: "timeout_error",
-}
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-
-
-def error_response(status: int, message: str, param=None, code=None, headers=None):
-    body = schema.error(message, ERROR_TYPES.get(status, "server_error"), param, code)
-    return web.json_response(body, status=status, headers=headers)
-
-
-def request_error_response(exc: RequestError) -> web.Response:
-    status = HTTP_STATUS.get(exc.code, 500)
-    headers = None
-    if status == 429:
-        ms = exc.retry_after_ms or 1000
-        headers = {"Retry-After": str(math.ceil(ms / 1000)), "retry-after-ms": str(ms)}
-    return error_response(status, str(exc), code=exc.code.name.lower(), headers=headers)
 
 
 class OpenAIDoor:
@@ -206,67 +170,12 @@ class OpenAIDoor:
                     for chunk in answer.chunks(msg):
                         await _send(response, chunk)
             except RequestError as exc:  # mid-stream: the status is sent, so an error event
-                status = HTTP_STATUS.get(exc.code, 500)
-                kind = ERROR_TYPES.get(status, "server_error")
-                await _send(response, schema.error(str(exc), kind, code=exc.code.name.lower()))
+                await _send(response, error_event(exc))
             except ConnectionError:  # the client left: closing `messages` frees the request
                 return response
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
             return response
-
-
-class Answer:
-    """One request's response objects, whole or as stream chunks."""
-
-    def __init__(self, obj: str, rid: str, model: str, body, prompt_ids: list[int]):
-        self.chat = obj == "chat.completion"
-        self.obj = obj
-        self.head = {"id": rid, "object": obj, "created": int(time.time()), "model": model}
-        self.body = body
-        self.prompt_ids = prompt_ids
-        self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
-
-    def _choice(self, text: str, ids, finish: str | None, delta: dict | None = None) -> dict:
-        choice = {"index": 0}
-        if not self.chat:
-            choice["text"] = text
-        elif delta is not None:
-            choice["delta"] = delta
-        else:
-            choice["message"] = {"role": "assistant", "content": text}
-        choice["logprobs"] = None
-        choice["finish_reason"] = finish
-        if self.body.return_token_ids:
-            choice["token_ids"] = list(ids)
-        return choice
-
-    def whole(self, resp) -> dict:
-        out = {
-            **self.head,
-            "choices": [self._choice(resp.text, resp.token_ids, resp.finish_reason)],
-            "usage": schema.usage(resp.usage),
-            **schema.extension(resp),
-        }
-        if self.body.return_token_ids:
-            out["prompt_token_ids"] = self.prompt_ids
-        return out
-
-    def chunks(self, msg, opening: bool = False) -> list[dict]:
-        head = {**self.head, "object": f"{self.obj}.chunk" if self.chat else self.obj}
-        usage = {"usage": None} if self.include_usage else {}
-        out = []
-        if opening and self.chat:
-            delta = {"role": "assistant", "content": ""}
-            out.append({**head, "choices": [self._choice("", [], None, delta)], **usage})
-        finish = msg.finish_reason or None
-        if msg.text or msg.token_ids or finish:
-            delta = {"content": msg.text} if msg.text or not finish else {}
-            chunk = {**head, "choices": [self._choice(msg.text, msg.token_ids, finish, delta)]}
-            out.append({**chunk, **usage, **(schema.extension(msg) if finish else {})})
-        if finish and self.include_usage:
-            out.append({**head, "choices": [], "usage": schema.usage(msg.usage)})
-        return out
 
 
 async def _send(response: web.StreamResponse, chunk: dict) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from protos.specd.v1 import common_pb2, router_pb2
@@ -256,29 +255,3 @@ def _set_prompt(request: router_pb2.GenerateRequest, prompt) -> None:
         request.prompt = prompt
     else:
         request.token_ids.ids.extend(prompt)
-
-
-# -- answers ---------------------------------------------------------------------------------
-def usage(u: common_pb2.Usage) -> dict:
-    return {
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-    }
-
-
-def extension(msg) -> dict:
-    """specd's fields beside the standard ones: the speculation account and the route."""
-    spec = MessageToDict(
-        msg.speculation,
-        preserving_proto_field_name=True,
-        always_print_fields_with_no_presence=True,
-    )
-    out = {"speculation": spec, "route": msg.route}
-    if msg.warnings:
-        out["warnings"] = list(msg.warnings)
-    return out
-
-
-def error(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

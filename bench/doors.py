@@ -24,7 +24,8 @@ from pathlib import Path
 
 import grpc
 
-from bench.sweep import _one, _pct, add_service_args, drive, load_conversations
+from bench.sweep import add_service_args, drive, load_conversations, stream_one
+from bench.sweep_report import percentile
 from protos.specd.v1 import router_pb2_grpc
 
 
@@ -59,7 +60,7 @@ async def _clients(one, conversations, concurrency: int, requests: int) -> dict:
     return {
         "tokens": tokens,
         "tokens_per_s": tokens / wall,
-        "ttft_p50": _pct([r["ttft"] for r in results], 0.5),
+        "ttft_p50": percentile([r["ttft"] for r in results], 0.5),
     }
 
 
@@ -67,7 +68,7 @@ async def grpc_cell(address, conversations, concurrency, requests, max_new) -> d
     async with grpc.aio.insecure_channel(address) as channel:
         stub = router_pb2_grpc.GenerationStub(channel)
         return await _clients(
-            lambda m: _one(stub, m, "auto", max_new), conversations, concurrency, requests
+            lambda m: stream_one(stub, m, "auto", max_new), conversations, concurrency, requests
         )
 
 

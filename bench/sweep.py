@@ -21,11 +21,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import statistics
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 
 import anyio
@@ -33,6 +30,8 @@ import grpc
 from tqdm import tqdm
 
 from bench.speculative import load_items
+from bench.sweep_peers import add_peer
+from bench.sweep_report import ms, summarise, to_markdown, write_outputs
 from protos.specd.v1 import router_pb2_grpc
 from router.client import build_request
 
@@ -49,7 +48,7 @@ def load_conversations(workload: str) -> list[list[dict]]:
     ]
 
 
-async def _one(stub, messages, mode: str, max_new: int, route: str = "") -> dict:
+async def stream_one(stub, messages, mode: str, max_new: int, route: str = "") -> dict:
     start = time.perf_counter()
     first, tokens, final = None, 0, None
     request = build_request(
@@ -108,43 +107,13 @@ async def run_cell(
     async with grpc.aio.insecure_channel(address) as channel:
         stub = router_pb2_grpc.GenerationStub(channel)
         results, wall = await drive(
-            lambda m: _one(stub, m, mode, max_new, route),
+            lambda m: stream_one(stub, m, mode, max_new, route),
             conversations,
             concurrency,
             requests,
             tick,
         )
     return summarise(results, wall)
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
-
-
-def summarise(results: list[dict], wall: float) -> dict:
-    ttft = [r["ttft"] for r in results]
-    tpot = [r["tpot"] for r in results if r["tpot"] is not None]
-    drafted = sum(r["drafted"] for r in results)
-    accepted = sum(r["accepted"] for r in results)
-    rounds = sum(r["rounds"] for r in results)
-    tokens = sum(r["tokens"] for r in results)
-    return {
-        "requests": len(results),
-        "tokens": tokens,
-        "seconds": round(wall, 3),
-        "tokens_per_s": tokens / wall if wall else 0.0,
-        "ttft_p50": _pct(ttft, 0.5),
-        "ttft_p99": _pct(ttft, 0.99),
-        "tpot_p50": _pct(tpot, 0.5),
-        "tpot_p99": _pct(tpot, 0.99),
-        "tpot_mean": statistics.fmean(tpot) if tpot else None,
-        "acceptance": accepted / drafted if drafted else None,
-        "mean_accepted_length": (accepted + rounds) / rounds if rounds else None,
-        "reasons": dict(Counter(r["reason"] for r in results)),
-    }
 
 
 def sweep(
@@ -176,124 +145,9 @@ def sweep(
             cells.append(cell)
             progress(
                 f"  {cell['mode']:<6} c={c:<3} {cell['tokens_per_s']:7.2f} tok/s  "
-                f"TPOT p99 {_ms(cell['tpot_p99'])}  reasons {cell['reasons']}"
+                f"TPOT p99 {ms(cell['tpot_p99'])}  reasons {cell['reasons']}"
             )
     return {"target": address, "route": route, "max_new_tokens": max_new, "cells": cells}
-
-
-def _ms(x) -> str:
-    return "-" if x is None else f"{x * 1000:.0f} ms"
-
-
-def to_markdown(report: dict) -> str:
-    rows = [
-        "| mode | concurrency | tok/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | "
-        "acceptance | mean accepted length | decisions |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for c in report["cells"]:
-        acc = "-" if c["acceptance"] is None else f"{c['acceptance']:.0%}"
-        mal = "-" if c["mean_accepted_length"] is None else f"{c['mean_accepted_length']:.2f}"
-        reasons = ", ".join(f"{k} {v}" for k, v in sorted(c["reasons"].items()))
-        rows.append(
-            f"| {c['mode']} | {c['concurrency']} | {c['tokens_per_s']:.2f} | "
-            f"{_ms(c['ttft_p50'])} | {_ms(c['ttft_p99'])} | {_ms(c['tpot_p50'])} | "
-            f"{_ms(c['tpot_p99'])} | {acc} | {mal} | {reasons} |"
-        )
-    return "\n".join(rows) + "\n"
-
-
-def plot(report: dict, out: Path) -> list[Path]:
-    try:
-        import matplotlib
-    except ImportError:  # an optional extra: the JSON and markdown are the results
-        print("plots skipped: matplotlib is missing (pip install 'specd[bench]')")
-        return []
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = []
-    for key, title, unit in (
-        ("tokens_per_s", "Throughput", "tokens/s"),
-        ("tpot_p99", "TPOT p99", "seconds"),
-    ):
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for mode in dict.fromkeys(c["mode"] for c in report["cells"]):
-            cells = [c for c in report["cells"] if c["mode"] == mode and c[key] is not None]
-            ax.plot(
-                [c["concurrency"] for c in cells], [c[key] for c in cells], marker="o", label=mode
-            )
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrency")
-        ax.set_ylabel(unit)
-        ax.set_title(f"{title} vs concurrency")
-        ax.legend()
-        ax.grid(alpha=0.3)
-        path = out / f"sweep_{key}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        paths.append(path)
-    return paths
-
-
-def write_outputs(report: dict, out: Path) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "sweep.json").write_text(json.dumps(report, indent=1))
-    (out / "sweep.md").write_text(to_markdown(report))
-    return [out / "sweep.json", out / "sweep.md", *plot(report, out)]
-
-
-def hf_peer(model: str, draft_model: str, conversations, max_new: int, dtype_name: str) -> dict:
-    """transformers' generate on the same pair and prompts (concurrency 1, greedy, bf16
-    where the CPU has it, like the services)."""
-    import torch
-
-    from bench.speculative import run_hf
-    from specd.models.args import parse_dtype
-    from specd.models.loader import load_tokenizer
-    from specd.models.resolve import resolve
-
-    folder, draft = resolve(model), resolve(draft_model)
-    tok = load_tokenizer(folder)
-    prompts = []
-    for messages in conversations:
-        enc = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        prompts.append(list(enc["input_ids"] if hasattr(enc, "keys") else enc))
-    dtype = parse_dtype(dtype_name, torch.device("cpu"))
-    results = run_hf(folder, draft, prompts, max_new, dtype)
-    return {name: {k: v for k, v in r.items() if k != "outputs"} for name, r in results.items()}
-
-
-def peer_ratios(report: dict) -> list[str]:
-    """Each mode's concurrency-1 tokens/s over each transformers mode's."""
-    lines = []
-    for cell in (c for c in report["cells"] if c["concurrency"] == 1):
-        for name, peer in report["peer"].items():
-            ratio = cell["tokens_per_s"] / peer["tok_per_s"]
-            lines.append(f"specd {cell['mode']} (c=1) / {name}: {ratio:.2f}x")
-    return lines
-
-
-def llamacpp_ratios(report: dict) -> list[str]:
-    """Each specd cell's tokens/s over each llama-server variant's at the same concurrency
-    (measured in the same run)."""
-    lines = []
-    for name, cells in report["llamacpp"].items():
-        if isinstance(cells, dict):
-            lines.append(f"{name}: {cells['error']}")
-            continue
-        peer = {c["concurrency"]: c["tokens_per_s"] for c in cells}
-        for cell in report["cells"]:
-            if cell["concurrency"] in peer:
-                ratio = cell["tokens_per_s"] / peer[cell["concurrency"]]
-                lines.append(
-                    f"specd {cell['mode']} (c={cell['concurrency']}, "
-                    f"{cell['tokens_per_s']:.1f} tok/s) / {name} "
-                    f"({peer[cell['concurrency']]:.1f} tok/s): {ratio:.2f}x"
-                )
-    return lines
 
 
 def add_service_args(p: argparse.ArgumentParser) -> None:
@@ -353,30 +207,6 @@ def _specd_cells(args, modes: list[str], run: dict) -> dict:
     return report
 
 
-def _add_peer(report: dict, args, run: dict) -> None:
-    conversations = run["conversations"]
-    if args.peer == "hf":
-        n = min(len(conversations), args.requests_per_cell)
-        report["peer"] = hf_peer(
-            args.model, args.draft_model, conversations[:n], run["max_new"], args.dtype
-        )
-        report["peer_ratios"] = peer_ratios(report)
-    if args.peer == "llamacpp":
-        from bench.llamacpp import llamacpp_peer
-
-        report["llamacpp"] = llamacpp_peer(
-            args.model,
-            args.draft_model,
-            conversations,
-            run["levels"],
-            args.requests_per_cell,
-            run["max_new"],
-            tempfile.mkdtemp(prefix="specd-peer-"),
-            [n.strip() for n in args.peer_variants.split(",")],
-        )
-        report["peer_ratios"] = llamacpp_ratios(report)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     args = p.parse_args(argv)
@@ -392,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         route=args.route,
     )
     report = _specd_cells(args, modes, run)
-    _add_peer(report, args, run)
+    add_peer(report, args, run)
     for path in write_outputs(report, Path(args.out)):
         print(path)
     print(to_markdown(report))

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from bench.sweep import sweep, write_outputs
+from bench.sweep import sweep
+from bench.sweep_report import write_outputs
 from router.policy import Policy
 from tests.cluster import start_cluster
 

@@ -1,0 +1,103 @@
+"""`specd bench sweep`'s results: a cell's summary (percentiles, acceptance, decisions),
+the markdown table, the plots and the files written."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter
+from pathlib import Path
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
+
+
+def summarise(results: list[dict], wall: float) -> dict:
+    ttft = [r["ttft"] for r in results]
+    tpot = [r["tpot"] for r in results if r["tpot"] is not None]
+    drafted = sum(r["drafted"] for r in results)
+    accepted = sum(r["accepted"] for r in results)
+    rounds = sum(r["rounds"] for r in results)
+    tokens = sum(r["tokens"] for r in results)
+    return {
+        "requests": len(results),
+        "tokens": tokens,
+        "seconds": round(wall, 3),
+        "tokens_per_s": tokens / wall if wall else 0.0,
+        "ttft_p50": percentile(ttft, 0.5),
+        "ttft_p99": percentile(ttft, 0.99),
+        "tpot_p50": percentile(tpot, 0.5),
+        "tpot_p99": percentile(tpot, 0.99),
+        "tpot_mean": statistics.fmean(tpot) if tpot else None,
+        "acceptance": accepted / drafted if drafted else None,
+        "mean_accepted_length": (accepted + rounds) / rounds if rounds else None,
+        "reasons": dict(Counter(r["reason"] for r in results)),
+    }
+
+
+def ms(x) -> str:
+    return "-" if x is None else f"{x * 1000:.0f} ms"
+
+
+def to_markdown(report: dict) -> str:
+    rows = [
+        "| mode | concurrency | tok/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | "
+        "acceptance | mean accepted length | decisions |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in report["cells"]:
+        acc = "-" if c["acceptance"] is None else f"{c['acceptance']:.0%}"
+        mal = "-" if c["mean_accepted_length"] is None else f"{c['mean_accepted_length']:.2f}"
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(c["reasons"].items()))
+        rows.append(
+            f"| {c['mode']} | {c['concurrency']} | {c['tokens_per_s']:.2f} | "
+            f"{ms(c['ttft_p50'])} | {ms(c['ttft_p99'])} | {ms(c['tpot_p50'])} | "
+            f"{ms(c['tpot_p99'])} | {acc} | {mal} | {reasons} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def plot(report: dict, out: Path) -> list[Path]:
+    try:
+        import matplotlib
+    except ImportError:  # an optional extra: the JSON and markdown are the results
+        print("plots skipped: matplotlib is missing (pip install 'specd[bench]')")
+        return []
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for key, title, unit in (
+        ("tokens_per_s", "Throughput", "tokens/s"),
+        ("tpot_p99", "TPOT p99", "seconds"),
+    ):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for mode in dict.fromkeys(c["mode"] for c in report["cells"]):
+            cells = [c for c in report["cells"] if c["mode"] == mode and c[key] is not None]
+            ax.plot(
+                [c["concurrency"] for c in cells], [c[key] for c in cells], marker="o", label=mode
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(unit)
+        ax.set_title(f"{title} vs concurrency")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        path = out / f"sweep_{key}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def write_outputs(report: dict, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps(report, indent=1))
+    (out / "sweep.md").write_text(to_markdown(report))
+    return [out / "sweep.json", out / "sweep.md", *plot(report, out)]

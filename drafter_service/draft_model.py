@@ -14,14 +14,10 @@ from dataclasses import dataclass, field
 import torch
 
 from specd.kvcache import NoFreeBlocks
+from specd.logits import apply_repetition_penalty, logits_to_probs, presence_rows
 from specd.models.paged_kv import PagedKV, SeqInput
 from specd.proposal import DraftState, Proposal
-from specd.sampling import (
-    apply_repetition_penalty,
-    logits_to_probs,
-    make_generator,
-    presence_rows,
-)
+from specd.sampling import make_generator
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Logits -> probabilities, greedy verification and exact rejection sampling.
+"""Greedy verification and exact rejection sampling (the target's and the drafter's
+probabilities come from specd/logits.py).
 
 Pure tensor functions; randomness comes in as tensors (`uniforms`, `noise`) so the batched
 sampler and the slow reference in the tests can be fed the same draws. `draw_randomness`
@@ -46,72 +47,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-
-from specd.params import SamplingParams
-
-
-# -- the request's transforms (shared by drafter and verifier) ----------------------------
-def presence_rows(context: list[int], drafts: list[int], vocab: int) -> torch.Tensor:
-    """Tokens seen before each of the k+1 rows of a round -> bool [k+1, V]: row j has the
-    context plus d_1..d_j (row 0 the context only)."""
-    return presence_of_paths(context, [drafts[:j] for j in range(len(drafts) + 1)], vocab)
-
-
-def presence_of_paths(context: list[int], paths: list[list[int]], vocab: int) -> torch.Tensor:
-    """The same for any rows (a tree's nodes): row n has the context plus paths[n]."""
-    rows = torch.zeros(len(paths), vocab, dtype=torch.bool)
-    if context:
-        rows[:, torch.tensor(context)] = True
-    for n, path in enumerate(paths):
-        if path:
-            rows[n, torch.tensor(path)] = True
-    return rows
-
-
-def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float):
-    """logits [R, V], seen bool [R, V] (built on the CPU) -> logits with seen tokens
-    penalised, on the logits' device."""
-    if penalty == 1.0:
-        return logits
-    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
-    return torch.where(seen.to(logits.device), penalised, logits)
-
-
-def logits_to_probs(
-    logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None = None
-) -> torch.Tensor:
-    """logits [R, V] (fp32) -> probs [R, V] after repetition penalty, temperature, top-k,
-    top-p and min-p, in that order (as transformers). Greedy params give one-hot argmax."""
-    if seen is not None:
-        logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
-    if params.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    logits = logits / params.temperature
-    if 0 < params.top_k < logits.shape[-1]:
-        kth = logits.topk(params.top_k, dim=-1).values[:, -1:]  # [R, 1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if params.top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        # drop a token when the mass before it already reaches top_p (keeps at least one)
-        drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= params.top_p
-        probs = probs.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), 0.0)
-    if params.min_p > 0.0:
-        probs = probs.masked_fill(probs < params.min_p * probs.max(-1, keepdim=True).values, 0)
-    return probs / probs.sum(-1, keepdim=True)
-
-
-# -- proposals -> dense q -----------------------------------------------------------------
-def sparse_to_dense(ids: torch.Tensor, probs: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Sparse q: ids, probs [..., m] -> dense [..., V] (zero off the support). Adds, so
-    zero-probability padding entries may repeat an id without clobbering it."""
-    dense = torch.zeros(*ids.shape[:-1], vocab, dtype=probs.dtype)
-    return dense.scatter_add_(-1, ids, probs)
-
-
-def onehot_probs(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Absent q (deterministic drafter): one-hot at each draft token, [..., V]."""
-    return torch.nn.functional.one_hot(tokens, vocab).float()
 
 
 # -- verification ---------------------------------------------------------------------------

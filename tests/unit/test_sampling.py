@@ -5,17 +5,9 @@ import math
 import pytest
 import torch
 
-from specd.sampling import (
-    SamplingParams,
-    draw_randomness,
-    greedy_verify,
-    logits_to_probs,
-    make_generator,
-    onehot_probs,
-    presence_rows,
-    rejection_sample,
-    sparse_to_dense,
-)
+from specd.logits import logits_to_probs, onehot_probs, presence_rows, sparse_to_dense
+from specd.params import SamplingParams
+from specd.sampling import draw_randomness, greedy_verify, make_generator, rejection_sample
 
 
 # -- greedy -------------------------------------------------------------------------------

@@ -10,9 +10,10 @@ hand: greedy walks, parents and K/V moves."""
 import pytest
 import torch
 
+from specd.logits import logits_to_probs
 from specd.params import SamplingParams
 from specd.proposal import Proposal
-from specd.sampling import Alternatives, greedy_verify, logits_to_probs, rejection_sample
+from specd.sampling import Alternatives, greedy_verify, rejection_sample
 from tests.unit.test_sampling import fails_exactness
 from verifier_service import tree
 

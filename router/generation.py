@@ -16,8 +16,9 @@ from opentelemetry import trace
 
 from protos.specd.v1 import router_pb2
 from router.client import MODES
+from router.decide import Load, decide
 from router.metrics import RouterMetrics
-from router.policy import Load, Policy, decide
+from router.policy import Policy
 from router.prepare import Prepared, Preparer, RequestError
 from router.relay import relay, remaining, verifier_request
 from router.replicas import ReplicaSet

@@ -1,4 +1,5 @@
-"""Per-route speculation policy (YAML) and the decision at arrival (DESIGN.md section 6).
+"""Per-route speculation policy (YAML; the decision at arrival is router/decide.py,
+DESIGN.md section 6).
 
     default:  {speculation: auto, num_draft_tokens: 4, max_batch_size: 8,
                max_kv_utilization: 0.85, max_temperature: 1.0, min_acceptance: 0.5}
@@ -164,48 +165,3 @@ class PolicyFile:
         except (OSError, PolicyError) as exc:
             log.error("keeping the previous policy: %s", exc)
         return self.policy
-
-
-@dataclass(frozen=True)
-class Load:
-    """What the arrival decision reads from the chosen replica's last load report."""
-
-    running: int = 0
-    kv_utilization: float = 0.0
-    drafter_available: bool = True
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What the router sends: the most drafts per round (0: never), whether the verifier's
-    controller decides per step (`auto`), and the reason at arrival (reported beside the
-    verifier's own, which is the truth: the batch, KV and acceptance change while a
-    request runs)."""
-
-    k: int
-    auto: bool
-    reason: str
-
-
-def decide(policy: RoutePolicy, client: str, temperature: float, load: Load) -> Decision:
-    """client is the request's override: auto, on or off. The hard bounds (client, policy,
-    drafter, temperature) are final; the soft ones (batch, KV) only name the arrival's
-    state, since the verifier applies them every step (SpeculationBounds)."""
-    k = policy.num_draft_tokens
-    if client == "off":
-        return Decision(0, False, "off:client")
-    if policy.speculation == "off" or k == 0:
-        return Decision(0, False, "off:policy")
-    if not load.drafter_available:
-        return Decision(0, False, "off:drafter-unavailable")
-    if client == "on" or policy.speculation == "on":
-        return Decision(k, False, "on")
-    if temperature > policy.max_temperature:
-        return Decision(0, False, "off:temperature")
-    if policy.max_batch_size <= 0:  # the route speculates at no batch size
-        return Decision(0, False, "off:batch")
-    if load.running >= policy.max_batch_size:
-        return Decision(k, True, "off:batch")
-    if load.kv_utilization >= policy.max_kv_utilization:
-        return Decision(k, True, "off:kv")
-    return Decision(k, True, "auto")

@@ -8,8 +8,8 @@ import time
 import grpc
 
 from protos.specd.v1 import common_pb2, router_pb2, verifier_pb2
+from router.decide import Decision
 from router.detok import IncrementalDetokenizer, StopStrings
-from router.policy import Decision
 from router.prepare import Prepared, RequestError
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from router import policy as router_policy
-from router.policy import Decision, Load, Policy, PolicyError, PolicyFile, RoutePolicy, decide
+from router.decide import Decision, Load, decide
+from router.policy import Policy, PolicyError, PolicyFile, RoutePolicy
 
 AUTO = RoutePolicy(speculation="auto", num_draft_tokens=4, max_batch_size=8)
 

@@ -40,7 +40,7 @@ def _serve(args) -> int:
     if args.role == "drafter":
         from drafter_service.server import serve
     elif args.role == "verifier":
-        from verifier_service.server import serve
+        from verifier_service.startup import serve
     else:
         from router.server import serve
     asyncio.run(serve(config))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 import grpc
 from opentelemetry import trace
@@ -182,73 +181,3 @@ def _request(request, route: str, k: int, constraint, span) -> Request:
         constraint=constraint,
         span=span,
     )
-
-
-def build_engine(config, telemetry=None):
-    """The target model, its engine and (if configured) the remote drafter."""
-    from specd.models.loader import (
-        eos_token_ids,
-        load_config,
-        load_model,
-        load_tokenizer,
-        resolve,
-    )
-    from verifier_service.drafter_client import RemoteProposer
-
-    folder = resolve(config.model)
-    model = load_model(
-        folder, dtype=config.dtype, device=config.device or None, weights=config.weights
-    )
-    proposer = None
-    if config.drafter:
-        proposer = RemoteProposer(
-            config.drafter,
-            config.drafter_timeout_ms,
-            config.drafter_reconnect_ms,
-            telemetry,
-            tls_ca=config.tls_ca,
-        )
-    eos = eos_token_ids(folder, load_config(folder))
-    tokenizer = load_tokenizer(folder)  # for constrained requests (specd/grammar.py)
-    engine = Engine(model, config.engine, proposer, eos, telemetry=telemetry, tokenizer=tokenizer)
-    return engine, folder.name
-
-
-async def _wait_for_drafter(proposer, timeout_s: float) -> None:
-    """Before serving, give a configured drafter time to answer the stream's handshake, so
-    the first requests after readiness speculate. A drafter still missing after that is
-    not fatal: requests run without drafts until it comes (DESIGN.md section 3)."""
-    if proposer is None or not hasattr(proposer, "available"):
-        return
-    deadline = time.monotonic() + timeout_s
-    while not proposer.available:
-        if time.monotonic() >= deadline:
-            log.warning("drafter %s not answering; serving without it", proposer.address)
-            return
-        await asyncio.sleep(0.1)
-
-
-async def serve(config, ready=None, engine=None, model_name="") -> None:
-    from specd.model_thread import on_model_thread
-    from specd.serving import serve_until_signal, start_server
-    from specd.telemetry import setup
-
-    telemetry = setup("verifier", config.metrics_port)
-    if engine is None:
-        # loaded on the thread that will step it (see specd/model_thread.py)
-        engine, model_name = await on_model_thread("verifier", build_engine, config, telemetry)
-    await _wait_for_drafter(engine.proposer, config.drafter_startup_wait_ms / 1000)
-    servicer = VerifierServicer(engine, model_name, config.max_queue, telemetry)
-    server, port, health = await start_server(
-        config.host,
-        config.port,
-        lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, s),
-        [verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name],
-        tls_cert=config.tls_cert,
-        tls_key=config.tls_key,
-    )
-    log.info("verifier serving on %s:%d", config.host, port)
-    if ready is not None:
-        ready(port)
-    await serve_until_signal(server, health, config.drain_seconds, servicer.draining)
-    await servicer.close()

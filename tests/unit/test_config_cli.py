@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from specd.cli import ROLES, build_parser
+from specd.cli_parser import ROLES, build_parser
 from specd.config import EngineConfig, RouterConfig, from_arguments
 
 

@@ -1,0 +1,120 @@
+"""The `specd` command line's arguments: one sub-parser per command (what each runs is
+specd/cli.py); the services' flags are derived from their config classes."""
+
+from __future__ import annotations
+
+import argparse
+
+from specd.config import DrafterConfig, RouterConfig, VerifierConfig, add_arguments
+
+ROLES = {"drafter": DrafterConfig, "verifier": VerifierConfig, "router": RouterConfig}
+
+BENCHES = {  # `specd bench KIND` -> the module whose main() runs it
+    "engine": "bench.engine",
+    "spec": "bench.speculative",
+    "split": "bench.split",
+    "sweep": "bench.sweep",
+    "soak": "bench.soak",
+    "quality": "bench.quality",
+    "kernel": "bench.kernel",
+    "faults": "bench.faults",
+    "doors": "bench.doors",
+    "structured": "bench.structured",
+    "parity": "bench.parity",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specd",
+        description="speculative decoding services: models, up, serve, generate, health, bench",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_models, _add_serve, _add_generate, _add_health, _add_up, _add_bench):
+        add(sub)
+    return parser
+
+
+def _add_models(sub) -> None:
+    models = sub.add_parser("models", help="manage the model cache")
+    models_sub = models.add_subparsers(dest="action", required=True)
+    fetch = models_sub.add_parser("fetch", help="download, verify and convert a model set")
+    fetch.add_argument("set", nargs="?", default="default", choices=["default", "small"])
+    fetch.add_argument(
+        "--weights",
+        choices=["none", "int8", "int4"],
+        default="none",
+        help="also write the quantised weights cache (the first start does it otherwise)",
+    )
+
+
+def _add_serve(sub) -> None:
+    serve = sub.add_parser("serve", help="run one service")
+    roles = serve.add_subparsers(dest="role", required=True)
+    for role, cls in ROLES.items():
+        p = roles.add_parser(role, help=cls.__doc__)
+        add_arguments(p, cls)
+
+
+def _add_generate(sub) -> None:
+    gen = sub.add_parser("generate", help="send a prompt to the router")
+    gen.add_argument("prompt")
+    gen.add_argument("--address", default="127.0.0.1:50051")
+    gen.add_argument("--route", default="")
+    gen.add_argument("--stream", action="store_true")
+    gen.add_argument("--speculation", choices=["auto", "on", "off"], default="auto")
+    gen.add_argument("--max-new-tokens", type=int, default=0)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--stop", action="append")
+    gen.add_argument("--raw", action="store_true", help="no chat template")
+    gen.add_argument("--tls-ca", default="", help="PEM of the router's CA (TLS)")
+    gen.add_argument("--auth-token", default="", help="bearer token, if the router wants one")
+
+
+def _add_health(sub) -> None:
+    health = sub.add_parser("health", help="grpc.health.v1 check of ADDR (exit 0 if serving)")
+    health.add_argument("address")
+    health.add_argument("--timeout", type=float, default=2.0)
+    health.add_argument("--tls-ca", default="", help="PEM of the CA, for a TLS listener")
+    health.add_argument("--service", default="", help='e.g. specd.v1.Generation ("": overall)')
+
+
+def _add_up(sub) -> None:
+    up = sub.add_parser("up", help="drafter + verifier + router on localhost")
+    up.add_argument("--target", default="default-target")
+    up.add_argument("--draft", default="default-draft")
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--router-port", type=int, default=RouterConfig.port)
+    up.add_argument("--verifier-port", type=int, default=VerifierConfig.port)
+    up.add_argument("--drafter-port", type=int, default=DrafterConfig.port)
+    up.add_argument(
+        "--http-port", type=int, default=8000, help="the OpenAI-compatible API (0 = off)"
+    )
+    up.add_argument("--policy-file", default="")
+    up.add_argument(
+        "--proposer", choices=["draft", "ngram", "combined"], default=DrafterConfig.proposer
+    )
+    up.add_argument("--ready-timeout", type=float, default=600.0)
+    up.add_argument(
+        "--verifiers", type=int, default=1, help="verifier replicas (ports from --verifier-port)"
+    )
+    up.add_argument("--dtype", default="", help="activations of both models (default: auto)")
+
+
+def _add_bench(sub) -> None:
+    bench = sub.add_parser("bench", help="benchmarks (see bench/)")
+    bench.add_argument(
+        "kind",
+        choices=list(BENCHES),
+        help="engine: decode speed + verify cost; spec: speculation vs none; "
+        "quality: NLL and greedy agreement of each weight format; "
+        "kernel: one matrix's matmul per weight format and row count; "
+        "split: the router vs the in-process engine; sweep: concurrency x mode; "
+        "soak (or --soak): many mixed requests, then no leaks; "
+        "faults: SIGKILL a drafter and a verifier under load in specd up; "
+        "doors: the OpenAI HTTP door vs gRPC, same router; "
+        "structured: JSON-schema output on/off and vs unconstrained; "
+        "parity: greedy output with speculation on vs off, every workload prompt",
+    )
+    bench.add_argument("rest", nargs=argparse.REMAINDER)

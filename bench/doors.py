@@ -24,7 +24,8 @@ from pathlib import Path
 
 import grpc
 
-from bench.sweep import add_service_args, drive, load_conversations, stream_one
+from bench.prompts import load_conversations
+from bench.sweep import add_service_args, drive, stream_one
 from bench.sweep_report import percentile
 from protos.specd.v1 import router_pb2_grpc
 

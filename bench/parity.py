@@ -16,7 +16,8 @@ import argparse
 import json
 from pathlib import Path
 
-from bench.sweep import add_service_args, load_conversations
+from bench.prompts import load_conversations
+from bench.sweep import add_service_args
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from bench.speculative import load_workload
+from bench.prompts import load_workload
 from specd.models.loader import load_model, load_tokenizer, resolve
 from specd.models.paged_kv import PagedKV, SeqInput
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from bench.hf_generate import first_divergence, run_hf
+from bench.prompts import load_workload
 from drafter_service.combined import CombinedProposer
 from drafter_service.draft_model import DraftModelProposer, load_draft_model
 from drafter_service.ngram import NgramProposer
@@ -26,33 +28,12 @@ from specd.models.loader import eos_token_ids, load_config, load_model, load_tok
 from verifier_service.engine import Engine
 from verifier_service.request import Request, SpeculationBounds
 
-WORKLOADS = Path(__file__).parent / "workloads"
 DEFAULT_CONFIGS = "off,draft:2,draft:3,draft:4,draft:6,ngram:3,ngram:5"
 # draft[-int8][-vN][-auto]:k  e.g. draft-int8-v32768:4 = int8 draft weights, a 32768-token
 # head, k=4; -auto: the speculation controller picks up to k per step;
 # -inv (also off-inv): batch-invariant mode;
 # combo[-int8][-vN]:k = n-gram where the text repeats, else that draft model;
 # -aN (draft, combo): the runner-up as an alternative leaf beside the first N drafts
-
-
-def load_items(workload: str) -> list[dict]:
-    """A workload's requests: a shipped name (`code`, `chat`, ...) or a JSONL file."""
-    path = Path(workload) if Path(workload).exists() else WORKLOADS / f"{workload}.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-
-
-def load_workload(name: str, tokenizer, limit: int | None = None) -> list[list[int]]:
-    prompts = []
-    for item in load_items(name):
-        if "messages" in item:
-            enc = tokenizer.apply_chat_template(
-                item["messages"], add_generation_prompt=True, tokenize=True
-            )
-            ids = enc["input_ids"] if hasattr(enc, "keys") else enc
-        else:
-            ids = tokenizer(item["prompt"])["input_ids"]
-        prompts.append(list(ids))
-    return prompts[:limit] if limit else prompts
 
 
 def generate_one(engine: Engine, ids: list[int], k: int, max_new: int, auto=False) -> list[int]:
@@ -89,48 +70,6 @@ def run_engine_config(engine: Engine, prompts, k: int, max_new: int, auto=False)
         "mean_accepted_length": (accepted + rounds) / rounds if rounds else None,
         "outputs": outputs,
     }
-
-
-def run_hf(folder, draft_folder, prompts, max_new: int, dtype) -> dict:
-    from transformers import AutoModelForCausalLM
-
-    target = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
-    draft = AutoModelForCausalLM.from_pretrained(draft_folder, dtype=dtype)
-    modes = {
-        "hf:plain": {},
-        "hf:assisted": {"assistant_model": draft},
-        "hf:prompt-lookup": {"prompt_lookup_num_tokens": 10},
-    }
-    results = {}
-    for name, extra in modes.items():
-        tokens, seconds, outputs = 0, 0.0, []
-        for ids in prompts:
-            x = torch.tensor([ids])
-            t0 = time.perf_counter()
-            out = target.generate(x, do_sample=False, max_new_tokens=max_new, **extra)
-            seconds += time.perf_counter() - t0
-            gen = out[0, len(ids) :].tolist()
-            tokens += len(gen)
-            outputs.append(gen)
-        results[name] = {
-            "tokens": tokens,
-            "seconds": round(seconds, 3),
-            "tok_per_s": tokens / seconds,
-            "outputs": outputs,
-        }
-    return results
-
-
-def first_divergence(a: list[list[int]], b: list[list[int]]) -> list[int | None]:
-    out = []
-    for x, y in zip(a, b, strict=True):
-        out.append(
-            next(
-                (i for i, (s, t) in enumerate(zip(x, y, strict=False)) if s != t),
-                None if len(x) == len(y) else min(len(x), len(y)),
-            )
-        )
-    return out
 
 
 def _parser() -> argparse.ArgumentParser:

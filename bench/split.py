@@ -18,7 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.speculative import generate_one, load_items
+from bench.prompts import load_items
+from bench.speculative import generate_one
 from router.policy import RoutePolicy
 
 ROUTER = "127.0.0.1:50051"

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import grpc
 
-from bench.speculative import load_items
+from bench.prompts import load_items
 from bench.sweep import add_service_args
 from protos.specd.v1 import router_pb2_grpc
 from router.client import build_request

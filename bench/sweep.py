@@ -29,7 +29,7 @@ import anyio
 import grpc
 from tqdm import tqdm
 
-from bench.speculative import load_items
+from bench.prompts import load_conversations
 from bench.sweep_peers import add_peer
 from bench.sweep_report import ms, summarise, to_markdown, write_outputs
 from protos.specd.v1 import router_pb2_grpc
@@ -39,13 +39,6 @@ WARM_UP = [{"role": "user", "content": "Write a Python function that reverses a 
 
 # modes that are "on" with the drafter process swapped for another proposer
 SWAPPED = {"ngram", "combined"}
-
-
-def load_conversations(workload: str) -> list[list[dict]]:
-    return [
-        it["messages"] if "messages" in it else [{"role": "user", "content": it["prompt"]}]
-        for it in load_items(workload)
-    ]
 
 
 async def stream_one(stub, messages, mode: str, max_new: int, route: str = "") -> dict:

@@ -11,7 +11,7 @@ def hf_peer(model: str, draft_model: str, conversations, max_new: int, dtype_nam
     where the CPU has it, like the services)."""
     import torch
 
-    from bench.speculative import run_hf
+    from bench.hf_generate import run_hf
     from specd.models.args import parse_dtype
     from specd.models.loader import load_tokenizer
     from specd.models.resolve import resolve

@@ -4,7 +4,7 @@ token for token the output without it, on code and chat prompts."""
 
 import pytest
 
-from bench.speculative import load_workload
+from bench.prompts import load_workload
 from drafter_service.draft_model import DraftModelProposer
 from specd.config import EngineConfig
 from specd.models import qlinear

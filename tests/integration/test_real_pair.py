@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.speculative import load_workload
+from bench.prompts import load_workload
 from drafter_service.draft_model import DraftModelProposer
 from drafter_service.ngram import NgramProposer
 from specd.config import EngineConfig

@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 
-from bench.speculative import load_items
+from bench.prompts import load_items
 from drafter_service.draft_model import DraftModelProposer
 from specd.config import EngineConfig
 from specd.constraint import Constraint

@@ -18,8 +18,9 @@ import torch.nn.functional as F
 
 from specd.models import attention
 from specd.models.args import ModelArgs
+from specd.models.batch_plan import BatchPlan
 from specd.models.matmul import INVARIANT_TILE, linear
-from specd.models.paged_kv import BatchPlan, PagedKV, SeqInput
+from specd.models.paged_kv import PagedKV, SeqInput
 from specd.models.qlinear import QWeight, pack
 
 

@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from specd.models import native
 from specd.models import qlinear as ql
 
 
@@ -52,7 +53,7 @@ def candidates(n: int, k: int, copies: int):
         lambda x, w: torch.ops.aten._weight_int4pack_mm_for_cpu(x, w[0], 32, w[1]),
         packed,
     )
-    if ql.kernel() is not None:
+    if native.kernel() is not None:
         for bits in (4, 8):
             mats = [ql.quantize(w, bits) for w in dense]
             yield f"specd int{bits}", ql.qlinear, mats

@@ -77,11 +77,11 @@ def tiny(request, tmp_path_factory):
 def cpu_kernels():
     """The AVX512-VNNI kernels (int8/int4 linear, paged attention); skips where this CPU
     cannot run them, fails in CI where it can but they did not build."""
-    from specd.models import qlinear
+    from specd.models import native
 
-    k = qlinear.kernel()
+    k = native.kernel()
     if k is None:
-        if os.environ.get("CI") and qlinear.cpu_has_vnni():
+        if os.environ.get("CI") and native.cpu_has_vnni():
             pytest.fail("the CPU kernels did not build on a CPU that has AVX512-VNNI")
         pytest.skip("no AVX512-VNNI on this CPU")
     return k

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specd.models.qlinear import cpu_has_vnni, kernel
+from specd.models.native import cpu_has_vnni, kernel
 
 MAX_ROWS = 64  # new tokens per sequence; a tree's visibility is one 64-bit mask per row
 

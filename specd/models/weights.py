@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from specd.config import WEIGHT_FORMATS as FORMATS
-from specd.models import qlinear
+from specd.models import native
 from specd.models.qlinear import QWeight, fits, quantize
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ def choose(requested: str, device: torch.device) -> str:
     if device.type != "cpu":
         log.warning("weights %s: no quantised kernel on %s; running bf16", requested, device)
         return "bf16"
-    if qlinear.kernel() is None:
+    if native.kernel() is None:
         log.warning("weights %s: this CPU cannot run the int8/int4 kernel; running bf16", requested)
         return "bf16"
     return "int4" if requested == "auto" else requested

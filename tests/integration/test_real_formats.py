@@ -7,7 +7,7 @@ import pytest
 from bench.prompts import load_workload
 from drafter_service.draft_model import DraftModelProposer
 from specd.config import EngineConfig
-from specd.models import qlinear
+from specd.models import native
 from specd.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specd.models.loader import load_model, load_tokenizer
 from tests.conftest import real_model_or_skip, run_engine
@@ -17,7 +17,7 @@ from verifier_service.engine import Engine
 @pytest.mark.real
 @pytest.mark.parametrize("fmt,tokens", [("int4", 64), ("int8", 32)])
 def test_real_pair_greedy_identical_on_and_off(fmt, tokens):
-    if qlinear.kernel() is None:
+    if native.kernel() is None:
         pytest.skip("no AVX512-VNNI kernel")
     target_dir = real_model_or_skip(DEFAULT_TARGET)
     draft_dir = real_model_or_skip(DEFAULT_DRAFT)

@@ -12,7 +12,7 @@ from bench.prompts import load_items
 from drafter_service.draft_model import DraftModelProposer
 from specd.config import EngineConfig
 from specd.constraint import Constraint
-from specd.models import qlinear
+from specd.models import native
 from specd.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specd.models.loader import eos_token_ids, load_config, load_model, load_tokenizer
 from tests.conftest import real_model_or_skip
@@ -32,7 +32,7 @@ def _run(engine, requests):
 
 @pytest.mark.real
 def test_real_pair_json_schema_greedy_identical_and_valid():
-    if qlinear.kernel() is None:
+    if native.kernel() is None:
         pytest.skip("no AVX512-VNNI kernel")
     target_dir = real_model_or_skip(DEFAULT_TARGET)
     draft_dir = real_model_or_skip(DEFAULT_DRAFT)

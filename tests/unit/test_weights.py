@@ -5,13 +5,13 @@ import pytest
 import torch
 
 from specd.config import EngineConfig
-from specd.models import qlinear, weights
+from specd.models import native, weights
 from specd.models.loader import load_model
 from tests.conftest import make_tiny_pair, run_engine
 from tests.unit.test_drafter_cuts import PROMPT, prefill_logits
 from verifier_service.engine import Engine
 
-pytestmark = pytest.mark.skipif(qlinear.kernel() is None, reason="no AVX512-VNNI kernel")
+pytestmark = pytest.mark.skipif(native.kernel() is None, reason="no AVX512-VNNI kernel")
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import tempfile
 import threading
 import time
@@ -26,80 +25,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 from tqdm import tqdm
 
+from bench.soak_requests import EXPECTED, SoakRequest, mixed_requests, send
 from specd.processes import scrape, start_services, verifier_load
 
-ROUTES = ["default", "code", "chat", "no-such-route"]
-TEXTS = [
-    "def fibonacci(n):",
-    "Explain what a paged KV cache is.",
-    "import numpy as np\n\nx = np.arange(10)\n",
-    "Write a haiku about speculative decoding.",
-    "SELECT name, count(*) FROM users GROUP BY name",
-    "The quick brown fox",
-]
 MAX_RSS_GROWTH = 0.10
-
-
-@dataclass
-class SoakRequest:
-    kind: str  # plain | stream-cancel | deadline | stop
-    kwargs: dict
-    timeout: float | None = None
-
-
-def mixed_requests(n: int, seed: int = 0, max_new_tokens: int = 32) -> list[SoakRequest]:
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        temperature = rng.choice([0.0, 0.0, 0.7, 1.0])
-        kwargs = dict(
-            route=rng.choice(ROUTES),
-            speculation=rng.choice(["on", "off", "auto"]),
-            max_new_tokens=rng.randint(1, max_new_tokens),
-            temperature=temperature,
-            top_p=rng.choice([1.0, 0.9]) if temperature else 1.0,
-            top_k=rng.choice([0, 20]) if temperature else 0,
-            seed=i,
-        )
-        if rng.random() < 0.5:
-            kwargs["prompt"] = rng.choice(TEXTS)
-        else:
-            kwargs["messages"] = [{"role": "user", "content": rng.choice(TEXTS)}]
-        kind = rng.choices(["plain", "stream-cancel", "deadline", "stop"], [7, 1, 1, 1])[0]
-        timeout = 60.0
-        if kind == "deadline":
-            timeout = rng.uniform(0.01, 0.3)
-        if kind == "stop":
-            kwargs["stop"] = [rng.choice(["\n", " ", "e", "."])]
-        out.append(SoakRequest(kind, kwargs, timeout))
-    return out
-
-
-EXPECTED = {
-    "plain": {grpc.StatusCode.OK},
-    "stop": {grpc.StatusCode.OK},
-    "stream-cancel": {grpc.StatusCode.OK, grpc.StatusCode.CANCELLED},
-    "deadline": {grpc.StatusCode.OK, grpc.StatusCode.DEADLINE_EXCEEDED},
-}
-
-
-def _send(client, req: SoakRequest) -> tuple[grpc.StatusCode, str]:
-    kwargs = dict(req.kwargs)
-    prompt = kwargs.pop("prompt", None)
-    try:
-        if req.kind == "stream-cancel":
-            stream = client.stream(prompt, timeout=req.timeout, **kwargs)
-            for _ in stream:
-                stream.cancel()
-                break
-            return grpc.StatusCode.CANCELLED, ""
-        client.generate(prompt, timeout=req.timeout, **kwargs)
-        return grpc.StatusCode.OK, ""
-    except grpc.RpcError as exc:
-        return exc.code(), exc.details() or ""
 
 
 @dataclass
@@ -145,7 +76,7 @@ def run_soak(
 
     def one(req: SoakRequest) -> None:
         nonlocal done
-        code, details = _send(client, req)
+        code, details = send(client, req)
         with lock:
             result.record(req.kind, code, details)
             done += 1

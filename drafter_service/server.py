@@ -18,7 +18,7 @@ from specd.grammar import Grammars
 from specd.model_thread import on_model_thread
 from specd.proposal import Proposer
 from specd.telemetry import DRAFTER_ROUNDS, DRAFTER_SESSIONS, extract_metadata
-from specd.wire import proposal_to_proto
+from specd.wire_proposals import proposal_to_proto
 
 log = logging.getLogger(__name__)
 

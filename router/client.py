@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from protos.specd.v1 import common_pb2, router_pb2, router_pb2_grpc
+from specd.channels import open_channel
 from specd.constraint import named
-from specd.serving import open_channel
 from specd.wire import constraint_to_proto
 
 MODES = {

@@ -32,7 +32,7 @@ from router.generation import Router
 from router.openai_answer import Answer
 from router.openai_errors import error_event, error_response, request_error_response
 from router.prepare import RequestError
-from specd.serving import MAX_MESSAGE_BYTES
+from specd.channels import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = MAX_MESSAGE_BYTES  # as the gRPC listener's

@@ -15,7 +15,7 @@ import anyio
 import grpc
 
 from protos.specd.v1 import verifier_pb2, verifier_pb2_grpc
-from specd.serving import MAX_MESSAGE_BYTES, open_channel
+from specd.channels import MAX_MESSAGE_BYTES, open_channel
 
 log = logging.getLogger(__name__)
 STALE_S = 1.0  # a replica whose last report is older than this is not chosen

@@ -82,7 +82,7 @@ def _generate(args) -> int:
 
 
 def _health(args) -> int:
-    from specd.serving import check_health
+    from specd.channels import check_health
 
     ok = check_health(args.address, timeout=args.timeout, service=args.service, tls_ca=args.tls_ca)
     print("SERVING" if ok else "NOT_SERVING")

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from specd.serving import check_health
+from specd.channels import check_health
 
 ROUTER_READY = "specd.v1.Generation"  # the router's readiness: some verifier is healthy
 

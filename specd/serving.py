@@ -1,4 +1,5 @@
-"""What every specd gRPC server shares: an aio server with health and reflection.
+"""What every specd gRPC server shares: an aio server with health and reflection, and its
+drain on SIGTERM (clients' channels and health checks: specd/channels.py).
 
 (DESIGN.md keeps gRPC servers out of `specd/`; this one generic bootstrap lives here so the
 three services do not each carry a copy. It knows no service.)
@@ -14,23 +15,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from specd.channels import MAX_MESSAGE_BYTES, read_file
 from specd.request_decoding import strict_decoding
-
-MAX_MESSAGE_BYTES = 16 << 20
-
-
-def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
-def open_channel(address: str, tls_ca: str = "", aio: bool = False, options=None):
-    """A client channel: TLS verified against `tls_ca` (a PEM file) when given."""
-    grpc_mod = grpc.aio if aio else grpc
-    if tls_ca:
-        creds = grpc.ssl_channel_credentials(root_certificates=_read(tls_ca))
-        return grpc_mod.secure_channel(address, creds, options=options)
-    return grpc_mod.insecure_channel(address, options=options)
 
 
 async def start_server(
@@ -61,7 +47,7 @@ async def start_server(
     ]
     reflection.enable_server_reflection(names, server)
     if tls_cert or tls_key:
-        creds = grpc.ssl_server_credentials([(_read(tls_key), _read(tls_cert))])
+        creds = grpc.ssl_server_credentials([(read_file(tls_key), read_file(tls_cert))])
         bound = server.add_secure_port(f"{host}:{port}", creds)
     else:
         bound = server.add_insecure_port(f"{host}:{port}")
@@ -98,14 +84,3 @@ async def serve_until_signal(
     await asyncio.gather(server.stop(grace), *(stop_other() for stop_other in also_stop))
     waiter.cancel()
     stopper.cancel()
-
-
-def check_health(address: str, timeout: float = 2.0, service: str = "", tls_ca: str = "") -> bool:
-    """True when `address` answers grpc.health.v1 with SERVING."""
-    with open_channel(address, tls_ca) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        try:
-            resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
-        except grpc.RpcError:
-            return False
-    return resp.status == health_pb2.HealthCheckResponse.SERVING

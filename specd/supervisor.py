@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from specd.serving import check_health
+from specd.channels import check_health
 
 
 @dataclass

@@ -1,22 +1,14 @@
 """Conversions between protobuf messages and specd's own types (done at the edges).
 
-Torch-free at import (the router uses this module): the proposal conversions, which the
-router never calls, import torch when they run.
+Torch-free (the router uses this module); the drafter's proposals, which carry tensors,
+convert in specd/wire_proposals.py.
 """
 
 from __future__ import annotations
 
-import logging
-from typing import TYPE_CHECKING
-
-from protos.specd.v1 import common_pb2, drafter_pb2
+from protos.specd.v1 import common_pb2
 from specd.constraint import Constraint
 from specd.params import SamplingParams
-
-if TYPE_CHECKING:
-    from specd.proposal import Proposal
-
-log = logging.getLogger(__name__)
 
 
 def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
@@ -75,39 +67,3 @@ def constraint_to_proto(c: Constraint | None) -> common_pb2.Constraint:
     if c.kind == "json_object":
         return common_pb2.Constraint(json_object=True)
     return common_pb2.Constraint(**{c.kind: c.text})
-
-
-def proposal_to_proto(p: Proposal, msg: drafter_pb2.SeqProposal) -> None:
-    """Fill a drafter's answer for one sequence: tokens, sparse q, alternatives."""
-    msg.tokens.extend(p.tokens)
-    if p.q_ids is not None:
-        for ids, probs in zip(p.q_ids.tolist(), p.q_probs.tolist(), strict=True):
-            msg.q.add(ids=ids, probs=probs)
-    for parent, token in p.alts:
-        msg.alternatives.add(parent=parent, token=token)
-
-
-def proposal_from_proto(msg: drafter_pb2.SeqProposal | None, k: int) -> Proposal:
-    """A drafter's answer -> at most k drafts; an empty proposal for an error, or for a q
-    with NaN, inf or negative mass (another process's numbers never reach the sampler
-    unchecked)."""
-    import torch
-
-    from specd.proposal import Proposal
-
-    if msg is None or msg.error:
-        return Proposal()
-    tokens = list(msg.tokens)[:k]
-    alts = [(a.parent, a.token) for a in msg.alternatives]
-    if not msg.q or len(msg.q) < len(tokens):
-        return Proposal(tokens=tokens, alts=alts)
-    m = max(len(q.ids) for q in msg.q[: len(tokens)])
-    ids = torch.zeros(len(tokens), m, dtype=torch.long)
-    probs = torch.zeros(len(tokens), m)
-    for j, q in enumerate(msg.q[: len(tokens)]):
-        ids[j, : len(q.ids)] = torch.tensor(list(q.ids))
-        probs[j, : len(q.probs)] = torch.tensor(list(q.probs))
-    if not torch.isfinite(probs).all() or (probs < 0).any():
-        log.warning("drafter sent a q with NaN, inf or negative mass; round dropped")
-        return Proposal()
-    return Proposal(tokens=tokens, q_ids=ids, q_probs=probs, alts=alts)

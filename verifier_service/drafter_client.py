@@ -19,10 +19,11 @@ import grpc
 from opentelemetry import trace
 
 from protos.specd.v1 import drafter_pb2, drafter_pb2_grpc
+from specd.channels import open_channel
 from specd.proposal import DraftState, Proposal
-from specd.serving import open_channel
 from specd.telemetry import DRAFTER_FALLBACKS, DRAFTER_RTT, inject_metadata
-from specd.wire import constraint_to_proto, params_to_proto, proposal_from_proto
+from specd.wire import constraint_to_proto, params_to_proto
+from specd.wire_proposals import proposal_from_proto
 
 log = logging.getLogger(__name__)
 

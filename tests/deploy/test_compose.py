@@ -13,7 +13,7 @@ import yaml
 
 from router.client import SpecdClient
 from router.policy import Policy
-from specd.serving import check_health
+from specd.channels import check_health
 from tests.conftest import real_model_or_skip
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

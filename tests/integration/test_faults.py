@@ -16,8 +16,8 @@ import grpc
 import pytest
 
 from router.client import SpecdClient
+from specd.channels import check_health
 from specd.processes import ROUTER_READY, ServerProcess, free_port, scrape
-from specd.serving import check_health
 from tests.cluster import save_tiny_cluster_model
 
 pytestmark = pytest.mark.timeout(300)

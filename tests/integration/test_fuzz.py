@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protos.specd.v1 import common_pb2, drafter_pb2, router_pb2, verifier_pb2
-from specd.serving import check_health
+from specd.channels import check_health
 from tests.cluster import start_cluster
 from tests.integration.test_services import wait_idle
 

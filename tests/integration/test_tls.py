@@ -25,10 +25,11 @@ from router.openai_http import start as start_http
 from router.policy import Policy
 from router.replicas import ReplicaSet
 from router.server import GenerationServicer
+from specd.channels import check_health
 from specd.config import EngineConfig
 from specd.params import SamplingParams
 from specd.proposal import DraftState
-from specd.serving import check_health, start_server
+from specd.serving import start_server
 from tests.cluster import char_tokenizer, start_cluster
 from verifier_service.drafter_client import RemoteProposer
 from verifier_service.engine import Engine

@@ -13,8 +13,8 @@ import pytest
 
 from bench.faults import Up
 from router.client import SpecdClient
+from specd.channels import check_health
 from specd.processes import free_port
-from specd.serving import check_health
 from tests.cluster import save_tiny_cluster_model
 from tests.conftest import real_model_or_skip
 

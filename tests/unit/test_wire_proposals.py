@@ -8,7 +8,7 @@ import torch
 
 from protos.specd.v1 import drafter_pb2
 from specd.proposal import Proposal
-from specd.wire import proposal_from_proto, proposal_to_proto
+from specd.wire_proposals import proposal_from_proto, proposal_to_proto
 
 
 def sent(p: Proposal) -> drafter_pb2.SeqProposal:

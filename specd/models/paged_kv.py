@@ -1,10 +1,9 @@
-"""The K/V tensors of a paged cache, and the index tensors one batched forward needs.
+"""The K/V tensors of a paged cache, and one sequence's part of a forward (`SeqInput`).
 
 Per layer a pool `[num_blocks, block_size, kv_heads, head_dim]` for K and for V, addressed
-by the slot numbers `specd.kvcache.BlockAllocator` hands out. A forward takes a batch of
-sequences with different query lengths (prefill chunk n, decode 1, verification k+1),
-each a `SeqInput`; `specd.models.batch_plan.BatchPlan` lays them out.
-"""
+by the slot numbers `specd.kvcache.BlockAllocator` hands out. A forward's sequences have
+different query lengths (prefill chunk n, decode 1, verification k+1); `BatchPlan`
+(specd/models/batch_plan.py) lays them out."""
 
 from __future__ import annotations
 

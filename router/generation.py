@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 
 import grpc
 from opentelemetry import trace
@@ -44,15 +44,8 @@ class Router:
         self.tokenizer = tokenizer
         self.replicas = replicas
         self.preparer = Preparer(tokenizer, policy, default_max_new_tokens, max_new_tokens_cap)
-
-    def prepare(
-        self,
-        request: router_pb2.GenerateRequest,
-        metadata: Mapping[str, str],
-        timeout: float | None = None,
-    ) -> Prepared:
-        """The request checked and tokenized (router/prepare.py); raises RequestError."""
-        return self.preparer.prepare(request, metadata, timeout)
+        # each door checks and tokenizes a request once (router/prepare.py)
+        self.prepare = self.preparer.prepare
 
     # -- the request's life ------------------------------------------------------------------
     async def generate(self, prep: Prepared) -> router_pb2.GenerateResponse:

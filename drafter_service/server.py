@@ -138,7 +138,7 @@ def build_proposer(config):
 async def serve(config, ready=None) -> None:
     """Load the drafter's model (or n-gram), serve until a signal."""
     from specd.models.loader import eos_token_ids, load_config, load_tokenizer, resolve
-    from specd.serving import serve_until_signal, start_server
+    from specd.serving import serve_servicer
     from specd.telemetry import setup
 
     # built on the thread that will run it (see specd/model_thread.py)
@@ -156,15 +156,11 @@ async def serve(config, ready=None) -> None:
         tokenizer=tokenizer,
         eos_ids=eos,
     )
-    server, port, health = await start_server(
-        config.host,
-        config.port,
+    log.info("drafter proposer: %s", config.proposer)
+    await serve_servicer(
+        config,
+        "drafter",
         lambda s: drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
-        [drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name],
-        tls_cert=config.tls_cert,
-        tls_key=config.tls_key,
+        drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name,
+        ready,
     )
-    log.info("drafter serving on %s:%d (%s)", config.host, port, config.proposer)
-    if ready is not None:
-        ready(port)
-    await serve_until_signal(server, health, config.drain_seconds)

@@ -20,9 +20,9 @@ from router.decide import Load, decide
 from router.metrics import RouterMetrics
 from router.policy import Policy
 from router.prepare import Prepared, Preparer, RequestError
-from router.relay import relay, remaining, verifier_request
+from router.relay import attempt
 from router.replicas import ReplicaSet
-from specd.telemetry import extract_metadata, inject_metadata
+from specd.telemetry import extract_metadata
 
 log = logging.getLogger(__name__)
 CLIENT_MODES = {proto: name for name, proto in MODES.items()}  # the request's override
@@ -116,7 +116,7 @@ class Router:
             decision = self._decide(prep, client, prep.params.temperature, replica, span)
             started = False  # once a message went to the client, no retry
             try:
-                call = self._call(replica, prep, decision, span, buffered)
+                call = attempt(replica, prep, decision, span, buffered, self.tokenizer)
                 async with contextlib.aclosing(call) as messages:  # its cleanup runs now
                     async for msg in messages:
                         started = True
@@ -128,27 +128,6 @@ class Router:
                     last_error = exc
                     continue  # nothing streamed yet: safe to retry elsewhere
                 raise RequestError.from_rpc(exc) from None
-
-    async def _call(self, replica, prep: Prepared, decision, span, buffered: bool):
-        """One Generate call on one replica, relayed (buffered: every message read before
-        the first is handed on, so a failure mid-way can still be retried)."""
-        call = replica.stub.Generate(
-            verifier_request(prep, decision),
-            timeout=remaining(prep.deadline),
-            metadata=inject_metadata(trace.set_span_in_context(span)) if span else None,
-        )
-        replica.inflight += 1
-        try:
-            if buffered:
-                for msg in [m async for m in relay(call, prep, decision, self.tokenizer)]:
-                    yield msg
-                return
-            async for msg in relay(call, prep, decision, self.tokenizer):
-                yield msg
-        finally:
-            replica.inflight -= 1
-            replica.finished = time.monotonic()
-            call.cancel()  # no-op when done; frees the verifier's KV when we stop early
 
     def _decide(self, prep: Prepared, client: str, temperature: float, replica, span):
         load = _load(replica)

@@ -6,11 +6,35 @@ from __future__ import annotations
 import time
 
 import grpc
+from opentelemetry import trace
 
 from protos.specd.v1 import common_pb2, router_pb2, verifier_pb2
 from router.decide import Decision
 from router.detok import IncrementalDetokenizer, StopStrings
 from router.prepare import Prepared, RequestError
+from specd.telemetry import inject_metadata
+
+
+async def attempt(replica, prep: Prepared, decision: Decision, span, buffered: bool, tokenizer):
+    """One Generate call on one replica, relayed (buffered: every message read before
+    the first is handed on, so a failure mid-way can still be retried)."""
+    call = replica.stub.Generate(
+        verifier_request(prep, decision),
+        timeout=remaining(prep.deadline),
+        metadata=inject_metadata(trace.set_span_in_context(span)) if span else None,
+    )
+    replica.inflight += 1
+    try:
+        if buffered:
+            for msg in [m async for m in relay(call, prep, decision, tokenizer)]:
+                yield msg
+            return
+        async for msg in relay(call, prep, decision, tokenizer):
+            yield msg
+    finally:
+        replica.inflight -= 1
+        replica.finished = time.monotonic()
+        call.cancel()  # no-op when done; frees the verifier's KV when we stop early
 
 
 async def relay(call, prep: Prepared, decision: Decision, tokenizer):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 
 import grpc
@@ -17,6 +18,8 @@ from grpc_reflection.v1alpha import reflection
 
 from specd.channels import MAX_MESSAGE_BYTES, read_file
 from specd.request_decoding import strict_decoding
+
+log = logging.getLogger(__name__)
 
 
 async def start_server(
@@ -84,3 +87,20 @@ async def serve_until_signal(
     await asyncio.gather(server.stop(grace), *(stop_other() for stop_other in also_stop))
     waiter.cancel()
     stopper.cancel()
+
+
+async def serve_servicer(config, role: str, register, service_name: str, ready=None, draining=None):
+    """A service's whole life on its config's host, port and certificate: start the server
+    with `register(server)`, log, report the bound port to `ready`, drain on a signal."""
+    server, port, health = await start_server(
+        config.host,
+        config.port,
+        register,
+        [service_name],
+        tls_cert=config.tls_cert,
+        tls_key=config.tls_key,
+    )
+    log.info("%s serving on %s:%d", role, config.host, port)
+    if ready is not None:
+        ready(port)
+    await serve_until_signal(server, health, config.drain_seconds, draining)

@@ -60,7 +60,7 @@ async def _wait_for_drafter(proposer, timeout_s: float) -> None:
 
 async def serve(config, ready=None, engine=None, model_name="") -> None:
     from specd.model_thread import on_model_thread
-    from specd.serving import serve_until_signal, start_server
+    from specd.serving import serve_servicer
     from specd.telemetry import setup
 
     telemetry = setup("verifier", config.metrics_port)
@@ -69,16 +69,12 @@ async def serve(config, ready=None, engine=None, model_name="") -> None:
         engine, model_name = await on_model_thread("verifier", build_engine, config, telemetry)
     await _wait_for_drafter(engine.proposer, config.drafter_startup_wait_ms / 1000)
     servicer = VerifierServicer(engine, model_name, config.max_queue, telemetry)
-    server, port, health = await start_server(
-        config.host,
-        config.port,
+    await serve_servicer(
+        config,
+        "verifier",
         lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, s),
-        [verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name],
-        tls_cert=config.tls_cert,
-        tls_key=config.tls_key,
+        verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name,
+        ready,
+        servicer.draining,
     )
-    log.info("verifier serving on %s:%d", config.host, port)
-    if ready is not None:
-        ready(port)
-    await serve_until_signal(server, health, config.drain_seconds, servicer.draining)
     await servicer.close()

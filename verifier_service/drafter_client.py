@@ -11,80 +11,19 @@ from __future__ import annotations
 
 import itertools
 import logging
-import queue
 import threading
 import time
 
-import grpc
 from opentelemetry import trace
 
-from protos.specd.v1 import drafter_pb2, drafter_pb2_grpc
-from specd.channels import open_channel
+from protos.specd.v1 import drafter_pb2
 from specd.proposal import DraftState, Proposal
 from specd.telemetry import DRAFTER_FALLBACKS, DRAFTER_RTT, inject_metadata
 from specd.wire import constraint_to_proto, params_to_proto
 from specd.wire_proposals import proposal_from_proto
+from verifier_service.drafter_stream import DraftStream
 
 log = logging.getLogger(__name__)
-
-
-class _Stream:
-    """One open `Draft` call: requests go through a queue, a reader thread pairs responses
-    with waiting rounds."""
-
-    def __init__(self, address: str, tls_ca: str = ""):
-        self.channel = open_channel(address, tls_ca)
-        self._requests: queue.Queue = queue.Queue()
-        self._waiters: dict[int, list] = {}
-        self._lock = threading.Lock()
-        self.alive = True
-        self.ready = False  # set when the drafter answered the handshake (an empty round 0)
-        self.drafter = ""  # what the handshake said drafts
-        self._requests.put(drafter_pb2.DraftRequest(round=0))
-        requests = iter(self._requests.get, None)
-        responses = drafter_pb2_grpc.DrafterStub(self.channel).Draft(requests)
-        self._reader = threading.Thread(target=self._read, args=(responses,), daemon=True)
-        self._reader.start()
-
-    def _read(self, responses) -> None:
-        try:
-            for resp in responses:
-                if resp.round == 0:
-                    self.drafter = resp.drafter
-                self.ready = True
-                with self._lock:
-                    waiter = self._waiters.pop(resp.round, None)
-                if waiter is not None:
-                    waiter[1] = resp
-                    waiter[0].set()
-        except grpc.RpcError as exc:
-            log.warning("drafter stream ended: %s", exc.code())
-        finally:
-            self.alive = False
-            with self._lock:
-                waiters, self._waiters = list(self._waiters.values()), {}
-            for event, _ in waiters:
-                event.set()
-
-    def call(self, request, timeout_s: float):
-        waiter = [threading.Event(), None]
-        with self._lock:
-            self._waiters[request.round] = waiter
-        self._requests.put(request)
-        if not waiter[0].wait(timeout_s):
-            with self._lock:
-                self._waiters.pop(request.round, None)
-            raise TimeoutError(f"drafter round {request.round} took over {timeout_s:.3f}s")
-        if waiter[1] is None:
-            raise ConnectionError("drafter stream closed")
-        return waiter[1]
-
-    def send(self, request) -> None:
-        self._requests.put(request)
-
-    def close(self) -> None:
-        self._requests.put(None)
-        self.channel.close()
 
 
 class RemoteProposer:
@@ -100,7 +39,7 @@ class RemoteProposer:
         self.tls_ca = tls_ca
         self.timeout_s = timeout_ms / 1000
         self.reconnect_s = reconnect_ms / 1000
-        self._stream: _Stream | None = None
+        self._stream: DraftStream | None = None
         self._next_try = 0.0
         self._sent: dict[int, int] = {}  # seq_id -> committed tokens the drafter has
         self._rounds = itertools.count(1)
@@ -125,13 +64,13 @@ class RemoteProposer:
         stream = self._connect()
         return stream is not None and stream.alive and stream.ready
 
-    def _connect(self) -> _Stream | None:
+    def _connect(self) -> DraftStream | None:
         with self._lock:
             if self._stream is not None and not self._stream.alive:
                 self._drop()
             if self._stream is None and time.monotonic() >= self._next_try:
                 try:
-                    self._stream = _Stream(self.address, self.tls_ca)
+                    self._stream = DraftStream(self.address, self.tls_ca)
                 except Exception:  # noqa: BLE001 - any failure means: no drafter this round
                     log.exception("cannot open a drafter stream to %s", self.address)
                     self._next_try = time.monotonic() + self.reconnect_s

@@ -1,0 +1,75 @@
+"""One open `Draft` call to a drafter, synchronous: requests go through a queue and a reader
+thread pairs each response with the round waiting for it (verifier_service/drafter_client.py
+turns rounds into proposals on top of it)."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+import grpc
+
+from protos.specd.v1 import drafter_pb2, drafter_pb2_grpc
+from specd.channels import open_channel
+
+log = logging.getLogger(__name__)
+
+
+class DraftStream:
+    """One open `Draft` call: requests go through a queue, a reader thread pairs responses
+    with waiting rounds."""
+
+    def __init__(self, address: str, tls_ca: str = ""):
+        self.channel = open_channel(address, tls_ca)
+        self._requests: queue.Queue = queue.Queue()
+        self._waiters: dict[int, list] = {}
+        self._lock = threading.Lock()
+        self.alive = True
+        self.ready = False  # set when the drafter answered the handshake (an empty round 0)
+        self.drafter = ""  # what the handshake said drafts
+        self._requests.put(drafter_pb2.DraftRequest(round=0))
+        requests = iter(self._requests.get, None)
+        responses = drafter_pb2_grpc.DrafterStub(self.channel).Draft(requests)
+        self._reader = threading.Thread(target=self._read, args=(responses,), daemon=True)
+        self._reader.start()
+
+    def _read(self, responses) -> None:
+        try:
+            for resp in responses:
+                if resp.round == 0:
+                    self.drafter = resp.drafter
+                self.ready = True
+                with self._lock:
+                    waiter = self._waiters.pop(resp.round, None)
+                if waiter is not None:
+                    waiter[1] = resp
+                    waiter[0].set()
+        except grpc.RpcError as exc:
+            log.warning("drafter stream ended: %s", exc.code())
+        finally:
+            self.alive = False
+            with self._lock:
+                waiters, self._waiters = list(self._waiters.values()), {}
+            for event, _ in waiters:
+                event.set()
+
+    def call(self, request, timeout_s: float):
+        waiter = [threading.Event(), None]
+        with self._lock:
+            self._waiters[request.round] = waiter
+        self._requests.put(request)
+        if not waiter[0].wait(timeout_s):
+            with self._lock:
+                self._waiters.pop(request.round, None)
+            raise TimeoutError(f"drafter round {request.round} took over {timeout_s:.3f}s")
+        if waiter[1] is None:
+            raise ConnectionError("drafter stream closed")
+        return waiter[1]
+
+    def send(self, request) -> None:
+        self._requests.put(request)
+
+    def close(self) -> None:
+        self._requests.put(None)
+        self.channel.close()

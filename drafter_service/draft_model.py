@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specd.draws import make_generator
 from specd.kvcache import NoFreeBlocks
 from specd.logits import apply_repetition_penalty, logits_to_probs, presence_rows
-from specd.models.paged_kv import PagedKV, SeqInput
+from specd.models.paged_kv import PagedKV
+from specd.models.seq_input import SeqInput
 from specd.proposal import DraftState, Proposal
-from specd.sampling import make_generator
 
 
 @dataclass

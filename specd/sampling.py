@@ -2,8 +2,8 @@
 probabilities come from specd/logits.py).
 
 Pure tensor functions; randomness comes in as tensors (`uniforms`, `noise`) so the batched
-sampler and the slow reference in the tests can be fed the same draws. `draw_randomness`
-makes those tensors from per-request seeded `torch.Generator`s.
+sampler and the slow reference in the tests can be fed the same draws
+(specd/draws.py makes them from each request's seeded `torch.Generator`).
 
 Terms (one speculation round of one sequence, k >= 0 draft tokens):
   draft tokens   d_1..d_k, proposed by a drafter from its distributions q_1..q_k
@@ -49,7 +49,6 @@ from typing import NamedTuple
 import torch
 
 
-# -- verification ---------------------------------------------------------------------------
 class Verified(NamedTuple):
     tokens: torch.Tensor  # [N, K+1] emitted, padded with -1
     accepted: torch.Tensor  # [N] drafts accepted, the alternative taken included
@@ -181,29 +180,3 @@ def _verified(draft_tokens, a, extra, alts: Alternatives, taken) -> Verified:
     # after an alternative (a < k there, so a + 1 <= K fits), its bonus token
     out[rows[has], a[has] + 1] = extra[has]
     return Verified(out, a + has.long(), taken)
-
-
-# -- randomness -----------------------------------------------------------------------------
-def make_generator(seed: int | None) -> torch.Generator:
-    g = torch.Generator()
-    g.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
-    return g
-
-
-def draw_randomness(
-    generators: list[torch.Generator], ks: list[int], vocab: int, alts: list[int] | None = None
-):
-    """Per-sequence draws from each request's own generator -> (uniforms [N, K], noise
-    [N, V], alternative uniforms [N, A]). Sequence i draws exactly k_i uniforms, V
-    exponentials and then alts[i] uniforms, so a request's draws depend only on its seed
-    and its own history, never on the rest of the batch."""
-    alts = alts if alts is not None else [0] * len(ks)
-    k_max, a_max = max(ks, default=0), max(alts, default=0)
-    uniforms = torch.ones(len(generators), k_max)
-    for i, (g, k) in enumerate(zip(generators, ks, strict=True)):
-        uniforms[i, :k] = torch.rand(k, generator=g)
-    noise = torch.stack([torch.empty(vocab).exponential_(generator=g) for g in generators])
-    alt_uniforms = torch.ones(len(generators), a_max)
-    for i, (g, m) in enumerate(zip(generators, alts, strict=True)):
-        alt_uniforms[i, :m] = torch.rand(m, generator=g)
-    return uniforms, noise, alt_uniforms

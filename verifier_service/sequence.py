@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specd.draws import make_generator
 from specd.grammar import GrammarState
 from specd.params import SamplingParams
-from specd.sampling import make_generator
 from verifier_service.acceptance import PositionAcceptance
 from verifier_service.request import Request, SpeculationBounds
 

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
+from specd.draws import draw_randomness
 from specd.logits import logits_to_probs, onehot_probs, presence_of_paths, sparse_to_dense
 from specd.proposal import Proposal
-from specd.sampling import Alternatives, Verified, draw_randomness, greedy_verify, rejection_sample
+from specd.sampling import Alternatives, Verified, greedy_verify, rejection_sample
 from verifier_service import tree
 from verifier_service.drafting import Round
 

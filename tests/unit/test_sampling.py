@@ -5,9 +5,10 @@ import math
 import pytest
 import torch
 
+from specd.draws import draw_randomness, make_generator
 from specd.logits import logits_to_probs, onehot_probs, presence_rows, sparse_to_dense
 from specd.params import SamplingParams
-from specd.sampling import draw_randomness, greedy_verify, make_generator, rejection_sample
+from specd.sampling import greedy_verify, rejection_sample
 
 
 # -- greedy -------------------------------------------------------------------------------

@@ -165,7 +165,7 @@ def test_batched_tree_verification_matches_the_slow_walk():
 
 
 def test_seeded_trees_are_deterministic_and_independent_of_their_neighbours():
-    from specd.sampling import draw_randomness, make_generator
+    from specd.draws import draw_randomness, make_generator
 
     g = torch.Generator().manual_seed(4)
     n, k, n_alts = 3, 3, 2
@@ -214,7 +214,8 @@ def test_greedy_walk_takes_the_alternative_that_matches():
 
 
 def test_a_tree_forward_gives_each_node_its_own_paths_logits(tiny_pair):
-    from specd.models.paged_kv import PagedKV, SeqInput
+    from specd.models.paged_kv import PagedKV
+    from specd.models.seq_input import SeqInput
 
     target, _ = tiny_pair
     context = [5, 9, 14, 2, 33, 7]

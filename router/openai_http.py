@@ -31,6 +31,7 @@ from router import openai_schema as schema
 from router.generation import Router
 from router.openai_answer import Answer
 from router.openai_errors import error_event, error_response, request_error_response
+from router.openai_request import to_request
 from router.prepare import RequestError
 from specd.channels import MAX_MESSAGE_BYTES
 
@@ -140,7 +141,7 @@ class OpenAIDoor:
                     "model_not_found",
                 )
             headers = {k.lower(): v for k, v in request.headers.items()}
-            grpc_request = schema.to_request(body, headers.get("x-speculation", ""))
+            grpc_request = to_request(body, headers.get("x-speculation", ""))
             prep = self.router.prepare(grpc_request, headers, _timeout(headers))
         except schema.BodyError as exc:
             return error_response(400, str(exc), exc.param)

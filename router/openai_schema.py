@@ -1,8 +1,8 @@
-"""The OpenAI API's request bodies (the parts specd serves), checked strictly, and the JSON
-shapes of its answers. Torch-free and server-free: `router.openai_http` wires it up.
+"""The OpenAI API's request bodies (the parts specd serves), checked strictly. Torch-free
+and server-free: `router.openai_http` wires it up, `router.openai_request` turns a body
+into the `GenerateRequest` a gRPC client would send, so both doors give the same answer.
 
-A body becomes the same `GenerateRequest` a gRPC client sends, so both doors give the same
-answer. Where this differs from the OpenAI API, on purpose:
+Where this differs from the OpenAI API, on purpose:
 - unknown fields are refused (400), not ignored;
 - fields specd does not implement (logprobs, tools, penalties, logit_bias, n > 1, echo,
   suffix, best_of > 1) are refused when set to anything but their neutral value;
@@ -20,12 +20,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from protos.specd.v1 import common_pb2, router_pb2
-from router.client import MODES
+from protos.specd.v1 import common_pb2
 from specd.constraint import named
 from specd.wire import constraint_to_proto
-
-DEFAULT_TEMPERATURE = 1.0  # the OpenAI API's default (gRPC's is 0: greedy)
 
 
 class BodyError(ValueError):
@@ -75,7 +72,9 @@ class ResponseFormat(_Strict):
     json_schema: JsonSchemaFormat | None = None
 
 
-class _Body(_Strict):
+class Body(_Strict):
+    """What both endpoints accept; CompletionBody and ChatBody add their own fields."""
+
     model: str
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -144,7 +143,7 @@ class _Body(_Strict):
         return self.max_tokens or 0
 
 
-class CompletionBody(_Body):
+class CompletionBody(Body):
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool | None = None
     suffix: str | None = None
@@ -161,7 +160,7 @@ class CompletionBody(_Body):
         }
 
 
-class ChatBody(_Body):
+class ChatBody(Body):
     messages: list[ChatMessage]
     max_completion_tokens: Positive | None = None
     logprobs: bool | None = None
@@ -183,7 +182,7 @@ class ChatBody(_Body):
         return self.max_completion_tokens or self.max_tokens or 0
 
 
-def parse(raw: bytes, kind: type[_Body]) -> _Body:
+def parse(raw: bytes, kind: type[Body]) -> Body:
     """The body as `kind`, or BodyError with a message naming the field."""
     try:
         data = json.loads(raw, parse_constant=_no_constant)
@@ -207,51 +206,3 @@ def parse(raw: bytes, kind: type[_Body]) -> _Body:
 
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
-
-
-def to_request(body: _Body, speculation_header: str = "") -> router_pb2.GenerateRequest:
-    """The gRPC request a client would send for this body."""
-    mode = body.speculation or speculation_header or "auto"
-    if mode not in MODES:
-        raise BodyError(f"x-speculation must be auto, on or off (got {mode!r})", "speculation")
-    temperature = DEFAULT_TEMPERATURE if body.temperature is None else body.temperature
-    params = common_pb2.SamplingParams(
-        temperature=temperature,
-        top_p=body.top_p or 0.0,
-        top_k=body.top_k or 0,
-        min_p=body.min_p or 0.0,
-    )
-    if body.seed is not None:
-        params.seed = body.seed
-    if body.repetition_penalty is not None:
-        params.repetition_penalty = body.repetition_penalty
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    request = router_pb2.GenerateRequest(
-        params=params,
-        max_new_tokens=body.max_new_tokens(),
-        stop=stop,
-        route=body.route or "",
-        speculation=MODES[mode],
-        ignore_eos=body.ignore_eos,
-    )
-    constraint = body.constraint()
-    if constraint is not None:
-        request.constraint.CopyFrom(constraint)
-    if isinstance(body, ChatBody):
-        request.messages.messages.extend(
-            router_pb2.ChatMessage(role=m.role, content=m.text()) for m in body.messages
-        )
-    else:
-        _set_prompt(request, body.prompt)
-    return request
-
-
-def _set_prompt(request: router_pb2.GenerateRequest, prompt) -> None:
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise BodyError("a batch of prompts is not supported; send one per request", "prompt")
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        request.prompt = prompt
-    else:
-        request.token_ids.ids.extend(prompt)

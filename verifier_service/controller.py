@@ -25,8 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verifier_service.acceptance import PositionAcceptance, RouteAcceptance, expected_tokens
+from verifier_service.acceptance import PositionAcceptance, expected_tokens
 from verifier_service.costs import CostCurve
+from verifier_service.route_acceptance import RouteAcceptance
 
 
 @dataclass

@@ -18,7 +18,8 @@ import time
 import torch
 
 from specd.models.loader import load_model, resolve
-from specd.models.paged_kv import PagedKV, SeqInput
+from specd.models.paged_kv import PagedKV
+from specd.models.seq_input import SeqInput
 
 
 def _median_time(fn, repeats: int) -> float:

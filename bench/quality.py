@@ -20,7 +20,8 @@ import torch
 
 from bench.prompts import load_workload
 from specd.models.loader import load_model, load_tokenizer, resolve
-from specd.models.paged_kv import PagedKV, SeqInput
+from specd.models.paged_kv import PagedKV
+from specd.models.seq_input import SeqInput
 
 TEXTS = ["specd/sampling.py", "specd/kvcache.py", "router/detok.py", "README.md"]
 ROOT = Path(__file__).resolve().parents[1]

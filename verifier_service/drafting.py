@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from specd.models.paged_kv import SeqInput
+from specd.models.seq_input import SeqInput
 from specd.proposal import DraftState, Proposal, Proposer
 from verifier_service.scheduler import Slot
 from verifier_service.sequence import Sequence

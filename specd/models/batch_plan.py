@@ -10,7 +10,7 @@ import torch
 
 from specd.kvcache import BlockAllocator
 from specd.models.attention import MAX_ROWS, PagedRows
-from specd.models.paged_kv import SeqInput
+from specd.models.seq_input import SeqInput
 
 KV_TILE = 512  # batch-invariant mode pads keys to the CPU flash-attention block size
 

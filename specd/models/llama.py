@@ -20,8 +20,9 @@ from specd.models import attention
 from specd.models.args import ModelArgs
 from specd.models.batch_plan import BatchPlan
 from specd.models.matmul import INVARIANT_TILE, linear
-from specd.models.paged_kv import PagedKV, SeqInput
+from specd.models.paged_kv import PagedKV
 from specd.models.qlinear import QWeight, pack
+from specd.models.seq_input import SeqInput
 
 
 @dataclass

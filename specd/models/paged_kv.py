@@ -1,13 +1,11 @@
-"""The K/V tensors of a paged cache, and one sequence's part of a forward (`SeqInput`).
+"""The K/V tensors of a paged cache.
 
 Per layer a pool `[num_blocks, block_size, kv_heads, head_dim]` for K and for V, addressed
 by the slot numbers `specd.kvcache.BlockAllocator` hands out. A forward's sequences have
-different query lengths (prefill chunk n, decode 1, verification k+1); `BatchPlan`
-(specd/models/batch_plan.py) lays them out."""
+different query lengths (prefill chunk n, decode 1, verification k+1: a `SeqInput`,
+specd/models/seq_input.py); `BatchPlan` (specd/models/batch_plan.py) lays them out."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
@@ -60,42 +58,3 @@ class PagedKV:
         a = model.args
         per_block = 2 * a.num_layers * block_size * a.num_kv_heads * a.head_dim
         return max(1, budget_bytes // (per_block * model.dtype.itemsize))
-
-
-@dataclass
-class SeqInput:
-    """One sequence's part of a forward: `tokens` are appended after what is cached;
-    logits come back for its last `num_logits` new tokens (0 for a non-final prefill chunk).
-
-    `parents` makes the new tokens a tree (several candidate continuations verified in one
-    forward): parents[i] is the index in `tokens` of token i's parent, -1 for the last
-    cached token, always < i. A token sits at the position after its parent's and attends
-    to the cache and its own ancestors only. None: a chain (parents[i] = i - 1)."""
-
-    seq_id: object
-    tokens: list[int]
-    num_logits: int = 1
-    parents: list[int] | None = None
-
-    def depths(self) -> list[int]:
-        """Offset of each new token's position from the first one's."""
-        if self.parents is None:
-            return list(range(len(self.tokens)))
-        depth: list[int] = []
-        for i, parent in enumerate(self.parents):
-            if not -1 <= parent < i:
-                raise ValueError(f"token {i}'s parent {parent} is not an earlier token")
-            depth.append(0 if parent < 0 else depth[parent] + 1)
-        return depth
-
-    def ancestry(self) -> torch.Tensor:
-        """bool [n, n]: [i, j] when new token j is token i or one of its ancestors."""
-        n = len(self.tokens)
-        if self.parents is None:
-            return torch.ones(n, n, dtype=torch.bool).tril()
-        seen = torch.zeros(n, n, dtype=torch.bool)
-        for i, parent in enumerate(self.parents):
-            if parent >= 0:
-                seen[i] = seen[parent]
-            seen[i, i] = True
-        return seen

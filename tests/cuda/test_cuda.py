@@ -13,7 +13,8 @@ import torch
 from drafter_service.draft_model import DraftModelProposer
 from specd.config import EngineConfig
 from specd.models.loader import load_model
-from specd.models.paged_kv import PagedKV, SeqInput
+from specd.models.paged_kv import PagedKV
+from specd.models.seq_input import SeqInput
 from tests.conftest import make_tiny, make_tiny_pair, run_engine
 from verifier_service.engine import Engine
 

@@ -6,7 +6,8 @@ import torch
 
 from specd.models.catalog import DEFAULT_TARGET
 from specd.models.loader import load_model
-from specd.models.paged_kv import PagedKV, SeqInput
+from specd.models.paged_kv import PagedKV
+from specd.models.seq_input import SeqInput
 from tests.conftest import real_model_or_skip
 
 

@@ -3,7 +3,8 @@ import torch
 
 from specd.models.catalog import SMALL_MODEL
 from specd.models.loader import load_model, load_tokenizer
-from specd.models.paged_kv import PagedKV, SeqInput
+from specd.models.paged_kv import PagedKV
+from specd.models.seq_input import SeqInput
 from tests.conftest import real_model_or_skip
 
 

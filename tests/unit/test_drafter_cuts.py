@@ -10,7 +10,8 @@ from drafter_service.draft_model import DraftModelProposer
 from specd.config import EngineConfig
 from specd.models.catalog import DEFAULT_DRAFT
 from specd.models.loader import load_model
-from specd.models.paged_kv import PagedKV, SeqInput
+from specd.models.paged_kv import PagedKV
+from specd.models.seq_input import SeqInput
 from specd.params import SamplingParams
 from specd.proposal import DraftState
 from tests.conftest import real_model_or_skip, run_engine

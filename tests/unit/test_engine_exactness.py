@@ -10,7 +10,8 @@ import torch
 from drafter_service.draft_model import DraftModelProposer
 from specd.config import EngineConfig
 from specd.logits import logits_to_probs
-from specd.models.paged_kv import PagedKV, SeqInput
+from specd.models.paged_kv import PagedKV
+from specd.models.seq_input import SeqInput
 from specd.params import SamplingParams
 from verifier_service.engine import Engine
 from verifier_service.request import Request

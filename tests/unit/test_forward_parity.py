@@ -3,7 +3,8 @@
 import torch
 
 from specd.models.loader import load_model
-from specd.models.paged_kv import PagedKV, SeqInput
+from specd.models.paged_kv import PagedKV
+from specd.models.seq_input import SeqInput
 from tests.conftest import TEST_DEVICE
 
 TOL = 1e-4

@@ -8,7 +8,8 @@ import torch
 
 from specd.models import attention
 from specd.models.attention import PagedRows
-from specd.models.paged_kv import PagedKV, SeqInput
+from specd.models.paged_kv import PagedKV
+from specd.models.seq_input import SeqInput
 
 H, HKV, D, BS = 6, 2, 32, 16
 

@@ -1,5 +1,6 @@
 """Acceptance by draft position per route, decayed with wall-clock time so an old burst
-stops counting (the speculation controller's estimates; issue 15: never latch off)."""
+stops counting (the speculation controller's estimates: a route that
+accepted badly once is not off for good)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,28 @@
 """The speculation controller: per step, draft only when the predicted tokens/s beat plain.
 
-For the decoding sequences of one step, drafting k tokens for sequence s (k_s <= its
+For the B decoding sequences of one step, drafting k tokens for sequence s (k_s <= its
 route's k) predicts
 
     tokens(k) = sum_s E_s(k_s),   E(k) = 1 + sum_{j=1..k} prod_{i=1..j} a_i
-    time(k)   = T(rows) + D(k),   rows = sum_s (1 + k_s)
+    time(k)   = T(B, max_s k_s)
 
 with a_i the probability that draft position i is accepted once positions < i were
-(measured per route and per sequence), T the forward's cost by row count and D a drafter
-round of k steps (both measured online). Plain decoding is tokens = B, time = T(B). The
-controller takes the k with the best tokens/time, for every sequence of the step at once
-(only a sequence under its route's `min_acceptance` is left out), with hysteresis: from
-plain it needs `margin` better, once drafting it stays until `off_margin` worse. This cost
-model is optional (`ControllerConfig.costs`, the engine's `cost_model`, off by default):
-at 4 concurrent code requests it still chose plain or small k where drafting the route's k
-gained ~10% (BENCHMARKS.md section 11). Without it, every eligible sequence drafts its cap.
+(measured per route and per sequence) and T what a whole decode step of B sequences with
+up to k drafts took (drafter round, forward with its tree leaves, verification), measured
+online (verifier_service/step_costs.py). Where T(B, k) is not measured yet it is composed:
+the forward's cost by rows plus a drafter round, scaled by how the measured steps compared
+with their composed estimates. Plain decoding is tokens = B, time = T(B, 0). The controller
+takes the k with the best tokens/time for every sequence of the step at once (a sequence
+under its route's `min_acceptance` is left out), with hysteresis: from plain it needs
+`margin` better, once drafting it stays while `stay_margin` better. One episode of
+`explore_steps` in `explore_every` steps runs the least measured k among those predicted
+within `explore_window` of the best or never measured at this batch size, so a wrong guess
+is corrected and exploring costs a bounded share of steps. The cost model is optional
+(`ControllerConfig.costs`, the engine's `cost_model`); without it every eligible sequence
+drafts its cap.
 
-Nothing latches: acceptance decays with time back toward a prior, and a route that is off
-for acceptance still probes one round in `probe_every` at k = 1, so it measures again and
+Nothing latches: acceptance decays with time back toward a prior, and a sequence off for
+acceptance still probes one round in `probe_every` at k = 1, so it measures again and
 comes back by itself. Pure Python (no torch): the unit tests feed it recorded timings.
 """
 
@@ -26,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from verifier_service.acceptance import PositionAcceptance, expected_tokens
-from verifier_service.costs import CostCurve
+from verifier_service.costs import StepCostModel
 from verifier_service.route_acceptance import RouteAcceptance
 
 
@@ -41,6 +46,17 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class Fixed:
+    """The rest of the step's decoding sequences (plain, forced or bounded k), which the
+    plan does not change."""
+
+    sequences: int = 0
+    rows: int = 0
+    tokens: float = 0.0
+    k: int = 0  # the most drafts of any of them
+
+
+@dataclass(frozen=True)
 class Plan:
     ks: list[int]  # drafts per candidate, in order
     reasons: list[str]  # per candidate: "on", "probe", "off:cost", "off:acceptance"
@@ -50,12 +66,20 @@ class Plan:
 @dataclass
 class ControllerConfig:
     costs: bool = True  # False: every eligible sequence drafts its cap (no cost model)
-    margin: float = 0.05  # plain -> drafting when drafting predicts >= (1 + margin) x plain
-    off_margin: float = 0.10  # drafting -> plain when it predicts < (1 - off_margin) x plain
+    # plain -> drafting when drafting predicts >= (1 + margin) x plain: a step's gain of a
+    # few % is lost in the whole run (drafting sequences finish apart, so more steps run
+    # short of a full batch: BENCHMARKS.md section 19)
+    margin: float = 0.08
+    # drafting -> plain when drafting predicts < (1 + stay_margin) x plain: switching costs
+    # (the drafter catches up on what it skipped), and so does drafting near a tie
+    stay_margin: float = 0.03
     prior_acceptance: float = 0.7  # a_i before any round on a route
     prior_strength: float = 2.0  # how many rounds the prior weighs
     route_strength: float = 4.0  # how many rounds a route's estimate weighs for a sequence
-    probe_every: int = 16  # while off for acceptance: one k = 1 round in this many steps
+    probe_every: int = 16  # off for acceptance: one k = 1 round in this many steps
+    explore_every: int = 32  # one exploring episode in this many planned steps (0: never)
+    explore_steps: int = 2  # its length (the first drafting step after plain catches up)
+    explore_window: float = 0.15  # only a k predicted within this share of the best
 
 
 class Controller:
@@ -63,53 +87,37 @@ class Controller:
 
     def __init__(self, config: ControllerConfig | None = None):
         self.config = config or ControllerConfig()
-        self.forward = CostCurve()  # seconds per decode-only forward, by rows
-        # seconds per drafter round, by draft steps (k), one curve per sequences in the
-        # round: a round has a fixed part (the catch-up of accepted tokens, the round trip)
-        # that a per-step average would charge to every step, and so undervalue long k
-        self.draft: dict[int, CostCurve] = {}
+        self.costs = StepCostModel()
         self.routes = RouteAcceptance()
         # the last step's plan drafted (for the hysteresis); a route's `auto` starts on
         self.drafting = True
+        self._exploring: tuple[int, int, int] | None = None  # (sequences, k, steps left)
+        self._since_explore = 0
 
     def accept_rates(self, route: str, seq: PositionAcceptance) -> list[float]:
         c = self.config
         route_rates = self.routes.positions(route).rates([c.prior_acceptance], c.prior_strength)
         return seq.rates(route_rates, c.route_strength)
 
-    def record_forward(self, rows: int, seconds: float) -> None:
-        self.forward.record(rows, seconds)
-
-    def record_draft(self, sequences: int, steps: int, seconds: float) -> None:
-        if steps > 0 and sequences > 0:
-            self.draft.setdefault(sequences, CostCurve()).record(steps, seconds)
-
-    def plan(self, candidates: list[Candidate], fixed_rows: int, fixed_tokens: float) -> Plan:
-        """Drafts per candidate for one step. `fixed_rows`/`fixed_tokens`: the rest of the
-        batch (plain or forced-k sequences), which the decision does not change.
+    def plan(self, candidates: list[Candidate], fixed: Fixed = Fixed()) -> Plan:
+        """Drafts per candidate for one step, beside the `fixed` rest of the batch.
 
         A candidate left at k = 0 is `off:cost` when it would draft alone (the batch makes
-        drafting too dear) and `off:acceptance` when not even alone, or below the route's
-        `min_acceptance`: only those probe, so probing never adds to a loaded batch."""
+        drafting too dear), and `off:acceptance` under its route's floor or when not even
+        alone: only those probe, so probing never adds to a loaded batch."""
         if not candidates:
             return Plan([], [], 1.0)
         eligible = [c if c.accept[0] >= c.floor else _capped(c) for c in candidates]
-        # hysteresis: switching costs (the drafter catches up on what it skipped), and the
-        # model errs by ~10% near break-even (at 4 sequences it kept choosing plain where
-        # drafting gained 11%), so a drafting batch stays on until drafting predicts
-        # `off_margin` worse than plain, and a plain one waits for `margin` better
         cfg = self.config
         if cfg.costs:
-            threshold = -cfg.off_margin if self.drafting else cfg.margin
-            ks, gain = self._best(eligible, fixed_rows, fixed_tokens, threshold)
+            ks, gain = self._choose(eligible, fixed)
         else:
             ks, gain = [c.cap for c in eligible], 1.0
-        self.drafting = any(ks)
         reasons = []
         for i, c in enumerate(candidates):
             if ks[i]:
                 reasons.append("on")
-            elif eligible[i].cap and (not cfg.costs or self._best([c], 0, 0.0)[0][0]):
+            elif eligible[i].cap and (not cfg.costs or self._alone_drafts(c)):
                 reasons.append("off:cost")
             elif c.probe and c.cap:
                 ks[i] = 1
@@ -118,49 +126,69 @@ class Controller:
                 reasons.append("off:acceptance")
         return Plan(ks, reasons, gain)
 
-    def _best(self, candidates, fixed_rows, fixed_tokens, margin=None) -> tuple[list[int], float]:
-        """The k (<= each cap) with the best predicted tokens/s, if it beats plain by
-        `margin` (default: the config's); -> (ks, predicted gain over plain)."""
-        margin = self.config.margin if margin is None else margin
-        n = len(candidates)
-        plain = [0] * n
-        base = self._rate(candidates, plain, fixed_rows, fixed_tokens)
-        if base <= 0:
-            return plain, 1.0
-        best, best_rate = plain, 0.0
-        for k in range(1, max((c.cap for c in candidates), default=0) + 1):
+    def _choose(self, candidates: list[Candidate], fixed: Fixed) -> tuple[list[int], float]:
+        """The arm (k) for this step with the hysteresis and the exploring episodes;
+        -> (ks per candidate, predicted gain over plain)."""
+        cfg, sequences = self.config, fixed.sequences + len(candidates)
+        rates = self._rates(candidates, fixed)
+        best = max(range(1, len(rates)), key=lambda k: rates[k], default=0)
+        # hysteresis: a drafting batch stays on while drafting predicts `stay_margin`
+        # better than plain, and a plain one waits for `margin` better
+        threshold = 1 + (cfg.stay_margin if self.drafting else cfg.margin)
+        arm = best if best and rates[best] >= rates[0] * threshold else 0
+        arm = self._explore(sequences, rates, arm)
+        self.drafting = arm > 0
+        ks = [min(arm, c.cap) for c in candidates]
+        return ks, (rates[arm] / rates[0] if rates[0] > 0 else 1.0)
+
+    def _explore(self, sequences: int, rates: list[float], arm: int) -> int:
+        """`arm`, or the k of an exploring episode: the least measured k at this batch
+        size among those predicted within `explore_window` of the best or never measured
+        here (a guess too pessimistic would otherwise never be tried)."""
+        cfg, steps = self.config, self.costs.steps
+        if self._exploring is not None and self._exploring[0] == sequences:
+            _, k, left = self._exploring
+            self._exploring = (sequences, k, left - 1) if left > 1 else None
+            return min(k, len(rates) - 1)
+        self._exploring = None
+        self._since_explore += 1
+        if cfg.explore_every <= 0 or self._since_explore < cfg.explore_every:
+            return arm
+        self._since_explore = 0
+        floor = (1 - cfg.explore_window) * max(rates)
+        near = [
+            k
+            for k, r in enumerate(rates)
+            if k != arm and (r >= floor or not steps.samples(sequences, k))
+        ]
+        if not near:
+            return arm
+        k = min(near, key=lambda k: (steps.samples(sequences, k), k))
+        if cfg.explore_steps > 1:
+            self._exploring = (sequences, k, cfg.explore_steps - 1)
+        return k
+
+    def _alone_drafts(self, c: Candidate) -> bool:
+        rates = self._rates([c], Fixed())
+        return max(rates[1:], default=0.0) >= rates[0] * (1 + self.config.margin)
+
+    def _rates(self, candidates: list[Candidate], fixed: Fixed) -> list[float]:
+        """Predicted tokens/s when every candidate drafts min(k, its cap), k = 0..max cap."""
+        top = max((c.cap for c in candidates), default=0)
+        out = []
+        for k in range(top + 1):
             ks = [min(k, c.cap) for c in candidates]
-            rate = self._rate(candidates, ks, fixed_rows, fixed_tokens)
-            if rate > best_rate + 1e-12:
-                best, best_rate = ks, rate
-        if best is plain or best_rate < base * (1 + margin):
-            return plain, 1.0
-        return best, best_rate / base
+            tokens = fixed.tokens + sum(
+                expected_tokens(c.accept, j) for c, j in zip(candidates, ks, strict=True)
+            )
+            seconds = self._step_s(ks, fixed)
+            out.append(tokens / seconds if seconds > 0 else 0.0)
+        return out
 
-    def _rate(self, candidates, ks, fixed_rows, fixed_tokens) -> float:
-        tokens = fixed_tokens + sum(
-            expected_tokens(c.accept, k) for c, k in zip(candidates, ks, strict=True)
-        )
-        rows = fixed_rows + sum(1 + k for k in ks)
-        seconds = self._forward_s(rows)
-        drafting = [k for k in ks if k]
-        if drafting:
-            seconds += self._draft_round_s(len(drafting), max(drafting), rows)
-        return tokens / seconds if seconds > 0 else 0.0
-
-    def _forward_s(self, rows: int) -> float:
-        t = self.forward(rows)
-        return 1.0 if t is None else t  # nothing measured yet: every size costs the same
-
-    def _draft_round_s(self, sequences: int, steps: int, rows: int) -> float:
-        """A drafter round of `steps` for `sequences`, from the round size measured nearest
-        (the fewest sequences at or above, else the most below)."""
-        if not self.draft:
-            # before any round: a draft step guessed at a quarter of a forward
-            return 0.25 * steps * self._forward_s(rows)
-        sizes = sorted(self.draft)
-        size = next((n for n in sizes if n >= sequences), sizes[-1])
-        return self.draft[size](steps)
+    def _step_s(self, ks: list[int], fixed: Fixed) -> float:
+        drafting = sum(1 for k in ks if k) + (1 if fixed.k else 0)
+        rows = fixed.rows + sum(1 + k for k in ks)
+        return self.costs(fixed.sequences + len(ks), max([fixed.k, *ks]), rows, drafting)
 
 
 def _capped(c: Candidate) -> Candidate:

@@ -1,9 +1,13 @@
-"""What steps cost, measured online: seconds by size (rows of a forward, sequences in a
-drafter round) for the speculation controller (verifier_service/controller.py)."""
+"""What steps cost, measured online, for the speculation controller
+(verifier_service/controller.py): whole decode steps by (sequences, k), and the parts a
+step is composed of where no such step was measured yet (a forward by rows, a drafter
+round by sequences and steps)."""
 
 from __future__ import annotations
 
 from bisect import bisect_left
+
+from verifier_service.step_costs import StepCosts
 
 
 class CostCurve:
@@ -44,3 +48,55 @@ class CostCurve:
 
     def measured(self) -> dict[int, float]:
         return dict(self._by_size)
+
+
+class StepCostModel:
+    """Seconds a decode step takes: measured for its (sequences, k) where such steps ran,
+    else composed (the forward by rows plus a drafter round) and scaled by how the measured
+    steps compared with their composed estimates."""
+
+    def __init__(self):
+        self.steps = StepCosts()  # seconds per whole decode step, by (sequences, k)
+        self.forward = CostCurve()  # seconds per decode-only forward, by rows
+        # seconds per drafter round, by draft steps (k), one curve per sequences in the
+        # round: a round has a fixed part (the catch-up of accepted tokens, the round trip)
+        # that a per-step average would charge to every step, and so undervalue long k
+        self.draft: dict[int, CostCurve] = {}
+        self.calibration = 1.0  # measured steps / their composed estimates (an EMA)
+
+    def record_forward(self, rows: int, seconds: float) -> None:
+        self.forward.record(rows, seconds)
+
+    def record_draft(self, sequences: int, steps: int, seconds: float) -> None:
+        if steps > 0 and sequences > 0:
+            self.draft.setdefault(sequences, CostCurve()).record(steps, seconds)
+
+    def record_step(self, ks: list[int], seconds: float) -> None:
+        """A whole decode step, by the drafts each of its sequences was planned."""
+        if not ks or not seconds > 0:
+            return
+        drafting = [k for k in ks if k]
+        composed = self.composed(sum(1 + k for k in ks), len(drafting), max(ks))
+        self.steps.record(len(ks), max(ks), seconds)
+        if composed is not None:
+            self.calibration += 0.1 * (seconds / composed - self.calibration)
+
+    def __call__(self, sequences: int, k: int, rows: int, drafting: int) -> float:
+        """A step of `sequences` (`drafting` of them, the most drafts `k`) feeding `rows`."""
+        measured = self.steps(sequences, k)
+        if measured is not None:
+            return measured
+        composed = self.composed(rows, drafting, k)
+        return 1.0 if composed is None else self.calibration * composed  # 1.0: nothing yet
+
+    def composed(self, rows: int, drafting: int, k: int) -> float | None:
+        """The forward by rows plus the drafter round (None before any forward)."""
+        forward = self.forward(rows)
+        if forward is None or not drafting:
+            return forward
+        if not self.draft:
+            return forward * (1 + 0.25 * k)  # before any round: a draft step guessed at 1/4
+        # the round size measured nearest: the fewest sequences at or above, else the most
+        sizes = sorted(self.draft)
+        size = next((n for n in sizes if n >= drafting), sizes[-1])
+        return forward + self.draft[size](k)

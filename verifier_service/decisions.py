@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from specd.config import EngineConfig
 from verifier_service.acceptance import expected_tokens
-from verifier_service.controller import Candidate, Controller
+from verifier_service.controller import Candidate, Controller, Fixed
 from verifier_service.sequence import Sequence
 
 
@@ -33,7 +33,7 @@ class DraftDecisions:
         """`batch`: sequences running + waiting; `kv_used`: the KV pool's utilization."""
         recent = self._recent_batch(batch)
         fixed: dict[int, Decision] = {}
-        candidates, auto, fixed_rows, fixed_tokens = [], [], 0, 0.0
+        candidates, auto, rows, tokens, most = [], [], 0, 0.0, 0
         for i, seq in enumerate(ready):
             bounds = seq.speculation
             remaining = seq.max_new_tokens - seq.num_generated
@@ -50,9 +50,9 @@ class DraftDecisions:
                 auto.append(i)
                 continue
             fixed[i] = Decision(k, reason, 1.0)
-            fixed_rows += 1 + k
-            fixed_tokens += expected_tokens(accept, k)
-        plan = self.controller.plan(candidates, fixed_rows, fixed_tokens)
+            rows, most = rows + 1 + k, max(most, k)
+            tokens += expected_tokens(accept, k)
+        plan = self.controller.plan(candidates, Fixed(len(fixed), rows, tokens, most))
         for i, k, reason in zip(auto, plan.ks, plan.reasons, strict=True):
             fixed[i] = Decision(k, reason, plan.gain)
         return [fixed[i] for i in range(len(ready))]

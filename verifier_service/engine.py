@@ -140,10 +140,14 @@ class Engine:
         rounds = draft_rounds(plan, self.proposer, self.model.args.vocab_size)
         t1 = time.perf_counter()
         logits = self._forward(rounds)
-        self._measure(rounds, t1 - t0, time.perf_counter() - t1)
+        t2 = time.perf_counter()
+        planned = _planned_ks(rounds)  # before the commit moves the sequences on
         sampling = [r for r in rounds if r.num_logits > 0]
         verdicts = verify_rounds(sampling, logits, self.model.args.vocab_size)
         outputs = [self._commit(r, verdicts.get(r.slot.seq_id)) for r in rounds]
+        self._measure(rounds, t1 - t0, t2 - t1)
+        if planned is not None:
+            self.scheduler.controller.costs.record_step(planned, time.perf_counter() - t0)
         return [out for out in outputs if out is not None]
 
     def _forward(self, rounds: list[Round]) -> torch.Tensor:
@@ -152,13 +156,13 @@ class Engine:
         return self.model.forward(self.kv, [r.seq_input() for r in rounds])
 
     def _measure(self, rounds: list[Round], draft_s: float, forward_s: float) -> None:
-        """Feed the controller this step's costs: a drafter round by sequences, and the
+        """Feed the controller this step's parts: a drafter round by sequences, and the
         forward by rows when it was decode and verification only (prefill costs apart)."""
-        controller = self.scheduler.controller
+        costs = self.scheduler.controller.costs
         drafted = [r.k for r in rounds if r.proposal is not None]
-        controller.record_draft(len(drafted), max(drafted, default=0), draft_s)
+        costs.record_draft(len(drafted), max(drafted, default=0), draft_s)
         if all(r.slot.decode for r in rounds):
-            controller.record_forward(sum(r.num_logits for r in rounds), forward_s)
+            costs.record_forward(sum(r.num_logits for r in rounds), forward_s)
 
     # -- commit ------------------------------------------------------------------------------
     def _commit(self, r: Round, verdict: Verdict | None) -> StepOutput | None:
@@ -236,3 +240,23 @@ class Engine:
                 log.exception("could not free sequence %d", seq.seq_id)
             out.append(StepOutput(seq.seq_id, [], "error", stats=seq.stats))
         return out
+
+
+def _planned_ks(rounds: list[Round]) -> list[int] | None:
+    """The drafts each sequence was planned, for a whole-step cost: None when the step was
+    not decode only (prefill costs apart) or a sequence switched between drafting and plain
+    (what the switch costs is not what such steps cost)."""
+    if not all(r.slot.decode for r in rounds):
+        return None
+    if any(_switching(r) for r in rounds):
+        return None
+    return [r.slot.k for r in rounds]
+
+
+def _switching(r: Round) -> bool:
+    """A sequence's first round (the drafter prefills its prompt), its first after plain
+    steps (the drafter catches up on them), or its first plain step after drafting (the
+    drafter still drafts ahead on the same cores: 74 ms for a 59 ms plain step)."""
+    if r.slot.k:
+        return bool(r.seq.off_steps or not r.seq.stats.rounds)
+    return not r.seq.off_steps and bool(r.seq.stats.rounds)

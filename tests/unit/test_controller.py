@@ -3,7 +3,7 @@
 import pytest
 
 from verifier_service.acceptance import PositionAcceptance, expected_tokens
-from verifier_service.controller import Candidate, Controller
+from verifier_service.controller import Candidate, Controller, ControllerConfig
 from verifier_service.costs import CostCurve
 from verifier_service.request import SpeculationBounds
 from verifier_service.route_acceptance import RouteAcceptance
@@ -21,12 +21,13 @@ def draft_round(sequences: int, k: int) -> float:
 
 
 def recorded() -> Controller:
-    c = Controller()
+    """Composed costs only (no whole step measured), no exploring episodes."""
+    c = Controller(ControllerConfig(explore_every=0))
     for rows, s in FORWARD_S.items():
-        c.record_forward(rows, s)
+        c.costs.record_forward(rows, s)
     for seqs in DRAFT_STEP_S:
         for k in (1, 2, 4, 8):
-            c.record_draft(seqs, k, draft_round(seqs, k))
+            c.costs.record_draft(seqs, k, draft_round(seqs, k))
     return c
 
 
@@ -64,13 +65,13 @@ def test_position_acceptance_counts_reached_positions():
 
 def test_one_sequence_on_a_cpu_drafts_as_far_as_acceptance_pays():
     c = recorded()
-    great = c.plan([Candidate(8, [0.95])], 0, 0.0)
+    great = c.plan([Candidate(8, [0.95])])
     assert great.reasons == ["on"] and 5 <= great.ks[0] <= 8 and great.gain > 1.6
-    good = c.plan([Candidate(8, [0.85])], 0, 0.0)
+    good = c.plan([Candidate(8, [0.85])])
     assert 2 <= good.ks[0] < great.ks[0] and 1.2 < good.gain < great.gain
-    fair = c.plan([Candidate(8, [0.7])], 0, 0.0)
+    fair = c.plan([Candidate(8, [0.7])])
     assert 1 <= fair.ks[0] <= good.ks[0]
-    poor = c.plan([Candidate(8, [0.15])], 0, 0.0)
+    poor = c.plan([Candidate(8, [0.15])])
     assert poor.ks == [0] and poor.reasons == ["off:acceptance"] and poor.gain == 1.0
 
 
@@ -78,9 +79,10 @@ def test_the_best_k_is_the_argmax_of_the_predicted_rate():
     c = recorded()
     for alpha in (0.5, 0.7, 0.9):
         c.drafting = False  # no hysteresis: the plain argmax with the switch-on margin
-        plan = c.plan([Candidate(8, [alpha])], 0, 0.0)
+        plan = c.plan([Candidate(8, [alpha])])
+        forward = c.costs.forward
         rates = [
-            expected_tokens([alpha], k) / (c.forward(1 + k) + (draft_round(1, k) if k else 0.0))
+            expected_tokens([alpha], k) / (forward(1 + k) + (draft_round(1, k) if k else 0.0))
             for k in range(9)
         ]
         best = max(range(9), key=lambda k: rates[k])
@@ -92,24 +94,24 @@ def test_a_loaded_batch_goes_off_for_cost_not_for_acceptance():
     # 16 sequences: 16 rows cost 2.3x one row, and each draft row costs nearly a full row
     c = recorded()
     batch = [Candidate(6, [0.7]) for _ in range(16)]
-    plan = c.plan(batch, 0, 0.0)
+    plan = c.plan(batch)
     assert plan.ks == [0] * 16 and set(plan.reasons) == {"off:cost"}
     # the same sequences alone draft
-    assert c.plan(batch[:1], 0, 0.0).ks[0] > 0
+    assert c.plan(batch[:1]).ks[0] > 0
 
 
 def test_a_sequence_below_its_routes_floor_is_left_out_of_a_good_round():
     # a device where up to 16 rows cost one (bf16 on AMX, a GPU), more cost more, and
     # drafts are cheap: the poor sequence's 6 rows would cost and bring nothing
-    c = Controller()
-    c.record_forward(1, 0.1)
-    c.record_forward(16, 0.1)
-    c.record_forward(32, 0.2)
+    c = Controller(ControllerConfig(explore_every=0))
+    c.costs.record_forward(1, 0.1)
+    c.costs.record_forward(16, 0.1)
+    c.costs.record_forward(32, 0.2)
     for k in (1, 6):
-        c.record_draft(2, k, 0.005 * k)
-        c.record_draft(1, k, 0.004 * k)
+        c.costs.record_draft(2, k, 0.005 * k)
+        c.costs.record_draft(1, k, 0.004 * k)
     batch = [Candidate(6, [0.9], floor=0.5), Candidate(6, [0.02], floor=0.5)]
-    plan = c.plan(batch + [Candidate(6, [0.8], floor=0.5)], 0, 0.0)
+    plan = c.plan(batch + [Candidate(6, [0.8], floor=0.5)])
     assert plan.ks[0] > 0 and plan.ks[1] == 0 and plan.ks[2] > 0
     assert plan.reasons == ["on", "off:acceptance", "on"]
 
@@ -118,33 +120,35 @@ def test_a_batch_on_this_cpu_drafts_less_than_one_sequence():
     # on the int4 CPU, rows are not free: each draft row costs ~5 ms of the forward and
     # the round's drafter time stalls every sequence of the batch
     c = recorded()
-    alone = c.plan([Candidate(8, [0.95])], 0, 0.0)
-    four = c.plan([Candidate(8, [0.95]) for _ in range(4)], 0, 0.0)
+    alone = c.plan([Candidate(8, [0.95])])
+    four = c.plan([Candidate(8, [0.95]) for _ in range(4)])
     assert sum(four.ks) / 4 < alone.ks[0] and four.gain < alone.gain
 
 
 def test_the_margin_keeps_plain_decoding_when_the_gain_is_marginal():
-    c = Controller()
-    c.record_forward(1, 1.0)
-    c.record_forward(2, 1.0)
-    c.record_draft(1, 1, 0.5)
+    c = Controller(ControllerConfig(explore_every=0))
+    c.costs.record_forward(1, 1.0)
+    c.costs.record_forward(2, 1.0)
+    c.costs.record_draft(1, 1, 0.5)
     c.drafting = False  # from plain decoding (the hysteresis is tested below)
     # E(1) = 1.55 over 1.5 s: 1.033x plain, under the 5% margin
-    assert c.plan([Candidate(1, [0.55])], 0, 0.0).ks == [0]
-    assert c.plan([Candidate(1, [0.7])], 0, 0.0).ks == [1]  # 1.13x
+    assert c.plan([Candidate(1, [0.55])]).ks == [0]
+    assert c.plan([Candidate(1, [0.7])]).ks == [1]  # 1.13x
 
 
 def test_a_route_below_its_floor_probes_at_k1_only_when_due():
     c = recorded()
     low = [0.3]
-    assert c.plan([Candidate(6, low, probe=False, floor=0.5)], 0, 0.0).reasons == ["off:acceptance"]
-    plan = c.plan([Candidate(6, low, probe=True, floor=0.5)], 0, 0.0)
+    assert c.plan([Candidate(6, low, probe=False, floor=0.5)]).reasons == ["off:acceptance"]
+    plan = c.plan([Candidate(6, low, probe=True, floor=0.5)])
     assert plan.ks == [1] and plan.reasons == ["probe"]
     # a good route above its floor never "probes": it drafts
-    assert c.plan([Candidate(6, [0.9], probe=True, floor=0.5)], 0, 0.0).reasons == ["on"]
-    # a loaded batch (off for cost) does not probe either
-    busy = [Candidate(6, [0.7], probe=True) for _ in range(16)]
-    assert c.plan(busy, 0, 0.0).ks == [0] * 16
+    assert c.plan([Candidate(6, [0.9], probe=True, floor=0.5)]).reasons == ["on"]
+    # a loaded batch (off for cost) does not probe either, above its floor or without one
+    for floor in (0.0, 0.5):
+        busy = [Candidate(6, [0.78], probe=True, floor=floor) for _ in range(16)]
+        plan = c.plan(busy)
+        assert plan.ks == [0] * 16 and set(plan.reasons) == {"off:cost"}
 
 
 def test_route_acceptance_decays_back_to_the_prior_with_time():
@@ -172,7 +176,7 @@ def test_recovery_after_a_bad_burst_within_a_few_probes():
     for step in range(400):
         accept = c.accept_rates("chat", seq)
         cand = Candidate(3, accept, probe=steps_off + 1 >= c.config.probe_every, floor=0.5)
-        k, reason = (lambda p: (p.ks[0], p.reasons[0]))(c.plan([cand], 0, 0.0))
+        k, reason = (lambda p: (p.ks[0], p.reasons[0]))(c.plan([cand]))
         if reason == "on":
             on_at = step
             break
@@ -212,25 +216,23 @@ def test_bounds_refuse_nan_and_out_of_range():
         SpeculationBounds(draft_below_batch=-1).validate()
 
 
-def test_hysteresis_a_drafting_batch_stays_on_near_the_break_even():
-    c = Controller()
-    c.record_forward(1, 1.0)
-    c.record_forward(2, 1.0)
-    c.record_draft(1, 1, 0.5)
+def test_hysteresis_a_drafting_batch_stays_on_while_it_predicts_a_small_gain():
+    c = Controller(ControllerConfig(explore_every=0))
+    c.costs.record_forward(1, 1.0)
+    c.costs.record_forward(2, 1.0)
+    c.costs.record_draft(1, 1, 0.5)
     near = [Candidate(1, [0.55])]  # predicted 1.033x plain
     c.drafting = False
-    assert c.plan(near, 0, 0.0).ks == [0] and not c.drafting  # not enough to switch on
-    assert c.plan([Candidate(1, [0.9])], 0, 0.0).ks == [1] and c.drafting
-    assert c.plan(near, 0, 0.0).ks == [1]  # not bad enough to switch off
-    assert c.plan([Candidate(1, [0.4])], 0, 0.0).ks == [1]  # 0.93x: within the off margin
-    assert c.plan([Candidate(1, [0.3])], 0, 0.0).ks == [0] and not c.drafting  # 0.87x
+    assert c.plan(near).ks == [0] and not c.drafting  # under the 8% to switch on
+    assert c.plan([Candidate(1, [0.9])]).ks == [1] and c.drafting
+    assert c.plan(near).ks == [1]  # over the 3% to stay on
+    assert c.plan([Candidate(1, [0.5])]).ks == [0] and not c.drafting  # a tie: plain
+    assert c.plan(near).ks == [0]  # and from plain, 3% is not enough to switch back
 
 
 def test_without_the_cost_model_auto_drafts_its_cap_but_still_probes():
-    from verifier_service.controller import ControllerConfig
-
     c = Controller(ControllerConfig(costs=False))
-    plan = c.plan([Candidate(6, [0.6]), Candidate(3, [0.2], floor=0.5)], 0, 0.0)
+    plan = c.plan([Candidate(6, [0.6]), Candidate(3, [0.2], floor=0.5)])
     assert plan.ks == [6, 0] and plan.reasons == ["on", "off:acceptance"]
-    plan = c.plan([Candidate(3, [0.2], probe=True, floor=0.5)], 0, 0.0)
+    plan = c.plan([Candidate(3, [0.2], probe=True, floor=0.5)])
     assert plan.ks == [1] and plan.reasons == ["probe"]

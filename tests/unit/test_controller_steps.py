@@ -1,0 +1,119 @@
+"""The controller deciding from whole measured steps, and its bounded exploring."""
+
+import collections
+
+import pytest
+
+from verifier_service.acceptance import expected_tokens
+from verifier_service.controller import Candidate, Controller, ControllerConfig
+from verifier_service.step_costs import StepCosts
+
+# whole decode steps of the int4 1.5B target with the 0.5B drafter on the 2-core CPU, the
+# mean seconds by (sequences, k) on held-out code prompts (BENCHMARKS.md section 19)
+CODE_STEP_S = {
+    (1, 0): 0.059, (1, 2): 0.136, (1, 4): 0.198, (1, 6): 0.253,
+    (4, 0): 0.086, (4, 2): 0.232, (4, 4): 0.342, (4, 6): 0.472,
+}  # fmt: skip
+CODE_ACCEPT = [0.9, 0.86, 0.8, 0.75, 0.7, 0.65]  # a_i by position on those prompts
+
+
+def test_step_costs_average_and_interpolate_only_between_measured_k():
+    steps = StepCosts(weight=0.5)
+    assert steps(2, 3) is None and steps.samples(2, 3) == 0
+    steps.record(2, 0, 0.05)
+    steps.record(2, 1, 0.1)
+    steps.record(2, 5, 0.3)
+    assert steps(2, 3) == pytest.approx(0.2)  # between two measured k of the same batch
+    assert steps(2, 6) is None and steps(3, 3) is None and steps(2, 0) == 0.05
+    steps.record(2, 4, 0.3)
+    steps.record(1, 0, 0.05)
+    assert steps(1, 2) is None  # never between plain and a drafting k: not linear
+    steps.record(2, 1, 0.2)  # an EMA, with its count
+    assert steps(2, 1) == pytest.approx(0.15) and steps.samples(2, 1) == 2
+    steps.record(2, 2, 0.0)  # nonsense timings are ignored
+    assert steps.samples(2, 2) == 0
+
+
+def measured(step_s: dict) -> Controller:
+    c = Controller(ControllerConfig(explore_every=0))
+    for (sequences, k), seconds in step_s.items():
+        c.costs.record_step([k] * sequences, seconds)
+    return c
+
+
+def test_measured_steps_decide_one_sequence_drafts_and_four_do_not():
+    c = measured(CODE_STEP_S)
+    alone = c.plan([Candidate(6, CODE_ACCEPT)])
+    assert alone.reasons == ["on"] and alone.ks[0] >= 2 and alone.gain > 1.15
+    four = c.plan([Candidate(6, CODE_ACCEPT, probe=True, floor=0.5) for _ in range(4)])
+    # drafting 2 for four sequences comes within 1% of plain: a drafting batch goes plain
+    # (it stays only while drafting predicts 3% more), and nothing probes
+    assert four.ks == [0] * 4 and four.reasons == ["off:cost"] * 4 and four.gain == 1.0
+    rate = {k: 4 * expected_tokens(CODE_ACCEPT, k) / CODE_STEP_S[(4, k)] for k in (2, 4, 6)}
+    assert max(rate.values()) < 4 / CODE_STEP_S[(4, 0)]
+
+
+def test_measured_steps_overrule_the_composed_estimate():
+    # composed: rows cost nothing and a draft step is cheap, so k = 6 looks best...
+    c = Controller(ControllerConfig(explore_every=0))
+    for rows in (1, 7, 28):
+        c.costs.record_forward(rows, 0.06)
+    c.costs.record_draft(1, 6, 0.03)
+    assert c.plan([Candidate(6, CODE_ACCEPT)]).ks == [6]
+    # ...but whole steps measured k = 6 slow (tree leaves, catch-up, round trips)
+    c.costs.record_step([6], 0.5)
+    c.costs.record_step([2], 0.12)
+    assert c.plan([Candidate(6, CODE_ACCEPT)]).ks == [2]
+    # what was measured scales the guesses for what was not: k = 1, unmeasured, now costs
+    # what the composed guess does times how far the measured steps were above theirs
+    assert c.costs.calibration > 1.3
+    assert c.costs(1, 1, 2, 1) == pytest.approx(c.costs.calibration * c.costs.composed(2, 1, 1))
+
+
+def simulate(c: Controller, true_s, accept, cap: int, steps: int) -> list[int]:
+    """Plan `steps` decode steps of one sequence; each is recorded at its true cost."""
+    ks = []
+    for _ in range(steps):
+        k = c.plan([Candidate(cap, accept)]).ks[0]
+        c.costs.record_step([k], true_s(k))
+        ks.append(k)
+    return ks
+
+
+def best_k(true_s, accept, cap: int) -> int:
+    return max(range(cap + 1), key=lambda k: expected_tokens(accept, k) / true_s(k))
+
+
+@pytest.mark.parametrize(
+    "name,true_s",
+    [
+        # a fresh verifier guesses every step costs the same, so it drafts its cap; the
+        # truth: drafting a step costs 90% of a forward, and nothing pays (plain wins)
+        ("plain pays", lambda k: 0.06 * (1 + 0.9 * k)),
+        # a fixed part per round and a cost per draft: a middle k wins
+        ("a middle k", lambda k: 0.06 + (0.04 + 0.02 * k if k else 0.0)),
+    ],
+)
+def test_exploring_finds_the_best_k_and_costs_a_bounded_share(name, true_s):
+    accept, cap = [0.8], 6
+    c = Controller()  # nothing measured: every guess is the same
+    ks = simulate(c, true_s, accept, cap, 40 * c.config.explore_every)
+    best = best_k(true_s, accept, cap)
+    late = ks[len(ks) // 2 :]
+    assert collections.Counter(late).most_common(1)[0][0] == best, name
+    # exploring: at most one episode of explore_steps in explore_every steps
+    share = sum(k != best for k in late) / len(late)
+    assert share <= c.config.explore_steps / c.config.explore_every + 0.01, name
+
+
+def test_without_exploring_a_pessimistic_guess_stays_wrong():
+    """Why the episodes exist: with only the composed guess, plain (never measured while
+    drafting) keeps the cost of the measured drafting forwards and is never tried."""
+    c = Controller(ControllerConfig(explore_every=0))
+    c.costs.record_forward(7, 0.2)  # only drafting forwards measured: plain looks as dear
+
+    def true_s(k):
+        return 0.06 * (1 + 0.9 * k)
+
+    ks = simulate(c, true_s, [0.8], 6, 200)
+    assert best_k(true_s, [0.8], 6) == 0 and 0 not in ks

@@ -22,9 +22,10 @@ class EngineConfig:
     # greedy output is identical with and without speculation (BENCHMARKS.md: its cost)
     batch_invariant: bool = True
     # `auto` requests: pick k per step from measured costs (verifier_service/controller.py).
-    # Off by default until it is calibrated under load: at 4 concurrent code requests it
-    # gave 0.88x of always drafting (BENCHMARKS.md section 11); off, `auto` drafts the
-    # route's k within its batch/KV bounds, and acceptance still decays and probes
+    # Off by default: measured whole steps put it at 0.92-0.99x of plain decoding at 2-4
+    # concurrent requests where drafting does not pay (BENCHMARKS.md section 19); off,
+    # `auto` drafts the route's k within its batch/KV bounds, and acceptance still decays
+    # and probes
     cost_model: bool = False
     draft_gate_memory_s: float = 1.0  # draft_below_batch compares the largest batch seen
     # a drafter's alternative leaves are verified while a step feeds at most this many

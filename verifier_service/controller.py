@@ -78,7 +78,7 @@ class ControllerConfig:
     route_strength: float = 4.0  # how many rounds a route's estimate weighs for a sequence
     probe_every: int = 16  # off for acceptance: one k = 1 round in this many steps
     explore_every: int = 32  # one exploring episode in this many planned steps (0: never)
-    explore_steps: int = 2  # its length (the first drafting step after plain catches up)
+    explore_steps: int = 2  # its length (the first step of a switch is not measured)
     explore_window: float = 0.15  # only a k predicted within this share of the best
 
 

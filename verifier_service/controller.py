@@ -9,7 +9,7 @@ route's k) predicts
 with a_i the probability that draft position i is accepted once positions < i were
 (measured per route and per sequence) and T what a whole decode step of B sequences with
 up to k drafts took (drafter round, forward with its tree leaves, verification), measured
-online (verifier_service/step_costs.py). Where T(B, k) is not measured yet it is composed:
+online (verifier_service/costs.py). Where T(B, k) is not measured yet it is composed:
 the forward's cost by rows plus a drafter round, scaled by how the measured steps compared
 with their composed estimates. Plain decoding is tokens = B, time = T(B, 0). The controller
 takes the k with the best tokens/time for every sequence of the step at once (a sequence

@@ -7,19 +7,20 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from verifier_service.step_costs import StepCosts
-
 
 class CostCurve:
-    """Seconds per event by size (rows of a forward, or sequences in a drafter round), an
-    EMA per size. Unmeasured sizes interpolate between measured neighbours; past the
-    largest measured size the curve is flat, an optimistic guess on a memory-bound device
-    that the first such step corrects."""
+    """Seconds per event by size (rows of a forward, sequences in a drafter round, drafts
+    of a step), an EMA per size with its sample count. Unmeasured sizes interpolate
+    between measured neighbours. Outside the measured sizes the curve is flat (an
+    optimistic guess on a memory-bound device that the first such step corrects), or
+    unknown (None) with `flat=False`."""
 
-    def __init__(self, prior: dict[int, float] | None = None, weight: float = 0.3):
+    def __init__(self, weight: float = 0.3, flat: bool = True):
         self.weight = weight
-        self._by_size: dict[int, float] = dict(prior or {})
-        self._sizes = sorted(self._by_size)
+        self.flat = flat
+        self._by_size: dict[int, float] = {}
+        self._counts: dict[int, int] = {}
+        self._sizes: list[int] = []
 
     def record(self, size: int, seconds: float) -> None:
         if size <= 0 or not seconds > 0:
@@ -30,6 +31,10 @@ class CostCurve:
             self._sizes = sorted(self._by_size)
         else:
             self._by_size[size] = old + self.weight * (seconds - old)
+        self._counts[size] = self._counts.get(size, 0) + 1
+
+    def samples(self, size: int) -> int:
+        return self._counts.get(size, 0)
 
     def __call__(self, size: int) -> float | None:
         sizes = self._sizes
@@ -38,16 +43,58 @@ class CostCurve:
         i = bisect_left(sizes, size)
         if i < len(sizes) and sizes[i] == size:
             return self._by_size[size]
-        if i == 0:
-            return self._by_size[sizes[0]]
-        if i == len(sizes):
-            return self._by_size[sizes[-1]]
+        if i == 0 or i == len(sizes):
+            return self._by_size[sizes[0 if i == 0 else -1]] if self.flat else None
         lo, hi = sizes[i - 1], sizes[i]
         f = (size - lo) / (hi - lo)
         return self._by_size[lo] * (1 - f) + self._by_size[hi] * f
 
     def measured(self) -> dict[int, float]:
         return dict(self._by_size)
+
+
+class StepCosts:
+    """Seconds per whole decode step by (sequences in the step, most drafts of any of
+    them), as the engine ran it: drafter round, forward with its tree leaves, verification,
+    commit. The controller compares these directly, rather than adding up parts: the parts
+    missed the tree leaves a small batch verifies beside its chain (a 2-draft step fed 4.5
+    rows, not 3) and the drafter's catch-up and round trip (BENCHMARKS.md section 19).
+
+    Plain steps are one curve by sequences; drafting steps one curve by k per batch size,
+    never interpolated from plain: k = 1 pays a drafter round's fixed part (the round
+    trip, the tree leaves), far more than halfway to k = 2. Outside what was measured the
+    cost is unknown (None) and the caller falls back."""
+
+    def __init__(self, weight: float = 0.1):
+        self.weight = weight
+        self._plain = CostCurve(weight, flat=False)
+        self._drafting: dict[int, CostCurve] = {}
+
+    def _curve(self, sequences: int, k: int) -> CostCurve | None:
+        return self._plain if k == 0 else self._drafting.get(sequences)
+
+    def record(self, sequences: int, k: int, seconds: float) -> None:
+        if sequences <= 0 or k < 0:
+            return
+        if k == 0:
+            self._plain.record(sequences, seconds)
+        else:
+            self._drafting.setdefault(sequences, CostCurve(self.weight, flat=False))
+            self._drafting[sequences].record(k, seconds)
+
+    def samples(self, sequences: int, k: int) -> int:
+        curve = self._curve(sequences, k)
+        return 0 if curve is None else curve.samples(sequences if k == 0 else k)
+
+    def __call__(self, sequences: int, k: int) -> float | None:
+        curve = self._curve(sequences, k)
+        return None if curve is None else curve(sequences if k == 0 else k)
+
+    def measured(self) -> dict[tuple[int, int], float]:
+        out = {(b, 0): s for b, s in self._plain.measured().items()}
+        for b, curve in self._drafting.items():
+            out.update({(b, k): s for k, s in curve.measured().items()})
+        return out
 
 
 class StepCostModel:

@@ -6,7 +6,7 @@ import pytest
 
 from verifier_service.acceptance import expected_tokens
 from verifier_service.controller import Candidate, Controller, ControllerConfig
-from verifier_service.step_costs import StepCosts
+from verifier_service.costs import StepCosts
 
 # whole decode steps of the int4 1.5B target with the 0.5B drafter on the 2-core CPU, the
 # mean seconds by (sequences, k) on held-out code prompts (BENCHMARKS.md section 19)
@@ -28,6 +28,8 @@ def test_step_costs_average_and_interpolate_only_between_measured_k():
     steps.record(2, 4, 0.3)
     steps.record(1, 0, 0.05)
     assert steps(1, 2) is None  # never between plain and a drafting k: not linear
+    steps.record(4, 0, 0.09)
+    assert steps(3, 0) == pytest.approx(0.07)  # plain: between measured batch sizes
     steps.record(2, 1, 0.2)  # an EMA, with its count
     assert steps(2, 1) == pytest.approx(0.15) and steps.samples(2, 1) == 2
     steps.record(2, 2, 0.0)  # nonsense timings are ignored

@@ -4,14 +4,19 @@ For the B decoding sequences of one step, drafting k tokens for sequence s (k_s 
 route's k) predicts
 
     tokens(k) = sum_s E_s(k_s),   E(k) = 1 + sum_{j=1..k} prod_{i=1..j} a_i
-    time(k)   = T(B, max_s k_s)
+    time(k)   = T(B, max_s k_s) + S(k) / H
 
 with a_i the probability that draft position i is accepted once positions < i were
 (measured per route and per sequence) and T what a whole decode step of B sequences with
 up to k drafts took (drafter round, forward with its tree leaves, verification), measured
 online (verifier_service/costs.py). Where T(B, k) is not measured yet it is composed:
 the forward's cost by rows plus a drafter round, scaled by how the measured steps compared
-with their composed estimates. Plain decoding is tokens = B, time = T(B, 0). The controller
+with their composed estimates. S(k) is what switching costs, measured on the steps that
+switched: the drafter catching up (a new prompt, or what it skipped while plain) for
+those that start drafting, and drafting ahead for those that stop; H is the steps the
+sequences may run so (their remaining tokens / E, at most `horizon`). A tie per step is
+thus no reason to flip: every flip pays S (BENCHMARKS.md section 20). Plain decoding is
+tokens = B, time = T(B, 0) + S(0) / H. The controller
 takes the k with the best tokens/time for every sequence of the step at once (a sequence
 under its route's `min_acceptance` is left out), with hysteresis: from plain it needs
 `margin` better, once drafting it stays while `stay_margin` better. One episode of
@@ -43,6 +48,8 @@ class Candidate:
     accept: list[float]  # a_i by position
     probe: bool = False  # due a probe round if it is off for acceptance
     floor: float = 0.0  # the route's min_acceptance: below it a_1 is off for acceptance
+    behind: int = 0  # tokens the drafter catches up on first (0: it drafted last step)
+    remaining: int = 0  # tokens the request may still generate (0: unknown)
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,9 @@ class ControllerConfig:
     explore_every: int = 32  # one exploring episode in this many planned steps (0: never)
     explore_steps: int = 2  # its length (the first step of a switch is not measured)
     explore_window: float = 0.15  # only a k predicted within this share of the best
+    # a switch's cost (the drafter catching up, or still drafting ahead) is spread over
+    # the steps the sequences may run that way, at most this many
+    horizon: int = 32
 
 
 class Controller:
@@ -181,9 +191,28 @@ class Controller:
             tokens = fixed.tokens + sum(
                 expected_tokens(c.accept, j) for c, j in zip(candidates, ks, strict=True)
             )
-            seconds = self._step_s(ks, fixed)
+            seconds = self._step_s(ks, fixed) + self._switch_s(candidates, ks)
             out.append(tokens / seconds if seconds > 0 else 0.0)
         return out
+
+    def _switch_s(self, candidates: list[Candidate], ks: list[int]) -> float:
+        """What switching the candidates to `ks` adds per step: the drafter's catch-up for
+        those that start drafting, its drafting ahead for those that stop, spread over the
+        steps they may run so (their mean remaining tokens at this k, up to `horizon`)."""
+        behind = sum(c.behind for c, k in zip(candidates, ks, strict=True) if k)
+        stopping = sum(1 for c, k in zip(candidates, ks, strict=True) if not k and not c.behind)
+        extra = self.costs.switch_s(behind, stopping)
+        if not extra:
+            return 0.0
+        steps = [
+            c.remaining / expected_tokens(c.accept, k)
+            for c, k in zip(candidates, ks, strict=True)
+            if c.remaining
+        ]
+        horizon = self.config.horizon
+        if steps:
+            horizon = min(horizon, max(1.0, sum(steps) / len(steps)))
+        return extra / horizon
 
     def _step_s(self, ks: list[int], fixed: Fixed) -> float:
         drafting = sum(1 for k in ks if k) + (1 if fixed.k else 0)

@@ -1,10 +1,11 @@
 """What steps cost, measured online, for the speculation controller
-(verifier_service/controller.py): whole decode steps by (sequences, k), and the parts a
+(verifier_service/controller.py): whole decode steps by (sequences, k), the parts a
 step is composed of where no such step was measured yet (a forward by rows, a drafter
-round by sequences and steps)."""
+round by sequences and steps), and what switching between drafting and plain adds."""
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 
 
@@ -110,6 +111,11 @@ class StepCostModel:
         # that a per-step average would charge to every step, and so undervalue long k
         self.draft: dict[int, CostCurve] = {}
         self.calibration = 1.0  # measured steps / their composed estimates (an EMA)
+        # what a switch adds to its step's steady cost: switching on, by the tokens the
+        # drafter catches up on (a new prompt, or what it skipped while plain); switching
+        # off, by the sequences stopping (the drafter is still drafting ahead for them)
+        self.switch_on = CostCurve()
+        self.switch_off = CostCurve()
 
     def record_forward(self, rows: int, seconds: float) -> None:
         self.forward.record(rows, seconds)
@@ -118,15 +124,40 @@ class StepCostModel:
         if steps > 0 and sequences > 0:
             self.draft.setdefault(sequences, CostCurve()).record(steps, seconds)
 
-    def record_step(self, ks: list[int], seconds: float) -> None:
-        """A whole decode step, by the drafts each of its sequences was planned."""
+    def record_step(
+        self, ks: list[int], seconds: float, catch_up: int = 0, stopping: int = 0
+    ) -> None:
+        """A whole decode step, by the drafts each of its sequences was planned; with
+        `catch_up` tokens for the drafter (sequences switching on) or `stopping` sequences
+        (switching off), what it took over the steady step is the switch's cost."""
         if not ks or not seconds > 0:
+            return
+        if catch_up or stopping:
+            self._record_switch(len(ks), max(ks), seconds, catch_up, stopping)
             return
         drafting = [k for k in ks if k]
         composed = self.composed(sum(1 + k for k in ks), len(drafting), max(ks))
         self.steps.record(len(ks), max(ks), seconds)
         if composed is not None:
             self.calibration += 0.1 * (seconds / composed - self.calibration)
+
+    def _record_switch(
+        self, sequences: int, k: int, seconds: float, catch_up: int, stopping: int
+    ) -> None:
+        steady = self.steps(sequences, k)
+        if steady is None or (catch_up and stopping):  # nothing to compare, or two causes
+            return
+        extra = max(seconds - steady, 1e-6)  # a switch adds nothing, or something
+        if catch_up:
+            self.switch_on.record(_power_of_two(catch_up), extra)
+        else:
+            self.switch_off.record(stopping, extra)
+
+    def switch_s(self, catch_up: int, stopping: int) -> float:
+        """What switching adds (0 before any such switch was measured)."""
+        on = self.switch_on(_power_of_two(catch_up)) if catch_up else None
+        off = self.switch_off(stopping) if stopping else None
+        return (on or 0.0) + (off or 0.0)
 
     def __call__(self, sequences: int, k: int, rows: int, drafting: int) -> float:
         """A step of `sequences` (`drafting` of them, the most drafts `k`) feeding `rows`."""
@@ -147,3 +178,9 @@ class StepCostModel:
         sizes = sorted(self.draft)
         size = next((n for n in sizes if n >= drafting), sizes[-1])
         return forward + self.draft[size](k)
+
+
+def _power_of_two(tokens: int) -> int:
+    """Catch-ups run from a few tokens to whole prompts: one point of the curve per power
+    of two (interpolated between, flat past the ends)."""
+    return 1 << round(math.log2(tokens))

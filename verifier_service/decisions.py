@@ -46,7 +46,11 @@ class DraftDecisions:
                 k, reason = 0, "off:kv"
             elif k and bounds.auto:
                 probe = seq.off_steps + 1 >= self.controller.config.probe_every
-                candidates.append(Candidate(k, accept, probe, bounds.min_acceptance))
+                candidates.append(
+                    Candidate(
+                        k, accept, probe, bounds.min_acceptance, seq.drafter_behind, remaining
+                    )
+                )
                 auto.append(i)
                 continue
             fixed[i] = Decision(k, reason, 1.0)

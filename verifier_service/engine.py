@@ -141,13 +141,15 @@ class Engine:
         t1 = time.perf_counter()
         logits = self._forward(rounds)
         t2 = time.perf_counter()
-        planned = _planned_ks(rounds)  # before the commit moves the sequences on
+        shape = _step_shape(rounds)  # before the commit moves the sequences on
         sampling = [r for r in rounds if r.num_logits > 0]
         verdicts = verify_rounds(sampling, logits, self.model.args.vocab_size)
         outputs = [self._commit(r, verdicts.get(r.slot.seq_id)) for r in rounds]
         self._measure(rounds, t1 - t0, t2 - t1)
-        if planned is not None:
-            self.scheduler.controller.costs.record_step(planned, time.perf_counter() - t0)
+        if shape is not None:
+            ks, catch_up, stopping = shape
+            seconds = time.perf_counter() - t0
+            self.scheduler.controller.costs.record_step(ks, seconds, catch_up, stopping)
         return [out for out in outputs if out is not None]
 
     def _forward(self, rounds: list[Round]) -> torch.Tensor:
@@ -242,21 +244,14 @@ class Engine:
         return out
 
 
-def _planned_ks(rounds: list[Round]) -> list[int] | None:
-    """The drafts each sequence was planned, for a whole-step cost: None when the step was
-    not decode only (prefill costs apart) or a sequence switched between drafting and plain
-    (what the switch costs is not what such steps cost)."""
+def _step_shape(rounds: list[Round]) -> tuple[list[int], int, int] | None:
+    """What a whole decode step's cost is measured by: the drafts each sequence was
+    planned, the tokens the drafter catches up on for those switching to drafting (a
+    first round prefills the prompt), and how many switch to plain after drafting (the
+    drafter still drafts ahead for them on the same cores: 74 ms for a 59 ms plain step).
+    None when the step was not decode only (prefill costs apart)."""
     if not all(r.slot.decode for r in rounds):
         return None
-    if any(_switching(r) for r in rounds):
-        return None
-    return [r.slot.k for r in rounds]
-
-
-def _switching(r: Round) -> bool:
-    """A sequence's first round (the drafter prefills its prompt), its first after plain
-    steps (the drafter catches up on them), or its first plain step after drafting (the
-    drafter still drafts ahead on the same cores: 74 ms for a 59 ms plain step)."""
-    if r.slot.k:
-        return bool(r.seq.off_steps or not r.seq.stats.rounds)
-    return not r.seq.off_steps and bool(r.seq.stats.rounds)
+    catch_up = sum(r.seq.drafter_behind for r in rounds if r.slot.k)
+    stopping = sum(1 for r in rounds if not r.slot.k and not r.seq.drafter_behind)
+    return [r.slot.k for r in rounds], catch_up, stopping

@@ -95,6 +95,15 @@ class Sequence:
         """True until the first token exists (the pending token is then never cached)."""
         return self.num_generated == 0
 
+    @property
+    def drafter_behind(self) -> int:
+        """Tokens the drafter catches up on before it can draft for this sequence: the
+        whole context before its first round, what was decoded plain since its last one,
+        0 while it drafts every step."""
+        if not self.stats.rounds:
+            return len(self.tokens)
+        return self.off_steps + 1 if self.off_steps else 0
+
     def decided(self, reason: str, k: int) -> None:
         """A decode step ran with this speculation decision and k drafts."""
         self.decisions[reason] += 1

@@ -119,3 +119,42 @@ def test_without_exploring_a_pessimistic_guess_stays_wrong():
 
     ks = simulate(c, true_s, [0.8], 6, 200)
     assert best_k(true_s, [0.8], 6) == 0 and 0 not in ks
+
+
+def test_a_switch_costs_what_its_step_took_over_the_steady_one():
+    c = Controller(ControllerConfig(explore_every=0))
+    c.costs.record_step([2, 2], 0.5, catch_up=200)  # no steady (2, 2) step yet: unknown
+    assert c.costs.switch_s(200, 0) == 0.0 and c.costs.steps(2, 2) is None
+    c.costs.record_step([2, 2], 0.2)
+    c.costs.record_step([0, 0], 0.07)
+    c.costs.record_step([2, 2], 0.5, catch_up=200)  # a new prompt: +0.3 s
+    c.costs.record_step([2, 0], 0.25, catch_up=3)  # 2 plain steps to catch up: +0.05 s
+    c.costs.record_step([0, 0], 0.09, stopping=2)  # both stop drafting: +0.02 s
+    assert c.costs.switch_s(200, 0) == pytest.approx(0.3)
+    assert c.costs.switch_s(4, 0) == pytest.approx(0.05)  # 3 tokens kept at 4
+    assert c.costs.switch_s(0, 2) == pytest.approx(0.02)
+    assert c.costs.switch_s(3, 2) == pytest.approx(0.07)
+    assert c.costs.steps(2, 2) == 0.2 and c.costs.steps(2, 0) == 0.07  # steady untouched
+
+
+def test_a_switch_pays_for_itself_before_the_batch_flips():
+    # four sequences gain 20% a step by drafting 2, once the drafter has caught up; a new
+    # prompt costs the drafter 0.1 s each
+    accept, plain_s = [0.9, 0.86], 0.086
+    drafting_s = 4 * expected_tokens(accept, 2) / (1.2 * 4 / plain_s)
+    c = measured({(4, 0): plain_s, (4, 2): drafting_s})
+    c.costs.record_step([2] * 4, drafting_s + 0.4, catch_up=4 * 200)
+
+    def batch(behind: int, remaining: int):
+        return c.plan([Candidate(2, accept, behind=behind, remaining=remaining)] * 4)
+
+    assert batch(200, 64).ks == [2] * 4  # 24 steps to spread 0.4 s over: +10%
+    c.drafting = False  # (hysteresis: from plain)
+    assert batch(200, 8).ks == [0] * 4  # 3 steps: the catch-up costs more than they gain
+    assert batch(0, 8).ks == [2] * 4  # caught up already: nothing to pay
+    # a drafting batch at a tie per step stays: stopping costs the drafter's work ahead
+    tie = measured({(4, 0): plain_s, (4, 2): drafting_s * 1.18})
+    assert tie.plan([Candidate(2, accept, remaining=64)] * 4).ks == [0] * 4
+    tie.costs.record_step([0] * 4, plain_s + 0.1, stopping=4)
+    tie.drafting = True
+    assert tie.plan([Candidate(2, accept, remaining=64)] * 4).ks == [2] * 4

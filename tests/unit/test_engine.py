@@ -396,7 +396,7 @@ def test_draft_ahead_answers_a_fully_accepted_round_without_the_model(tiny_pair,
     assert proposer.kv.allocator.num_used == 0 and proposer.num_sessions == 0
 
 
-def test_whole_decode_steps_are_measured_by_their_plan_but_not_a_catch_up(tiny_pair):
+def test_whole_decode_steps_are_measured_by_their_plan_and_switches_apart(tiny_pair):
     # without the cost model `auto` drafts its cap (the tiny target is too fast to pay),
     # and every decode step is still measured for the model
     engine = make_engine(tiny_pair, "draft")
@@ -413,10 +413,13 @@ def test_whole_decode_steps_are_measured_by_their_plan_but_not_a_catch_up(tiny_p
     reqs = [dict(prompt=p, max_new_tokens=20, num_draft=3, speculation=auto) for p in PROMPTS[:2]]
     run_engine(engine, reqs)
     steps = [args for name, args in events if name == "record_step"]
-    assert steps and all(len(ks) <= 2 and max(ks) <= 3 and s > 0 for ks, s in steps)
-    assert any(max(ks) > 0 for ks, _ in steps)
+    assert steps and all(len(ks) <= 2 and max(ks) <= 3 and s > 0 for ks, s, _, _ in steps)
     # the first decode step is both sequences' first round: the drafter prefills their
-    # prompts, a switch's cost and not a step's, so it is left out
-    first = next(i for i, (name, _) in enumerate(events) if name == "record_forward")
-    assert events[first + 1][0] == "record_forward"
-    assert set(costs.steps.measured()) == {(len(ks), max(ks)) for ks, _ in steps}
+    # whole contexts (prompt + first token), which is a switch's cost, not a step's
+    first = next(i for i, (name, _) in enumerate(events) if name == "record_step")
+    ks, _, catch_up, stopping = events[first][1]
+    assert ks == [3, 3] and stopping == 0
+    assert catch_up == sum(len(p) + 1 for p in PROMPTS[:2])
+    steady = {(len(ks), max(ks)) for ks, _, behind, stop in steps if not behind and not stop}
+    assert steady and any(k for _, k in steady)
+    assert set(costs.steps.measured()) == steady

@@ -87,6 +87,12 @@ class ControllerConfig:
     explore_every: int = 32  # one exploring episode in this many planned steps (0: never)
     explore_steps: int = 2  # its length (the first step of a switch is not measured)
     explore_window: float = 0.15  # only a k predicted within this share of the best
+    # exploring episodes and probes together may cost this share of the predicted step
+    # time, no more: the budget grows by it each step (up to `explore_cap_s`) and pays each
+    # one's predicted loss against the plan, so that at a batch where a drafting step
+    # costs 3x a plain one and its catch-up more, they come that much more seldom
+    explore_share: float = 0.03
+    explore_cap_s: float = 1.0
     # a switch's cost (the drafter catching up, or still drafting ahead) is spread over
     # the steps the sequences may run that way, at most this many
     horizon: int = 32
@@ -103,6 +109,7 @@ class Controller:
         self.drafting = True
         self._exploring: tuple[int, int, int] | None = None  # (sequences, k, steps left)
         self._since_explore = 0
+        self.budget_s = self.config.explore_cap_s  # what exploring and probing may spend
 
     def accept_rates(self, route: str, seq: PositionAcceptance) -> list[float]:
         c = self.config
@@ -130,11 +137,30 @@ class Controller:
             elif eligible[i].cap and (not cfg.costs or self._alone_drafts(c)):
                 reasons.append("off:cost")
             elif c.probe and c.cap:
-                ks[i] = 1
                 reasons.append("probe")
             else:
                 reasons.append("off:acceptance")
+        probes = [i for i, r in enumerate(reasons) if r == "probe"]
+        if probes and (not cfg.costs or self._pay_probes(candidates, ks, probes, fixed)):
+            for i in probes:
+                ks[i] = 1
+        else:
+            reasons = ["off:acceptance" if r == "probe" else r for r in reasons]
         return Plan(ks, reasons, gain)
+
+    def _pay_probes(
+        self, candidates: list[Candidate], ks: list[int], probes: list[int], fixed: Fixed
+    ) -> bool:
+        """Whether the budget pays for these k = 1 probes: the step's added seconds and
+        the drafter's catch-up for them (a probe of 8 behind a plain batch of 8 costs ~8
+        plain steps on the 2-core CPU, one of 1 sequence ~1)."""
+        probing = [1 if i in probes else k for i, k in enumerate(ks)]
+        cost = self._step_s(probing, fixed) - self._step_s(ks, fixed)
+        cost += self.costs.switch_s(sum(candidates[i].behind for i in probes), 0)
+        if cost > self.budget_s:
+            return False
+        self.budget_s -= max(cost, 0.0)
+        return True
 
     def _choose(self, candidates: list[Candidate], fixed: Fixed) -> tuple[list[int], float]:
         """The arm (k) for this step with the hysteresis and the exploring episodes;
@@ -146,15 +172,21 @@ class Controller:
         # better than plain, and a plain one waits for `margin` better
         threshold = 1 + (cfg.stay_margin if self.drafting else cfg.margin)
         arm = best if best and rates[best] >= rates[0] * threshold else 0
-        arm = self._explore(sequences, rates, arm)
+        self.budget_s = min(
+            cfg.explore_cap_s, self.budget_s + cfg.explore_share * self._arm_s(candidates, arm)
+        )
+        arm = self._explore(sequences, candidates, fixed, rates, arm)
         self.drafting = arm > 0
         ks = [min(arm, c.cap) for c in candidates]
         return ks, (rates[arm] / rates[0] if rates[0] > 0 else 1.0)
 
-    def _explore(self, sequences: int, rates: list[float], arm: int) -> int:
+    def _explore(
+        self, sequences: int, candidates: list[Candidate], fixed: Fixed, rates, arm: int
+    ) -> int:
         """`arm`, or the k of an exploring episode: the least measured k at this batch
         size among those predicted within `explore_window` of the best or never measured
-        here (a guess too pessimistic would otherwise never be tried)."""
+        here (a guess too pessimistic would otherwise never be tried), once the budget
+        pays for what the episode is predicted to lose against `arm`."""
         cfg, steps = self.config, self.costs.steps
         if self._exploring is not None and self._exploring[0] == sequences:
             _, k, left = self._exploring
@@ -174,9 +206,33 @@ class Controller:
         if not near:
             return arm
         k = min(near, key=lambda k: (steps.samples(sequences, k), k))
+        cost = self._episode_s(candidates, fixed, k, rates[arm])
+        if cost > self.budget_s:
+            return arm
+        self.budget_s -= cost
         if cfg.explore_steps > 1:
             self._exploring = (sequences, k, cfg.explore_steps - 1)
         return k
+
+    def _episode_s(self, candidates: list[Candidate], fixed: Fixed, k: int, rate: float) -> float:
+        """Seconds an episode at k is predicted to lose against running at `rate`: its
+        steps beyond the time `rate` would take for their tokens (nothing where nothing
+        predicts them), and its switch whole (an episode is too short to spread it)."""
+        ks = [min(k, c.cap) for c in candidates]
+        step = self._step_s(ks, fixed)
+        sequences, rows = fixed.sequences + len(ks), fixed.rows + sum(1 + j for j in ks)
+        if not self.costs.known(sequences, max([fixed.k, *ks]), rows):
+            rate = 0.0
+        tokens = fixed.tokens + sum(
+            expected_tokens(c.accept, j) for c, j in zip(candidates, ks, strict=True)
+        )
+        behind = sum(c.behind for c, j in zip(candidates, ks, strict=True) if j)
+        stopping = sum(1 for c, j in zip(candidates, ks, strict=True) if not j and not c.behind)
+        loss = self.config.explore_steps * (step - tokens / rate) if rate > 0 else 0.0
+        return max(loss, 0.0) + self.costs.switch_s(behind, stopping)
+
+    def _arm_s(self, candidates: list[Candidate], k: int) -> float:
+        return self._step_s([min(k, c.cap) for c in candidates], Fixed())
 
     def _alone_drafts(self, c: Candidate) -> bool:
         rates = self._rates([c], Fixed())

@@ -158,3 +158,53 @@ def test_a_switch_pays_for_itself_before_the_batch_flips():
     tie.costs.record_step([0] * 4, plain_s + 0.1, stopping=4)
     tie.drafting = True
     assert tie.plan([Candidate(2, accept, remaining=64)] * 4).ks == [2] * 4
+
+
+def run_batch(c: Controller, accept, true_s, switch_s, steps: int, probe_every: int = 0):
+    """`steps` decode steps of a batch of 8 that never changes; each is recorded at its
+    true cost plus what its switches cost. -> seconds spent beyond plain decoding."""
+    behind, lost = [100] * 8, 0.0
+    for step in range(steps):
+        due = bool(probe_every) and step % probe_every == probe_every - 1
+        plan = c.plan([Candidate(3, accept, due, 0.5, b, 64) for b in behind])
+        catch_up = sum(b for b, k in zip(behind, plan.ks, strict=True) if k)
+        stopping = sum(1 for b, k in zip(behind, plan.ks, strict=True) if not k and not b)
+        seconds = true_s(max(plan.ks)) + (switch_s if catch_up else 0.0)
+        c.costs.record_step(plan.ks, seconds, catch_up, stopping)
+        tokens = sum(expected_tokens(accept, k) for k in plan.ks)
+        lost += seconds - tokens * true_s(0) / 8  # over plain, for the same tokens
+        behind = [0 if k else b + 1 for b, k in zip(behind, plan.ks, strict=True)]
+    return lost
+
+
+def test_exploring_a_big_batch_costs_its_share_of_time_not_of_steps():
+    # eight sequences on the CPU: drafting is 8% slower a step than plain, close enough to
+    # be worth a look now and then, but the drafter's catch-up for all eight costs 0.4 s,
+    # ~3.5 plain steps (section 20)
+    accept = [0.8, 0.7, 0.6]
+
+    def true_s(k):
+        return 0.116 if not k else 0.116 * expected_tokens(accept, k) / 0.92
+
+    c = Controller()
+    c.costs.record_step([0] * 8, true_s(0))
+    c.drafting = False
+    steps = 2000
+    lost = run_batch(c, accept, true_s, 0.4, steps)
+    # one episode in 32 steps would have lost ~0.45 s each: ~12% of the time
+    assert lost <= 1.2 * c.config.explore_share * steps * true_s(0) + c.config.explore_cap_s
+    assert lost > 0.1  # and it still explored
+
+
+def test_probes_behind_a_big_batch_are_paid_from_the_same_budget():
+    def true_s(k):
+        return 0.116 if not k else 0.25
+
+    c = Controller()
+    c.costs.record_step([0] * 8, true_s(0))
+    c.drafting = False
+    steps = 2000
+    # below the route's floor: only probes draft, and all eight are due every 16 steps
+    lost = run_batch(c, [0.3], true_s, 0.4, steps, probe_every=16)
+    assert lost <= 1.2 * c.config.explore_share * steps * true_s(0) + c.config.explore_cap_s
+    assert lost > 0  # some probes still ran: a route off for acceptance still recovers

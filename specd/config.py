@@ -22,8 +22,8 @@ class EngineConfig:
     # greedy output is identical with and without speculation (BENCHMARKS.md: its cost)
     batch_invariant: bool = True
     # `auto` requests: pick k per step from measured costs (verifier_service/controller.py).
-    # Off by default: measured whole steps put it at 0.92-0.99x of plain decoding at 2-4
-    # concurrent requests where drafting does not pay (BENCHMARKS.md section 19); off,
+    # Off by default: it still measures 0.93-0.96x of plain decoding at 4-8 concurrent
+    # requests where drafting does not pay (BENCHMARKS.md sections 19-20); off,
     # `auto` drafts the route's k within its batch/KV bounds, and acceptance still decays
     # and probes
     cost_model: bool = False

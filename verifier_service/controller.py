@@ -85,7 +85,7 @@ class ControllerConfig:
     route_strength: float = 4.0  # how many rounds a route's estimate weighs for a sequence
     probe_every: int = 16  # off for acceptance: one k = 1 round in this many steps
     explore_every: int = 32  # one exploring episode in this many planned steps (0: never)
-    explore_steps: int = 2  # its length (the first step of a switch is not measured)
+    explore_steps: int = 2  # its length (its first step pays the switch)
     explore_window: float = 0.15  # only a k predicted within this share of the best
     # exploring episodes and probes together may cost this share of the predicted step
     # time, no more: the budget grows by it each step (up to `explore_cap_s`) and pays each
@@ -172,9 +172,8 @@ class Controller:
         # better than plain, and a plain one waits for `margin` better
         threshold = 1 + (cfg.stay_margin if self.drafting else cfg.margin)
         arm = best if best and rates[best] >= rates[0] * threshold else 0
-        self.budget_s = min(
-            cfg.explore_cap_s, self.budget_s + cfg.explore_share * self._arm_s(candidates, arm)
-        )
+        earned = cfg.explore_share * self._arm_s(candidates, fixed, arm)
+        self.budget_s = min(cfg.explore_cap_s, self.budget_s + earned)
         arm = self._explore(sequences, candidates, fixed, rates, arm)
         self.drafting = arm > 0
         ks = [min(arm, c.cap) for c in candidates]
@@ -226,13 +225,11 @@ class Controller:
         tokens = fixed.tokens + sum(
             expected_tokens(c.accept, j) for c, j in zip(candidates, ks, strict=True)
         )
-        behind = sum(c.behind for c, j in zip(candidates, ks, strict=True) if j)
-        stopping = sum(1 for c, j in zip(candidates, ks, strict=True) if not j and not c.behind)
         loss = self.config.explore_steps * (step - tokens / rate) if rate > 0 else 0.0
-        return max(loss, 0.0) + self.costs.switch_s(behind, stopping)
+        return max(loss, 0.0) + self.costs.switch_s(*_switching(candidates, ks))
 
-    def _arm_s(self, candidates: list[Candidate], k: int) -> float:
-        return self._step_s([min(k, c.cap) for c in candidates], Fixed())
+    def _arm_s(self, candidates: list[Candidate], fixed: Fixed, k: int) -> float:
+        return self._step_s([min(k, c.cap) for c in candidates], fixed)
 
     def _alone_drafts(self, c: Candidate) -> bool:
         rates = self._rates([c], Fixed())
@@ -255,9 +252,7 @@ class Controller:
         """What switching the candidates to `ks` adds per step: the drafter's catch-up for
         those that start drafting, its drafting ahead for those that stop, spread over the
         steps they may run so (their mean remaining tokens at this k, up to `horizon`)."""
-        behind = sum(c.behind for c, k in zip(candidates, ks, strict=True) if k)
-        stopping = sum(1 for c, k in zip(candidates, ks, strict=True) if not k and not c.behind)
-        extra = self.costs.switch_s(behind, stopping)
+        extra = self.costs.switch_s(*_switching(candidates, ks))
         if not extra:
             return 0.0
         steps = [
@@ -278,3 +273,10 @@ class Controller:
 
 def _capped(c: Candidate) -> Candidate:
     return Candidate(0, c.accept, c.probe, c.floor)
+
+
+def _switching(candidates: list[Candidate], ks: list[int]) -> tuple[int, int]:
+    """(tokens the drafter catches up on for those that start drafting, how many stop)."""
+    behind = sum(c.behind for c, k in zip(candidates, ks, strict=True) if k)
+    stopping = sum(1 for c, k in zip(candidates, ks, strict=True) if not k and not c.behind)
+    return behind, stopping

@@ -1,14 +1,16 @@
 """`specd bench sweep`: throughput and latency vs concurrency, per speculation mode.
 
     specd bench sweep [--target HOST:PORT] [--workload code] [--concurrency 1,2,4,8,16]
-                      [--modes off,on,auto,ngram] [--requests-per-cell 16] [--peer hf]
-                      [--out bench/out/sweep]
+                      [--modes off,on,auto,ngram] [--requests-per-cell 16] [--repeats 1]
+                      [--peer hf] [--out bench/out/sweep]
 
 Against a running router (`--target`), or, without it, a drafter, verifier and router it
 starts itself (`--model`, `--draft-model`). Each cell (mode x concurrency) sends a bounded
 number of requests from `--concurrency` concurrent clients, streaming, and records per
 request the time to first token, the time per output token after it, tokens, and the
-speculation the router decided (reason, acceptance, mean accepted length).
+speculation the router decided (reason, acceptance, mean accepted length). With
+`--repeats R` every cell runs R times, the modes taking turns at each level in A B B A
+order, and each mode's ratio to the first mode is printed per run and merged.
 Writes `sweep.json`, `sweep.md` and two PNG plots (throughput and TPOT p99 vs concurrency).
 Modes "ngram" and "combined" are speculation on with the drafter swapped for that
 `--proposer` (only when the sweep starts the services; against --target, sweep such a
@@ -31,7 +33,7 @@ from tqdm import tqdm
 
 from bench.prompts import load_conversations
 from bench.sweep_peers import add_peer
-from bench.sweep_report import ms, summarise, to_markdown, write_outputs
+from bench.sweep_report import ms, paired_ratios, summarise, to_markdown, write_outputs
 from protos.specd.v1 import router_pb2_grpc
 from router.client import build_request
 
@@ -96,17 +98,29 @@ async def run_cell(
     max_new: int,
     tick=None,
     route: str = "",
-) -> dict:
+) -> tuple[list[dict], float]:
+    """One cell's per-request results and its wall time (bench/sweep_report.py sums up)."""
     async with grpc.aio.insecure_channel(address) as channel:
         stub = router_pb2_grpc.GenerationStub(channel)
-        results, wall = await drive(
+        return await drive(
             lambda m: stream_one(stub, m, mode, max_new, route),
             conversations,
             concurrency,
             requests,
             tick,
         )
-    return summarise(results, wall)
+
+
+def run_order(modes: list[str], levels: list[int], repeats: int) -> list[tuple[str, int]]:
+    """The (mode, concurrency) cells in the order they run. Once each: every level of one
+    mode, then the next mode. Repeated: per level, the modes forwards then backwards
+    (A B B A A B ...), so with an even count a drift of the machine's speed that is linear
+    in time weighs on every mode alike, which cells run one after another cannot give."""
+    if repeats == 1:
+        return [(m, c) for m in modes for c in levels]
+    return [
+        (m, c) for c in levels for r in range(repeats) for m in (modes[::-1] if r % 2 else modes)
+    ]
 
 
 def sweep(
@@ -120,26 +134,40 @@ def sweep(
     progress=print,
     bars: bool = False,
     route: str = "",
+    repeats: int = 1,
 ) -> dict:
-    cells = []
+    """Every (mode, concurrency) cell, each run `repeats` times in `run_order`; a cell's
+    runs merge into one summary (tokens over wall time) that lists each run's tok/s."""
     for mode in modes:
         # one untimed request first: the services' first forwards page the weights in and
         # build kernels (llama-server gets the same warm-up, bench/llamacpp.py)
         asyncio.run(run_cell(address, [WARM_UP], mode, 1, 1, 16, route=route))
+    runs: dict[tuple[str, int], list[tuple[list[dict], float]]] = {}
+    for mode, c in run_order(list(modes), list(levels), repeats):
+        n = max(requests, c)
+        name = label or mode
+        bar = tqdm(total=n, desc=f"{name:<6} c={c:<3}", leave=False) if bars else None
+        tick = bar.update if bar is not None else None
+        results, wall = asyncio.run(
+            run_cell(address, conversations, mode, c, n, max_new, tick, route)
+        )
+        if bar is not None:
+            bar.close()
+        runs.setdefault((mode, c), []).append((results, wall))
+        run = summarise(results, wall)
+        progress(
+            f"  {name:<6} c={c:<3} {run['tokens_per_s']:7.2f} tok/s  "
+            f"TPOT p99 {ms(run['tpot_p99'])}  reasons {run['reasons']}"
+        )
+    cells = []
+    for mode in modes:
         for c in levels:
-            n = max(requests, c)
-            name = label or mode
-            bar = tqdm(total=n, desc=f"{name:<6} c={c:<3}", leave=False) if bars else None
-            tick = bar.update if bar is not None else None
-            cell = asyncio.run(run_cell(address, conversations, mode, c, n, max_new, tick, route))
-            if bar is not None:
-                bar.close()
-            cell.update(mode=name, concurrency=c)
+            done = runs[(mode, c)]
+            cell = summarise([r for results, _ in done for r in results], sum(w for _, w in done))
+            cell.update(mode=label or mode, concurrency=c)
+            if repeats > 1:
+                cell["runs_tokens_per_s"] = [summarise(*run)["tokens_per_s"] for run in done]
             cells.append(cell)
-            progress(
-                f"  {cell['mode']:<6} c={c:<3} {cell['tokens_per_s']:7.2f} tok/s  "
-                f"TPOT p99 {ms(cell['tpot_p99'])}  reasons {cell['reasons']}"
-            )
     return {"target": address, "route": route, "max_new_tokens": max_new, "cells": cells}
 
 
@@ -165,6 +193,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", default="off,on,auto,ngram")
     p.add_argument("--label", default="", help="name the mode column (e.g. ngram)")
     p.add_argument("--requests-per-cell", type=int, default=16)
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run each cell this many times, the modes alternating per level (A B B A); "
+        "use an even count to compare modes on a machine whose speed drifts",
+    )
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--peer", choices=["none", "hf", "llamacpp"], default="none")
     p.add_argument(
@@ -213,13 +248,16 @@ def main(argv: list[str] | None = None) -> int:
         max_new=args.max_new_tokens,
         bars=not args.no_progress,
         route=args.route,
+        repeats=args.repeats,
     )
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
     report = _specd_cells(args, modes, run)
     add_peer(report, args, run)
     for path in write_outputs(report, Path(args.out)):
         print(path)
     print(to_markdown(report))
-    for line in report.get("peer_ratios", []):
+    for line in paired_ratios(report) + report.get("peer_ratios", []):
         print(line)
     return 0
 

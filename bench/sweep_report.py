@@ -63,6 +63,29 @@ def to_markdown(report: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+def paired_ratios(report: dict) -> list[str]:
+    """Each mode's tok/s over the first mode's at each concurrency: merged, and per run
+    where cells were repeated (run i of one mode against run i of the other, which ran
+    next to it)."""
+    cells = report["cells"]
+    base = {c["concurrency"]: c for c in cells if c["mode"] == cells[0]["mode"]} if cells else {}
+    lines = []
+    for cell in cells:
+        first = base.get(cell["concurrency"])
+        if first is None or first is cell or not first["tokens_per_s"]:
+            continue
+        line = (
+            f"c={cell['concurrency']} {cell['mode']}/{first['mode']} "
+            f"{cell['tokens_per_s'] / first['tokens_per_s']:.3f}"
+        )
+        pairs = zip(
+            cell.get("runs_tokens_per_s", []), first.get("runs_tokens_per_s", []), strict=True
+        )
+        per_run = [f"{a / b:.3f}" for a, b in pairs if b]
+        lines.append(line + (f" (runs {' '.join(per_run)})" if per_run else ""))
+    return lines
+
+
 def write_outputs(report: dict, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(report, indent=1))

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from bench.sweep import sweep
-from bench.sweep_report import write_outputs
+from bench.sweep import run_order, sweep
+from bench.sweep_report import paired_ratios, write_outputs
 from router.policy import Policy
 from tests.cluster import start_cluster
 
@@ -49,6 +49,43 @@ def test_small_sweep_writes_json_markdown_and_png(cluster, tmp_path):
 
 
 @pytest.mark.timeout(240)
+def test_repeated_cells_alternate_modes_and_merge(cluster):
+    # A B B A per level: with an even count every mode sits at the same mean position
+    order = run_order(["off", "auto"], [1, 4], 4)
+    assert order[:8] == [("off", 1), ("auto", 1), ("auto", 1), ("off", 1)] * 2
+    assert [c for _, c in order] == [1] * 8 + [4] * 8
+    for mode in ("off", "auto"):
+        positions = [i for i, (m, c) in enumerate(order) if m == mode and c == 1]
+        assert sum(positions) == 14
+    assert run_order(["off", "auto"], [1, 4], 1) == [
+        ("off", 1),
+        ("off", 4),
+        ("auto", 1),
+        ("auto", 4),
+    ]
+
+    conversations = [[{"role": "user", "content": "abcabc"}]]
+    report = sweep(
+        cluster.router,
+        conversations,
+        ["off", "on"],
+        [1],
+        requests=2,
+        max_new=6,
+        progress=lambda line: None,
+        repeats=2,
+    )
+    assert [c["mode"] for c in report["cells"]] == ["off", "on"]
+    for cell in report["cells"]:
+        runs = cell["runs_tokens_per_s"]
+        assert cell["requests"] == 4 and len(runs) == 2
+        assert min(runs) <= cell["tokens_per_s"] <= max(runs)
+    off, on = report["cells"]
+    (line,) = paired_ratios(report)
+    assert line.startswith(f"c=1 on/off {on['tokens_per_s'] / off['tokens_per_s']:.3f} (runs ")
+    assert len(line.split("(runs ")[1].split()) == 2
+
+
 def test_sweep_starts_its_own_services_and_swaps_in_ngram(tmp_path):
     import subprocess
     import sys

@@ -96,7 +96,7 @@ class VerifierConfig:
     model: str = "default-target"
     dtype: str = "auto"
     # matrices in bf16 (the model's dtype), int8 or int4 (groups of 32, from the GGUF's own
-    # blocks where it has them); auto: int4 on a CPU with AVX512-VNNI, else bf16
+    # blocks where it has them); auto: int4 on a CPU with AVX512-VNNI or AVX2, else bf16
     # (specd.models.weights; speed and quality in BENCHMARKS.md)
     weights: str = "auto"
     device: str = ""

@@ -1,6 +1,8 @@
 """specd's native CPU kernels (`kernels/`: the int8/int4 linear of specd.models.qlinear
-and the paged attention of specd.models.attention, one extension): built once per source
-and torch version under $SPECD_CACHE/kernels, loaded where the CPU has AVX512-VNNI."""
+and the paged attention of specd.models.attention, one extension): built once per source,
+torch version and instruction set under $SPECD_CACHE/kernels. Where the CPU has
+AVX512-VNNI, both; where it has only AVX2 (with FMA and F16C), the linear alone (the
+attention then takes the SDPA path)."""
 
 from __future__ import annotations
 
@@ -19,53 +21,70 @@ _kernel = None
 _kernel_tried = False
 
 
-def cpu_has_vnni() -> bool:
+def _cpu_flags() -> set[str]:
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    return all(f in flags for f in ("avx512f", "avx512bw", "avx512_vnni", "f16c"))
+        return set()
+    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+def cpu_has_vnni() -> bool:
+    return {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c"} <= _cpu_flags()
+
+
+def cpu_isa() -> str | None:
+    """The instruction set the kernels are built for on this CPU: "avx512" (AVX512-VNNI),
+    "avx2", or None (neither: the models run bf16)."""
+    if cpu_has_vnni():
+        return "avx512"
+    if {"avx2", "fma", "f16c"} <= _cpu_flags():
+        return "avx2"
+    return None
 
 
 _FLAGS = ["-O3", "-fopenmp", "-mf16c", "-mfma"]
-_FLAGS += [f"-mavx512{x}" for x in ("f", "bw", "vl", "vnni")]
+_ISA_FLAGS = {
+    "avx512": [f"-mavx512{x}" for x in ("f", "bw", "vl", "vnni")],
+    "avx2": ["-mavx2"],
+}
 
 
 def kernel():
-    """Build (once, cached under $SPECD_CACHE/kernels) and load the AVX512-VNNI kernels
-    (this linear, and specd.models.attention's); None where this CPU or toolchain cannot
-    run them."""
+    """Build (once, cached under $SPECD_CACHE/kernels) and load the kernels for this CPU
+    (`cpu_isa`); None where this CPU or toolchain cannot run them."""
     global _kernel, _kernel_tried
     if _kernel_tried:
         return _kernel
     _kernel_tried = True
-    # SPECD_BUILD_QKERNEL: build (and load, never run) where this CPU could not run it,
-    # so an image build leaves the compiled kernel in the image's cache
-    runnable = cpu_has_vnni() or os.environ.get("SPECD_BUILD_QKERNEL")
-    if os.environ.get("SPECD_NO_QKERNEL") or not runnable:
-        log.warning("no AVX512-VNNI on this CPU (or SPECD_NO_QKERNEL set): no int8/int4 kernel")
+    # SPECD_BUILD_QKERNEL: build the AVX512 kernels (and load, never run) where this CPU
+    # could not run them, so an image build leaves them in the image's cache
+    isa = "avx512" if os.environ.get("SPECD_BUILD_QKERNEL") else cpu_isa()
+    if os.environ.get("SPECD_NO_QKERNEL") or isa is None:
+        log.warning("no AVX512-VNNI or AVX2 (or SPECD_NO_QKERNEL set): no int8/int4 kernel")
         return None
     try:
-        _kernel = _build()
+        _kernel = _build(isa)
     except Exception as e:  # no compiler, no headers: the model runs bf16 (weights.choose)
         log.warning("could not build the int8/int4 kernel (%s)", e)
         _kernel = None
     return _kernel
 
 
-def _build():
+def _build(isa: str):
     from torch.utils.cpp_extension import load
 
     from specd.models.catalog import cache_root
 
     src = b"".join(path.read_bytes() for path in _SOURCES)
-    tag = hashlib.sha256(src + torch.__version__.encode()).hexdigest()[:12]
+    tag = hashlib.sha256(src + torch.__version__.encode() + isa.encode()).hexdigest()[:12]
     build = cache_root() / "kernels" / tag
     build.mkdir(parents=True, exist_ok=True)
     return load(
         name=f"specd_qlinear_{tag}",
         sources=[str(path) for path in _SOURCES],
-        extra_cflags=_FLAGS,
+        extra_cflags=_FLAGS + _ISA_FLAGS[isa],
         extra_ldflags=["-fopenmp"],
         build_directory=str(build),
         verbose=False,

@@ -9,8 +9,8 @@ round-to-nearest between each group's min and max (`quantize`).
 The linear quantises activations per row and per 32-block to int8 and sums integer
 products exactly (`kernels/qlinear.cpp`), so a row's result never depends on the other
 rows: greedy decoding with and without speculation round identically. `reference` is the
-same maths in plain torch, for the tests. Where the kernel cannot run (no AVX512-VNNI, no
-compiler, CUDA), specd.models.weights runs the model in bf16 instead.
+same maths in plain torch, for the tests. Where the kernel cannot run (neither AVX512-VNNI
+nor AVX2, no compiler, CUDA), specd.models.weights runs the model in bf16 instead.
 """
 
 from __future__ import annotations

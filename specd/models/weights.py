@@ -4,7 +4,7 @@
 quantised format of specd.models.qlinear; `int4` keeps 8 bits where the source GGUF spent
 more than 5 (llama.cpp's Q4_K_M keeps the LM head and half the down projections in Q6_K),
 and for the LM head of a dense source. `auto` is int4 on a CPU that runs the kernel, else
-the model's dtype (CUDA, or no AVX512-VNNI), said in one log line.
+the model's dtype (CUDA, or neither AVX512-VNNI nor AVX2), said in one log line.
 
 The quantised matrices are converted once, from the GGUF the folder was made from where
 there is one (its blocks kept as they are), else from the dense weights, and cached next to

@@ -80,6 +80,25 @@ def test_rows_do_not_depend_on_the_other_rows(kernel, bits):
         assert torch.equal(ql.qlinear(x[lo:hi], w), batched[lo:hi])
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_largest_codes_and_activations_sum_exactly(kernel, bits):
+    """Every code at its largest against activations at +-127 after quantisation: the
+    integer dots must not saturate (AVX2 sums u8 x s8 pairs in int16)."""
+    n, k = 32, 256
+    top = (1 << bits) - 1
+    q = torch.full((n, k), top, dtype=torch.uint8)
+    q[1::2, ::3] = 0  # other columns mix the extremes
+    d, m = torch.full((n, k // 32), 1 / 64), torch.zeros(n, k // 32)  # exact in fp16
+    w = ql.pack(q, d, m, bits)
+    x = torch.ones(3, k)
+    x[1] = -1.0
+    x[2, ::2] = -1.0
+    got = ql.qlinear(x, w, out_dtype=torch.float32).double()
+    ref = ql.reference(x, w, out_dtype=torch.float64)
+    assert (got - ref).abs().max() <= 1e-6 * ref.abs().max()
+    assert got[0, 0] == top * k / 64  # exact: no clipped partial sums
+
+
 def test_zero_rows_and_bad_layout(kernel):
     w = ql.quantize(torch.randn(32, 64), 4)
     assert ql.qlinear(torch.randn(0, 64), w).shape == (0, 32)

@@ -11,7 +11,7 @@ from tests.conftest import make_tiny_pair, run_engine
 from tests.unit.test_drafter_cuts import PROMPT, prefill_logits
 from verifier_service.engine import Engine
 
-pytestmark = pytest.mark.skipif(native.kernel() is None, reason="no AVX512-VNNI kernel")
+pytestmark = pytest.mark.skipif(native.kernel() is None, reason="no int8/int4 kernel on this CPU")
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-// The CPU kernels' Python module (built by specd/models/qlinear.py::kernel).
+// The CPU kernels' Python module (built by specd/models/native.py::kernel).
 
 #include <torch/extension.h>
 
@@ -9,6 +9,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_pool, const 
                            const at::Tensor& limit, const at::Tensor& tree, double scale);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("qlinear", &qlinear, "group-quantised linear (AVX512-VNNI)");
+  m.def("qlinear", &qlinear, "group-quantised linear (AVX512-VNNI or AVX2)");
+#if defined(__AVX512F__)
   m.def("paged_attention", &paged_attention, "attention over a paged K/V cache (AVX512)");
+#endif
 }

@@ -12,6 +12,9 @@
 // on how many other rows (of its sequence or of the batch) share the call, nor on which
 // thread runs it. Dots and sums are fp32 with AVX512; exp is a degree-6 polynomial.
 
+// Built only with AVX512 (specd/models/native.py); an AVX2 build leaves it out.
+#if defined(__AVX512F__)
+
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -202,3 +205,5 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_pool, const 
   });
   return out;
 }
+
+#endif  // __AVX512F__

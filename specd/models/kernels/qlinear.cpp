@@ -1,4 +1,5 @@
-// Group-quantised linear for decode and verification on x86 CPUs with AVX512-VNNI.
+// Group-quantised linear for decode and verification on x86 CPUs: AVX512-VNNI, or AVX2
+// (with FMA and F16C) where the CPU has no AVX512 (the build picks by its -m flags).
 //
 // Weights (N output rows, K inputs, groups of G = 32 along K):
 //     w[n][k] = d[n][g] * q[n][k] - m[n][g],   g = k / 32,  q unsigned (4-bit or 8-bit)
@@ -7,7 +8,8 @@
 // so that
 //     y[r][n] = sum_g  d[n][g] * sx[r][g] * dot(q[n][g], xq[r][g])
 //                    - m[n][g] * sx[r][g] * sum(xq[r][g])
-// The dot is exact in int32 (vpdpbusd: u8 weight x s8 activation). The float terms are
+// The dot is exact in int32 (vpdpbusd: u8 weight x s8 activation; on AVX2 vpmaddubsw on
+// 4-bit halves, see below). The float terms are
 // added in group order for each (r, n) with the same instructions whatever the number
 // of rows, and threads split columns only: a row's result never depends on the other rows
 // (decode of 1 token and verification of k+1 round identically: batch invariance).
@@ -71,6 +73,13 @@ void quantize_rows(const at::Tensor& x, int8_t* xq, float* sx, float* c) {
   });
 }
 
+template <bool U4>
+constexpr int64_t code_bytes() { return U4 ? 256 : 512; }
+template <bool U4>
+constexpr int64_t record_bytes() { return code_bytes<U4>() + 4 * NT; }  // + fp16 scales, mins
+
+#if defined(__AVX512VNNI__)
+
 inline void store_row(__m512 v, void* out, bool bf16_out, int64_t offset) {
   if (!bf16_out) {
     _mm512_storeu_ps(static_cast<float*>(out) + offset, v);
@@ -91,11 +100,6 @@ inline __m512i dpbusd_broadcast(__m512i acc, __m512i w, const int32_t* x) {
   asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*x));
   return acc;
 }
-
-template <bool U4>
-constexpr int64_t code_bytes() { return U4 ? 256 : 512; }
-template <bool U4>
-constexpr int64_t record_bytes() { return code_bytes<U4>() + 4 * NT; }  // + fp16 scales, mins
 
 template <int R, bool U4>
 void tile_rows(const uint8_t* wt, int64_t KG,
@@ -138,6 +142,84 @@ void tile_rows(const uint8_t* wt, int64_t KG,
   const __m512 b = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
   for (int r = 0; r < R; ++r) store_row(_mm512_add_ps(acc[r], b), out, bf16_out, r * ldo + n0);
 }
+
+
+#else  // AVX2: the same records and the same float operations per column, 8 columns per
+       // ymm, so a tile is two halves
+
+// fp32 -> bf16 as store_row above, 8 values
+inline void store8(__m256 v, void* out, bool bf16_out, int64_t offset) {
+  if (!bf16_out) {
+    _mm256_storeu_ps(static_cast<float*>(out) + offset, v);
+    return;
+  }
+  __m256i bits = _mm256_castps_si256(v);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  bits = _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
+  bits = _mm256_srli_epi32(bits, 16);
+  // 8 x int32 (< 2^16) -> 8 x uint16: packus works per 128-bit lane, so keep qwords 0 and 2
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bits, bits), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(out) + offset),
+                   _mm256_castsi256_si128(packed));
+}
+
+// sum_j dot4(w[j], x[j]) per 32-bit lane (one column), exact, for weights < 16: vpmaddubsw
+// (u8 x s8) sums adjacent pairs into int16, at most 2 * 15 * 127 = 3810 (it saturates
+// only past 32767), and the eight vectors of a group together stay under 8 * 3810 = 30480,
+// so they add in int16; vpmaddwd with ones then sums the pairs into int32.
+inline __m256i dot_nibbles(const __m256i* w, const int32_t* x) {
+  __m256i s = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(x[0]));
+  for (int j = 1; j < 8; ++j) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[j], _mm256_set1_epi32(x[j])));
+  return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+}
+
+template <int R, bool U4>
+void tile_rows(const uint8_t* wt, int64_t KG,
+               const int8_t* xq, const float* sx, const float* c, int64_t K, const float* bias,
+               void* out, bool bf16_out, int64_t ldo, int64_t n0) {
+  constexpr int64_t rec = record_bytes<U4>();
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  for (int64_t g = 0; g < KG; ++g) {
+    const uint8_t* wg = wt + g * rec;
+    for (int64_t line = 0; line < rec; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(wg + PREFETCH * rec + line), _MM_HINT_T0);
+    const auto* dm = reinterpret_cast<const __m128i*>(wg + code_bytes<U4>());
+    for (int h = 0; h < 2; ++h) {  // columns 8h .. 8h + 7: bytes 32h .. 32h + 31 of a vector
+      const __m256 dg = _mm256_cvtph_ps(_mm_loadu_si128(dm + h));
+      const __m256 mg = _mm256_cvtph_ps(_mm_loadu_si128(dm + 2 + h));
+      // 4-bit: lo[j] = the codes of k = 4j..4j+3. 8-bit: q = lo + 16 hi, two nibble dots
+      __m256i lo[8], hi[8];
+      for (int j = 0; j < 8; ++j) {
+        const int64_t at = U4 ? 64 * (j / 2) : 64 * j;
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + at + 32 * h));
+        const __m256i vhi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        if constexpr (U4) {
+          lo[j] = j % 2 ? vhi : _mm256_and_si256(v, low4);
+        } else {
+          lo[j] = _mm256_and_si256(v, low4);
+          hi[j] = vhi;
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
+        __m256i dot = dot_nibbles(lo, xg);
+        if constexpr (!U4) dot = _mm256_add_epi32(dot, _mm256_slli_epi32(dot_nibbles(hi, xg), 4));
+        const __m256 scale = _mm256_mul_ps(dg, _mm256_set1_ps(sx[r * KG + g]));
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r][h]);
+        acc[r][h] = _mm256_fnmadd_ps(mg, _mm256_set1_ps(c[r * KG + g]), acc[r][h]);
+      }
+    }
+  }
+  for (int h = 0; h < 2; ++h) {
+    const __m256 b = bias ? _mm256_loadu_ps(bias + n0 + 8 * h) : _mm256_setzero_ps();
+    for (int r = 0; r < R; ++r)
+      store8(_mm256_add_ps(acc[r][h], b), out, bf16_out, r * ldo + n0 + 8 * h);
+  }
+}
+
+#endif  // __AVX512VNNI__
 
 template <bool U4>
 void tile_all_rows(int rows, const uint8_t* wt, int64_t KG, const int8_t* xq, const float* sx, const float* c, int64_t K,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specd.models.native import cpu_has_vnni, kernel
+from specd.models.native import cpu_isa, kernel
 
 MAX_ROWS = 64  # new tokens per sequence; a tree's visibility is one 64-bit mask per row
 
@@ -59,7 +59,7 @@ def available(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
         return False
     shape_ok = head_dim % 16 == 0 and head_dim <= 256
     dtype_ok = dtype in (torch.bfloat16, torch.float32)
-    cpu_ok = device.type == "cpu" and cpu_has_vnni()  # the attention kernel is AVX512 only
+    cpu_ok = device.type == "cpu" and cpu_isa() is not None
     return cpu_ok and shape_ok and dtype_ok and kernel() is not None
 
 

@@ -1,8 +1,7 @@
 """specd's native CPU kernels (`kernels/`: the int8/int4 linear of specd.models.qlinear
 and the paged attention of specd.models.attention, one extension): built once per source,
-torch version and instruction set under $SPECD_CACHE/kernels. Where the CPU has
-AVX512-VNNI, both; where it has only AVX2 (with FMA and F16C), the linear alone (the
-attention then takes the SDPA path)."""
+torch version and instruction set under $SPECD_CACHE/kernels: for AVX512-VNNI, or for
+AVX2 (with FMA and F16C) where the CPU has no AVX512."""
 
 from __future__ import annotations
 

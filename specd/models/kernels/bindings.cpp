@@ -10,7 +10,5 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_pool, const 
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qlinear", &qlinear, "group-quantised linear (AVX512-VNNI or AVX2)");
-#if defined(__AVX512F__)
-  m.def("paged_attention", &paged_attention, "attention over a paged K/V cache (AVX512)");
-#endif
+  m.def("paged_attention", &paged_attention, "attention over a paged K/V cache (AVX512 or AVX2)");
 }

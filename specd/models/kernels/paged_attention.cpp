@@ -10,61 +10,169 @@
 // Batch invariance by construction: every (row, head) has its own accumulators and visits
 // its keys in increasing j with the same instructions, so a row's result does not depend
 // on how many other rows (of its sequence or of the batch) share the call, nor on which
-// thread runs it. Dots and sums are fp32 with AVX512; exp is a degree-6 polynomial.
-
-// Built only with AVX512 (specd/models/native.py); an AVX2 build leaves it out.
-#if defined(__AVX512F__)
+// thread runs it. Dots and sums are fp32 in vectors of 16 (one zmm with AVX512, two ymm
+// with AVX2: the helpers below are all that differs); exp is a degree-6 polynomial.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
 namespace {
 
-// exp(x) for x <= 0: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by its Taylor polynomial to r^6
-// (relative error < 2e-7 there), times 2^n.
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);  // ln2, high bits
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);       // ln2, the rest
-  __m512 p = _mm512_set1_ps(1.f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
+#if defined(__AVX512F__)
+using V = __m512;  // 16 floats
+inline V vzero() { return _mm512_setzero_ps(); }
+inline V vset(float x) { return _mm512_set1_ps(x); }
+inline V vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v); }
+inline V vadd(V a, V b) { return _mm512_add_ps(a, b); }
+inline V vsub(V a, V b) { return _mm512_sub_ps(a, b); }
+inline V vmul(V a, V b) { return _mm512_mul_ps(a, b); }
+inline V vmax(V a, V b) { return _mm512_max_ps(a, b); }
+inline V vfmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+inline V vfnmadd(V a, V b, V c) { return _mm512_fnmadd_ps(a, b, c); }
+inline V vround(V x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline V vpow2_mul(V p, V n) { return _mm512_scalef_ps(p, n); }  // p * 2^n, n integral
+inline float vsum(V v) { return _mm512_reduce_add_ps(v); }
+inline float vtop(V v) { return _mm512_reduce_max_ps(v); }
+inline __mmask16 lanes(int64_t live) { return live >= 16 ? 0xFFFF : __mmask16((1u << live) - 1); }
+// p[0 .. live) and `fill` in the other lanes; v with the lanes from `live` on zeroed
+inline V vhead(const float* p, int64_t live, float fill) {
+  return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), lanes(live), p);
 }
+inline V vkeep(V v, int64_t live) { return _mm512_maskz_mov_ps(lanes(live), v); }
 
 template <typename T>
-inline __m512 load16(const T* p);
+inline V load16(const T* p);
 template <>
-inline __m512 load16<float>(const float* p) { return _mm512_loadu_ps(p); }
+inline V load16<float>(const float* p) { return _mm512_loadu_ps(p); }
 template <>
-inline __m512 load16<at::BFloat16>(const at::BFloat16* p) {
+inline V load16<at::BFloat16>(const at::BFloat16* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
 template <typename T>
-inline void store16(T* p, __m512 v);
+inline void store16(T* p, V v);
 template <>
-inline void store16<float>(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void store16<float>(float* p, V v) { _mm512_storeu_ps(p, v); }
 template <>
-inline void store16<at::BFloat16>(at::BFloat16* p, __m512 v) {
+inline void store16<at::BFloat16>(at::BFloat16* p, V v) {
   // round to nearest even, as torch's .to(bfloat16) for finite values
   __m512i bits = _mm512_castps_si512(v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
   bits = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                       _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+}
+
+#else  // AVX2 (+ FMA, F16C): 16 floats as two ymm, lanes 0-7 and 8-15
+struct V {
+  __m256 lo, hi;
+};
+template <typename F>
+inline V both(V a, V b, F f) { return {f(a.lo, b.lo), f(a.hi, b.hi)}; }
+inline V vzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline V vset(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+inline V vload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v.lo); _mm256_storeu_ps(p + 8, v.hi); }
+inline V vadd(V a, V b) { return both(a, b, [](__m256 x, __m256 y) { return _mm256_add_ps(x, y); }); }
+inline V vsub(V a, V b) { return both(a, b, [](__m256 x, __m256 y) { return _mm256_sub_ps(x, y); }); }
+inline V vmul(V a, V b) { return both(a, b, [](__m256 x, __m256 y) { return _mm256_mul_ps(x, y); }); }
+inline V vmax(V a, V b) { return both(a, b, [](__m256 x, __m256 y) { return _mm256_max_ps(x, y); }); }
+inline V vfmadd(V a, V b, V c) {
+  return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+inline V vfnmadd(V a, V b, V c) {
+  return {_mm256_fnmadd_ps(a.lo, b.lo, c.lo), _mm256_fnmadd_ps(a.hi, b.hi, c.hi)};
+}
+inline V vround(V x) {
+  constexpr int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  return {_mm256_round_ps(x.lo, mode), _mm256_round_ps(x.hi, mode)};
+}
+// p * 2^n for integral n >= -126 (exp_nonpositive clamps there): 2^n built in the exponent
+// field, then one rounding of the exact product, as scalef
+inline __m256 pow2_mul8(__m256 p, __m256 n) {
+  const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(e, 23)));
+}
+inline V vpow2_mul(V p, V n) { return {pow2_mul8(p.lo, n.lo), pow2_mul8(p.hi, n.hi)}; }
+inline float vsum(V v) {
+  const __m256 s8 = _mm256_add_ps(v.lo, v.hi);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+inline float vtop(V v) {
+  const __m256 m8 = _mm256_max_ps(v.lo, v.hi);
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+inline __m256 lanes8(int64_t live) {  // all-ones in lanes i < live
+  const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmp_ps(lane, _mm256_set1_ps(float(live)), _CMP_LT_OQ);
+}
+inline V vhead(const float* p, int64_t live, float fill) {
+  const __m256 f = _mm256_set1_ps(fill);
+  return {_mm256_blendv_ps(f, _mm256_loadu_ps(p), lanes8(live)),
+          _mm256_blendv_ps(f, _mm256_loadu_ps(p + 8), lanes8(live - 8))};
+}
+inline V vkeep(V v, int64_t live) {
+  return {_mm256_and_ps(v.lo, lanes8(live)), _mm256_and_ps(v.hi, lanes8(live - 8))};
+}
+
+inline __m256 load8_bf16(const at::BFloat16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline void store8_bf16(at::BFloat16* p, __m256 v) {  // round to nearest even
+  __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  bits = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+  // packus works per 128-bit lane: keep qwords 0 and 2
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bits, bits), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+
+template <typename T>
+inline V load16(const T* p);
+template <>
+inline V load16<float>(const float* p) { return vload(p); }
+template <>
+inline V load16<at::BFloat16>(const at::BFloat16* p) { return {load8_bf16(p), load8_bf16(p + 8)}; }
+
+template <typename T>
+inline void store16(T* p, V v);
+template <>
+inline void store16<float>(float* p, V v) { vstore(p, v); }
+template <>
+inline void store16<at::BFloat16>(at::BFloat16* p, V v) {
+  store8_bf16(p, v.lo);
+  store8_bf16(p + 8, v.hi);
+}
+#endif
+
+// exp(x) for x <= 0: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by its Taylor polynomial to r^6
+// (relative error < 2e-7 there), times 2^n.
+inline V exp_nonpositive(V x) {
+  x = vmax(x, vset(-87.0f));
+  const V n = vround(vmul(x, vset(1.44269504f)));
+  V r = vfnmadd(n, vset(0.693145752f), x);  // ln2, high bits
+  r = vfnmadd(n, vset(1.42860677e-6f), r);  // ln2, the rest
+  V p = vset(1.f / 720);
+  p = vfmadd(p, r, vset(1.f / 120));
+  p = vfmadd(p, r, vset(1.f / 24));
+  p = vfmadd(p, r, vset(1.f / 6));
+  p = vfmadd(p, r, vset(0.5f));
+  p = vfmadd(p, r, vset(1.f));
+  p = vfmadd(p, r, vset(1.f));
+  return vpow2_mul(p, n);
 }
 
 inline bool sees(int64_t j, int64_t limit, uint64_t tree) {
@@ -91,8 +199,8 @@ void attend(const T* q, const T* kp, const T* vp, T* out, const int64_t* table, 
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t h = 0; h < group; ++h)
       for (int64_t c = 0; c < DV; ++c) {
-        const __m512 v = load16(q + ((r0 + r) * H + g * group + h) * D + 16 * c);
-        _mm512_storeu_ps(&qf[(r * group + h) * D + 16 * c], _mm512_mul_ps(v, _mm512_set1_ps(scale)));
+        const V v = load16(q + ((r0 + r) * H + g * group + h) * D + 16 * c);
+        vstore(&qf[(r * group + h) * D + 16 * c], vmul(v, vset(scale)));
       }
   auto key_at = [&](const T* pool, int64_t j) {
     return pool + ((table[j / bs] * bs + j % bs) * Hkv + g) * D;
@@ -100,15 +208,15 @@ void attend(const T* q, const T* kp, const T* vp, T* out, const int64_t* table, 
   // scores, packed per (row, head) in the order of the keys the row sees
   for (int64_t j = 0; j < end; ++j) {
     const T* k = key_at(kp, j);
-    __m512 kv[16];
+    V kv[16];
     for (int64_t c = 0; c < DV; ++c) kv[c] = load16(k + 16 * c);
     for (int64_t r = 0; r < rows; ++r) {
       if (!sees(j, limit[r0 + r], tree[r0 + r])) continue;
       for (int64_t h = 0; h < group; ++h) {
         const float* qv = &qf[(r * group + h) * D];
-        __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qv), kv[0]);
-        for (int64_t c = 1; c < DV; ++c) a = _mm512_fmadd_ps(_mm512_loadu_ps(qv + 16 * c), kv[c], a);
-        s[(r * group + h) * width + n[r]] = _mm512_reduce_add_ps(a);
+        V a = vmul(vload(qv), kv[0]);
+        for (int64_t c = 1; c < DV; ++c) a = vfmadd(vload(qv + 16 * c), kv[c], a);
+        s[(r * group + h) * width + n[r]] = vsum(a);
       }
       ++n[r];
     }
@@ -119,45 +227,40 @@ void attend(const T* q, const T* kp, const T* vp, T* out, const int64_t* table, 
     for (int64_t h = 0; h < group; ++h) {
       float* sv = &s[(r * group + h) * width];
       const int64_t m = n[r];
-      __m512 mx = _mm512_set1_ps(-INFINITY);
+      // the last vector's lanes past m read scores of no key (the row has room for them):
+      // -inf for the max, 0 after exp, and storing them there changes no score
+      V mx = vset(-INFINITY);
+      for (int64_t i = 0; i < m; i += 16) mx = vmax(mx, vhead(sv + i, m - i, -INFINITY));
+      const V top = vset(vtop(mx));
+      V sum = vzero();
       for (int64_t i = 0; i < m; i += 16) {
-        const __mmask16 live = m - i >= 16 ? 0xFFFF : __mmask16((1u << (m - i)) - 1);
-        mx = _mm512_mask_max_ps(mx, live, mx, _mm512_maskz_loadu_ps(live, sv + i));
+        const V p = vkeep(exp_nonpositive(vsub(vhead(sv + i, m - i, 0.f), top)), m - i);
+        vstore(sv + i, p);
+        sum = vadd(sum, p);
       }
-      const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-      __m512 sum = _mm512_setzero_ps();
-      for (int64_t i = 0; i < m; i += 16) {
-        const __mmask16 live = m - i >= 16 ? 0xFFFF : __mmask16((1u << (m - i)) - 1);
-        const __m512 p = _mm512_maskz_mov_ps(
-            live, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, sv + i), top)));
-        _mm512_mask_storeu_ps(sv + i, live, p);
-        sum = _mm512_add_ps(sum, p);
-      }
-      inv[r * group + h] = 1.f / _mm512_reduce_add_ps(sum);
+      inv[r * group + h] = 1.f / vsum(sum);
     }
   // weighted values, keys again in increasing order
   std::fill(n.begin(), n.end(), 0);
   for (int64_t j = 0; j < end; ++j) {
     const T* v = key_at(vp, j);
-    __m512 vv[16];
+    V vv[16];
     for (int64_t c = 0; c < DV; ++c) vv[c] = load16(v + 16 * c);
     for (int64_t r = 0; r < rows; ++r) {
       if (!sees(j, limit[r0 + r], tree[r0 + r])) continue;
       for (int64_t h = 0; h < group; ++h) {
-        const __m512 p = _mm512_set1_ps(s[(r * group + h) * width + n[r]]);
+        const V p = vset(s[(r * group + h) * width + n[r]]);
         float* a = &acc[(r * group + h) * D];
-        for (int64_t c = 0; c < DV; ++c)
-          _mm512_storeu_ps(a + 16 * c, _mm512_fmadd_ps(p, vv[c], _mm512_loadu_ps(a + 16 * c)));
+        for (int64_t c = 0; c < DV; ++c) vstore(a + 16 * c, vfmadd(p, vv[c], vload(a + 16 * c)));
       }
       ++n[r];
     }
   }
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t h = 0; h < group; ++h) {
-      const __m512 w = _mm512_set1_ps(inv[r * group + h]);
+      const V w = vset(inv[r * group + h]);
       T* o = out + ((r0 + r) * H + g * group + h) * D;
-      for (int64_t c = 0; c < DV; ++c)
-        store16(o + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(&acc[(r * group + h) * D + 16 * c]), w));
+      for (int64_t c = 0; c < DV; ++c) store16(o + 16 * c, vmul(vload(&acc[(r * group + h) * D + 16 * c]), w));
     }
 }
 
@@ -205,5 +308,3 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_pool, const 
   });
   return out;
 }
-
-#endif  // __AVX512F__

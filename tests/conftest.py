@@ -75,7 +75,7 @@ def tiny(request, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def cpu_kernels():
-    """The CPU kernels (int8/int4 linear; paged attention with AVX512); skips where this
+    """The CPU kernels (int8/int4 linear, paged attention; AVX512-VNNI or AVX2); skips where this
     CPU cannot run them, fails in CI where it can but they did not build."""
     from specd.models import native
 

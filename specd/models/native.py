@@ -8,6 +8,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -16,6 +18,7 @@ log = logging.getLogger(__name__)
 
 _KERNELS = Path(__file__).with_name("kernels")
 _SOURCES = [_KERNELS / name for name in ("qlinear.cpp", "paged_attention.cpp", "bindings.cpp")]
+_HEADERS = [_KERNELS / "bf16.h"]  # not compiled on their own, but part of the build's tag
 _kernel = None
 _kernel_tried = False
 
@@ -57,9 +60,7 @@ def kernel():
     if _kernel_tried:
         return _kernel
     _kernel_tried = True
-    # SPECD_BUILD_QKERNEL: build the AVX512 kernels (and load, never run) where this CPU
-    # could not run them, so an image build leaves them in the image's cache
-    isa = "avx512" if os.environ.get("SPECD_BUILD_QKERNEL") else cpu_isa()
+    isa = cpu_isa()
     if os.environ.get("SPECD_NO_QKERNEL") or isa is None:
         log.warning("no AVX512-VNNI or AVX2 (or SPECD_NO_QKERNEL set): no int8/int4 kernel")
         return None
@@ -71,20 +72,47 @@ def kernel():
     return _kernel
 
 
+def _tag(isa: str) -> str:
+    src = b"".join(path.read_bytes() for path in _SOURCES + _HEADERS)
+    return hashlib.sha256(src + torch.__version__.encode() + isa.encode()).hexdigest()[:12]
+
+
+def _build_dir(isa: str) -> Path:
+    from specd.models.catalog import cache_root
+
+    return cache_root() / "kernels" / _tag(isa)
+
+
 def _build(isa: str):
     from torch.utils.cpp_extension import load
 
-    from specd.models.catalog import cache_root
-
-    src = b"".join(path.read_bytes() for path in _SOURCES)
-    tag = hashlib.sha256(src + torch.__version__.encode() + isa.encode()).hexdigest()[:12]
-    build = cache_root() / "kernels" / tag
+    build = _build_dir(isa)
     build.mkdir(parents=True, exist_ok=True)
     return load(
-        name=f"specd_qlinear_{tag}",
+        name=f"specd_qlinear_{_tag(isa)}",
         sources=[str(path) for path in _SOURCES],
         extra_cflags=_FLAGS + _ISA_FLAGS[isa],
         extra_ldflags=["-fopenmp"],
         build_directory=str(build),
         verbose=False,
     )
+
+
+def prebuild(isas=tuple(_ISA_FLAGS)) -> dict[str, bool]:
+    """Build the kernels for each instruction set into the cache, whatever this CPU runs,
+    so that an image built on one machine starts at once on another. torch's loader
+    imports what it builds, and importing the AVX512 library on an AVX2-only CPU dies of
+    SIGILL, so each build runs in a child process and counts as done when its library is
+    on disk. Returns {isa: built}."""
+    built = {}
+    for isa in isas:
+        code = f"from specd.models.native import _build; _build({isa!r})"
+        subprocess.run([sys.executable, "-c", code], check=False)
+        built[isa] = any(_build_dir(isa).glob("*.so"))
+    return built
+
+
+if __name__ == "__main__":
+    result = prebuild(sys.argv[1:] or tuple(_ISA_FLAGS))
+    print(" ".join(f"{isa}:{'built' if ok else 'FAILED'}" for isa, ok in result.items()))
+    sys.exit(0 if all(result.values()) else 1)

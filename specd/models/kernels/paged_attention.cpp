@@ -17,6 +17,8 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include "bf16.h"
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -53,8 +55,7 @@ template <>
 inline V load16<float>(const float* p) { return _mm512_loadu_ps(p); }
 template <>
 inline V load16<at::BFloat16>(const at::BFloat16* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  return floats_from_bf16_16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
 template <typename T>
@@ -63,12 +64,7 @@ template <>
 inline void store16<float>(float* p, V v) { _mm512_storeu_ps(p, v); }
 template <>
 inline void store16<at::BFloat16>(at::BFloat16* p, V v) {
-  // round to nearest even, as torch's .to(bfloat16) for finite values
-  __m512i bits = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  bits = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
-                      _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bf16_from_floats16(v));
 }
 
 #else  // AVX2 (+ FMA, F16C): 16 floats as two ymm, lanes 0-7 and 8-15
@@ -128,16 +124,10 @@ inline V vkeep(V v, int64_t live) {
 }
 
 inline __m256 load8_bf16(const at::BFloat16* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  return floats_from_bf16_8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
-inline void store8_bf16(at::BFloat16* p, __m256 v) {  // round to nearest even
-  __m256i bits = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  bits = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
-  // packus works per 128-bit lane: keep qwords 0 and 2
-  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bits, bits), 0x08);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+inline void store8_bf16(at::BFloat16* p, __m256 v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bf16_from_floats8(v));
 }
 
 template <typename T>

@@ -25,6 +25,8 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include "bf16.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -85,12 +87,8 @@ inline void store_row(__m512 v, void* out, bool bf16_out, int64_t offset) {
     _mm512_storeu_ps(static_cast<float*>(out) + offset, v);
     return;
   }
-  // fp32 -> bf16, round to nearest even (as torch's .to(bfloat16) for finite values)
-  __m512i bits = _mm512_castps_si512(v);
-  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  bits = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-  __m256i half = _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + offset), half);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + offset),
+                      bf16_from_floats16(v));
 }
 
 // acc += dot4(u8 w, s8 x) per 32-bit lane with the same 4 activation bytes *x in every
@@ -153,14 +151,8 @@ inline void store8(__m256 v, void* out, bool bf16_out, int64_t offset) {
     _mm256_storeu_ps(static_cast<float*>(out) + offset, v);
     return;
   }
-  __m256i bits = _mm256_castps_si256(v);
-  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  bits = _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
-  bits = _mm256_srli_epi32(bits, 16);
-  // 8 x int32 (< 2^16) -> 8 x uint16: packus works per 128-bit lane, so keep qwords 0 and 2
-  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bits, bits), 0x08);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(out) + offset),
-                   _mm256_castsi256_si128(packed));
+                   bf16_from_floats8(v));
 }
 
 // sum_j dot4(w[j], x[j]) per 32-bit lane (one column), exact, for weights < 16: vpmaddubsw

@@ -33,7 +33,7 @@ comes back by itself. Pure Python (no torch): the unit tests feed it recorded ti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from verifier_service.acceptance import PositionAcceptance, expected_tokens
 from verifier_service.costs import StepCostModel
@@ -120,8 +120,10 @@ class Controller:
         """Drafts per candidate for one step, beside the `fixed` rest of the batch.
 
         A candidate left at k = 0 is `off:cost` when it would draft alone (the batch makes
-        drafting too dear), and `off:acceptance` under its route's floor or when not even
-        alone: only those probe, so probing never adds to a loaded batch."""
+        drafting too dear) or would not even alone at the prior acceptance (the device
+        makes it too dear), and `off:acceptance` under its route's floor or when its own
+        acceptance is what keeps it from drafting alone: only those probe, so probing
+        never adds to a loaded batch."""
         if not candidates:
             return Plan([], [], 1.0)
         eligible = [c if c.accept[0] >= c.floor else _capped(c) for c in candidates]
@@ -134,7 +136,9 @@ class Controller:
         for i, c in enumerate(candidates):
             if ks[i]:
                 reasons.append("on")
-            elif eligible[i].cap and (not cfg.costs or self._alone_drafts(c)):
+            elif eligible[i].cap and (
+                not cfg.costs or self._alone_drafts(c) or not self._alone_drafts(c, prior=True)
+            ):
                 reasons.append("off:cost")
             elif c.probe and c.cap:
                 reasons.append("probe")
@@ -231,7 +235,11 @@ class Controller:
     def _arm_s(self, candidates: list[Candidate], fixed: Fixed, k: int) -> float:
         return self._step_s([min(k, c.cap) for c in candidates], fixed)
 
-    def _alone_drafts(self, c: Candidate) -> bool:
+    def _alone_drafts(self, c: Candidate, prior: bool = False) -> bool:
+        """Whether `c` would draft as the step's only sequence (at the prior acceptance
+        instead of its own with `prior`)."""
+        if prior:
+            c = replace(c, accept=[self.config.prior_acceptance])
         rates = self._rates([c], Fixed())
         return max(rates[1:], default=0.0) >= rates[0] * (1 + self.config.margin)
 

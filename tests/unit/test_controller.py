@@ -100,6 +100,22 @@ def test_a_loaded_batch_goes_off_for_cost_not_for_acceptance():
     assert c.plan(batch[:1]).ks[0] > 0
 
 
+def test_a_device_where_rows_cost_goes_off_for_cost_even_alone():
+    # the AVX2 CPU (BENCHMARKS.md section 21): 7 rows cost 3x one and the drafter shares
+    # the cores, so even one sequence at a code route's acceptance decodes faster plain.
+    # Its reason is the cost, not its acceptance, and it does not probe for acceptance.
+    c = Controller(ControllerConfig(explore_every=0))
+    for rows, s in {1: 0.064, 4: 0.13, 7: 0.19, 9: 0.24}.items():
+        c.costs.record_forward(rows, s)
+    for k in (1, 2, 4, 8):
+        c.costs.record_draft(1, k, 0.01 + 0.03 * k)
+    for accept in ([0.8], [0.15]):
+        plan = c.plan([Candidate(6, accept, probe=True, floor=0.1)])
+        assert plan.ks == [0] and plan.reasons == ["off:cost"], accept
+    # where rows are cheap the same poor sequence is off for its acceptance
+    assert recorded().plan([Candidate(6, [0.15], floor=0.1)]).reasons == ["off:acceptance"]
+
+
 def test_a_sequence_below_its_routes_floor_is_left_out_of_a_good_round():
     # a device where up to 16 rows cost one (bf16 on AMX, a GPU), more cost more, and
     # drafts are cheap: the poor sequence's 6 rows would cost and bring nothing

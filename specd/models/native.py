@@ -5,6 +5,7 @@ AVX2 (with FMA and F16C) where the CPU has no AVX512."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -88,14 +89,24 @@ def _build(isa: str):
 
     build = _build_dir(isa)
     build.mkdir(parents=True, exist_ok=True)
-    return load(
-        name=f"specd_qlinear_{_tag(isa)}",
-        sources=[str(path) for path in _SOURCES],
-        extra_cflags=_FLAGS + _ISA_FLAGS[isa],
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(build),
-        verbose=False,
-    )
+    name = f"specd_qlinear_{_tag(isa)}"
+    if not (build / f"{name}.so").exists():
+        log.info("building the native kernels for %s into %s (once, a few minutes)", isa, build)
+    # torch's loader marks a build in progress with a `lock` file and waits, forever, for
+    # it to go; a process killed while building (a readiness timeout, the OOM killer)
+    # leaves it behind and every later start hangs. Builds here hold an flock, which the
+    # OS releases when its holder dies, so whoever holds it knows a `lock` file is stale.
+    with open(build / "specd.flock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        (build / "lock").unlink(missing_ok=True)
+        return load(
+            name=name,
+            sources=[str(path) for path in _SOURCES],
+            extra_cflags=_FLAGS + _ISA_FLAGS[isa],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(build),
+            verbose=False,
+        )
 
 
 def prebuild(isas=tuple(_ISA_FLAGS)) -> dict[str, bool]:

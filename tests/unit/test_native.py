@@ -1,0 +1,21 @@
+"""Building and loading the native kernels (specd/models/native.py)."""
+
+import subprocess
+import sys
+
+from specd.models import native
+
+
+def test_a_build_killed_midway_does_not_hang_the_next_start(cpu_kernels):
+    # what torch's loader leaves when its process is killed while building: a `lock` file
+    # it would wait on forever
+    stale = native._build_dir(native.cpu_isa()) / "lock"
+    stale.touch()
+    code = "from specd.models.native import kernel; assert kernel() is not None"
+    subprocess.run([sys.executable, "-c", code], timeout=240, check=True)
+    assert not stale.exists()
+
+
+def test_the_build_tag_covers_the_headers_and_the_instruction_set():
+    assert native._HEADERS and all(h.exists() for h in native._HEADERS + native._SOURCES)
+    assert native._tag("avx512") != native._tag("avx2")

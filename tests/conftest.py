@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -141,3 +145,23 @@ def run_engine(engine, requests: list[dict]) -> dict[int, list[int]]:
                 reasons[o.seq_id] = o.finish_reason
     assert set(reasons) == set(ids), "every request must finish"
     return {i: out[i] for i in ids}
+
+
+def run_specd(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """`python -m specd.cli *args` in a process group of its own, killed whole at the end:
+    a run past `timeout` fails the test without leaving the services it started behind."""
+    cmd = [sys.executable, "-m", "specd.cli", *args]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        what = " ".join(args[:2])
+        pytest.fail(f"`specd {what}` ran past {timeout} s:\n{out[-2000:]}{err[-3000:]}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

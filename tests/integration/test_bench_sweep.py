@@ -87,17 +87,15 @@ def test_repeated_cells_alternate_modes_and_merge(cluster):
 
 
 def test_sweep_starts_its_own_services_and_swaps_in_ngram(tmp_path):
-    import subprocess
-    import sys
-
     from tests.cluster import save_tiny_cluster_model
+    from tests.conftest import run_specd
 
     model = save_tiny_cluster_model(tmp_path / "tiny")
-    cmd = [sys.executable, "-m", "specd.cli", "bench", "sweep", "--model", str(model)]
+    cmd = ["bench", "sweep", "--model", str(model)]
     cmd += ["--draft-model", str(model), "--dtype", "float32", "--concurrency", "1,2"]
     cmd += ["--modes", "off,on,ngram", "--requests-per-cell", "2", "--max-new-tokens", "6"]
     cmd += ["--no-progress", "--out", str(tmp_path / "out")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=220)
+    proc = run_specd(cmd, timeout=220)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     cells = json.loads((tmp_path / "out" / "sweep.json").read_text())["cells"]
     assert [(c["mode"], c["concurrency"]) for c in cells] == [

@@ -4,22 +4,21 @@ mixed requests -> no unexpected error, KV and drafter sessions back to 0, RSS gr
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from tests.cluster import save_tiny_cluster_model
+from tests.conftest import run_specd
 
 
 @pytest.mark.timeout(300)
 def test_soak_small(tmp_path):
     model = save_tiny_cluster_model(tmp_path / "tiny")
     out = tmp_path / "soak.json"
-    cmd = [sys.executable, "-m", "specd.cli", "bench", "--soak", "--requests", "1000"]
+    cmd = ["bench", "--soak", "--requests", "1000"]
     cmd += ["--concurrency", "8", "--model", str(model), "--draft-model", str(model)]
     cmd += ["--dtype", "float32", "--no-progress", "--json", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
+    proc = run_specd(cmd, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["ok"] and result["unexpected"] == 0

@@ -40,7 +40,7 @@ deploy-tools:
 	  apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null; }
 
 test: lint models deploy-tools
-	.venv/bin/python -m pytest -q -ra tests
+	.venv/bin/python -m pytest -q -ra --durations=20 tests
 
 # on a GPU machine: the CUDA tests, then the engine and forward tests on the GPU (skipped,
 # not failed, by `make test` where torch sees no GPU)

@@ -22,11 +22,12 @@ class EngineConfig:
     # greedy output is identical with and without speculation (BENCHMARKS.md: its cost)
     batch_invariant: bool = True
     # `auto` requests: pick k per step from measured costs (verifier_service/controller.py).
-    # Off by default: it still measures 0.93-0.96x of plain decoding at 4-8 concurrent
-    # requests where drafting does not pay (BENCHMARKS.md sections 19-20); off,
-    # `auto` drafts the route's k within its batch/KV bounds, and acceptance still decays
-    # and probes
-    cost_model: bool = False
+    # On by default since round 14: fixed bounds cannot know what rows cost on the CPU at
+    # hand. On an AVX2 CPU, where a 7-row verification costs 3x a plain step, `auto`
+    # without it drafted the route's k at 0.74x of plain decoding (c = 1, code); with it
+    # 0.95-1.03x at c = 1-8 (BENCHMARKS.md section 22). `--no-cost-model`: `auto` drafts
+    # the route's k within its batch/KV bounds; acceptance still decays and probes
+    cost_model: bool = True
     draft_gate_memory_s: float = 1.0  # draft_below_batch compares the largest batch seen
     # a drafter's alternative leaves are verified while a step feeds at most this many
     # tokens (up to 16 rows cost about one row on CPU, BENCHMARKS.md); 0 = never

@@ -399,7 +399,7 @@ def test_draft_ahead_answers_a_fully_accepted_round_without_the_model(tiny_pair,
 def test_whole_decode_steps_are_measured_by_their_plan_and_switches_apart(tiny_pair):
     # without the cost model `auto` drafts its cap (the tiny target is too fast to pay),
     # and every decode step is still measured for the model
-    engine = make_engine(tiny_pair, "draft")
+    engine = make_engine(tiny_pair, "draft", cost_model=False)
     costs, events = engine.scheduler.controller.costs, []
     for name in ("record_forward", "record_step"):
         real = getattr(costs, name)

@@ -16,18 +16,17 @@ from verifier_service.engine import Engine
 def real_pair():
     target_dir = real_model_or_skip(DEFAULT_TARGET)
     draft_dir = real_model_or_skip(DEFAULT_DRAFT)
-    prompts = load_workload("code", load_tokenizer(target_dir), limit=5)
+    tok = load_tokenizer(target_dir)
+    prompts = load_workload("code", tok, limit=2) + load_workload("chat", tok, limit=2)
     target = load_model(target_dir, dtype="fp32", device="cpu")
     draft = load_model(draft_dir, dtype="fp32", device="cpu")
-    reqs = [dict(prompt=p, max_new_tokens=64, ignore_eos=True) for p in prompts]
+    reqs = [dict(prompt=p, max_new_tokens=40, ignore_eos=True) for p in prompts]
     off = run_engine(Engine(target, EngineConfig()), reqs)
     return target, draft, reqs, list(off.values())
 
 
 @pytest.mark.real
-@pytest.mark.parametrize(
-    "kind,k", [("draft", 1), ("draft", 3), ("draft", 5), ("ngram", 3), ("alternatives", 4)]
-)
+@pytest.mark.parametrize("kind,k", [("draft", 1), ("draft", 5), ("ngram", 3), ("alternatives", 4)])
 def test_real_pair_greedy_parity_fp32(real_pair, kind, k):
     target, draft, reqs, off = real_pair
     if kind == "ngram":

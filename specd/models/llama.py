@@ -6,7 +6,9 @@ attention over each sequence's cached + new keys -> O -> residual -> RMSNorm -> 
 gate/up -> SiLU(gate) * up -> down -> residual. Activations stay flat `[T, hidden]`
 (T = all new tokens of the batch, no padding). Attention of a decode or verification step
 reads the K/V pool in place (specd.models.attention's kernel, one query row at a time);
-a prefill, or a device without the kernel, gathers keys and pads queries for SDPA.
+a prefill, or a device without the kernel, gathers keys and pads queries for SDPA. The
+element-wise parts (residual + RMSNorm, RoPE + K/V write, SiLU * up) are
+specd.models.layer_ops: one native call each on a CPU with the kernels.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specd.models import attention
+from specd.models import attention, layer_ops
 from specd.models.args import ModelArgs
 from specd.models.batch_plan import BatchPlan
 from specd.models.matmul import INVARIANT_TILE, linear
@@ -35,18 +37,6 @@ class Layer:
     mlp_norm: torch.Tensor  # [H]
     w_gate_up: torch.Tensor  # [2 * I, H]
     w_down: torch.Tensor  # [H, I]
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / sqrt(mean(x^2) + eps) * weight, computed in fp32 as transformers does."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class LlamaModel:
@@ -75,6 +65,7 @@ class LlamaModel:
         self.head_ids: torch.Tensor | None = None  # set by trim_head
         self.weights = "bf16"  # format of the matrices (specd.models.weights)
         self._paged: bool | None = None  # can steps use specd.models.attention's kernel?
+        self._native_ops = layer_ops.available(device, dtype)  # specd.models.layer_ops
 
     def _linear(self, x, w, b=None):
         return linear(x, w, b, invariant=self.batch_invariant)
@@ -107,7 +98,7 @@ class LlamaModel:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head for selected rows [R, H] -> fp32 [R, V] (V' if trimmed)."""
-        h = rms_norm(hidden, self.norm, self.args.rms_norm_eps)
+        h = layer_ops.rms_norm(hidden, self.norm, self.args.rms_norm_eps)
         return linear(h, self.lm_head, invariant=self.batch_invariant, out_dtype=torch.float32)
 
     def hidden_states(self, kv: PagedKV, plan: BatchPlan) -> torch.Tensor:
@@ -116,41 +107,32 @@ class LlamaModel:
         else:
             x = self.embed.index_select(0, plan.input_ids)
         cos, sin = self._rope(plan.positions)
+        eps, native = self.args.rms_norm_eps, self._native_ops
+        mlp = None  # the last layer's MLP output, not yet added to x
         for i, layer in enumerate(self.layers):
-            x = x + self._attention(
-                layer,
-                rms_norm(x, layer.attn_norm, self.args.rms_norm_eps),
-                kv.k[i],
-                kv.v[i],
-                plan,
-                cos,
-                sin,
-            )
-            h = rms_norm(x, layer.mlp_norm, self.args.rms_norm_eps)
-            gate, up = self._linear(h, layer.w_gate_up).chunk(2, dim=-1)
-            x = x + self._linear(F.silu(gate) * up, layer.w_down)
-        return x  # [T, H], before the final norm
+            x, h = layer_ops.add_rms_norm(x, mlp, layer.attn_norm, eps, native)
+            attn = self._attention(layer, h, kv.k[i], kv.v[i], plan, cos, sin)
+            x, h = layer_ops.add_rms_norm(x, attn, layer.mlp_norm, eps, native)
+            act = layer_ops.silu_mul(self._linear(h, layer.w_gate_up), native)
+            mlp = self._linear(act, layer.w_down)
+        return x + mlp  # [T, H], before the final norm
 
     # -- pieces --------------------------------------------------------------------------
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[:, None].float() * self.inv_freq[None, :]  # [T, head_dim / 2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [T, head_dim]
-        cos = (emb.cos() * self.rope_scale).to(self.dtype)[:, None, :]  # [T, 1, head_dim]
-        sin = (emb.sin() * self.rope_scale).to(self.dtype)[:, None, :]
+        cos = (emb.cos() * self.rope_scale).to(self.dtype)  # [T, head_dim]
+        sin = (emb.sin() * self.rope_scale).to(self.dtype)
         return cos, sin
 
     def _attention(self, layer: Layer, x, k_pool, v_pool, plan: BatchPlan, cos, sin):
         a = self.args
-        n_q, n_kv, hd = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim, a.head_dim
+        n_q, hd = a.num_heads * a.head_dim, a.head_dim
         qkv = self._linear(x, layer.wqkv, layer.bqkv)  # [T, n_q + 2 n_kv]
-        q = qkv[:, :n_q].view(-1, a.num_heads, hd)  # [T, heads, hd]
-        k = qkv[:, n_q : n_q + n_kv].view(-1, a.num_kv_heads, hd)  # [T, kv_heads, hd]
-        v = qkv[:, n_q + n_kv :].view(-1, a.num_kv_heads, hd)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-
-        k_pool.index_copy_(0, plan.write_slots, k)
-        v_pool.index_copy_(0, plan.write_slots, v)
+        q = layer_ops.rope_store(
+            qkv, cos, sin, k_pool, v_pool, plan.write_slots, a.num_heads, a.num_kv_heads,
+            self._native_ops,
+        )  # fmt: skip
         if plan.paged is not None:  # a decode or verification step: read the pool in place
             out = attention.paged_attention(q, k_pool, v_pool, plan.paged)
             return self._linear(out.view(-1, n_q), layer.wo, layer.bo)

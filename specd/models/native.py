@@ -1,5 +1,6 @@
-"""specd's native CPU kernels (`kernels/`: the int8/int4 linear of specd.models.qlinear
-and the paged attention of specd.models.attention, one extension): built once per source,
+"""specd's native CPU kernels (`kernels/`: the int8/int4 linear of specd.models.qlinear,
+the paged attention of specd.models.attention and the fused element-wise ops of
+specd.models.layer_ops, one extension): built once per source,
 torch version and instruction set under $SPECD_CACHE/kernels: for AVX512-VNNI, or for
 AVX2 (with FMA and F16C) where the CPU has no AVX512."""
 
@@ -18,7 +19,10 @@ import torch
 log = logging.getLogger(__name__)
 
 _KERNELS = Path(__file__).with_name("kernels")
-_SOURCES = [_KERNELS / name for name in ("qlinear.cpp", "paged_attention.cpp", "bindings.cpp")]
+_SOURCES = [
+    _KERNELS / name
+    for name in ("qlinear.cpp", "paged_attention.cpp", "layer_ops.cpp", "bindings.cpp")
+]
 _HEADERS = [_KERNELS / "bf16.h"]  # not compiled on their own, but part of the build's tag
 _kernel = None
 _kernel_tried = False

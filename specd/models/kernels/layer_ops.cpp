@@ -1,0 +1,153 @@
+// The element-wise parts of a decoder layer, fused so that a decode step on a CPU is one
+// native call each instead of the ~20 small torch ops (and their Python) they were: at one
+// row those cost more than the matmuls' 12 ms a step left them (specd/models/llama.py).
+//
+// Every op rounds where the torch expression it replaces rounds (a bf16 op computes in
+// fp32 and rounds once), so rope and the residual add are bitwise torch's; the RMSNorm's
+// sum of squares runs in its own fixed order, the same for every row count. Rows are
+// independent and are split over threads only between rows: a row's result never depends
+// on the other rows of the call (batch invariance, as for the matmul and the attention).
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+
+// a * b + c * d must round twice, as torch's separate ops do (fp32 has no cast between
+// them to keep the compiler from fusing them into an FMA)
+#pragma GCC optimize("fp-contract=off")
+
+namespace {
+
+constexpr int64_t ROWS_PER_TASK = 8;
+
+template <typename T>
+inline float f32(T v) { return static_cast<float>(v); }
+
+// x [T, H] (+= residual, rounded to x's dtype, in place) -> y = w * round(x * r),
+// r = 1 / sqrt(mean(x^2) + eps), as specd.models.llama.rms_norm
+template <typename T>
+void add_rms_norm_rows(T* x, const T* res, const T* w, T* y, int64_t rows, int64_t H, float eps) {
+  at::parallel_for(0, rows, ROWS_PER_TASK, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      T* xr = x + r * H;
+      if (res) {
+        const T* rr = res + r * H;
+        for (int64_t i = 0; i < H; ++i) xr[i] = T(f32(xr[i]) + f32(rr[i]));
+      }
+      // 16 partial sums, added in a fixed order: vectorises, and the same for any row
+      float part[16] = {};
+      int64_t i = 0;
+      for (; i + 16 <= H; i += 16)
+        for (int j = 0; j < 16; ++j) part[j] += f32(xr[i + j]) * f32(xr[i + j]);
+      for (; i < H; ++i) part[i % 16] += f32(xr[i]) * f32(xr[i]);
+      float ss = 0.f;
+      for (int j = 0; j < 16; ++j) ss += part[j];
+      const float scale = 1.f / std::sqrt(ss / float(H) + eps);
+      T* yr = y + r * H;
+      for (int64_t k = 0; k < H; ++k) yr[k] = T(f32(w[k]) * f32(T(f32(xr[k]) * scale)));
+    }
+  });
+}
+
+// one head: out = round(round(v * cos) + round(rotate_half(v) * sin))
+template <typename T>
+inline void rope_head(const T* v, const T* cs, const T* sn, T* out, int64_t D) {
+  const int64_t half = D / 2;
+  for (int64_t i = 0; i < D; ++i) {
+    const float rot = i < half ? -f32(v[i + half]) : f32(v[i - half]);
+    out[i] = T(f32(T(f32(v[i]) * f32(cs[i]))) + f32(T(rot * f32(sn[i]))));
+  }
+}
+
+template <typename T>
+void rope_store_rows(const T* qkv, const T* cs, const T* sn, T* kp, T* vp, const int64_t* slots,
+                     T* q, int64_t rows, int64_t nh, int64_t nkv, int64_t D) {
+  const int64_t width = (nh + 2 * nkv) * D;
+  at::parallel_for(0, rows, ROWS_PER_TASK, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* row = qkv + r * width;
+      const T* c = cs + r * D;
+      const T* s = sn + r * D;
+      for (int64_t h = 0; h < nh; ++h) rope_head(row + h * D, c, s, q + (r * nh + h) * D, D);
+      T* kd = kp + slots[r] * nkv * D;
+      T* vd = vp + slots[r] * nkv * D;
+      for (int64_t h = 0; h < nkv; ++h) rope_head(row + (nh + h) * D, c, s, kd + h * D, D);
+      const T* v = row + (nh + nkv) * D;
+      for (int64_t i = 0; i < nkv * D; ++i) vd[i] = v[i];
+    }
+  });
+}
+
+void check_rows(const at::Tensor& t, int64_t width, const char* name) {
+  TORCH_CHECK(t.dim() == 2 && t.is_contiguous() && t.size(1) == width, name,
+              " must be a contiguous [T, ", width, "] matrix");
+}
+
+}  // namespace
+
+// x [T, H] fp32 or bf16, updated in place by `residual` [T, H] (empty: none); w [H].
+at::Tensor add_rms_norm(at::Tensor x, const at::Tensor& residual, const at::Tensor& w, double eps) {
+  const int64_t H = w.numel();
+  check_rows(x, H, "x");
+  const bool add = residual.numel() > 0;
+  if (add) check_rows(residual, H, "residual");
+  TORCH_CHECK(w.is_contiguous() && w.scalar_type() == x.scalar_type() &&
+                  (!add || residual.scalar_type() == x.scalar_type()),
+              "x, residual and w must share a dtype");
+  auto y = at::empty_like(x);
+  const int64_t rows = x.size(0);
+  if (x.scalar_type() == at::kBFloat16) {
+    using T = at::BFloat16;
+    add_rms_norm_rows<T>(x.data_ptr<T>(), add ? residual.data_ptr<T>() : nullptr, w.data_ptr<T>(),
+                         y.data_ptr<T>(), rows, H, float(eps));
+  } else {
+    TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be fp32 or bf16");
+    add_rms_norm_rows<float>(x.data_ptr<float>(), add ? residual.data_ptr<float>() : nullptr,
+                             w.data_ptr<float>(), y.data_ptr<float>(), rows, H, float(eps));
+  }
+  return y;
+}
+
+// qkv [T, (nh + 2 nkv) D] -> q [T, nh, D] after RoPE; K (after RoPE) and V go to the pools
+// [slots, nkv, D] at `slots` [T]. cos, sin [T, D] in qkv's dtype.
+at::Tensor rope_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                      at::Tensor k_pool, at::Tensor v_pool, const at::Tensor& slots,
+                      int64_t nh, int64_t nkv) {
+  const int64_t D = cos.size(1), rows = qkv.size(0);
+  check_rows(qkv, (nh + 2 * nkv) * D, "qkv");
+  check_rows(cos, D, "cos");
+  check_rows(sin, D, "sin");
+  TORCH_CHECK(D % 2 == 0 && cos.size(0) == rows && sin.size(0) == rows, "cos/sin per row");
+  TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous() && k_pool.dim() == 3 &&
+                  k_pool.size(1) == nkv && k_pool.size(2) == D && v_pool.sizes() == k_pool.sizes(),
+              "pools must be contiguous [slots, kv_heads, head_dim]");
+  TORCH_CHECK(slots.is_contiguous() && slots.scalar_type() == at::kLong && slots.numel() == rows,
+              "one int64 slot per row");
+  const auto dtype = qkv.scalar_type();
+  TORCH_CHECK(cos.scalar_type() == dtype && sin.scalar_type() == dtype &&
+                  k_pool.scalar_type() == dtype && v_pool.scalar_type() == dtype,
+              "qkv, cos, sin and the pools must share a dtype");
+  const int64_t* s = slots.data_ptr<int64_t>();
+  const int64_t capacity = k_pool.size(0);
+  for (int64_t r = 0; r < rows; ++r) TORCH_CHECK(0 <= s[r] && s[r] < capacity, "slot out of the pool");
+  auto q = at::empty({rows, nh, D}, qkv.options());
+  if (dtype == at::kBFloat16) {
+    using T = at::BFloat16;
+    rope_store_rows<T>(qkv.data_ptr<T>(), cos.data_ptr<T>(), sin.data_ptr<T>(), k_pool.data_ptr<T>(),
+                       v_pool.data_ptr<T>(), s, q.data_ptr<T>(), rows, nh, nkv, D);
+  } else {
+    TORCH_CHECK(dtype == at::kFloat, "qkv must be fp32 or bf16");
+    rope_store_rows<float>(qkv.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
+                           k_pool.data_ptr<float>(), v_pool.data_ptr<float>(), s,
+                           q.data_ptr<float>(), rows, nh, nkv, D);
+  }
+  return q;
+}
+
+// gate_up [T, 2I] -> silu(gate) * up [T, I], torch's own ops (one native call for three)
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  const int64_t I = gate_up.size(-1) / 2;
+  return at::silu(gate_up.narrow(-1, 0, I)).mul_(gate_up.narrow(-1, I, I));
+}

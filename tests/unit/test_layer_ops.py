@@ -1,0 +1,80 @@
+"""The fused element-wise ops of a decoder layer (specd.models.layer_ops): the native
+kernel against the torch maths it replaces, and a row's result alone or among others."""
+
+import pytest
+import torch
+
+from specd.models import layer_ops
+from specd.models.native import kernel
+
+pytestmark = pytest.mark.skipif(kernel() is None, reason="no native kernel on this CPU")
+
+DTYPES = [torch.bfloat16, torch.float32]
+
+
+def _rows(t: int, width: int, dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(t, width, generator=g) * 3).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_and_the_kv_write_are_torchs_bit_for_bit(dtype):
+    t, heads, kv_heads, d = 11, 6, 2, 64
+    qkv = _rows(t, (heads + 2 * kv_heads) * d, dtype, 0)
+    angles = torch.rand(t, d // 2, generator=torch.Generator().manual_seed(1)) * 100
+    emb = torch.cat((angles, angles), dim=-1)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    slots = torch.randperm(40, generator=torch.Generator().manual_seed(2))[:t]
+    pools = {}
+    for native in (False, True):
+        k_pool, v_pool = (
+            torch.zeros(40, kv_heads, d, dtype=dtype),
+            torch.zeros(40, kv_heads, d, dtype=dtype),
+        )
+        q = layer_ops.rope_store(qkv, cos, sin, k_pool, v_pool, slots, heads, kv_heads, native)
+        pools[native] = (q, k_pool, v_pool)
+    for torch_t, native_t in zip(pools[False], pools[True], strict=True):
+        assert torch.equal(torch_t, native_t)
+    assert pools[True][1][slots].abs().sum() > 0  # the keys really landed in their slots
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_residual_add_and_rms_norm_match_torch_and_ignore_the_other_rows(dtype):
+    t, h, eps = 37, 1536, 1e-6
+    x, res = _rows(t, h, dtype, 3), _rows(t, h, dtype, 4)
+    w = (1 + 0.1 * _rows(1, h, dtype, 5))[0]
+    x_torch, y_torch = layer_ops.add_rms_norm(x.clone(), res, w, eps, native=False)
+    x_native = x.clone()
+    x_out, y_native = layer_ops.add_rms_norm(x_native, res, w, eps, native=True)
+    assert x_out.data_ptr() == x_native.data_ptr()  # in place
+    assert torch.equal(x_native, x_torch)  # the add rounds as torch's
+    # the norm's sum of squares is summed in another order: within one rounding step
+    tol = 2**-7 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(y_native.float(), y_torch.float(), rtol=tol, atol=tol)
+    for r in (0, 17, t - 1):  # alone: bit for bit what it was among 37 rows (threads split rows)
+        alone = x[r : r + 1].clone()
+        _, y_alone = layer_ops.add_rms_norm(alone, res[r : r + 1], w, eps, native=True)
+        assert torch.equal(y_alone, y_native[r : r + 1])
+    _, y_plain = layer_ops.add_rms_norm(x.clone(), None, w, eps, native=True)
+    _, y_plain_torch = layer_ops.add_rms_norm(x.clone(), None, w, eps, native=False)
+    torch.testing.assert_close(y_plain.float(), y_plain_torch.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_is_torchs(dtype):
+    gate_up = _rows(5, 2 * 96, dtype, 6)
+    native = layer_ops.silu_mul(gate_up, native=True)
+    assert torch.equal(native, layer_ops.silu_mul(gate_up, native=False))
+
+
+def test_bad_shapes_and_slots_are_errors_not_crashes():
+    d, qkv = 64, _rows(2, (4 + 2 * 2) * 64, torch.bfloat16, 7)
+    cos = sin = torch.ones(2, d, dtype=torch.bfloat16)
+    pool = torch.zeros(8, 2, d, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="slot out of the pool"):
+        layer_ops.rope_store(qkv, cos, sin, pool, pool.clone(), torch.tensor([0, 8]), 4, 2, True)
+    with pytest.raises(RuntimeError, match="qkv must be"):
+        layer_ops.rope_store(qkv, cos, sin, pool, pool.clone(), torch.tensor([0, 1]), 5, 2, True)
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        x = _rows(2, 64, torch.float32, 8)
+        layer_ops.add_rms_norm(x, None, torch.ones(64, dtype=torch.bfloat16), 1e-6, True)

@@ -267,7 +267,8 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& records, const at::Ten
   auto sx = at::empty({rows_run, KG}, x.options().dtype(at::kFloat));
   auto c = at::empty({rows_run, KG}, x.options().dtype(at::kFloat));
   quantize_rows(x, xq.data_ptr<int8_t>(), sx.data_ptr<float>(), c.data_ptr<float>());
-  for (auto* t : {&xq, &sx, &c}) t->narrow(0, M, rows_run - M).zero_();
+  if (rows_run > M)  // the padding row: no three zero-length ops on every decode call
+    for (auto* t : {&xq, &sx, &c}) t->narrow(0, M, rows_run - M).zero_();
 
   const auto* w = records.data_ptr<uint8_t>();
   const float* b = (bias.defined() && bias.numel()) ? bias.data_ptr<float>() : nullptr;

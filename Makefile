@@ -7,7 +7,7 @@ STAMP   := .venv/.setup-done
 TORCH_SPEC     ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup up test test-cuda lint format protos models deploy-tools bench peer-llamacpp clean
+.PHONY: setup up test test-cuda lint format protos models kernels deploy-tools bench peer-llamacpp clean
 
 setup: $(STAMP)
 
@@ -39,7 +39,13 @@ deploy-tools:
 	@command -v docker-compose >/dev/null || { \
 	  apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null; }
 
-test: lint models deploy-tools
+# the native kernels for this CPU (a few minutes, once per source; nothing where the CPU
+# has neither AVX512-VNNI nor AVX2), built before the tests so that the first service a
+# test starts does not spend its readiness deadline compiling them
+kernels: setup
+	$(PY) -c "from specd.models import native; native.kernel()"
+
+test: lint models kernels deploy-tools
 	.venv/bin/python -m pytest -q -ra --durations=20 tests
 
 # on a GPU machine: the CUDA tests, then the engine and forward tests on the GPU (skipped,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import importlib.util
 import logging
 import os
 import subprocess
@@ -95,11 +94,8 @@ def _build(isa: str):
     build = _build_dir(isa)
     build.mkdir(parents=True, exist_ok=True)
     name = f"specd_qlinear_{_tag(isa)}"
-    # a `lock` left behind: torch's loader must not see it, so take the way below
-    built = None if (build / "lock").exists() else _import_built(build / f"{name}.so", name)
-    if built is not None:
-        return built
-    log.info("building the native kernels for %s into %s (once, a few minutes)", isa, build)
+    if not (build / f"{name}.so").exists():
+        log.info("building the native kernels for %s into %s (once, a few minutes)", isa, build)
     # torch's loader marks a build in progress with a `lock` file and waits, forever, for
     # it to go; a process killed while building (a readiness timeout, the OOM killer)
     # leaves it behind and every later start hangs. Builds here hold an flock, which the
@@ -115,23 +111,6 @@ def _build(isa: str):
             build_directory=str(build),
             verbose=False,
         )
-
-
-def _import_built(so: Path, name: str):
-    """The library built for these sources (the tag hashes them), imported as it is.
-    torch's loader would first re-run its build, which recompiles everything when the
-    sources sit at another path than the build saw (another checkout, a clean clone):
-    minutes at every start, and a start killed meanwhile left the build to the next."""
-    if not so.exists():
-        return None
-    try:
-        spec = importlib.util.spec_from_file_location(name, so)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    except ImportError as e:  # a library cut short: build it again
-        log.warning("could not load %s (%s); building it again", so, e)
-        return None
 
 
 def prebuild(isas=tuple(_ISA_FLAGS)) -> dict[str, bool]:

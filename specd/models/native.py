@@ -1,7 +1,7 @@
 """specd's native CPU kernels (`kernels/`: the int8/int4 linear of specd.models.qlinear,
 the paged attention of specd.models.attention and the fused element-wise ops of
-specd.models.layer_ops, one extension): built once per source,
-torch version and instruction set under $SPECD_CACHE/kernels: for AVX512-VNNI, or for
+specd.models.layer_ops, one extension): built once per source, torch version,
+instruction set and checkout under $SPECD_CACHE/kernels: for AVX512-VNNI, or for
 AVX2 (with FMA and F16C) where the CPU has no AVX512."""
 
 from __future__ import annotations
@@ -78,8 +78,16 @@ def kernel():
 
 
 def _tag(isa: str) -> str:
-    src = b"".join(path.read_bytes() for path in _SOURCES + _HEADERS)
-    return hashlib.sha256(src + torch.__version__.encode() + isa.encode()).hexdigest()[:12]
+    digest = hashlib.sha256()
+    for path in _SOURCES + _HEADERS:
+        digest.update(path.read_bytes())
+    digest.update(torch.__version__.encode() + isa.encode())
+    # torch's loader recompiles everything when the compile command changes, and the
+    # command names the sources and torch's headers by absolute path: a checkout or a
+    # virtualenv elsewhere (a clean clone) gets a build of its own, instead of rebuilding,
+    # inside whichever service starts first, the one every other checkout loads
+    digest.update(f"{_KERNELS}\0{Path(torch.__file__).parent}".encode())
+    return digest.hexdigest()[:12]
 
 
 def _build_dir(isa: str) -> Path:

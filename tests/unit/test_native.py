@@ -19,3 +19,12 @@ def test_a_build_killed_midway_does_not_hang_the_next_start(cpu_kernels):
 def test_the_build_tag_covers_the_headers_and_the_instruction_set():
     assert native._HEADERS and all(h.exists() for h in native._HEADERS + native._SOURCES)
     assert native._tag("avx512") != native._tag("avx2")
+
+
+def test_a_checkout_elsewhere_gets_a_build_of_its_own(monkeypatch, tmp_path):
+    # torch's loader names the sources by absolute path in its compile command and
+    # recompiles when that changes, so two checkouts sharing one build would rebuild it
+    # in turn, inside whichever service started first
+    here = native._tag("avx2")
+    monkeypatch.setattr(native, "_KERNELS", tmp_path / "kernels")
+    assert native._tag("avx2") != here

@@ -6,6 +6,7 @@ AVX2 (with FMA and F16C) where the CPU has no AVX512."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -108,7 +109,7 @@ def _build(isa: str):
     # it to go; a process killed while building (a readiness timeout, the OOM killer)
     # leaves it behind and every later start hangs. Builds here hold an flock, which the
     # OS releases when its holder dies, so whoever holds it knows a `lock` file is stale.
-    with open(build / "specd.flock", "w") as held:
+    with open(build / "specd.flock", "w") as held, _own_ninja():
         fcntl.flock(held, fcntl.LOCK_EX)
         (build / "lock").unlink(missing_ok=True)
         return load(
@@ -119,6 +120,23 @@ def _build(isa: str):
             build_directory=str(build),
             verbose=False,
         )
+
+
+@contextlib.contextmanager
+def _own_ninja():
+    """Build with this environment's ninja (the `ninja` package specd depends on), whatever
+    PATH says. torch's loader runs the first `ninja` on PATH, and ninja 1.11 and 1.13 hash
+    a command differently in their shared log: a build done by one looks changed to the
+    other, which recompiles everything. A process started with a virtualenv's bin on PATH
+    and one started without (make, a test's subprocess) took turns rebuilding."""
+    bin_dir = str(Path(sys.executable).parent)
+    saved = os.environ.get("PATH", "")
+    if (Path(bin_dir) / "ninja").exists():
+        os.environ["PATH"] = os.pathsep.join([bin_dir, saved])
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = saved
 
 
 def prebuild(isas=tuple(_ISA_FLAGS)) -> dict[str, bool]:

@@ -1,7 +1,9 @@
 """Building and loading the native kernels (specd/models/native.py)."""
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from specd.models import native
 
@@ -28,3 +30,16 @@ def test_a_checkout_elsewhere_gets_a_build_of_its_own(monkeypatch, tmp_path):
     here = native._tag("avx2")
     monkeypatch.setattr(native, "_KERNELS", tmp_path / "kernels")
     assert native._tag("avx2") != here
+
+
+def test_a_second_start_loads_the_build_whatever_its_path(cpu_kernels):
+    # a service started with the virtualenv's bin on PATH (its ninja) and one started
+    # without (the system's) must both load the library already built, not recompile it
+    library = next(native._build_dir(native.cpu_isa()).glob("*.so"))
+    built = library.stat().st_mtime_ns
+    code = "from specd.models.native import kernel; assert kernel() is not None"
+    venv_first = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
+    for path in (venv_first, "/usr/local/bin:/usr/bin:/bin"):
+        env = {**os.environ, "PATH": path}
+        subprocess.run([sys.executable, "-c", code], env=env, timeout=240, check=True)
+    assert library.stat().st_mtime_ns == built

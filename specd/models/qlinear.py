@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 GROUP = 32
 TILE = 16  # output columns per kernel tile
+# 6 bits: code vector j's top two bits sit at bits 2 (j % 4) of top-bit vector j // 4
+_TOP_SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 1, 4, 1, 1)
 
 
 @dataclass
@@ -84,8 +86,7 @@ def _top_bits(b: torch.Tensor, t: int, kg: int) -> torch.Tensor:
     """The 6-bit layout's top-bit vectors uint8 [t, kg, 128] -> the top two bits of each
     code as [t, TILE, kg, 32] (inverse of `pack`'s)."""
     v = b.reshape(t, kg, 2, 1, TILE, 4)  # [t, g, h, 1, c, i]
-    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 1, 4, 1, 1)
-    top = (v >> shifts) & 0x03  # [t, g, h, j, c, i]
+    top = (v >> _TOP_SHIFTS) & 0x03  # [t, g, h, j, c, i]
     return top.permute(0, 4, 1, 2, 3, 5).reshape(t, TILE, kg, 32)
 
 
@@ -109,8 +110,7 @@ def pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, bits: int) -> QWeigh
             # the top two bits of code vector j (as 8-bit's: k = 4j..4j+3 of 16 columns) at
             # bits 2(j % 4) of vector j // 4
             top = (q >> 4).view(t, TILE, kg, 2, 4, 4).permute(0, 2, 3, 4, 1, 5)  # [t,g,h,j,c,i]
-            shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 1, 4, 1, 1)
-            packed = (top << shifts).sum(3, dtype=torch.uint8)  # bits never overlap
+            packed = (top << _TOP_SHIFTS).sum(3, dtype=torch.uint8)  # bits never overlap
             codes = torch.cat((codes, packed.reshape(t, kg, 128)), dim=-1)
     elif bits == 8:
         codes = q.view(t, TILE, kg, 8, 4).permute(0, 2, 3, 1, 4).reshape(t, kg, 512)

@@ -125,7 +125,7 @@ void tile_rows(const uint8_t* wt, int64_t KG,
         w[2 * s + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
       }
     }
-    if constexpr (BITS == 6) {  // q = low nibble | top two bits << 4 (see top2_shifted)
+    if constexpr (BITS == 6) {  // q = low nibble | top two bits << 4 (layout: top of this file)
       const __m512i top = _mm512_set1_epi8(0x30);
       for (int t = 0; t < 2; ++t) {
         const __m512i v = _mm512_loadu_si512(wg + 256 + 64 * t);

@@ -4,9 +4,8 @@
 codes, each with a 6-bit scale and min times the block's fp16 d and dmin, so
 w = (d * sc) * q - (dmin * m) is our group of 32 with scale d * sc and min dmin * m (stored
 as fp16: the only rounding). Q4_1 is w = d * q + m, our min being -m. Other types (Q5_0,
-Q6_K, Q8_0, float) are dequantised by the `gguf` package and quantised again: Q6_K (the
-LM head and half the down projections of a Q4_K_M file) at 6 bits, at 8 bits where the
-GGUF spent more than that on the tensor, else at 4.
+Q6_K, Q8_0, float) are dequantised by the `gguf` package and quantised again, at 8 bits
+where the GGUF spent more than 5 bits on the tensor.
 
 GGUF names map to Hugging Face names as transformers maps them; Llama-architecture files
 store q/k rows permuted for llama.cpp's RoPE, undone here on whole rows (exact).
@@ -30,8 +29,8 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-# in int4 mode, the bits a GGUF type is quantised to again (types not listed: 4)
-_WIDE = {"Q6_K": 6, "Q8_0": 8, "Q8_1": 8, "Q8_K": 8, "F16": 8, "BF16": 8, "F32": 8}
+# bits per weight of a GGUF type, for "keep 8 bits where the file kept more than 5"
+_WIDE = {"Q6_K", "Q8_0", "Q8_1", "Q8_K", "F16", "BF16", "F32"}
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -86,7 +85,7 @@ def to_qweight(tensor, mode: str) -> QWeight | None:
         q = torch.from_numpy(codes.reshape(rows, cols))
         return pack(q, _groups(d, rows), _groups(m, rows), 4)
     dense = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
-    bits = 8 if mode == "int8" else _WIDE.get(kind, 4)
+    bits = 8 if (mode == "int8" or kind in _WIDE) else 4
     return quantize(torch.from_numpy(np.ascontiguousarray(dense)).reshape(rows, cols), bits)
 
 

@@ -1,16 +1,14 @@
 """Weight formats: which one a model runs in, and the cached quantised matrices.
 
 `bf16` keeps the model's own dtype. `int8` and `int4` hold every matrix in the group-
-quantised format of specd.models.qlinear; `int4` keeps 6 bits where the source GGUF has
-Q6_K (llama.cpp's Q4_K_M keeps the LM head and half the down projections in it), 8 where it
-spent more, and 8 for the LM head of a dense source. `auto` is int4 on a CPU that runs
-the kernel, else the model's dtype (CUDA, or neither AVX512-VNNI nor AVX2), said in one
-log line.
+quantised format of specd.models.qlinear; `int4` keeps 8 bits where the source GGUF spent
+more than 5 (llama.cpp's Q4_K_M keeps the LM head and half the down projections in Q6_K),
+and for the LM head of a dense source. `auto` is int4 on a CPU that runs the kernel, else
+the model's dtype (CUDA, or neither AVX512-VNNI nor AVX2), said in one log line.
 
 The quantised matrices are converted once, from the GGUF the folder was made from where
 there is one (its blocks kept as they are), else from the dense weights, and cached next to
-them as `weights-<format>.safetensors`: a restart reads that file and nothing dense (a file
-written by a conversion of an older `CONVERSION` is converted again).
+them as `weights-<format>.safetensors`: a restart reads that file and nothing dense.
 """
 
 from __future__ import annotations
@@ -28,7 +26,6 @@ from specd.models.qlinear import QWeight, fits, quantize
 log = logging.getLogger(__name__)
 
 QUANTISED = ("int8", "int4")
-CONVERSION = 2  # 2: Q6_K at 6 bits (1: at 8)
 _HEADS = ("lm_head.weight", "embed_tokens.weight")
 
 
@@ -64,10 +61,7 @@ def load_quantised(folder: Path, fmt: str, config, dense) -> dict[str, QWeight]:
     prefix); `dense(name)` reads one dense tensor when there is no GGUF to convert from."""
     cache = folder / f"weights-{fmt}.safetensors"
     if cache.exists():
-        mats = _read(cache)
-        if mats is not None:
-            return mats
-        log.warning("%s was written by an older conversion", cache)
+        return _read(cache)
     gguf = source_gguf(folder)
     log.warning("converting %s weights to %s (once) -> %s", folder.name, fmt, cache)
     if gguf is not None:
@@ -91,20 +85,15 @@ def _write(path: Path, mats: dict[str, QWeight]) -> None:
     meta = {name: [w.bits, *w.shape] for name, w in mats.items()}
     tmp = path.with_suffix(".tmp")
     save_file(
-        {name: w.records for name, w in mats.items()},
-        tmp,
-        metadata={"specd": json.dumps(meta), "specd-conversion": str(CONVERSION)},
+        {name: w.records for name, w in mats.items()}, tmp, metadata={"specd": json.dumps(meta)}
     )
     tmp.rename(path)
 
 
-def _read(path: Path) -> dict[str, QWeight] | None:
-    """The cached matrices; None when an older conversion wrote them."""
+def _read(path: Path) -> dict[str, QWeight]:
     from safetensors import safe_open
 
     with safe_open(path, framework="pt") as f:
-        if f.metadata().get("specd-conversion") != str(CONVERSION):
-            return None
         meta = json.loads(f.metadata()["specd"])
         return {
             name: QWeight(f.get_tensor(name), bits, (n, k)) for name, (bits, n, k) in meta.items()

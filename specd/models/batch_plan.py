@@ -38,8 +38,9 @@ class BatchPlan:
         paged: bool = False,
     ) -> BatchPlan:
         """Append every sequence's tokens to the allocator (all or nothing) and index them.
-        paged (the caller can run specd.models.attention's kernel): a step of at most
-        MAX_ROWS new tokens per sequence gets `PagedRows` and no mask or padding. Else, for
+        paged (the caller can run specd.models.attention's kernel): the step gets
+        `PagedRows` and no mask or padding, unless a tree has more than MAX_ROWS new tokens
+        (a chain of any length, a prefill chunk too, takes the kernel). Else, for
         SDPA: q_tile > 0 (batch-invariant mode) pads every sequence's queries to a multiple
         of q_tile and always masks, so attention has the same shapes for 1 or k+1 queries."""
         appended = []
@@ -56,7 +57,7 @@ class BatchPlan:
             for s in appended:
                 allocator.truncate_to(s.seq_id, allocator.length(s.seq_id) - len(s.tokens))
             raise
-        paged = paged and max(len(s.tokens) for s in seqs) <= MAX_ROWS
+        paged = paged and all(s.parents is None or len(s.tokens) <= MAX_ROWS for s in seqs)
         return cls._index(allocator, seqs, spans, device, 0 if paged else q_tile, paged)
 
     @classmethod

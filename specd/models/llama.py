@@ -4,9 +4,10 @@ paged KV cache, for a batch of sequences with different query lengths in one cal
 Per layer: RMSNorm -> fused QKV (+bias) -> RoPE -> write K/V to their slots -> GQA
 attention over each sequence's cached + new keys -> O -> residual -> RMSNorm -> fused
 gate/up -> SiLU(gate) * up -> down -> residual. Activations stay flat `[T, hidden]`
-(T = all new tokens of the batch, no padding). Attention of a decode or verification step
-reads the K/V pool in place (specd.models.attention's kernel, one query row at a time);
-a prefill, or a device without the kernel, gathers keys and pads queries for SDPA. The
+(T = all new tokens of the batch, no padding). Attention reads the K/V pool in place
+(specd.models.attention's kernel, one query row at a time, prefill chunks included); a
+tree wider than its kernel takes, or a device without the kernel, gathers keys and pads
+queries for SDPA. The
 element-wise parts (residual + RMSNorm, RoPE + K/V write, SiLU * up) are
 specd.models.layer_ops: one native call each on a CPU with the kernels.
 """
@@ -85,6 +86,19 @@ class LlamaModel:
             return hidden.new_zeros((0, width), dtype=torch.float32)
         return self.logits(hidden.index_select(0, plan.logits_index))
 
+    def chunk_invariant(self) -> bool:
+        """Does every number of a token come out the same however its context was split
+        into forwards? True when every matrix runs in the integer kernel (a row's result
+        never depends on the other rows) and attention in the paged kernel (one query row
+        at a time): then a prefix taken from the cache gives the logits that computing it
+        would, bit for bit (specd.kvcache's prefix cache is on by default only then)."""
+        mats = [self.lm_head]
+        for layer in self.layers:
+            mats += [layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down]
+        parts = [p for m in mats for p in (m if isinstance(m, list) else [m])]
+        quantised = all(isinstance(p, QWeight) for p in parts)
+        return quantised and attention.available(self.device, self.dtype, self.args.head_dim)
+
     def trim_head(self, keep: torch.Tensor) -> None:
         """Score only the token ids in `keep` [V'] (a drafter's trimmed head): logits come
         back as [R, V'] in `keep`'s order; `self.head_ids` maps a column to its token id."""
@@ -133,7 +147,7 @@ class LlamaModel:
             qkv, cos, sin, k_pool, v_pool, plan.write_slots, a.num_heads, a.num_kv_heads,
             self._native_ops,
         )  # fmt: skip
-        if plan.paged is not None:  # a decode or verification step: read the pool in place
+        if plan.paged is not None:  # read the pool in place
             out = attention.paged_attention(q, k_pool, v_pool, plan.paged)
             return self._linear(out.view(-1, n_q), layer.wo, layer.bo)
         keys = k_pool[plan.kv_slots].transpose(1, 2)  # [B, kv_heads, L_max, hd]

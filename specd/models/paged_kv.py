@@ -22,14 +22,17 @@ class PagedKV:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        prefix_cache: bool = False,
     ):
-        self.allocator = BlockAllocator(num_blocks, block_size)
+        self.allocator = BlockAllocator(num_blocks, block_size, prefix_cache)
         shape = (num_blocks * block_size, kv_heads, head_dim)  # flat view of the block pool
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
     @classmethod
-    def for_model(cls, model, num_blocks: int, block_size: int = 16) -> PagedKV:
+    def for_model(
+        cls, model, num_blocks: int, block_size: int = 16, prefix_cache: bool = False
+    ) -> PagedKV:
         a = model.args
         return cls(
             a.num_layers,
@@ -39,6 +42,7 @@ class PagedKV:
             a.head_dim,
             model.dtype,
             model.device,
+            prefix_cache,
         )
 
     def move(self, seq_id, moves: list[tuple[int, int]]) -> None:

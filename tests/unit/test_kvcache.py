@@ -79,3 +79,119 @@ def test_no_leaks_and_exact_utilisation(ops, block_size):
     for s in a.sequences():
         a.free(s)
     assert a.num_used == 0 and a.num_free == 32
+
+
+# -- the prefix cache ------------------------------------------------------------------------
+def _prefilled(a: BlockAllocator, seq, tokens: list[int]) -> int:
+    """Admit a sequence as the scheduler does (all but its last token may come from the
+    cache), run its prefill, publish it: -> tokens found cached."""
+    cached = a.allocate(seq, reserve_tokens=len(tokens) + 1, tokens=tokens[:-1])
+    a.append(seq, len(tokens) - cached)
+    a.publish(seq, tokens)
+    return cached
+
+
+def test_a_shared_prefix_is_found_by_whole_blocks_and_held_once():
+    a = BlockAllocator(num_blocks=16, block_size=4, prefix_cache=True)
+    system = [9, 8, 7, 6, 5, 4, 3, 2]  # two full blocks
+    assert _prefilled(a, "x", system + [1, 1, 1]) == 0
+    assert a.num_used == 3
+    # the same two blocks, then its own: 8 tokens found, one block more held
+    assert _prefilled(a, "y", system + [2, 2, 2, 2, 2]) == 8
+    assert a.block_table("y")[:2] == a.block_table("x")[:2]
+    assert a.num_used == 3 + 2
+    # one token differs in the second block: only the first block is found
+    assert _prefilled(a, "z", system[:7] + [0, 3]) == 4
+    # the whole prompt cached: its last full block is computed again (its logits are needed)
+    assert _prefilled(a, "w", system) == 4
+    assert (a.cached_tokens, a.asked_tokens) == (16, 10 + 12 + 8 + 7)
+
+
+def test_released_blocks_stay_cached_until_the_pool_needs_them_oldest_first():
+    a = BlockAllocator(num_blocks=6, block_size=2, prefix_cache=True)
+    _prefilled(a, "old", [1, 1, 2, 2, 3])  # publishes 2 blocks
+    _prefilled(a, "new", [5, 5, 6, 6, 7])
+    a.free("old")
+    a.free("new")
+    assert a.num_used == 0 and a.num_free == 6 and a.num_idle == 4
+    # a fresh sequence takes the never-published blocks first, then the oldest cached
+    a.allocate("big", reserve_tokens=8)  # 4 blocks: 2 never published + old's 2
+    a.free("big")
+    assert _prefilled(a, "again", [5, 5, 6, 6, 7]) == 4  # new's blocks survived
+    assert _prefilled(a, "gone", [1, 1, 2, 2, 3]) == 0  # old's were taken
+
+
+def test_a_kept_block_whose_tail_is_cut_leaves_the_cache():
+    a = BlockAllocator(num_blocks=8, block_size=4, prefix_cache=True)
+    _prefilled(a, "x", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    a.truncate_to("x", 6)  # block 1 (positions 4-7) stays with x and will be rewritten
+    a.append("x", 3)
+    assert _prefilled(a, "y", [1, 2, 3, 4, 5, 6, 7, 8, 0]) == 4
+    a.free("x")
+    a.free("y")
+    assert a.num_used == 0
+
+
+def test_off_the_cache_finds_nothing():
+    a = BlockAllocator(num_blocks=8, block_size=2)
+    _prefilled(a, "x", [1, 2, 3, 4, 5])
+    a.free("x")
+    assert _prefilled(a, "y", [1, 2, 3, 4, 5]) == 0 and a.num_idle == 0
+
+
+prefix_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["admit", "grow", "truncate", "publish", "free"]),
+        st.integers(0, 4),  # sequence
+        st.integers(0, 40),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=prefix_ops, block_size=st.integers(1, 4))
+def test_cached_blocks_always_hold_the_kv_of_their_tokens(ops, block_size):
+    """A model of the pool: every slot remembers the tokens its K/V were computed from.
+    Whatever the allocations, a sequence's positions hold its own tokens' K/V (a cached
+    prefix is the right one, a shared block is never overwritten) and nothing leaks."""
+    a = BlockAllocator(num_blocks=24, block_size=block_size, prefix_cache=True)
+    pool: dict[int, tuple] = {}
+    tokens: dict[int, list[int]] = {}
+    floor: dict[int, int] = {}  # below it a sequence never truncates (cached / published)
+
+    def write(seq, start, end):
+        for p, slot in zip(range(start, end), a.slots(seq, start, end), strict=True):
+            pool[slot] = tuple(tokens[seq][: p + 1])
+
+    for op, seq, n in ops:
+        try:
+            if op == "admit" and seq not in a:
+                prompt = [(n >> i) & 1 for i in range(2 + n % 9)]  # few, often shared
+                tokens[seq] = prompt
+                cached = a.allocate(seq, len(prompt) + 1, tokens=prompt[:-1])
+                floor[seq] = cached
+                write(seq, *a.append(seq, len(prompt) - cached))
+            elif op == "grow" and seq in a:
+                tokens[seq].append(n % 2)
+                write(seq, *a.append(seq, 1))
+            elif op == "truncate" and seq in a:
+                keep = max(floor[seq], min(n, a.length(seq)))
+                a.truncate_to(seq, keep)
+                del tokens[seq][keep:]
+            elif op == "publish" and seq in a:
+                a.publish(seq, tokens[seq])
+                floor[seq] = a.length(seq)
+            elif op == "free":
+                a.free(seq)
+        except NoFreeBlocks:
+            if op == "grow":
+                tokens[seq].pop()
+        held = {b for s in a.sequences() for b in a.block_table(s)}
+        assert a.num_used == len(held) and a.num_free == 24 - len(held)
+        for s in a.sequences():
+            for p, slot in enumerate(a.slots(s, 0, a.length(s))):
+                assert pool[slot] == tuple(tokens[s][: p + 1]), (s, p)
+    for s in a.sequences():
+        a.free(s)
+    assert a.num_used == 0 and a.num_free == 24

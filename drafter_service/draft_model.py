@@ -47,11 +47,19 @@ class DraftModelProposer:
     available = True
 
     def __init__(
-        self, model, num_blocks: int, block_size: int = 16, top_m: int = 32, alternatives: int = 0
+        self,
+        model,
+        num_blocks: int,
+        block_size: int = 16,
+        top_m: int = 32,
+        alternatives: int = 0,
+        prefix_cache: bool = False,
     ):
         self.model = model
         self.alternatives = alternatives  # runner-up leaves beside the first drafts
-        self.kv = PagedKV.for_model(model, num_blocks, block_size)
+        # a sequence starts on the cached prefix of an earlier one (specd.kvcache); its
+        # blocks are published when it closes (while it runs, drafts come and go in them)
+        self.kv = PagedKV.for_model(model, num_blocks, block_size, prefix_cache)
         self.top_m = top_m
         self._cached: dict[object, list[int]] = {}  # tokens whose K/V the drafter holds
         self._gens: dict[object, torch.Generator] = {}
@@ -64,8 +72,10 @@ class DraftModelProposer:
         return len(self._cached)
 
     def close(self, seq_id) -> None:
+        cached = self._cached.pop(seq_id, None)
+        if cached is not None:
+            self.kv.allocator.publish(seq_id, cached)
         self.kv.allocator.free(seq_id)
-        self._cached.pop(seq_id, None)
         self._gens.pop(seq_id, None)
         self._ahead.pop(seq_id, None)
         self._last = [(s, p) for s, p in self._last if s.seq_id != seq_id]
@@ -174,8 +184,8 @@ class DraftModelProposer:
         """Roll back to the longest prefix shared with the committed tokens."""
         alloc = self.kv.allocator
         if s.seq_id not in self._cached:
-            alloc.allocate(s.seq_id)
-            self._cached[s.seq_id] = []
+            found = alloc.allocate(s.seq_id, tokens=s.tokens[:-1])  # feed at least one
+            self._cached[s.seq_id] = s.tokens[:found]
             seed = None if s.params.seed is None else s.params.seed + 0x5EED
             self._gens[s.seq_id] = make_generator(seed)
         cached = self._cached[s.seq_id]

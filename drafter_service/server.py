@@ -116,6 +116,7 @@ def build_proposer(config):
     from drafter_service.combined import CombinedProposer
     from drafter_service.draft_model import DraftModelProposer, load_draft_model
     from drafter_service.ngram import NgramProposer
+    from specd.config import prefix_cache_on
     from specd.models.loader import load_config, resolve
     from specd.models.paged_kv import PagedKV
 
@@ -127,7 +128,11 @@ def build_proposer(config):
     )
     blocks = PagedKV.blocks_for_budget(model, config.kv_cache_bytes)
     proposer = DraftModelProposer(
-        model, blocks, top_m=config.top_m, alternatives=config.alternatives
+        model,
+        blocks,
+        top_m=config.top_m,
+        alternatives=config.alternatives,
+        prefix_cache=prefix_cache_on(config.prefix_cache, model),
     )
     name = folder.name
     if config.proposer == "combined":

@@ -32,6 +32,12 @@ class EngineConfig:
     # a drafter's alternative leaves are verified while a step feeds at most this many
     # tokens (up to 16 rows cost about one row on CPU, BENCHMARKS.md); 0 = never
     max_tree_tokens: int = 16
+    # reuse the K/V of a prompt's longest cached prefix (whole blocks; specd.kvcache).
+    # auto: on where the model's forward is chunk-invariant (integer kernels + paged
+    # attention: the default CPU formats), so a cached prefix cannot change an output;
+    # on: also for dense weights, where the rows after a cached prefix may round
+    # differently (as vLLM's and llama-server's prompt caches do)
+    prefix_cache: str = "auto"
     drafter_kv_cache_bytes: int = 1 << 29
     draft_top_m: int = 32  # support size of a sampled draft's q
 
@@ -42,6 +48,23 @@ class EngineConfig:
             raise ValueError("max_batched_tokens must hold one verification (k + 1 tokens)")
         if self.max_draft_tokens < 0 or self.draft_top_m <= 0:
             raise ValueError("max_draft_tokens must be >= 0 and draft_top_m > 0")
+        _check_prefix_cache(self.prefix_cache)
+
+
+PREFIX_CACHE = ("auto", "on", "off")
+
+
+def _check_prefix_cache(value: str) -> None:
+    if value not in PREFIX_CACHE:
+        raise ValueError(f"prefix_cache must be one of {', '.join(PREFIX_CACHE)}, got {value!r}")
+
+
+def prefix_cache_on(setting: str, model) -> bool:
+    """A `prefix_cache` setting for this model: `auto` is on where a cached prefix cannot
+    change an output (the model's forward is chunk-invariant, specd.models.llama)."""
+    if setting == "auto":
+        return bool(getattr(model, "chunk_invariant", lambda: False)())
+    return setting == "on"
 
 
 @dataclass
@@ -65,6 +88,7 @@ class DrafterConfig:
     # where the drafter has cores or a device of its own; BENCHMARKS.md)
     draft_ahead: bool = False
     weights: str = "auto"  # bf16 | int8 | int4 | auto, as the verifier's (specd.models.weights)
+    prefix_cache: str = "auto"  # auto | on | off, as the verifier's (EngineConfig)
     vocab: int = 32768  # score only the `vocab` most frequent tokens (trimmed head); 0 = all
     metrics_port: int = 0  # 0 = no Prometheus endpoint
     # on SIGTERM: draft streams get this long (a verifier decodes without drafts meanwhile)
@@ -76,6 +100,7 @@ class DrafterConfig:
         if self.proposer not in ("draft", "ngram", "combined"):
             raise ValueError(f"proposer must be draft, ngram or combined, got {self.proposer!r}")
         _check_weights(self.weights)
+        _check_prefix_cache(self.prefix_cache)
         if self.vocab < 0 or self.alternatives < 0:
             raise ValueError("vocab and alternatives must be >= 0")
 

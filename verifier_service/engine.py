@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from opentelemetry import trace
 
-from specd.config import EngineConfig
+from specd.config import EngineConfig, prefix_cache_on
 from specd.grammar import Grammars
 from specd.models.paged_kv import PagedKV
 from specd.proposal import Proposer
@@ -44,6 +44,8 @@ class EngineLoad:
     running: int
     waiting: int
     spec_running: int  # running sequences that may draft
+    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache, since start
+    prefix_hits: int = 0  # of which found there (their K/V not computed again)
 
     @property
     def kv_utilization(self) -> float:
@@ -68,7 +70,8 @@ class Engine:
         num_blocks = self.config.num_blocks or PagedKV.blocks_for_budget(
             model, self.config.kv_cache_bytes, self.config.block_size
         )
-        self.kv = PagedKV.for_model(model, num_blocks, self.config.block_size)
+        prefix_cache = prefix_cache_on(self.config.prefix_cache, model)
+        self.kv = PagedKV.for_model(model, num_blocks, self.config.block_size, prefix_cache)
         self.scheduler = Scheduler(self.kv.allocator, self.config)
         self.proposer = proposer
         self.eos_ids = frozenset(eos_ids or ())
@@ -116,6 +119,8 @@ class Engine:
             running=len(running),
             waiting=len(self.scheduler.waiting),
             spec_running=sum(1 for s in running if s.num_draft > 0),
+            prefix_queries=alloc.asked_tokens,
+            prefix_hits=alloc.cached_tokens,
         )
 
     def acceptance_by_route(self) -> dict[str, float]:
@@ -171,6 +176,7 @@ class Engine:
         seq = r.seq
         if verdict is None:  # a non-final prefill chunk
             seq.num_cached += len(r.slot.tokens)
+            self.kv.allocator.publish(seq.seq_id, seq.tokens)
             return None
         self._account(r, verdict.accepted)
         if verdict.path is not None:
@@ -178,6 +184,7 @@ class Engine:
         # keep the fed tokens up to the last accepted draft; the new last token is pending
         seq.num_cached += len(r.slot.tokens) + verdict.accepted
         self.kv.allocator.truncate_to(seq.seq_id, seq.num_cached)
+        self.kv.allocator.publish(seq.seq_id, seq.tokens)  # the cached part is final
         new = seq.append(verdict.tokens)
         if seq.finish_reason:
             self._finish(seq)

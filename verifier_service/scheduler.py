@@ -159,8 +159,11 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_batch_size:
             seq = self.waiting[0]
             k = min(seq.num_draft, self.config.max_draft_tokens)  # the most it may draft
+            reuse = seq.tokens[: prefill_target(seq) - 1]  # at least one token to compute
             try:
-                self.allocator.allocate(seq.seq_id, reserve_tokens=len(seq.tokens) + k + 1)
+                seq.num_cached = self.allocator.allocate(
+                    seq.seq_id, reserve_tokens=len(seq.tokens) + k + 1, tokens=reuse
+                )
             except NoFreeBlocks:
                 break
             self.waiting.popleft()

@@ -1,0 +1,123 @@
+"""The prefix cache in the engine and the drafter: a prompt that starts like an earlier one
+computes only its tail, and (int4/int8 with the paged attention kernel: on by default)
+every output is the one the full computation gives, token for token, greedy and seeded."""
+
+import pytest
+import torch
+
+from drafter_service.draft_model import DraftModelProposer
+from specd.config import EngineConfig
+from specd.models import native
+from specd.models.loader import load_model
+from specd.models.paged_kv import PagedKV
+from specd.models.seq_input import SeqInput
+from specd.params import SamplingParams
+from tests.conftest import make_tiny_pair, run_engine
+from verifier_service.engine import Engine
+
+pytestmark = pytest.mark.skipif(native.kernel() is None, reason="no int4 kernel on this CPU")
+
+BLOCK = 4
+SYSTEM = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3]  # 18 tokens: 4 full blocks
+QUESTIONS = [[40, 41, 42, 43, 44], [50, 51, 52], [60, 61, 62, 63, 64, 65, 66]]
+
+
+@pytest.fixture(scope="module")
+def quantised_pair(tmp_path_factory):
+    target_dir, draft_dir = make_tiny_pair(tmp_path_factory, prefix="pc")
+    return (
+        load_model(target_dir, dtype="bf16", device="cpu", weights="int4"),
+        load_model(draft_dir, dtype="bf16", device="cpu", weights="int4"),
+    )
+
+
+def _engine(target, draft=None, **config) -> Engine:
+    proposer = None
+    if draft is not None:
+        proposer = DraftModelProposer(draft, num_blocks=256, block_size=BLOCK, prefix_cache=True)
+    cfg = EngineConfig(**{"num_blocks": 256, "block_size": BLOCK, **config})
+    return Engine(target, cfg, proposer, eos_ids=set())
+
+
+def _one_by_one(engine: Engine, requests: list[dict]) -> list[list[int]]:
+    """Each request after the previous one finished (so it can find its blocks)."""
+    return [next(iter(run_engine(engine, [r]).values())) for r in requests]
+
+
+def _requests(**extra) -> list[dict]:
+    prompts = [SYSTEM + q for q in QUESTIONS] + [SYSTEM + QUESTIONS[0]]  # the last: a repeat
+    return [dict(prompt=p, max_new_tokens=24, **extra) for p in prompts]
+
+
+def test_auto_is_on_where_the_forward_is_chunk_invariant(quantised_pair, tiny_pair):
+    assert quantised_pair[0].chunk_invariant()
+    assert _engine(quantised_pair[0]).kv.allocator.prefix_cache
+    dense = tiny_pair[0]  # fp32 weights: rows after a cached prefix could round otherwise
+    assert not dense.chunk_invariant()
+    assert not _engine(dense).kv.allocator.prefix_cache
+    assert _engine(dense, prefix_cache="on").kv.allocator.prefix_cache
+    assert not _engine(quantised_pair[0], prefix_cache="off").kv.allocator.prefix_cache
+
+
+@pytest.mark.parametrize("length,split", [(25, 4), (25, 8), (25, 13), (25, 21), (100, 30)])
+def test_a_prompt_split_anywhere_gives_the_same_logits(quantised_pair, length, split):
+    """What the cache rests on: the logits after a prompt (and after decode steps on it)
+    are bitwise those of one forward, however the prompt was cut into forwards (a chunk of
+    more than attention.MAX_ROWS tokens too)."""
+    target, _ = quantised_pair
+    prompt = ((SYSTEM + QUESTIONS[2]) * 4)[:length]
+    kv = PagedKV.for_model(target, num_blocks=64, block_size=BLOCK)
+    kv.allocator.allocate("whole")
+    kv.allocator.allocate("split")
+    whole = target.forward(kv, [SeqInput("whole", prompt)])
+    target.forward(kv, [SeqInput("split", prompt[:split], num_logits=0)])
+    cut = target.forward(kv, [SeqInput("split", prompt[split:])])
+    assert torch.equal(whole, cut)
+    for token in (7, 70, 17):
+        whole = target.forward(kv, [SeqInput("whole", [token])])
+        cut = target.forward(kv, [SeqInput("split", [token])])
+        assert torch.equal(whole, cut)
+
+
+@pytest.mark.parametrize("num_draft", [0, 4])
+def test_a_shared_prefix_is_computed_once_and_changes_no_token(quantised_pair, num_draft):
+    target, draft = quantised_pair
+    requests = _requests(num_draft=num_draft)
+    cold = [next(iter(run_engine(_engine(target, draft, prefix_cache="off"), [r]).values()))
+            for r in requests]  # fmt: skip
+    engine = _engine(target, draft)
+    warm = _one_by_one(engine, requests)
+    assert warm == cold
+    alloc = engine.kv.allocator
+    # the 4 full blocks of the system prompt for the 2nd and 3rd; the repeat finds all of
+    # its own prompt's full blocks but the last token's (22 tokens: 5 blocks, 20 tokens)
+    assert alloc.cached_tokens == 16 + 16 + 20
+    assert alloc.num_used == 0 and alloc.num_free == 256  # cached blocks count as free
+    if num_draft:
+        assert engine.totals.accepted > 0
+        drafter = engine.proposer.kv.allocator
+        assert drafter.cached_tokens > 0 and drafter.num_used == 0
+
+
+def test_seeded_samples_are_the_same_from_the_cache(quantised_pair):
+    target, draft = quantised_pair
+    requests = _requests(params=SamplingParams(temperature=1.0, seed=11), num_draft=3)
+    cold = [next(iter(run_engine(_engine(target, draft, prefix_cache="off"), [r]).values()))
+            for r in requests]  # fmt: skip
+    assert _one_by_one(_engine(target, draft), requests) == cold
+
+
+def test_concurrent_requests_share_what_is_published_and_evict_under_pressure(quantised_pair):
+    """A pool too small to keep everything: cached blocks give way to new sequences, and
+    outputs stay those of the full computation."""
+    target, _ = quantised_pair
+    g = torch.Generator().manual_seed(0)
+    prompts = [SYSTEM + torch.randint(10, 90, (9,), generator=g).tolist() for _ in range(6)]
+    requests = [dict(prompt=p, max_new_tokens=12) for p in prompts]
+    cold = run_engine(_engine(target, num_blocks=40, prefix_cache="off"), requests)
+    engine = _engine(target, num_blocks=40)
+    for _ in range(2):  # the second time round, the first wave's blocks are partly evicted
+        warm = run_engine(engine, requests)
+        assert list(warm.values()) == list(cold.values())
+    alloc = engine.kv.allocator
+    assert alloc.cached_tokens > 0 and alloc.num_used == 0 and alloc.num_free == 40

@@ -38,6 +38,8 @@ SPEC_DECISIONS = "specd:speculation_step_decisions"  # verifier counter {route, 
 KV_USAGE = "specd:kv_cache_usage_perc"  # verifier gauge, 0..1
 RUNNING = "specd:num_requests_running"  # verifier gauge
 WAITING = "specd:num_requests_waiting"  # verifier gauge
+PREFIX_QUERIES = "specd:prefix_cache_queries"  # verifier: prompt tokens looked up, since start
+PREFIX_HITS = "specd:prefix_cache_hits"  # verifier: of which found cached
 DRAFTER_RTT = "specd:drafter_round_trip_seconds"  # verifier histogram
 DRAFTER_FALLBACKS = "specd:drafter_fallbacks"  # verifier: rounds decoded with k = 0
 DRAFTER_SESSIONS = "specd:drafter_sessions"  # drafter gauge

@@ -46,6 +46,9 @@ class VerifierMetrics:
         t.gauge(names.KV_USAGE, lambda: load().kv_utilization, "Fraction of KV blocks in use")
         t.gauge(names.RUNNING, lambda: load().running, "Sequences running")
         t.gauge(names.WAITING, lambda: load().waiting, "Sequences waiting")
+        # totals since start, read at each scrape (rate() them as counters)
+        t.gauge(names.PREFIX_QUERIES, lambda: load().prefix_queries, "Prompt tokens looked up")
+        t.gauge(names.PREFIX_HITS, lambda: load().prefix_hits, "Prompt tokens found cached")
 
     def step(self, route: str, out) -> None:
         self.tokens.labels(route).inc(len(out.tokens))

@@ -8,6 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from router.client import SpecdClient
 from router.policy import Policy
+from specd.config import EngineConfig
 from tests.cluster import TINY_MODEL_ID, start_cluster
 
 
@@ -15,7 +16,10 @@ from tests.cluster import TINY_MODEL_ID, start_cluster
 def traced(tiny_pair):
     exporter = InMemorySpanExporter()
     policy = Policy.from_dict({"default": {"min_acceptance": 0.0}, "routes": {"code": {}}})
-    c = start_cluster(*tiny_pair, policy=policy, span_exporter=exporter, metrics=True)
+    engine = EngineConfig(num_blocks=256, block_size=4, prefix_cache="on")  # fp32: auto is off
+    c = start_cluster(
+        *tiny_pair, policy=policy, span_exporter=exporter, metrics=True, engine_config=engine
+    )
     yield c, exporter
     c.close()
 
@@ -129,6 +133,25 @@ def test_metrics_move_by_exactly_the_expected_amounts(traced):
     assert moved("drafter", "specd:drafter_rounds_total") >= rounds
     assert total(after[v], "specd:kv_cache_usage_perc") == 0.0
     assert off.speculation.rounds == 0
+
+
+def test_a_repeated_prompt_counts_as_prefix_cache_hits(traced):
+    cluster, _ = traced
+    url = cluster.metrics_urls["verifier0"]
+    before = scrape(url)
+    with SpecdClient(cluster.router) as client:
+        for _ in range(2):
+            client.generate("the same prompt, twice", max_new_tokens=4, speculation="off")
+    cluster.run(_settle())
+    after = scrape(url)
+
+    def moved(metric):
+        return total(after, metric) - total(before, metric)
+
+    queries, hits = moved("specd:prefix_cache_queries"), moved("specd:prefix_cache_hits")
+    # both look up all but their last token; the second finds every whole block of 4
+    assert queries > 8 and queries % 2 == 0
+    assert hits == (queries // 2) // 4 * 4
 
 
 def test_http_requests_are_traced_and_counted(traced):

@@ -72,6 +72,8 @@ class Engine:
         )
         prefix_cache = prefix_cache_on(self.config.prefix_cache, model)
         self.kv = PagedKV.for_model(model, num_blocks, self.config.block_size, prefix_cache)
+        log.info("KV cache: %d blocks of %d; prefix cache %s", num_blocks,
+                 self.config.block_size, "on" if prefix_cache else "off")  # fmt: skip
         self.scheduler = Scheduler(self.kv.allocator, self.config)
         self.proposer = proposer
         self.eos_ids = frozenset(eos_ids or ())

@@ -7,9 +7,8 @@ gate/up -> SiLU(gate) * up -> down -> residual. Activations stay flat `[T, hidde
 (T = all new tokens of the batch, no padding). Attention reads the K/V pool in place
 (specd.models.attention's kernel, one query row at a time, prefill chunks included); a
 tree wider than its kernel takes, or a device without the kernel, gathers keys and pads
-queries for SDPA. The
-element-wise parts (residual + RMSNorm, RoPE + K/V write, SiLU * up) are
-specd.models.layer_ops: one native call each on a CPU with the kernels.
+queries for SDPA. The element-wise parts (residual + RMSNorm, RoPE + K/V write,
+SiLU * up) are specd.models.layer_ops: one native call each on a CPU with the kernels.
 """
 
 from __future__ import annotations

@@ -183,10 +183,12 @@ def test_chat_stream_shape_and_usage(client, grpc_client):
         max_tokens=20,
         stream=True,
         stream_options={"include_usage": True},
-        extra_body={"ignore_eos": True},
+        extra_body={"ignore_eos": True, "speculation": "on"},
     )
     chunks = list(stream)
-    g = grpc_client.generate(messages=CHAT, max_new_tokens=20, ignore_eos=True)
+    # speculation pinned: under auto each request's decision follows the cost model of the
+    # moment (the two got "on" and "off:cost" in a clean-clone run)
+    g = grpc_client.generate(messages=CHAT, max_new_tokens=20, ignore_eos=True, speculation="on")
     assert chunks[0].choices[0].delta.role == "assistant"
     assert all(c.object == "chat.completion.chunk" for c in chunks)
     assert len({c.id for c in chunks}) == 1

@@ -93,7 +93,9 @@ class _Tensors:
             return None
         return self.dense(name).to(device=self.device, dtype=self.dtype).contiguous()
 
-    def cat(self, *names: str):
+    def cat(self, fused: str, *names: str):
+        if fused in self.quant:  # fused in the cache file (specd.models.weights.FUSED)
+            return self.quant.pop(fused)
         parts = [self.take(n) for n in names]
         if all(isinstance(p, torch.Tensor) for p in parts):
             return torch.cat(parts, dim=0).contiguous()
@@ -102,7 +104,9 @@ class _Tensors:
     def layer(self, i: int) -> Layer:
         p = f"layers.{i}."
         a = p + "self_attn."
-        wqkv = self.cat(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight")
+        wqkv = self.cat(
+            a + "qkv_proj.weight", a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"
+        )
         qkv_bias = [self.take(a + f"{x}_proj.bias", False) for x in "qkv"]
         bqkv = None
         if all(b is not None for b in qkv_bias):  # a quantised kernel adds an fp32 bias
@@ -115,7 +119,9 @@ class _Tensors:
             wo=self.take(a + "o_proj.weight"),
             bo=self.take(a + "o_proj.bias", required=False),
             mlp_norm=self.take(p + "post_attention_layernorm.weight"),
-            w_gate_up=self.cat(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+            w_gate_up=self.cat(
+                p + "mlp.gate_up_proj.weight", p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"
+            ),
             w_down=self.take(p + "mlp.down_proj.weight"),
         )
 

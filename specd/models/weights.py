@@ -8,7 +8,10 @@ the model's dtype (CUDA, or neither AVX512-VNNI nor AVX2), said in one log line.
 
 The quantised matrices are converted once, from the GGUF the folder was made from where
 there is one (its blocks kept as they are), else from the dense weights, and cached next to
-them as `weights-<format>.safetensors`: a restart reads that file and nothing dense.
+them as `weights-<format>.safetensors`: a restart reads that file and nothing dense. The
+file holds q/k/v and gate/up already fused (`FUSED`), so a model maps its matrices from
+the file as they are: fusing at load time would copy them and keep the parts' pages
+resident too (~0.5 GB of the 1.5B target's resident memory).
 """
 
 from __future__ import annotations
@@ -27,6 +30,16 @@ log = logging.getLogger(__name__)
 
 QUANTISED = ("int8", "int4")
 _HEADS = ("lm_head.weight", "embed_tokens.weight")
+# a fused matrix's name <- the names of its parts, within one layer
+FUSED = {
+    "self_attn.qkv_proj.weight": (
+        "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight",
+    ),
+    "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+}
+_LAYOUT = "fused"  # the cache file's metadata says which layout it holds
 
 
 def choose(requested: str, device: torch.device) -> str:
@@ -61,7 +74,12 @@ def load_quantised(folder: Path, fmt: str, config, dense) -> dict[str, QWeight]:
     prefix); `dense(name)` reads one dense tensor when there is no GGUF to convert from."""
     cache = folder / f"weights-{fmt}.safetensors"
     if cache.exists():
-        return _read(cache)
+        mats, layout = _read(cache)
+        if layout != _LAYOUT:  # written before the fused layout: fuse and rewrite, once
+            mats = fuse_layers(mats)
+            log.warning("rewriting %s with q/k/v and gate/up fused (once)", cache)
+            _write(cache, mats)
+        return mats
     gguf = source_gguf(folder)
     log.warning("converting %s weights to %s (once) -> %s", folder.name, fmt, cache)
     if gguf is not None:
@@ -75,6 +93,7 @@ def load_quantised(folder: Path, fmt: str, config, dense) -> dict[str, QWeight]:
             if w.dim() == 2 and fits(tuple(w.shape)):
                 bits = 8 if fmt == "int8" or name in _HEADS else 4
                 mats[name] = quantize(w, bits)
+    mats = fuse_layers(mats)
     _write(cache, mats)
     return mats
 
@@ -84,20 +103,40 @@ def _write(path: Path, mats: dict[str, QWeight]) -> None:
 
     meta = {name: [w.bits, *w.shape] for name, w in mats.items()}
     tmp = path.with_suffix(".tmp")
-    save_file(
-        {name: w.records for name, w in mats.items()}, tmp, metadata={"specd": json.dumps(meta)}
-    )
-    tmp.rename(path)
+    records = {name: w.records for name, w in mats.items()}
+    save_file(records, tmp, metadata={"specd": json.dumps(meta), "layout": _LAYOUT})
+    tmp.rename(path)  # a process still mapping the old file keeps its (unlinked) pages
 
 
-def _read(path: Path) -> dict[str, QWeight]:
+def _read(path: Path) -> tuple[dict[str, QWeight], str | None]:
+    """The file's matrices, mapped from it (not copied), and its layout."""
     from safetensors import safe_open
 
     with safe_open(path, framework="pt") as f:
-        meta = json.loads(f.metadata()["specd"])
-        return {
-            name: QWeight(f.get_tensor(name), bits, (n, k)) for name, (bits, n, k) in meta.items()
+        meta = f.metadata()
+        mats = {
+            name: QWeight(f.get_tensor(name), bits, (n, k))
+            for name, (bits, n, k) in json.loads(meta["specd"]).items()
         }
+        return mats, meta.get("layout")
+
+
+def fuse_layers(mats: dict[str, QWeight]) -> dict[str, QWeight]:
+    """Replace each layer's q/k/v and gate/up by one matrix where `fuse` can (`FUSED`)."""
+    out = dict(mats)
+    for name in mats:
+        for fused, parts in FUSED.items():
+            if not name.endswith(parts[0]):
+                continue
+            prefix = name[: -len(parts[0])]
+            names = [prefix + p for p in parts]
+            if all(n in out for n in names):
+                one = fuse([out[n] for n in names])
+                if isinstance(one, QWeight):
+                    out[prefix + fused] = one
+                    for n in names:
+                        del out[n]
+    return out
 
 
 def fuse(parts: list) -> QWeight | list:

@@ -76,3 +76,34 @@ def test_greedy_identical_with_and_without_speculation(pair_folders, fmt):
     on = run_engine(engine, [dict(r, num_draft=4) for r in reqs])
     assert list(on.values()) == list(off.values())
     assert engine.totals.accepted > 0
+
+
+def test_the_cache_holds_fused_matrices_and_an_older_file_is_rewritten(pair_folders, monkeypatch):
+    """q/k/v and gate/up are fused in the file, so a model maps them from it instead of
+    copying them (and keeping the parts' pages resident beside the copy)."""
+    from safetensors import safe_open
+
+    folder, _ = pair_folders
+    cache = folder / "weights-int8.safetensors"
+    cache.unlink(missing_ok=True)
+    with monkeypatch.context() as m:  # the layout written before the fused one
+        m.setattr(weights, "fuse_layers", lambda mats: mats)
+        m.setattr(weights, "_LAYOUT", "parts")
+        old = load_model(folder, dtype="fp32", device="cpu", weights="int8")
+    with safe_open(cache, framework="pt") as f:
+        assert "layers.0.self_attn.q_proj.weight" in f.keys()
+        assert f.metadata()["layout"] == "parts"
+
+    new = load_model(folder, dtype="fp32", device="cpu", weights="int8")  # rewrites it
+    with safe_open(cache, framework="pt") as f:
+        names = set(f.keys())
+        assert f.metadata()["layout"] == "fused"
+    for i in range(new.args.num_layers):
+        assert {
+            f"layers.{i}.self_attn.qkv_proj.weight",
+            f"layers.{i}.mlp.gate_up_proj.weight",
+        } <= names
+        assert not any(n.startswith(f"layers.{i}.") and "q_proj" in n for n in names)
+    again = load_model(folder, dtype="fp32", device="cpu", weights="int8")  # reads it as is
+    assert torch.equal(prefill_logits(old, PROMPT), prefill_logits(new, PROMPT))
+    assert torch.equal(prefill_logits(new, PROMPT), prefill_logits(again, PROMPT))

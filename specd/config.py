@@ -6,13 +6,20 @@ import argparse
 import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 
+DEFAULT_KV_TOKENS = 8192
+
 
 @dataclass
 class EngineConfig:
     """The verifier's engine: KV pool, batching, speculation."""
 
-    kv_cache_bytes: int = 1 << 30  # target KV pool size (blocks derived from the model)
-    num_blocks: int = 0  # > 0 overrides kv_cache_bytes
+    # The KV pool: `num_blocks` blocks where > 0, else `kv_cache_bytes` of K/V where > 0,
+    # else room for DEFAULT_KV_TOKENS tokens, the model deciding the bytes (as llama.cpp's
+    # `-c` counts tokens): 224 MiB for the 1.5B target in bf16 (448 MiB where activations
+    # are fp32, a CPU without bf16 hardware), 896 MiB for a Llama-3.2-3B in bf16
+    # (BENCHMARKS.md, resident memory).
+    kv_cache_bytes: int = 0
+    num_blocks: int = 0
     block_size: int = 16
     max_batch_size: int = 16  # running sequences
     max_batched_tokens: int = 512  # tokens per forward (prefill chunks + verification)
@@ -38,7 +45,6 @@ class EngineConfig:
     # on: also for dense weights, where the rows after a cached prefix may round
     # differently (as vLLM's and llama-server's prompt caches do)
     prefix_cache: str = "auto"
-    drafter_kv_cache_bytes: int = 1 << 29
     draft_top_m: int = 32  # support size of a sampled draft's q
 
     def __post_init__(self):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from opentelemetry import trace
 
-from specd.config import EngineConfig, prefix_cache_on
+from specd.config import DEFAULT_KV_TOKENS, EngineConfig, prefix_cache_on
 from specd.grammar import Grammars
 from specd.models.paged_kv import PagedKV
 from specd.proposal import Proposer
@@ -67,13 +67,15 @@ class Engine:
         vocab = model.args.vocab_size
         self.grammars = None if tokenizer is None else Grammars(tokenizer, vocab, eos_ids)
         self.config = config or EngineConfig()
-        num_blocks = self.config.num_blocks or PagedKV.blocks_for_budget(
-            model, self.config.kv_cache_bytes, self.config.block_size
+        bs, budget = self.config.block_size, self.config.kv_cache_bytes
+        num_blocks = self.config.num_blocks or (
+            PagedKV.blocks_for_budget(model, budget, bs) if budget else -(-DEFAULT_KV_TOKENS // bs)
         )
         prefix_cache = prefix_cache_on(self.config.prefix_cache, model)
-        self.kv = PagedKV.for_model(model, num_blocks, self.config.block_size, prefix_cache)
-        log.info("KV cache: %d blocks of %d; prefix cache %s", num_blocks,
-                 self.config.block_size, "on" if prefix_cache else "off")  # fmt: skip
+        self.kv = PagedKV.for_model(model, num_blocks, bs, prefix_cache)
+        mib = PagedKV.bytes_per_block(model, bs) * num_blocks / 2**20
+        log.info("KV cache: %d blocks of %d (%d tokens, %.0f MiB); prefix cache %s",
+                 num_blocks, bs, num_blocks * bs, mib, "on" if prefix_cache else "off")  # fmt: skip
         self.scheduler = Scheduler(self.kv.allocator, self.config)
         self.proposer = proposer
         self.eos_ids = frozenset(eos_ids or ())

@@ -73,4 +73,7 @@ class Request:
                 f"exceeds the model context ({context})"
             )
         if blocks_needed > num_blocks:
-            raise ValueError(f"request needs {blocks_needed} KV blocks; the pool has {num_blocks}")
+            raise ValueError(
+                f"request needs {blocks_needed} KV blocks; the pool has {num_blocks}"
+                " (the verifier's --num-blocks or --kv-cache-bytes size it)"
+            )

@@ -58,7 +58,10 @@ class PagedKV:
             pool.index_copy_(0, dst, pool.index_select(0, src))
 
     @staticmethod
-    def blocks_for_budget(model, budget_bytes: int, block_size: int = 16) -> int:
+    def bytes_per_block(model, block_size: int = 16) -> int:
         a = model.args
-        per_block = 2 * a.num_layers * block_size * a.num_kv_heads * a.head_dim
-        return max(1, budget_bytes // (per_block * model.dtype.itemsize))
+        return 2 * a.num_layers * block_size * a.num_kv_heads * a.head_dim * model.dtype.itemsize
+
+    @staticmethod
+    def blocks_for_budget(model, budget_bytes: int, block_size: int = 16) -> int:
+        return max(1, budget_bytes // PagedKV.bytes_per_block(model, block_size))

@@ -8,6 +8,7 @@ from drafter_service.combined import CombinedProposer
 from drafter_service.draft_model import DraftModelProposer
 from drafter_service.ngram import NgramProposer, ngram_propose
 from specd.config import EngineConfig
+from specd.models.paged_kv import PagedKV
 from specd.params import SamplingParams
 from specd.proposal import DraftState
 from tests.conftest import run_engine
@@ -185,6 +186,20 @@ def test_bad_requests_are_refused(tiny_pair):
         with pytest.raises(ValueError):
             engine.add_request(Request(**bad))
     assert not engine.has_work()
+
+
+def test_the_kv_pool_holds_8192_tokens_unless_sized_in_blocks_or_bytes(tiny_pair):
+    target, _ = tiny_pair
+    per_block = PagedKV.bytes_per_block(target, 16)
+    for config, blocks in (
+        (EngineConfig(), 8192 // 16),
+        (EngineConfig(kv_cache_bytes=per_block * 100 + 1), 100),
+        (EngineConfig(kv_cache_bytes=per_block * 100, num_blocks=7), 7),
+    ):
+        assert Engine(target, config).kv.allocator.num_blocks == blocks
+    engine = Engine(target, EngineConfig(num_blocks=4, block_size=4))
+    with pytest.raises(ValueError, match="needs 5 KV blocks; the pool has 4 .*--num-blocks"):
+        engine.add_request(Request(prompt=[1] * 10, max_new_tokens=6))
 
 
 def test_batch_invariant_mode_keeps_parity(tiny_pair):

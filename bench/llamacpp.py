@@ -104,8 +104,12 @@ def server(name: str, model: str, draft_model: str, slots: int, log_dir):
 
 
 def run_variant(name, model, draft_model, conversations, levels, requests, max_new, log_dir):
+    from bench.sweep import WARM_UP_TOKENS
+
     cells = []
     with server(name, model, draft_model, max(levels), log_dir) as port:
+        for messages in conversations:  # untimed: its prompt cache warm, as specd's
+            chat(port, messages, WARM_UP_TOKENS)
         for c in levels:
             jobs = [conversations[i % len(conversations)] for i in range(requests)]
             start = time.perf_counter()

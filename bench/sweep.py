@@ -38,6 +38,7 @@ from protos.specd.v1 import router_pb2_grpc
 from router.client import build_request
 
 WARM_UP = [{"role": "user", "content": "Write a Python function that reverses a string."}]
+WARM_UP_TOKENS = 8  # enough for a drafting mode to draft, so its drafter sees the prompt
 
 # modes that are "on" with the drafter process swapped for another proposer
 SWAPPED = {"ngram", "combined"}
@@ -139,9 +140,13 @@ def sweep(
     """Every (mode, concurrency) cell, each run `repeats` times in `run_order`; a cell's
     runs merge into one summary (tokens over wall time) that lists each run's tok/s."""
     for mode in modes:
-        # one untimed request first: the services' first forwards page the weights in and
-        # build kernels (llama-server gets the same warm-up, bench/llamacpp.py)
-        asyncio.run(run_cell(address, [WARM_UP], mode, 1, 1, 16, route=route))
+        # untimed first: the services' first forwards page the weights in and build
+        # kernels; then every conversation once, so each cell finds the prompts in the
+        # prefix caches (the verifier's, and the drafter's where the mode drafts) as every
+        # other cell does: without it the first cell to send a prompt pays its prefill
+        # and the others do not (llama-server gets the same, bench/llamacpp.py)
+        warm = [WARM_UP, *conversations]
+        asyncio.run(run_cell(address, warm, mode, 1, len(warm), WARM_UP_TOKENS, route=route))
     runs: dict[tuple[str, int], list[tuple[list[dict], float]]] = {}
     for mode, c in run_order(list(modes), list(levels), repeats):
         n = max(requests, c)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -102,7 +103,7 @@ def _write(path: Path, mats: dict[str, QWeight]) -> None:
     from safetensors.torch import save_file
 
     meta = {name: [w.bits, *w.shape] for name, w in mats.items()}
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # replicas converting at once: one each
     records = {name: w.records for name, w in mats.items()}
     save_file(records, tmp, metadata={"specd": json.dumps(meta), "layout": _LAYOUT})
     tmp.rename(path)  # a process still mapping the old file keeps its (unlinked) pages

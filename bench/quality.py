@@ -1,9 +1,11 @@
 """`specd bench quality`: what each weight format costs in model quality.
 
     specd bench quality [--model default-target] [--formats bf16,int8,int4] [--tokens 128]
+    specd bench quality --dtype auto --formats int4/fp32,int4/fp16   # K/V cache dtypes
 
-For each format, against `bf16` (for a GGUF model: its blocks dequantised, what specd
-served before int8/int4 existed):
+For each format (`weights` or `weights/kv-dtype`), against the first one (by default
+`bf16`, for a GGUF model its blocks dequantised, what specd served before int8/int4
+existed):
 1. mean negative log-likelihood per token on a small fixed text set (the first 512 tokens
    of a few of this repository's own files: code and prose), and its ratio to bf16's;
 2. greedy agreement over the first `--tokens` tokens on code and chat prompts: the share of
@@ -57,7 +59,8 @@ def agreement(a: list[int], b: list[int]) -> tuple[float, int]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="specd bench quality", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="default-target")
-    p.add_argument("--formats", default="bf16,int8,int4")
+    p.add_argument("--formats", default="bf16,int8,int4", help="weights[/kv dtype], ...")
+    p.add_argument("--dtype", default="bf16", help="activations (auto: the device's)")
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--prompts", type=int, default=4, help="per workload (code, chat)")
     args = p.parse_args(argv)
@@ -67,14 +70,16 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_workload("code", tok, args.prompts) + load_workload("chat", tok, args.prompts)
     report, base = {}, None
     for fmt in args.formats.split(","):
-        model = load_model(folder, dtype="bf16", device="cpu", weights=fmt)
+        weights, _, kv = fmt.partition("/")
+        model = load_model(folder, args.dtype, "cpu", weights, kv or "auto")
         total, count = map(sum, zip(*(nll(model, t) for t in texts), strict=True))
         outs = [greedy(model, pr, args.tokens) for pr in prompts]
-        row = {"weights": model.weights, "nll": total / count}
+        kv_dtype = str(model.kv_dtype).removeprefix("torch.")
+        row = {"weights": model.weights, "kv": kv_dtype, "nll": total / count}
         if base is None:
             base = row["nll"], outs
         else:
-            row["nll_vs_bf16"] = row["nll"] / base[0]
+            row["nll_vs_first"] = row["nll"] / base[0]
             pairs = [agreement(o, b) for o, b in zip(outs, base[1], strict=True)]
             row["agreement"] = sum(s for s, _ in pairs) / len(pairs)
             row["common_prefix"] = sum(n for _, n in pairs) / len(pairs)

@@ -236,7 +236,12 @@ class DraftModelProposer:
 
 
 def load_draft_model(
-    spec, dtype: str = "auto", device: str | None = None, weights: str = "bf16", vocab: int = 0
+    spec,
+    dtype: str = "auto",
+    device: str | None = None,
+    weights: str = "bf16",
+    vocab: int = 0,
+    kv: str = "auto",
 ):
     """The draft model with its cost cuts: int8/int4 weights (specd.models.weights), and/or
     a head trimmed to the `vocab` most frequent tokens (specd.models.vocab)."""
@@ -245,7 +250,7 @@ def load_draft_model(
     from specd.models.vocab import load_or_build
 
     folder = resolve(spec)
-    model = load_model(folder, dtype=dtype, device=device, weights=weights)
+    model = load_model(folder, dtype=dtype, device=device, weights=weights, kv=kv)
     if 0 < vocab < model.args.vocab_size:
         keep = load_or_build(folder, vocab, model.args.vocab_size)
         model.trim_head(torch.tensor(keep, dtype=torch.long))

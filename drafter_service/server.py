@@ -124,7 +124,7 @@ def build_proposer(config):
     if config.proposer == "ngram":
         return NgramProposer(), load_config(folder).vocab_size, "ngram"
     model = load_draft_model(
-        folder, config.dtype, config.device or None, config.weights, config.vocab
+        folder, config.dtype, config.device or None, config.weights, config.vocab, config.kv_dtype
     )
     blocks = PagedKV.blocks_for_budget(model, config.kv_cache_bytes)
     proposer = DraftModelProposer(

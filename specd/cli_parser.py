@@ -100,6 +100,7 @@ def _add_up(sub) -> None:
         "--verifiers", type=int, default=1, help="verifier replicas (ports from --verifier-port)"
     )
     up.add_argument("--dtype", default="", help="activations of both models (default: auto)")
+    up.add_argument("--kv-dtype", default="", help="both models' K/V caches (default: auto)")
 
 
 def _add_bench(sub) -> None:

@@ -15,9 +15,9 @@ class EngineConfig:
 
     # The KV pool: `num_blocks` blocks where > 0, else `kv_cache_bytes` of K/V where > 0,
     # else room for DEFAULT_KV_TOKENS tokens, the model deciding the bytes (as llama.cpp's
-    # `-c` counts tokens): 224 MiB for the 1.5B target in bf16 (448 MiB where activations
-    # are fp32, a CPU without bf16 hardware), 896 MiB for a Llama-3.2-3B in bf16
-    # (BENCHMARKS.md, resident memory).
+    # `-c` counts tokens): 224 MiB for the 1.5B target in a 16-bit cache (the default;
+    # 448 MiB with --kv-dtype fp32), 896 MiB for a Llama-3.2-3B (BENCHMARKS.md, resident
+    # memory).
     kv_cache_bytes: int = 0
     num_blocks: int = 0
     block_size: int = 16
@@ -82,6 +82,7 @@ class DrafterConfig:
     model: str = "default-draft"
     proposer: str = "combined"  # draft (the small model), ngram, or combined (ngram, else draft)
     dtype: str = "auto"
+    kv_dtype: str = "auto"  # as the verifier's
     device: str = ""  # "" = cuda if present, else cpu
     kv_cache_bytes: int = 1 << 29
     top_m: int = 32  # support size of a sampled draft's q
@@ -106,6 +107,7 @@ class DrafterConfig:
         if self.proposer not in ("draft", "ngram", "combined"):
             raise ValueError(f"proposer must be draft, ngram or combined, got {self.proposer!r}")
         _check_weights(self.weights)
+        _check_kv_dtype(self.kv_dtype)
         _check_prefix_cache(self.prefix_cache)
         if self.vocab < 0 or self.alternatives < 0:
             raise ValueError("vocab and alternatives must be >= 0")
@@ -117,6 +119,14 @@ WEIGHT_FORMATS = ("auto", "bf16", "int8", "int4")  # specd.models.weights
 def _check_weights(value: str) -> None:
     if value not in WEIGHT_FORMATS:
         raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {value!r}")
+
+
+KV_DTYPES = ("auto", "fp32", "fp16", "bf16")  # specd.models.paged_kv.kv_dtype
+
+
+def _check_kv_dtype(value: str) -> None:
+    if value not in KV_DTYPES:
+        raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {value!r}")
 
 
 @dataclass
@@ -131,6 +141,10 @@ class VerifierConfig:
     # blocks where it has them); auto: int4 on a CPU with AVX512-VNNI or AVX2, else bf16
     # (specd.models.weights; speed and quality in BENCHMARKS.md)
     weights: str = "auto"
+    # the K/V cache: auto = fp16 where activations are fp32 (a CPU without bf16 hardware:
+    # half the bytes, as llama.cpp's default f16 cache), else the activations' dtype;
+    # fp32 | fp16 | bf16 (specd.models.paged_kv; quality in BENCHMARKS.md)
+    kv_dtype: str = "auto"
     device: str = ""
     drafter: str = ""  # host:port of the drafter; "" = no speculation
     drafter_timeout_ms: int = 3000  # per round; past it the round decodes with k = 0
@@ -147,6 +161,7 @@ class VerifierConfig:
 
     def __post_init__(self):
         _check_weights(self.weights)
+        _check_kv_dtype(self.kv_dtype)
 
 
 @dataclass

@@ -16,7 +16,10 @@ def cluster_children(args) -> list[Child]:
     """The drafter, `args.verifiers` verifiers and the router, in start order."""
     host = args.host
     drafter = f"{host}:{args.drafter_port}"
-    model_flags = ["--dtype", args.dtype] if args.dtype else []
+    model_flags = [
+        *(["--dtype", args.dtype] if args.dtype else []),
+        *(["--kv-dtype", args.kv_dtype] if args.kv_dtype else []),
+    ]
     drafter_flags = ("--model", args.draft, "--proposer", args.proposer, *model_flags)
     children = [
         Child(

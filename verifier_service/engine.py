@@ -74,8 +74,9 @@ class Engine:
         prefix_cache = prefix_cache_on(self.config.prefix_cache, model)
         self.kv = PagedKV.for_model(model, num_blocks, bs, prefix_cache)
         mib = PagedKV.bytes_per_block(model, bs) * num_blocks / 2**20
-        log.info("KV cache: %d blocks of %d (%d tokens, %.0f MiB); prefix cache %s",
-                 num_blocks, bs, num_blocks * bs, mib, "on" if prefix_cache else "off")  # fmt: skip
+        log.info("KV cache: %d blocks of %d (%d tokens, %.0f MiB, %s); prefix cache %s",
+                 num_blocks, bs, num_blocks * bs, mib, str(model.kv_dtype).removeprefix("torch."),
+                 "on" if prefix_cache else "off")  # fmt: skip
         self.scheduler = Scheduler(self.kv.allocator, self.config)
         self.proposer = proposer
         self.eos_ids = frozenset(eos_ids or ())

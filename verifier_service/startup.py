@@ -27,7 +27,11 @@ def build_engine(config, telemetry=None):
 
     folder = resolve(config.model)
     model = load_model(
-        folder, dtype=config.dtype, device=config.device or None, weights=config.weights
+        folder,
+        dtype=config.dtype,
+        device=config.device or None,
+        weights=config.weights,
+        kv=config.kv_dtype,
     )
     proposer = None
     if config.drafter:

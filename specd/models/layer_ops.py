@@ -55,7 +55,8 @@ def rope_store(
     native: bool,
 ) -> torch.Tensor:
     """qkv [T, (heads + 2 kv_heads) * D], cos/sin [T, D] -> q [T, heads, D] after RoPE;
-    k after RoPE and v are written to the pools at `slots` [T]."""
+    k after RoPE and v are written to the pools at `slots` [T], rounded to the pools'
+    dtype (specd.models.paged_kv.kv_dtype)."""
     d = cos.shape[-1]
     if native:
         return kernel().rope_store(
@@ -66,8 +67,8 @@ def rope_store(
     q = qkv[:, :n_q].view(-1, heads, d)
     k = qkv[:, n_q : n_q + n_kv].view(-1, kv_heads, d)
     v = qkv[:, n_q + n_kv :].view(-1, kv_heads, d)
-    k_pool.index_copy_(0, slots, k * c + _rotate_half(k) * s)
-    v_pool.index_copy_(0, slots, v)
+    k_pool.index_copy_(0, slots, (k * c + _rotate_half(k) * s).to(k_pool.dtype))
+    v_pool.index_copy_(0, slots, v.to(v_pool.dtype))
     return q * c + _rotate_half(q) * s
 
 

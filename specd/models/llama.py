@@ -22,7 +22,7 @@ from specd.models import attention, layer_ops
 from specd.models.args import ModelArgs
 from specd.models.batch_plan import BatchPlan
 from specd.models.matmul import INVARIANT_TILE, linear
-from specd.models.paged_kv import PagedKV
+from specd.models.paged_kv import PagedKV, kv_dtype
 from specd.models.qlinear import QWeight, pack
 from specd.models.seq_input import SeqInput
 
@@ -60,6 +60,7 @@ class LlamaModel:
         self.inv_freq = inv_freq.to(device)  # [head_dim / 2] fp32
         self.rope_scale = rope_scale
         self.dtype = dtype
+        self.kv_dtype = kv_dtype("auto", dtype)  # the K/V pools' (specd.models.paged_kv)
         self.device = device
         self.batch_invariant = False  # see specd.models.matmul
         self.head_ids: torch.Tensor | None = None  # set by trim_head
@@ -149,8 +150,8 @@ class LlamaModel:
         if plan.paged is not None:  # read the pool in place
             out = attention.paged_attention(q, k_pool, v_pool, plan.paged)
             return self._linear(out.view(-1, n_q), layer.wo, layer.bo)
-        keys = k_pool[plan.kv_slots].transpose(1, 2)  # [B, kv_heads, L_max, hd]
-        values = v_pool[plan.kv_slots].transpose(1, 2)
+        keys = k_pool[plan.kv_slots].transpose(1, 2).to(q.dtype)  # [B, kv_heads, L_max, hd]
+        values = v_pool[plan.kv_slots].transpose(1, 2).to(q.dtype)
 
         b, qm, group = plan.batch, plan.q_max, a.num_heads // a.num_kv_heads
         if plan.pad_index is None:  # one sequence: its T rows are its queries

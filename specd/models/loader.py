@@ -9,6 +9,7 @@ import torch
 
 from specd.models.args import ModelArgs, default_device, parse_dtype, rope_inv_freq
 from specd.models.llama import Layer, LlamaModel
+from specd.models.paged_kv import kv_dtype
 from specd.models.resolve import ALIASES, resolve  # noqa: F401 (re-exported)
 from specd.models.weights import QUANTISED, choose, fuse, load_quantised
 
@@ -131,13 +132,16 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     device: str | torch.device | None = None,
     weights: str = "bf16",
+    kv: str = "auto",
 ) -> LlamaModel:
-    """`weights`: bf16 (the model's dtype), int8, int4 or auto (specd.models.weights)."""
+    """`weights`: bf16 (the model's dtype), int8, int4 or auto (specd.models.weights);
+    `kv`: the K/V cache's dtype, auto, fp32, fp16 or bf16 (specd.models.paged_kv)."""
     folder = resolve(spec)
     config = load_config(folder)
     args = ModelArgs.from_hf(config)
     dev = torch.device(device) if device is not None else default_device()
     dt = dtype if isinstance(dtype, torch.dtype) else parse_dtype(dtype, dev)
+    cache_dtype = kv_dtype(kv, dt)  # before the weights: a bad name fails fast
     dense = DenseTensors(folder)
     fmt = choose(weights, dev)
     quant = load_quantised(folder, fmt, config, dense) if fmt in QUANTISED else {}
@@ -150,4 +154,5 @@ def load_model(
     head = embed if lm_head is None else lm_head
     model = LlamaModel(args, embed, layers, norm, head, inv_freq, scale, dt, dev)
     model.weights = fmt
+    model.kv_dtype = cache_dtype
     return model

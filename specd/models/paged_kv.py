@@ -3,13 +3,35 @@
 Per layer a pool `[num_blocks, block_size, kv_heads, head_dim]` for K and for V, addressed
 by the slot numbers `specd.kvcache.BlockAllocator` hands out. A forward's sequences have
 different query lengths (prefill chunk n, decode 1, verification k+1: a `SeqInput`,
-specd/models/seq_input.py); `BatchPlan` (specd/models/batch_plan.py) lays them out."""
+specd/models/seq_input.py); `BatchPlan` (specd/models/batch_plan.py) lays them out.
+
+The pools' dtype is the model's `kv_dtype` (`kv_dtype` below): by default the activations'
+dtype, except fp16 under fp32 activations (a CPU without bf16 hardware), as llama.cpp's
+default cache type: half the bytes, read back as fp32 by the attention."""
 
 from __future__ import annotations
 
 import torch
 
+from specd.config import KV_DTYPES
 from specd.kvcache import BlockAllocator
+
+_NAMED = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def kv_dtype(name: str, activations: torch.dtype) -> torch.dtype:
+    """The K/V pools' dtype for a `--kv-dtype` setting. auto: fp16 under fp32 activations,
+    else the activations' own. A 16-bit cache under 16-bit activations must be theirs."""
+    if name not in KV_DTYPES:
+        raise ValueError(f"kv dtype must be one of {', '.join(KV_DTYPES)}, got {name!r}")
+    if name == "auto":
+        return torch.float16 if activations == torch.float32 else activations
+    chosen = _NAMED[name]
+    if chosen != activations and activations != torch.float32:
+        raise ValueError(
+            f"a {name} KV cache needs fp32 activations or {name} ones (they are {activations})"
+        )
+    return chosen
 
 
 class PagedKV:
@@ -40,7 +62,7 @@ class PagedKV:
             block_size,
             a.num_kv_heads,
             a.head_dim,
-            model.dtype,
+            model.kv_dtype,
             model.device,
             prefix_cache,
         )
@@ -60,7 +82,8 @@ class PagedKV:
     @staticmethod
     def bytes_per_block(model, block_size: int = 16) -> int:
         a = model.args
-        return 2 * a.num_layers * block_size * a.num_kv_heads * a.head_dim * model.dtype.itemsize
+        width = a.num_kv_heads * a.head_dim * model.kv_dtype.itemsize
+        return 2 * a.num_layers * block_size * width
 
     @staticmethod
     def blocks_for_budget(model, budget_bytes: int, block_size: int = 16) -> int:

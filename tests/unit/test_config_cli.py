@@ -6,9 +6,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from specd.cli_parser import ROLES, build_parser
 from specd.config import EngineConfig, RouterConfig, from_arguments
+from specd.models.paged_kv import kv_dtype
 
 
 def _config(role: str, *flags: str):
@@ -45,10 +47,23 @@ def test_list_fields_repeat():
 def test_invalid_values_are_refused_by_the_dataclass():
     with pytest.raises(ValueError, match="weights"):
         _config("verifier", "--weights=int3")
+    for role in ("verifier", "drafter"):
+        assert _config(role, "--kv-dtype=fp32").kv_dtype == "fp32"
+        with pytest.raises(ValueError, match="kv_dtype must be one of auto, fp32, fp16, bf16"):
+            _config(role, "--kv-dtype=int8")
     with pytest.raises(ValueError, match="max_batched_tokens"):
         _config("verifier", "--max-batched-tokens=4", "--max-draft-tokens=8")
     with pytest.raises(SystemExit):  # argparse: not an int
         _config("verifier", "--port=many")
+
+
+def test_the_kv_cache_dtype_follows_the_activations_unless_they_are_fp32():
+    f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
+    assert kv_dtype("auto", f32) == f16  # half the bytes where there is no bf16 hardware
+    assert kv_dtype("auto", bf16) == bf16 and kv_dtype("auto", f16) == f16
+    assert kv_dtype("fp32", f32) == f32 and kv_dtype("bf16", f32) == bf16
+    with pytest.raises(ValueError, match="a fp16 KV cache needs fp32 activations or fp16 ones"):
+        kv_dtype("fp16", bf16)  # no kernel reads fp16 keys under bf16 queries
 
 
 def _flags(cls):

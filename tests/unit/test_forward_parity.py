@@ -1,4 +1,5 @@
-"""Our paged forward against transformers on tiny random models, fp32."""
+"""Our paged forward against transformers on tiny random models, fp32 (the K/V cache too:
+a 16-bit cache, the default under fp32 activations, is held to its own rounding below)."""
 
 import torch
 
@@ -15,9 +16,9 @@ def hf_logits(hf, ids: list[int]) -> torch.Tensor:
         return hf(torch.tensor([ids])).logits[0].float().to(TEST_DEVICE)  # [len, V]
 
 
-def setup(tiny, num_blocks=64, block_size=4):
+def setup(tiny, num_blocks=64, block_size=4, kv="fp32"):
     folder, hf = tiny
-    model = load_model(folder, dtype="fp32", device=TEST_DEVICE)
+    model = load_model(folder, dtype="fp32", device=TEST_DEVICE, kv=kv)
     kv = PagedKV.for_model(model, num_blocks=num_blocks, block_size=block_size)
     return model, kv, hf
 
@@ -32,6 +33,22 @@ def test_prefill_then_decode(tiny):
         got = model.forward(kv, [SeqInput("a", [ids[n]])])
         ref = hf_logits(hf, ids[: n + 1])[-1:]
         assert (got - ref).abs().max() <= TOL
+
+
+def test_a_16bit_cache_is_the_default_under_fp32_and_stays_within_its_rounding(tiny):
+    """fp16 keys and values (llama.cpp's default cache type) under fp32 activations: the
+    pools are half the bytes, and the logits move by the cache's rounding only."""
+    model, kv, hf = setup(tiny, kv="auto")
+    assert model.kv_dtype == torch.float16 and kv.k[0].dtype == torch.float16
+    assert PagedKV.bytes_per_block(model, 4) == kv.k[0][:4].nbytes * 2 * len(kv.k)  # K and V
+    ids = [5, 17, 33, 2, 90, 41, 7, 8, 11]
+    kv.allocator.allocate("a")
+    errors = [(model.forward(kv, [SeqInput("a", ids[:6], 6)]) - hf_logits(hf, ids[:6])).abs()]
+    for n in range(6, len(ids)):
+        got = model.forward(kv, [SeqInput("a", [ids[n]])])
+        errors.append((got - hf_logits(hf, ids[: n + 1])[-1:]).abs())
+    worst = max(float(e.max()) for e in errors)
+    assert 0 < worst <= 2e-2  # fp16 rounds each key/value by <= 2^-11 relative
 
 
 def test_mixed_batch_and_truncate(tiny):

@@ -17,8 +17,15 @@ def _rows(t: int, width: int, dtype, seed: int) -> torch.Tensor:
     return (torch.randn(t, width, generator=g) * 3).to(dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_rope_and_the_kv_write_are_torchs_bit_for_bit(dtype):
+# (activations, K/V pools): the pools' own dtype, or a 16-bit cache under fp32 activations
+ROPE_DTYPES = [(dt, dt) for dt in DTYPES] + [
+    (torch.float32, torch.float16),
+    (torch.float32, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize(("dtype", "pool_dtype"), ROPE_DTYPES)
+def test_rope_and_the_kv_write_are_torchs_bit_for_bit(dtype, pool_dtype):
     t, heads, kv_heads, d = 11, 6, 2, 64
     qkv = _rows(t, (heads + 2 * kv_heads) * d, dtype, 0)
     angles = torch.rand(t, d // 2, generator=torch.Generator().manual_seed(1)) * 100
@@ -28,14 +35,15 @@ def test_rope_and_the_kv_write_are_torchs_bit_for_bit(dtype):
     pools = {}
     for native in (False, True):
         k_pool, v_pool = (
-            torch.zeros(40, kv_heads, d, dtype=dtype),
-            torch.zeros(40, kv_heads, d, dtype=dtype),
+            torch.zeros(40, kv_heads, d, dtype=pool_dtype),
+            torch.zeros(40, kv_heads, d, dtype=pool_dtype),
         )
         q = layer_ops.rope_store(qkv, cos, sin, k_pool, v_pool, slots, heads, kv_heads, native)
         pools[native] = (q, k_pool, v_pool)
     for torch_t, native_t in zip(pools[False], pools[True], strict=True):
         assert torch.equal(torch_t, native_t)
     assert pools[True][1][slots].abs().sum() > 0  # the keys really landed in their slots
+    assert pools[True][0].dtype == dtype and pools[True][2].dtype == pool_dtype
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -36,9 +36,18 @@ def queries(rows, dtype, seed=2):
     return torch.randn(rows, H, D, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_chains_and_trees_match_the_reference(kernel, dtype):
-    k, v = pools(dtype)
+# (queries, K/V pools): one dtype, or a 16-bit cache read under fp32 activations
+@pytest.mark.parametrize(
+    ("dtype", "pool_dtype"),
+    [
+        (torch.float32, torch.float32),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float32, torch.float16),
+        (torch.float32, torch.bfloat16),
+    ],
+)
+def test_chains_and_trees_match_the_reference(kernel, dtype, pool_dtype):
+    k, v = pools(pool_dtype)
     tree = SeqInput(0, [1] * 6, 6, parents=[-1, 0, 0, 1, 3, -1])
     # three sequences: a 7-token chain after 90 cached, one decode token, a 6-node tree
     spans = [(90, 97), (40, 41), (70, 76)]
@@ -113,3 +122,12 @@ def test_the_model_forward_matches_the_sdpa_path(kernel, tiny_pair, monkeypatch)
     finally:
         target._paged = None
     assert (paged - sdpa).abs().max() < 1e-4
+
+
+def test_pools_of_another_dtype_are_refused_unless_16_bit_under_fp32(kernel):
+    rows = PagedRows.build(tables(1, 8), BS, [(10, 11)], [None])
+    k, v = pools(torch.float16)
+    with pytest.raises(RuntimeError, match="pools must have q's dtype, or be fp16 / bf16"):
+        attention.paged_attention(queries(1, torch.bfloat16), k, v, rows)
+    with pytest.raises(RuntimeError, match="the K and V pools must have one dtype"):
+        attention.paged_attention(queries(1, torch.float32), k, v.float(), rows)

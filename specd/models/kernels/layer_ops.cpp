@@ -51,18 +51,19 @@ void add_rms_norm_rows(T* x, const T* res, const T* w, T* y, int64_t rows, int64
   });
 }
 
-// one head: out = round(round(v * cos) + round(rotate_half(v) * sin))
-template <typename T>
-inline void rope_head(const T* v, const T* cs, const T* sn, T* out, int64_t D) {
+// one head: out = round(round(v * cos) + round(rotate_half(v) * sin)), rounded to T and
+// then to O (a K pool's dtype, T itself or a 16-bit cache under fp32 activations)
+template <typename T, typename O = T>
+inline void rope_head(const T* v, const T* cs, const T* sn, O* out, int64_t D) {
   const int64_t half = D / 2;
   for (int64_t i = 0; i < D; ++i) {
     const float rot = i < half ? -f32(v[i + half]) : f32(v[i - half]);
-    out[i] = T(f32(T(f32(v[i]) * f32(cs[i]))) + f32(T(rot * f32(sn[i]))));
+    out[i] = O(f32(T(f32(T(f32(v[i]) * f32(cs[i]))) + f32(T(rot * f32(sn[i]))))));
   }
 }
 
-template <typename T>
-void rope_store_rows(const T* qkv, const T* cs, const T* sn, T* kp, T* vp, const int64_t* slots,
+template <typename T, typename KV>
+void rope_store_rows(const T* qkv, const T* cs, const T* sn, KV* kp, KV* vp, const int64_t* slots,
                      T* q, int64_t rows, int64_t nh, int64_t nkv, int64_t D) {
   const int64_t width = (nh + 2 * nkv) * D;
   at::parallel_for(0, rows, ROWS_PER_TASK, [&](int64_t r0, int64_t r1) {
@@ -71,11 +72,11 @@ void rope_store_rows(const T* qkv, const T* cs, const T* sn, T* kp, T* vp, const
       const T* c = cs + r * D;
       const T* s = sn + r * D;
       for (int64_t h = 0; h < nh; ++h) rope_head(row + h * D, c, s, q + (r * nh + h) * D, D);
-      T* kd = kp + slots[r] * nkv * D;
-      T* vd = vp + slots[r] * nkv * D;
+      KV* kd = kp + slots[r] * nkv * D;
+      KV* vd = vp + slots[r] * nkv * D;
       for (int64_t h = 0; h < nkv; ++h) rope_head(row + (nh + h) * D, c, s, kd + h * D, D);
       const T* v = row + (nh + nkv) * D;
-      for (int64_t i = 0; i < nkv * D; ++i) vd[i] = v[i];
+      for (int64_t i = 0; i < nkv * D; ++i) vd[i] = KV(f32(v[i]));
     }
   });
 }
@@ -125,24 +126,31 @@ at::Tensor rope_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
               "pools must be contiguous [slots, kv_heads, head_dim]");
   TORCH_CHECK(slots.is_contiguous() && slots.scalar_type() == at::kLong && slots.numel() == rows,
               "one int64 slot per row");
-  const auto dtype = qkv.scalar_type();
-  TORCH_CHECK(cos.scalar_type() == dtype && sin.scalar_type() == dtype &&
-                  k_pool.scalar_type() == dtype && v_pool.scalar_type() == dtype,
-              "qkv, cos, sin and the pools must share a dtype");
+  const auto dtype = qkv.scalar_type(), kt = k_pool.scalar_type();
+  TORCH_CHECK(cos.scalar_type() == dtype && sin.scalar_type() == dtype, "qkv, cos and sin must share a dtype");
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "qkv must be fp32 or bf16");
+  TORCH_CHECK(v_pool.scalar_type() == kt &&
+                  (kt == dtype || (dtype == at::kFloat && (kt == at::kHalf || kt == at::kBFloat16))),
+              "the pools must have qkv's dtype, or be fp16 / bf16 under fp32 qkv");
   const int64_t* s = slots.data_ptr<int64_t>();
   const int64_t capacity = k_pool.size(0);
   for (int64_t r = 0; r < rows; ++r) TORCH_CHECK(0 <= s[r] && s[r] < capacity, "slot out of the pool");
   auto q = at::empty({rows, nh, D}, qkv.options());
-  if (dtype == at::kBFloat16) {
-    using T = at::BFloat16;
-    rope_store_rows<T>(qkv.data_ptr<T>(), cos.data_ptr<T>(), sin.data_ptr<T>(), k_pool.data_ptr<T>(),
-                       v_pool.data_ptr<T>(), s, q.data_ptr<T>(), rows, nh, nkv, D);
-  } else {
-    TORCH_CHECK(dtype == at::kFloat, "qkv must be fp32 or bf16");
-    rope_store_rows<float>(qkv.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
-                           k_pool.data_ptr<float>(), v_pool.data_ptr<float>(), s,
-                           q.data_ptr<float>(), rows, nh, nkv, D);
-  }
+  auto run = [&](auto q_type, auto kv_type) {
+    using T = decltype(q_type);
+    using KV = decltype(kv_type);
+    rope_store_rows<T, KV>(qkv.data_ptr<T>(), cos.data_ptr<T>(), sin.data_ptr<T>(),
+                           k_pool.data_ptr<KV>(), v_pool.data_ptr<KV>(), s, q.data_ptr<T>(), rows,
+                           nh, nkv, D);
+  };
+  if (dtype == at::kBFloat16)
+    run(at::BFloat16(), at::BFloat16());
+  else if (kt == at::kHalf)
+    run(float(), at::Half());
+  else if (kt == at::kBFloat16)
+    run(float(), at::BFloat16());
+  else
+    run(float(), float());
   return q;
 }
 

@@ -57,6 +57,10 @@ template <>
 inline V load16<at::BFloat16>(const at::BFloat16* p) {
   return floats_from_bf16_16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
+template <>
+inline V load16<at::Half>(const at::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
 
 template <typename T>
 inline void store16(T* p, V v);
@@ -136,6 +140,11 @@ template <>
 inline V load16<float>(const float* p) { return vload(p); }
 template <>
 inline V load16<at::BFloat16>(const at::BFloat16* p) { return {load8_bf16(p), load8_bf16(p + 8)}; }
+inline __m256 load8_half(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+template <>
+inline V load16<at::Half>(const at::Half* p) { return {load8_half(p), load8_half(p + 8)}; }
 
 template <typename T>
 inline void store16(T* p, V v);
@@ -175,9 +184,11 @@ inline int64_t reach(int64_t limit, uint64_t tree) {  // one past the last key s
   return tree ? limit + 64 - __builtin_clzll(tree) : limit;
 }
 
-// One (sequence, kv head): all its rows and the group's query heads.
-template <typename T>
-void attend(const T* q, const T* kp, const T* vp, T* out, const int64_t* table, int64_t bs,
+// One (sequence, kv head): all its rows and the group's query heads. Queries and output
+// are T, the pools KV (T itself, or a 16-bit cache under fp32 activations: widened to
+// fp32 as they are loaded, so every product and sum is fp32 either way).
+template <typename T, typename KV>
+void attend(const T* q, const KV* kp, const KV* vp, T* out, const int64_t* table, int64_t bs,
             int64_t r0, int64_t r1, const int64_t* limit, const uint64_t* tree, int64_t g,
             int64_t H, int64_t Hkv, int64_t D, float scale) {
   const int64_t group = H / Hkv, rows = r1 - r0, nq = rows * group, DV = D / 16;
@@ -192,12 +203,12 @@ void attend(const T* q, const T* kp, const T* vp, T* out, const int64_t* table, 
         const V v = load16(q + ((r0 + r) * H + g * group + h) * D + 16 * c);
         vstore(&qf[(r * group + h) * D + 16 * c], vmul(v, vset(scale)));
       }
-  auto key_at = [&](const T* pool, int64_t j) {
+  auto key_at = [&](const KV* pool, int64_t j) {
     return pool + ((table[j / bs] * bs + j % bs) * Hkv + g) * D;
   };
   // scores, packed per (row, head) in the order of the keys the row sees
   for (int64_t j = 0; j < end; ++j) {
-    const T* k = key_at(kp, j);
+    const KV* k = key_at(kp, j);
     V kv[16];
     for (int64_t c = 0; c < DV; ++c) kv[c] = load16(k + 16 * c);
     for (int64_t r = 0; r < rows; ++r) {
@@ -233,7 +244,7 @@ void attend(const T* q, const T* kp, const T* vp, T* out, const int64_t* table, 
   // weighted values, keys again in increasing order
   std::fill(n.begin(), n.end(), 0);
   for (int64_t j = 0; j < end; ++j) {
-    const T* v = key_at(vp, j);
+    const KV* v = key_at(vp, j);
     V vv[16];
     for (int64_t c = 0; c < DV; ++c) vv[c] = load16(v + 16 * c);
     for (int64_t r = 0; r < rows; ++r) {
@@ -257,19 +268,20 @@ void attend(const T* q, const T* kp, const T* vp, T* out, const int64_t* table, 
 }  // namespace
 
 // q [T, H, D] (bf16 or fp32, D a multiple of 16, at most 256); pools [slots, Hkv, D] of
-// q's dtype; table int64 [B, blocks]; seq_rows int64 [B + 1] (sequence b owns rows
-// seq_rows[b] .. seq_rows[b+1]); limit int64 [T]; tree int64 [T] (bits, see above).
-// Returns [T, H, D].
+// q's dtype, or fp16 / bf16 under fp32 q; table int64 [B, blocks]; seq_rows int64 [B + 1]
+// (sequence b owns rows seq_rows[b] .. seq_rows[b+1]); limit int64 [T]; tree int64 [T]
+// (bits, see above). Returns [T, H, D].
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                            const at::Tensor& table, int64_t block_size, const at::Tensor& seq_rows,
                            const at::Tensor& limit, const at::Tensor& tree, double scale) {
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "q must be a contiguous [T, H, D] tensor");
   TORCH_CHECK(k_pool.dim() == 3 && k_pool.is_contiguous() && v_pool.is_contiguous(),
               "pools must be contiguous [slots, Hkv, D]");
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kFloat,
-              "q must be bf16 or fp32");
-  TORCH_CHECK(k_pool.scalar_type() == q.scalar_type() && v_pool.scalar_type() == q.scalar_type(),
-              "q and the pools must have one dtype");
+  const auto qt = q.scalar_type(), kt = k_pool.scalar_type();
+  TORCH_CHECK(qt == at::kBFloat16 || qt == at::kFloat, "q must be bf16 or fp32");
+  TORCH_CHECK(v_pool.scalar_type() == kt, "the K and V pools must have one dtype");
+  TORCH_CHECK(kt == qt || (qt == at::kFloat && (kt == at::kHalf || kt == at::kBFloat16)),
+              "the pools must have q's dtype, or be fp16 / bf16 under fp32 q");
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), Hkv = k_pool.size(1);
   TORCH_CHECK(D % 16 == 0 && D <= 256 && k_pool.size(2) == D, "head_dim must be 16..256, x16");
   TORCH_CHECK(H % Hkv == 0, "query heads must be a multiple of kv heads");
@@ -282,19 +294,25 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_pool, const 
   const auto* lim = limit.data_ptr<int64_t>();
   const auto* tr = reinterpret_cast<const uint64_t*>(tree.data_ptr<int64_t>());
   const int64_t cols = table.size(1);
-  // one task per (sequence, kv head); each owns its output rows
-  at::parallel_for(0, B * Hkv, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / Hkv, g = t % Hkv;
-      if (q.scalar_type() == at::kBFloat16)
-        attend(q.data_ptr<at::BFloat16>(), k_pool.data_ptr<at::BFloat16>(),
-               v_pool.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), tb + b * cols,
-               block_size, sr[b], sr[b + 1], lim, tr, g, H, Hkv, D, float(scale));
-      else
-        attend(q.data_ptr<float>(), k_pool.data_ptr<float>(), v_pool.data_ptr<float>(),
-               out.data_ptr<float>(), tb + b * cols, block_size, sr[b], sr[b + 1], lim, tr, g,
-               H, Hkv, D, float(scale));
-    }
-  });
+  auto run = [&](auto q_type, auto kv_type) {
+    using T = decltype(q_type);
+    using KV = decltype(kv_type);
+    // one task per (sequence, kv head); each owns its output rows
+    at::parallel_for(0, B * Hkv, 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t b = t / Hkv, g = t % Hkv;
+        attend(q.data_ptr<T>(), k_pool.data_ptr<KV>(), v_pool.data_ptr<KV>(), out.data_ptr<T>(),
+               tb + b * cols, block_size, sr[b], sr[b + 1], lim, tr, g, H, Hkv, D, float(scale));
+      }
+    });
+  };
+  if (qt == at::kBFloat16)
+    run(at::BFloat16(), at::BFloat16());
+  else if (kt == at::kHalf)
+    run(float(), at::Half());
+  else if (kt == at::kBFloat16)
+    run(float(), at::BFloat16());
+  else
+    run(float(), float());
   return out;
 }

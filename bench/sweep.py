@@ -3,6 +3,7 @@
     specd bench sweep [--target HOST:PORT] [--workload code] [--concurrency 1,2,4,8,16]
                       [--modes off,on,auto,ngram] [--requests-per-cell 16] [--repeats 1]
                       [--peer hf] [--out bench/out/sweep]
+    specd bench sweep --workload code,chat,retrieval --route code,chat,default ...  # mixed
 
 Against a running router (`--target`), or, without it, a drafter, verifier and router it
 starts itself (`--model`, `--draft-model`). Each cell (mode x concurrency) sends a bounded
@@ -16,7 +17,9 @@ Modes "ngram" and "combined" are speculation on with the drafter swapped for tha
 `--proposer` (only when the sweep starts the services; against --target, sweep such a
 cluster with `--modes on --label ngram`). `--peer hf` also runs transformers' generate
 (plain, assisted with the same draft model, prompt lookup) on the same prompts at
-concurrency 1 and reports each mode's ratio to it.
+concurrency 1 and reports each mode's ratio to it. A mixed workload (`--workload a,b`,
+`--route ra,rb`: one route per workload) interleaves the workloads' conversations, each
+sent on its workload's route, and each cell also reports every route's share.
 """
 
 from __future__ import annotations
@@ -98,18 +101,19 @@ async def run_cell(
     requests: int,
     max_new: int,
     tick=None,
-    route: str = "",
+    routes: list[str] | None = None,
 ) -> tuple[list[dict], float]:
-    """One cell's per-request results and its wall time (bench/sweep_report.py sums up)."""
+    """One cell's per-request results and its wall time (bench/sweep_report.py sums up).
+    `routes[i]`: conversation i's route (None: the default route for all)."""
+    items = list(zip(conversations, routes or [""] * len(conversations), strict=True))
+
+    async def one(item):
+        messages, route = item
+        return {**await stream_one(stub, messages, mode, max_new, route), "route": route}
+
     async with grpc.aio.insecure_channel(address) as channel:
         stub = router_pb2_grpc.GenerationStub(channel)
-        return await drive(
-            lambda m: stream_one(stub, m, mode, max_new, route),
-            conversations,
-            concurrency,
-            requests,
-            tick,
-        )
+        return await drive(one, items, concurrency, requests, tick)
 
 
 def run_order(modes: list[str], levels: list[int], repeats: int) -> list[tuple[str, int]]:
@@ -134,11 +138,12 @@ def sweep(
     label: str = "",
     progress=print,
     bars: bool = False,
-    route: str = "",
+    routes: list[str] | None = None,
     repeats: int = 1,
 ) -> dict:
     """Every (mode, concurrency) cell, each run `repeats` times in `run_order`; a cell's
-    runs merge into one summary (tokens over wall time) that lists each run's tok/s."""
+    runs merge into one summary (tokens over wall time) that lists each run's tok/s, and
+    with several routes each route's own summary over the same wall time."""
     for mode in modes:
         # untimed first: the services' first forwards page the weights in and build
         # kernels; then every conversation once, so each cell finds the prompts in the
@@ -146,7 +151,8 @@ def sweep(
         # other cell does: without it the first cell to send a prompt pays its prefill
         # and the others do not (llama-server gets the same, bench/llamacpp.py)
         warm = [WARM_UP, *conversations]
-        asyncio.run(run_cell(address, warm, mode, 1, len(warm), WARM_UP_TOKENS, route=route))
+        warm_routes = None if routes is None else [routes[0], *routes]
+        asyncio.run(run_cell(address, warm, mode, 1, len(warm), WARM_UP_TOKENS, None, warm_routes))
     runs: dict[tuple[str, int], list[tuple[list[dict], float]]] = {}
     for mode, c in run_order(list(modes), list(levels), repeats):
         n = max(requests, c)
@@ -154,7 +160,7 @@ def sweep(
         bar = tqdm(total=n, desc=f"{name:<6} c={c:<3}", leave=False) if bars else None
         tick = bar.update if bar is not None else None
         results, wall = asyncio.run(
-            run_cell(address, conversations, mode, c, n, max_new, tick, route)
+            run_cell(address, conversations, mode, c, n, max_new, tick, routes)
         )
         if bar is not None:
             bar.close()
@@ -168,12 +174,28 @@ def sweep(
     for mode in modes:
         for c in levels:
             done = runs[(mode, c)]
-            cell = summarise([r for results, _ in done for r in results], sum(w for _, w in done))
+            results, wall = [r for rs, _ in done for r in rs], sum(w for _, w in done)
+            cell = summarise(results, wall)
             cell.update(mode=label or mode, concurrency=c)
+            if len(set(routes or [])) > 1:
+                cell["routes"] = {
+                    route: summarise([r for r in results if r["route"] == route], wall)
+                    for route in dict.fromkeys(routes)
+                }
             if repeats > 1:
                 cell["runs_tokens_per_s"] = [summarise(*run)["tokens_per_s"] for run in done]
             cells.append(cell)
+    route = ",".join(dict.fromkeys(routes)) if routes else ""
     return {"target": address, "route": route, "max_new_tokens": max_new, "cells": cells}
+
+
+def mix(workloads: list[list], routes: list[str]) -> tuple[list, list[str]]:
+    """Interleave the workloads' conversations (a, b, c, a, b, c, ...: any prefix of the
+    list holds them in proportion), each with its workload's route."""
+    mixed = []
+    for i in range(max(len(w) for w in workloads)):
+        mixed += [(w[i], r) for w, r in zip(workloads, routes, strict=True) if i < len(w)]
+    return [m for m, _ in mixed], [r for _, r in mixed]
 
 
 def add_service_args(p: argparse.ArgumentParser) -> None:
@@ -192,8 +214,10 @@ def _parser() -> argparse.ArgumentParser:
         default="",
         help='extra `specd serve drafter` flags, e.g. "--weights int8"',
     )
-    p.add_argument("--workload", default="code")
-    p.add_argument("--route", default="", help="the requests' route (default: default)")
+    p.add_argument("--workload", default="code", help="a workload, or several: code,chat")
+    p.add_argument(
+        "--route", default="", help="the requests' route (default: default); one per workload"
+    )
     p.add_argument("--concurrency", default="1,2,4,8,16")
     p.add_argument("--modes", default="off,on,auto,ngram")
     p.add_argument("--label", default="", help="name the mode column (e.g. ngram)")
@@ -246,13 +270,20 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m.strip() for m in args.modes.split(",")]
     if args.target and SWAPPED & set(modes):
         p.error("modes ngram and combined need the sweep to start the services")
+    workloads = args.workload.split(",")
+    route_names = args.route.split(",") if args.route else [""] * len(workloads)
+    if len(route_names) == 1:
+        route_names *= len(workloads)
+    if len(route_names) != len(workloads):
+        p.error("--route: one route, or one per workload")
+    conversations, routes = mix([load_conversations(w) for w in workloads], route_names)
     run = dict(
-        conversations=load_conversations(args.workload),
+        conversations=conversations,
         levels=[int(x) for x in args.concurrency.split(",")],
         requests=args.requests_per_cell,
         max_new=args.max_new_tokens,
         bars=not args.no_progress,
-        route=args.route,
+        routes=routes if any(routes) else None,
         repeats=args.repeats,
     )
     if args.repeats < 1:

@@ -51,15 +51,19 @@ def to_markdown(report: dict) -> str:
         "acceptance | mean accepted length | decisions |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for c in report["cells"]:
-        acc = "-" if c["acceptance"] is None else f"{c['acceptance']:.0%}"
-        mal = "-" if c["mean_accepted_length"] is None else f"{c['mean_accepted_length']:.2f}"
-        reasons = ", ".join(f"{k} {v}" for k, v in sorted(c["reasons"].items()))
-        rows.append(
-            f"| {c['mode']} | {c['concurrency']} | {c['tokens_per_s']:.2f} | "
-            f"{ms(c['ttft_p50'])} | {ms(c['ttft_p99'])} | {ms(c['tpot_p50'])} | "
-            f"{ms(c['tpot_p99'])} | {acc} | {mal} | {reasons} |"
-        )
+    for cell in report["cells"]:
+        # a mixed workload's cell, then each route's share of it (same wall time)
+        parts = [(cell["mode"], cell)]
+        parts += [(f"{cell['mode']} · {r}", c) for r, c in cell.get("routes", {}).items()]
+        for mode, c in parts:
+            acc = "-" if c["acceptance"] is None else f"{c['acceptance']:.0%}"
+            mal = "-" if c["mean_accepted_length"] is None else f"{c['mean_accepted_length']:.2f}"
+            reasons = ", ".join(f"{k} {v}" for k, v in sorted(c["reasons"].items()))
+            rows.append(
+                f"| {mode} | {cell['concurrency']} | {c['tokens_per_s']:.2f} | "
+                f"{ms(c['ttft_p50'])} | {ms(c['ttft_p99'])} | {ms(c['tpot_p50'])} | "
+                f"{ms(c['tpot_p99'])} | {acc} | {mal} | {reasons} |"
+            )
     return "\n".join(rows) + "\n"
 
 

@@ -4,15 +4,16 @@ import json
 
 import pytest
 
-from bench.sweep import run_order, sweep
-from bench.sweep_report import paired_ratios, write_outputs
+from bench.sweep import mix, run_order, sweep
+from bench.sweep_report import paired_ratios, to_markdown, write_outputs
 from router.policy import Policy
 from tests.cluster import start_cluster
 
 
 @pytest.fixture(scope="module")
 def cluster(tiny_pair):
-    c = start_cluster(*tiny_pair, policy=Policy.from_dict({"default": {"min_acceptance": 0}}))
+    policy = {"default": {"min_acceptance": 0}, "routes": {"plain": {"speculation": "off"}}}
+    c = start_cluster(*tiny_pair, policy=Policy.from_dict(policy))
     yield c
     c.close()
 
@@ -84,6 +85,35 @@ def test_repeated_cells_alternate_modes_and_merge(cluster):
     (line,) = paired_ratios(report)
     assert line.startswith(f"c=1 on/off {on['tokens_per_s'] / off['tokens_per_s']:.3f} (runs ")
     assert len(line.split("(runs ")[1].split()) == 2
+
+
+def test_a_mixed_sweep_sends_each_workload_on_its_route_and_reports_each_route(cluster):
+    code = [[{"role": "user", "content": f"abc{i}"}] for i in range(3)]
+    chat = [[{"role": "user", "content": "x"}]]
+    conversations, routes = mix([code, chat], ["default", "plain"])
+    assert routes == ["default", "plain", "default", "default"]
+    assert conversations == [code[0], chat[0], code[1], code[2]]
+    report = sweep(
+        cluster.router,
+        conversations,
+        ["on"],
+        [2],
+        requests=8,
+        max_new=6,
+        progress=lambda line: None,
+        routes=routes,
+    )
+    assert report["route"] == "default,plain"
+    (cell,) = report["cells"]
+    by_route = cell["routes"]
+    assert set(by_route) == {"default", "plain"}
+    assert by_route["default"]["requests"] == 6 and by_route["plain"]["requests"] == 2
+    # what the router decided proves the route arrived: `plain` never speculates
+    assert by_route["default"]["reasons"] == {"on": 6}
+    assert by_route["plain"]["reasons"] == {"off:policy": 2}
+    assert cell["tokens"] == by_route["default"]["tokens"] + by_route["plain"]["tokens"]
+    table = to_markdown(report).splitlines()
+    assert [row.split(" | ")[0] for row in table[2:]] == ["| on", "| on · default", "| on · plain"]
 
 
 def test_sweep_starts_its_own_services_and_swaps_in_ngram(tmp_path):

@@ -24,7 +24,10 @@ _SOURCES = [
     _KERNELS / name
     for name in ("qlinear.cpp", "paged_attention.cpp", "layer_ops.cpp", "bindings.cpp")
 ]
-_HEADERS = [_KERNELS / "bf16.h"]  # not compiled on their own, but part of the build's tag
+_HEADERS = [
+    _KERNELS / "bf16.h",
+    _KERNELS / "kv_dtypes.h",
+]  # not compiled on their own, but part of the build's tag
 _kernel = None
 _kernel_tried = False
 

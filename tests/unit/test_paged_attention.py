@@ -127,7 +127,9 @@ def test_the_model_forward_matches_the_sdpa_path(kernel, tiny_pair, monkeypatch)
 def test_pools_of_another_dtype_are_refused_unless_16_bit_under_fp32(kernel):
     rows = PagedRows.build(tables(1, 8), BS, [(10, 11)], [None])
     k, v = pools(torch.float16)
-    with pytest.raises(RuntimeError, match="pools must have q's dtype, or be fp16 / bf16"):
+    with pytest.raises(
+        RuntimeError, match="pools must have the activations' dtype, or be fp16 / bf16"
+    ):
         attention.paged_attention(queries(1, torch.bfloat16), k, v, rows)
     with pytest.raises(RuntimeError, match="the K and V pools must have one dtype"):
         attention.paged_attention(queries(1, torch.float32), k, v.float(), rows)

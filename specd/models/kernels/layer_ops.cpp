@@ -11,6 +11,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "kv_dtypes.h"
+
 #include <cmath>
 #include <cstdint>
 
@@ -126,31 +128,20 @@ at::Tensor rope_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
               "pools must be contiguous [slots, kv_heads, head_dim]");
   TORCH_CHECK(slots.is_contiguous() && slots.scalar_type() == at::kLong && slots.numel() == rows,
               "one int64 slot per row");
-  const auto dtype = qkv.scalar_type(), kt = k_pool.scalar_type();
+  const auto dtype = qkv.scalar_type();
   TORCH_CHECK(cos.scalar_type() == dtype && sin.scalar_type() == dtype, "qkv, cos and sin must share a dtype");
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "qkv must be fp32 or bf16");
-  TORCH_CHECK(v_pool.scalar_type() == kt &&
-                  (kt == dtype || (dtype == at::kFloat && (kt == at::kHalf || kt == at::kBFloat16))),
-              "the pools must have qkv's dtype, or be fp16 / bf16 under fp32 qkv");
+  check_kv_dtypes(dtype, k_pool, v_pool);
   const int64_t* s = slots.data_ptr<int64_t>();
   const int64_t capacity = k_pool.size(0);
   for (int64_t r = 0; r < rows; ++r) TORCH_CHECK(0 <= s[r] && s[r] < capacity, "slot out of the pool");
   auto q = at::empty({rows, nh, D}, qkv.options());
-  auto run = [&](auto q_type, auto kv_type) {
+  with_kv_dtypes(dtype, k_pool.scalar_type(), [&](auto q_type, auto kv_type) {
     using T = decltype(q_type);
     using KV = decltype(kv_type);
     rope_store_rows<T, KV>(qkv.data_ptr<T>(), cos.data_ptr<T>(), sin.data_ptr<T>(),
                            k_pool.data_ptr<KV>(), v_pool.data_ptr<KV>(), s, q.data_ptr<T>(), rows,
                            nh, nkv, D);
-  };
-  if (dtype == at::kBFloat16)
-    run(at::BFloat16(), at::BFloat16());
-  else if (kt == at::kHalf)
-    run(float(), at::Half());
-  else if (kt == at::kBFloat16)
-    run(float(), at::BFloat16());
-  else
-    run(float(), float());
+  });
   return q;
 }
 

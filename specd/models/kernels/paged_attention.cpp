@@ -18,6 +18,7 @@
 #include <immintrin.h>
 
 #include "bf16.h"
+#include "kv_dtypes.h"
 
 #include <cmath>
 #include <cstdint>
@@ -277,11 +278,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_pool, const 
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "q must be a contiguous [T, H, D] tensor");
   TORCH_CHECK(k_pool.dim() == 3 && k_pool.is_contiguous() && v_pool.is_contiguous(),
               "pools must be contiguous [slots, Hkv, D]");
-  const auto qt = q.scalar_type(), kt = k_pool.scalar_type();
-  TORCH_CHECK(qt == at::kBFloat16 || qt == at::kFloat, "q must be bf16 or fp32");
-  TORCH_CHECK(v_pool.scalar_type() == kt, "the K and V pools must have one dtype");
-  TORCH_CHECK(kt == qt || (qt == at::kFloat && (kt == at::kHalf || kt == at::kBFloat16)),
-              "the pools must have q's dtype, or be fp16 / bf16 under fp32 q");
+  check_kv_dtypes(q.scalar_type(), k_pool, v_pool);
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), Hkv = k_pool.size(1);
   TORCH_CHECK(D % 16 == 0 && D <= 256 && k_pool.size(2) == D, "head_dim must be 16..256, x16");
   TORCH_CHECK(H % Hkv == 0, "query heads must be a multiple of kv heads");
@@ -294,7 +291,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_pool, const 
   const auto* lim = limit.data_ptr<int64_t>();
   const auto* tr = reinterpret_cast<const uint64_t*>(tree.data_ptr<int64_t>());
   const int64_t cols = table.size(1);
-  auto run = [&](auto q_type, auto kv_type) {
+  with_kv_dtypes(q.scalar_type(), k_pool.scalar_type(), [&](auto q_type, auto kv_type) {
     using T = decltype(q_type);
     using KV = decltype(kv_type);
     // one task per (sequence, kv head); each owns its output rows
@@ -305,14 +302,6 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_pool, const 
                tb + b * cols, block_size, sr[b], sr[b + 1], lim, tr, g, H, Hkv, D, float(scale));
       }
     });
-  };
-  if (qt == at::kBFloat16)
-    run(at::BFloat16(), at::BFloat16());
-  else if (kt == at::kHalf)
-    run(float(), at::Half());
-  else if (kt == at::kBFloat16)
-    run(float(), at::BFloat16());
-  else
-    run(float(), float());
+  });
   return out;
 }

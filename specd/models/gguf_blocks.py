@@ -4,8 +4,11 @@
 codes, each with a 6-bit scale and min times the block's fp16 d and dmin, so
 w = (d * sc) * q - (dmin * m) is our group of 32 with scale d * sc and min dmin * m (stored
 as fp16: the only rounding). Q4_1 is w = d * q + m, our min being -m. Other types (Q5_0,
-Q6_K, Q8_0, float) are dequantised by the `gguf` package and quantised again, at 8 bits
-where the GGUF spent more than 5 bits on the tensor.
+Q6_K, Q8_0, float) are dequantised by the `gguf` package and quantised again: at 8 bits
+where the GGUF spent more than 5 bits on the tensor, else at 4, except a Q6_K LM head,
+at 6 (a Q4_K_M file's largest matrix: a decode step of the 1.5B 51 -> 45 ms). Q6_K down
+projections stay at 8: at 6 they cost a drafter's int4 logits more than its tests allow
+(BENCHMARKS sections 24 and 28).
 
 GGUF names map to Hugging Face names as transformers maps them; Llama-architecture files
 store q/k rows permuted for llama.cpp's RoPE, undone here on whole rows (exact).
@@ -29,8 +32,8 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-# bits per weight of a GGUF type, for "keep 8 bits where the file kept more than 5"
-_WIDE = {"Q6_K", "Q8_0", "Q8_1", "Q8_K", "F16", "BF16", "F32"}
+# in int4 mode, the bits a GGUF type is quantised to again (types not listed: 4)
+_WIDE = {"Q6_K": 8, "Q8_0": 8, "Q8_1": 8, "Q8_K": 8, "F16": 8, "BF16": 8, "F32": 8}
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -85,7 +88,9 @@ def to_qweight(tensor, mode: str) -> QWeight | None:
         q = torch.from_numpy(codes.reshape(rows, cols))
         return pack(q, _groups(d, rows), _groups(m, rows), 4)
     dense = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
-    bits = 8 if (mode == "int8" or kind in _WIDE) else 4
+    bits = 8 if mode == "int8" else _WIDE.get(kind, 4)
+    if mode == "int4" and kind == "Q6_K" and tensor.name == "output.weight":
+        bits = 6  # the LM head: see the module's docstring
     return quantize(torch.from_numpy(np.ascontiguousarray(dense)).reshape(rows, cols), bits)
 
 

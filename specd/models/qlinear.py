@@ -1,6 +1,6 @@
 """Group-quantised weights (int4 / int8) and their linear, for the target and the drafter.
 
-Format: unsigned codes q (4 or 8 bits), groups of 32 along the input dimension, one fp16
+Format: unsigned codes q (4, 6 or 8 bits), groups of 32 along the input dimension, one fp16
 scale d and one fp16 min m per (output row, group):  w = d * q - m.  GGUF blocks map onto
 it without requantising (a Q4_K sub-block is 32 four-bit codes with a scale and a min;
 Q4_1, Q5_0 and Q8_0 likewise; see `gguf_blocks.py`), dense weights are quantised by
@@ -26,12 +26,15 @@ log = logging.getLogger(__name__)
 
 GROUP = 32
 TILE = 16  # output columns per kernel tile
+# 6 bits: code vector j's top two bits sit at bits 2 (j % 4) of top-bit vector j // 4
+_TOP_SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 1, 4, 1, 1)
 
 
 @dataclass
 class QWeight:
     """A [N, K] weight in the kernel's layout: per (16-row tile, 32-column group) one
-    record of the codes (256 bytes for 4 bits, 512 for 8), 16 fp16 scales, 16 fp16 mins."""
+    record of the codes (256 bytes for 4 bits, 384 for 6, 512 for 8), 16 fp16 scales, 16
+    fp16 mins."""
 
     records: torch.Tensor  # uint8 [N/16, K/32, code_bytes + 64]
     bits: int
@@ -46,13 +49,15 @@ class QWeight:
         n, k = self.shape
         t, kg = n // TILE, k // GROUP
         b = self.records[..., : self.code_bytes]
-        if self.bits == 4:
-            b = b.reshape(t, kg, 4, TILE, 4)  # [t, g, s, c, i]
-            both = torch.stack((b & 0x0F, b >> 4), dim=4)  # [t, g, s, c, half, i]
-            q = both.permute(0, 3, 1, 2, 4, 5)  # [t, c, g, s, half, i]
-        else:
+        if self.bits == 8:
             q = b.reshape(t, kg, 8, TILE, 4).permute(0, 3, 1, 2, 4)  # [t, c, g, j, i]
-        return q.reshape(n, k)
+            return q.reshape(n, k)
+        nib = b[..., :256].reshape(t, kg, 4, TILE, 4)  # [t, g, s, c, i]
+        both = torch.stack((nib & 0x0F, nib >> 4), dim=4)  # [t, g, s, c, half, i]
+        q = both.permute(0, 3, 1, 2, 4, 5).reshape(n, k)  # [t, c, g, s, half, i]
+        if self.bits == 6:
+            q = q | (_top_bits(b[..., 256:], t, kg).reshape(n, k) << 4)
+        return q
 
     def group_params(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(d, m) as fp32 [N, K/32]."""
@@ -77,6 +82,14 @@ class QWeight:
         return full[torch.arange(len(ids)), col]
 
 
+def _top_bits(b: torch.Tensor, t: int, kg: int) -> torch.Tensor:
+    """The 6-bit layout's top-bit vectors uint8 [t, kg, 128] -> the top two bits of each
+    code as [t, TILE, kg, 32] (inverse of `pack`'s)."""
+    v = b.reshape(t, kg, 2, 1, TILE, 4)  # [t, g, h, 1, c, i]
+    top = (v >> _TOP_SHIFTS) & 0x03  # [t, g, h, j, c, i]
+    return top.permute(0, 4, 1, 2, 3, 5).reshape(t, TILE, kg, 32)
+
+
 def fits(shape: tuple[int, int]) -> bool:
     """Can a [N, K] weight take this format (tiles of 16 rows, groups of 32 columns)?"""
     n, k = shape
@@ -88,14 +101,21 @@ def pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, bits: int) -> QWeigh
     n, k = q.shape
     t, kg = n // TILE, k // GROUP
     q = q.to(torch.uint8)
-    if bits == 4:
+    if bits in (4, 6):
         # k = g*32 + s*8 + half*4 + i  ->  bytes [t, g, s, c, i] = lo | hi << 4
-        v = q.view(t, TILE, kg, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)  # [t, g, s, c, i, half]
+        low = q & 0x0F
+        v = low.view(t, TILE, kg, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)  # [t, g, s, c, i, half]
         codes = (v[..., 0] | (v[..., 1] << 4)).reshape(t, kg, 256)
+        if bits == 6:
+            # the top two bits of code vector j (as 8-bit's: k = 4j..4j+3 of 16 columns) at
+            # bits 2(j % 4) of vector j // 4
+            top = (q >> 4).view(t, TILE, kg, 2, 4, 4).permute(0, 2, 3, 4, 1, 5)  # [t,g,h,j,c,i]
+            packed = (top << _TOP_SHIFTS).sum(3, dtype=torch.uint8)  # bits never overlap
+            codes = torch.cat((codes, packed.reshape(t, kg, 128)), dim=-1)
     elif bits == 8:
         codes = q.view(t, TILE, kg, 8, 4).permute(0, 2, 3, 1, 4).reshape(t, kg, 512)
     else:
-        raise ValueError(f"bits must be 4 or 8, not {bits}")
+        raise ValueError(f"bits must be 4, 6 or 8, not {bits}")
 
     def tiles(p):  # [N, kg] -> fp16 bytes [t, kg, 32]
         p = p.to(torch.float16).reshape(t, TILE, kg).permute(0, 2, 1).contiguous()

@@ -2,9 +2,10 @@
 
 `bf16` keeps the model's own dtype. `int8` and `int4` hold every matrix in the group-
 quantised format of specd.models.qlinear; `int4` keeps 8 bits where the source GGUF spent
-more than 5 (llama.cpp's Q4_K_M keeps the LM head and half the down projections in Q6_K),
-and for the LM head of a dense source. `auto` is int4 on a CPU that runs the kernel, else
-the model's dtype (CUDA, or neither AVX512-VNNI nor AVX2), said in one log line.
+more than 5 (llama.cpp's Q4_K_M keeps the LM head and half the down projections in Q6_K)
+except a Q6_K LM head, at 6 (see gguf_blocks), and 8 for the LM head of a dense source.
+`auto` is int4 on a CPU that runs the kernel, else the model's dtype (CUDA, or neither
+AVX512-VNNI nor AVX2), said in one log line.
 
 The quantised matrices are converted once, from the GGUF the folder was made from where
 there is one (its blocks kept as they are), else from the dense weights, and cached next to
@@ -41,6 +42,9 @@ FUSED = {
     "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
 }
 _LAYOUT = "fused"  # the cache file's metadata says which layout it holds
+# and which conversion wrote it: 2 keeps a Q6_K LM head at 6 bits (1, unstamped: at 8); a
+# file from another conversion is converted again
+CONVERSION = 2
 
 
 def choose(requested: str, device: torch.device) -> str:
@@ -75,12 +79,14 @@ def load_quantised(folder: Path, fmt: str, config, dense) -> dict[str, QWeight]:
     prefix); `dense(name)` reads one dense tensor when there is no GGUF to convert from."""
     cache = folder / f"weights-{fmt}.safetensors"
     if cache.exists():
-        mats, layout = _read(cache)
-        if layout != _LAYOUT:  # written before the fused layout: fuse and rewrite, once
-            mats = fuse_layers(mats)
-            log.warning("rewriting %s with q/k/v and gate/up fused (once)", cache)
-            _write(cache, mats)
-        return mats
+        mats, layout, conversion = _read(cache)
+        if conversion == CONVERSION:
+            if layout != _LAYOUT:  # written before the fused layout: fuse and rewrite, once
+                mats = fuse_layers(mats)
+                log.warning("rewriting %s with q/k/v and gate/up fused (once)", cache)
+                _write(cache, mats)
+            return mats
+        log.warning("%s was written by an older conversion", cache)
     gguf = source_gguf(folder)
     log.warning("converting %s weights to %s (once) -> %s", folder.name, fmt, cache)
     if gguf is not None:
@@ -105,12 +111,13 @@ def _write(path: Path, mats: dict[str, QWeight]) -> None:
     meta = {name: [w.bits, *w.shape] for name, w in mats.items()}
     tmp = path.with_suffix(f".{os.getpid()}.tmp")  # replicas converting at once: one each
     records = {name: w.records for name, w in mats.items()}
-    save_file(records, tmp, metadata={"specd": json.dumps(meta), "layout": _LAYOUT})
+    stamp = {"layout": _LAYOUT, "specd-conversion": str(CONVERSION)}
+    save_file(records, tmp, metadata={"specd": json.dumps(meta), **stamp})
     tmp.rename(path)  # a process still mapping the old file keeps its (unlinked) pages
 
 
-def _read(path: Path) -> tuple[dict[str, QWeight], str | None]:
-    """The file's matrices, mapped from it (not copied), and its layout."""
+def _read(path: Path) -> tuple[dict[str, QWeight], str | None, int]:
+    """The file's matrices, mapped from it (not copied), its layout and conversion."""
     from safetensors import safe_open
 
     with safe_open(path, framework="pt") as f:
@@ -119,7 +126,7 @@ def _read(path: Path) -> tuple[dict[str, QWeight], str | None]:
             name: QWeight(f.get_tensor(name), bits, (n, k))
             for name, (bits, n, k) in json.loads(meta["specd"]).items()
         }
-        return mats, meta.get("layout")
+        return mats, meta.get("layout"), int(meta.get("specd-conversion", 1))
 
 
 def fuse_layers(mats: dict[str, QWeight]) -> dict[str, QWeight]:

@@ -46,6 +46,29 @@ def test_int8_mode_requantises_at_eight_bits():
     assert w.bits == 8 and (w.dequantize() - ref).abs().max() <= 0.01 * ref.abs().max()
 
 
+def test_a_q6_k_head_is_requantised_at_six_bits_in_int4_mode():
+    # llama.cpp's Q4_K_M keeps the LM head and half the down projections in Q6_K
+    rng = np.random.default_rng(3)
+    raw = rng.integers(0, 256, (16, 210), dtype=np.uint8)  # 16 rows of one 256-block
+    raw[:, 208:] = rng.uniform(1e-4, 1e-3, (16, 1)).astype(np.float16).view(np.uint8)  # d
+    t = SimpleNamespace(
+        name="output.weight",
+        tensor_type=GGMLQuantizationType.Q6_K,
+        shape=np.array([256, 16]),
+        data=raw,
+    )
+    ref = torch.from_numpy(quants.dequantize(t.data, t.tensor_type)).reshape(16, 256)
+    w = gb.to_qweight(t, "int4")
+    assert w.bits == 6
+    step = (ref.view(16, 8, 32).amax(-1) - ref.view(16, 8, 32).amin(-1)) / 63
+    err = (w.dequantize() - ref).abs().view(16, 8, 32).amax(-1)
+    assert (err <= step / 2 + 1e-3 * ref.abs().max()).all()
+    assert gb.to_qweight(t, "int8").bits == 8
+    # a Q6_K down projection keeps 8 bits
+    down = SimpleNamespace(**{**vars(t), "name": "blk.0.ffn_down.weight"})
+    assert gb.to_qweight(down, "int4").bits == 8
+
+
 def test_names_map_like_transformers():
     assert gb.hf_name("blk.3.ffn_up.weight") == "layers.3.mlp.up_proj.weight"
     assert gb.hf_name("blk.0.attn_output.weight") == "layers.0.self_attn.o_proj.weight"

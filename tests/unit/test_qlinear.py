@@ -13,7 +13,7 @@ def kernel(cpu_kernels):
     return cpu_kernels
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 6, 8])
 def test_pack_round_trips_codes_and_group_params(bits):
     g = torch.Generator().manual_seed(0)
     n, k = 48, 96
@@ -30,7 +30,7 @@ def test_pack_round_trips_codes_and_group_params(bits):
     assert torch.equal(w.rows(ids, torch.float32), dense[ids])
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 6, 8])
 def test_quantize_error_is_half_a_step_per_group(bits):
     w = torch.randn(32, 128) * torch.linspace(0.01, 2.0, 32)[:, None]
     q = ql.quantize(w, bits)
@@ -40,7 +40,7 @@ def test_quantize_error_is_half_a_step_per_group(bits):
     assert (err <= d[..., None] / 2 + 2e-3 * w.abs().max()).all()
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 6, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_matches_the_reference(kernel, bits, dtype):
     torch.manual_seed(1)
@@ -68,7 +68,7 @@ def test_reference_catches_a_wrong_kernel(kernel):
     assert (ql.qlinear(x, wrong, out_dtype=torch.float32).double() - ref).abs().max() > 1e-4
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 6, 8])
 def test_rows_do_not_depend_on_the_other_rows(kernel, bits):
     torch.manual_seed(3)
     w = ql.quantize(torch.randn(1024, 512) * 0.05, bits)
@@ -80,7 +80,7 @@ def test_rows_do_not_depend_on_the_other_rows(kernel, bits):
         assert torch.equal(ql.qlinear(x[lo:hi], w), batched[lo:hi])
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 6, 8])
 def test_largest_codes_and_activations_sum_exactly(kernel, bits):
     """Every code at its largest against activations at +-127 after quantisation: the
     integer dots must not saturate (AVX2 sums u8 x s8 pairs in int16)."""

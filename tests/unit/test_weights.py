@@ -45,6 +45,17 @@ def test_converted_once_then_read_from_the_cache(pair_folders, monkeypatch):
     assert torch.equal(prefill_logits(first, PROMPT), prefill_logits(again, PROMPT))
 
 
+def test_a_cache_from_an_older_conversion_is_converted_again(pair_folders, monkeypatch):
+    folder, _ = pair_folders
+    load_model(folder, dtype="fp32", device="cpu", weights="int8")
+    cache = folder / "weights-int8.safetensors"
+    written = cache.stat().st_mtime_ns
+    monkeypatch.setattr(weights, "CONVERSION", weights.CONVERSION + 1)
+    load_model(folder, dtype="fp32", device="cpu", weights="int8")
+    assert cache.stat().st_mtime_ns != written  # converted again
+    assert weights._read(cache)[2] == weights.CONVERSION  # stamped with the new conversion
+
+
 def test_trimmed_quantised_head_is_exact(pair_folders):
     folder, _ = pair_folders
     model = load_model(folder, dtype="fp32", device="cpu", weights="int4")

@@ -2,7 +2,7 @@
 // (with FMA and F16C) where the CPU has no AVX512 (the build picks by its -m flags).
 //
 // Weights (N output rows, K inputs, groups of G = 32 along K):
-//     w[n][k] = d[n][g] * q[n][k] - m[n][g],   g = k / 32,  q unsigned (4-bit or 8-bit)
+//     w[n][k] = d[n][g] * q[n][k] - m[n][g],   g = k / 32,  q unsigned (4, 6 or 8 bits)
 // Activations, quantised here per row and per 32-block (as llama.cpp's Q8 activations):
 //     x[r][k] ~= sx[r][g] * xq[r][k],          xq in [-127, 127]
 // so that
@@ -19,7 +19,9 @@
 // scales, then 16 fp16 mins. Codes: 8 vectors of 64 bytes, vector j holding k = 4j..4j+3
 // for the 16 columns (byte c*4+i = q[c][4j+i]), which is the operand order of vpdpbusd;
 // 4-bit codes pack vectors 2s and 2s+1 into one: low nibbles are k = 8s..8s+3, high
-// nibbles k = 8s+4..8s+7. Each tile is unpacked once and used for every row.
+// nibbles k = 8s+4..8s+7. 6-bit codes are the 4-bit layout of their low nibbles, then two
+// vectors of their top two bits: vector j's at bits 2(j%4), 2(j%4)+1 of vector j/4.
+// Each tile is unpacked once and used for every row.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -75,10 +77,10 @@ void quantize_rows(const at::Tensor& x, int8_t* xq, float* sx, float* c) {
   });
 }
 
-template <bool U4>
-constexpr int64_t code_bytes() { return U4 ? 256 : 512; }
-template <bool U4>
-constexpr int64_t record_bytes() { return code_bytes<U4>() + 4 * NT; }  // + fp16 scales, mins
+template <int BITS>
+constexpr int64_t code_bytes() { return G * NT * BITS / 8; }
+template <int BITS>
+constexpr int64_t record_bytes() { return code_bytes<BITS>() + 4 * NT; }  // + fp16 scales, mins
 
 #if defined(__AVX512VNNI__)
 
@@ -99,11 +101,11 @@ inline __m512i dpbusd_broadcast(__m512i acc, __m512i w, const int32_t* x) {
   return acc;
 }
 
-template <int R, bool U4>
+template <int R, int BITS>
 void tile_rows(const uint8_t* wt, int64_t KG,
                const int8_t* xq, const float* sx, const float* c, int64_t K, const float* bias,
                void* out, bool bf16_out, int64_t ldo, int64_t n0) {
-  constexpr int64_t rec = record_bytes<U4>();
+  constexpr int64_t rec = record_bytes<BITS>();
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const __m512i low4 = _mm512_set1_epi8(0x0F);
@@ -114,16 +116,26 @@ void tile_rows(const uint8_t* wt, int64_t KG,
     for (int64_t line = 0; line < rec; line += 64)
       _mm_prefetch(reinterpret_cast<const char*>(wg + PREFETCH * rec + line), _MM_HINT_T0);
     __m512i w[8];
-    if constexpr (U4) {
+    if constexpr (BITS == 8) {
+      for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(wg + 64 * j);
+    } else {
       for (int s = 0; s < 4; ++s) {
         __m512i v = _mm512_loadu_si512(wg + 64 * s);
         w[2 * s] = _mm512_and_si512(v, low4);
         w[2 * s + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
       }
-    } else {
-      for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(wg + 64 * j);
     }
-    const auto* dm = reinterpret_cast<const __m256i*>(wg + code_bytes<U4>());
+    if constexpr (BITS == 6) {  // q = low nibble | top two bits << 4 (layout: top of this file)
+      const __m512i top = _mm512_set1_epi8(0x30);
+      for (int t = 0; t < 2; ++t) {
+        const __m512i v = _mm512_loadu_si512(wg + 256 + 64 * t);
+        w[4 * t] = _mm512_or_si512(w[4 * t], _mm512_and_si512(_mm512_slli_epi16(v, 4), top));
+        w[4 * t + 1] = _mm512_or_si512(w[4 * t + 1], _mm512_and_si512(_mm512_slli_epi16(v, 2), top));
+        w[4 * t + 2] = _mm512_or_si512(w[4 * t + 2], _mm512_and_si512(v, top));
+        w[4 * t + 3] = _mm512_or_si512(w[4 * t + 3], _mm512_and_si512(_mm512_srli_epi16(v, 2), top));
+      }
+    }
+    const auto* dm = reinterpret_cast<const __m256i*>(wg + code_bytes<BITS>());
     const __m512 dg = _mm512_cvtph_ps(_mm256_loadu_si256(dm));
     const __m512 mg = _mm512_cvtph_ps(_mm256_loadu_si256(dm + 1));
     for (int r = 0; r < R; ++r) {
@@ -165,11 +177,23 @@ inline __m256i dot_nibbles(const __m256i* w, const int32_t* x) {
   return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
 }
 
-template <int R, bool U4>
+// The same for 6-bit weights (< 64): a pair of vpmaddubsw sums at most 2 * 2 * 63 * 127 =
+// 32004, still exact in int16, so pairs go to int32 (four vpmaddwd) and add there.
+inline __m256i dot_six(const __m256i* w, const int32_t* x) {
+  __m256i acc = _mm256_setzero_si256();
+  for (int j = 0; j < 8; j += 2) {
+    const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(w[j], _mm256_set1_epi32(x[j])),
+                                       _mm256_maddubs_epi16(w[j + 1], _mm256_set1_epi32(x[j + 1])));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(s, _mm256_set1_epi16(1)));
+  }
+  return acc;
+}
+
+template <int R, int BITS>
 void tile_rows(const uint8_t* wt, int64_t KG,
                const int8_t* xq, const float* sx, const float* c, int64_t K, const float* bias,
                void* out, bool bf16_out, int64_t ldo, int64_t n0) {
-  constexpr int64_t rec = record_bytes<U4>();
+  constexpr int64_t rec = record_bytes<BITS>();
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -177,27 +201,40 @@ void tile_rows(const uint8_t* wt, int64_t KG,
     const uint8_t* wg = wt + g * rec;
     for (int64_t line = 0; line < rec; line += 64)
       _mm_prefetch(reinterpret_cast<const char*>(wg + PREFETCH * rec + line), _MM_HINT_T0);
-    const auto* dm = reinterpret_cast<const __m128i*>(wg + code_bytes<U4>());
+    const auto* dm = reinterpret_cast<const __m128i*>(wg + code_bytes<BITS>());
     for (int h = 0; h < 2; ++h) {  // columns 8h .. 8h + 7: bytes 32h .. 32h + 31 of a vector
       const __m256 dg = _mm256_cvtph_ps(_mm_loadu_si128(dm + h));
       const __m256 mg = _mm256_cvtph_ps(_mm_loadu_si128(dm + 2 + h));
-      // 4-bit: lo[j] = the codes of k = 4j..4j+3. 8-bit: q = lo + 16 hi, two nibble dots
+      // 4-bit: lo[j] = the codes of k = 4j..4j+3. 8-bit: q = lo + 16 hi, two nibble dots.
+      // 6-bit: lo[j] |= its top two bits << 4, one dot (dot_six)
       __m256i lo[8], hi[8];
       for (int j = 0; j < 8; ++j) {
-        const int64_t at = U4 ? 64 * (j / 2) : 64 * j;
+        const int64_t at = BITS == 8 ? 64 * j : 64 * (j / 2);
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + at + 32 * h));
         const __m256i vhi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-        if constexpr (U4) {
-          lo[j] = j % 2 ? vhi : _mm256_and_si256(v, low4);
-        } else {
+        if constexpr (BITS == 8) {
           lo[j] = _mm256_and_si256(v, low4);
           hi[j] = vhi;
+        } else {
+          lo[j] = j % 2 ? vhi : _mm256_and_si256(v, low4);
+        }
+      }
+      if constexpr (BITS == 6) {
+        // the top bits of vector 4t + i sit at bits 2i, 2i + 1 of each byte of vector t:
+        // shifted to bits 4, 5 (16-bit shifts, masked per byte: nothing crosses a byte)
+        const __m256i top = _mm256_set1_epi8(0x30);
+        for (int t = 0; t < 2; ++t) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 256 + 64 * t + 32 * h));
+          lo[4 * t] = _mm256_or_si256(lo[4 * t], _mm256_and_si256(_mm256_slli_epi16(v, 4), top));
+          lo[4 * t + 1] = _mm256_or_si256(lo[4 * t + 1], _mm256_and_si256(_mm256_slli_epi16(v, 2), top));
+          lo[4 * t + 2] = _mm256_or_si256(lo[4 * t + 2], _mm256_and_si256(v, top));
+          lo[4 * t + 3] = _mm256_or_si256(lo[4 * t + 3], _mm256_and_si256(_mm256_srli_epi16(v, 2), top));
         }
       }
       for (int r = 0; r < R; ++r) {
         const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
-        __m256i dot = dot_nibbles(lo, xg);
-        if constexpr (!U4) dot = _mm256_add_epi32(dot, _mm256_slli_epi32(dot_nibbles(hi, xg), 4));
+        __m256i dot = BITS == 6 ? dot_six(lo, xg) : dot_nibbles(lo, xg);
+        if constexpr (BITS == 8) dot = _mm256_add_epi32(dot, _mm256_slli_epi32(dot_nibbles(hi, xg), 4));
         const __m256 scale = _mm256_mul_ps(dg, _mm256_set1_ps(sx[r * KG + g]));
         acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r][h]);
         acc[r][h] = _mm256_fnmadd_ps(mg, _mm256_set1_ps(c[r * KG + g]), acc[r][h]);
@@ -213,7 +250,7 @@ void tile_rows(const uint8_t* wt, int64_t KG,
 
 #endif  // __AVX512VNNI__
 
-template <bool U4>
+template <int BITS>
 void tile_all_rows(int rows, const uint8_t* wt, int64_t KG, const int8_t* xq, const float* sx, const float* c, int64_t K,
                    const float* bias, void* out, bool bf16_out, int64_t ldo, int64_t n0) {
   auto* o = static_cast<char*>(out);
@@ -225,7 +262,7 @@ void tile_all_rows(int rows, const uint8_t* wt, int64_t KG, const int8_t* xq, co
     const float* cc = c + r0 * KG;
     void* y = o + r0 * ldo * esize;
 #define SPECD_ROWS(R) \
-  case R: tile_rows<R, U4>(wt, KG, x, s, cc, K, bias, y, bf16_out, ldo, n0); break;
+  case R: tile_rows<R, BITS>(wt, KG, x, s, cc, K, bias, y, bf16_out, ldo, n0); break;
     switch (n) {
       SPECD_ROWS(1) SPECD_ROWS(2) SPECD_ROWS(3) SPECD_ROWS(4)
       SPECD_ROWS(5) SPECD_ROWS(6) SPECD_ROWS(7) SPECD_ROWS(8)
@@ -236,18 +273,18 @@ void tile_all_rows(int rows, const uint8_t* wt, int64_t KG, const int8_t* xq, co
 
 }  // namespace
 
-// x [M, K] fp32 or bf16; records uint8 [N/16, K/32, 256 + 64 (4-bit) or 512 + 64
-// (8-bit)]; bias fp32 [N] or empty. Returns [M, N] in `out_dtype` (fp32 or bf16).
+// x [M, K] fp32 or bf16; records uint8 [N/16, K/32, 256, 384 or 512 code bytes (4, 6 or
+// 8 bits) + 64]; bias fp32 [N] or empty. Returns [M, N] in `out_dtype` (fp32 or bf16).
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& records, const at::Tensor& bias,
                    int64_t bits, at::ScalarType out_dtype) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [M, K] matrix");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "x must be fp32 or bf16");
-  TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8");
+  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "bits must be 4, 6 or 8");
   TORCH_CHECK(out_dtype == at::kFloat || out_dtype == at::kBFloat16, "out must be fp32 or bf16");
   const int64_t M = x.size(0), K = x.size(1), KG = K / G;
   const int64_t tiles = records.size(0), N = tiles * NT;
-  const int64_t rec = bits == 4 ? record_bytes<true>() : record_bytes<false>();
+  const int64_t rec = bits == 4 ? record_bytes<4>() : bits == 6 ? record_bytes<6>() : record_bytes<8>();
   TORCH_CHECK(K % G == 0 && records.size(1) == KG && records.size(2) == rec,
               "weight layout does not match x");
   TORCH_CHECK(records.is_contiguous() && records.scalar_type() == at::kByte,
@@ -282,9 +319,11 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& records, const at::Ten
     for (int64_t t = t0; t < t1; ++t) {
       const uint8_t* wt = w + t * KG * rec;
       if (bits == 4)
-        tile_all_rows<true>(rows, wt, KG, xqp, sxp, cp, K, b, out, bf16_out, N, t * NT);
+        tile_all_rows<4>(rows, wt, KG, xqp, sxp, cp, K, b, out, bf16_out, N, t * NT);
+      else if (bits == 6)
+        tile_all_rows<6>(rows, wt, KG, xqp, sxp, cp, K, b, out, bf16_out, N, t * NT);
       else
-        tile_all_rows<false>(rows, wt, KG, xqp, sxp, cp, K, b, out, bf16_out, N, t * NT);
+        tile_all_rows<8>(rows, wt, KG, xqp, sxp, cp, K, b, out, bf16_out, N, t * NT);
     }
   });
   return rows_run == M ? y : y.narrow(0, 0, M);

@@ -15,8 +15,7 @@ import torch
 
 from specd.config import KV_DTYPES
 from specd.kvcache import BlockAllocator
-
-_NAMED = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+from specd.models.args import parse_dtype
 
 
 def kv_dtype(name: str, activations: torch.dtype) -> torch.dtype:
@@ -26,7 +25,7 @@ def kv_dtype(name: str, activations: torch.dtype) -> torch.dtype:
         raise ValueError(f"kv dtype must be one of {', '.join(KV_DTYPES)}, got {name!r}")
     if name == "auto":
         return torch.float16 if activations == torch.float32 else activations
-    chosen = _NAMED[name]
+    chosen = parse_dtype(name, torch.device("cpu"))  # a name, not auto: no device default
     if chosen != activations and activations != torch.float32:
         raise ValueError(
             f"a {name} KV cache needs fp32 activations or {name} ones (they are {activations})"

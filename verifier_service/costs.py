@@ -12,9 +12,12 @@ from bisect import bisect_left
 class CostCurve:
     """Seconds per event by size (rows of a forward, sequences in a drafter round, drafts
     of a step), an EMA per size with its sample count. Unmeasured sizes interpolate
-    between measured neighbours. Outside the measured sizes the curve is flat (an
-    optimistic guess on a memory-bound device that the first such step corrects), or
-    unknown (None) with `flat=False`."""
+    between measured neighbours. Below the smallest measured size the curve is flat; past
+    the largest it goes on along the slope of its last two sizes, never down: flat on a
+    memory-bound device, where rows cost nearly nothing, and what rows do cost on a CPU,
+    where a flat guess (a 28-row verification priced as the 4-row forward measured) made
+    a fresh verifier draft at batch 4 until it had paid for such steps. With `flat=False`
+    the curve is unknown (None) outside the measured sizes."""
 
     def __init__(self, weight: float = 0.3, flat: bool = True):
         self.weight = weight
@@ -45,7 +48,13 @@ class CostCurve:
         if i < len(sizes) and sizes[i] == size:
             return self._by_size[size]
         if i == 0 or i == len(sizes):
-            return self._by_size[sizes[0 if i == 0 else -1]] if self.flat else None
+            if not self.flat:
+                return None
+            if i == 0 or len(sizes) == 1:
+                return self._by_size[sizes[0 if i == 0 else -1]]
+            lo, hi = sizes[-2], sizes[-1]
+            slope = max(0.0, (self._by_size[hi] - self._by_size[lo]) / (hi - lo))
+            return self._by_size[hi] + slope * (size - hi)
         lo, hi = sizes[i - 1], sizes[i]
         f = (size - lo) / (hi - lo)
         return self._by_size[lo] * (1 - f) + self._by_size[hi] * f

@@ -38,13 +38,18 @@ def test_expected_tokens_by_hand():
     assert expected_tokens([0.9, 0.5], 3) == pytest.approx(1 + 0.9 + 0.45 + 0.225)
 
 
-def test_cost_curve_interpolates_and_is_flat_past_the_measured():
+def test_cost_curve_interpolates_and_extrapolates_along_its_last_slope():
     curve = CostCurve()
     assert curve(4) is None
     curve.record(1, 1.0)
+    assert curve(7) == 1.0  # one size: flat
     curve.record(9, 3.0)
     assert curve(5) == pytest.approx(2.0)
-    assert curve(1) == 1.0 and curve(100) == 3.0  # past the largest: flat (optimistic)
+    assert curve(0) == 1.0  # below the smallest: flat
+    # past the largest: on along the slope of the last two sizes (0.25 s a size here)
+    assert curve(17) == pytest.approx(5.0)
+    curve.record(13, 2.0)  # a falling end (noise) extrapolates flat, never down
+    assert curve(100) == 2.0
     curve.record(1, 2.0)  # an EMA, not the last sample
     assert 1.0 < curve(1) < 2.0
     curve.record(3, 0.0)  # nonsense timings are ignored
@@ -114,6 +119,21 @@ def test_a_device_where_rows_cost_goes_off_for_cost_even_alone():
         assert plan.ks == [0] and plan.reasons == ["off:cost"], accept
     # where rows are cheap the same poor sequence is off for its acceptance
     assert recorded().plan([Candidate(6, [0.15], floor=0.1)]).reasons == ["off:acceptance"]
+
+
+def test_a_fresh_verifier_on_this_cpu_prices_a_bigger_batch_past_what_it_measured():
+    # what a verifier has seen after one sequence drafted (rows up to 7, rounds of one
+    # sequence) and plain batches of up to 4 (BENCHMARKS.md section 28): a batch of 4
+    # drafting 6 feeds 28 rows, never measured. Priced flat, as the 7-row forward, it
+    # looked 2x plain and the batch drafted; along the measured slope it is not
+    c = Controller(ControllerConfig(explore_every=0))
+    for rows, s in {1: 0.056, 2: 0.067, 3: 0.086, 4: 0.099, 5: 0.111, 7: 0.134}.items():
+        c.costs.record_forward(rows, s)
+    for k in (1, 2, 4, 6):
+        c.costs.record_draft(1, k, 0.04 + 0.02 * k)
+    assert c.costs.forward(28) == pytest.approx(0.134 + 21 * (0.134 - 0.111) / 2)
+    batch = [Candidate(6, [0.9]) for _ in range(4)]
+    assert c.plan(batch).ks == [0] * 4
 
 
 def test_a_sequence_below_its_routes_floor_is_left_out_of_a_good_round():

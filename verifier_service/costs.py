@@ -16,12 +16,12 @@ class CostCurve:
     the largest it goes on along the slope of its last two sizes, never down: flat on a
     memory-bound device, where rows cost nearly nothing, and what rows do cost on a CPU,
     where a flat guess (a 28-row verification priced as the 4-row forward measured) made
-    a fresh verifier draft at batch 4 until it had paid for such steps. With `flat=False`
+    a fresh verifier draft at batch 4 until it had paid for such steps. With `extrapolate=False`
     the curve is unknown (None) outside the measured sizes."""
 
-    def __init__(self, weight: float = 0.3, flat: bool = True):
+    def __init__(self, weight: float = 0.3, extrapolate: bool = True):
         self.weight = weight
-        self.flat = flat
+        self.extrapolate = extrapolate
         self._by_size: dict[int, float] = {}
         self._counts: dict[int, int] = {}
         self._sizes: list[int] = []
@@ -48,7 +48,7 @@ class CostCurve:
         if i < len(sizes) and sizes[i] == size:
             return self._by_size[size]
         if i == 0 or i == len(sizes):
-            if not self.flat:
+            if not self.extrapolate:
                 return None
             if i == 0 or len(sizes) == 1:
                 return self._by_size[sizes[0 if i == 0 else -1]]
@@ -77,7 +77,7 @@ class StepCosts:
 
     def __init__(self, weight: float = 0.1):
         self.weight = weight
-        self._plain = CostCurve(weight, flat=False)
+        self._plain = CostCurve(weight, extrapolate=False)
         self._drafting: dict[int, CostCurve] = {}
 
     def _curve(self, sequences: int, k: int) -> CostCurve | None:
@@ -89,7 +89,7 @@ class StepCosts:
         if k == 0:
             self._plain.record(sequences, seconds)
         else:
-            self._drafting.setdefault(sequences, CostCurve(self.weight, flat=False))
+            self._drafting.setdefault(sequences, CostCurve(self.weight, extrapolate=False))
             self._drafting[sequences].record(k, seconds)
 
     def samples(self, sequences: int, k: int) -> int:

@@ -32,8 +32,8 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-# in int4 mode, the bits a GGUF type is quantised to again (types not listed: 4)
-_WIDE = {"Q6_K": 8, "Q8_0": 8, "Q8_1": 8, "Q8_K": 8, "F16": 8, "BF16": 8, "F32": 8}
+# GGUF types of more than 5 bits a weight: int4 quantises them again at 8 (others at 4)
+_WIDE = {"Q6_K", "Q8_0", "Q8_1", "Q8_K", "F16", "BF16", "F32"}
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -88,7 +88,7 @@ def to_qweight(tensor, mode: str) -> QWeight | None:
         q = torch.from_numpy(codes.reshape(rows, cols))
         return pack(q, _groups(d, rows), _groups(m, rows), 4)
     dense = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
-    bits = 8 if mode == "int8" else _WIDE.get(kind, 4)
+    bits = 8 if (mode == "int8" or kind in _WIDE) else 4
     if mode == "int4" and kind == "Q6_K" and tensor.name == "output.weight":
         bits = 6  # the LM head: see the module's docstring
     return quantize(torch.from_numpy(np.ascontiguousarray(dense)).reshape(rows, cols), bits)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 
+_FIT_CAP = 16  # the most samples one k weighs in a drafting-step line (StepCosts)
+
 
 class CostCurve:
     """Seconds per event by size (rows of a forward, sequences in a drafter round, drafts
@@ -72,8 +74,13 @@ class StepCosts:
 
     Plain steps are one curve by sequences; drafting steps one curve by k per batch size,
     never interpolated from plain: k = 1 pays a drafter round's fixed part (the round
-    trip, the tree leaves), far more than halfway to k = 2. Outside what was measured the
-    cost is unknown (None) and the caller falls back."""
+    trip, the tree leaves), far more than halfway to k = 2. Past k = 1 a step's cost is
+    affine in k (k drafter steps, k more rows), so between the k measured for a batch size
+    the curve is the least-squares line through them, weighted by their samples: a k
+    measured a few times, early and dear (before the forward priced its tree leaves) or in
+    a noisy second, would otherwise keep a price its neighbours contradict, and as the
+    controller stays off a k that looks dear, nothing would correct it. Outside what was
+    measured the cost is unknown (None) and the caller falls back."""
 
     def __init__(self, weight: float = 0.1):
         self.weight = weight
@@ -97,8 +104,10 @@ class StepCosts:
         return 0 if curve is None else curve.samples(sequences if k == 0 else k)
 
     def __call__(self, sequences: int, k: int) -> float | None:
-        curve = self._curve(sequences, k)
-        return None if curve is None else curve(sequences if k == 0 else k)
+        if k == 0:
+            return self._plain(sequences)
+        curve = self._drafting.get(sequences)
+        return None if curve is None else _affine(curve, k)
 
     def measured(self) -> dict[tuple[int, int], float]:
         out = {(b, 0): s for b, s in self._plain.measured().items()}
@@ -191,6 +200,24 @@ class StepCostModel:
         sizes = sorted(self.draft)
         size = next((n for n in sizes if n >= drafting), sizes[-1])
         return forward + self.draft[size](k)
+
+
+def _affine(curve: CostCurve, k: int) -> float | None:
+    """`curve` at k by the weighted least-squares line through its measured sizes (each
+    weighs its samples, at most `_FIT_CAP`, so one k the controller ran for minutes does
+    not drown the rest); None outside them, the measured value where only one is."""
+    points = curve.measured()
+    if k not in points and (len(points) < 2 or not min(points) < k < max(points)):
+        return None
+    if len(points) < 2:
+        return points[k]
+    w = {x: min(curve.samples(x), _FIT_CAP) for x in points}
+    total = sum(w.values())
+    mx = sum(w[x] * x for x in points) / total
+    my = sum(w[x] * y for x, y in points.items()) / total
+    var = sum(w[x] * (x - mx) ** 2 for x in points)
+    slope = max(0.0, sum(w[x] * (x - mx) * (y - my) for x, y in points.items()) / var)
+    return my + slope * (k - mx)
 
 
 def _power_of_two(tokens: int) -> int:

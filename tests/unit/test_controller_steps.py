@@ -30,10 +30,32 @@ def test_step_costs_average_and_interpolate_only_between_measured_k():
     assert steps(1, 2) is None  # never between plain and a drafting k: not linear
     steps.record(4, 0, 0.09)
     assert steps(3, 0) == pytest.approx(0.07)  # plain: between measured batch sizes
-    steps.record(2, 1, 0.2)  # an EMA, with its count
-    assert steps(2, 1) == pytest.approx(0.15) and steps.samples(2, 1) == 2
+    steps.record(2, 1, 0.2)  # an EMA, with its count...
+    assert steps.measured()[(2, 1)] == pytest.approx(0.15) and steps.samples(2, 1) == 2
+    # ...and the price the least-squares line through k = 1 (twice), 4 and 5 gives it
+    assert steps(2, 1) == pytest.approx(0.1529, abs=1e-4)
     steps.record(2, 2, 0.0)  # nonsense timings are ignored
     assert steps.samples(2, 2) == 0
+
+
+def test_a_k_measured_dear_a_few_times_takes_the_price_of_its_neighbours():
+    """Early steps at k = 2 fed tree leaves (5 rows, not 3) before the forward had priced
+    them; k = 1 and k = 3 ran since, many times, and lie on a line that puts k = 2 where
+    it is now: the best k, which the controller would otherwise never run again."""
+    accept = [0.9, 0.85, 0.6]
+
+    def true_s(k):
+        return 0.05 if k == 0 else 0.052 + 0.03 * k
+
+    c = Controller(ControllerConfig(explore_every=0))
+    for k, n in ((0, 20), (1, 20), (3, 20)):
+        for _ in range(n):
+            c.costs.record_step([k], true_s(k))
+    for _ in range(2):
+        c.costs.record_step([2], 1.3 * true_s(2))
+    assert c.costs.steps(1, 2) == pytest.approx(true_s(2), rel=0.03)
+    assert best_k(true_s, accept, 3) == 2
+    assert c.plan([Candidate(3, accept)]).ks == [2]
 
 
 def measured(step_s: dict) -> Controller:

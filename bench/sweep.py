@@ -4,6 +4,7 @@
                       [--modes off,on,auto,ngram] [--requests-per-cell 16] [--repeats 1]
                       [--peer hf] [--out bench/out/sweep]
     specd bench sweep --workload code,chat,retrieval --route code,chat,default ...  # mixed
+    specd bench sweep --route code --modes off,auto,on@code_k2 ...  # a mode on another route
 
 Against a running router (`--target`), or, without it, a drafter, verifier and router it
 starts itself (`--model`, `--draft-model`). Each cell (mode x concurrency) sends a bounded
@@ -19,7 +20,9 @@ cluster with `--modes on --label ngram`). `--peer hf` also runs transformers' ge
 (plain, assisted with the same draft model, prompt lookup) on the same prompts at
 concurrency 1 and reports each mode's ratio to it. A mixed workload (`--workload a,b`,
 `--route ra,rb`: one route per workload) interleaves the workloads' conversations, each
-sent on its workload's route, and each cell also reports every route's share.
+sent on its workload's route, and each cell also reports every route's share. A mode
+written `mode@route` sends all of its cells' requests on that route instead (`auto` with
+the route's k as its cap beside `on` at each fixed k, one route per k, in one run).
 """
 
 from __future__ import annotations
@@ -144,23 +147,32 @@ def sweep(
     """Every (mode, concurrency) cell, each run `repeats` times in `run_order`; a cell's
     runs merge into one summary (tokens over wall time) that lists each run's tok/s, and
     with several routes each route's own summary over the same wall time."""
+
+    def cell_args(mode: str) -> tuple[str, list[str] | None]:
+        speculation, _, route = mode.partition("@")  # "on@code_k2": that mode on that route
+        return speculation, [route] * len(conversations) if route else routes
+
     for mode in modes:
+        speculation, cell_routes = cell_args(mode)
         # untimed first: the services' first forwards page the weights in and build
         # kernels; then every conversation once, so each cell finds the prompts in the
         # prefix caches (the verifier's, and the drafter's where the mode drafts) as every
         # other cell does: without it the first cell to send a prompt pays its prefill
         # and the others do not (llama-server gets the same, bench/llamacpp.py)
         warm = [WARM_UP, *conversations]
-        warm_routes = None if routes is None else [routes[0], *routes]
-        asyncio.run(run_cell(address, warm, mode, 1, len(warm), WARM_UP_TOKENS, None, warm_routes))
+        warm_routes = None if cell_routes is None else [cell_routes[0], *cell_routes]
+        asyncio.run(
+            run_cell(address, warm, speculation, 1, len(warm), WARM_UP_TOKENS, None, warm_routes)
+        )
     runs: dict[tuple[str, int], list[tuple[list[dict], float]]] = {}
     for mode, c in run_order(list(modes), list(levels), repeats):
         n = max(requests, c)
         name = label or mode
         bar = tqdm(total=n, desc=f"{name:<6} c={c:<3}", leave=False) if bars else None
         tick = bar.update if bar is not None else None
+        speculation, cell_routes = cell_args(mode)
         results, wall = asyncio.run(
-            run_cell(address, conversations, mode, c, n, max_new, tick, routes)
+            run_cell(address, conversations, speculation, c, n, max_new, tick, cell_routes)
         )
         if bar is not None:
             bar.close()
@@ -177,7 +189,7 @@ def sweep(
             results, wall = [r for rs, _ in done for r in rs], sum(w for _, w in done)
             cell = summarise(results, wall)
             cell.update(mode=label or mode, concurrency=c)
-            if len(set(routes or [])) > 1:
+            if len(set(routes or [])) > 1 and "@" not in mode:
                 cell["routes"] = {
                     route: summarise([r for r in results if r["route"] == route], wall)
                     for route in dict.fromkeys(routes)

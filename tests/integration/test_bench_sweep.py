@@ -10,6 +10,20 @@ from router.policy import Policy
 from tests.cluster import start_cluster
 
 
+def small_sweep(cluster, conversations, modes, levels, requests: int = 2, **kwargs) -> dict:
+    """A sweep of 6-token requests against the module's cluster, quietly."""
+    return sweep(
+        cluster.router,
+        conversations,
+        modes,
+        levels,
+        requests=requests,
+        max_new=6,
+        progress=lambda line: None,
+        **kwargs,
+    )
+
+
 @pytest.fixture(scope="module")
 def cluster(tiny_pair):
     policy = {"default": {"min_acceptance": 0}, "routes": {"plain": {"speculation": "off"}}}
@@ -21,15 +35,7 @@ def cluster(tiny_pair):
 def test_small_sweep_writes_json_markdown_and_png(cluster, tmp_path):
     conversations = [[{"role": "user", "content": "abcabc"}], [{"role": "user", "content": "x"}]]
     modes, levels = ["off", "on", "auto"], [1, 2]
-    report = sweep(
-        cluster.router,
-        conversations,
-        modes,
-        levels,
-        requests=2,
-        max_new=6,
-        progress=lambda line: None,
-    )
+    report = small_sweep(cluster, conversations, modes, levels)
     paths = write_outputs(report, tmp_path)
     data = json.loads((tmp_path / "sweep.json").read_text())
     assert len(data["cells"]) == len(modes) * len(levels)
@@ -66,16 +72,7 @@ def test_repeated_cells_alternate_modes_and_merge(cluster):
     ]
 
     conversations = [[{"role": "user", "content": "abcabc"}]]
-    report = sweep(
-        cluster.router,
-        conversations,
-        ["off", "on"],
-        [1],
-        requests=2,
-        max_new=6,
-        progress=lambda line: None,
-        repeats=2,
-    )
+    report = small_sweep(cluster, conversations, ["off", "on"], [1], repeats=2)
     assert [c["mode"] for c in report["cells"]] == ["off", "on"]
     for cell in report["cells"]:
         runs = cell["runs_tokens_per_s"]
@@ -93,16 +90,7 @@ def test_a_mixed_sweep_sends_each_workload_on_its_route_and_reports_each_route(c
     conversations, routes = mix([code, chat], ["default", "plain"])
     assert routes == ["default", "plain", "default", "default"]
     assert conversations == [code[0], chat[0], code[1], code[2]]
-    report = sweep(
-        cluster.router,
-        conversations,
-        ["on"],
-        [2],
-        requests=8,
-        max_new=6,
-        progress=lambda line: None,
-        routes=routes,
-    )
+    report = small_sweep(cluster, conversations, ["on"], [2], requests=8, routes=routes)
     assert report["route"] == "default,plain"
     (cell,) = report["cells"]
     by_route = cell["routes"]
@@ -114,6 +102,16 @@ def test_a_mixed_sweep_sends_each_workload_on_its_route_and_reports_each_route(c
     assert cell["tokens"] == by_route["default"]["tokens"] + by_route["plain"]["tokens"]
     table = to_markdown(report).splitlines()
     assert [row.split(" | ")[0] for row in table[2:]] == ["| on", "| on · default", "| on · plain"]
+
+
+def test_a_mode_at_a_route_sends_that_modes_cells_on_it(cluster):
+    conversations = [[{"role": "user", "content": "abc"}]]
+    report = small_sweep(cluster, conversations, ["on", "on@plain"], [1])
+    on, on_plain = report["cells"]
+    assert (on["mode"], on_plain["mode"]) == ("on", "on@plain")
+    assert on["reasons"] == {"on": 2}
+    assert on_plain["reasons"] == {"off:policy": 2}  # the route arrived: it never drafts
+    assert paired_ratios(report)[0].startswith("c=1 on@plain/on ")
 
 
 def test_sweep_starts_its_own_services_and_swaps_in_ngram(tmp_path):

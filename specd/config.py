@@ -37,7 +37,9 @@ class EngineConfig:
     cost_model: bool = True
     draft_gate_memory_s: float = 1.0  # draft_below_batch compares the largest batch seen
     # a drafter's alternative leaves are verified while a step feeds at most this many
-    # tokens (up to 16 rows cost about one row on CPU, BENCHMARKS.md); 0 = never
+    # tokens (up to 16 rows cost about one row on a GPU or with AMX); 0 = never. With the
+    # cost model, only as many as the measured forward prices near free (none on an AVX2
+    # CPU, where each row costs ~0.4 of a step: BENCHMARKS.md section 29)
     max_tree_tokens: int = 16
     # reuse the K/V of a prompt's longest cached prefix (whole blocks; specd.kvcache).
     # auto: on where the model's forward is chunk-invariant (integer kernels + paged

@@ -23,6 +23,7 @@ from verifier_service.decisions import Decision, DraftDecisions
 from verifier_service.sequence import Sequence
 
 PREFILL = Decision(0, "", 1.0)  # a prefill chunk decides no speculation
+LEAF_COST = 0.03  # what one alternative leaf may add to a forward's cost, at most
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,22 @@ class Slot:
     @property
     def seq_id(self) -> int:
         return self.seq.seq_id
+
+
+def free_rows(forward, rows: int, extra: int) -> int:
+    """How many of `extra` leaf rows beside `rows` are worth their cost. A leaf yields a
+    token only where its draft is rejected and it is not: ~1.6% more tokens a round per leaf
+    on code, 5% on chat (BENCHMARKS.md section 9), so a leaf may add `LEAF_COST` of the
+    forward, no more. Where rows are flat (a GPU, AMX) every leaf passes; on an AVX2 CPU a
+    row costs ~0.38 of a one-row step, and leaves made a k = 2 round's forward ~25% dearer
+    (section 29). `forward` is the measured cost by rows (a CostCurve): unmeasured, every
+    leaf is taken, and the first such forward measures what they cost."""
+    base = forward(rows)
+    if base is None:
+        return extra
+    while extra and forward(rows + extra) > base * (1 + LEAF_COST * extra):
+        extra -= 1
+    return extra
 
 
 def prefill_target(seq: Sequence) -> int:
@@ -97,13 +114,17 @@ class Scheduler:
         return bool(self.waiting) or any(s.num_cached < prefill_target(s) for s in self.running)
 
     def _tree_room(self, decisions: list[Decision]) -> int:
-        """Alternative leaves the step may hold: a forward of up to `max_tree_tokens` new
-        tokens costs about one token's on a memory-bound device, past it every extra row
-        costs (in batch-invariant mode a sequence's tree then fits its one query tile)."""
+        """Alternative leaves the step may hold: up to `max_tree_tokens` new tokens (in
+        batch-invariant mode a sequence's tree then fits its one query tile), and with the
+        cost model only as many as the measured forward says come nearly free."""
         limit = self.config.max_tree_tokens
         if self.config.batch_invariant:
             limit = min(limit, INVARIANT_TILE)
-        return max(0, limit - sum(1 + d.k for d in decisions))
+        chain = sum(1 + d.k for d in decisions)
+        room = max(0, limit - chain)
+        if self.config.cost_model:
+            room = free_rows(self.controller.costs.forward, chain, room)
+        return room
 
     def _schedule_decode(self, budget: int) -> list[Slot]:
         ready = [s for s in self.running if s.num_cached >= prefill_target(s)]

@@ -293,7 +293,9 @@ def test_greedy_parity_with_alternative_leaves(tiny_pair, k, penalty):
     reqs = [dict(prompt=p, params=params, max_new_tokens=24) for p in PROMPTS]
     off = run_engine(make_engine(tiny_pair), reqs)
     proposer = DraftModelProposer(draft, num_blocks=128, block_size=4, alternatives=k)
-    cfg = EngineConfig(num_blocks=256, block_size=4, max_tree_tokens=256, batch_invariant=False)
+    cfg = EngineConfig(
+        num_blocks=256, block_size=4, max_tree_tokens=256, batch_invariant=False, cost_model=False
+    )
     engine = Engine(target, cfg, proposer, eos_ids=set())
     moved = _calls(engine.kv, "move")
     on = run_engine(engine, [dict(r, num_draft=k) for r in reqs])
@@ -355,7 +357,7 @@ def test_alternatives_are_dropped_when_the_step_is_large(tiny_pair):
     # lengths differ, so the batch shrinks to one sequence, whose 1 + 3 + 3 tokens fit
     reqs = [dict(prompt=p, max_new_tokens=8 + 8 * i, num_draft=3) for i, p in enumerate(PROMPTS)]
     proposer = DraftModelProposer(draft, num_blocks=128, block_size=4, alternatives=3)
-    cfg = EngineConfig(num_blocks=256, block_size=4, max_tree_tokens=8)
+    cfg = EngineConfig(num_blocks=256, block_size=4, max_tree_tokens=8, cost_model=False)
     engine = Engine(target, cfg, proposer, eos_ids=set())
     tree_steps = []
     real = target.forward

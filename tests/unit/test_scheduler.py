@@ -78,6 +78,39 @@ def test_decode_slots_get_k_and_one_leaf_per_draft_within_the_tree_room():
         assert slot.decision.reason == "on"
 
 
+@pytest.mark.parametrize(
+    "forward_ms,leaves",
+    [
+        # this AVX2 CPU (section 29): a row past the first ~17 ms of a 44 ms step
+        ({1: 44.0, 5: 111.0}, (0, 0)),
+        # rows flat (a GPU, AMX): a 16-row forward ~ a 10-row one, every leaf
+        ({1: 10.0, 10: 10.2, 16: 10.5}, (4, 2)),
+        # between: each of the 6 leaves adds 1% to the 10-row forward, all pass; at 3.3%
+        # each (over LEAF_COST), none
+        ({10: 100.0, 16: 106.0}, (4, 2)),
+        ({10: 100.0, 16: 120.0}, (0, 0)),
+    ],
+)
+def test_leaves_are_only_as_many_as_the_measured_forward_prices_near_free(forward_ms, leaves):
+    sched = _scheduler(max_tree_tokens=16, batch_invariant=False)
+    for rows, ms in forward_ms.items():
+        sched.controller.costs.record_forward(rows, ms / 1e3)
+    a, b = _seq(0, num_draft=4), _seq(1, num_draft=4)
+    _decoding(sched, a, b)
+    first, second = sched.schedule()
+    assert (first.k, second.k) == (4, 4)  # the chain is the controller's, never cut here
+    assert (first.alts, second.alts) == leaves
+
+
+def test_without_the_cost_model_the_leaves_fill_the_tree_room_whatever_rows_cost():
+    sched = _scheduler(max_tree_tokens=16, cost_model=False)
+    sched.controller.costs.record_forward(1, 0.044)
+    sched.controller.costs.record_forward(5, 0.111)
+    a, b = _seq(0, num_draft=4), _seq(1, num_draft=4)
+    _decoding(sched, a, b)
+    assert [s.alts for s in sched.schedule()] == [4, 2]
+
+
 def test_short_of_blocks_the_leaves_go_first_then_k_then_the_newest_sequence():
     sched = _scheduler(num_blocks=6, max_tree_tokens=16)
     a, b = _seq(0, prompt_len=6, num_draft=4), _seq(1, prompt_len=6, num_draft=4)

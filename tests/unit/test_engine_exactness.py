@@ -75,22 +75,26 @@ def test_engine_sampling_follows_the_target(tiny_pair, params, alternatives):
         max_batch_size=256,
         max_batched_tokens=4096,
         max_tree_tokens=1 << 20,  # alternatives for the whole batch
+        cost_model=False,  # whatever a row costs
         batch_invariant=False,  # which caps trees at one 16-row tile
     )
     engine = Engine(target, cfg, proposer, eos_ids=set())
     samples = torch.zeros(N, 3, dtype=torch.long)
     out = {}
-    for i in range(N):
-        seed_params = SamplingParams(**{**params.__dict__, "seed": 1000 + i})
-        out[engine.add_request(Request(PROMPT, seed_params, max_new_tokens=4, num_draft=2))] = []
+    # unseeded requests (a seeded one gets no tree leaves), each drawing its generator's
+    # seed from torch's, fixed here so that the test is deterministic
+    torch.manual_seed(1000)
+    for _ in range(N):
+        out[engine.add_request(Request(PROMPT, params, max_new_tokens=4, num_draft=2))] = []
     while engine.has_work():
         for o in engine.step():
             out[o.seq_id].extend(o.tokens)
     for row, tokens in enumerate(out.values()):
         samples[row] = torch.tensor(tokens[:3])  # position 1 from prefill, 2-3 from a round
     assert engine.totals.drafted > 0 and engine.totals.accepted < engine.totals.drafted
-    if alternatives:
-        assert engine.branches_taken > 0
+    # leaves were verified with the chains (a leaf wins rarely on the tiny pair, ~1 round
+    # in 400: the K/V moves of a won branch are test_engine's greedy-parity test's)
+    assert (engine.tree_rounds > 0) == bool(alternatives)
     assert engine.kv.allocator.num_used == 0 and proposer.kv.allocator.num_used == 0
     v = target.args.vocab_size
     for position, p in enumerate(exact_marginals(target, params)):

@@ -418,7 +418,7 @@ def test_whole_decode_steps_are_measured_by_their_plan_and_switches_apart(tiny_p
     # and every decode step is still measured for the model
     engine = make_engine(tiny_pair, "draft", cost_model=False)
     costs, events = engine.scheduler.controller.costs, []
-    for name in ("record_forward", "record_step"):
+    for name in ("record_draft", "record_forward", "record_step"):
         real = getattr(costs, name)
 
         def spy(*args, name=name, real=real):
@@ -440,3 +440,15 @@ def test_whole_decode_steps_are_measured_by_their_plan_and_switches_apart(tiny_p
     steady = {(len(ks), max(ks)) for ks, _, behind, stop in steps if not behind and not stop}
     assert steady and any(k for _, k in steady)
     assert set(costs.steps.measured()) == steady
+    # a drafter round is a steady one, for the round curve, only where the drafter did not
+    # catch up first: the first round (a whole prompt) is not recorded, later ones are
+    group, rounds = [], []
+    for name, args in events:
+        group.append((name, args))
+        if name == "record_step":
+            ks, _, catch_up, _ = args
+            drafted = [a for n, a in group if n == "record_draft" and a[0] > 0]
+            rounds.append((max(ks) > 0 and not catch_up, bool(drafted)))
+            group = []
+    assert rounds[0] == (False, False) and (True, True) in rounds
+    assert all(steady_round == recorded for steady_round, recorded in rounds)

@@ -13,7 +13,7 @@ _FIT_CAP = 16  # the most samples one k weighs in a drafting-step line (StepCost
 
 class CostCurve:
     """Seconds per event by size (rows of a forward, sequences in a drafter round, drafts
-    of a step), an EMA per size with its sample count. Unmeasured sizes interpolate
+    of a step), an EMA per size (from its second event) with its sample count. Unmeasured sizes interpolate
     between measured neighbours. Below the smallest measured size the curve is flat; past
     the largest it goes on along the slope of its last two sizes, never down: flat on a
     memory-bound device, where rows cost nearly nothing, and what rows do cost on a CPU,
@@ -31,13 +31,18 @@ class CostCurve:
     def record(self, size: int, seconds: float) -> None:
         if size <= 0 or not seconds > 0:
             return
-        old = self._by_size.get(size)
+        old, count = self._by_size.get(size), self._counts.get(size, 0)
         if old is None:
             self._by_size[size] = seconds
             self._sizes = sorted(self._by_size)
+        elif count == 1:
+            # the first event of a size may run cold (a fresh verifier's first drafting
+            # forward: 0.16 s, later ones 0.08-0.10), and an EMA would keep it for ~20
+            # events: the second replaces it, an EMA from the third
+            self._by_size[size] = seconds
         else:
             self._by_size[size] = old + self.weight * (seconds - old)
-        self._counts[size] = self._counts.get(size, 0) + 1
+        self._counts[size] = count + 1
 
     def samples(self, size: int) -> int:
         return self._counts.get(size, 0)

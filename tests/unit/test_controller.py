@@ -50,7 +50,9 @@ def test_cost_curve_interpolates_and_extrapolates_along_its_last_slope():
     assert curve(17) == pytest.approx(5.0)
     curve.record(13, 2.0)  # a falling end (noise) extrapolates flat, never down
     assert curve(100) == 2.0
-    curve.record(1, 2.0)  # an EMA, not the last sample
+    curve.record(1, 2.0)  # the second event replaces the first, which may run cold
+    assert curve(1) == 2.0
+    curve.record(1, 1.0)  # then an EMA, not the last sample
     assert 1.0 < curve(1) < 2.0
     curve.record(3, 0.0)  # nonsense timings are ignored
     assert 3 not in curve.measured()

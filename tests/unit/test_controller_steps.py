@@ -30,10 +30,12 @@ def test_step_costs_average_and_interpolate_only_between_measured_k():
     assert steps(1, 2) is None  # never between plain and a drafting k: not linear
     steps.record(4, 0, 0.09)
     assert steps(3, 0) == pytest.approx(0.07)  # plain: between measured batch sizes
-    steps.record(2, 1, 0.2)  # an EMA, with its count...
-    assert steps.measured()[(2, 1)] == pytest.approx(0.15) and steps.samples(2, 1) == 2
-    # ...and the price the least-squares line through k = 1 (twice), 4 and 5 gives it
-    assert steps(2, 1) == pytest.approx(0.1529, abs=1e-4)
+    steps.record(2, 1, 0.2)  # the second event replaces the first (which may run cold)
+    assert steps.measured()[(2, 1)] == pytest.approx(0.2) and steps.samples(2, 1) == 2
+    steps.record(2, 1, 0.1)  # an EMA from the third, with its count...
+    assert steps.measured()[(2, 1)] == pytest.approx(0.15) and steps.samples(2, 1) == 3
+    # ...and the price the least-squares line through k = 1 (3 times), 4 and 5 gives it
+    assert steps(2, 1) == pytest.approx(0.1520, abs=1e-4)
     steps.record(2, 2, 0.0)  # nonsense timings are ignored
     assert steps.samples(2, 2) == 0
 

@@ -13,13 +13,14 @@ _FIT_CAP = 16  # the most samples one k weighs in a drafting-step line (StepCost
 
 class CostCurve:
     """Seconds per event by size (rows of a forward, sequences in a drafter round, drafts
-    of a step), an EMA per size (from its second event) with its sample count. Unmeasured sizes interpolate
-    between measured neighbours. Below the smallest measured size the curve is flat; past
-    the largest it goes on along the slope of its last two sizes, never down: flat on a
-    memory-bound device, where rows cost nearly nothing, and what rows do cost on a CPU,
-    where a flat guess (a 28-row verification priced as the 4-row forward measured) made
-    a fresh verifier draft at batch 4 until it had paid for such steps. With `extrapolate=False`
-    the curve is unknown (None) outside the measured sizes."""
+    of a step), an EMA per size (from its second event) with its sample count. Unmeasured
+    sizes interpolate between measured neighbours. Below the smallest measured size the
+    curve is flat; past the largest it goes on along the slope of its last two sizes,
+    never down: flat on a memory-bound device, where rows cost nearly nothing, and what
+    rows do cost on a CPU, where a flat guess (a 28-row verification priced as the 4-row
+    forward measured) made a fresh verifier draft at batch 4 until it had paid for such
+    steps. With `extrapolate=False` the curve is unknown (None) outside the measured
+    sizes."""
 
     def __init__(self, weight: float = 0.3, extrapolate: bool = True):
         self.weight = weight
@@ -84,8 +85,10 @@ class StepCosts:
     the curve is the least-squares line through them, weighted by their samples: a k
     measured a few times, early and dear (before the forward priced its tree leaves) or in
     a noisy second, would otherwise keep a price its neighbours contradict, and as the
-    controller stays off a k that looks dear, nothing would correct it. Outside what was
-    measured the cost is unknown (None) and the caller falls back."""
+    controller stays off a k that looks dear, nothing would correct it. Past the largest
+    k measured the line goes on (never down): the composed guess priced batch 4 drafting
+    5 at 0.24 s a step, and it took 0.76-0.82 s. Below the smallest, or with one k
+    measured, the cost is unknown (None) and the caller falls back."""
 
     def __init__(self, weight: float = 0.1):
         self.weight = weight
@@ -210,9 +213,10 @@ class StepCostModel:
 def _affine(curve: CostCurve, k: int) -> float | None:
     """`curve` at k by the weighted least-squares line through its measured sizes (each
     weighs its samples, at most `_FIT_CAP`, so one k the controller ran for minutes does
-    not drown the rest); None outside them, the measured value where only one is."""
+    not drown the rest), past the largest too; None below the smallest or where k is not
+    the one size measured."""
     points = curve.measured()
-    if k not in points and (len(points) < 2 or not min(points) < k < max(points)):
+    if k not in points and (len(points) < 2 or k < min(points)):
         return None
     if len(points) < 2:
         return points[k]

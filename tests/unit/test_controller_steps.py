@@ -17,14 +17,15 @@ CODE_STEP_S = {
 CODE_ACCEPT = [0.9, 0.86, 0.8, 0.75, 0.7, 0.65]  # a_i by position on those prompts
 
 
-def test_step_costs_average_and_interpolate_only_between_measured_k():
+def test_step_costs_average_and_follow_a_line_in_k_from_the_smallest_measured():
     steps = StepCosts(weight=0.5)
     assert steps(2, 3) is None and steps.samples(2, 3) == 0
     steps.record(2, 0, 0.05)
     steps.record(2, 1, 0.1)
     steps.record(2, 5, 0.3)
     assert steps(2, 3) == pytest.approx(0.2)  # between two measured k of the same batch
-    assert steps(2, 6) is None and steps(3, 3) is None and steps(2, 0) == 0.05
+    assert steps(2, 6) == pytest.approx(0.35)  # past the largest: on along the line
+    assert steps(3, 3) is None and steps(2, 0) == 0.05  # another batch size: unknown
     steps.record(2, 4, 0.3)
     steps.record(1, 0, 0.05)
     assert steps(1, 2) is None  # never between plain and a drafting k: not linear
@@ -58,6 +59,31 @@ def test_a_k_measured_dear_a_few_times_takes_the_price_of_its_neighbours():
     assert c.costs.steps(1, 2) == pytest.approx(true_s(2), rel=0.03)
     assert best_k(true_s, accept, 3) == 2
     assert c.plan([Candidate(3, accept)]).ks == [2]
+
+
+def test_exploring_skips_a_k_that_the_measured_line_prices_far_behind():
+    """Batch 4 on the CPU: plain and k = 1, 2 measured, k = 3-6 sit on their line far
+    behind plain and are never explored (the composed guess had priced k = 5 at a third of
+    what it took); with only k = 1 measured, k = 2 is unpriced and explored first."""
+    accept = [0.8, 0.7, 0.6, 0.5, 0.4, 0.3]
+
+    def true_s(k):
+        return 0.09 if k == 0 else 0.15 + 0.09 * k
+
+    def explored(ks_measured) -> set[int]:
+        c = Controller(ControllerConfig(explore_every=4, explore_steps=1, explore_cap_s=100))
+        c.costs.record_forward(4, 0.09)  # the composed guess: drafting looks cheap
+        c.costs.record_draft(4, 1, 0.01)
+        for k in (0, *ks_measured):
+            for _ in range(3):
+                c.costs.record_step([k] * 4, true_s(k))
+        c.drafting, ks = False, set()
+        for _ in range(64):
+            ks.add(c.plan([Candidate(6, accept)] * 4).ks[0])
+        return ks
+
+    assert explored((1, 2)) <= {0, 1, 2}
+    assert 2 in explored((1,))
 
 
 def measured(step_s: dict) -> Controller:

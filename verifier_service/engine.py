@@ -151,12 +151,12 @@ class Engine:
         t1 = time.perf_counter()
         logits = self._forward(rounds)
         t2 = time.perf_counter()
-        shape = _step_shape(rounds)  # before the commit moves the sequences on
-        caught_up = any(r.seq.drafter_behind for r in rounds if r.proposal is not None)
+        catch_up = _catch_up(rounds)  # before the commit moves the sequences on
+        shape = _step_shape(rounds, catch_up)
         sampling = [r for r in rounds if r.num_logits > 0]
         verdicts = verify_rounds(sampling, logits, self.model.args.vocab_size)
         outputs = [self._commit(r, verdicts.get(r.slot.seq_id)) for r in rounds]
-        self._measure(rounds, None if caught_up else t1 - t0, t2 - t1)
+        self._measure(rounds, None if catch_up else t1 - t0, t2 - t1)
         if shape is not None:
             ks, catch_up, stopping = shape
             seconds = time.perf_counter() - t0
@@ -261,7 +261,13 @@ class Engine:
         return out
 
 
-def _step_shape(rounds: list[Round]) -> tuple[list[int], int, int] | None:
+def _catch_up(rounds: list[Round]) -> int:
+    """Tokens the drafter catches up on for the sequences drafting this step (a first
+    round prefills the prompt; a sequence back from plain, what it skipped)."""
+    return sum(r.seq.drafter_behind for r in rounds if r.slot.k)
+
+
+def _step_shape(rounds: list[Round], catch_up: int) -> tuple[list[int], int, int] | None:
     """What a whole decode step's cost is measured by: the drafts each sequence was
     planned, the tokens the drafter catches up on for those switching to drafting (a
     first round prefills the prompt), and how many switch to plain after drafting (the
@@ -269,6 +275,5 @@ def _step_shape(rounds: list[Round]) -> tuple[list[int], int, int] | None:
     None when the step was not decode only (prefill costs apart)."""
     if not all(r.slot.decode for r in rounds):
         return None
-    catch_up = sum(r.seq.drafter_behind for r in rounds if r.slot.k)
     stopping = sum(1 for r in rounds if not r.slot.k and not r.seq.drafter_behind)
     return [r.slot.k for r in rounds], catch_up, stopping

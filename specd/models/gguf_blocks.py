@@ -1,14 +1,14 @@
 """GGUF tensors straight into the group-quantised format (specd.models.qlinear).
 
-4-bit GGUF blocks keep their codes: a Q4_K super-block is 8 sub-blocks of 32 four-bit
-codes, each with a 6-bit scale and min times the block's fp16 d and dmin, so
-w = (d * sc) * q - (dmin * m) is our group of 32 with scale d * sc and min dmin * m (stored
-as fp16: the only rounding). Q4_1 is w = d * q + m, our min being -m. Other types (Q5_0,
-Q6_K, Q8_0, float) are dequantised by the `gguf` package and quantised again: at 8 bits
-where the GGUF spent more than 5 bits on the tensor, else at 4, except a Q6_K LM head,
-at 6 (a Q4_K_M file's largest matrix: a decode step of the 1.5B 51 -> 45 ms). Q6_K down
-projections stay at 8: at 6 they cost a drafter's int4 logits more than its tests allow
-(BENCHMARKS sections 24 and 28).
+GGUF blocks of 4 and 6 bits keep their codes (in `int4` mode). A Q4_K super-block is 8
+sub-blocks of 32 four-bit codes, each with a 6-bit scale and min times the block's fp16 d
+and dmin, so w = (d * sc) * q - (dmin * m) is our group of 32 with scale d * sc and min
+dmin * m (stored as fp16: the only rounding). Q4_1 is w = d * q + m, our min being -m. A
+Q6_K super-block is 16 sub-blocks of 16 six-bit codes, w = (d * sc) * (q - 32) with an
+int8 sc: our 6-bit format, scale d * sc per half-group (fp16 again the only rounding).
+llama.cpp's Q4_K_M keeps the LM head, half the down projections and some v projections
+in Q6_K. Other types (Q5_0, Q8_0, float) are dequantised by the `gguf` package and
+quantised again: at 8 bits where the GGUF spent more than 5 bits on the tensor, else at 4.
 
 GGUF names map to Hugging Face names as transformers maps them; Llama-architecture files
 store q/k rows permuted for llama.cpp's RoPE, undone here on whole rows (exact).
@@ -32,8 +32,9 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-# GGUF types of more than 5 bits a weight: int4 quantises them again at 8 (others at 4)
-_WIDE = {"Q6_K", "Q8_0", "Q8_1", "Q8_K", "F16", "BF16", "F32"}
+# GGUF types of more than 5 bits a weight without a kept form (`_EXACT`): int4 quantises
+# them again at 8 (others at 4)
+_WIDE = {"Q8_0", "Q8_1", "Q8_K", "F16", "BF16", "F32"}
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -70,7 +71,24 @@ def q4_1(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return codes.reshape(-1, 32), d, -m
 
 
-_EXACT_4BIT = {"Q4_K": (144, q4_k), "Q4_1": (20, q4_1)}
+def q6_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q6_K blocks uint8 [B, 210] -> codes [B, 256] (0..63), scales [B, 16] per 16 codes
+    (fp32) and mins 32 times the scales. A block: 128 bytes of low nibbles, 64 of top bit
+    pairs, 16 int8 sub-block scales, fp16 d. Each 128-code half of the block takes 64
+    low-nibble bytes (byte i: code i in its low nibble, code 64 + i in its high one) and 32
+    top bytes (byte i: codes i, 32 + i, 64 + i, 96 + i in bit pairs 0-1 .. 6-7)."""
+    low = blocks[:, :128].reshape(-1, 2, 1, 64)
+    low = (low >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F  # [B, 2, 2, 64]
+    top = blocks[:, 128:192].reshape(-1, 2, 1, 32)
+    top = (top >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 0x03
+    codes = low.reshape(-1, 256) | (top.reshape(-1, 256) << 4)
+    sc = blocks[:, 192:208].view(np.int8).astype(np.float32)
+    d = blocks[:, 208:210].copy().view(np.float16).astype(np.float32)  # [B, 1]
+    return codes, d * sc, 32 * d * sc
+
+
+# type: (bytes a block, decoder, bits)
+_EXACT = {"Q4_K": (144, q4_k, 4), "Q4_1": (20, q4_1, 4), "Q6_K": (210, q6_k, 6)}
 
 
 def to_qweight(tensor, mode: str) -> QWeight | None:
@@ -82,15 +100,15 @@ def to_qweight(tensor, mode: str) -> QWeight | None:
     rows, cols = int(tensor.shape[1]), int(tensor.shape[0])  # GGUF lists shape inner-first
     if not fits((rows, cols)):
         return None
-    if mode == "int4" and kind in _EXACT_4BIT:
-        size, decode = _EXACT_4BIT[kind]
+    if mode == "int4" and kind in _EXACT:
+        size, decode, bits = _EXACT[kind]
         codes, d, m = decode(np.asarray(tensor.data).reshape(-1, size))
         q = torch.from_numpy(codes.reshape(rows, cols))
-        return pack(q, _groups(d, rows), _groups(m, rows), 4)
+        d = _groups(d, rows).half().float()  # the scales as the format stores them
+        m = 32 * d if bits == 6 else _groups(m, rows)
+        return pack(q, d, m, bits)
     dense = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
     bits = 8 if (mode == "int8" or kind in _WIDE) else 4
-    if mode == "int4" and kind == "Q6_K" and tensor.name == "output.weight":
-        bits = 6  # the LM head: see the module's docstring
     return quantize(torch.from_numpy(np.ascontiguousarray(dense)).reshape(rows, cols), bits)
 
 

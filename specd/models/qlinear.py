@@ -1,10 +1,12 @@
 """Group-quantised weights (int4 / int8) and their linear, for the target and the drafter.
 
-Format: unsigned codes q (4, 6 or 8 bits), groups of 32 along the input dimension, one fp16
-scale d and one fp16 min m per (output row, group):  w = d * q - m.  GGUF blocks map onto
-it without requantising (a Q4_K sub-block is 32 four-bit codes with a scale and a min;
-Q4_1, Q5_0 and Q8_0 likewise; see `gguf_blocks.py`), dense weights are quantised by
-round-to-nearest between each group's min and max (`quantize`).
+Format: unsigned codes q (4, 6 or 8 bits) in groups of 32 along the input dimension.
+4 and 8 bits: one fp16 scale d and one fp16 min m per (output row, group): w = d * q - m.
+6 bits: symmetric, one fp16 scale per half-group of 16 (GGUF's Q6_K sub-blocks):
+w = d_h * (q - 32), i.e. the general form with m_h = 32 d_h implied, not stored.
+GGUF blocks map onto it without requantising (a Q4_K sub-block is 32 four-bit codes with a
+scale and a min, a Q6_K sub-block 16 six-bit codes with a scale; Q4_1 likewise; see
+`gguf_blocks.py`), dense weights are quantised by round-to-nearest (`quantize`).
 
 The linear quantises activations per row and per 32-block to int8 and sums integer
 products exactly (`kernels/qlinear.cpp`), so a row's result never depends on the other
@@ -26,6 +28,7 @@ log = logging.getLogger(__name__)
 
 GROUP = 32
 TILE = 16  # output columns per kernel tile
+SIX_OFFSET = 32  # 6 bits: w = d * (q - 32), codes 0..63 for -32..31
 # 6 bits: code vector j's top two bits sit at bits 2 (j % 4) of top-bit vector j // 4
 _TOP_SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 1, 4, 1, 1)
 
@@ -33,8 +36,8 @@ _TOP_SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 1, 4, 1, 
 @dataclass
 class QWeight:
     """A [N, K] weight in the kernel's layout: per (16-row tile, 32-column group) one
-    record of the codes (256 bytes for 4 bits, 384 for 6, 512 for 8), 16 fp16 scales, 16
-    fp16 mins."""
+    record of the codes (256 bytes for 4 bits, 384 for 6, 512 for 8), then 16 fp16 scales
+    and 16 fp16 mins (4 and 8 bits) or 16 fp16 scales of each half-group (6 bits)."""
 
     records: torch.Tensor  # uint8 [N/16, K/32, code_bytes + 64]
     bits: int
@@ -60,17 +63,20 @@ class QWeight:
         return q
 
     def group_params(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(d, m) as fp32 [N, K/32]."""
+        """(d, m) as fp32 [N, K/32], or [N, K/16] for 6 bits (where m = 32 d)."""
         n, k = self.shape
         tail = self.records[..., self.code_bytes :].contiguous().view(torch.float16)
-        dm = tail.view(n // TILE, k // GROUP, 2, TILE).permute(2, 0, 3, 1)  # [2, t, c, g]
-        d, m = dm.reshape(2, n, k // GROUP).float()
-        return d, m
+        dm = tail.view(n // TILE, k // GROUP, 2, TILE).permute(0, 3, 1, 2)  # [t, c, g, 2]
+        dm = dm.reshape(n, k // GROUP, 2).float()
+        if self.bits == 6:  # the two halves' scales, in order along K
+            d = dm.reshape(n, 2 * (k // GROUP))
+            return d, SIX_OFFSET * d
+        return dm[..., 0], dm[..., 1]
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         d, m = self.group_params()
         n, k = self.shape
-        q = self.codes().float().view(n, k // GROUP, GROUP)
+        q = self.codes().float().view(n, d.shape[1], -1)
         return (q * d[..., None] - m[..., None]).view(n, k).to(dtype)
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -97,7 +103,8 @@ def fits(shape: tuple[int, int]) -> bool:
 
 
 def pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, bits: int) -> QWeight:
-    """Codes [N, K] (0 .. 2**bits - 1), scales and mins [N, K/32] -> the kernel's layout."""
+    """Codes [N, K] (0 .. 2**bits - 1), scales and mins [N, K/32] -> the kernel's layout.
+    6 bits: scales [N, K/16] and mins that must be 32 times them (the format keeps none)."""
     n, k = q.shape
     t, kg = n // TILE, k // GROUP
     q = q.to(torch.uint8)
@@ -121,13 +128,26 @@ def pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, bits: int) -> QWeigh
         p = p.to(torch.float16).reshape(t, TILE, kg).permute(0, 2, 1).contiguous()
         return p.view(torch.uint8)
 
-    records = torch.cat((codes, tiles(d), tiles(m)), dim=-1).contiguous()
+    if bits == 6:
+        if d.shape != (n, 2 * kg) or not torch.equal(m, SIX_OFFSET * d):
+            raise ValueError("6 bits: scales per 16 columns, mins 32 times the scales")
+        tails = (tiles(d[:, 0::2]), tiles(d[:, 1::2]))  # each record: its low, high half
+    else:
+        tails = (tiles(d), tiles(m))
+    records = torch.cat((codes, *tails), dim=-1).contiguous()
     return QWeight(records, bits, (n, k))
 
 
 def quantize(w: torch.Tensor, bits: int) -> QWeight:
-    """Round-to-nearest asymmetric quantisation of a dense [N, K] weight, groups of 32."""
+    """Round-to-nearest quantisation of a dense [N, K] weight: asymmetric in groups of 32
+    (4 and 8 bits), symmetric in half-groups of 16 (6 bits)."""
     n, k = w.shape
+    if bits == 6:
+        h = w.float().view(n, k // 16, 16)
+        d = (h.abs().amax(-1) / 31).half().float()  # the scale as stored
+        inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+        q = torch.round(h * inv[..., None]).clamp(-SIX_OFFSET, 31) + SIX_OFFSET
+        return pack(q.view(n, k), d, SIX_OFFSET * d, bits)
     levels = (1 << bits) - 1
     g = w.float().view(n, k // GROUP, GROUP)
     lo, hi = g.amin(-1), g.amax(-1)
@@ -150,16 +170,17 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def reference(x, w: QWeight, bias=None, out_dtype=None) -> torch.Tensor:
-    """The kernel's maths in plain torch (fp64 accumulation of the exact integer dots)."""
+    """The kernel's maths in plain torch (fp64 accumulation of the exact integer dots),
+    per block of the weight's scales (32 columns, or 16 for 6 bits)."""
     xq, sx = quantize_activations(x)
     mrows, k = xq.shape
-    kg = k // GROUP
     d, mins = w.group_params()
-    q = w.codes().double().view(-1, kg, GROUP)
-    xg = xq.double().view(mrows, kg, GROUP)
+    kg = d.shape[1]
+    q = w.codes().double().view(-1, kg, k // kg)
+    xg = xq.double().view(mrows, kg, k // kg)
     dots = torch.einsum("rgi,ngi->rng", xg, q)  # exact integers
     sums = xg.sum(-1)  # [M, kg]
-    sxd = sx.double()
+    sxd = sx.double().repeat_interleave(kg // sx.shape[1], dim=1)
     y = (dots * (d.double()[None] * sxd[:, None])).sum(-1) - (
         mins.double()[None] * (sxd * sums)[:, None]
     ).sum(-1)

@@ -1,9 +1,10 @@
 """Weight formats: which one a model runs in, and the cached quantised matrices.
 
 `bf16` keeps the model's own dtype. `int8` and `int4` hold every matrix in the group-
-quantised format of specd.models.qlinear; `int4` keeps 8 bits where the source GGUF spent
-more than 5 (llama.cpp's Q4_K_M keeps the LM head and half the down projections in Q6_K)
-except a Q6_K LM head, at 6 (see gguf_blocks), and 8 for the LM head of a dense source.
+quantised format of specd.models.qlinear; `int4` keeps a GGUF's Q4_K and Q6_K blocks as
+they are (4 and 6 bits: llama.cpp's Q4_K_M keeps the LM head and half the down
+projections in Q6_K), takes 8 bits where the GGUF spent more than 5 in another type (see
+gguf_blocks), and 8 for the LM head of a dense source.
 `auto` is int4 on a CPU that runs the kernel, else the model's dtype (CUDA, or neither
 AVX512-VNNI nor AVX2), said in one log line.
 
@@ -42,9 +43,10 @@ FUSED = {
     "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
 }
 _LAYOUT = "fused"  # the cache file's metadata says which layout it holds
-# and which conversion wrote it: 2 keeps a Q6_K LM head at 6 bits (1, unstamped: at 8); a
-# file from another conversion is converted again
-CONVERSION = 2
+# and which conversion wrote it: 3 keeps every Q6_K tensor's codes and scales (2 requantised
+# a Q6_K LM head at 6 bits, 1 (unstamped) at 8); a file from another conversion is
+# converted again
+CONVERSION = 3
 
 
 def choose(requested: str, device: torch.device) -> str:

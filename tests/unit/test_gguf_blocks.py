@@ -46,27 +46,26 @@ def test_int8_mode_requantises_at_eight_bits():
     assert w.bits == 8 and (w.dequantize() - ref).abs().max() <= 0.01 * ref.abs().max()
 
 
-def test_a_q6_k_head_is_requantised_at_six_bits_in_int4_mode():
+@pytest.mark.parametrize("name", ["output.weight", "blk.0.ffn_down.weight"])
+def test_q6_k_blocks_keep_their_codes_in_int4_mode(name):
     # llama.cpp's Q4_K_M keeps the LM head and half the down projections in Q6_K
     rng = np.random.default_rng(3)
-    raw = rng.integers(0, 256, (16, 210), dtype=np.uint8)  # 16 rows of one 256-block
-    raw[:, 208:] = rng.uniform(1e-4, 1e-3, (16, 1)).astype(np.float16).view(np.uint8)  # d
+    raw = rng.integers(0, 256, (16, 2 * 210), dtype=np.uint8)  # 16 rows of two 256-blocks
+    for b in range(2):  # d of each block
+        d = rng.uniform(1e-4, 1e-3, (16, 1)).astype(np.float16).view(np.uint8)
+        raw[:, 210 * b + 208 : 210 * b + 210] = d
     t = SimpleNamespace(
-        name="output.weight",
-        tensor_type=GGMLQuantizationType.Q6_K,
-        shape=np.array([256, 16]),
-        data=raw,
+        name=name, tensor_type=GGMLQuantizationType.Q6_K, shape=np.array([512, 16]), data=raw
     )
-    ref = torch.from_numpy(quants.dequantize(t.data, t.tensor_type)).reshape(16, 256)
+    ref = torch.from_numpy(quants.dequantize(t.data, t.tensor_type)).reshape(16, 512)
     w = gb.to_qweight(t, "int4")
     assert w.bits == 6
-    step = (ref.view(16, 8, 32).amax(-1) - ref.view(16, 8, 32).amin(-1)) / 63
-    err = (w.dequantize() - ref).abs().view(16, 8, 32).amax(-1)
-    assert (err <= step / 2 + 1e-3 * ref.abs().max()).all()
+    # the codes as they are; only the fp16 rounding of each sub-block's scale d * sc
+    d = torch.from_numpy(raw.reshape(16, 2, 210)[..., 208:].copy().view(np.float16)).float()
+    sc = torch.from_numpy(raw.reshape(16, 2, 210)[..., 192:208].copy().view(np.int8)).float()
+    assert torch.equal(w.group_params()[0], (d * sc).reshape(16, 32).half().float())
+    assert (w.dequantize() - ref).abs().max() <= 1e-3 * ref.abs().max()
     assert gb.to_qweight(t, "int8").bits == 8
-    # a Q6_K down projection keeps 8 bits
-    down = SimpleNamespace(**{**vars(t), "name": "blk.0.ffn_down.weight"})
-    assert gb.to_qweight(down, "int4").bits == 8
 
 
 def test_names_map_like_transformers():

@@ -17,14 +17,15 @@ def kernel(cpu_kernels):
 def test_pack_round_trips_codes_and_group_params(bits):
     g = torch.Generator().manual_seed(0)
     n, k = 48, 96
+    block = 16 if bits == 6 else 32  # 6 bits: a scale per half-group, the min 32 times it
     q = torch.randint(0, 1 << bits, (n, k), generator=g, dtype=torch.uint8)
-    d = torch.rand(n, k // 32, generator=g).half().float()
-    m = torch.randn(n, k // 32, generator=g).half().float()
+    d = torch.randn(n, k // block, generator=g).half().float()
+    m = 32 * d if bits == 6 else torch.randn(n, k // block, generator=g).half().float()
     w = ql.pack(q, d, m, bits)
     assert torch.equal(w.codes(), q)
     d2, m2 = w.group_params()
     assert torch.equal(d2, d) and torch.equal(m2, m)
-    dense = (q.float().view(n, -1, 32) * d[..., None] - m[..., None]).view(n, k)
+    dense = (q.float().view(n, -1, block) * d[..., None] - m[..., None]).view(n, k)
     assert torch.equal(w.dequantize(), dense)
     ids = torch.tensor([0, 17, 47, 17])
     assert torch.equal(w.rows(ids, torch.float32), dense[ids])
@@ -34,10 +35,19 @@ def test_pack_round_trips_codes_and_group_params(bits):
 def test_quantize_error_is_half_a_step_per_group(bits):
     w = torch.randn(32, 128) * torch.linspace(0.01, 2.0, 32)[:, None]
     q = ql.quantize(w, bits)
-    d, _ = q.group_params()
-    err = (q.dequantize() - w).abs().view(32, 4, 32)
-    # half a step, plus the fp16 rounding of the stored min
-    assert (err <= d[..., None] / 2 + 2e-3 * w.abs().max()).all()
+    d, _ = q.group_params()  # per 32 columns, or per 16 for 6 bits
+    err = (q.dequantize() - w).abs().view(32, d.shape[1], -1)
+    # half a step, plus the fp16 rounding of the stored min (or scale)
+    assert (err <= d.abs()[..., None] / 2 + 2e-3 * w.abs().max()).all()
+
+
+def test_six_bits_need_mins_of_32_scales():
+    q = torch.zeros(16, 32, dtype=torch.uint8)
+    d = torch.ones(16, 2)
+    with pytest.raises(ValueError, match="6 bits"):
+        ql.pack(q, d, torch.zeros(16, 2), 6)
+    with pytest.raises(ValueError, match="6 bits"):
+        ql.pack(q, torch.ones(16, 1), torch.full((16, 1), 32.0), 6)
 
 
 @pytest.mark.parametrize("bits", [4, 6, 8])
@@ -88,15 +98,16 @@ def test_largest_codes_and_activations_sum_exactly(kernel, bits):
     top = (1 << bits) - 1
     q = torch.full((n, k), top, dtype=torch.uint8)
     q[1::2, ::3] = 0  # other columns mix the extremes
-    d, m = torch.full((n, k // 32), 1 / 64), torch.zeros(n, k // 32)  # exact in fp16
-    w = ql.pack(q, d, m, bits)
+    block, offset = (16, 32) if bits == 6 else (32, 0)  # 6 bits: w = d (q - 32)
+    d = torch.full((n, k // block), 1 / 64)  # exact in fp16
+    w = ql.pack(q, d, offset * d, bits)
     x = torch.ones(3, k)
     x[1] = -1.0
     x[2, ::2] = -1.0
     got = ql.qlinear(x, w, out_dtype=torch.float32).double()
     ref = ql.reference(x, w, out_dtype=torch.float64)
     assert (got - ref).abs().max() <= 1e-6 * ref.abs().max()
-    assert got[0, 0] == top * k / 64  # exact: no clipped partial sums
+    assert got[0, 0] == (top - offset) * k / 64  # exact: no clipped partial sums
 
 
 def test_zero_rows_and_bad_layout(kernel):

@@ -2,12 +2,15 @@
 // (with FMA and F16C) where the CPU has no AVX512 (the build picks by its -m flags).
 //
 // Weights (N output rows, K inputs, groups of G = 32 along K):
-//     w[n][k] = d[n][g] * q[n][k] - m[n][g],   g = k / 32,  q unsigned (4, 6 or 8 bits)
+//     w[n][k] = d[n][g] * q[n][k] - m[n][g],   g = k / 32,  q unsigned (4 or 8 bits)
+//     w[n][k] = d[n][h] * (q[n][k] - 32),       h = k / 16,  q unsigned 6 bits (Q6_K's form)
 // Activations, quantised here per row and per 32-block (as llama.cpp's Q8 activations):
 //     x[r][k] ~= sx[r][g] * xq[r][k],          xq in [-127, 127]
 // so that
 //     y[r][n] = sum_g  d[n][g] * sx[r][g] * dot(q[n][g], xq[r][g])
 //                    - m[n][g] * sx[r][g] * sum(xq[r][g])
+// and for 6 bits, per half-group h of g (the offset taken in the exact integers)
+//     y[r][n] = sum_h  d[n][h] * sx[r][g] * (dot(q[n][h], xq[r][h]) - 32 sum(xq[r][h]))
 // The dot is exact in int32 (vpdpbusd: u8 weight x s8 activation; on AVX2 vpmaddubsw on
 // 4-bit halves, see below). The float terms are
 // added in group order for each (r, n) with the same instructions whatever the number
@@ -16,7 +19,8 @@
 //
 // Layout (see specd/models/qlinear.py::pack): columns in tiles of 16; per (tile, group)
 // one record, so that a thread reads a single sequential stream: the codes, then 16 fp16
-// scales, then 16 fp16 mins. Codes: 8 vectors of 64 bytes, vector j holding k = 4j..4j+3
+// scales, then 16 fp16 mins (6 bits: 16 fp16 scales of the low half, then of the high
+// half). Codes: 8 vectors of 64 bytes, vector j holding k = 4j..4j+3
 // for the 16 columns (byte c*4+i = q[c][4j+i]), which is the operand order of vpdpbusd;
 // 4-bit codes pack vectors 2s and 2s+1 into one: low nibbles are k = 8s..8s+3, high
 // nibbles k = 8s+4..8s+7. 6-bit codes are the 4-bit layout of their low nibbles, then two
@@ -40,8 +44,9 @@ constexpr int NT = 16;      // columns per tile: one zmm of fp32
 constexpr int RMAX = 8;     // rows per register block
 constexpr int PREFETCH = 6;  // groups ahead
 
-// Per row and 32-block: scale, codes and scale * sum(codes).
-void quantize_rows(const at::Tensor& x, int8_t* xq, float* sx, float* c) {
+// Per row and 32-block: scale, codes and scale * sum(codes); with `halves`, the sums of
+// the codes of each 16-block as well (what 6-bit weights take).
+void quantize_rows(const at::Tensor& x, int8_t* xq, float* sx, float* c, int32_t* halves) {
   const int64_t M = x.size(0), K = x.size(1), KG = K / G;
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   const auto* xf = bf16 ? nullptr : x.data_ptr<float>();
@@ -64,14 +69,19 @@ void quantize_rows(const at::Tensor& x, int8_t* xq, float* sx, float* c) {
       for (int i = 0; i < G; ++i) amax = std::max(amax, std::fabs(v[i]));
       const float s = amax / 127.f;
       const float inv = amax > 0.f ? 127.f / amax : 0.f;
-      int sum = 0;
+      int sum = 0, low = 0;
       for (int i = 0; i < G; ++i) {
         const int q = int(std::nearbyint(v[i] * inv));
         xq[r * K + g * G + i] = int8_t(q);
         sum += q;
+        if (i == G / 2 - 1) low = sum;
       }
       sx[r * KG + g] = s;
       c[r * KG + g] = s * float(sum);
+      if (halves) {
+        halves[r * 2 * KG + 2 * g] = low;
+        halves[r * 2 * KG + 2 * g + 1] = sum - low;
+      }
     }
   }
   });
@@ -103,8 +113,8 @@ inline __m512i dpbusd_broadcast(__m512i acc, __m512i w, const int32_t* x) {
 
 template <int R, int BITS>
 void tile_rows(const uint8_t* wt, int64_t KG,
-               const int8_t* xq, const float* sx, const float* c, int64_t K, const float* bias,
-               void* out, bool bf16_out, int64_t ldo, int64_t n0) {
+               const int8_t* xq, const float* sx, const float* c, const int32_t* halves,
+               int64_t K, const float* bias, void* out, bool bf16_out, int64_t ldo, int64_t n0) {
   constexpr int64_t rec = record_bytes<BITS>();
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -137,7 +147,20 @@ void tile_rows(const uint8_t* wt, int64_t KG,
     }
     const auto* dm = reinterpret_cast<const __m256i*>(wg + code_bytes<BITS>());
     const __m512 dg = _mm512_cvtph_ps(_mm256_loadu_si256(dm));
-    const __m512 mg = _mm512_cvtph_ps(_mm256_loadu_si256(dm + 1));
+    const __m512 mg = _mm512_cvtph_ps(_mm256_loadu_si256(dm + 1));  // 6 bits: high half's d
+    if constexpr (BITS == 6) {
+      for (int r = 0; r < R; ++r) {  // vectors 0-3 are the low half-group, 4-7 the high
+        const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
+        const int32_t* hs = halves + r * 2 * KG + 2 * g;
+        __m512i lo = _mm512_set1_epi32(-32 * hs[0]), hi = _mm512_set1_epi32(-32 * hs[1]);
+        for (int j = 0; j < 4; ++j) lo = dpbusd_broadcast(lo, w[j], xg + j);
+        for (int j = 4; j < 8; ++j) hi = dpbusd_broadcast(hi, w[j], xg + j);
+        const __m512 s = _mm512_set1_ps(sx[r * KG + g]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_mul_ps(dg, s), acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_mul_ps(mg, s), acc[r]);
+      }
+      continue;
+    }
     for (int r = 0; r < R; ++r) {
       // one chain per row (the rows give the parallelism); each step reads its 4
       // activation bytes as a broadcast operand of vpdpbusd itself
@@ -177,11 +200,11 @@ inline __m256i dot_nibbles(const __m256i* w, const int32_t* x) {
   return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
 }
 
-// The same for 6-bit weights (< 64): a pair of vpmaddubsw sums at most 2 * 2 * 63 * 127 =
-// 32004, still exact in int16, so pairs go to int32 (four vpmaddwd) and add there.
-inline __m256i dot_six(const __m256i* w, const int32_t* x) {
-  __m256i acc = _mm256_setzero_si256();
-  for (int j = 0; j < 8; j += 2) {
+// The same for 6-bit weights (< 64) over one half-group (four vectors), starting from
+// `acc`: a pair of vpmaddubsw sums at most 2 * 2 * 63 * 127 = 32004, still exact in int16,
+// so pairs go to int32 (vpmaddwd) and add there.
+inline __m256i dot_six_half(__m256i acc, const __m256i* w, const int32_t* x) {
+  for (int j = 0; j < 4; j += 2) {
     const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(w[j], _mm256_set1_epi32(x[j])),
                                        _mm256_maddubs_epi16(w[j + 1], _mm256_set1_epi32(x[j + 1])));
     acc = _mm256_add_epi32(acc, _mm256_madd_epi16(s, _mm256_set1_epi16(1)));
@@ -191,8 +214,8 @@ inline __m256i dot_six(const __m256i* w, const int32_t* x) {
 
 template <int R, int BITS>
 void tile_rows(const uint8_t* wt, int64_t KG,
-               const int8_t* xq, const float* sx, const float* c, int64_t K, const float* bias,
-               void* out, bool bf16_out, int64_t ldo, int64_t n0) {
+               const int8_t* xq, const float* sx, const float* c, const int32_t* halves,
+               int64_t K, const float* bias, void* out, bool bf16_out, int64_t ldo, int64_t n0) {
   constexpr int64_t rec = record_bytes<BITS>();
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
@@ -206,7 +229,7 @@ void tile_rows(const uint8_t* wt, int64_t KG,
       const __m256 dg = _mm256_cvtph_ps(_mm_loadu_si128(dm + h));
       const __m256 mg = _mm256_cvtph_ps(_mm_loadu_si128(dm + 2 + h));
       // 4-bit: lo[j] = the codes of k = 4j..4j+3. 8-bit: q = lo + 16 hi, two nibble dots.
-      // 6-bit: lo[j] |= its top two bits << 4, one dot (dot_six)
+      // 6-bit: lo[j] |= its top two bits << 4, one dot per half-group (dot_six_half)
       __m256i lo[8], hi[8];
       for (int j = 0; j < 8; ++j) {
         const int64_t at = BITS == 8 ? 64 * j : 64 * (j / 2);
@@ -231,9 +254,21 @@ void tile_rows(const uint8_t* wt, int64_t KG,
           lo[4 * t + 3] = _mm256_or_si256(lo[4 * t + 3], _mm256_and_si256(_mm256_srli_epi16(v, 2), top));
         }
       }
+      if constexpr (BITS == 6) {  // dg, mg: the low and the high half-group's scales
+        for (int r = 0; r < R; ++r) {
+          const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
+          const int32_t* hs = halves + r * 2 * KG + 2 * g;
+          const __m256i dlo = dot_six_half(_mm256_set1_epi32(-32 * hs[0]), lo, xg);
+          const __m256i dhi = dot_six_half(_mm256_set1_epi32(-32 * hs[1]), lo + 4, xg + 4);
+          const __m256 s = _mm256_set1_ps(sx[r * KG + g]);
+          acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dlo), _mm256_mul_ps(dg, s), acc[r][h]);
+          acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dhi), _mm256_mul_ps(mg, s), acc[r][h]);
+        }
+        continue;
+      }
       for (int r = 0; r < R; ++r) {
         const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
-        __m256i dot = BITS == 6 ? dot_six(lo, xg) : dot_nibbles(lo, xg);
+        __m256i dot = dot_nibbles(lo, xg);
         if constexpr (BITS == 8) dot = _mm256_add_epi32(dot, _mm256_slli_epi32(dot_nibbles(hi, xg), 4));
         const __m256 scale = _mm256_mul_ps(dg, _mm256_set1_ps(sx[r * KG + g]));
         acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r][h]);
@@ -251,8 +286,9 @@ void tile_rows(const uint8_t* wt, int64_t KG,
 #endif  // __AVX512VNNI__
 
 template <int BITS>
-void tile_all_rows(int rows, const uint8_t* wt, int64_t KG, const int8_t* xq, const float* sx, const float* c, int64_t K,
-                   const float* bias, void* out, bool bf16_out, int64_t ldo, int64_t n0) {
+void tile_all_rows(int rows, const uint8_t* wt, int64_t KG, const int8_t* xq, const float* sx, const float* c,
+                   const int32_t* halves, int64_t K, const float* bias, void* out, bool bf16_out,
+                   int64_t ldo, int64_t n0) {
   auto* o = static_cast<char*>(out);
   const int64_t esize = bf16_out ? 2 : 4;
   for (int r0 = 0; r0 < rows; r0 += RMAX) {
@@ -260,9 +296,10 @@ void tile_all_rows(int rows, const uint8_t* wt, int64_t KG, const int8_t* xq, co
     const int8_t* x = xq + r0 * K;
     const float* s = sx + r0 * KG;
     const float* cc = c + r0 * KG;
+    const int32_t* hs = halves ? halves + r0 * 2 * KG : nullptr;
     void* y = o + r0 * ldo * esize;
 #define SPECD_ROWS(R) \
-  case R: tile_rows<R, BITS>(wt, KG, x, s, cc, K, bias, y, bf16_out, ldo, n0); break;
+  case R: tile_rows<R, BITS>(wt, KG, x, s, cc, hs, K, bias, y, bf16_out, ldo, n0); break;
     switch (n) {
       SPECD_ROWS(1) SPECD_ROWS(2) SPECD_ROWS(3) SPECD_ROWS(4)
       SPECD_ROWS(5) SPECD_ROWS(6) SPECD_ROWS(7) SPECD_ROWS(8)
@@ -303,9 +340,13 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& records, const at::Ten
   auto xq = at::empty({rows_run, K}, x.options().dtype(at::kChar));
   auto sx = at::empty({rows_run, KG}, x.options().dtype(at::kFloat));
   auto c = at::empty({rows_run, KG}, x.options().dtype(at::kFloat));
-  quantize_rows(x, xq.data_ptr<int8_t>(), sx.data_ptr<float>(), c.data_ptr<float>());
-  if (rows_run > M)  // the padding row: no three zero-length ops on every decode call
+  // 6 bits: each 16-block's sum of activation codes (none otherwise: no allocation)
+  auto halves = at::empty({bits == 6 ? rows_run : 0, 2 * KG}, x.options().dtype(at::kInt));
+  int32_t* hp = bits == 6 ? halves.data_ptr<int32_t>() : nullptr;
+  quantize_rows(x, xq.data_ptr<int8_t>(), sx.data_ptr<float>(), c.data_ptr<float>(), hp);
+  if (rows_run > M)  // the padding row: no zero-length ops on every decode call
     for (auto* t : {&xq, &sx, &c}) t->narrow(0, M, rows_run - M).zero_();
+  if (rows_run > M && hp) halves.narrow(0, M, rows_run - M).zero_();
 
   const auto* w = records.data_ptr<uint8_t>();
   const float* b = (bias.defined() && bias.numel()) ? bias.data_ptr<float>() : nullptr;
@@ -319,11 +360,11 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& records, const at::Ten
     for (int64_t t = t0; t < t1; ++t) {
       const uint8_t* wt = w + t * KG * rec;
       if (bits == 4)
-        tile_all_rows<4>(rows, wt, KG, xqp, sxp, cp, K, b, out, bf16_out, N, t * NT);
+        tile_all_rows<4>(rows, wt, KG, xqp, sxp, cp, hp, K, b, out, bf16_out, N, t * NT);
       else if (bits == 6)
-        tile_all_rows<6>(rows, wt, KG, xqp, sxp, cp, K, b, out, bf16_out, N, t * NT);
+        tile_all_rows<6>(rows, wt, KG, xqp, sxp, cp, hp, K, b, out, bf16_out, N, t * NT);
       else
-        tile_all_rows<8>(rows, wt, KG, xqp, sxp, cp, K, b, out, bf16_out, N, t * NT);
+        tile_all_rows<8>(rows, wt, KG, xqp, sxp, cp, hp, K, b, out, bf16_out, N, t * NT);
     }
   });
   return rows_run == M ? y : y.narrow(0, 0, M);

@@ -9,6 +9,8 @@ gate/up -> SiLU(gate) * up -> down -> residual. Activations stay flat `[T, hidde
 tree wider than its kernel takes, or a device without the kernel, gathers keys and pads
 queries for SDPA. The element-wise parts (residual + RMSNorm, RoPE + K/V write,
 SiLU * up) are specd.models.layer_ops: one native call each on a CPU with the kernels.
+There, with every matrix quantised and attention paged, all the layers of a step run in
+one native call (specd.models.decoder_stack) that makes the loop's calls in its order.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specd.models import attention, layer_ops
+from specd.models import attention, decoder_stack, layer_ops
 from specd.models.args import ModelArgs
 from specd.models.batch_plan import BatchPlan
 from specd.models.matmul import INVARIANT_TILE, linear
@@ -67,6 +69,7 @@ class LlamaModel:
         self.weights = "bf16"  # format of the matrices (specd.models.weights)
         self._paged: bool | None = None  # can steps use specd.models.attention's kernel?
         self._native_ops = layer_ops.available(device, dtype)  # specd.models.layer_ops
+        self._stack = None  # specd.models.decoder_stack's, built at the first paged step
 
     def _linear(self, x, w, b=None):
         return linear(x, w, b, invariant=self.batch_invariant)
@@ -121,6 +124,11 @@ class LlamaModel:
         else:
             x = self.embed.index_select(0, plan.input_ids)
         cos, sin = self._rope(plan.positions)
+        if plan.paged is not None:  # every layer in one native call where it can
+            if self._stack is None:
+                self._stack = decoder_stack.build(self) or False
+            if self._stack:
+                return decoder_stack.run(self._stack, x, kv, plan, cos, sin, self.args.head_dim)
         eps, native = self.args.rms_norm_eps, self._native_ops
         mlp = None  # the last layer's MLP output, not yet added to x
         for i, layer in enumerate(self.layers):

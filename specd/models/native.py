@@ -22,11 +22,18 @@ log = logging.getLogger(__name__)
 _KERNELS = Path(__file__).with_name("kernels")
 _SOURCES = [
     _KERNELS / name
-    for name in ("qlinear.cpp", "paged_attention.cpp", "layer_ops.cpp", "bindings.cpp")
+    for name in (
+        "qlinear.cpp",
+        "paged_attention.cpp",
+        "layer_ops.cpp",
+        "decoder.cpp",
+        "bindings.cpp",
+    )
 ]
 _HEADERS = [
     _KERNELS / "bf16.h",
     _KERNELS / "kv_dtypes.h",
+    _KERNELS / "ops.h",
 ]  # not compiled on their own, but part of the build's tag
 _kernel = None
 _kernel_tried = False

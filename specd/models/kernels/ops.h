@@ -1,0 +1,16 @@
+// The CPU kernels' entry points, shared by the Python bindings and the decoder stack.
+#pragma once
+
+#include <torch/extension.h>
+
+at::Tensor qlinear(const at::Tensor& x, const at::Tensor& records, const at::Tensor& bias,
+                   int64_t bits, at::ScalarType out_dtype);
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                           const at::Tensor& table, int64_t block_size, const at::Tensor& seq_rows,
+                           const at::Tensor& limit, const at::Tensor& tree, double scale);
+at::Tensor add_rms_norm(at::Tensor x, const at::Tensor& residual, const at::Tensor& w, double eps);
+at::Tensor rope_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                      at::Tensor k_pool, at::Tensor v_pool, const at::Tensor& slots,
+                      int64_t nh, int64_t nkv);
+at::Tensor silu_mul(const at::Tensor& gate_up);
+void bind_decoder(pybind11::module& m);  // decoder.cpp: DecoderStack

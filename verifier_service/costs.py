@@ -9,6 +9,7 @@ import math
 from bisect import bisect_left
 
 _FIT_CAP = 16  # the most samples one k weighs in a drafting-step line (StepCosts)
+_OWN_K1 = 8  # samples after which k = 1 takes its own measured price, not the line's
 
 
 class CostCurve:
@@ -88,7 +89,10 @@ class StepCosts:
     controller stays off a k that looks dear, nothing would correct it. Past the largest
     k measured the line goes on (never down): the composed guess priced batch 4 drafting
     5 at 0.24 s a step, and it took 0.76-0.82 s. Below the smallest, or with one k
-    measured, the cost is unknown (None) and the caller falls back."""
+    measured, the cost is unknown (None) and the caller falls back. k = 1 itself, once
+    measured `_OWN_K1` times, takes its own mean: its fixed part lies above the line (the
+    line priced it at 57-61 ms where it took 67-77, and `auto` chose it where it made less
+    than plain: BENCHMARKS.md section 31)."""
 
     def __init__(self, weight: float = 0.1):
         self.weight = weight
@@ -115,7 +119,11 @@ class StepCosts:
         if k == 0:
             return self._plain(sequences)
         curve = self._drafting.get(sequences)
-        return None if curve is None else _affine(curve, k)
+        if curve is None:
+            return None
+        if k == 1 and curve.samples(1) >= _OWN_K1:
+            return curve.measured()[1]
+        return _affine(curve, k)
 
     def measured(self) -> dict[tuple[int, int], float]:
         out = {(b, 0): s for b, s in self._plain.measured().items()}

@@ -41,6 +41,24 @@ def test_step_costs_average_and_follow_a_line_in_k_from_the_smallest_measured():
     assert steps.samples(2, 2) == 0
 
 
+def test_k1_measured_often_takes_its_own_price_above_the_line():
+    """A drafter round's fixed part puts k = 1 above the line through k = 2..6 (section
+    31: priced 57-61 ms by the line, measured 67-77): a few samples of it still follow the
+    line, many take their own mean, and the line for the other k is unchanged."""
+    steps = StepCosts(weight=0.5)
+    for k, s in ((2, 0.08), (4, 0.12), (6, 0.16)):
+        for _ in range(16):
+            steps.record(1, k, s)
+    for _ in range(3):
+        steps.record(1, 1, 0.075)
+    line = steps(1, 1)
+    assert line < 0.07  # the line's price for a k measured only a few times
+    for _ in range(5):
+        steps.record(1, 1, 0.075)
+    assert steps(1, 1) == pytest.approx(0.075)
+    assert steps(1, 4) == pytest.approx(0.12, rel=0.05)
+
+
 def test_a_k_measured_dear_a_few_times_takes_the_price_of_its_neighbours():
     """Early steps at k = 2 fed tree leaves (5 rows, not 3) before the forward had priced
     them; k = 1 and k = 3 ran since, many times, and lie on a line that puts k = 2 where

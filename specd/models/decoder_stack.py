@@ -25,7 +25,7 @@ def _parts(w) -> tuple[list[torch.Tensor], list[int]] | None:
 def build(model):
     """The model's layers as one native stack, or None where the step must run in Python
     (no native ops, or a matrix that is not quantised)."""
-    if not model._native_ops or kernel() is None:
+    if not model._native_ops:  # (they need the kernels)
         return None
     a = model.args
     stack = kernel().DecoderStack(a.num_heads, a.num_kv_heads, a.head_dim, a.rms_norm_eps)

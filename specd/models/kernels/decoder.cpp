@@ -23,7 +23,7 @@ struct Linear {
   at::Tensor operator()(const at::Tensor& x) const {
     const auto dtype = x.scalar_type();
     if (records.size() == 1)
-      return qlinear(x, records[0], bias.defined() ? bias : at::Tensor(), bits[0], dtype);
+      return qlinear(x, records[0], bias, bits[0], dtype);
     std::vector<at::Tensor> parts;
     for (size_t i = 0; i < records.size(); ++i)
       parts.push_back(qlinear(x, records[i], at::Tensor(), bits[i], dtype));

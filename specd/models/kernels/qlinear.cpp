@@ -340,13 +340,14 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& records, const at::Ten
   auto xq = at::empty({rows_run, K}, x.options().dtype(at::kChar));
   auto sx = at::empty({rows_run, KG}, x.options().dtype(at::kFloat));
   auto c = at::empty({rows_run, KG}, x.options().dtype(at::kFloat));
-  // 6 bits: each 16-block's sum of activation codes (none otherwise: no allocation)
-  auto halves = at::empty({bits == 6 ? rows_run : 0, 2 * KG}, x.options().dtype(at::kInt));
-  int32_t* hp = bits == 6 ? halves.data_ptr<int32_t>() : nullptr;
+  // 6 bits only: each 16-block's sum of activation codes (other widths allocate nothing)
+  at::Tensor halves;
+  if (bits == 6) halves = at::empty({rows_run, 2 * KG}, x.options().dtype(at::kInt));
+  int32_t* hp = halves.defined() ? halves.data_ptr<int32_t>() : nullptr;
   quantize_rows(x, xq.data_ptr<int8_t>(), sx.data_ptr<float>(), c.data_ptr<float>(), hp);
   if (rows_run > M)  // the padding row: no zero-length ops on every decode call
-    for (auto* t : {&xq, &sx, &c}) t->narrow(0, M, rows_run - M).zero_();
-  if (rows_run > M && hp) halves.narrow(0, M, rows_run - M).zero_();
+    for (auto* t : {&xq, &sx, &c, &halves})
+      if (t->defined()) t->narrow(0, M, rows_run - M).zero_();
 
   const auto* w = records.data_ptr<uint8_t>();
   const float* b = (bias.defined() && bias.numel()) ? bias.data_ptr<float>() : nullptr;

@@ -70,8 +70,10 @@ def test_drafter_sigkilled_and_restarted_loses_nothing(model, tmp_path):
     front.start()
     try:
         with SpecdClient(front.address) as client, ThreadPoolExecutor(8) as pool:
-            # long enough that the drafter's restart (a few seconds) lands mid-run
-            run = lambda p: greedy(client, p, 64, speculation="on")  # noqa: E731
+            # long enough that the drafter's restart (a few seconds) lands mid-run: at 64
+            # tokens a request, the load once finished before the restart did (a clean-clone
+            # run, after the layers went native and the tiny model's steps got faster)
+            run = lambda p: greedy(client, p, 128, speculation="on")  # noqa: E731
             clean = list(pool.map(run, PROMPTS))
             assert scrape(fallbacks_port, "specd:drafter_fallbacks") == 0
 

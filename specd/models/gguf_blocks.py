@@ -1,14 +1,14 @@
 """GGUF tensors straight into the group-quantised format (specd.models.qlinear).
 
-GGUF blocks of 4 and 6 bits keep their codes (in `int4` mode). A Q4_K super-block is 8
-sub-blocks of 32 four-bit codes, each with a 6-bit scale and min times the block's fp16 d
-and dmin, so w = (d * sc) * q - (dmin * m) is our group of 32 with scale d * sc and min
-dmin * m (stored as fp16: the only rounding). Q4_1 is w = d * q + m, our min being -m. A
-Q6_K super-block is 16 sub-blocks of 16 six-bit codes, w = (d * sc) * (q - 32) with an
-int8 sc: our 6-bit format, scale d * sc per half-group (fp16 again the only rounding).
-llama.cpp's Q4_K_M keeps the LM head, half the down projections and some v projections
-in Q6_K. Other types (Q5_0, Q8_0, float) are dequantised by the `gguf` package and
-quantised again: at 8 bits where the GGUF spent more than 5 bits on the tensor, else at 4.
+GGUF blocks of 4 and 6 bits keep their codes and scales (in `int4` mode). A Q4_K
+super-block is 8 sub-blocks of 32 four-bit codes, each with a 6-bit scale and min under
+the block's fp16 d and dmin, so w = (d * sc) * q - (dmin * m): our 4-bit format's
+super-block as it is (`TwoLevel`), exact. A Q6_K super-block is 16 sub-blocks of 16
+six-bit codes, w = (d * sc) * (q - 32) with an int8 sc: our 6-bit format, scale d * sc per
+half-group (stored as fp16: the only rounding). llama.cpp's Q4_K_M keeps the LM head, half
+the down projections and some v projections in Q6_K. Other types (Q4_1, Q5_0, Q8_0,
+float) are dequantised by the `gguf` package and quantised again: at 8 bits where the
+GGUF spent more than 5 bits on the tensor, else at 4.
 
 GGUF names map to Hugging Face names as transformers maps them; Llama-architecture files
 store q/k rows permuted for llama.cpp's RoPE, undone here on whole rows (exact).
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specd.models.qlinear import QWeight, fits, pack, quantize
+from specd.models.qlinear import QWeight, TwoLevel, fits, pack, quantize
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -49,8 +49,9 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def q4_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q4_K blocks uint8 [B, 144] -> codes [B, 256], scales and mins [B, 8] (fp32)."""
+def q4_k(blocks: np.ndarray) -> tuple[np.ndarray, tuple, tuple]:
+    """Q4_K blocks uint8 [B, 144] -> codes [B, 256], then the scales and the mins, each as
+    (fp16 value [B, 1] as fp32, 6-bit integers [B, 8])."""
     d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)  # [B, 1]
     dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
     packed = blocks[:, 4:16].reshape(-1, 3, 4)  # 6-bit scale and min of 8 sub-blocks
@@ -59,16 +60,7 @@ def q4_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     mn = np.concatenate([hi & 0x3F, (mix >> 4) | ((hi >> 2) & 0x30)], axis=-1)
     qs = blocks[:, 16:].reshape(-1, 4, 1, 32)  # 4 chunks of 64: low nibbles, then high
     codes = (qs >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F
-    return codes.reshape(-1, 256), d * sc, dmin * mn
-
-
-def q4_1(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q4_1 blocks uint8 [B, 20] -> codes [B, 32], scales and mins [B, 1]."""
-    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
-    m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
-    qs = blocks[:, 4:].reshape(-1, 1, 16)
-    codes = (qs >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)) & 0x0F
-    return codes.reshape(-1, 32), d, -m
+    return codes.reshape(-1, 256), (d, sc), (dmin, mn)
 
 
 def q6_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -88,7 +80,7 @@ def q6_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 # type: (bytes a block, decoder, bits)
-_EXACT = {"Q4_K": (144, q4_k, 4), "Q4_1": (20, q4_1, 4), "Q6_K": (210, q6_k, 6)}
+_EXACT = {"Q4_K": (144, q4_k, 4), "Q6_K": (210, q6_k, 6)}
 
 
 def to_qweight(tensor, mode: str) -> QWeight | None:
@@ -104,9 +96,11 @@ def to_qweight(tensor, mode: str) -> QWeight | None:
         size, decode, bits = _EXACT[kind]
         codes, d, m = decode(np.asarray(tensor.data).reshape(-1, size))
         q = torch.from_numpy(codes.reshape(rows, cols))
+        if bits == 4:  # (fp16 value, integers) per super-block: kept as they are
+            d, m = (TwoLevel(_groups(v, rows), _groups(i, rows)) for v, i in (d, m))
+            return pack(q, d, m, bits)
         d = _groups(d, rows).half().float()  # the scales as the format stores them
-        m = 32 * d if bits == 6 else _groups(m, rows)
-        return pack(q, d, m, bits)
+        return pack(q, d, 32 * d, bits)
     dense = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
     bits = 8 if (mode == "int8" or kind in _WIDE) else 4
     return quantize(torch.from_numpy(np.ascontiguousarray(dense)).reshape(rows, cols), bits)
@@ -120,9 +114,7 @@ def unpermute_rows(w: QWeight, n_head: int) -> QWeight:
     """Undo llama.cpp's q/k row order (HF's `reverse_permute`) on whole rows."""
     n, _ = w.shape
     dim = n // n_head // 2
-    order = torch.arange(n).view(n_head, dim, 2).transpose(1, 2).reshape(n)
-    d, m = w.group_params()
-    return pack(w.codes()[order], d[order], m[order], w.bits)
+    return w.take_rows(torch.arange(n).view(n_head, dim, 2).transpose(1, 2).reshape(n))
 
 
 def read_gguf(path: Path, mode: str, config) -> dict[str, QWeight]:

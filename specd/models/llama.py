@@ -25,7 +25,7 @@ from specd.models.args import ModelArgs
 from specd.models.batch_plan import BatchPlan
 from specd.models.matmul import INVARIANT_TILE, linear
 from specd.models.paged_kv import PagedKV, kv_dtype
-from specd.models.qlinear import QWeight, pack
+from specd.models.qlinear import QWeight
 from specd.models.seq_input import SeqInput
 
 
@@ -107,8 +107,7 @@ class LlamaModel:
         back as [R, V'] in `keep`'s order; `self.head_ids` maps a column to its token id."""
         head = self.lm_head
         if isinstance(head, QWeight):  # the kept rows' codes, repacked (exact)
-            d, m = head.group_params()
-            self.lm_head = pack(head.codes()[keep], d[keep], m[keep], head.bits)
+            self.lm_head = head.take_rows(keep)
         else:
             self.lm_head = head[keep].contiguous()
         self.head_ids = keep.to(self.device)

@@ -1,12 +1,16 @@
 """Group-quantised weights (int4 / int8) and their linear, for the target and the drafter.
 
 Format: unsigned codes q (4, 6 or 8 bits) in groups of 32 along the input dimension.
-4 and 8 bits: one fp16 scale d and one fp16 min m per (output row, group): w = d * q - m.
+8 bits: one fp16 scale d and one fp16 min m per (output row, group): w = d * q - m.
+4 bits: the same w = d * q - m with Q4_K's two-level scales: per super-block of 8 groups
+(256 along K) an fp16 D and M per row, per group 6-bit integers s and t, d = D s and
+m = M t (`TwoLevel`): 4.625 bits a weight where one fp16 pair per group took 5.
 6 bits: symmetric, one fp16 scale per half-group of 16 (GGUF's Q6_K sub-blocks):
 w = d_h * (q - 32), i.e. the general form with m_h = 32 d_h implied, not stored.
-GGUF blocks map onto it without requantising (a Q4_K sub-block is 32 four-bit codes with a
-scale and a min, a Q6_K sub-block 16 six-bit codes with a scale; Q4_1 likewise; see
-`gguf_blocks.py`), dense weights are quantised by round-to-nearest (`quantize`).
+GGUF blocks map onto it without requantising (a Q4_K super-block is 8 sub-blocks of 32
+four-bit codes with 6-bit scales and mins under an fp16 d and dmin, a Q6_K sub-block 16
+six-bit codes with a scale; see `gguf_blocks.py`), dense weights are quantised by
+round-to-nearest (`quantize`).
 
 The linear quantises activations per row and per 32-block to int8 and sums integer
 products exactly (`kernels/qlinear.cpp`), so a row's result never depends on the other
@@ -17,6 +21,7 @@ nor AVX2, no compiler, CUDA), specd.models.weights runs the model in bf16 instea
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -29,17 +34,75 @@ log = logging.getLogger(__name__)
 GROUP = 32
 TILE = 16  # output columns per kernel tile
 SIX_OFFSET = 32  # 6 bits: w = d * (q - 32), codes 0..63 for -32..31
+SUPER = 8  # 4 bits: groups per super-block
+HEADER = 64 + 2 * SUPER * TILE  # 4 bits: a super-block's D, M (fp16), then s, t (uint8)
 # 6 bits: code vector j's top two bits sit at bits 2 (j % 4) of top-bit vector j // 4
 _TOP_SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 1, 4, 1, 1)
 
 
+@dataclass(frozen=True)
+class TwoLevel:
+    """4 bits: a group's scale (or min) as an fp16 value per row and super-block,
+    `block` [N, ceil(K/256)], times a 6-bit integer per row and group, `group` [N, K/32]."""
+
+    block: torch.Tensor  # fp32 holding fp16 values
+    group: torch.Tensor  # uint8, 0..63
+
+    def expand(self) -> torch.Tensor:
+        """Per group, fp32 [N, K/32]: the products, exact (11 bits times 6)."""
+        per_group = self.block.repeat_interleave(SUPER, dim=1)[:, : self.group.shape[1]]
+        return per_group * self.group.float()
+
+    def __getitem__(self, rows) -> TwoLevel:
+        return TwoLevel(self.block[rows], self.group[rows])
+
+
+@functools.lru_cache(maxsize=8)
+def _offsets4(kg: int) -> tuple[torch.Tensor, ...]:
+    """4 bits: where each column c of a tile keeps its bytes in the tile's stream: codes
+    [16, kg * 16] (per group 4 vectors x 4 bytes), D and M [16, nsb * 2] (fp16), s and t
+    [16, kg]."""
+    stride = HEADER + SUPER * 256  # a whole super-block
+    g = torch.arange(kg)
+    start = g // SUPER * stride  # of each group's super-block
+    c = torch.arange(TILE).view(TILE, 1)
+    vec = (torch.arange(4) * 64).view(4, 1) + torch.arange(4)  # [s, i]
+    codes = (start + HEADER + g % SUPER * 256).view(1, kg, 1, 1) + 4 * c.view(TILE, 1, 1, 1) + vec
+    blocks = (torch.arange(-(-kg // SUPER)) * stride).view(1, -1, 1) + torch.arange(2)
+    d = blocks + 2 * c.view(TILE, 1, 1)
+    s = start + 64 + g % SUPER * TILE + c
+    return (codes.view(TILE, -1), d.view(TILE, -1), (d + 32).view(TILE, -1), s,
+            s + SUPER * TILE)
+
+
+def _rows4(tiles: torch.Tensor, col: torch.Tensor, kg: int) -> torch.Tensor:
+    """4 bits: row `col[l]` of tile `tiles[l]` (uint8 [L, tile_bytes4]) -> fp32 [L, K]."""
+    codes, d, m, s, t = (tiles.gather(1, at[col]) for at in _offsets4(kg))
+    nib = codes.view(-1, kg, 4, 1, 4)  # [l, g, s, half, i] -> k = 32 g + 8 s + 4 half + i
+    q = torch.cat((nib & 0x0F, nib >> 4), dim=3).view(-1, kg, 32).float()
+
+    def per_group(block, ints):  # fp16 bytes [L, nsb * 2], uint8 [L, kg] -> fp32 [L, kg]
+        v = block.contiguous().view(torch.float16).float()
+        return TwoLevel(v, ints).expand()
+
+    y = q * per_group(d, s)[..., None] - per_group(m, t)[..., None]
+    return y.view(len(col), -1)
+
+
+def tile_bytes4(kg: int) -> int:
+    """4 bits: one tile's stream for `kg` groups: per super-block its header and codes."""
+    return -(-kg // SUPER) * HEADER + kg * 256
+
+
 @dataclass
 class QWeight:
-    """A [N, K] weight in the kernel's layout: per (16-row tile, 32-column group) one
-    record of the codes (256 bytes for 4 bits, 384 for 6, 512 for 8), then 16 fp16 scales
-    and 16 fp16 mins (4 and 8 bits) or 16 fp16 scales of each half-group (6 bits)."""
+    """A [N, K] weight in the kernel's layout, 16 rows (a tile) at a time. 6 and 8 bits:
+    per (tile, 32-column group) one record of the codes (384 bytes for 6, 512 for 8), then
+    16 fp16 scales and 16 fp16 mins (8 bits) or 16 fp16 scales of each half-group (6
+    bits). 4 bits: per (tile, super-block) a header of 16 fp16 D, 16 fp16 M, then s and t
+    as uint8 [8 groups, 16 rows] each, then the codes of its groups, 256 bytes each."""
 
-    records: torch.Tensor  # uint8 [N/16, K/32, code_bytes + 64]
+    records: torch.Tensor  # uint8 [N/16, K/32, code_bytes + 64]; 4 bits [N/16, tile_bytes4]
     bits: int
     shape: tuple[int, int]  # (N, K) of the dense weight
 
@@ -47,11 +110,24 @@ class QWeight:
     def code_bytes(self) -> int:
         return GROUP * TILE * self.bits // 8
 
+    def _super_blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """4 bits: (headers uint8 [t, nsb, HEADER], codes uint8 [t, kg, 256])."""
+        t, kg = self.shape[0] // TILE, self.shape[1] // GROUP
+        nsb = -(-kg // SUPER)
+        full = torch.zeros(t, nsb * (HEADER + SUPER * 256), dtype=torch.uint8)
+        full[:, : self.records.shape[1]] = self.records  # the last super-block, padded
+        full = full.view(t, nsb, -1)
+        codes = full[..., HEADER:].reshape(t, nsb * SUPER, 256)[:, :kg]
+        return full[..., :HEADER], codes
+
     def codes(self) -> torch.Tensor:
         """The codes back as uint8 [N, K] (inverse of `pack`)."""
         n, k = self.shape
         t, kg = n // TILE, k // GROUP
-        b = self.records[..., : self.code_bytes]
+        if self.bits == 4:
+            b = self._super_blocks()[1]
+        else:
+            b = self.records[..., : self.code_bytes]
         if self.bits == 8:
             q = b.reshape(t, kg, 8, TILE, 4).permute(0, 3, 1, 2, 4)  # [t, c, g, j, i]
             return q.reshape(n, k)
@@ -62,8 +138,38 @@ class QWeight:
             q = q | (_top_bits(b[..., 256:], t, kg).reshape(n, k) << 4)
         return q
 
+    def scales(self) -> tuple:
+        """(d, m) as `pack` takes them: fp32 [N, K/32] (8 bits), [N, K/16] (6 bits, where
+        m = 32 d), or `TwoLevel` (4 bits)."""
+        if self.bits != 4:
+            return self.group_params()
+        n, k = self.shape
+        head = self._super_blocks()[0]  # [t, nsb, HEADER]
+        t, nsb, kg = n // TILE, head.shape[1], k // GROUP
+
+        def block(at):  # fp16 [t, nsb, 16] -> [N, nsb]
+            v = head[..., at : at + 32].contiguous().view(torch.float16).float()
+            return v.permute(0, 2, 1).reshape(n, nsb)
+
+        def group(at):  # uint8 [t, nsb, 8, 16] -> [N, kg]
+            v = head[..., at : at + SUPER * TILE].reshape(t, nsb, SUPER, TILE)
+            return v.permute(0, 3, 1, 2).reshape(n, nsb * SUPER)[:, :kg]
+
+        return (
+            TwoLevel(block(0), group(64)),
+            TwoLevel(block(32), group(64 + SUPER * TILE)),
+        )
+
+    def take_rows(self, rows: torch.Tensor) -> QWeight:
+        """The weight of rows `rows` (a multiple of 16 of them), repacked: exact."""
+        d, m = self.scales()
+        return pack(self.codes()[rows], d[rows], m[rows], self.bits)
+
     def group_params(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(d, m) as fp32 [N, K/32], or [N, K/16] for 6 bits (where m = 32 d)."""
+        if self.bits == 4:
+            d, m = self.scales()
+            return d.expand(), m.expand()
         n, k = self.shape
         tail = self.records[..., self.code_bytes :].contiguous().view(torch.float16)
         dm = tail.view(n // TILE, k // GROUP, 2, TILE).permute(0, 3, 1, 2)  # [t, c, g, 2]
@@ -83,6 +189,8 @@ class QWeight:
         """Dequantise only the rows `ids` [L] -> [L, K] (an embedding lookup from a tied
         head): the tiles holding them, then the rows."""
         tiles, col = ids // TILE, ids % TILE
+        if self.bits == 4:
+            return _rows4(self.records[tiles], col, self.shape[1] // GROUP).to(dtype)
         sub = QWeight(self.records[tiles], self.bits, (len(ids) * TILE, self.shape[1]))
         full = sub.dequantize(dtype).view(len(ids), TILE, -1)
         return full[torch.arange(len(ids)), col]
@@ -102,23 +210,21 @@ def fits(shape: tuple[int, int]) -> bool:
     return n % TILE == 0 and k % GROUP == 0
 
 
-def pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, bits: int) -> QWeight:
+def pack(q: torch.Tensor, d, m, bits: int) -> QWeight:
     """Codes [N, K] (0 .. 2**bits - 1), scales and mins [N, K/32] -> the kernel's layout.
-    6 bits: scales [N, K/16] and mins that must be 32 times them (the format keeps none)."""
+    6 bits: scales [N, K/16] and mins that must be 32 times them (the format keeps none).
+    4 bits: scales and mins as `TwoLevel`."""
+    if bits == 4:
+        return _pack4(q, d, m)
     n, k = q.shape
     t, kg = n // TILE, k // GROUP
     q = q.to(torch.uint8)
-    if bits in (4, 6):
-        # k = g*32 + s*8 + half*4 + i  ->  bytes [t, g, s, c, i] = lo | hi << 4
-        low = q & 0x0F
-        v = low.view(t, TILE, kg, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)  # [t, g, s, c, i, half]
-        codes = (v[..., 0] | (v[..., 1] << 4)).reshape(t, kg, 256)
-        if bits == 6:
-            # the top two bits of code vector j (as 8-bit's: k = 4j..4j+3 of 16 columns) at
-            # bits 2(j % 4) of vector j // 4
-            top = (q >> 4).view(t, TILE, kg, 2, 4, 4).permute(0, 2, 3, 4, 1, 5)  # [t,g,h,j,c,i]
-            packed = (top << _TOP_SHIFTS).sum(3, dtype=torch.uint8)  # bits never overlap
-            codes = torch.cat((codes, packed.reshape(t, kg, 128)), dim=-1)
+    if bits == 6:
+        # the low nibbles as 4 bits', then the top two bits of code vector j (as 8-bit's:
+        # k = 4j..4j+3 of 16 columns) at bits 2(j % 4) of vector j // 4
+        top = (q >> 4).view(t, TILE, kg, 2, 4, 4).permute(0, 2, 3, 4, 1, 5)  # [t,g,h,j,c,i]
+        packed = (top << _TOP_SHIFTS).sum(3, dtype=torch.uint8)  # bits never overlap
+        codes = torch.cat((_nibbles(q, t, kg), packed.reshape(t, kg, 128)), dim=-1)
     elif bits == 8:
         codes = q.view(t, TILE, kg, 8, 4).permute(0, 2, 3, 1, 4).reshape(t, kg, 512)
     else:
@@ -138,6 +244,51 @@ def pack(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, bits: int) -> QWeigh
     return QWeight(records, bits, (n, k))
 
 
+def _nibbles(q: torch.Tensor, t: int, kg: int) -> torch.Tensor:
+    """Codes' low nibbles uint8 [N, K] -> the 4-bit code vectors, bytes [t, kg, 256]."""
+    # k = g*32 + s*8 + half*4 + i  ->  bytes [t, g, s, c, i] = lo | hi << 4
+    v = (q & 0x0F).view(t, TILE, kg, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)  # [t,g,s,c,i,half]
+    return (v[..., 0] | (v[..., 1] << 4)).reshape(t, kg, 256)
+
+
+def _pack4(q: torch.Tensor, d: TwoLevel, m: TwoLevel) -> QWeight:
+    n, k = q.shape
+    t, kg = n // TILE, k // GROUP
+    nsb = -(-kg // SUPER)
+    for p in (d, m):
+        if p.block.shape != (n, nsb) or p.group.shape != (n, kg) or int(p.group.max()) > 63:
+            raise ValueError("4 bits: an fp16 value per super-block, 6-bit integers per group")
+
+    def block(v):  # [N, nsb] -> fp16 bytes [t, nsb, 32]
+        v = v.to(torch.float16).reshape(t, TILE, nsb).permute(0, 2, 1).contiguous()
+        return v.view(torch.uint8)
+
+    def group(v):  # [N, kg] -> bytes [t, nsb, 8 * 16], zero past the last group
+        full = torch.zeros(n, nsb * SUPER, dtype=torch.uint8)
+        full[:, :kg] = v
+        return full.view(t, TILE, nsb, SUPER).permute(0, 2, 3, 1).reshape(t, nsb, -1)
+
+    heads = torch.cat((block(d.block), block(m.block), group(d.group), group(m.group)), -1)
+    codes = torch.zeros(t, nsb * SUPER, 256, dtype=torch.uint8)
+    codes[:, :kg] = _nibbles(q.to(torch.uint8), t, kg)
+    stream = torch.cat((heads, codes.view(t, nsb, -1)), dim=-1).view(t, -1)
+    # the last super-block's missing groups are at the end of each tile's stream
+    return QWeight(stream[:, : tile_bytes4(kg)].contiguous(), 4, (n, k))
+
+
+def _two_level(per_group: torch.Tensor) -> TwoLevel:
+    """Non-negative fp32 [N, kg] -> TwoLevel whose products are at least the values
+    (rounded up, so a range never shrinks), bar the fp16 rounding of the block value."""
+    n, kg = per_group.shape
+    nsb = -(-kg // SUPER)
+    padded = torch.zeros(n, nsb * SUPER)
+    padded[:, :kg] = per_group
+    block = (padded.view(n, nsb, SUPER).amax(-1) / 63).half().float()
+    per = block.repeat_interleave(SUPER, dim=1)[:, :kg]
+    ints = torch.where(per > 0, torch.ceil(per_group / per), torch.zeros_like(per))
+    return TwoLevel(block, ints.clamp(0, 63).to(torch.uint8))
+
+
 def quantize(w: torch.Tensor, bits: int) -> QWeight:
     """Round-to-nearest quantisation of a dense [N, K] weight: asymmetric in groups of 32
     (4 and 8 bits), symmetric in half-groups of 16 (6 bits)."""
@@ -150,6 +301,15 @@ def quantize(w: torch.Tensor, bits: int) -> QWeight:
         return pack(q.view(n, k), d, SIX_OFFSET * d, bits)
     levels = (1 << bits) - 1
     g = w.float().view(n, k // GROUP, GROUP)
+    if bits == 4:  # Q4_K's form: the min first (a range that takes 0), then the scale
+        lo, hi = g.amin(-1).clamp(max=0), g.amax(-1).clamp(min=0)
+        mins = _two_level(-lo)
+        m = mins.expand()
+        scales = _two_level((hi + m) / levels)
+        d = scales.expand()
+        inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+        q = torch.round((g + m[..., None]) * inv[..., None]).clamp(0, levels)
+        return pack(q.view(n, k), scales, mins, bits)
     lo, hi = g.amin(-1), g.amax(-1)
     d = ((hi - lo) / levels).clamp(min=1e-12).half().float()  # the scale as stored
     m = (-lo).half().float()

@@ -13,32 +13,66 @@ def kernel(cpu_kernels):
     return cpu_kernels
 
 
-@pytest.mark.parametrize("bits", [4, 6, 8])
-def test_pack_round_trips_codes_and_group_params(bits):
+def two_level(g, n, k):
+    """Random 4-bit scales: an fp16 value per row and super-block, 6-bit integers per group."""
+    block = torch.randn(n, -(-k // 256), generator=g).half().float()
+    return ql.TwoLevel(block, torch.randint(0, 64, (n, k // 32), generator=g, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("bits, k", [(4, 96), (4, 608), (6, 96), (8, 96)])
+def test_pack_round_trips_codes_and_group_params(bits, k):
     g = torch.Generator().manual_seed(0)
-    n, k = 48, 96
+    n = 48
     block = 16 if bits == 6 else 32  # 6 bits: a scale per half-group, the min 32 times it
     q = torch.randint(0, 1 << bits, (n, k), generator=g, dtype=torch.uint8)
-    d = torch.randn(n, k // block, generator=g).half().float()
-    m = 32 * d if bits == 6 else torch.randn(n, k // block, generator=g).half().float()
+    if bits == 4:  # k = 608: two super-blocks and a third of three groups
+        d, m = two_level(g, n, k), two_level(g, n, k)
+        assert ql.pack(q, d, m, bits).records.shape == (n // 16, ql.tile_bytes4(k // 32))
+    else:
+        d = torch.randn(n, k // block, generator=g).half().float()
+        m = 32 * d if bits == 6 else torch.randn(n, k // block, generator=g).half().float()
     w = ql.pack(q, d, m, bits)
     assert torch.equal(w.codes(), q)
-    d2, m2 = w.group_params()
-    assert torch.equal(d2, d) and torch.equal(m2, m)
+    d2, m2 = w.scales()
+    if bits == 4:
+        assert all(torch.equal(a.block, b.block) and torch.equal(a.group, b.group)
+                   for a, b in ((d, d2), (m, m2)))
+        d, m = d.expand(), m.expand()  # the products, exact in fp32
+        assert torch.equal(d, (d2.block.double().repeat_interleave(8, 1)[:, : k // 32]
+                               * d2.group.double()).float())
+    assert all(torch.equal(a, b) for a, b in zip(w.group_params(), (d, m)))
     dense = (q.float().view(n, -1, block) * d[..., None] - m[..., None]).view(n, k)
     assert torch.equal(w.dequantize(), dense)
     ids = torch.tensor([0, 17, 47, 17])
     assert torch.equal(w.rows(ids, torch.float32), dense[ids])
+    order = torch.randperm(n, generator=g)  # rows taken and repacked: exact
+    assert torch.equal(w.take_rows(order).dequantize(), dense[order])
+
+
+def test_four_bit_scales_must_be_two_level():
+    g = torch.Generator().manual_seed(4)
+    q = torch.zeros(16, 64, dtype=torch.uint8)
+    good = two_level(g, 16, 64)
+    with pytest.raises(ValueError, match="4 bits"):
+        ql.pack(q, ql.TwoLevel(good.block, good.group + 64), good, 4)  # not 6 bits
+    with pytest.raises(ValueError, match="4 bits"):
+        ql.pack(q, ql.TwoLevel(good.block, good.group[:, :1]), good, 4)
 
 
 @pytest.mark.parametrize("bits", [4, 6, 8])
 def test_quantize_error_is_half_a_step_per_group(bits):
-    w = torch.randn(32, 128) * torch.linspace(0.01, 2.0, 32)[:, None]
+    w = torch.randn(32, 512) * torch.linspace(0.01, 2.0, 32)[:, None]
     q = ql.quantize(w, bits)
     d, _ = q.group_params()  # per 32 columns, or per 16 for 6 bits
     err = (q.dequantize() - w).abs().view(32, d.shape[1], -1)
     # half a step, plus the fp16 rounding of the stored min (or scale)
     assert (err <= d.abs()[..., None] / 2 + 2e-3 * w.abs().max()).all()
+    if bits == 4:  # the 6-bit integers round up: a group's step is the one it needs
+        # plus at most 1/63 of its super-block's largest, twice (its min's and its scale's)
+        lo, hi = w.view(32, -1, 32).amin(-1).clamp(max=0), w.view(32, -1, 32).amax(-1)
+        need = ((hi - lo) / 15).view(32, -1, 8)
+        largest = need.amax(-1, keepdim=True)
+        assert (d.view(32, -1, 8) <= need + 2.1 * largest / 63).all()
 
 
 def test_six_bits_need_mins_of_32_scales():
@@ -72,7 +106,7 @@ def test_reference_catches_a_wrong_kernel(kernel):
     w = ql.quantize(torch.randn(32, 64), 4)
     q = w.codes()
     q[3, 7] = (q[3, 7] + 1) % 16
-    wrong = ql.pack(q, *w.group_params(), 4)
+    wrong = ql.pack(q, *w.scales(), 4)
     x = torch.randn(2, 64)
     ref = ql.reference(x, w, out_dtype=torch.float64)
     assert (ql.qlinear(x, wrong, out_dtype=torch.float32).double() - ref).abs().max() > 1e-4
@@ -100,7 +134,11 @@ def test_largest_codes_and_activations_sum_exactly(kernel, bits):
     q[1::2, ::3] = 0  # other columns mix the extremes
     block, offset = (16, 32) if bits == 6 else (32, 0)  # 6 bits: w = d (q - 32)
     d = torch.full((n, k // block), 1 / 64)  # exact in fp16
-    w = ql.pack(q, d, offset * d, bits)
+    if bits == 4:  # the same scales as 1/64 times 1, mins 0
+        d = ql.TwoLevel(torch.full((n, 1), 1 / 64), torch.ones(n, k // 32, dtype=torch.uint8))
+        w = ql.pack(q, d, ql.TwoLevel(d.block, torch.zeros_like(d.group)), bits)
+    else:
+        w = ql.pack(q, d, offset * d, bits)
     x = torch.ones(3, k)
     x[1] = -1.0
     x[2, ::2] = -1.0

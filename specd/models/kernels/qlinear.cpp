@@ -4,6 +4,9 @@
 // Weights (N output rows, K inputs, groups of G = 32 along K):
 //     w[n][k] = d[n][g] * q[n][k] - m[n][g],   g = k / 32,  q unsigned (4 or 8 bits)
 //     w[n][k] = d[n][h] * (q[n][k] - 32),       h = k / 16,  q unsigned 6 bits (Q6_K's form)
+// 4 bits take Q4_K's two-level scales: per super-block of 8 groups (256 along K) an fp16
+// scale D and min M per column, per group 6-bit integers s and t: d = D s, m = M t (exact
+// in fp32: 11 bits of mantissa times 6).
 // Activations, quantised here per row and per 32-block (as llama.cpp's Q8 activations):
 //     x[r][k] ~= sx[r][g] * xq[r][k],          xq in [-127, 127]
 // so that
@@ -17,10 +20,13 @@
 // of rows, and threads split columns only: a row's result never depends on the other rows
 // (decode of 1 token and verification of k+1 round identically: batch invariance).
 //
-// Layout (see specd/models/qlinear.py::pack): columns in tiles of 16; per (tile, group)
-// one record, so that a thread reads a single sequential stream: the codes, then 16 fp16
+// Layout (see specd/models/qlinear.py::pack): columns in tiles of 16, and each tile one
+// sequential stream. 6 and 8 bits: per (tile, group) one record: the codes, then 16 fp16
 // scales, then 16 fp16 mins (6 bits: 16 fp16 scales of the low half, then of the high
-// half). Codes: 8 vectors of 64 bytes, vector j holding k = 4j..4j+3
+// half). 4 bits: per (tile, super-block) a 320-byte header (16 fp16 D, 16 fp16 M, then s
+// and t as uint8 [8 groups][16 columns] each), then the codes of its groups (the last
+// super-block of a row may hold fewer than 8). Codes: 8 vectors of 64 bytes, vector j
+// holding k = 4j..4j+3
 // for the 16 columns (byte c*4+i = q[c][4j+i]), which is the operand order of vpdpbusd;
 // 4-bit codes pack vectors 2s and 2s+1 into one: low nibbles are k = 8s..8s+3, high
 // nibbles k = 8s+4..8s+7. 6-bit codes are the 4-bit layout of their low nibbles, then two
@@ -43,6 +49,12 @@ constexpr int G = 32;       // group size along K
 constexpr int NT = 16;      // columns per tile: one zmm of fp32
 constexpr int RMAX = 8;     // rows per register block
 constexpr int PREFETCH = 6;  // groups ahead
+constexpr int SB = 8;       // 4 bits: groups per super-block
+constexpr int64_t HEADER = 64 + 2 * SB * NT;  // 4 bits: a super-block's scales and mins
+constexpr int64_t AHEAD4 = PREFETCH * 256 + HEADER;  // 4 bits: bytes ahead to prefetch
+
+// 4 bits: the bytes of one tile's stream, for KG groups
+int64_t tile_bytes4(int64_t KG) { return (KG + SB - 1) / SB * HEADER + KG * 256; }
 
 // Per row and 32-block: scale, codes and scale * sum(codes); with `halves`, the sums of
 // the codes of each 16-block as well (what 6-bit weights take).
@@ -111,65 +123,97 @@ inline __m512i dpbusd_broadcast(__m512i acc, __m512i w, const int32_t* x) {
   return acc;
 }
 
+// one group (32 along K) of a tile's 16 columns into acc[r] for every row: its codes at
+// `wg`, its scales dg and mins mg (6 bits: the low and the high half-group's scales)
+template <int R, int BITS>
+inline void group_rows(__m512* acc, const uint8_t* wg, __m512 dg, __m512 mg, int64_t g, int64_t KG,
+                       const int8_t* xq, const float* sx, const float* c, const int32_t* halves,
+                       int64_t K) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512i w[8];
+  if constexpr (BITS == 8) {
+    for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(wg + 64 * j);
+  } else {
+    for (int s = 0; s < 4; ++s) {
+      __m512i v = _mm512_loadu_si512(wg + 64 * s);
+      w[2 * s] = _mm512_and_si512(v, low4);
+      w[2 * s + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    }
+  }
+  if constexpr (BITS == 6) {  // q = low nibble | top two bits << 4 (layout: top of this file)
+    const __m512i top = _mm512_set1_epi8(0x30);
+    for (int t = 0; t < 2; ++t) {
+      const __m512i v = _mm512_loadu_si512(wg + 256 + 64 * t);
+      w[4 * t] = _mm512_or_si512(w[4 * t], _mm512_and_si512(_mm512_slli_epi16(v, 4), top));
+      w[4 * t + 1] = _mm512_or_si512(w[4 * t + 1], _mm512_and_si512(_mm512_slli_epi16(v, 2), top));
+      w[4 * t + 2] = _mm512_or_si512(w[4 * t + 2], _mm512_and_si512(v, top));
+      w[4 * t + 3] = _mm512_or_si512(w[4 * t + 3], _mm512_and_si512(_mm512_srli_epi16(v, 2), top));
+    }
+    for (int r = 0; r < R; ++r) {  // vectors 0-3 are the low half-group, 4-7 the high
+      const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
+      const int32_t* hs = halves + r * 2 * KG + 2 * g;
+      __m512i lo = _mm512_set1_epi32(-32 * hs[0]), hi = _mm512_set1_epi32(-32 * hs[1]);
+      for (int j = 0; j < 4; ++j) lo = dpbusd_broadcast(lo, w[j], xg + j);
+      for (int j = 4; j < 8; ++j) hi = dpbusd_broadcast(hi, w[j], xg + j);
+      const __m512 s = _mm512_set1_ps(sx[r * KG + g]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_mul_ps(dg, s), acc[r]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_mul_ps(mg, s), acc[r]);
+    }
+    return;
+  }
+  for (int r = 0; r < R; ++r) {
+    // one chain per row (the rows give the parallelism); each step reads its 4
+    // activation bytes as a broadcast operand of vpdpbusd itself
+    const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
+    __m512i dot = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) dot = dpbusd_broadcast(dot, w[j], xg + j);
+    const __m512 scale = _mm512_mul_ps(dg, _mm512_set1_ps(sx[r * KG + g]));
+    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
+    acc[r] = _mm512_fnmadd_ps(mg, _mm512_set1_ps(c[r * KG + g]), acc[r]);
+  }
+}
+
+// 16 uint8 -> 16 fp32
+inline __m512 bytes_to_ps(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
 template <int R, int BITS>
 void tile_rows(const uint8_t* wt, int64_t KG,
                const int8_t* xq, const float* sx, const float* c, const int32_t* halves,
                int64_t K, const float* bias, void* out, bool bf16_out, int64_t ldo, int64_t n0) {
-  constexpr int64_t rec = record_bytes<BITS>();
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  for (int64_t g = 0; g < KG; ++g) {
-    const uint8_t* wg = wt + g * rec;
-    // the weights are read once per forward: fetch a few groups ahead (runs past the end of
-    // a tile into the next one, which is the next in memory)
-    for (int64_t line = 0; line < rec; line += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(wg + PREFETCH * rec + line), _MM_HINT_T0);
-    __m512i w[8];
-    if constexpr (BITS == 8) {
-      for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(wg + 64 * j);
-    } else {
-      for (int s = 0; s < 4; ++s) {
-        __m512i v = _mm512_loadu_si512(wg + 64 * s);
-        w[2 * s] = _mm512_and_si512(v, low4);
-        w[2 * s + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+  if constexpr (BITS == 4) {
+    const uint8_t* p = wt;  // the stream: a super-block's header, then its groups' codes
+    for (int64_t g0 = 0; g0 < KG; g0 += SB) {
+      const auto* dm = reinterpret_cast<const __m256i*>(p);
+      const __m512 dsb = _mm512_cvtph_ps(_mm256_loadu_si256(dm));
+      const __m512 msb = _mm512_cvtph_ps(_mm256_loadu_si256(dm + 1));
+      const int64_t groups = std::min<int64_t>(SB, KG - g0);
+      for (int64_t j = 0; j < groups; ++j) {
+        const uint8_t* wg = p + HEADER + 256 * j;
+        // the weights are read once per forward: fetch ahead in the stream (past the end
+        // of a tile into the next one, which is the next in memory)
+        for (const uint8_t* line = j ? wg : p; line < wg + 256; line += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(line + AHEAD4), _MM_HINT_T0);
+        // d = D s and m = M t: exact products
+        const __m512 dg = _mm512_mul_ps(dsb, bytes_to_ps(p + 64 + NT * j));
+        const __m512 mg = _mm512_mul_ps(msb, bytes_to_ps(p + 64 + NT * (SB + j)));
+        group_rows<R, BITS>(acc, wg, dg, mg, g0 + j, KG, xq, sx, c, halves, K);
       }
+      p += HEADER + 256 * groups;
     }
-    if constexpr (BITS == 6) {  // q = low nibble | top two bits << 4 (layout: top of this file)
-      const __m512i top = _mm512_set1_epi8(0x30);
-      for (int t = 0; t < 2; ++t) {
-        const __m512i v = _mm512_loadu_si512(wg + 256 + 64 * t);
-        w[4 * t] = _mm512_or_si512(w[4 * t], _mm512_and_si512(_mm512_slli_epi16(v, 4), top));
-        w[4 * t + 1] = _mm512_or_si512(w[4 * t + 1], _mm512_and_si512(_mm512_slli_epi16(v, 2), top));
-        w[4 * t + 2] = _mm512_or_si512(w[4 * t + 2], _mm512_and_si512(v, top));
-        w[4 * t + 3] = _mm512_or_si512(w[4 * t + 3], _mm512_and_si512(_mm512_srli_epi16(v, 2), top));
-      }
-    }
-    const auto* dm = reinterpret_cast<const __m256i*>(wg + code_bytes<BITS>());
-    const __m512 dg = _mm512_cvtph_ps(_mm256_loadu_si256(dm));
-    const __m512 mg = _mm512_cvtph_ps(_mm256_loadu_si256(dm + 1));  // 6 bits: high half's d
-    if constexpr (BITS == 6) {
-      for (int r = 0; r < R; ++r) {  // vectors 0-3 are the low half-group, 4-7 the high
-        const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
-        const int32_t* hs = halves + r * 2 * KG + 2 * g;
-        __m512i lo = _mm512_set1_epi32(-32 * hs[0]), hi = _mm512_set1_epi32(-32 * hs[1]);
-        for (int j = 0; j < 4; ++j) lo = dpbusd_broadcast(lo, w[j], xg + j);
-        for (int j = 4; j < 8; ++j) hi = dpbusd_broadcast(hi, w[j], xg + j);
-        const __m512 s = _mm512_set1_ps(sx[r * KG + g]);
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_mul_ps(dg, s), acc[r]);
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_mul_ps(mg, s), acc[r]);
-      }
-      continue;
-    }
-    for (int r = 0; r < R; ++r) {
-      // one chain per row (the rows give the parallelism); each step reads its 4
-      // activation bytes as a broadcast operand of vpdpbusd itself
-      const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
-      __m512i dot = _mm512_setzero_si512();
-      for (int j = 0; j < 8; ++j) dot = dpbusd_broadcast(dot, w[j], xg + j);
-      const __m512 scale = _mm512_mul_ps(dg, _mm512_set1_ps(sx[r * KG + g]));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
-      acc[r] = _mm512_fnmadd_ps(mg, _mm512_set1_ps(c[r * KG + g]), acc[r]);
+  } else {
+    constexpr int64_t rec = record_bytes<BITS>();
+    for (int64_t g = 0; g < KG; ++g) {
+      const uint8_t* wg = wt + g * rec;
+      for (int64_t line = 0; line < rec; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(wg + PREFETCH * rec + line), _MM_HINT_T0);
+      const auto* dm = reinterpret_cast<const __m256i*>(wg + code_bytes<BITS>());
+      const __m512 dg = _mm512_cvtph_ps(_mm256_loadu_si256(dm));
+      const __m512 mg = _mm512_cvtph_ps(_mm256_loadu_si256(dm + 1));  // 6 bits: high half's d
+      group_rows<R, BITS>(acc, wg, dg, mg, g, KG, xq, sx, c, halves, K);
     }
   }
   const __m512 b = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
@@ -212,68 +256,105 @@ inline __m256i dot_six_half(__m256i acc, const __m256i* w, const int32_t* x) {
   return acc;
 }
 
+// one group (32 along K) of a tile's 16 columns into acc[r][h] for every row: its codes
+// at `wg`, the scales dg[h] and mins mg[h] of columns 8h .. 8h + 7 (6 bits: dg[h] and
+// mg[h] are the low and the high half-group's scales)
+template <int R, int BITS>
+inline void group_rows(__m256 (*acc)[2], const uint8_t* wg, const __m256* dg, const __m256* mg,
+                       int64_t g, int64_t KG, const int8_t* xq, const float* sx, const float* c,
+                       const int32_t* halves, int64_t K) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  for (int h = 0; h < 2; ++h) {  // columns 8h .. 8h + 7: bytes 32h .. 32h + 31 of a vector
+    // 4-bit: lo[j] = the codes of k = 4j..4j+3. 8-bit: q = lo + 16 hi, two nibble dots.
+    // 6-bit: lo[j] |= its top two bits << 4, one dot per half-group (dot_six_half)
+    __m256i lo[8], hi[8];
+    for (int j = 0; j < 8; ++j) {
+      const int64_t at = BITS == 8 ? 64 * j : 64 * (j / 2);
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + at + 32 * h));
+      const __m256i vhi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+      if constexpr (BITS == 8) {
+        lo[j] = _mm256_and_si256(v, low4);
+        hi[j] = vhi;
+      } else {
+        lo[j] = j % 2 ? vhi : _mm256_and_si256(v, low4);
+      }
+    }
+    if constexpr (BITS == 6) {
+      // the top bits of vector 4t + i sit at bits 2i, 2i + 1 of each byte of vector t:
+      // shifted to bits 4, 5 (16-bit shifts, masked per byte: nothing crosses a byte)
+      const __m256i top = _mm256_set1_epi8(0x30);
+      for (int t = 0; t < 2; ++t) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 256 + 64 * t + 32 * h));
+        lo[4 * t] = _mm256_or_si256(lo[4 * t], _mm256_and_si256(_mm256_slli_epi16(v, 4), top));
+        lo[4 * t + 1] = _mm256_or_si256(lo[4 * t + 1], _mm256_and_si256(_mm256_slli_epi16(v, 2), top));
+        lo[4 * t + 2] = _mm256_or_si256(lo[4 * t + 2], _mm256_and_si256(v, top));
+        lo[4 * t + 3] = _mm256_or_si256(lo[4 * t + 3], _mm256_and_si256(_mm256_srli_epi16(v, 2), top));
+      }
+      for (int r = 0; r < R; ++r) {
+        const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
+        const int32_t* hs = halves + r * 2 * KG + 2 * g;
+        const __m256i dlo = dot_six_half(_mm256_set1_epi32(-32 * hs[0]), lo, xg);
+        const __m256i dhi = dot_six_half(_mm256_set1_epi32(-32 * hs[1]), lo + 4, xg + 4);
+        const __m256 s = _mm256_set1_ps(sx[r * KG + g]);
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dlo), _mm256_mul_ps(dg[h], s), acc[r][h]);
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dhi), _mm256_mul_ps(mg[h], s), acc[r][h]);
+      }
+      continue;
+    }
+    for (int r = 0; r < R; ++r) {
+      const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
+      __m256i dot = dot_nibbles(lo, xg);
+      if constexpr (BITS == 8) dot = _mm256_add_epi32(dot, _mm256_slli_epi32(dot_nibbles(hi, xg), 4));
+      const __m256 scale = _mm256_mul_ps(dg[h], _mm256_set1_ps(sx[r * KG + g]));
+      acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r][h]);
+      acc[r][h] = _mm256_fnmadd_ps(mg[h], _mm256_set1_ps(c[r * KG + g]), acc[r][h]);
+    }
+  }
+}
+
+// 8 uint8 -> 8 fp32
+inline __m256 bytes_to_ps(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
 template <int R, int BITS>
 void tile_rows(const uint8_t* wt, int64_t KG,
                const int8_t* xq, const float* sx, const float* c, const int32_t* halves,
                int64_t K, const float* bias, void* out, bool bf16_out, int64_t ldo, int64_t n0) {
-  constexpr int64_t rec = record_bytes<BITS>();
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  for (int64_t g = 0; g < KG; ++g) {
-    const uint8_t* wg = wt + g * rec;
-    for (int64_t line = 0; line < rec; line += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(wg + PREFETCH * rec + line), _MM_HINT_T0);
-    const auto* dm = reinterpret_cast<const __m128i*>(wg + code_bytes<BITS>());
-    for (int h = 0; h < 2; ++h) {  // columns 8h .. 8h + 7: bytes 32h .. 32h + 31 of a vector
-      const __m256 dg = _mm256_cvtph_ps(_mm_loadu_si128(dm + h));
-      const __m256 mg = _mm256_cvtph_ps(_mm_loadu_si128(dm + 2 + h));
-      // 4-bit: lo[j] = the codes of k = 4j..4j+3. 8-bit: q = lo + 16 hi, two nibble dots.
-      // 6-bit: lo[j] |= its top two bits << 4, one dot per half-group (dot_six_half)
-      __m256i lo[8], hi[8];
-      for (int j = 0; j < 8; ++j) {
-        const int64_t at = BITS == 8 ? 64 * j : 64 * (j / 2);
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + at + 32 * h));
-        const __m256i vhi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-        if constexpr (BITS == 8) {
-          lo[j] = _mm256_and_si256(v, low4);
-          hi[j] = vhi;
-        } else {
-          lo[j] = j % 2 ? vhi : _mm256_and_si256(v, low4);
+  __m256 dg[2], mg[2];
+  if constexpr (BITS == 4) {
+    const uint8_t* p = wt;  // the stream: a super-block's header, then its groups' codes
+    for (int64_t g0 = 0; g0 < KG; g0 += SB) {
+      const auto* dm = reinterpret_cast<const __m128i*>(p);
+      const __m256 dsb[2] = {_mm256_cvtph_ps(_mm_loadu_si128(dm)), _mm256_cvtph_ps(_mm_loadu_si128(dm + 1))};
+      const __m256 msb[2] = {_mm256_cvtph_ps(_mm_loadu_si128(dm + 2)), _mm256_cvtph_ps(_mm_loadu_si128(dm + 3))};
+      const int64_t groups = std::min<int64_t>(SB, KG - g0);
+      for (int64_t j = 0; j < groups; ++j) {
+        const uint8_t* wg = p + HEADER + 256 * j;
+        for (const uint8_t* line = j ? wg : p; line < wg + 256; line += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(line + AHEAD4), _MM_HINT_T0);
+        for (int h = 0; h < 2; ++h) {  // d = D s and m = M t: exact products
+          dg[h] = _mm256_mul_ps(dsb[h], bytes_to_ps(p + 64 + NT * j + 8 * h));
+          mg[h] = _mm256_mul_ps(msb[h], bytes_to_ps(p + 64 + NT * (SB + j) + 8 * h));
         }
+        group_rows<R, BITS>(acc, wg, dg, mg, g0 + j, KG, xq, sx, c, halves, K);
       }
-      if constexpr (BITS == 6) {
-        // the top bits of vector 4t + i sit at bits 2i, 2i + 1 of each byte of vector t:
-        // shifted to bits 4, 5 (16-bit shifts, masked per byte: nothing crosses a byte)
-        const __m256i top = _mm256_set1_epi8(0x30);
-        for (int t = 0; t < 2; ++t) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 256 + 64 * t + 32 * h));
-          lo[4 * t] = _mm256_or_si256(lo[4 * t], _mm256_and_si256(_mm256_slli_epi16(v, 4), top));
-          lo[4 * t + 1] = _mm256_or_si256(lo[4 * t + 1], _mm256_and_si256(_mm256_slli_epi16(v, 2), top));
-          lo[4 * t + 2] = _mm256_or_si256(lo[4 * t + 2], _mm256_and_si256(v, top));
-          lo[4 * t + 3] = _mm256_or_si256(lo[4 * t + 3], _mm256_and_si256(_mm256_srli_epi16(v, 2), top));
-        }
+      p += HEADER + 256 * groups;
+    }
+  } else {
+    constexpr int64_t rec = record_bytes<BITS>();
+    for (int64_t g = 0; g < KG; ++g) {
+      const uint8_t* wg = wt + g * rec;
+      for (int64_t line = 0; line < rec; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(wg + PREFETCH * rec + line), _MM_HINT_T0);
+      const auto* dm = reinterpret_cast<const __m128i*>(wg + code_bytes<BITS>());
+      for (int h = 0; h < 2; ++h) {
+        dg[h] = _mm256_cvtph_ps(_mm_loadu_si128(dm + h));
+        mg[h] = _mm256_cvtph_ps(_mm_loadu_si128(dm + 2 + h));
       }
-      if constexpr (BITS == 6) {  // dg, mg: the low and the high half-group's scales
-        for (int r = 0; r < R; ++r) {
-          const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
-          const int32_t* hs = halves + r * 2 * KG + 2 * g;
-          const __m256i dlo = dot_six_half(_mm256_set1_epi32(-32 * hs[0]), lo, xg);
-          const __m256i dhi = dot_six_half(_mm256_set1_epi32(-32 * hs[1]), lo + 4, xg + 4);
-          const __m256 s = _mm256_set1_ps(sx[r * KG + g]);
-          acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dlo), _mm256_mul_ps(dg, s), acc[r][h]);
-          acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dhi), _mm256_mul_ps(mg, s), acc[r][h]);
-        }
-        continue;
-      }
-      for (int r = 0; r < R; ++r) {
-        const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
-        __m256i dot = dot_nibbles(lo, xg);
-        if constexpr (BITS == 8) dot = _mm256_add_epi32(dot, _mm256_slli_epi32(dot_nibbles(hi, xg), 4));
-        const __m256 scale = _mm256_mul_ps(dg, _mm256_set1_ps(sx[r * KG + g]));
-        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r][h]);
-        acc[r][h] = _mm256_fnmadd_ps(mg, _mm256_set1_ps(c[r * KG + g]), acc[r][h]);
-      }
+      group_rows<R, BITS>(acc, wg, dg, mg, g, KG, xq, sx, c, halves, K);
     }
   }
   for (int h = 0; h < 2; ++h) {
@@ -310,8 +391,9 @@ void tile_all_rows(int rows, const uint8_t* wt, int64_t KG, const int8_t* xq, co
 
 }  // namespace
 
-// x [M, K] fp32 or bf16; records uint8 [N/16, K/32, 256, 384 or 512 code bytes (4, 6 or
-// 8 bits) + 64]; bias fp32 [N] or empty. Returns [M, N] in `out_dtype` (fp32 or bf16).
+// x [M, K] fp32 or bf16; records uint8 [N/16, K/32, 384 or 512 code bytes (6 or 8 bits)
+// + 64], or for 4 bits [N/16, tile_bytes4(K/32)]; bias fp32 [N] or empty. Returns [M, N]
+// in `out_dtype` (fp32 or bf16).
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& records, const at::Tensor& bias,
                    int64_t bits, at::ScalarType out_dtype) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [M, K] matrix");
@@ -321,9 +403,11 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& records, const at::Ten
   TORCH_CHECK(out_dtype == at::kFloat || out_dtype == at::kBFloat16, "out must be fp32 or bf16");
   const int64_t M = x.size(0), K = x.size(1), KG = K / G;
   const int64_t tiles = records.size(0), N = tiles * NT;
-  const int64_t rec = bits == 4 ? record_bytes<4>() : bits == 6 ? record_bytes<6>() : record_bytes<8>();
-  TORCH_CHECK(K % G == 0 && records.size(1) == KG && records.size(2) == rec,
-              "weight layout does not match x");
+  const bool fits = bits == 4
+      ? records.dim() == 2 && records.size(1) == tile_bytes4(KG)
+      : records.dim() == 3 && records.size(1) == KG &&
+        records.size(2) == (bits == 6 ? record_bytes<6>() : record_bytes<8>());
+  TORCH_CHECK(K % G == 0 && fits, "weight layout does not match x");
   TORCH_CHECK(records.is_contiguous() && records.scalar_type() == at::kByte,
               "weights must be contiguous uint8 records");
   TORCH_CHECK(!bias.defined() || bias.numel() == 0 || bias.numel() == N, "bias size");
@@ -357,9 +441,10 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& records, const at::Ten
   const float* sxp = sx.data_ptr<float>();
   const float* cp = c.data_ptr<float>();
   const int rows = int(rows_run);
+  const int64_t per_tile = records.stride(0);
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const uint8_t* wt = w + t * KG * rec;
+      const uint8_t* wt = w + t * per_tile;
       if (bits == 4)
         tile_all_rows<4>(rows, wt, KG, xqp, sxp, cp, hp, K, b, out, bf16_out, N, t * NT);
       else if (bits == 6)

@@ -71,8 +71,7 @@ def _offsets4(kg: int) -> tuple[torch.Tensor, ...]:
     blocks = (torch.arange(-(-kg // SUPER)) * stride).view(1, -1, 1) + torch.arange(2)
     d = blocks + 2 * c.view(TILE, 1, 1)
     s = start + 64 + g % SUPER * TILE + c
-    return (codes.view(TILE, -1), d.view(TILE, -1), (d + 32).view(TILE, -1), s,
-            s + SUPER * TILE)
+    return (codes.view(TILE, -1), d.view(TILE, -1), (d + 32).view(TILE, -1), s, s + SUPER * TILE)
 
 
 def _rows4(tiles: torch.Tensor, col: torch.Tensor, kg: int) -> torch.Tensor:

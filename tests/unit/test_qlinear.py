@@ -35,12 +35,15 @@ def test_pack_round_trips_codes_and_group_params(bits, k):
     assert torch.equal(w.codes(), q)
     d2, m2 = w.scales()
     if bits == 4:
-        assert all(torch.equal(a.block, b.block) and torch.equal(a.group, b.group)
-                   for a, b in ((d, d2), (m, m2)))
+        assert all(
+            torch.equal(a.block, b.block) and torch.equal(a.group, b.group)
+            for a, b in ((d, d2), (m, m2))
+        )
         d, m = d.expand(), m.expand()  # the products, exact in fp32
-        assert torch.equal(d, (d2.block.double().repeat_interleave(8, 1)[:, : k // 32]
-                               * d2.group.double()).float())
-    assert all(torch.equal(a, b) for a, b in zip(w.group_params(), (d, m)))
+        assert torch.equal(
+            d, (d2.block.double().repeat_interleave(8, 1)[:, : k // 32] * d2.group.double()).float()
+        )
+    assert all(torch.equal(a, b) for a, b in zip(w.group_params(), (d, m), strict=True))
     dense = (q.float().view(n, -1, block) * d[..., None] - m[..., None]).view(n, k)
     assert torch.equal(w.dequantize(), dense)
     ids = torch.tensor([0, 17, 47, 17])

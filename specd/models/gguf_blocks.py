@@ -4,11 +4,10 @@ GGUF blocks of 4 and 6 bits keep their codes and scales (in `int4` mode). A Q4_K
 super-block is 8 sub-blocks of 32 four-bit codes, each with a 6-bit scale and min under
 the block's fp16 d and dmin, so w = (d * sc) * q - (dmin * m): our 4-bit format's
 super-block as it is (`TwoLevel`), exact. A Q6_K super-block is 16 sub-blocks of 16
-six-bit codes, w = (d * sc) * (q - 32) with an int8 sc: our 6-bit format, scale d * sc per
-half-group (stored as fp16: the only rounding). llama.cpp's Q4_K_M keeps the LM head, half
-the down projections and some v projections in Q6_K. Other types (Q4_1, Q5_0, Q8_0,
-float) are dequantised by the `gguf` package and quantised again: at 8 bits where the
-GGUF spent more than 5 bits on the tensor, else at 4.
+six-bit codes, w = (d * sc) * (q - 32) with an int8 sc: our 6-bit format's, exact too.
+llama.cpp's Q4_K_M keeps the LM head, half the down projections and some v projections
+in Q6_K. Other types (Q4_1, Q5_0, Q8_0, float) are dequantised by the `gguf` package and
+quantised again: at 8 bits where the GGUF spent more than 5 bits on the tensor, else at 4.
 
 GGUF names map to Hugging Face names as transformers maps them; Llama-architecture files
 store q/k rows permuted for llama.cpp's RoPE, undone here on whole rows (exact).
@@ -63,20 +62,21 @@ def q4_k(blocks: np.ndarray) -> tuple[np.ndarray, tuple, tuple]:
     return codes.reshape(-1, 256), (d, sc), (dmin, mn)
 
 
-def q6_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q6_K blocks uint8 [B, 210] -> codes [B, 256] (0..63), scales [B, 16] per 16 codes
-    (fp32) and mins 32 times the scales. A block: 128 bytes of low nibbles, 64 of top bit
-    pairs, 16 int8 sub-block scales, fp16 d. Each 128-code half of the block takes 64
-    low-nibble bytes (byte i: code i in its low nibble, code 64 + i in its high one) and 32
-    top bytes (byte i: codes i, 32 + i, 64 + i, 96 + i in bit pairs 0-1 .. 6-7)."""
+def q6_k(blocks: np.ndarray) -> tuple[np.ndarray, tuple, tuple]:
+    """Q6_K blocks uint8 [B, 210] -> codes [B, 256] (0..63), then the scales as (fp16 d
+    [B, 1] as fp32, int8 per 16 codes [B, 16]) and the mins as (32 d, the same integers).
+    A block: 128 bytes of low nibbles, 64 of top bit pairs, 16 int8 sub-block scales, fp16
+    d. Each 128-code half of the block takes 64 low-nibble bytes (byte i: code i in its low
+    nibble, code 64 + i in its high one) and 32 top bytes (byte i: codes i, 32 + i, 64 + i,
+    96 + i in bit pairs 0-1 .. 6-7)."""
     low = blocks[:, :128].reshape(-1, 2, 1, 64)
     low = (low >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F  # [B, 2, 2, 64]
     top = blocks[:, 128:192].reshape(-1, 2, 1, 32)
     top = (top >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 0x03
     codes = low.reshape(-1, 256) | (top.reshape(-1, 256) << 4)
-    sc = blocks[:, 192:208].view(np.int8).astype(np.float32)
+    sc = blocks[:, 192:208].copy().view(np.int8)
     d = blocks[:, 208:210].copy().view(np.float16).astype(np.float32)  # [B, 1]
-    return codes, d * sc, 32 * d * sc
+    return codes, (d, sc), (32 * d, sc)
 
 
 # type: (bytes a block, decoder, bits)
@@ -96,11 +96,10 @@ def to_qweight(tensor, mode: str) -> QWeight | None:
         size, decode, bits = _EXACT[kind]
         codes, d, m = decode(np.asarray(tensor.data).reshape(-1, size))
         q = torch.from_numpy(codes.reshape(rows, cols))
-        if bits == 4:  # (fp16 value, integers) per super-block: kept as they are
-            d, m = (TwoLevel(_groups(v, rows), _groups(i, rows)) for v, i in (d, m))
-            return pack(q, d, m, bits)
-        d = _groups(d, rows).half().float()  # the scales as the format stores them
-        return pack(q, d, 32 * d, bits)
+        # (fp16 value, integers) per super-block: kept as they are
+        per_block = 8 if bits == 4 else 16
+        d, m = (TwoLevel(_groups(v, rows), _groups(i, rows), per_block) for v, i in (d, m))
+        return pack(q, d, m, bits)
     dense = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
     bits = 8 if (mode == "int8" or kind in _WIDE) else 4
     return quantize(torch.from_numpy(np.ascontiguousarray(dense)).reshape(rows, cols), bits)

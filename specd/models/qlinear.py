@@ -5,12 +5,14 @@ Format: unsigned codes q (4, 6 or 8 bits) in groups of 32 along the input dimens
 4 bits: the same w = d * q - m with Q4_K's two-level scales: per super-block of 8 groups
 (256 along K) an fp16 D and M per row, per group 6-bit integers s and t, d = D s and
 m = M t (`TwoLevel`): 4.625 bits a weight where one fp16 pair per group took 5.
-6 bits: symmetric, one fp16 scale per half-group of 16 (GGUF's Q6_K sub-blocks):
-w = d_h * (q - 32), i.e. the general form with m_h = 32 d_h implied, not stored.
+6 bits: symmetric, a scale per half-group of 16, w = d_h * (q - 32) (the general form
+with m_h = 32 d_h implied, not stored), with Q6_K's two levels: d_h = D sc, an fp16 D per
+row and super-block and an int8 sc per half-group: 6.625 bits a weight where an fp16
+scale per 16 took 7.
 GGUF blocks map onto it without requantising (a Q4_K super-block is 8 sub-blocks of 32
-four-bit codes with 6-bit scales and mins under an fp16 d and dmin, a Q6_K sub-block 16
-six-bit codes with a scale; see `gguf_blocks.py`), dense weights are quantised by
-round-to-nearest (`quantize`).
+four-bit codes with 6-bit scales and mins under an fp16 d and dmin, a Q6_K super-block
+16 sub-blocks of 16 six-bit codes with int8 scales under an fp16 d; see
+`gguf_blocks.py`), dense weights are quantised by round-to-nearest (`quantize`).
 
 The linear quantises activations per row and per 32-block to int8 and sums integer
 products exactly (`kernels/qlinear.cpp`), so a row's result never depends on the other
@@ -34,27 +36,32 @@ log = logging.getLogger(__name__)
 GROUP = 32
 TILE = 16  # output columns per kernel tile
 SIX_OFFSET = 32  # 6 bits: w = d * (q - 32), codes 0..63 for -32..31
-SUPER = 8  # 4 bits: groups per super-block
-HEADER = 64 + 2 * SUPER * TILE  # 4 bits: a super-block's D, M (fp16), then s, t (uint8)
+SUPER = 8  # 4 and 6 bits: groups per super-block
+# 4 and 6 bits: a super-block's header, 320 bytes: 16 fp16 D, 16 fp16 M (4 bits; zero for
+# 6), then its integers: s and t as uint8 [8 groups, 16 rows] (4 bits), or the half-groups'
+# int8 scales [16, 16] (6 bits)
+HEADER = 64 + 2 * SUPER * TILE
 # 6 bits: code vector j's top two bits sit at bits 2 (j % 4) of top-bit vector j // 4
 _TOP_SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 1, 4, 1, 1)
 
 
 @dataclass(frozen=True)
 class TwoLevel:
-    """4 bits: a group's scale (or min) as an fp16 value per row and super-block,
-    `block` [N, ceil(K/256)], times a 6-bit integer per row and group, `group` [N, K/32]."""
+    """A scale (or a min) as an fp16 value per row and super-block of 256 columns, `block`
+    [N, ceil(K/256)], times an integer per row and unit, `group`: Q4_K's 6-bit integers per
+    group of 32 (uint8 [N, K/32], `per_block` 8) or Q6_K's int8 per 16 ([N, K/16], 16)."""
 
     block: torch.Tensor  # fp32 holding fp16 values
-    group: torch.Tensor  # uint8, 0..63
+    group: torch.Tensor  # uint8 0..63, or int8
+    per_block: int = SUPER
 
     def expand(self) -> torch.Tensor:
-        """Per group, fp32 [N, K/32]: the products, exact (11 bits times 6)."""
-        per_group = self.block.repeat_interleave(SUPER, dim=1)[:, : self.group.shape[1]]
-        return per_group * self.group.float()
+        """Per unit, fp32: the products, exact (11 bits of mantissa times at most 8)."""
+        per_unit = self.block.repeat_interleave(self.per_block, dim=1)[:, : self.group.shape[1]]
+        return per_unit * self.group.float()
 
     def __getitem__(self, rows) -> TwoLevel:
-        return TwoLevel(self.block[rows], self.group[rows])
+        return TwoLevel(self.block[rows], self.group[rows], self.per_block)
 
 
 @functools.lru_cache(maxsize=8)
@@ -75,7 +82,7 @@ def _offsets4(kg: int) -> tuple[torch.Tensor, ...]:
 
 
 def _rows4(tiles: torch.Tensor, col: torch.Tensor, kg: int) -> torch.Tensor:
-    """4 bits: row `col[l]` of tile `tiles[l]` (uint8 [L, tile_bytes4]) -> fp32 [L, K]."""
+    """4 bits: row `col[l]` of tile `tiles[l]` (uint8 [L, tile_bytes]) -> fp32 [L, K]."""
     codes, d, m, s, t = (tiles.gather(1, at[col]) for at in _offsets4(kg))
     nib = codes.view(-1, kg, 4, 1, 4)  # [l, g, s, half, i] -> k = 32 g + 8 s + 4 half + i
     q = torch.cat((nib & 0x0F, nib >> 4), dim=3).view(-1, kg, 32).float()
@@ -88,20 +95,21 @@ def _rows4(tiles: torch.Tensor, col: torch.Tensor, kg: int) -> torch.Tensor:
     return y.view(len(col), -1)
 
 
-def tile_bytes4(kg: int) -> int:
-    """4 bits: one tile's stream for `kg` groups: per super-block its header and codes."""
-    return -(-kg // SUPER) * HEADER + kg * 256
+def tile_bytes(kg: int, bits: int) -> int:
+    """4 and 6 bits: one tile's stream for `kg` groups: per super-block its header and
+    its groups' codes."""
+    return -(-kg // SUPER) * HEADER + kg * GROUP * TILE * bits // 8
 
 
 @dataclass
 class QWeight:
-    """A [N, K] weight in the kernel's layout, 16 rows (a tile) at a time. 6 and 8 bits:
-    per (tile, 32-column group) one record of the codes (384 bytes for 6, 512 for 8), then
-    16 fp16 scales and 16 fp16 mins (8 bits) or 16 fp16 scales of each half-group (6
-    bits). 4 bits: per (tile, super-block) a header of 16 fp16 D, 16 fp16 M, then s and t
-    as uint8 [8 groups, 16 rows] each, then the codes of its groups, 256 bytes each."""
+    """A [N, K] weight in the kernel's layout, 16 rows (a tile) at a time. 8 bits: per
+    (tile, 32-column group) one record of the codes (512 bytes), then 16 fp16 scales and 16
+    fp16 mins. 4 and 6 bits: per (tile, super-block of 8 groups) a header (`HEADER`), then
+    the codes of its groups, 256 or 384 bytes each; the last super-block of a row may have
+    fewer groups."""
 
-    records: torch.Tensor  # uint8 [N/16, K/32, code_bytes + 64]; 4 bits [N/16, tile_bytes4]
+    records: torch.Tensor  # uint8 [N/16, K/32, code_bytes + 64]; 4, 6 bits [N/16, tile_bytes]
     bits: int
     shape: tuple[int, int]  # (N, K) of the dense weight
 
@@ -110,26 +118,24 @@ class QWeight:
         return GROUP * TILE * self.bits // 8
 
     def _super_blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """4 bits: (headers uint8 [t, nsb, HEADER], codes uint8 [t, kg, 256])."""
+        """4 and 6 bits: (headers uint8 [t, nsb, HEADER], codes uint8 [t, kg, code_bytes])."""
         t, kg = self.shape[0] // TILE, self.shape[1] // GROUP
         nsb = -(-kg // SUPER)
-        full = torch.zeros(t, nsb * (HEADER + SUPER * 256), dtype=torch.uint8)
+        full = torch.zeros(t, nsb * (HEADER + SUPER * self.code_bytes), dtype=torch.uint8)
         full[:, : self.records.shape[1]] = self.records  # the last super-block, padded
         full = full.view(t, nsb, -1)
-        codes = full[..., HEADER:].reshape(t, nsb * SUPER, 256)[:, :kg]
+        codes = full[..., HEADER:].reshape(t, nsb * SUPER, self.code_bytes)[:, :kg]
         return full[..., :HEADER], codes
 
     def codes(self) -> torch.Tensor:
         """The codes back as uint8 [N, K] (inverse of `pack`)."""
         n, k = self.shape
         t, kg = n // TILE, k // GROUP
-        if self.bits == 4:
-            b = self._super_blocks()[1]
-        else:
-            b = self.records[..., : self.code_bytes]
         if self.bits == 8:
+            b = self.records[..., : self.code_bytes]
             q = b.reshape(t, kg, 8, TILE, 4).permute(0, 3, 1, 2, 4)  # [t, c, g, j, i]
             return q.reshape(n, k)
+        b = self._super_blocks()[1]
         nib = b[..., :256].reshape(t, kg, 4, TILE, 4)  # [t, g, s, c, i]
         both = torch.stack((nib & 0x0F, nib >> 4), dim=4)  # [t, g, s, c, half, i]
         q = both.permute(0, 3, 1, 2, 4, 5).reshape(n, k)  # [t, c, g, s, half, i]
@@ -138,9 +144,9 @@ class QWeight:
         return q
 
     def scales(self) -> tuple:
-        """(d, m) as `pack` takes them: fp32 [N, K/32] (8 bits), [N, K/16] (6 bits, where
-        m = 32 d), or `TwoLevel` (4 bits)."""
-        if self.bits != 4:
+        """(d, m) as `pack` takes them: fp32 [N, K/32] (8 bits), or `TwoLevel` (4 bits;
+        6 bits, where m = 32 d)."""
+        if self.bits == 8:
             return self.group_params()
         n, k = self.shape
         head = self._super_blocks()[0]  # [t, nsb, HEADER]
@@ -150,14 +156,14 @@ class QWeight:
             v = head[..., at : at + 32].contiguous().view(torch.float16).float()
             return v.permute(0, 2, 1).reshape(n, nsb)
 
-        def group(at):  # uint8 [t, nsb, 8, 16] -> [N, kg]
-            v = head[..., at : at + SUPER * TILE].reshape(t, nsb, SUPER, TILE)
-            return v.permute(0, 3, 1, 2).reshape(n, nsb * SUPER)[:, :kg]
+        def ints(at, units):  # [t, nsb, units, 16] -> [N, nsb * units], to the last unit
+            v = head[..., at : at + units * TILE].reshape(t, nsb, units, TILE)
+            return v.permute(0, 3, 1, 2).reshape(n, nsb * units)[:, : kg * units // SUPER]
 
-        return (
-            TwoLevel(block(0), group(64)),
-            TwoLevel(block(32), group(64 + SUPER * TILE)),
-        )
+        if self.bits == 6:
+            d = TwoLevel(block(0), ints(64, 2 * SUPER).view(torch.int8), 2 * SUPER)
+            return d, TwoLevel(SIX_OFFSET * d.block, d.group, d.per_block)
+        return TwoLevel(block(0), ints(64, SUPER)), TwoLevel(block(32), ints(64 + 128, SUPER))
 
     def take_rows(self, rows: torch.Tensor) -> QWeight:
         """The weight of rows `rows` (a multiple of 16 of them), repacked: exact."""
@@ -166,16 +172,13 @@ class QWeight:
 
     def group_params(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(d, m) as fp32 [N, K/32], or [N, K/16] for 6 bits (where m = 32 d)."""
-        if self.bits == 4:
+        if self.bits != 8:
             d, m = self.scales()
             return d.expand(), m.expand()
         n, k = self.shape
         tail = self.records[..., self.code_bytes :].contiguous().view(torch.float16)
         dm = tail.view(n // TILE, k // GROUP, 2, TILE).permute(0, 3, 1, 2)  # [t, c, g, 2]
         dm = dm.reshape(n, k // GROUP, 2).float()
-        if self.bits == 6:  # the two halves' scales, in order along K
-            d = dm.reshape(n, 2 * (k // GROUP))
-            return d, SIX_OFFSET * d
         return dm[..., 0], dm[..., 1]
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -210,36 +213,22 @@ def fits(shape: tuple[int, int]) -> bool:
 
 
 def pack(q: torch.Tensor, d, m, bits: int) -> QWeight:
-    """Codes [N, K] (0 .. 2**bits - 1), scales and mins [N, K/32] -> the kernel's layout.
-    6 bits: scales [N, K/16] and mins that must be 32 times them (the format keeps none).
-    4 bits: scales and mins as `TwoLevel`."""
-    if bits == 4:
-        return _pack4(q, d, m)
+    """Codes [N, K] (0 .. 2**bits - 1), scales and mins -> the kernel's layout. 8 bits:
+    fp32 [N, K/32] each. 4 bits: `TwoLevel` each. 6 bits: `TwoLevel` scales per 16 and
+    mins 32 times them (the format keeps none)."""
+    if bits in (4, 6):
+        return _pack_super(q, d, m, bits)
+    if bits != 8:
+        raise ValueError(f"bits must be 4, 6 or 8, not {bits}")
     n, k = q.shape
     t, kg = n // TILE, k // GROUP
-    q = q.to(torch.uint8)
-    if bits == 6:
-        # the low nibbles as 4 bits', then the top two bits of code vector j (as 8-bit's:
-        # k = 4j..4j+3 of 16 columns) at bits 2(j % 4) of vector j // 4
-        top = (q >> 4).view(t, TILE, kg, 2, 4, 4).permute(0, 2, 3, 4, 1, 5)  # [t,g,h,j,c,i]
-        packed = (top << _TOP_SHIFTS).sum(3, dtype=torch.uint8)  # bits never overlap
-        codes = torch.cat((_nibbles(q, t, kg), packed.reshape(t, kg, 128)), dim=-1)
-    elif bits == 8:
-        codes = q.view(t, TILE, kg, 8, 4).permute(0, 2, 3, 1, 4).reshape(t, kg, 512)
-    else:
-        raise ValueError(f"bits must be 4, 6 or 8, not {bits}")
+    codes = q.to(torch.uint8).view(t, TILE, kg, 8, 4).permute(0, 2, 3, 1, 4).reshape(t, kg, 512)
 
     def tiles(p):  # [N, kg] -> fp16 bytes [t, kg, 32]
         p = p.to(torch.float16).reshape(t, TILE, kg).permute(0, 2, 1).contiguous()
         return p.view(torch.uint8)
 
-    if bits == 6:
-        if d.shape != (n, 2 * kg) or not torch.equal(m, SIX_OFFSET * d):
-            raise ValueError("6 bits: scales per 16 columns, mins 32 times the scales")
-        tails = (tiles(d[:, 0::2]), tiles(d[:, 1::2]))  # each record: its low, high half
-    else:
-        tails = (tiles(d), tiles(m))
-    records = torch.cat((codes, *tails), dim=-1).contiguous()
+    records = torch.cat((codes, tiles(d), tiles(m)), dim=-1).contiguous()
     return QWeight(records, bits, (n, k))
 
 
@@ -250,61 +239,93 @@ def _nibbles(q: torch.Tensor, t: int, kg: int) -> torch.Tensor:
     return (v[..., 0] | (v[..., 1] << 4)).reshape(t, kg, 256)
 
 
-def _pack4(q: torch.Tensor, d: TwoLevel, m: TwoLevel) -> QWeight:
+def _pack_super(q: torch.Tensor, d: TwoLevel, m: TwoLevel, bits: int) -> QWeight:
     n, k = q.shape
     t, kg = n // TILE, k // GROUP
     nsb = -(-kg // SUPER)
-    for p in (d, m):
-        if p.block.shape != (n, nsb) or p.group.shape != (n, kg) or int(p.group.max()) > 63:
-            raise ValueError("4 bits: an fp16 value per super-block, 6-bit integers per group")
+    q = q.to(torch.uint8)
+    if bits == 4:
+        for p in (d, m):
+            if (
+                p.block.shape != (n, nsb)
+                or p.group.shape != (n, kg)
+                or p.group.dtype != torch.uint8
+                or int(p.group.max()) > 63
+            ):
+                raise ValueError("4 bits: an fp16 value per super-block, 6-bit integers per group")
+        codes = _nibbles(q, t, kg)
+    else:
+        if (
+            d.block.shape != (n, nsb)
+            or d.group.shape != (n, 2 * kg)
+            or d.group.dtype != torch.int8
+            or not torch.equal(m.block, SIX_OFFSET * d.block)
+            or not torch.equal(m.group, d.group)
+        ):
+            raise ValueError("6 bits: int8 scales per 16 columns, mins 32 times the scales")
+        # the low nibbles as 4 bits', then the top two bits of code vector j (as 8-bit's:
+        # k = 4j..4j+3 of 16 columns) at bits 2(j % 4) of vector j // 4
+        top = (q >> 4).view(t, TILE, kg, 2, 4, 4).permute(0, 2, 3, 4, 1, 5)  # [t,g,h,j,c,i]
+        packed = (top << _TOP_SHIFTS).sum(3, dtype=torch.uint8)  # bits never overlap
+        codes = torch.cat((_nibbles(q, t, kg), packed.reshape(t, kg, 128)), dim=-1)
 
     def block(v):  # [N, nsb] -> fp16 bytes [t, nsb, 32]
         v = v.to(torch.float16).reshape(t, TILE, nsb).permute(0, 2, 1).contiguous()
         return v.view(torch.uint8)
 
-    def group(v):  # [N, kg] -> bytes [t, nsb, 8 * 16], zero past the last group
-        full = torch.zeros(n, nsb * SUPER, dtype=torch.uint8)
-        full[:, :kg] = v
-        return full.view(t, TILE, nsb, SUPER).permute(0, 2, 3, 1).reshape(t, nsb, -1)
+    def ints(v, units):  # [N, <= nsb * units] -> bytes [t, nsb, units * 16], zero past the end
+        full = torch.zeros(n, nsb * units, dtype=torch.uint8)
+        full[:, : v.shape[1]] = v.view(torch.uint8)
+        return full.view(t, TILE, nsb, units).permute(0, 2, 3, 1).reshape(t, nsb, -1)
 
-    heads = torch.cat((block(d.block), block(m.block), group(d.group), group(m.group)), -1)
-    codes = torch.zeros(t, nsb * SUPER, 256, dtype=torch.uint8)
-    codes[:, :kg] = _nibbles(q.to(torch.uint8), t, kg)
-    stream = torch.cat((heads, codes.view(t, nsb, -1)), dim=-1).view(t, -1)
+    if bits == 4:
+        heads = (block(d.block), block(m.block), ints(d.group, SUPER), ints(m.group, SUPER))
+    else:
+        heads = (
+            block(d.block),
+            torch.zeros(t, nsb, 32, dtype=torch.uint8),
+            ints(d.group, 2 * SUPER),
+        )
+    full = torch.zeros(t, nsb * SUPER, codes.shape[-1], dtype=torch.uint8)
+    full[:, :kg] = codes
+    stream = torch.cat((*heads, full.view(t, nsb, -1)), dim=-1).view(t, -1)
     # the last super-block's missing groups are at the end of each tile's stream
-    return QWeight(stream[:, : tile_bytes4(kg)].contiguous(), 4, (n, k))
+    return QWeight(stream[:, : tile_bytes(kg, bits)].contiguous(), bits, (n, k))
 
 
-def _two_level(per_group: torch.Tensor) -> TwoLevel:
-    """Non-negative fp32 [N, kg] -> TwoLevel whose products are at least the values
-    (rounded up, so a range never shrinks), bar the fp16 rounding of the block value."""
-    n, kg = per_group.shape
-    nsb = -(-kg // SUPER)
-    padded = torch.zeros(n, nsb * SUPER)
-    padded[:, :kg] = per_group
-    block = (padded.view(n, nsb, SUPER).amax(-1) / 63).half().float()
-    per = block.repeat_interleave(SUPER, dim=1)[:, :kg]
-    ints = torch.where(per > 0, torch.ceil(per_group / per), torch.zeros_like(per))
-    return TwoLevel(block, ints.clamp(0, 63).to(torch.uint8))
+def _two_level(per_unit: torch.Tensor, top: int, per_block: int, dtype) -> TwoLevel:
+    """Non-negative fp32 [N, units] -> TwoLevel with integers up to `top` whose products
+    are at least the values (rounded up, so a range never shrinks), bar the fp16 rounding
+    of the block value."""
+    n, units = per_unit.shape
+    nsb = -(-units // per_block)
+    padded = torch.zeros(n, nsb * per_block)
+    padded[:, :units] = per_unit
+    block = (padded.view(n, nsb, per_block).amax(-1) / top).half().float()
+    per = block.repeat_interleave(per_block, dim=1)[:, :units]
+    ints = torch.where(per > 0, torch.ceil(per_unit / per), torch.zeros_like(per))
+    return TwoLevel(block, ints.clamp(0, top).to(dtype), per_block)
 
 
 def quantize(w: torch.Tensor, bits: int) -> QWeight:
     """Round-to-nearest quantisation of a dense [N, K] weight: asymmetric in groups of 32
     (4 and 8 bits), symmetric in half-groups of 16 (6 bits)."""
     n, k = w.shape
-    if bits == 6:
+    if bits == 6:  # Q6_K's form: int8 scales per 16 under an fp16 value per 256
         h = w.float().view(n, k // 16, 16)
-        d = (h.abs().amax(-1) / 31).half().float()  # the scale as stored
+        scales = _two_level(h.abs().amax(-1) / 31, 127, 2 * SUPER, torch.int8)
+        d = scales.expand()
         inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
         q = torch.round(h * inv[..., None]).clamp(-SIX_OFFSET, 31) + SIX_OFFSET
-        return pack(q.view(n, k), d, SIX_OFFSET * d, bits)
+        mins = TwoLevel(SIX_OFFSET * scales.block, scales.group, scales.per_block)
+        return pack(q.view(n, k), scales, mins, bits)
     levels = (1 << bits) - 1
     g = w.float().view(n, k // GROUP, GROUP)
     if bits == 4:  # Q4_K's form: the min first (a range that takes 0), then the scale
         lo, hi = g.amin(-1).clamp(max=0), g.amax(-1).clamp(min=0)
-        mins = _two_level(-lo)
+        mins = _two_level(-lo, 63, SUPER, torch.uint8)
         m = mins.expand()
-        scales = _two_level((hi + m) / levels)
+        scales = _two_level((hi + m) / levels, 63, SUPER, torch.uint8)
         d = scales.expand()
         inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
         q = torch.round((g + m[..., None]) * inv[..., None]).clamp(0, levels)

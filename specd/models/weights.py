@@ -43,10 +43,11 @@ FUSED = {
     "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
 }
 _LAYOUT = "fused"  # the cache file's metadata says which layout it holds
-# and which conversion wrote it: 4 keeps Q4_K's two-level scales (3 rounded each
-# sub-block's d * sc to fp16), 3 every Q6_K tensor's codes and scales (2 requantised a Q6_K
-# LM head at 6 bits, 1 (unstamped) at 8); a file from another conversion is converted again
-CONVERSION = 4
+# and which conversion wrote it: 5 keeps Q6_K's two-level scales, 4 Q4_K's (before, each
+# sub-block's d * sc was rounded to fp16), 3 every Q6_K tensor's codes and scales (2
+# requantised a Q6_K LM head at 6 bits, 1 (unstamped) at 8); a file from another
+# conversion is converted again
+CONVERSION = 5
 
 
 def choose(requested: str, device: torch.device) -> str:

@@ -13,36 +13,45 @@ def kernel(cpu_kernels):
     return cpu_kernels
 
 
-def two_level(g, n, k):
-    """Random 4-bit scales: an fp16 value per row and super-block, 6-bit integers per group."""
+def two_level(g, n, k, bits=4):
+    """Random scales of the 4- or 6-bit format: an fp16 value per row and super-block,
+    6-bit integers per group (4 bits) or int8 per 16 columns (6 bits)."""
     block = torch.randn(n, -(-k // 256), generator=g).half().float()
+    if bits == 6:
+        ints = torch.randint(-128, 128, (n, k // 16), generator=g).to(torch.int8)
+        return ql.TwoLevel(block, ints, 16)
     return ql.TwoLevel(block, torch.randint(0, 64, (n, k // 32), generator=g, dtype=torch.uint8))
 
 
-@pytest.mark.parametrize("bits, k", [(4, 96), (4, 608), (6, 96), (8, 96)])
+def six_bit_mins(d):
+    return ql.TwoLevel(32 * d.block, d.group, d.per_block)
+
+
+@pytest.mark.parametrize("bits, k", [(4, 96), (4, 608), (6, 96), (6, 608), (8, 96)])
 def test_pack_round_trips_codes_and_group_params(bits, k):
     g = torch.Generator().manual_seed(0)
     n = 48
     block = 16 if bits == 6 else 32  # 6 bits: a scale per half-group, the min 32 times it
     q = torch.randint(0, 1 << bits, (n, k), generator=g, dtype=torch.uint8)
-    if bits == 4:  # k = 608: two super-blocks and a third of three groups
-        d, m = two_level(g, n, k), two_level(g, n, k)
-        assert ql.pack(q, d, m, bits).records.shape == (n // 16, ql.tile_bytes4(k // 32))
+    if bits in (4, 6):  # k = 608: two super-blocks and a third of three groups
+        d = two_level(g, n, k, bits)
+        m = six_bit_mins(d) if bits == 6 else two_level(g, n, k)
+        assert ql.pack(q, d, m, bits).records.shape == (n // 16, ql.tile_bytes(k // 32, bits))
     else:
         d = torch.randn(n, k // block, generator=g).half().float()
-        m = 32 * d if bits == 6 else torch.randn(n, k // block, generator=g).half().float()
+        m = torch.randn(n, k // block, generator=g).half().float()
     w = ql.pack(q, d, m, bits)
     assert torch.equal(w.codes(), q)
     d2, m2 = w.scales()
-    if bits == 4:
+    if bits in (4, 6):
         assert all(
             torch.equal(a.block, b.block) and torch.equal(a.group, b.group)
             for a, b in ((d, d2), (m, m2))
         )
         d, m = d.expand(), m.expand()  # the products, exact in fp32
-        assert torch.equal(
-            d, (d2.block.double().repeat_interleave(8, 1)[:, : k // 32] * d2.group.double()).float()
-        )
+        per = 256 // block
+        exact = d2.block.double().repeat_interleave(per, 1)[:, : k // block] * d2.group.double()
+        assert torch.equal(d, exact.float())
     assert all(torch.equal(a, b) for a, b in zip(w.group_params(), (d, m), strict=True))
     dense = (q.float().view(n, -1, block) * d[..., None] - m[..., None]).view(n, k)
     assert torch.equal(w.dequantize(), dense)
@@ -52,7 +61,7 @@ def test_pack_round_trips_codes_and_group_params(bits, k):
     assert torch.equal(w.take_rows(order).dequantize(), dense[order])
 
 
-def test_four_bit_scales_must_be_two_level():
+def test_scales_must_be_two_level():
     g = torch.Generator().manual_seed(4)
     q = torch.zeros(16, 64, dtype=torch.uint8)
     good = two_level(g, 16, 64)
@@ -60,6 +69,11 @@ def test_four_bit_scales_must_be_two_level():
         ql.pack(q, ql.TwoLevel(good.block, good.group + 64), good, 4)  # not 6 bits
     with pytest.raises(ValueError, match="4 bits"):
         ql.pack(q, ql.TwoLevel(good.block, good.group[:, :1]), good, 4)
+    six = two_level(g, 16, 64, 6)
+    with pytest.raises(ValueError, match="6 bits"):  # the mins must be 32 times the scales
+        ql.pack(q, six, ql.TwoLevel(six.block, six.group, 16), 6)
+    with pytest.raises(ValueError, match="6 bits"):  # int8 per 16 columns
+        ql.pack(q, ql.TwoLevel(six.block, six.group[:, :2], 16), six_bit_mins(six), 6)
 
 
 @pytest.mark.parametrize("bits", [4, 6, 8])
@@ -76,15 +90,6 @@ def test_quantize_error_is_half_a_step_per_group(bits):
         need = ((hi - lo) / 15).view(32, -1, 8)
         largest = need.amax(-1, keepdim=True)
         assert (d.view(32, -1, 8) <= need + 2.1 * largest / 63).all()
-
-
-def test_six_bits_need_mins_of_32_scales():
-    q = torch.zeros(16, 32, dtype=torch.uint8)
-    d = torch.ones(16, 2)
-    with pytest.raises(ValueError, match="6 bits"):
-        ql.pack(q, d, torch.zeros(16, 2), 6)
-    with pytest.raises(ValueError, match="6 bits"):
-        ql.pack(q, torch.ones(16, 1), torch.full((16, 1), 32.0), 6)
 
 
 @pytest.mark.parametrize("bits", [4, 6, 8])
@@ -140,8 +145,11 @@ def test_largest_codes_and_activations_sum_exactly(kernel, bits):
     if bits == 4:  # the same scales as 1/64 times 1, mins 0
         d = ql.TwoLevel(torch.full((n, 1), 1 / 64), torch.ones(n, k // 32, dtype=torch.uint8))
         w = ql.pack(q, d, ql.TwoLevel(d.block, torch.zeros_like(d.group)), bits)
+    elif bits == 6:
+        d = ql.TwoLevel(torch.full((n, 1), 1 / 64), torch.ones(n, k // 16, dtype=torch.int8), 16)
+        w = ql.pack(q, d, six_bit_mins(d), bits)
     else:
-        w = ql.pack(q, d, offset * d, bits)
+        w = ql.pack(q, d, d * 0, bits)
     x = torch.ones(3, k)
     x[1] = -1.0
     x[2, ::2] = -1.0

@@ -4,9 +4,10 @@
 // Weights (N output rows, K inputs, groups of G = 32 along K):
 //     w[n][k] = d[n][g] * q[n][k] - m[n][g],   g = k / 32,  q unsigned (4 or 8 bits)
 //     w[n][k] = d[n][h] * (q[n][k] - 32),       h = k / 16,  q unsigned 6 bits (Q6_K's form)
-// 4 bits take Q4_K's two-level scales: per super-block of 8 groups (256 along K) an fp16
-// scale D and min M per column, per group 6-bit integers s and t: d = D s, m = M t (exact
-// in fp32: 11 bits of mantissa times 6).
+// 4 and 6 bits take the two-level scales of Q4_K and Q6_K: per super-block of 8 groups
+// (256 along K) an fp16 D (and for 4 bits M) per column, and integers below it: 4 bits
+// 6-bit s and t per group, d = D s, m = M t; 6 bits an int8 per half-group, d = D sc
+// (exact in fp32: 11 bits of mantissa times at most 8).
 // Activations, quantised here per row and per 32-block (as llama.cpp's Q8 activations):
 //     x[r][k] ~= sx[r][g] * xq[r][k],          xq in [-127, 127]
 // so that
@@ -21,12 +22,12 @@
 // (decode of 1 token and verification of k+1 round identically: batch invariance).
 //
 // Layout (see specd/models/qlinear.py::pack): columns in tiles of 16, and each tile one
-// sequential stream. 6 and 8 bits: per (tile, group) one record: the codes, then 16 fp16
-// scales, then 16 fp16 mins (6 bits: 16 fp16 scales of the low half, then of the high
-// half). 4 bits: per (tile, super-block) a 320-byte header (16 fp16 D, 16 fp16 M, then s
-// and t as uint8 [8 groups][16 columns] each), then the codes of its groups (the last
-// super-block of a row may hold fewer than 8). Codes: 8 vectors of 64 bytes, vector j
-// holding k = 4j..4j+3
+// sequential stream. 8 bits: per (tile, group) one record: the codes, then 16 fp16
+// scales, then 16 fp16 mins. 4 and 6 bits: per (tile, super-block) a 320-byte header (16
+// fp16 D, 16 fp16 M (zero for 6 bits), then 4 bits' s and t as uint8 [8 groups][16
+// columns] each, or 6 bits' int8 [16 half-groups][16 columns]), then the codes of its
+// groups (the last super-block of a row may hold fewer than 8). Codes: 8 vectors of 64
+// bytes, vector j holding k = 4j..4j+3
 // for the 16 columns (byte c*4+i = q[c][4j+i]), which is the operand order of vpdpbusd;
 // 4-bit codes pack vectors 2s and 2s+1 into one: low nibbles are k = 8s..8s+3, high
 // nibbles k = 8s+4..8s+7. 6-bit codes are the 4-bit layout of their low nibbles, then two
@@ -49,12 +50,8 @@ constexpr int G = 32;       // group size along K
 constexpr int NT = 16;      // columns per tile: one zmm of fp32
 constexpr int RMAX = 8;     // rows per register block
 constexpr int PREFETCH = 6;  // groups ahead
-constexpr int SB = 8;       // 4 bits: groups per super-block
-constexpr int64_t HEADER = 64 + 2 * SB * NT;  // 4 bits: a super-block's scales and mins
-constexpr int64_t AHEAD4 = PREFETCH * 256 + HEADER;  // 4 bits: bytes ahead to prefetch
-
-// 4 bits: the bytes of one tile's stream, for KG groups
-int64_t tile_bytes4(int64_t KG) { return (KG + SB - 1) / SB * HEADER + KG * 256; }
+constexpr int SB = 8;       // 4 and 6 bits: groups per super-block
+constexpr int64_t HEADER = 64 + 2 * SB * NT;  // 4 and 6 bits: a super-block's scales and mins
 
 // Per row and 32-block: scale, codes and scale * sum(codes); with `halves`, the sums of
 // the codes of each 16-block as well (what 6-bit weights take).
@@ -103,6 +100,12 @@ template <int BITS>
 constexpr int64_t code_bytes() { return G * NT * BITS / 8; }
 template <int BITS>
 constexpr int64_t record_bytes() { return code_bytes<BITS>() + 4 * NT; }  // + fp16 scales, mins
+// 4 and 6 bits: bytes ahead in a tile's stream to prefetch
+template <int BITS>
+constexpr int64_t ahead() { return PREFETCH * code_bytes<BITS>() + HEADER; }
+
+// 4 and 6 bits: the bytes of one tile's stream, for KG groups
+int64_t tile_bytes(int64_t KG, int64_t bits) { return (KG + SB - 1) / SB * HEADER + KG * G * NT * bits / 8; }
 
 #if defined(__AVX512VNNI__)
 
@@ -173,9 +176,12 @@ inline void group_rows(__m512* acc, const uint8_t* wg, __m512 dg, __m512 mg, int
   }
 }
 
-// 16 uint8 -> 16 fp32
+// 16 uint8 (int8) -> 16 fp32
 inline __m512 bytes_to_ps(const uint8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m512 signed_bytes_to_ps(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
 template <int R, int BITS>
@@ -184,7 +190,8 @@ void tile_rows(const uint8_t* wt, int64_t KG,
                int64_t K, const float* bias, void* out, bool bf16_out, int64_t ldo, int64_t n0) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  if constexpr (BITS == 4) {
+  if constexpr (BITS != 8) {
+    constexpr int64_t cb = code_bytes<BITS>();
     const uint8_t* p = wt;  // the stream: a super-block's header, then its groups' codes
     for (int64_t g0 = 0; g0 < KG; g0 += SB) {
       const auto* dm = reinterpret_cast<const __m256i*>(p);
@@ -192,17 +199,20 @@ void tile_rows(const uint8_t* wt, int64_t KG,
       const __m512 msb = _mm512_cvtph_ps(_mm256_loadu_si256(dm + 1));
       const int64_t groups = std::min<int64_t>(SB, KG - g0);
       for (int64_t j = 0; j < groups; ++j) {
-        const uint8_t* wg = p + HEADER + 256 * j;
+        const uint8_t* wg = p + HEADER + cb * j;
         // the weights are read once per forward: fetch ahead in the stream (past the end
         // of a tile into the next one, which is the next in memory)
-        for (const uint8_t* line = j ? wg : p; line < wg + 256; line += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(line + AHEAD4), _MM_HINT_T0);
-        // d = D s and m = M t: exact products
-        const __m512 dg = _mm512_mul_ps(dsb, bytes_to_ps(p + 64 + NT * j));
-        const __m512 mg = _mm512_mul_ps(msb, bytes_to_ps(p + 64 + NT * (SB + j)));
+        for (const uint8_t* line = j ? wg : p; line < wg + cb; line += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(line + ahead<BITS>()), _MM_HINT_T0);
+        // exact products: 4 bits d = D s, m = M t; 6 bits the half-groups' D sc
+        const uint8_t* ints = p + 64 + 2 * NT * j;
+        const __m512 dg = BITS == 4 ? _mm512_mul_ps(dsb, bytes_to_ps(p + 64 + NT * j))
+                                    : _mm512_mul_ps(dsb, signed_bytes_to_ps(ints));
+        const __m512 mg = BITS == 4 ? _mm512_mul_ps(msb, bytes_to_ps(p + 64 + NT * (SB + j)))
+                                    : _mm512_mul_ps(dsb, signed_bytes_to_ps(ints + NT));
         group_rows<R, BITS>(acc, wg, dg, mg, g0 + j, KG, xq, sx, c, halves, K);
       }
-      p += HEADER + 256 * groups;
+      p += HEADER + cb * groups;
     }
   } else {
     constexpr int64_t rec = record_bytes<BITS>();
@@ -312,9 +322,12 @@ inline void group_rows(__m256 (*acc)[2], const uint8_t* wg, const __m256* dg, co
   }
 }
 
-// 8 uint8 -> 8 fp32
+// 8 uint8 (int8) -> 8 fp32
 inline __m256 bytes_to_ps(const uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m256 signed_bytes_to_ps(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
 template <int R, int BITS>
@@ -324,7 +337,8 @@ void tile_rows(const uint8_t* wt, int64_t KG,
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   __m256 dg[2], mg[2];
-  if constexpr (BITS == 4) {
+  if constexpr (BITS != 8) {
+    constexpr int64_t cb = code_bytes<BITS>();
     const uint8_t* p = wt;  // the stream: a super-block's header, then its groups' codes
     for (int64_t g0 = 0; g0 < KG; g0 += SB) {
       const auto* dm = reinterpret_cast<const __m128i*>(p);
@@ -332,16 +346,23 @@ void tile_rows(const uint8_t* wt, int64_t KG,
       const __m256 msb[2] = {_mm256_cvtph_ps(_mm_loadu_si128(dm + 2)), _mm256_cvtph_ps(_mm_loadu_si128(dm + 3))};
       const int64_t groups = std::min<int64_t>(SB, KG - g0);
       for (int64_t j = 0; j < groups; ++j) {
-        const uint8_t* wg = p + HEADER + 256 * j;
-        for (const uint8_t* line = j ? wg : p; line < wg + 256; line += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(line + AHEAD4), _MM_HINT_T0);
-        for (int h = 0; h < 2; ++h) {  // d = D s and m = M t: exact products
-          dg[h] = _mm256_mul_ps(dsb[h], bytes_to_ps(p + 64 + NT * j + 8 * h));
-          mg[h] = _mm256_mul_ps(msb[h], bytes_to_ps(p + 64 + NT * (SB + j) + 8 * h));
+        const uint8_t* wg = p + HEADER + cb * j;
+        for (const uint8_t* line = j ? wg : p; line < wg + cb; line += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(line + ahead<BITS>()), _MM_HINT_T0);
+        // exact products: 4 bits d = D s, m = M t; 6 bits the half-groups' D sc
+        const uint8_t* ints = p + 64 + 2 * NT * j;
+        for (int h = 0; h < 2; ++h) {
+          if constexpr (BITS == 4) {
+            dg[h] = _mm256_mul_ps(dsb[h], bytes_to_ps(p + 64 + NT * j + 8 * h));
+            mg[h] = _mm256_mul_ps(msb[h], bytes_to_ps(p + 64 + NT * (SB + j) + 8 * h));
+          } else {
+            dg[h] = _mm256_mul_ps(dsb[h], signed_bytes_to_ps(ints + 8 * h));
+            mg[h] = _mm256_mul_ps(dsb[h], signed_bytes_to_ps(ints + NT + 8 * h));
+          }
         }
         group_rows<R, BITS>(acc, wg, dg, mg, g0 + j, KG, xq, sx, c, halves, K);
       }
-      p += HEADER + 256 * groups;
+      p += HEADER + cb * groups;
     }
   } else {
     constexpr int64_t rec = record_bytes<BITS>();
@@ -391,9 +412,9 @@ void tile_all_rows(int rows, const uint8_t* wt, int64_t KG, const int8_t* xq, co
 
 }  // namespace
 
-// x [M, K] fp32 or bf16; records uint8 [N/16, K/32, 384 or 512 code bytes (6 or 8 bits)
-// + 64], or for 4 bits [N/16, tile_bytes4(K/32)]; bias fp32 [N] or empty. Returns [M, N]
-// in `out_dtype` (fp32 or bf16).
+// x [M, K] fp32 or bf16; records uint8 [N/16, K/32, 512 code bytes + 64] (8 bits) or
+// [N/16, tile_bytes(K/32, bits)] (4 and 6 bits); bias fp32 [N] or empty. Returns [M, N] in
+// `out_dtype` (fp32 or bf16).
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& records, const at::Tensor& bias,
                    int64_t bits, at::ScalarType out_dtype) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [M, K] matrix");
@@ -403,10 +424,9 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& records, const at::Ten
   TORCH_CHECK(out_dtype == at::kFloat || out_dtype == at::kBFloat16, "out must be fp32 or bf16");
   const int64_t M = x.size(0), K = x.size(1), KG = K / G;
   const int64_t tiles = records.size(0), N = tiles * NT;
-  const bool fits = bits == 4
-      ? records.dim() == 2 && records.size(1) == tile_bytes4(KG)
-      : records.dim() == 3 && records.size(1) == KG &&
-        records.size(2) == (bits == 6 ? record_bytes<6>() : record_bytes<8>());
+  const bool fits = bits == 8
+      ? records.dim() == 3 && records.size(1) == KG && records.size(2) == record_bytes<8>()
+      : records.dim() == 2 && records.size(1) == tile_bytes(KG, bits);
   TORCH_CHECK(K % G == 0 && fits, "weight layout does not match x");
   TORCH_CHECK(records.is_contiguous() && records.scalar_type() == at::kByte,
               "weights must be contiguous uint8 records");

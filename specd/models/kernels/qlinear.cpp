@@ -107,6 +107,36 @@ constexpr int64_t ahead() { return PREFETCH * code_bytes<BITS>() + HEADER; }
 // 4 and 6 bits: the bytes of one tile's stream, for KG groups
 int64_t tile_bytes(int64_t KG, int64_t bits) { return (KG + SB - 1) / SB * HEADER + KG * G * NT * bits / 8; }
 
+// Walks one tile's stream group by group, fetching ahead (the weights are read once per
+// forward; past the end of a tile into the next one, which is the next in memory), and
+// calls fn(codes, scales, j, g) for group g: 8 bits with its record's fp16 scales and
+// mins, 4 and 6 bits with its super-block's header, j being its place there.
+template <int BITS, typename Fn>
+inline void for_each_group(const uint8_t* wt, int64_t KG, Fn&& fn) {
+  if constexpr (BITS == 8) {
+    constexpr int64_t rec = record_bytes<BITS>();
+    for (int64_t g = 0; g < KG; ++g) {
+      const uint8_t* wg = wt + g * rec;
+      for (int64_t line = 0; line < rec; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(wg + PREFETCH * rec + line), _MM_HINT_T0);
+      fn(wg, wg + code_bytes<BITS>(), 0, g);
+    }
+  } else {
+    constexpr int64_t cb = code_bytes<BITS>();
+    const uint8_t* p = wt;  // a super-block's header, then its groups' codes
+    for (int64_t g0 = 0; g0 < KG; g0 += SB) {
+      const int64_t groups = std::min<int64_t>(SB, KG - g0);
+      for (int64_t j = 0; j < groups; ++j) {
+        const uint8_t* wg = p + HEADER + cb * j;
+        for (const uint8_t* line = j ? wg : p; line < wg + cb; line += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(line + ahead<BITS>()), _MM_HINT_T0);
+        fn(wg, p, j, g0 + j);
+      }
+      p += HEADER + cb * groups;
+    }
+  }
+}
+
 #if defined(__AVX512VNNI__)
 
 inline void store_row(__m512 v, void* out, bool bf16_out, int64_t offset) {
@@ -190,42 +220,20 @@ void tile_rows(const uint8_t* wt, int64_t KG,
                int64_t K, const float* bias, void* out, bool bf16_out, int64_t ldo, int64_t n0) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  if constexpr (BITS != 8) {
-    constexpr int64_t cb = code_bytes<BITS>();
-    const uint8_t* p = wt;  // the stream: a super-block's header, then its groups' codes
-    for (int64_t g0 = 0; g0 < KG; g0 += SB) {
-      const auto* dm = reinterpret_cast<const __m256i*>(p);
-      const __m512 dsb = _mm512_cvtph_ps(_mm256_loadu_si256(dm));
-      const __m512 msb = _mm512_cvtph_ps(_mm256_loadu_si256(dm + 1));
-      const int64_t groups = std::min<int64_t>(SB, KG - g0);
-      for (int64_t j = 0; j < groups; ++j) {
-        const uint8_t* wg = p + HEADER + cb * j;
-        // the weights are read once per forward: fetch ahead in the stream (past the end
-        // of a tile into the next one, which is the next in memory)
-        for (const uint8_t* line = j ? wg : p; line < wg + cb; line += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(line + ahead<BITS>()), _MM_HINT_T0);
-        // exact products: 4 bits d = D s, m = M t; 6 bits the half-groups' D sc
-        const uint8_t* ints = p + 64 + 2 * NT * j;
-        const __m512 dg = BITS == 4 ? _mm512_mul_ps(dsb, bytes_to_ps(p + 64 + NT * j))
-                                    : _mm512_mul_ps(dsb, signed_bytes_to_ps(ints));
-        const __m512 mg = BITS == 4 ? _mm512_mul_ps(msb, bytes_to_ps(p + 64 + NT * (SB + j)))
-                                    : _mm512_mul_ps(dsb, signed_bytes_to_ps(ints + NT));
-        group_rows<R, BITS>(acc, wg, dg, mg, g0 + j, KG, xq, sx, c, halves, K);
-      }
-      p += HEADER + cb * groups;
+  for_each_group<BITS>(wt, KG, [&](const uint8_t* wg, const uint8_t* sc, int64_t j, int64_t g) {
+    const auto* dm = reinterpret_cast<const __m256i*>(sc);
+    __m512 dg = _mm512_cvtph_ps(_mm256_loadu_si256(dm));  // 4 and 6 bits: D
+    __m512 mg = _mm512_cvtph_ps(_mm256_loadu_si256(dm + 1));  // 4 bits: M
+    // exact products: 4 bits d = D s, m = M t; 6 bits the half-groups' D sc
+    if constexpr (BITS == 4) {
+      dg = _mm512_mul_ps(dg, bytes_to_ps(sc + 64 + NT * j));
+      mg = _mm512_mul_ps(mg, bytes_to_ps(sc + 64 + NT * (SB + j)));
+    } else if constexpr (BITS == 6) {
+      mg = _mm512_mul_ps(dg, signed_bytes_to_ps(sc + 64 + 2 * NT * j + NT));
+      dg = _mm512_mul_ps(dg, signed_bytes_to_ps(sc + 64 + 2 * NT * j));
     }
-  } else {
-    constexpr int64_t rec = record_bytes<BITS>();
-    for (int64_t g = 0; g < KG; ++g) {
-      const uint8_t* wg = wt + g * rec;
-      for (int64_t line = 0; line < rec; line += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(wg + PREFETCH * rec + line), _MM_HINT_T0);
-      const auto* dm = reinterpret_cast<const __m256i*>(wg + code_bytes<BITS>());
-      const __m512 dg = _mm512_cvtph_ps(_mm256_loadu_si256(dm));
-      const __m512 mg = _mm512_cvtph_ps(_mm256_loadu_si256(dm + 1));  // 6 bits: high half's d
-      group_rows<R, BITS>(acc, wg, dg, mg, g, KG, xq, sx, c, halves, K);
-    }
-  }
+    group_rows<R, BITS>(acc, wg, dg, mg, g, KG, xq, sx, c, halves, K);
+  });
   const __m512 b = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
   for (int r = 0; r < R; ++r) store_row(_mm512_add_ps(acc[r], b), out, bf16_out, r * ldo + n0);
 }
@@ -337,47 +345,22 @@ void tile_rows(const uint8_t* wt, int64_t KG,
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   __m256 dg[2], mg[2];
-  if constexpr (BITS != 8) {
-    constexpr int64_t cb = code_bytes<BITS>();
-    const uint8_t* p = wt;  // the stream: a super-block's header, then its groups' codes
-    for (int64_t g0 = 0; g0 < KG; g0 += SB) {
-      const auto* dm = reinterpret_cast<const __m128i*>(p);
-      const __m256 dsb[2] = {_mm256_cvtph_ps(_mm_loadu_si128(dm)), _mm256_cvtph_ps(_mm_loadu_si128(dm + 1))};
-      const __m256 msb[2] = {_mm256_cvtph_ps(_mm_loadu_si128(dm + 2)), _mm256_cvtph_ps(_mm_loadu_si128(dm + 3))};
-      const int64_t groups = std::min<int64_t>(SB, KG - g0);
-      for (int64_t j = 0; j < groups; ++j) {
-        const uint8_t* wg = p + HEADER + cb * j;
-        for (const uint8_t* line = j ? wg : p; line < wg + cb; line += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(line + ahead<BITS>()), _MM_HINT_T0);
-        // exact products: 4 bits d = D s, m = M t; 6 bits the half-groups' D sc
-        const uint8_t* ints = p + 64 + 2 * NT * j;
-        for (int h = 0; h < 2; ++h) {
-          if constexpr (BITS == 4) {
-            dg[h] = _mm256_mul_ps(dsb[h], bytes_to_ps(p + 64 + NT * j + 8 * h));
-            mg[h] = _mm256_mul_ps(msb[h], bytes_to_ps(p + 64 + NT * (SB + j) + 8 * h));
-          } else {
-            dg[h] = _mm256_mul_ps(dsb[h], signed_bytes_to_ps(ints + 8 * h));
-            mg[h] = _mm256_mul_ps(dsb[h], signed_bytes_to_ps(ints + NT + 8 * h));
-          }
-        }
-        group_rows<R, BITS>(acc, wg, dg, mg, g0 + j, KG, xq, sx, c, halves, K);
+  for_each_group<BITS>(wt, KG, [&](const uint8_t* wg, const uint8_t* sc, int64_t j, int64_t g) {
+    const auto* dm = reinterpret_cast<const __m128i*>(sc);
+    for (int h = 0; h < 2; ++h) {  // columns 8h .. 8h + 7
+      dg[h] = _mm256_cvtph_ps(_mm_loadu_si128(dm + h));  // 4 and 6 bits: D
+      mg[h] = _mm256_cvtph_ps(_mm_loadu_si128(dm + 2 + h));  // 4 bits: M
+      // exact products: 4 bits d = D s, m = M t; 6 bits the half-groups' D sc
+      if constexpr (BITS == 4) {
+        dg[h] = _mm256_mul_ps(dg[h], bytes_to_ps(sc + 64 + NT * j + 8 * h));
+        mg[h] = _mm256_mul_ps(mg[h], bytes_to_ps(sc + 64 + NT * (SB + j) + 8 * h));
+      } else if constexpr (BITS == 6) {
+        mg[h] = _mm256_mul_ps(dg[h], signed_bytes_to_ps(sc + 64 + 2 * NT * j + NT + 8 * h));
+        dg[h] = _mm256_mul_ps(dg[h], signed_bytes_to_ps(sc + 64 + 2 * NT * j + 8 * h));
       }
-      p += HEADER + cb * groups;
     }
-  } else {
-    constexpr int64_t rec = record_bytes<BITS>();
-    for (int64_t g = 0; g < KG; ++g) {
-      const uint8_t* wg = wt + g * rec;
-      for (int64_t line = 0; line < rec; line += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(wg + PREFETCH * rec + line), _MM_HINT_T0);
-      const auto* dm = reinterpret_cast<const __m128i*>(wg + code_bytes<BITS>());
-      for (int h = 0; h < 2; ++h) {
-        dg[h] = _mm256_cvtph_ps(_mm_loadu_si128(dm + h));
-        mg[h] = _mm256_cvtph_ps(_mm_loadu_si128(dm + 2 + h));
-      }
-      group_rows<R, BITS>(acc, wg, dg, mg, g, KG, xq, sx, c, halves, K);
-    }
-  }
+    group_rows<R, BITS>(acc, wg, dg, mg, g, KG, xq, sx, c, halves, K);
+  });
   for (int h = 0; h < 2; ++h) {
     const __m256 b = bias ? _mm256_loadu_ps(bias + n0 + 8 * h) : _mm256_setzero_ps();
     for (int r = 0; r < R; ++r)

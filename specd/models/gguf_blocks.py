@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specd.models.qlinear import QWeight, TwoLevel, fits, pack, quantize
+from specd.models.qlinear import QWeight, TwoLevel, fits, pack, quantize, six_bit_mins
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -62,9 +62,9 @@ def q4_k(blocks: np.ndarray) -> tuple[np.ndarray, tuple, tuple]:
     return codes.reshape(-1, 256), (d, sc), (dmin, mn)
 
 
-def q6_k(blocks: np.ndarray) -> tuple[np.ndarray, tuple, tuple]:
+def q6_k(blocks: np.ndarray) -> tuple[np.ndarray, tuple, None]:
     """Q6_K blocks uint8 [B, 210] -> codes [B, 256] (0..63), then the scales as (fp16 d
-    [B, 1] as fp32, int8 per 16 codes [B, 16]) and the mins as (32 d, the same integers).
+    [B, 1] as fp32, int8 per 16 codes [B, 16]), and no mins (32 times the scales).
     A block: 128 bytes of low nibbles, 64 of top bit pairs, 16 int8 sub-block scales, fp16
     d. Each 128-code half of the block takes 64 low-nibble bytes (byte i: code i in its low
     nibble, code 64 + i in its high one) and 32 top bytes (byte i: codes i, 32 + i, 64 + i,
@@ -76,7 +76,7 @@ def q6_k(blocks: np.ndarray) -> tuple[np.ndarray, tuple, tuple]:
     codes = low.reshape(-1, 256) | (top.reshape(-1, 256) << 4)
     sc = blocks[:, 192:208].copy().view(np.int8)
     d = blocks[:, 208:210].copy().view(np.float16).astype(np.float32)  # [B, 1]
-    return codes, (d, sc), (32 * d, sc)
+    return codes, (d, sc), None
 
 
 # type: (bytes a block, decoder, bits)
@@ -97,9 +97,10 @@ def to_qweight(tensor, mode: str) -> QWeight | None:
         codes, d, m = decode(np.asarray(tensor.data).reshape(-1, size))
         q = torch.from_numpy(codes.reshape(rows, cols))
         # (fp16 value, integers) per super-block: kept as they are
-        per_block = 8 if bits == 4 else 16
-        d, m = (TwoLevel(_groups(v, rows), _groups(i, rows), per_block) for v, i in (d, m))
-        return pack(q, d, m, bits)
+        d = TwoLevel(_groups(d[0], rows), _groups(d[1], rows), 8 if bits == 4 else 16)
+        if bits == 6:
+            return pack(q, d, six_bit_mins(d), bits)
+        return pack(q, d, TwoLevel(_groups(m[0], rows), _groups(m[1], rows)), bits)
     dense = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type)
     bits = 8 if (mode == "int8" or kind in _WIDE) else 4
     return quantize(torch.from_numpy(np.ascontiguousarray(dense)).reshape(rows, cols), bits)

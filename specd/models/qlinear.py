@@ -64,6 +64,11 @@ class TwoLevel:
         return TwoLevel(self.block[rows], self.group[rows], self.per_block)
 
 
+def six_bit_mins(scales: TwoLevel) -> TwoLevel:
+    """6 bits: the mins that w = d (q - 32) implies, 32 d (exact: a power of two)."""
+    return TwoLevel(SIX_OFFSET * scales.block, scales.group, scales.per_block)
+
+
 @functools.lru_cache(maxsize=8)
 def _offsets4(kg: int) -> tuple[torch.Tensor, ...]:
     """4 bits: where each column c of a tile keeps its bytes in the tile's stream: codes
@@ -121,8 +126,10 @@ class QWeight:
         """4 and 6 bits: (headers uint8 [t, nsb, HEADER], codes uint8 [t, kg, code_bytes])."""
         t, kg = self.shape[0] // TILE, self.shape[1] // GROUP
         nsb = -(-kg // SUPER)
-        full = torch.zeros(t, nsb * (HEADER + SUPER * self.code_bytes), dtype=torch.uint8)
-        full[:, : self.records.shape[1]] = self.records  # the last super-block, padded
+        full = self.records
+        if kg % SUPER:  # the last super-block, padded to a whole one
+            full = torch.zeros(t, nsb * (HEADER + SUPER * self.code_bytes), dtype=torch.uint8)
+            full[:, : self.records.shape[1]] = self.records
         full = full.view(t, nsb, -1)
         codes = full[..., HEADER:].reshape(t, nsb * SUPER, self.code_bytes)[:, :kg]
         return full[..., :HEADER], codes
@@ -162,7 +169,7 @@ class QWeight:
 
         if self.bits == 6:
             d = TwoLevel(block(0), ints(64, 2 * SUPER).view(torch.int8), 2 * SUPER)
-            return d, TwoLevel(SIX_OFFSET * d.block, d.group, d.per_block)
+            return d, six_bit_mins(d)
         return TwoLevel(block(0), ints(64, SUPER)), TwoLevel(block(32), ints(64 + 128, SUPER))
 
     def take_rows(self, rows: torch.Tensor) -> QWeight:
@@ -317,8 +324,7 @@ def quantize(w: torch.Tensor, bits: int) -> QWeight:
         d = scales.expand()
         inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
         q = torch.round(h * inv[..., None]).clamp(-SIX_OFFSET, 31) + SIX_OFFSET
-        mins = TwoLevel(SIX_OFFSET * scales.block, scales.group, scales.per_block)
-        return pack(q.view(n, k), scales, mins, bits)
+        return pack(q.view(n, k), scales, six_bit_mins(scales), bits)
     levels = (1 << bits) - 1
     g = w.float().view(n, k // GROUP, GROUP)
     if bits == 4:  # Q4_K's form: the min first (a range that takes 0), then the scale

@@ -23,10 +23,6 @@ def two_level(g, n, k, bits=4):
     return ql.TwoLevel(block, torch.randint(0, 64, (n, k // 32), generator=g, dtype=torch.uint8))
 
 
-def six_bit_mins(d):
-    return ql.TwoLevel(32 * d.block, d.group, d.per_block)
-
-
 @pytest.mark.parametrize("bits, k", [(4, 96), (4, 608), (6, 96), (6, 608), (8, 96)])
 def test_pack_round_trips_codes_and_group_params(bits, k):
     g = torch.Generator().manual_seed(0)
@@ -35,7 +31,7 @@ def test_pack_round_trips_codes_and_group_params(bits, k):
     q = torch.randint(0, 1 << bits, (n, k), generator=g, dtype=torch.uint8)
     if bits in (4, 6):  # k = 608: two super-blocks and a third of three groups
         d = two_level(g, n, k, bits)
-        m = six_bit_mins(d) if bits == 6 else two_level(g, n, k)
+        m = ql.six_bit_mins(d) if bits == 6 else two_level(g, n, k)
         assert ql.pack(q, d, m, bits).records.shape == (n // 16, ql.tile_bytes(k // 32, bits))
     else:
         d = torch.randn(n, k // block, generator=g).half().float()
@@ -73,7 +69,7 @@ def test_scales_must_be_two_level():
     with pytest.raises(ValueError, match="6 bits"):  # the mins must be 32 times the scales
         ql.pack(q, six, ql.TwoLevel(six.block, six.group, 16), 6)
     with pytest.raises(ValueError, match="6 bits"):  # int8 per 16 columns
-        ql.pack(q, ql.TwoLevel(six.block, six.group[:, :2], 16), six_bit_mins(six), 6)
+        ql.pack(q, ql.TwoLevel(six.block, six.group[:, :2], 16), ql.six_bit_mins(six), 6)
 
 
 @pytest.mark.parametrize("bits", [4, 6, 8])
@@ -147,7 +143,7 @@ def test_largest_codes_and_activations_sum_exactly(kernel, bits):
         w = ql.pack(q, d, ql.TwoLevel(d.block, torch.zeros_like(d.group)), bits)
     elif bits == 6:
         d = ql.TwoLevel(torch.full((n, 1), 1 / 64), torch.ones(n, k // 16, dtype=torch.int8), 16)
-        w = ql.pack(q, d, six_bit_mins(d), bits)
+        w = ql.pack(q, d, ql.six_bit_mins(d), bits)
     else:
         w = ql.pack(q, d, d * 0, bits)
     x = torch.ones(3, k)

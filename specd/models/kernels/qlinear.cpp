@@ -109,7 +109,7 @@ int64_t tile_bytes(int64_t KG, int64_t bits) { return (KG + SB - 1) / SB * HEADE
 
 // Walks one tile's stream group by group, fetching ahead (the weights are read once per
 // forward; past the end of a tile into the next one, which is the next in memory), and
-// calls fn(codes, scales, j, g) for group g: 8 bits with its record's fp16 scales and
+// calls fn(codes, head, j, g) for group g: 8 bits with its record's fp16 scales and
 // mins, 4 and 6 bits with its super-block's header, j being its place there.
 template <int BITS, typename Fn>
 inline void for_each_group(const uint8_t* wt, int64_t KG, Fn&& fn) {
@@ -220,17 +220,17 @@ void tile_rows(const uint8_t* wt, int64_t KG,
                int64_t K, const float* bias, void* out, bool bf16_out, int64_t ldo, int64_t n0) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for_each_group<BITS>(wt, KG, [&](const uint8_t* wg, const uint8_t* sc, int64_t j, int64_t g) {
-    const auto* dm = reinterpret_cast<const __m256i*>(sc);
+  for_each_group<BITS>(wt, KG, [&](const uint8_t* wg, const uint8_t* head, int64_t j, int64_t g) {
+    const auto* dm = reinterpret_cast<const __m256i*>(head);
     __m512 dg = _mm512_cvtph_ps(_mm256_loadu_si256(dm));  // 4 and 6 bits: D
     __m512 mg = _mm512_cvtph_ps(_mm256_loadu_si256(dm + 1));  // 4 bits: M
     // exact products: 4 bits d = D s, m = M t; 6 bits the half-groups' D sc
     if constexpr (BITS == 4) {
-      dg = _mm512_mul_ps(dg, bytes_to_ps(sc + 64 + NT * j));
-      mg = _mm512_mul_ps(mg, bytes_to_ps(sc + 64 + NT * (SB + j)));
+      dg = _mm512_mul_ps(dg, bytes_to_ps(head + 64 + NT * j));
+      mg = _mm512_mul_ps(mg, bytes_to_ps(head + 64 + NT * (SB + j)));
     } else if constexpr (BITS == 6) {
-      mg = _mm512_mul_ps(dg, signed_bytes_to_ps(sc + 64 + 2 * NT * j + NT));
-      dg = _mm512_mul_ps(dg, signed_bytes_to_ps(sc + 64 + 2 * NT * j));
+      mg = _mm512_mul_ps(dg, signed_bytes_to_ps(head + 64 + 2 * NT * j + NT));
+      dg = _mm512_mul_ps(dg, signed_bytes_to_ps(head + 64 + 2 * NT * j));
     }
     group_rows<R, BITS>(acc, wg, dg, mg, g, KG, xq, sx, c, halves, K);
   });
@@ -345,18 +345,18 @@ void tile_rows(const uint8_t* wt, int64_t KG,
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   __m256 dg[2], mg[2];
-  for_each_group<BITS>(wt, KG, [&](const uint8_t* wg, const uint8_t* sc, int64_t j, int64_t g) {
-    const auto* dm = reinterpret_cast<const __m128i*>(sc);
+  for_each_group<BITS>(wt, KG, [&](const uint8_t* wg, const uint8_t* head, int64_t j, int64_t g) {
+    const auto* dm = reinterpret_cast<const __m128i*>(head);
     for (int h = 0; h < 2; ++h) {  // columns 8h .. 8h + 7
       dg[h] = _mm256_cvtph_ps(_mm_loadu_si128(dm + h));  // 4 and 6 bits: D
       mg[h] = _mm256_cvtph_ps(_mm_loadu_si128(dm + 2 + h));  // 4 bits: M
       // exact products: 4 bits d = D s, m = M t; 6 bits the half-groups' D sc
       if constexpr (BITS == 4) {
-        dg[h] = _mm256_mul_ps(dg[h], bytes_to_ps(sc + 64 + NT * j + 8 * h));
-        mg[h] = _mm256_mul_ps(mg[h], bytes_to_ps(sc + 64 + NT * (SB + j) + 8 * h));
+        dg[h] = _mm256_mul_ps(dg[h], bytes_to_ps(head + 64 + NT * j + 8 * h));
+        mg[h] = _mm256_mul_ps(mg[h], bytes_to_ps(head + 64 + NT * (SB + j) + 8 * h));
       } else if constexpr (BITS == 6) {
-        mg[h] = _mm256_mul_ps(dg[h], signed_bytes_to_ps(sc + 64 + 2 * NT * j + NT + 8 * h));
-        dg[h] = _mm256_mul_ps(dg[h], signed_bytes_to_ps(sc + 64 + 2 * NT * j + 8 * h));
+        mg[h] = _mm256_mul_ps(dg[h], signed_bytes_to_ps(head + 64 + 2 * NT * j + NT + 8 * h));
+        dg[h] = _mm256_mul_ps(dg[h], signed_bytes_to_ps(head + 64 + 2 * NT * j + 8 * h));
       }
     }
     group_rows<R, BITS>(acc, wg, dg, mg, g, KG, xq, sx, c, halves, K);

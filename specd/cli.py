@@ -9,6 +9,7 @@ import sys
 
 from specd.cli_parser import BENCHES, ROLES, build_parser
 from specd.config import from_arguments
+from specd.openmp import settle_spinning
 
 
 def _models(args) -> int:
@@ -29,6 +30,8 @@ def _models(args) -> int:
 
 def _serve(args) -> int:
     config = from_arguments(ROLES[args.role], args)
+    if args.role in ("drafter", "verifier"):
+        settle_spinning()  # before torch loads (specd/openmp.py)
     if args.role == "drafter":
         from drafter_service.server import serve
     elif args.role == "verifier":

@@ -30,8 +30,8 @@ def _models(args) -> int:
 
 def _serve(args) -> int:
     config = from_arguments(ROLES[args.role], args)
-    if args.role in ("drafter", "verifier"):
-        settle_spinning()  # before torch loads (specd/openmp.py)
+    if args.role == "drafter" or (args.role == "verifier" and config.drafter):
+        settle_spinning()  # they take turns on the cores; before torch loads (specd/openmp.py)
     if args.role == "drafter":
         from drafter_service.server import serve
     elif args.role == "verifier":

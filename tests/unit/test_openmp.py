@@ -61,16 +61,17 @@ _SERVE = textwrap.dedent(
 
 
 @pytest.mark.parametrize(
-    "argv",
+    "argv,spin",
     [
-        ["serve", "drafter", "--model", "small"],
-        ["serve", "verifier", "--model", "small", "--drafter", "127.0.0.1:1"],
+        (["serve", "drafter", "--model", "small"], SPIN_COUNT),
+        (["serve", "verifier", "--model", "small", "--drafter", "127.0.0.1:1"], SPIN_COUNT),
+        (["serve", "verifier", "--model", "small"], None),  # no drafter to take turns with
     ],
 )
-def test_serve_sets_the_spin_count_before_torch_loads(argv, monkeypatch):
+def test_serve_sets_the_spin_count_before_torch_loads(argv, spin, monkeypatch):
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     out = subprocess.run(
         [sys.executable, "-c", _SERVE, *argv], capture_output=True, text=True, check=True
     )
-    assert out.stdout.strip() == repr([(SPIN_COUNT, False)])
+    assert out.stdout.strip() == repr([(spin, False)])

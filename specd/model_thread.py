@@ -6,7 +6,8 @@ an idle worker spins ~100 times instead of ~300,000 before it sleeps, so every p
 region (hundreds per forward) pays a futex wake-up. Loading the weights on the main thread
 and stepping on an executor thread was enough to trigger it: on 2 cores each draft round
 and verification forward ran ~25% slower than the same code on the main thread. Loading
-and stepping on this single thread keeps one team per process.
+and stepping on this single thread keeps one team per process. (Between processes, the
+drafter's and the verifier's teams taking turns on the same cores: specd/openmp.py.)
 
 The thread is per role ("drafter", "verifier"): a service process has one role, and the
 tests that run all services in one process must not have the verifier's step wait on the

@@ -13,11 +13,11 @@ the regions of one forward) both ran about as fast as alone, and a plain forward
 no slower; 10,000 made the plain forward ~5% slower on average.
 
 Each process's spinning slows the other, so both spin short: the drafter, and a verifier
-that has a drafter. A verifier without one keeps libgomp's default: in service, plain
-steps ran ~5% faster with it (probably because the workers stay on the cores through a
-step's short gaps). OMP_WAIT_POLICY=PASSIVE (no spinning) is no answer: every region then
-pays a wake-up (a plain step went from ~31 to 47 ms, section 33). A user's own
-GOMP_SPINCOUNT or OMP_WAIT_POLICY always wins.
+that has a drafter. A verifier without one keeps libgomp's default: nothing takes turns
+with it, and in some runs through the API its plain steps were 3-8% faster with the
+default (not in others; section 34). OMP_WAIT_POLICY=PASSIVE (no spinning) is no
+answer: every region then pays a wake-up (a plain step went from ~31 to 47 ms, section
+33). A user's own GOMP_SPINCOUNT or OMP_WAIT_POLICY always wins.
 """
 
 from __future__ import annotations

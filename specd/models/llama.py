@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specd.models import attention, decoder_stack, layer_ops
+from specd.models import attention, decoder_stack, huge_pages, layer_ops
 from specd.models.args import ModelArgs
 from specd.models.batch_plan import BatchPlan
 from specd.models.matmul import INVARIANT_TILE, linear
@@ -108,6 +108,7 @@ class LlamaModel:
         head = self.lm_head
         if isinstance(head, QWeight):  # the kept rows' codes, repacked (exact)
             self.lm_head = head.take_rows(keep)
+            huge_pages.place_head(self)
         else:
             self.lm_head = head[keep].contiguous()
         self.head_ids = keep.to(self.device)

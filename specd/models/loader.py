@@ -7,11 +7,12 @@ from pathlib import Path
 
 import torch
 
+from specd.models import huge_pages
 from specd.models.args import ModelArgs, default_device, parse_dtype, rope_inv_freq
 from specd.models.llama import Layer, LlamaModel
 from specd.models.paged_kv import kv_dtype
 from specd.models.resolve import ALIASES, resolve  # noqa: F401 (re-exported)
-from specd.models.weights import QUANTISED, choose, fuse, load_quantised
+from specd.models.weights import QUANTISED, choose, fuse, load_quantised, map_matrix
 
 
 def load_config(folder: Path):
@@ -155,4 +156,6 @@ def load_model(
     model = LlamaModel(args, embed, layers, norm, head, inv_freq, scale, dt, dev)
     model.weights = fmt
     model.kv_dtype = cache_dtype
+    if fmt in QUANTISED and huge_pages.place_model(model) and model.embed is not model.lm_head:
+        model.embed = map_matrix(folder, fmt, "embed_tokens.weight")  # read a row at a time
     return model

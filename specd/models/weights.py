@@ -132,6 +132,17 @@ def _read(path: Path) -> tuple[dict[str, QWeight], str | None, int]:
         return mats, meta.get("layout"), int(meta.get("specd-conversion", 1))
 
 
+def map_matrix(folder: Path, fmt: str, name: str) -> QWeight:
+    """One matrix of the cached file in a mapping of its own: a model whose other matrices
+    were copied into huge pages (specd.models.huge_pages) keeps its embedding mapped this
+    way, so the first mapping, whose pages the copy read, goes with its views."""
+    from safetensors import safe_open
+
+    with safe_open(folder / f"weights-{fmt}.safetensors", framework="pt") as f:
+        bits, n, k = json.loads(f.metadata()["specd"])[name]
+        return QWeight(f.get_tensor(name), bits, (n, k))
+
+
 def fuse_layers(mats: dict[str, QWeight]) -> dict[str, QWeight]:
     """Replace each layer's q/k/v and gate/up by one matrix where `fuse` can (`FUSED`)."""
     out = dict(mats)

@@ -1,0 +1,74 @@
+"""Quantised matrices moved into huge pages: the same bytes, in one 2 MiB-aligned region
+advised MADV_HUGEPAGE, and a model that computes the same bits after the move."""
+
+import pytest
+import torch
+
+from specd.models import huge_pages
+from specd.models.loader import load_model
+from specd.models.qlinear import quantize
+from tests.unit.test_drafter_cuts import PROMPT, prefill_logits
+
+pytestmark = pytest.mark.usefixtures("cpu_kernels")
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The VmFlags of this process's mapping that holds `address`."""
+    lines = open("/proc/self/smaps").read().splitlines()
+    inside = False
+    for line in lines:
+        head = line.split()[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def test_place_copies_the_bytes_into_one_aligned_advised_region():
+    gen = torch.Generator().manual_seed(0)
+    mats = [
+        quantize(torch.randn(n, k, generator=gen) * 0.02, bits)
+        for n, k, bits in ((256, 512, 4), (48, 512, 6), (32, 256, 8), (1024, 1024, 4))
+    ]
+    before = [w.records.clone() for w in mats]
+    old = [w.records.data_ptr() for w in mats]
+    placed = huge_pages.place(mats, min_bytes=0)
+    if not huge_pages.available():  # no THP here: nothing moves
+        assert placed == 0 and [w.records.data_ptr() for w in mats] == old
+        return
+    assert placed >= sum(b.numel() for b in before)
+    for w, b in zip(mats, before, strict=True):
+        assert torch.equal(w.records, b)
+    starts = [w.records.data_ptr() for w in mats]
+    assert starts[0] % huge_pages.HUGE_PAGE == 0
+    assert all(s % 64 == 0 for s in starts)
+    ends = [s + w.records.numel() for s, w in zip(starts, mats, strict=True)]
+    assert all(e <= s for e, s in zip(ends, starts[1:], strict=False))  # in order, apart
+    assert "hg" in _vm_flags(starts[0])  # MADV_HUGEPAGE on the region
+
+
+def test_small_sets_stay_where_they_are():
+    w = quantize(torch.randn(64, 256) * 0.02, 4)
+    ptr = w.records.data_ptr()
+    assert huge_pages.place([w]) == 0  # below MIN_BYTES
+    assert w.records.data_ptr() == ptr
+
+
+def test_a_placed_model_computes_the_same_bits(tiny, monkeypatch):
+    """Through the loader: layers and head in the region, the embedding mapped afresh from
+    the cache file, and the logits those of the model left where it was."""
+    folder, _ = tiny
+    monkeypatch.setattr(huge_pages, "MIN_BYTES", 0)
+    with monkeypatch.context() as m:
+        m.setattr(huge_pages, "available", lambda: False)
+        left = load_model(folder, dtype="fp32", device="cpu", weights="int4")
+    placed = load_model(folder, dtype="fp32", device="cpu", weights="int4")
+    if huge_pages.available():
+        assert "hg" in _vm_flags(placed.layers[0].w_gate_up.records.data_ptr())
+        assert "hg" in _vm_flags(placed.lm_head.records.data_ptr())
+        if placed.embed is not placed.lm_head:
+            assert "hg" not in _vm_flags(placed.embed.records.data_ptr())
+    expected = prefill_logits(left, PROMPT, one_by_one_from=6)
+    assert torch.equal(prefill_logits(placed, PROMPT, one_by_one_from=6), expected)

@@ -2,7 +2,9 @@
 the paged attention of specd.models.attention and the fused element-wise ops of
 specd.models.layer_ops, one extension): built once per source, torch version,
 instruction set and checkout under $SPECD_CACHE/kernels: for AVX512-VNNI, or for
-AVX2 (with FMA and F16C) where the CPU has no AVX512."""
+AVX2 (with FMA and F16C) where the CPU has no AVX512. The AVX512 build also holds an AMX
+path for the linear's calls of many rows, taken at run time where the CPU has AMX and the
+OS grants it (kernels/qlinear.cpp)."""
 
 from __future__ import annotations
 
@@ -85,6 +87,8 @@ def kernel():
     except Exception as e:  # no compiler, no headers: the model runs bf16 (weights.choose)
         log.warning("could not build the int8/int4 kernel (%s)", e)
         _kernel = None
+    if _kernel is not None and _kernel.amx_available():
+        log.info("int8/int4 kernel: AMX for calls of many rows (SPECD_NO_AMX=1 turns it off)")
     return _kernel
 
 

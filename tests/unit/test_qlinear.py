@@ -94,7 +94,8 @@ def test_kernel_matches_the_reference(kernel, bits, dtype):
     torch.manual_seed(1)
     w = ql.quantize(torch.randn(96, 320) * 0.05, bits)
     bias = torch.randn(96)
-    for rows in (1, 5, 7, 8, 13, 15):  # 7 and 15 run padded to a block of 8 on AVX2
+    # 7 and 15 run padded to a block of 8 on AVX2; 13 and 15 take AMX where it is granted
+    for rows in (1, 5, 7, 8, 13, 15):
         x = (torch.randn(rows, 320) * torch.linspace(0.1, 8, 320)).to(dtype)
         got = ql.qlinear(x, w, bias, out_dtype=torch.float32).double()
         ref = ql.reference(x, w, bias, out_dtype=torch.float64)
@@ -128,6 +129,34 @@ def test_rows_do_not_depend_on_the_other_rows(kernel, bits):
         assert torch.equal(ql.qlinear(x[lo:hi], w), batched[lo:hi])
 
 
+@pytest.fixture
+def amx(kernel):
+    """The AMX path for every call of at least 1 row while the test runs."""
+    if not kernel.amx_available():
+        pytest.skip("this CPU (or its OS) grants no AMX: the AMX path is not built to run here")
+    old = kernel.set_amx_min_rows(1)
+    yield kernel
+    kernel.set_amx_min_rows(old)
+
+
+@pytest.mark.parametrize("bits", [4, 6, 8])
+def test_amx_path_gives_the_same_bits_as_the_vector_path(amx, bits):
+    """AMX takes the integer dots of calls with many rows; the float terms after them are
+    the same instructions, so every row must come out bit for bit as on the vector path
+    (which decodes one row at a time): what keeps speculation exact at any batch size."""
+    torch.manual_seed(5)
+    w = ql.quantize(torch.randn(64, 608) * 0.05, bits)  # a partial last super-block
+    bias = torch.randn(64)
+    x = torch.randn(37, 608, dtype=torch.bfloat16) * 3
+    for rows in (1, 2, 7, 9, 16, 17, 37):  # 17 and 37 run as blocks of 9 and 13 rows
+        for out in (torch.float32, torch.bfloat16):
+            on = ql.qlinear(x[:rows], w, bias, out_dtype=out)
+            amx.set_amx_min_rows(0)
+            off = ql.qlinear(x[:rows], w, bias, out_dtype=out)
+            amx.set_amx_min_rows(1)
+            assert torch.equal(on, off), (rows, out)
+
+
 @pytest.mark.parametrize("bits", [4, 6, 8])
 def test_largest_codes_and_activations_sum_exactly(kernel, bits):
     """Every code at its largest against activations at +-127 after quantisation: the
@@ -153,6 +182,12 @@ def test_largest_codes_and_activations_sum_exactly(kernel, bits):
     ref = ql.reference(x, w, out_dtype=torch.float64)
     assert (got - ref).abs().max() <= 1e-6 * ref.abs().max()
     assert got[0, 0] == (top - offset) * k / 64  # exact: no clipped partial sums
+    if kernel.amx_available():  # and the AMX path's
+        old = kernel.set_amx_min_rows(1)
+        try:
+            assert torch.equal(ql.qlinear(x, w, out_dtype=torch.float32).double(), got)
+        finally:
+            kernel.set_amx_min_rows(old)
 
 
 def test_zero_rows_and_bad_layout(kernel):

@@ -43,6 +43,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 namespace {
 
@@ -156,24 +163,21 @@ inline __m512i dpbusd_broadcast(__m512i acc, __m512i w, const int32_t* x) {
   return acc;
 }
 
-// one group (32 along K) of a tile's 16 columns into acc[r] for every row: its codes at
-// `wg`, its scales dg and mins mg (6 bits: the low and the high half-group's scales)
-template <int R, int BITS>
-inline void group_rows(__m512* acc, const uint8_t* wg, __m512 dg, __m512 mg, int64_t g, int64_t KG,
-                       const int8_t* xq, const float* sx, const float* c, const int32_t* halves,
-                       int64_t K) {
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  __m512i w[8];
+// A group's 8 code vectors as bytes, each the codes of k = 4j..4j+3 for the 16 columns
+// (layout: top of this file): the operand order of vpdpbusd, and of an AMX B tile's rows.
+template <int BITS>
+inline void unpack_group(const uint8_t* wg, __m512i* w) {
   if constexpr (BITS == 8) {
     for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(wg + 64 * j);
-  } else {
-    for (int s = 0; s < 4; ++s) {
-      __m512i v = _mm512_loadu_si512(wg + 64 * s);
-      w[2 * s] = _mm512_and_si512(v, low4);
-      w[2 * s + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-    }
+    return;
   }
-  if constexpr (BITS == 6) {  // q = low nibble | top two bits << 4 (layout: top of this file)
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (int s = 0; s < 4; ++s) {
+    const __m512i v = _mm512_loadu_si512(wg + 64 * s);
+    w[2 * s] = _mm512_and_si512(v, low4);
+    w[2 * s + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+  }
+  if constexpr (BITS == 6) {  // q = low nibble | top two bits << 4
     const __m512i top = _mm512_set1_epi8(0x30);
     for (int t = 0; t < 2; ++t) {
       const __m512i v = _mm512_loadu_si512(wg + 256 + 64 * t);
@@ -182,27 +186,6 @@ inline void group_rows(__m512* acc, const uint8_t* wg, __m512 dg, __m512 mg, int
       w[4 * t + 2] = _mm512_or_si512(w[4 * t + 2], _mm512_and_si512(v, top));
       w[4 * t + 3] = _mm512_or_si512(w[4 * t + 3], _mm512_and_si512(_mm512_srli_epi16(v, 2), top));
     }
-    for (int r = 0; r < R; ++r) {  // vectors 0-3 are the low half-group, 4-7 the high
-      const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
-      const int32_t* hs = halves + r * 2 * KG + 2 * g;
-      __m512i lo = _mm512_set1_epi32(-32 * hs[0]), hi = _mm512_set1_epi32(-32 * hs[1]);
-      for (int j = 0; j < 4; ++j) lo = dpbusd_broadcast(lo, w[j], xg + j);
-      for (int j = 4; j < 8; ++j) hi = dpbusd_broadcast(hi, w[j], xg + j);
-      const __m512 s = _mm512_set1_ps(sx[r * KG + g]);
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_mul_ps(dg, s), acc[r]);
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_mul_ps(mg, s), acc[r]);
-    }
-    return;
-  }
-  for (int r = 0; r < R; ++r) {
-    // one chain per row (the rows give the parallelism); each step reads its 4
-    // activation bytes as a broadcast operand of vpdpbusd itself
-    const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
-    __m512i dot = _mm512_setzero_si512();
-    for (int j = 0; j < 8; ++j) dot = dpbusd_broadcast(dot, w[j], xg + j);
-    const __m512 scale = _mm512_mul_ps(dg, _mm512_set1_ps(sx[r * KG + g]));
-    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
-    acc[r] = _mm512_fnmadd_ps(mg, _mm512_set1_ps(c[r * KG + g]), acc[r]);
   }
 }
 
@@ -214,6 +197,64 @@ inline __m512 signed_bytes_to_ps(const uint8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
+// A group's scales dg and mins mg for the tile's 16 columns (6 bits: the low and the high
+// half-group's scales), from its record (8 bits) or its super-block's header, j being its
+// place there. The products are exact: 4 bits d = D s, m = M t; 6 bits D sc.
+template <int BITS>
+inline void group_scales(const uint8_t* head, int64_t j, __m512& dg, __m512& mg) {
+  const auto* dm = reinterpret_cast<const __m256i*>(head);
+  dg = _mm512_cvtph_ps(_mm256_loadu_si256(dm));  // 4 and 6 bits: D
+  mg = _mm512_cvtph_ps(_mm256_loadu_si256(dm + 1));  // 4 bits: M
+  if constexpr (BITS == 4) {
+    dg = _mm512_mul_ps(dg, bytes_to_ps(head + 64 + NT * j));
+    mg = _mm512_mul_ps(mg, bytes_to_ps(head + 64 + NT * (SB + j)));
+  } else if constexpr (BITS == 6) {
+    mg = _mm512_mul_ps(dg, signed_bytes_to_ps(head + 64 + 2 * NT * j + NT));
+    dg = _mm512_mul_ps(dg, signed_bytes_to_ps(head + 64 + 2 * NT * j));
+  }
+}
+
+// The float terms of one group for one row: acc + dg sx dot - mg c, or for 6 bits the two
+// half-groups' dots (their offsets -32 sum(xq) already taken in the integers) under their
+// scales dg and mg. The vector and the AMX path both end in this, so they round alike.
+template <int BITS>
+inline __m512 add_group(__m512 acc, __m512i dot, __m512i hi, __m512 dg, __m512 mg, float sx, float c) {
+  if constexpr (BITS == 6) {
+    const __m512 s = _mm512_set1_ps(sx);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dg, s), acc);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_mul_ps(mg, s), acc);
+  }
+  const __m512 scale = _mm512_mul_ps(dg, _mm512_set1_ps(sx));
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc);
+  return _mm512_fnmadd_ps(mg, _mm512_set1_ps(c), acc);
+}
+
+// one group (32 along K) of a tile's 16 columns into acc[r] for every row: its codes at
+// `wg`, its scales dg and mins mg (6 bits: the low and the high half-group's scales)
+template <int R, int BITS>
+inline void group_rows(__m512* acc, const uint8_t* wg, __m512 dg, __m512 mg, int64_t g, int64_t KG,
+                       const int8_t* xq, const float* sx, const float* c, const int32_t* halves,
+                       int64_t K) {
+  __m512i w[8];
+  unpack_group<BITS>(wg, w);
+  for (int r = 0; r < R; ++r) {
+    // one chain per row (the rows give the parallelism); each step reads its 4
+    // activation bytes as a broadcast operand of vpdpbusd itself
+    const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
+    if constexpr (BITS == 6) {  // vectors 0-3 are the low half-group, 4-7 the high
+      const int32_t* hs = halves + r * 2 * KG + 2 * g;
+      __m512i lo = _mm512_set1_epi32(-32 * hs[0]), hi = _mm512_set1_epi32(-32 * hs[1]);
+      for (int j = 0; j < 4; ++j) lo = dpbusd_broadcast(lo, w[j], xg + j);
+      for (int j = 4; j < 8; ++j) hi = dpbusd_broadcast(hi, w[j], xg + j);
+      acc[r] = add_group<6>(acc[r], lo, hi, dg, mg, sx[r * KG + g], 0.f);
+    } else {
+      __m512i dot = _mm512_setzero_si512();
+      for (int j = 0; j < 8; ++j) dot = dpbusd_broadcast(dot, w[j], xg + j);
+      acc[r] = add_group<BITS>(acc[r], dot, dot, dg, mg, sx[r * KG + g], c[r * KG + g]);
+    }
+  }
+}
+
 template <int R, int BITS>
 void tile_rows(const uint8_t* wt, int64_t KG,
                const int8_t* xq, const float* sx, const float* c, const int32_t* halves,
@@ -221,23 +262,151 @@ void tile_rows(const uint8_t* wt, int64_t KG,
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for_each_group<BITS>(wt, KG, [&](const uint8_t* wg, const uint8_t* head, int64_t j, int64_t g) {
-    const auto* dm = reinterpret_cast<const __m256i*>(head);
-    __m512 dg = _mm512_cvtph_ps(_mm256_loadu_si256(dm));  // 4 and 6 bits: D
-    __m512 mg = _mm512_cvtph_ps(_mm256_loadu_si256(dm + 1));  // 4 bits: M
-    // exact products: 4 bits d = D s, m = M t; 6 bits the half-groups' D sc
-    if constexpr (BITS == 4) {
-      dg = _mm512_mul_ps(dg, bytes_to_ps(head + 64 + NT * j));
-      mg = _mm512_mul_ps(mg, bytes_to_ps(head + 64 + NT * (SB + j)));
-    } else if constexpr (BITS == 6) {
-      mg = _mm512_mul_ps(dg, signed_bytes_to_ps(head + 64 + 2 * NT * j + NT));
-      dg = _mm512_mul_ps(dg, signed_bytes_to_ps(head + 64 + 2 * NT * j));
-    }
+    __m512 dg, mg;
+    group_scales<BITS>(head, j, dg, mg);
     group_rows<R, BITS>(acc, wg, dg, mg, g, KG, xq, sx, c, halves, K);
   });
   const __m512 b = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
   for (int r = 0; r < R; ++r) store_row(_mm512_add_ps(acc[r], b), out, bf16_out, r * ldo + n0);
 }
 
+// AMX (Sapphire Rapids and later, where the OS grants the tile state): the integer dot of
+// a group for every row at once, C[r][n] = sum_k xq[r][k] * q[n][k] (TDPBSUD: s8 rows of
+// A, u8 columns of B), exact in int32 as vpdpbusd's, so the same integers as the path
+// above; the float terms that follow are the same instructions in the same order
+// (`add_group`), so the results are the same bits whichever path ran. B is the
+// group's codes in vpdpbusd's operand order, which is AMX's too (a row of B holds k =
+// 4j..4j+3 for the 16 columns): 8 bits load it from the stream as it is, 4 and 6 bits
+// from the unpacked vectors. One tile operation replaces R * 8 vpdpbusd: what verification
+// rows spend beyond a decode row's (BENCHMARKS.md section 36).
+#define SPECD_AMX __attribute__((target("amx-tile,amx-int8")))
+
+constexpr int AMX_ROWS = 16;  // rows of an A tile
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// A tiles hold `rows` activation rows of `kbytes` (32 a group, 16 a 6-bit half-group), B
+// tiles kbytes / 4 rows of 64, C tiles `rows` of 16 int32. Tiles 0-2 are A, B, C of even
+// groups and 3-5 of odd ones (4 and 8 bits); 6 bits use 0-5 for one group's two halves.
+SPECD_AMX inline void configure_tiles(int rows, int kbytes) {
+  TileConfig cfg;
+  for (int t = 0; t < 6; ++t) {
+    const int role = t % 3;  // A, B, C
+    cfg.rows[t] = role == 1 ? kbytes / 4 : rows;
+    cfg.colsb[t] = role == 0 ? kbytes : 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// One item's integer dots into c (rows x 16 int32, 64 bytes a row): A at x (row stride
+// K), B at b (64 bytes a row); P picks the tiles, so that consecutive items overlap.
+template <int P>
+SPECD_AMX inline void item_dots(const int8_t* x, int64_t K, const uint8_t* b, int32_t* c) {
+  if constexpr (P == 0) {
+    _tile_loadd(0, x, K);
+    _tile_loadd(1, b, 64);
+    _tile_zero(2);
+    _tile_dpbsud(2, 0, 1);
+    _tile_stored(2, c, 64);
+  } else {
+    _tile_loadd(3, x, K);
+    _tile_loadd(4, b, 64);
+    _tile_zero(5);
+    _tile_dpbsud(5, 3, 4);
+    _tile_stored(5, c, 64);
+  }
+}
+
+// A tile of 16 columns for R rows, as tile_rows, its integer dots on AMX. An item is a
+// group (4 and 8 bits) or a half-group (6 bits: each half has its own scale). The tile
+// unit reads memory that vector stores wrote, and vectors read what it stored, only once
+// those stores have retired, so the work is a pipeline over groups, each step on a
+// different group: unpack group s's codes, take the dots of group s - AHEAD, and apply
+// the float terms of group s - AHEAD - LAG, in group order.
+template <int R, int BITS>
+SPECD_AMX void tile_rows_amx(const uint8_t* wt, int64_t KG,
+                             const int8_t* xq, const float* sx, const float* c,
+                             const int32_t* halves, int64_t K, const float* bias, void* out,
+                             bool bf16_out, int64_t ldo, int64_t n0) {
+  constexpr int ITEMS = BITS == 6 ? 2 : 1;  // per group
+  constexpr int AHEAD = 2, LAG = 2, RING = 8;  // RING > AHEAD + LAG
+  constexpr int64_t cb = code_bytes<BITS>();
+  alignas(64) uint8_t codes[RING][512];
+  alignas(64) int32_t dots[RING][ITEMS][R * NT];
+  const uint8_t* streams[RING];  // each group's codes in the stream
+  const uint8_t* heads[RING];    // its scales: 8 bits its record's, else its header
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < KG + AHEAD + LAG; ++s) {
+    if (s < KG) {  // unpack (as group_rows does) into the B tile's rows
+      const int64_t g = s;
+      const uint8_t *wg, *head;
+      if constexpr (BITS == 8) {
+        wg = wt + g * record_bytes<8>();
+        head = wg + cb;
+      } else {
+        head = wt + g / SB * (HEADER + SB * cb);  // every super-block before g is whole
+        wg = head + HEADER + cb * (g % SB);
+      }
+      for (int64_t line = 0; line < cb; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(wg + line + ahead<BITS>()), _MM_HINT_T0);
+      streams[g % RING] = wg;
+      heads[g % RING] = head;
+      if constexpr (BITS != 8) {
+        __m512i w[8];
+        unpack_group<BITS>(wg, w);
+        for (int i = 0; i < 8; ++i) _mm512_store_si512(codes[g % RING] + 64 * i, w[i]);
+      }
+    }
+    if (const int64_t g = s - AHEAD; g >= 0 && g < KG) {  // the dots
+      const uint8_t* b = BITS == 8 ? streams[g % RING] : codes[g % RING];
+      const int8_t* x = xq + g * G;
+      if constexpr (ITEMS == 2) {
+        item_dots<0>(x, K, b, dots[g % RING][0]);
+        item_dots<1>(x + G / 2, K, b + 256, dots[g % RING][1]);
+      } else if (g & 1) {
+        item_dots<1>(x, K, b, dots[g % RING][0]);
+      } else {
+        item_dots<0>(x, K, b, dots[g % RING][0]);
+      }
+    }
+    if (const int64_t g = s - AHEAD - LAG; g >= 0) {  // the float terms, as group_rows'
+      __m512 dg, mg;
+      group_scales<BITS>(heads[g % RING], g % SB, dg, mg);
+      const int32_t* lo = dots[g % RING][0];
+      const int32_t* hi = dots[g % RING][ITEMS - 1];
+      for (int r = 0; r < R; ++r) {
+        __m512i dlo = _mm512_load_si512(lo + NT * r), dhi = _mm512_load_si512(hi + NT * r);
+        if constexpr (BITS == 6) {  // the offsets, as group_rows starts its sums
+          const int32_t* hs = halves + r * 2 * KG + 2 * g;
+          dlo = _mm512_add_epi32(dlo, _mm512_set1_epi32(-32 * hs[0]));
+          dhi = _mm512_add_epi32(dhi, _mm512_set1_epi32(-32 * hs[1]));
+        }
+        acc[r] = add_group<BITS>(acc[r], dlo, dhi, dg, mg, sx[r * KG + g], BITS == 6 ? 0.f : c[r * KG + g]);
+      }
+    }
+  }
+  const __m512 bv = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
+  for (int r = 0; r < R; ++r) store_row(_mm512_add_ps(acc[r], bv), out, bf16_out, r * ldo + n0);
+}
+
+// Whether this process may use AMX: the CPU has it and the OS grants the tile state
+// (Linux asks each process to request it). SPECD_NO_AMX turns it off.
+bool amx_granted() {
+  static const bool granted = [] {
+    if (std::getenv("SPECD_NO_AMX")) return false;
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25)))
+      return false;
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return granted;
+}
 
 #else  // AVX2: the same records and the same float operations per column, 8 columns per
        // ymm, so a tile is two halves
@@ -393,7 +562,62 @@ void tile_all_rows(int rows, const uint8_t* wt, int64_t KG, const int8_t* xq, co
   }
 }
 
+#if defined(__AVX512VNNI__)
+// every tile of [t0, t1) for `rows` rows (a multiple of `block`, which is at most 16), with
+// the tiles configured once for the thread
+template <int BITS>
+SPECD_AMX void tiles_amx(int64_t t0, int64_t t1, int64_t per_tile, int block, int rows,
+                         const uint8_t* w, int64_t KG, const int8_t* xq, const float* sx,
+                         const float* c, const int32_t* halves, int64_t K, const float* bias,
+                         void* out, bool bf16_out, int64_t ldo) {
+  configure_tiles(block, BITS == 6 ? G / 2 : G);
+  auto* o = static_cast<char*>(out);
+  const int64_t esize = bf16_out ? 2 : 4;
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int r0 = 0; r0 < rows; r0 += block) {
+      const int8_t* x = xq + r0 * K;
+      const float* s = sx + r0 * KG;
+      const float* cc = c + r0 * KG;
+      const int32_t* hs = halves ? halves + r0 * 2 * KG : nullptr;
+      void* y = o + r0 * ldo * esize;
+#define SPECD_ROWS(R)                                                                   \
+  case R:                                                                               \
+    tile_rows_amx<R, BITS>(w + t * per_tile, KG, x, s, cc, hs, K, bias, y, bf16_out, ldo, \
+                           t * NT);                                                     \
+    break;
+      switch (block) {
+        SPECD_ROWS(1) SPECD_ROWS(2) SPECD_ROWS(3) SPECD_ROWS(4)
+        SPECD_ROWS(5) SPECD_ROWS(6) SPECD_ROWS(7) SPECD_ROWS(8)
+        SPECD_ROWS(9) SPECD_ROWS(10) SPECD_ROWS(11) SPECD_ROWS(12)
+        SPECD_ROWS(13) SPECD_ROWS(14) SPECD_ROWS(15) SPECD_ROWS(16)
+      }
+#undef SPECD_ROWS
+    }
+  }
+  _tile_release();
+}
+#endif
+
+// calls of at least this many rows take the AMX path where it is granted (0: never). Below
+// it the vector path is as fast or faster: at up to 8 rows (one register block) a group's
+// 8 R vpdpbusd cost less than the tile unit's loads, dot and store; past 8 the vector path
+// walks each tile once per block of 8 rows (BENCHMARKS.md section 36).
+int64_t amx_min_rows = RMAX + 1;
+
 }  // namespace
+
+bool amx_available() {
+#if defined(__AVX512VNNI__)
+  return amx_granted();
+#else
+  return false;
+#endif
+}
+
+int64_t set_amx_min_rows(int64_t rows) {
+  TORCH_CHECK(rows >= 0, "rows must be >= 0");
+  return std::exchange(amx_min_rows, rows);
+}
 
 // x [M, K] fp32 or bf16; records uint8 [N/16, K/32, 512 code bytes + 64] (8 bits) or
 // [N/16, tile_bytes(K/32, bits)] (4 and 6 bits); bias fp32 [N] or empty. Returns [M, N] in
@@ -416,7 +640,12 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& records, const at::Ten
   TORCH_CHECK(!bias.defined() || bias.numel() == 0 || bias.numel() == N, "bias size");
   if (M == 0) return at::empty({0, N}, x.options().dtype(out_dtype));
 #if defined(__AVX512VNNI__)
-  const int64_t rows_run = M;
+  // AMX: blocks of at most 16 rows, all of one size (the tiles are configured once), the
+  // last padded with zero rows
+  const bool amx = amx_min_rows > 0 && M >= amx_min_rows && amx_granted();
+  const int64_t blocks = (M + AMX_ROWS - 1) / AMX_ROWS;
+  const int block = amx ? int((M + blocks - 1) / blocks) : 0;
+  const int64_t rows_run = amx ? blocks * block : M;
 #else
   // AVX2: a block of 7 rows compiles to slower code than a block of 8 (a verification of
   // k = 6: 7 rows of an 8960x1536 matrix took 1.13-1.19x the time of 8), so such a block
@@ -445,6 +674,19 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& records, const at::Ten
   const float* cp = c.data_ptr<float>();
   const int rows = int(rows_run);
   const int64_t per_tile = records.stride(0);
+#if defined(__AVX512VNNI__)
+  if (amx) {
+    at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+      if (bits == 4)
+        tiles_amx<4>(t0, t1, per_tile, block, rows, w, KG, xqp, sxp, cp, hp, K, b, out, bf16_out, N);
+      else if (bits == 6)
+        tiles_amx<6>(t0, t1, per_tile, block, rows, w, KG, xqp, sxp, cp, hp, K, b, out, bf16_out, N);
+      else
+        tiles_amx<8>(t0, t1, per_tile, block, rows, w, KG, xqp, sxp, cp, hp, K, b, out, bf16_out, N);
+    });
+    return rows_run == M ? y : y.narrow(0, 0, M);
+  }
+#endif
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const uint8_t* wt = w + t * per_tile;

@@ -60,6 +60,44 @@ constexpr int PREFETCH = 6;  // groups ahead
 constexpr int SB = 8;       // 4 and 6 bits: groups per super-block
 constexpr int64_t HEADER = 64 + 2 * SB * NT;  // 4 and 6 bits: a super-block's scales and mins
 
+// One 32-block of a row: its codes xq = round(v * 127 / amax) (nearest even), its scale
+// amax / 127, scale * sum(codes), and the sums of its two 16-blocks. The AVX512 build does
+// it in two vectors with the same float operations (one product and one rounding per
+// value, as nearbyint), so the same codes and scales; decode calls it on the model
+// thread alone, once per matrix, while the other threads wait.
+#if defined(__AVX512F__)
+inline void quantize_block(const float* v, int8_t* q, float& s, float& sc, int& low, int& high) {
+  const __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+  s = amax / 127.f;
+  const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+  const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv));  // MXCSR: nearest even
+  const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inv));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(qa));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(qb));
+  low = _mm512_reduce_add_epi32(qa);
+  high = _mm512_reduce_add_epi32(qb);
+  sc = s * float(low + high);
+}
+#else
+inline void quantize_block(const float* v, int8_t* q, float& s, float& sc, int& low, int& high) {
+  float amax = 0.f;
+  for (int i = 0; i < G; ++i) amax = std::max(amax, std::fabs(v[i]));
+  s = amax / 127.f;
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  int sum = 0;
+  low = 0;
+  for (int i = 0; i < G; ++i) {
+    const int code = int(std::nearbyint(v[i] * inv));
+    q[i] = int8_t(code);
+    sum += code;
+    if (i == G / 2 - 1) low = sum;
+  }
+  high = sum - low;
+  sc = s * float(sum);
+}
+#endif
+
 // Per row and 32-block: scale, codes and scale * sum(codes); with `halves`, the sums of
 // the codes of each 16-block as well (what 6-bit weights take).
 void quantize_rows(const at::Tensor& x, int8_t* xq, float* sx, float* c, int32_t* halves) {
@@ -69,37 +107,24 @@ void quantize_rows(const at::Tensor& x, int8_t* xq, float* sx, float* c, int32_t
   const auto* xb = bf16 ? reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()) : nullptr;
   // rows are independent: splitting them over threads changes no result
   at::parallel_for(0, M, 1, [&](int64_t r0, int64_t r1) {
-  for (int64_t r = r0; r < r1; ++r) {
-    for (int64_t g = 0; g < KG; ++g) {
-      float v[G];
-      for (int i = 0; i < G; ++i) {
-        const int64_t k = r * K + g * G + i;
-        if (bf16) {
-          uint32_t bits = uint32_t(xb[k]) << 16;
-          std::memcpy(&v[i], &bits, 4);
-        } else {
-          v[i] = xf[k];
+    alignas(64) float v[G];
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t g = 0; g < KG; ++g) {
+        if (bf16) {  // bf16 -> fp32 is exact: the bits shifted up
+          for (int i = 0; i < G; ++i) {
+            const uint32_t bits = uint32_t(xb[r * K + g * G + i]) << 16;
+            std::memcpy(&v[i], &bits, 4);
+          }
+        }
+        const float* block = bf16 ? v : xf + r * K + g * G;
+        int low, high;
+        quantize_block(block, xq + r * K + g * G, sx[r * KG + g], c[r * KG + g], low, high);
+        if (halves) {
+          halves[r * 2 * KG + 2 * g] = low;
+          halves[r * 2 * KG + 2 * g + 1] = high;
         }
       }
-      float amax = 0.f;
-      for (int i = 0; i < G; ++i) amax = std::max(amax, std::fabs(v[i]));
-      const float s = amax / 127.f;
-      const float inv = amax > 0.f ? 127.f / amax : 0.f;
-      int sum = 0, low = 0;
-      for (int i = 0; i < G; ++i) {
-        const int q = int(std::nearbyint(v[i] * inv));
-        xq[r * K + g * G + i] = int8_t(q);
-        sum += q;
-        if (i == G / 2 - 1) low = sum;
-      }
-      sx[r * KG + g] = s;
-      c[r * KG + g] = s * float(sum);
-      if (halves) {
-        halves[r * 2 * KG + 2 * g] = low;
-        halves[r * 2 * KG + 2 * g + 1] = sum - low;
-      }
     }
-  }
   });
 }
 

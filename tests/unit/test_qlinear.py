@@ -105,6 +105,27 @@ def test_kernel_matches_the_reference(kernel, bits, dtype):
     assert torch.equal(ql.qlinear(x, w, out_dtype=torch.bfloat16), y32.to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_activation_codes_and_scales_are_the_references_bit_for_bit(kernel, dtype):
+    """An identity of 8-bit codes (d = 1, m = 0) reads each activation back as its code
+    times its block's scale, one rounding: the kernel's quantisation of the activations
+    (vectorised on AVX512) must give quantize_activations' codes and scales exactly,
+    rounding ties to even."""
+    k = 256
+    eye = torch.eye(k, dtype=torch.uint8)
+    ones = torch.ones(k, k // 32)
+    w = ql.pack(eye, ones, ones * 0, 8)
+    torch.manual_seed(6)
+    x = torch.randn(5, k) * torch.logspace(-4, 3, k)
+    x[1, :32] = 0  # a block of zeros
+    x[2, :32] = torch.tensor([127.0, 2.5, 3.5, -0.5, -1.5, 0.5, 126.5, -126.5] * 4)  # ties
+    x = x.to(dtype)
+    codes, scales = ql.quantize_activations(x)
+    want = (codes * scales.repeat_interleave(32, dim=1)).float()
+    for rows in (1, 5):  # one row alone (the model thread's path) and a batch
+        assert torch.equal(ql.qlinear(x[:rows], w, out_dtype=torch.float32), want[:rows])
+
+
 def test_reference_catches_a_wrong_kernel(kernel):
     """The reference is sharp enough to see one code off by one."""
     torch.manual_seed(2)

@@ -564,21 +564,33 @@ void tile_rows(const uint8_t* wt, int64_t KG,
 
 #endif  // __AVX512VNNI__
 
+// A call's quantised activations (codes, scales, scale * sum, 6 bits' half-sums) and its
+// output, from row r0 on
+struct Rows {
+  const int8_t* xq;
+  const float* sx;
+  const float* c;
+  const int32_t* halves;
+  void* out;
+  int64_t K, KG, ldo, esize;
+
+  Rows from(int64_t r0) const {
+    return {xq + r0 * K, sx + r0 * KG, c + r0 * KG, halves ? halves + r0 * 2 * KG : nullptr,
+            static_cast<char*>(out) + r0 * ldo * esize, K, KG, ldo, esize};
+  }
+};
+
 template <int BITS>
-void tile_all_rows(int rows, const uint8_t* wt, int64_t KG, const int8_t* xq, const float* sx, const float* c,
-                   const int32_t* halves, int64_t K, const float* bias, void* out, bool bf16_out,
-                   int64_t ldo, int64_t n0) {
-  auto* o = static_cast<char*>(out);
-  const int64_t esize = bf16_out ? 2 : 4;
+void tile_all_rows(int rows, const uint8_t* wt, const Rows& all, const float* bias, bool bf16_out,
+                   int64_t n0) {
   for (int r0 = 0; r0 < rows; r0 += RMAX) {
     const int n = std::min(RMAX, rows - r0);
-    const int8_t* x = xq + r0 * K;
-    const float* s = sx + r0 * KG;
-    const float* cc = c + r0 * KG;
-    const int32_t* hs = halves ? halves + r0 * 2 * KG : nullptr;
-    void* y = o + r0 * ldo * esize;
-#define SPECD_ROWS(R) \
-  case R: tile_rows<R, BITS>(wt, KG, x, s, cc, hs, K, bias, y, bf16_out, ldo, n0); break;
+    const Rows a = all.from(r0);
+#define SPECD_ROWS(R)                                                                      \
+  case R:                                                                                  \
+    tile_rows<R, BITS>(wt, a.KG, a.xq, a.sx, a.c, a.halves, a.K, bias, a.out, bf16_out, a.ldo, \
+                       n0);                                                                \
+    break;
     switch (n) {
       SPECD_ROWS(1) SPECD_ROWS(2) SPECD_ROWS(3) SPECD_ROWS(4)
       SPECD_ROWS(5) SPECD_ROWS(6) SPECD_ROWS(7) SPECD_ROWS(8)
@@ -592,23 +604,15 @@ void tile_all_rows(int rows, const uint8_t* wt, int64_t KG, const int8_t* xq, co
 // the tiles configured once for the thread
 template <int BITS>
 SPECD_AMX void tiles_amx(int64_t t0, int64_t t1, int64_t per_tile, int block, int rows,
-                         const uint8_t* w, int64_t KG, const int8_t* xq, const float* sx,
-                         const float* c, const int32_t* halves, int64_t K, const float* bias,
-                         void* out, bool bf16_out, int64_t ldo) {
+                         const uint8_t* w, const Rows& all, const float* bias, bool bf16_out) {
   configure_tiles(block, BITS == 6 ? G / 2 : G);
-  auto* o = static_cast<char*>(out);
-  const int64_t esize = bf16_out ? 2 : 4;
   for (int64_t t = t0; t < t1; ++t) {
     for (int r0 = 0; r0 < rows; r0 += block) {
-      const int8_t* x = xq + r0 * K;
-      const float* s = sx + r0 * KG;
-      const float* cc = c + r0 * KG;
-      const int32_t* hs = halves ? halves + r0 * 2 * KG : nullptr;
-      void* y = o + r0 * ldo * esize;
-#define SPECD_ROWS(R)                                                                   \
-  case R:                                                                               \
-    tile_rows_amx<R, BITS>(w + t * per_tile, KG, x, s, cc, hs, K, bias, y, bf16_out, ldo, \
-                           t * NT);                                                     \
+      const Rows a = all.from(r0);
+#define SPECD_ROWS(R)                                                                         \
+  case R:                                                                                     \
+    tile_rows_amx<R, BITS>(w + t * per_tile, a.KG, a.xq, a.sx, a.c, a.halves, a.K, bias, a.out, \
+                           bf16_out, a.ldo, t * NT);                                          \
     break;
       switch (block) {
         SPECD_ROWS(1) SPECD_ROWS(2) SPECD_ROWS(3) SPECD_ROWS(4)
@@ -699,15 +703,16 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& records, const at::Ten
   const float* cp = c.data_ptr<float>();
   const int rows = int(rows_run);
   const int64_t per_tile = records.stride(0);
+  const Rows all{xqp, sxp, cp, hp, out, K, KG, N, bf16_out ? 2 : 4};
 #if defined(__AVX512VNNI__)
   if (amx) {
     at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
       if (bits == 4)
-        tiles_amx<4>(t0, t1, per_tile, block, rows, w, KG, xqp, sxp, cp, hp, K, b, out, bf16_out, N);
+        tiles_amx<4>(t0, t1, per_tile, block, rows, w, all, b, bf16_out);
       else if (bits == 6)
-        tiles_amx<6>(t0, t1, per_tile, block, rows, w, KG, xqp, sxp, cp, hp, K, b, out, bf16_out, N);
+        tiles_amx<6>(t0, t1, per_tile, block, rows, w, all, b, bf16_out);
       else
-        tiles_amx<8>(t0, t1, per_tile, block, rows, w, KG, xqp, sxp, cp, hp, K, b, out, bf16_out, N);
+        tiles_amx<8>(t0, t1, per_tile, block, rows, w, all, b, bf16_out);
     });
     return rows_run == M ? y : y.narrow(0, 0, M);
   }
@@ -716,11 +721,11 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& records, const at::Ten
     for (int64_t t = t0; t < t1; ++t) {
       const uint8_t* wt = w + t * per_tile;
       if (bits == 4)
-        tile_all_rows<4>(rows, wt, KG, xqp, sxp, cp, hp, K, b, out, bf16_out, N, t * NT);
+        tile_all_rows<4>(rows, wt, all, b, bf16_out, t * NT);
       else if (bits == 6)
-        tile_all_rows<6>(rows, wt, KG, xqp, sxp, cp, hp, K, b, out, bf16_out, N, t * NT);
+        tile_all_rows<6>(rows, wt, all, b, bf16_out, t * NT);
       else
-        tile_all_rows<8>(rows, wt, KG, xqp, sxp, cp, hp, K, b, out, bf16_out, N, t * NT);
+        tile_all_rows<8>(rows, wt, all, b, bf16_out, t * NT);
     }
   });
   return rows_run == M ? y : y.narrow(0, 0, M);

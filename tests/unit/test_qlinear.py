@@ -2,6 +2,10 @@
 slow reference of the same maths, and batch invariance (a row's bits never depend on the
 other rows: what makes greedy decoding identical with and without speculation)."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -176,6 +180,36 @@ def test_amx_path_gives_the_same_bits_as_the_vector_path(amx, bits):
             off = ql.qlinear(x[:rows], w, bias, out_dtype=out)
             amx.set_amx_min_rows(1)
             assert torch.equal(on, off), (rows, out)
+
+
+_FAULTING_TILE_UNIT = """
+import torch
+from specd.models import qlinear as ql
+from specd.models.native import kernel
+k = kernel()
+assert not k.amx_available()
+torch.manual_seed(7)
+w = ql.quantize(torch.randn(64, 256) * 0.05, 4)
+x = torch.randn(16, 256)  # past the AMX threshold
+got = ql.qlinear(x, w, out_dtype=torch.float32).double()
+ref = ql.reference(x, w, out_dtype=torch.float64)
+assert (got - ref).abs().max() <= 1e-5 * ref.abs().max()
+print("vector path")
+"""
+
+
+def test_a_tile_unit_that_faults_leaves_the_vector_path(amx):
+    """Some hypervisors grant AMX and still fault (SIGILL) at the first tile instruction:
+    the kernel tries one tile operation under a SIGILL handler when it loads, and where
+    it faults (here made to, on purpose) the process lives on with the vector path, with
+    Python's faulthandler installed as under pytest."""
+    env = {**os.environ, "SPECD_AMX_PROBE_FAULT": "1"}
+    run = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", _FAULTING_TILE_UNIT],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "vector path" in run.stdout
 
 
 @pytest.mark.parametrize("bits", [4, 6, 8])

@@ -48,6 +48,8 @@
 #include <utility>
 
 #include <cpuid.h>
+#include <csetjmp>
+#include <csignal>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -419,8 +421,47 @@ SPECD_AMX void tile_rows_amx(const uint8_t* wt, int64_t KG,
   for (int r = 0; r < R; ++r) store_row(_mm512_add_ps(acc[r], bv), out, bf16_out, r * ldo + n0);
 }
 
-// Whether this process may use AMX: the CPU has it and the OS grants the tile state
-// (Linux asks each process to request it). SPECD_NO_AMX turns it off.
+// The tile unit, tried once on a group whose dots are known. Some hypervisors let the
+// permission be granted and still fault at the first tile instruction (SIGILL: seen on
+// an earlier machine of this project, BENCHMARKS.md section 14), so the try runs under
+// a SIGILL handler that jumps back here; the process's own handler (Python's
+// faulthandler, say) is put back after. SPECD_AMX_PROBE_FAULT=1 makes the try fault on
+// purpose, for the test of that fallback.
+sigjmp_buf amx_probe_exit;
+void amx_probe_fault(int) { siglongjmp(amx_probe_exit, 1); }
+
+SPECD_AMX bool amx_runs() {
+  alignas(64) int8_t x[16 * G];
+  alignas(64) uint8_t b[512];
+  alignas(64) int32_t dots[16 * NT];
+  for (int i = 0; i < 16 * G; ++i) x[i] = int8_t(i % 7 - 3);
+  for (int i = 0; i < 512; ++i) b[i] = uint8_t(i % 5);
+  struct sigaction fault = {}, saved = {};
+  fault.sa_handler = amx_probe_fault;
+  sigemptyset(&fault.sa_mask);
+  sigaction(SIGILL, &fault, &saved);
+  bool ran = false;
+  if (sigsetjmp(amx_probe_exit, 1) == 0) {
+    if (std::getenv("SPECD_AMX_PROBE_FAULT")) asm volatile("ud2");
+    configure_tiles(16, G);
+    item_dots<0>(x, G, b, dots);
+    _tile_release();
+    ran = true;
+  }
+  sigaction(SIGILL, &saved, nullptr);
+  if (!ran) return false;
+  for (int r = 0; r < 16; ++r)  // dots[r][n] = sum_k x[r][k] q[n][k], B in vpdpbusd's order
+    for (int n = 0; n < NT; ++n) {
+      int32_t want = 0;
+      for (int k = 0; k < G; ++k) want += int32_t(x[r * G + k]) * int32_t(b[(k / 4) * 64 + n * 4 + k % 4]);
+      if (dots[r * NT + n] != want) return false;
+    }
+  return true;
+}
+
+// Whether this process may use AMX: the CPU has it, the OS grants the tile state (Linux
+// asks each process to request it) and a tile operation runs and gives the right dots.
+// SPECD_NO_AMX turns it off.
 bool amx_granted() {
   static const bool granted = [] {
     if (std::getenv("SPECD_NO_AMX")) return false;
@@ -428,7 +469,8 @@ bool amx_granted() {
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25)))
       return false;
     constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) return false;
+    return amx_runs();
   }();
   return granted;
 }

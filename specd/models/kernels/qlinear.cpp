@@ -440,7 +440,7 @@ SPECD_AMX bool amx_runs() {
   fault.sa_handler = amx_probe_fault;
   sigemptyset(&fault.sa_mask);
   sigaction(SIGILL, &fault, &saved);
-  bool ran = false;
+  volatile bool ran = false;  // read after a jump back
   if (sigsetjmp(amx_probe_exit, 1) == 0) {
     if (std::getenv("SPECD_AMX_PROBE_FAULT")) asm volatile("ud2");
     configure_tiles(16, G);

@@ -351,9 +351,10 @@ SPECD_AMX inline void item_dots(const int8_t* x, int64_t K, const uint8_t* b, in
 // A tile of 16 columns for R rows, as tile_rows, its integer dots on AMX. An item is a
 // group (4 and 8 bits) or a half-group (6 bits: each half has its own scale). The tile
 // unit reads memory that vector stores wrote, and vectors read what it stored, only once
-// those stores have retired, so the work is a pipeline over groups, each step on a
-// different group: unpack group s's codes, take the dots of group s - AHEAD, and apply
-// the float terms of group s - AHEAD - LAG, in group order.
+// those stores have retired, so the work is a pipeline over the groups that
+// for_each_group walks: at group g, unpack g's codes, take the dots of group g - AHEAD
+// and apply the float terms of group g - AHEAD - LAG (in group order); the last groups'
+// stages run after the walk.
 template <int R, int BITS>
 SPECD_AMX void tile_rows_amx(const uint8_t* wt, int64_t KG,
                              const int8_t* xq, const float* sx, const float* c,
@@ -361,62 +362,53 @@ SPECD_AMX void tile_rows_amx(const uint8_t* wt, int64_t KG,
                              bool bf16_out, int64_t ldo, int64_t n0) {
   constexpr int ITEMS = BITS == 6 ? 2 : 1;  // per group
   constexpr int AHEAD = 2, LAG = 2, RING = 8;  // RING > AHEAD + LAG
-  constexpr int64_t cb = code_bytes<BITS>();
-  alignas(64) uint8_t codes[RING][512];
+  alignas(64) uint8_t codes[RING][512];  // 4 and 6 bits: the B tile's rows
   alignas(64) int32_t dots[RING][ITEMS][R * NT];
-  const uint8_t* streams[RING];  // each group's codes in the stream
+  const uint8_t* streams[RING];  // each group's codes in the stream (8 bits: B as it is)
   const uint8_t* heads[RING];    // its scales: 8 bits its record's, else its header
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t s = 0; s < KG + AHEAD + LAG; ++s) {
-    if (s < KG) {  // unpack (as group_rows does) into the B tile's rows
-      const int64_t g = s;
-      const uint8_t *wg, *head;
-      if constexpr (BITS == 8) {
-        wg = wt + g * record_bytes<8>();
-        head = wg + cb;
+  auto take_dots = [&](int64_t g) {
+    const uint8_t* b = BITS == 8 ? streams[g % RING] : codes[g % RING];
+    const int8_t* x = xq + g * G;
+    if constexpr (ITEMS == 2) {
+      item_dots<0>(x, K, b, dots[g % RING][0]);
+      item_dots<1>(x + G / 2, K, b + 256, dots[g % RING][1]);
+    } else if (g & 1) {
+      item_dots<1>(x, K, b, dots[g % RING][0]);
+    } else {
+      item_dots<0>(x, K, b, dots[g % RING][0]);
+    }
+  };
+  auto add_terms = [&](int64_t g) {  // group_rows' float terms, on the tile's dots
+    __m512 dg, mg;
+    group_scales<BITS>(heads[g % RING], g % SB, dg, mg);
+    for (int r = 0; r < R; ++r) {
+      const __m512i lo = _mm512_load_si512(dots[g % RING][0] + NT * r);
+      if constexpr (BITS == 6) {  // the offsets, as group_rows starts its sums
+        const int32_t* hs = halves + r * 2 * KG + 2 * g;
+        const __m512i hi = _mm512_load_si512(dots[g % RING][1] + NT * r);
+        acc[r] = add_group<6>(acc[r], _mm512_add_epi32(lo, _mm512_set1_epi32(-32 * hs[0])),
+                              _mm512_add_epi32(hi, _mm512_set1_epi32(-32 * hs[1])), dg, mg,
+                              sx[r * KG + g], 0.f);
       } else {
-        head = wt + g / SB * (HEADER + SB * cb);  // every super-block before g is whole
-        wg = head + HEADER + cb * (g % SB);
-      }
-      for (int64_t line = 0; line < cb; line += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(wg + line + ahead<BITS>()), _MM_HINT_T0);
-      streams[g % RING] = wg;
-      heads[g % RING] = head;
-      if constexpr (BITS != 8) {
-        __m512i w[8];
-        unpack_group<BITS>(wg, w);
-        for (int i = 0; i < 8; ++i) _mm512_store_si512(codes[g % RING] + 64 * i, w[i]);
+        acc[r] = add_group<BITS>(acc[r], lo, lo, dg, mg, sx[r * KG + g], c[r * KG + g]);
       }
     }
-    if (const int64_t g = s - AHEAD; g >= 0 && g < KG) {  // the dots
-      const uint8_t* b = BITS == 8 ? streams[g % RING] : codes[g % RING];
-      const int8_t* x = xq + g * G;
-      if constexpr (ITEMS == 2) {
-        item_dots<0>(x, K, b, dots[g % RING][0]);
-        item_dots<1>(x + G / 2, K, b + 256, dots[g % RING][1]);
-      } else if (g & 1) {
-        item_dots<1>(x, K, b, dots[g % RING][0]);
-      } else {
-        item_dots<0>(x, K, b, dots[g % RING][0]);
-      }
+  };
+  for_each_group<BITS>(wt, KG, [&](const uint8_t* wg, const uint8_t* head, int64_t, int64_t g) {
+    streams[g % RING] = wg;
+    heads[g % RING] = head;
+    if constexpr (BITS != 8) {
+      __m512i w[8];
+      unpack_group<BITS>(wg, w);
+      for (int i = 0; i < 8; ++i) _mm512_store_si512(codes[g % RING] + 64 * i, w[i]);
     }
-    if (const int64_t g = s - AHEAD - LAG; g >= 0) {  // the float terms, as group_rows'
-      __m512 dg, mg;
-      group_scales<BITS>(heads[g % RING], g % SB, dg, mg);
-      const int32_t* lo = dots[g % RING][0];
-      const int32_t* hi = dots[g % RING][ITEMS - 1];
-      for (int r = 0; r < R; ++r) {
-        __m512i dlo = _mm512_load_si512(lo + NT * r), dhi = _mm512_load_si512(hi + NT * r);
-        if constexpr (BITS == 6) {  // the offsets, as group_rows starts its sums
-          const int32_t* hs = halves + r * 2 * KG + 2 * g;
-          dlo = _mm512_add_epi32(dlo, _mm512_set1_epi32(-32 * hs[0]));
-          dhi = _mm512_add_epi32(dhi, _mm512_set1_epi32(-32 * hs[1]));
-        }
-        acc[r] = add_group<BITS>(acc[r], dlo, dhi, dg, mg, sx[r * KG + g], BITS == 6 ? 0.f : c[r * KG + g]);
-      }
-    }
-  }
+    if (g >= AHEAD) take_dots(g - AHEAD);
+    if (g >= AHEAD + LAG) add_terms(g - AHEAD - LAG);
+  });
+  for (int64_t g = std::max<int64_t>(0, KG - AHEAD); g < KG; ++g) take_dots(g);
+  for (int64_t g = std::max<int64_t>(0, KG - AHEAD - LAG); g < KG; ++g) add_terms(g);
   const __m512 bv = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
   for (int r = 0; r < R; ++r) store_row(_mm512_add_ps(acc[r], bv), out, bf16_out, r * ldo + n0);
 }

@@ -83,11 +83,6 @@ class ControllerConfig:
     prior_acceptance: float = 0.7  # a_i before any round on a route
     prior_strength: float = 2.0  # how many rounds the prior weighs
     route_strength: float = 4.0  # how many rounds a route's estimate weighs for a sequence
-    # a sequence's own rounds fade by this factor every decode step, drafting or not: its
-    # estimate follows the text it is in, and returns to its route's while it runs plain
-    # (stopped on a bad streak, an undecayed estimate kept that streak to its end: chat
-    # requests that accepted 0.8 overall ran plain for dozens of steps)
-    sequence_decay: float = 0.9
     probe_every: int = 16  # off for acceptance: one k = 1 round in this many steps
     explore_every: int = 32  # one exploring episode in this many planned steps (0: never)
     explore_steps: int = 2  # its length (its first step pays the switch)

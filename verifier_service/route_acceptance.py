@@ -12,26 +12,11 @@ from verifier_service.acceptance import PositionAcceptance
 class RouteAcceptance:
     """Per route, acceptance by position, decayed with wall-clock time (half-life
     `half_life_s`) so an old burst stops counting and the estimate returns to the prior, and
-    never worth more than `max_rounds` rounds. Positions a round could not reach (k and
-    past) fade by `fade` a round toward the position before them.
+    never worth more than `max_rounds` rounds, so new rounds move it within a request or
+    two."""
 
-    Why 64 rounds and the fade: drafting stops on a bad streak, so the rounds a short
-    memory holds when its sequences go plain are their worst, and with nothing new drafted
-    the estimate stays there; likewise a deep position stops being measured when k drops.
-    With 16 rounds, chat at c = 1 (position 0 accepted ~0.79 in fixed-k runs) started new
-    requests at an estimate of 0.58-0.68, under break-even, and `auto` ran 45% of its
-    steps plain at 0.93-0.95x the best fixed k; at 64 rounds, 30% and 0.99x (BENCHMARKS.md
-    section 37). A sequence's own estimate follows its text (`sequence_decay`)."""
-
-    def __init__(
-        self,
-        half_life_s: float = 30.0,
-        max_rounds: float = 64.0,
-        fade: float = 0.9,
-        clock=time.monotonic,
-    ):
+    def __init__(self, half_life_s: float = 30.0, max_rounds: float = 16.0, clock=time.monotonic):
         self.half_life_s = half_life_s
-        self.fade = fade
         self.max_rounds = max_rounds
         self.clock = clock
         self._routes: dict[str, PositionAcceptance] = {}
@@ -53,7 +38,7 @@ class RouteAcceptance:
         if k <= 0:
             return
         acc = self._aged(route)
-        acc.record(k, accepted, self.fade)
+        acc.record(k, accepted)
         acc.limit(self.max_rounds)
         d, a = self._overall.get(route, [0.0, 0.0])
         self._overall[route] = [d + k, a + accepted]

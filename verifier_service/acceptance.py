@@ -25,9 +25,14 @@ class PositionAcceptance:
     trials: list[float] = field(default_factory=list)
     hits: list[float] = field(default_factory=list)
 
-    def record(self, k: int, accepted: int) -> None:
+    def record(self, k: int, accepted: int, fade: float = 1.0) -> None:
+        """A round of k drafts, `accepted` of them; positions k and past (the round could
+        not reach them) fade by `fade` toward their prior."""
         if k <= 0:
             return
+        for i in range(k, len(self.trials)):
+            self.trials[i] *= fade
+            self.hits[i] *= fade
         reached = min(accepted + 1, k)  # positions 0..accepted were tried (not past k)
         grow = reached - len(self.trials)
         if grow > 0:
@@ -47,11 +52,12 @@ class PositionAcceptance:
         self.hits = [h * factor for h in self.hits]
 
     def rates(self, prior: list[float], strength: float) -> list[float]:
-        """Per position: (hits + strength * prior) / (trials + strength)."""
+        """Per position: (hits + strength * prior) / (trials + strength); past the end of
+        `prior`, a position's prior is the rate estimated for the one before it."""
         n = max(len(prior), len(self.trials))
-        out = []
+        out: list[float] = []
         for i in range(n):
-            p = prior[min(i, len(prior) - 1)]
+            p = prior[i] if i < len(prior) else out[-1]
             t = self.trials[i] if i < len(self.trials) else 0.0
             h = self.hits[i] if i < len(self.hits) else 0.0
             out.append((h + strength * p) / (t + strength))

@@ -83,6 +83,11 @@ class ControllerConfig:
     prior_acceptance: float = 0.7  # a_i before any round on a route
     prior_strength: float = 2.0  # how many rounds the prior weighs
     route_strength: float = 4.0  # how many rounds a route's estimate weighs for a sequence
+    # a sequence's own rounds fade by this factor every decode step, drafting or not: its
+    # estimate follows the text it is in, and returns to its route's while it runs plain
+    # (stopped on a bad streak, an undecayed estimate kept that streak to its end: chat
+    # requests that accepted 0.8 overall ran plain for dozens of steps)
+    sequence_decay: float = 0.9
     probe_every: int = 16  # off for acceptance: one k = 1 round in this many steps
     explore_every: int = 32  # one exploring episode in this many planned steps (0: never)
     explore_steps: int = 2  # its length (its first step pays the switch)
@@ -113,7 +118,7 @@ class Controller:
 
     def accept_rates(self, route: str, seq: PositionAcceptance) -> list[float]:
         c = self.config
-        route_rates = self.routes.positions(route).rates([c.prior_acceptance], c.prior_strength)
+        route_rates = self.routes.estimate(route, [c.prior_acceptance], c.prior_strength)
         return seq.rates(route_rates, c.route_strength)
 
     def plan(self, candidates: list[Candidate], fixed: Fixed = Fixed()) -> Plan:

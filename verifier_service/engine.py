@@ -210,6 +210,7 @@ class Engine:
         seq, k = r.seq, r.k
         if r.slot.decode:
             seq.decided(r.slot.decision.reason, r.slot.k)
+            seq.positions.decay(self.scheduler.controller.config.sequence_decay)
         seq.stats.record(k, accepted)
         seq.positions.record(k, accepted)
         self.scheduler.controller.routes.record(seq.speculation.route, k, accepted)

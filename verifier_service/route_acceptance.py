@@ -10,41 +10,75 @@ from verifier_service.acceptance import PositionAcceptance
 
 
 class RouteAcceptance:
-    """Per route, acceptance by position, decayed with wall-clock time (half-life
-    `half_life_s`) so an old burst stops counting and the estimate returns to the prior, and
-    never worth more than `max_rounds` rounds, so new rounds move it within a request or
-    two."""
+    """Per route, acceptance by position over two memories of the same rounds, both
+    decayed with wall-clock time (half-life `half_life_s`) so an old burst stops counting
+    and the estimate returns to the prior: a short one, never worth more than
+    `max_rounds` rounds, and a long one of `long_rounds`. A route's estimate is, per
+    position, the higher of the two. Positions a round could not reach (k and past) fade
+    by `fade` a round toward the position before them.
 
-    def __init__(self, half_life_s: float = 30.0, max_rounds: float = 16.0, clock=time.monotonic):
+    Why two: drafting stops on a bad streak, so the rounds a short memory holds when a
+    route's sequences go plain are its worst, and with nothing drafted the estimate stays
+    there. With one memory of 16 rounds, chat at c = 1 (position 0 accepted ~0.79 at
+    fixed k) started new requests at 0.58-0.68, under break-even, and `auto` ran 45% of
+    its steps plain (BENCHMARKS.md section 37); the long memory holds the route's level
+    through such a streak. After a real burst (forced rounds that all fail) the long
+    memory is all burst, and the short one shows within a few probes that it ended (one
+    memory of 64 rounds kept a route off through 10 requests of probes); being short is
+    all it is for, as the long one bounds it from below.
+    """
+
+    def __init__(
+        self,
+        half_life_s: float = 30.0,
+        max_rounds: float = 6.0,
+        long_rounds: float = 64.0,
+        fade: float = 0.9,
+        clock=time.monotonic,
+    ):
         self.half_life_s = half_life_s
         self.max_rounds = max_rounds
+        self.long_rounds = long_rounds
+        self.fade = fade
         self.clock = clock
         self._routes: dict[str, PositionAcceptance] = {}
+        self._long: dict[str, PositionAcceptance] = {}
         self._stamp: dict[str, float] = {}
         self._overall: dict[str, list[float]] = {}  # decayed [drafted, accepted]
 
-    def _aged(self, route: str) -> PositionAcceptance:
+    def _aged(self, route: str) -> tuple[PositionAcceptance, PositionAcceptance]:
         now = self.clock()
-        acc = self._routes.setdefault(route, PositionAcceptance())
+        short = self._routes.setdefault(route, PositionAcceptance())
+        long = self._long.setdefault(route, PositionAcceptance())
         last = self._stamp.get(route, now)
         if now > last:
             factor = 0.5 ** ((now - last) / self.half_life_s)
-            acc.decay(factor)
+            short.decay(factor)
+            long.decay(factor)
             self._overall[route] = [x * factor for x in self._overall.get(route, [0.0, 0.0])]
         self._stamp[route] = now
-        return acc
+        return short, long
 
     def record(self, route: str, k: int, accepted: int) -> None:
         if k <= 0:
             return
-        acc = self._aged(route)
-        acc.record(k, accepted)
-        acc.limit(self.max_rounds)
+        short, long = self._aged(route)
+        for memory, rounds in ((short, self.max_rounds), (long, self.long_rounds)):
+            memory.record(k, accepted, self.fade)
+            memory.limit(rounds)
         d, a = self._overall.get(route, [0.0, 0.0])
         self._overall[route] = [d + k, a + accepted]
 
     def positions(self, route: str) -> PositionAcceptance:
-        return self._aged(route)
+        """The short memory's counts."""
+        return self._aged(route)[0]
+
+    def estimate(self, route: str, prior: list[float], strength: float) -> list[float]:
+        """a_i by position: the higher of the two memories' rates over `prior` (weighing
+        `strength` rounds)."""
+        short, long = (m.rates(prior, strength) for m in self._aged(route))
+        n = max(len(short), len(long))
+        return [max(_at(short, i), _at(long, i)) for i in range(n)]
 
     def rates(self) -> dict[str, float]:
         """accepted / drafted per route with rounds in memory (for load reports)."""
@@ -55,3 +89,8 @@ class RouteAcceptance:
             if d > 1e-3:
                 out[route] = a / d
         return out
+
+
+def _at(rates: list[float], i: int) -> float:
+    """`rates` at position i, past its end its last (the chained prior goes on flat)."""
+    return rates[min(i, len(rates) - 1)]

@@ -65,7 +65,12 @@ def test_position_acceptance_counts_reached_positions():
     assert acc.trials == [2, 2, 2, 1] and acc.hits == [2, 2, 1, 1]
     rates = acc.rates([0.5], strength=2.0)
     assert rates[0] == pytest.approx((2 + 1) / (2 + 2))
-    assert rates[2] == pytest.approx((1 + 1) / (2 + 2))
+    # past the prior's end, a position's prior is the rate of the one before it
+    assert rates[1] == pytest.approx((2 + 2 * rates[0]) / (2 + 2))
+    assert rates[2] == pytest.approx((1 + 2 * rates[1]) / (2 + 2))
+    # positions a round of k cannot reach fade toward that prior
+    acc.record(1, 1, fade=0.5)
+    assert acc.trials == [3, 1, 1, 0.5] and acc.hits == [3, 1, 0.5, 0.5]
     acc.limit(1.0)
     assert acc.trials[0] == pytest.approx(1.0) and acc.hits[0] == pytest.approx(1.0)
 
@@ -200,6 +205,53 @@ def test_route_acceptance_decays_back_to_the_prior_with_time():
     assert routes.rates()["chat"] == 0.0
     now[0] = 60.0  # six half-lives later the burst weighs 1 round
     assert routes.positions("chat").rates([0.7], 2.0)[0] > 0.45
+    assert routes.estimate("chat", [0.7], 2.0)[0] > 0.45  # in the long memory too
+
+
+def test_a_bad_streak_at_the_end_leaves_the_route_near_its_level():
+    """Drafting stops on a bad streak, so the last rounds a route saw before its sequences
+    went plain are its worst: they must not set the estimate its next requests start
+    from (a short memory alone puts it at 0.50, under the 0.7 prior): the long memory
+    holds the route's level."""
+    routes = RouteAcceptance(clock=lambda: 0.0)
+    for i in range(200):  # position 0 accepted 4 times in 5
+        routes.record("chat", 1, int(i % 5 != 0))
+    for _ in range(4):
+        routes.record("chat", 1, 0)
+    assert routes.positions("chat").rates([0.7], 2.0)[0] < 0.55  # the short memory
+    assert routes.estimate("chat", [0.7], 2.0)[0] > 0.72
+
+
+def test_a_position_no_longer_drafted_returns_toward_the_one_before():
+    """k drops when a deep position looks bad, and then nothing measures it: it fades
+    toward the position before it, which every round measures."""
+    routes = RouteAcceptance(clock=lambda: 0.0)
+    for _ in range(8):
+        routes.record("chat", 2, 1)  # position 1 rejected every time
+    assert routes.positions("chat").rates([0.7], 2.0)[1] < 0.3
+    for _ in range(30):
+        routes.record("chat", 1, 1)  # k = 1, all accepted: position 1 never reached
+    assert routes.estimate("chat", [0.7], 2.0)[1] > 0.8
+
+
+def test_a_sequence_off_on_a_bad_streak_drafts_again_as_the_streak_fades():
+    """A sequence's own rounds fade every decode step (the engine applies
+    `sequence_decay`), so a streak that stopped it does not keep it plain to its end."""
+    c = recorded()
+    c.routes.clock = lambda: 0.0
+    for _ in range(64):
+        c.routes.record("chat", 3, 3)  # a route that accepts
+    seq = PositionAcceptance()
+    for _ in range(6):
+        seq.record(3, 0)  # this sequence's streak of rejections
+    assert c.plan([Candidate(3, c.accept_rates("chat", seq))]).ks == [0]
+    back = None
+    for step in range(1, 60):
+        seq.decay(c.config.sequence_decay)
+        if c.plan([Candidate(3, c.accept_rates("chat", seq))]).ks[0]:
+            back = step
+            break
+    assert back is not None and back <= 20
 
 
 def test_recovery_after_a_bad_burst_within_a_few_probes():
@@ -219,6 +271,7 @@ def test_recovery_after_a_bad_burst_within_a_few_probes():
             on_at = step
             break
         steps_off = 0 if k else steps_off + 1
+        seq.decay(c.config.sequence_decay)  # as the engine does every decode step
         if k:  # the new traffic accepts what it drafts
             seq.record(k, k)
             c.routes.record("chat", k, k)

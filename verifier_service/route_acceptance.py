@@ -77,8 +77,8 @@ class RouteAcceptance:
         """a_i by position: the higher of the two memories' rates over `prior` (weighing
         `strength` rounds)."""
         short, long = (m.rates(prior, strength) for m in self._aged(route))
-        n = max(len(short), len(long))
-        return [max(_at(short, i), _at(long, i)) for i in range(n)]
+        # both memories record the same rounds, so they hold the same positions
+        return [max(a, b) for a, b in zip(short, long, strict=True)]
 
     def rates(self) -> dict[str, float]:
         """accepted / drafted per route with rounds in memory (for load reports)."""
@@ -89,8 +89,3 @@ class RouteAcceptance:
             if d > 1e-3:
                 out[route] = a / d
         return out
-
-
-def _at(rates: list[float], i: int) -> float:
-    """`rates` at position i, past its end its last (the chained prior goes on flat)."""
-    return rates[min(i, len(rates) - 1)]

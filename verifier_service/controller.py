@@ -19,7 +19,8 @@ thus no reason to flip: every flip pays S (BENCHMARKS.md section 20). Plain deco
 tokens = B, time = T(B, 0) + S(0) / H. The controller
 takes the k with the best tokens/time for every sequence of the step at once (a sequence
 under its route's `min_acceptance` is left out), with hysteresis: from plain it needs
-`margin` better, once drafting it stays while `stay_margin` better. One episode of
+`margin` better, once drafting it stays while `stay_margin` better (both scaled by
+(B - 1) / B: one sequence alone decides on the prediction). One episode of
 `explore_steps` in `explore_every` steps runs the least measured k among those predicted
 within `explore_window` of the best or never measured at this batch size, so a wrong guess
 is corrected and exploring costs a bounded share of steps. The cost model is optional
@@ -80,13 +81,24 @@ class ControllerConfig:
     # drafting -> plain when drafting predicts < (1 + stay_margin) x plain: switching costs
     # (the drafter catches up on what it skipped), and so does drafting near a tie
     stay_margin: float = 0.03
+    # Both margins are for a batch, whose sequences finish apart: a step of B sequences
+    # takes (B - 1) / B of them, so one sequence alone decides on the prediction itself
+    # (switching is priced in it). Chat at c = 1 gains ~10% by drafting: behind an 8%
+    # margin, estimates a few points low kept it plain (BENCHMARKS.md section 38).
     prior_acceptance: float = 0.7  # a_i before any round on a route
     prior_strength: float = 2.0  # how many rounds the prior weighs
-    route_strength: float = 4.0  # how many rounds a route's estimate weighs for a sequence
-    # a sequence's own rounds fade by this factor every decode step, drafting or not: its
-    # estimate follows the text it is in, and returns to its route's while it runs plain
-    # (stopped on a bad streak, an undecayed estimate kept that streak to its end: chat
-    # requests that accepted 0.8 overall ran plain for dozens of steps)
+    # how many rounds a route's estimate weighs against a sequence's own. A round's
+    # outcome does not predict the next one's (chat at k = 2: after a round that accepted
+    # nothing the next accepted 1.45 drafts, after one that accepted both 1.23), so only
+    # a sequence's mean over many rounds tells it apart from its route: at 4, one
+    # rejected round stopped drafting, and chat at c = 1 ran a third of its steps plain
+    # on estimates of 0.66 where position 0 accepted 0.79 (BENCHMARKS.md section 38)
+    route_strength: float = 20.0
+    # a sequence keeps its own rounds, at most `sequence_rounds` of them, and they fade by
+    # `sequence_decay` on each step it runs plain, so that a streak that stopped it
+    # returns to its route's estimate and it drafts again (undecayed, chat requests that
+    # accepted 0.8 overall ran plain for dozens of steps)
+    sequence_rounds: float = 64.0
     sequence_decay: float = 0.9
     probe_every: int = 16  # off for acceptance: one k = 1 round in this many steps
     explore_every: int = 32  # one exploring episode in this many planned steps (0: never)
@@ -120,6 +132,16 @@ class Controller:
         c = self.config
         route_rates = self.routes.estimate(route, [c.prior_acceptance], c.prior_strength)
         return seq.rates(route_rates, c.route_strength)
+
+    def record(self, route: str, seq: PositionAcceptance, k: int, accepted: int) -> None:
+        """One decode step's round of a sequence on `route` (k = 0: it ran plain)."""
+        c = self.config
+        if k:
+            seq.record(k, accepted)
+            seq.limit(c.sequence_rounds)
+            self.routes.record(route, k, accepted)
+        else:
+            seq.decay(c.sequence_decay)
 
     def plan(self, candidates: list[Candidate], fixed: Fixed = Fixed()) -> Plan:
         """Drafts per candidate for one step, beside the `fixed` rest of the batch.
@@ -178,9 +200,10 @@ class Controller:
         rates = self._rates(candidates, fixed)
         best = max(range(1, len(rates)), key=lambda k: rates[k], default=0)
         # hysteresis: a drafting batch stays on while drafting predicts `stay_margin`
-        # better than plain, and a plain one waits for `margin` better
-        threshold = 1 + (cfg.stay_margin if self.drafting else cfg.margin)
-        arm = best if best and rates[best] >= rates[0] * threshold else 0
+        # better than plain, and a plain one waits for `margin` better (by batch size)
+        margin = cfg.stay_margin if self.drafting else cfg.margin
+        threshold = 1 + margin * (sequences - 1) / sequences
+        arm = best if best and rates[best] > rates[0] * threshold else 0
         earned = cfg.explore_share * self._arm_s(candidates, fixed, arm)
         self.budget_s = min(cfg.explore_cap_s, self.budget_s + earned)
         arm = self._explore(sequences, candidates, fixed, rates, arm)

@@ -210,10 +210,8 @@ class Engine:
         seq, k = r.seq, r.k
         if r.slot.decode:
             seq.decided(r.slot.decision.reason, r.slot.k)
-            seq.positions.decay(self.scheduler.controller.config.sequence_decay)
         seq.stats.record(k, accepted)
-        seq.positions.record(k, accepted)
-        self.scheduler.controller.routes.record(seq.speculation.route, k, accepted)
+        self.scheduler.controller.record(seq.speculation.route, seq.positions, k, accepted)
         self.totals.record(k, accepted)
         if seq.span is not None and k:
             seq.span.add_event("speculation.round", {"k": k, "accepted": accepted})

@@ -4,6 +4,7 @@ accepted badly once is not off for good)."""
 
 from __future__ import annotations
 
+import math
 import time
 
 from verifier_service.acceptance import PositionAcceptance
@@ -14,8 +15,9 @@ class RouteAcceptance:
     decayed with wall-clock time (half-life `half_life_s`) so an old burst stops counting
     and the estimate returns to the prior: a short one, never worth more than
     `max_rounds` rounds, and a long one of `long_rounds`. A route's estimate is, per
-    position, the higher of the two. Positions a round could not reach (k and past) fade
-    by `fade` a round toward the position before them.
+    position, the long one's, or the short one's where that is higher by more than `z`
+    of its standard errors. Positions a round could not reach (k and past) fade by `fade`
+    a round toward the position before them.
 
     Why two: drafting stops on a bad streak, so the rounds a short memory holds when a
     route's sequences go plain are its worst, and with nothing drafted the estimate stays
@@ -25,7 +27,9 @@ class RouteAcceptance:
     through such a streak. After a real burst (forced rounds that all fail) the long
     memory is all burst, and the short one shows within a few probes that it ended (one
     memory of 64 rounds kept a route off through 10 requests of probes); being short is
-    all it is for, as the long one bounds it from below.
+    all it is for, as the long one bounds it from below. Not the higher of the two on
+    every round: six rounds of 0.8 run all accepted one time in four, and on such noise
+    chat at c = 1 flipped between k = 1, 2 and 3 (BENCHMARKS.md section 38).
     """
 
     def __init__(
@@ -34,8 +38,10 @@ class RouteAcceptance:
         max_rounds: float = 6.0,
         long_rounds: float = 64.0,
         fade: float = 0.9,
+        z: float = 2.0,
         clock=time.monotonic,
     ):
+        self.z = z
         self.half_life_s = half_life_s
         self.max_rounds = max_rounds
         self.long_rounds = long_rounds
@@ -74,11 +80,17 @@ class RouteAcceptance:
         return self._aged(route)[0]
 
     def estimate(self, route: str, prior: list[float], strength: float) -> list[float]:
-        """a_i by position: the higher of the two memories' rates over `prior` (weighing
-        `strength` rounds)."""
-        short, long = (m.rates(prior, strength) for m in self._aged(route))
+        """a_i by position over `prior` (weighing `strength` rounds): the long memory's
+        rate, or the short one's where it is higher by more than `z` of its standard
+        errors (a route that came back from a burst)."""
+        short, long = self._aged(route)
+        rates = zip(short.rates(prior, strength), long.rates(prior, strength), strict=True)
+        out = []
         # both memories record the same rounds, so they hold the same positions
-        return [max(a, b) for a, b in zip(short, long, strict=True)]
+        for i, (s, g) in enumerate(rates):
+            rounds = (short.trials[i] if i < len(short.trials) else 0.0) + strength
+            out.append(s if s - g > self.z * math.sqrt(s * (1 - s) / rounds) else g)
+        return out
 
     def rates(self) -> dict[str, float]:
         """accepted / drafted per route with rounds in memory (for load reports)."""

@@ -168,15 +168,23 @@ def test_a_batch_on_this_cpu_drafts_less_than_one_sequence():
     assert sum(four.ks) / 4 < alone.ks[0] and four.gain < alone.gain
 
 
-def test_the_margin_keeps_plain_decoding_when_the_gain_is_marginal():
+def flat_costs(sequences: int) -> Controller:
+    """A step of `sequences` costs 1 s plain and 1.5 s at k = 1, from plain decoding."""
     c = Controller(ControllerConfig(explore_every=0))
-    c.costs.record_forward(1, 1.0)
-    c.costs.record_forward(2, 1.0)
-    c.costs.record_draft(1, 1, 0.5)
+    c.costs.record_forward(sequences, 1.0)
+    c.costs.record_forward(2 * sequences, 1.0)
+    c.costs.record_draft(sequences, 1, 0.5)
     c.drafting = False  # from plain decoding (the hysteresis is tested below)
-    # E(1) = 1.55 over 1.5 s: 1.033x plain, under the 5% margin
-    assert c.plan([Candidate(1, [0.55])]).ks == [0]
-    assert c.plan([Candidate(1, [0.7])]).ks == [1]  # 1.13x
+    return c
+
+
+def test_a_batch_waits_for_the_margin_and_one_sequence_alone_does_not():
+    # E(1) = 1.55 over 1.5 s: 1.033x plain, under the margin of 4 sequences (8% x 3/4)
+    assert flat_costs(4).plan([Candidate(1, [0.55])] * 4).ks == [0] * 4
+    assert flat_costs(4).plan([Candidate(1, [0.7])] * 4).ks == [1] * 4  # 1.13x
+    # one sequence has no batch to finish apart: it drafts on the predicted gain itself
+    assert flat_costs(1).plan([Candidate(1, [0.55])]).ks == [1]
+    assert flat_costs(1).plan([Candidate(1, [0.5])]).ks == [0]  # a tie: plain
 
 
 def test_a_route_below_its_floor_probes_at_k1_only_when_due():
@@ -222,6 +230,19 @@ def test_a_bad_streak_at_the_end_leaves_the_route_near_its_level():
     assert routes.estimate("chat", [0.7], 2.0)[0] > 0.72
 
 
+def test_a_lucky_streak_does_not_lift_a_route_over_its_level():
+    """The short memory replaces the long one only where it is higher by more than its
+    noise: six accepted rounds in a row happen at 0.8 (one time in four), and taking the
+    higher of the two memories made k flip on them."""
+    routes = RouteAcceptance(clock=lambda: 0.0)
+    for i in range(200):
+        routes.record("chat", 1, int(i % 5 != 0))
+    for _ in range(6):
+        routes.record("chat", 1, 1)
+    assert routes.positions("chat").rates([0.7], 2.0)[0] > 0.86  # the short memory
+    assert routes.estimate("chat", [0.7], 2.0)[0] < 0.84
+
+
 def test_a_position_no_longer_drafted_returns_toward_the_one_before():
     """k drops when a deep position looks bad, and then nothing measures it: it fades
     toward the position before it, which every round measures."""
@@ -234,24 +255,44 @@ def test_a_position_no_longer_drafted_returns_toward_the_one_before():
     assert routes.estimate("chat", [0.7], 2.0)[1] > 0.8
 
 
+def test_one_rejected_round_does_not_stop_a_sequence_on_a_good_route():
+    """A round's outcome does not predict the next one's, so a sequence's own rounds
+    weigh against its route's estimate only in number (`route_strength`)."""
+    c = recorded()
+    c.routes.clock = lambda: 0.0
+    for i in range(64):
+        c.routes.record("chat", 1, int(i % 5 != 0))  # a route that accepts 0.8
+    seq = PositionAcceptance()
+    c.record("chat", seq, 1, 0)
+    assert c.plan([Candidate(1, c.accept_rates("chat", seq))]).ks == [1]
+
+
 def test_a_sequence_off_on_a_bad_streak_drafts_again_as_the_streak_fades():
-    """A sequence's own rounds fade every decode step (the engine applies
-    `sequence_decay`), so a streak that stopped it does not keep it plain to its end."""
+    """A sequence's own rounds fade on every step it runs plain (`sequence_decay`), so a
+    streak that stopped it does not keep it plain to its end."""
     c = recorded()
     c.routes.clock = lambda: 0.0
     for _ in range(64):
         c.routes.record("chat", 3, 3)  # a route that accepts
     seq = PositionAcceptance()
-    for _ in range(6):
-        seq.record(3, 0)  # this sequence's streak of rejections
+    for _ in range(40):
+        seq.record(3, 0)  # this sequence's long streak of rejections
     assert c.plan([Candidate(3, c.accept_rates("chat", seq))]).ks == [0]
     back = None
     for step in range(1, 60):
-        seq.decay(c.config.sequence_decay)
+        c.record("chat", seq, 0, 0)  # a plain step, as the engine records it
         if c.plan([Candidate(3, c.accept_rates("chat", seq))]).ks[0]:
             back = step
             break
     assert back is not None and back <= 20
+
+
+def test_a_sequence_keeps_at_most_sequence_rounds_of_its_own():
+    c = recorded()
+    seq = PositionAcceptance()
+    for _ in range(200):
+        c.record("code", seq, 4, 4)
+    assert seq.trials[0] == pytest.approx(c.config.sequence_rounds)
 
 
 def test_recovery_after_a_bad_burst_within_a_few_probes():
@@ -271,10 +312,7 @@ def test_recovery_after_a_bad_burst_within_a_few_probes():
             on_at = step
             break
         steps_off = 0 if k else steps_off + 1
-        seq.decay(c.config.sequence_decay)  # as the engine does every decode step
-        if k:  # the new traffic accepts what it drafts
-            seq.record(k, k)
-            c.routes.record("chat", k, k)
+        c.record("chat", seq, k, k)  # the new traffic accepts what it drafts
     assert on_at is not None and on_at <= 10 * c.config.probe_every
     probes = on_at // c.config.probe_every
     assert probes <= 10  # the probing cost: at most one k = 1 round in 16 steps, bounded
@@ -308,17 +346,16 @@ def test_bounds_refuse_nan_and_out_of_range():
 
 
 def test_hysteresis_a_drafting_batch_stays_on_while_it_predicts_a_small_gain():
-    c = Controller(ControllerConfig(explore_every=0))
-    c.costs.record_forward(1, 1.0)
-    c.costs.record_forward(2, 1.0)
-    c.costs.record_draft(1, 1, 0.5)
-    near = [Candidate(1, [0.55])]  # predicted 1.033x plain
-    c.drafting = False
-    assert c.plan(near).ks == [0] and not c.drafting  # under the 8% to switch on
-    assert c.plan([Candidate(1, [0.9])]).ks == [1] and c.drafting
-    assert c.plan(near).ks == [1]  # over the 3% to stay on
-    assert c.plan([Candidate(1, [0.5])]).ks == [0] and not c.drafting  # a tie: plain
-    assert c.plan(near).ks == [0]  # and from plain, 3% is not enough to switch back
+    c = flat_costs(4)
+
+    def plan(accept: float) -> list[int]:
+        return c.plan([Candidate(1, [accept])] * 4).ks
+
+    assert plan(0.55) == [0] * 4 and not c.drafting  # 1.033x: under 6% to switch on
+    assert plan(0.9) == [1] * 4 and c.drafting
+    assert plan(0.55) == [1] * 4  # over the 2.25% (3% x 3/4) to stay on
+    assert plan(0.5) == [0] * 4 and not c.drafting  # a tie: plain
+    assert plan(0.55) == [0] * 4  # and from plain, 3.3% is not enough to switch back
 
 
 def test_without_the_cost_model_auto_drafts_its_cap_but_still_probes():

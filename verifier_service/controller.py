@@ -82,7 +82,7 @@ class ControllerConfig:
     # (the drafter catches up on what it skipped), and so does drafting near a tie
     stay_margin: float = 0.03
     # Both margins are for a batch, whose sequences finish apart: a step of B sequences
-    # takes (B - 1) / B of them, so one sequence alone decides on the prediction itself
+    # applies (B - 1) / B of each, so one sequence alone decides on the prediction itself
     # (switching is priced in it). Chat at c = 1 gains ~10% by drafting: behind an 8%
     # margin, estimates a few points low kept it plain (BENCHMARKS.md section 38).
     prior_acceptance: float = 0.7  # a_i before any round on a route

@@ -104,6 +104,24 @@ def test_exploring_skips_a_k_that_the_measured_line_prices_far_behind():
     assert 2 in explored((1,))
 
 
+def test_sequences_near_their_end_are_not_explored():
+    """Batch 6 at the end of a mixed c = 8 cell: drafting is unpriced there, so it is due
+    an episode, but with a few tokens left the sequences have no steps to use it."""
+
+    def explored(remaining: int) -> set[int]:
+        c = Controller(ControllerConfig(explore_every=4, explore_steps=1, explore_cap_s=100))
+        for _ in range(3):
+            c.costs.record_step([0] * 6, 0.065)
+        c.drafting, ks = False, set()
+        for _ in range(16):
+            plan = c.plan([Candidate(6, [0.6], remaining=remaining)] * 6)
+            ks.add(plan.ks[0])
+        return ks
+
+    assert explored(9) == {0}
+    assert explored(9) != explored(64)
+
+
 def measured(step_s: dict) -> Controller:
     c = Controller(ControllerConfig(explore_every=0))
     for (sequences, k), seconds in step_s.items():

@@ -128,10 +128,15 @@ class Controller:
         self._since_explore = 0
         self.budget_s = self.config.explore_cap_s  # what exploring and probing may spend
 
-    def accept_rates(self, route: str, seq: PositionAcceptance) -> list[float]:
+    def route_rates(self, route: str) -> list[float]:
+        """A route's a_i over the prior: what each of its sequences starts from (one
+        estimate per route and step serves all of them)."""
         c = self.config
-        route_rates = self.routes.estimate(route, [c.prior_acceptance], c.prior_strength)
-        return seq.rates(route_rates, c.route_strength)
+        return self.routes.estimate(route, [c.prior_acceptance], c.prior_strength)
+
+    def accept_rates(self, route_rates: list[float], seq: PositionAcceptance) -> list[float]:
+        """A sequence's a_i: its own rounds over its route's `route_rates`."""
+        return seq.rates(route_rates, self.config.route_strength)
 
     def record(self, route: str, seq: PositionAcceptance, k: int, accepted: int) -> None:
         """One decode step's round of a sequence on `route` (k = 0: it ran plain)."""

@@ -34,11 +34,14 @@ class DraftDecisions:
         recent = self._recent_batch(batch)
         fixed: dict[int, Decision] = {}
         candidates, auto, rows, tokens, most = [], [], 0, 0.0, 0
+        route_rates: dict[str, list[float]] = {}
         for i, seq in enumerate(ready):
             bounds = seq.speculation
             remaining = seq.max_new_tokens - seq.num_generated
             k = max(0, min(seq.num_draft, self.config.max_draft_tokens, remaining - 1))
-            accept = self.controller.accept_rates(bounds.route, seq.positions)
+            if bounds.route not in route_rates:
+                route_rates[bounds.route] = self.controller.route_rates(bounds.route)
+            accept = self.controller.accept_rates(route_rates[bounds.route], seq.positions)
             reason = "on" if k else "off:request"
             if k and bounds.draft_below_batch and recent >= bounds.draft_below_batch:
                 k, reason = 0, "off:batch"

@@ -47,14 +47,14 @@ class RouteAcceptance:
         self.long_rounds = long_rounds
         self.fade = fade
         self.clock = clock
-        self._routes: dict[str, PositionAcceptance] = {}
+        self._short: dict[str, PositionAcceptance] = {}
         self._long: dict[str, PositionAcceptance] = {}
         self._stamp: dict[str, float] = {}
         self._overall: dict[str, list[float]] = {}  # decayed [drafted, accepted]
 
     def _aged(self, route: str) -> tuple[PositionAcceptance, PositionAcceptance]:
         now = self.clock()
-        short = self._routes.setdefault(route, PositionAcceptance())
+        short = self._short.setdefault(route, PositionAcceptance())
         long = self._long.setdefault(route, PositionAcceptance())
         last = self._stamp.get(route, now)
         if now > last:
@@ -95,7 +95,7 @@ class RouteAcceptance:
     def rates(self) -> dict[str, float]:
         """accepted / drafted per route with rounds in memory (for load reports)."""
         out = {}
-        for route in list(self._routes):
+        for route in list(self._short):
             self._aged(route)
             d, a = self._overall.get(route, [0.0, 0.0])
             if d > 1e-3:

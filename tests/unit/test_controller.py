@@ -264,7 +264,7 @@ def test_one_rejected_round_does_not_stop_a_sequence_on_a_good_route():
         c.routes.record("chat", 1, int(i % 5 != 0))  # a route that accepts 0.8
     seq = PositionAcceptance()
     c.record("chat", seq, 1, 0)
-    assert c.plan([Candidate(1, c.accept_rates("chat", seq))]).ks == [1]
+    assert c.plan([Candidate(1, c.accept_rates(c.route_rates("chat"), seq))]).ks == [1]
 
 
 def test_a_sequence_off_on_a_bad_streak_drafts_again_as_the_streak_fades():
@@ -277,11 +277,11 @@ def test_a_sequence_off_on_a_bad_streak_drafts_again_as_the_streak_fades():
     seq = PositionAcceptance()
     for _ in range(40):
         seq.record(3, 0)  # this sequence's long streak of rejections
-    assert c.plan([Candidate(3, c.accept_rates("chat", seq))]).ks == [0]
+    assert c.plan([Candidate(3, c.accept_rates(c.route_rates("chat"), seq))]).ks == [0]
     back = None
     for step in range(1, 60):
         c.record("chat", seq, 0, 0)  # a plain step, as the engine records it
-        if c.plan([Candidate(3, c.accept_rates("chat", seq))]).ks[0]:
+        if c.plan([Candidate(3, c.accept_rates(c.route_rates("chat"), seq))]).ks[0]:
             back = step
             break
     assert back is not None and back <= 20
@@ -305,7 +305,7 @@ def test_recovery_after_a_bad_burst_within_a_few_probes():
         c.routes.record("chat", 3, 0)
     steps_off, seq, on_at = 0, PositionAcceptance(), None
     for step in range(400):
-        accept = c.accept_rates("chat", seq)
+        accept = c.accept_rates(c.route_rates("chat"), seq)
         cand = Candidate(3, accept, probe=steps_off + 1 >= c.config.probe_every, floor=0.5)
         k, reason = (lambda p: (p.ks[0], p.reasons[0]))(c.plan([cand]))
         if reason == "on":

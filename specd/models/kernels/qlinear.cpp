@@ -536,6 +536,7 @@ inline void group_rows(__m256 (*acc)[2], const uint8_t* wg, const __m256* dg, co
         lo[4 * t + 2] = _mm256_or_si256(lo[4 * t + 2], _mm256_and_si256(v, top));
         lo[4 * t + 3] = _mm256_or_si256(lo[4 * t + 3], _mm256_and_si256(_mm256_srli_epi16(v, 2), top));
       }
+#pragma GCC unroll 1
       for (int r = 0; r < R; ++r) {
         const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
         const int32_t* hs = halves + r * 2 * KG + 2 * g;
@@ -547,6 +548,13 @@ inline void group_rows(__m256 (*acc)[2], const uint8_t* wg, const __m256* dg, co
       }
       continue;
     }
+    // The row loop stays rolled (here and for 6 bits above): the codes lo[] hold 8 of the
+    // 16 ymm registers, and an unrolled loop of 2-7 rows spilled them and the
+    // accumulators around every row (a block of 8 was already rolled, by the compiler's
+    // own choice). Rolled, a row's accumulator is one load and one store per group, and
+    // 4-7 rows of an 8960x1536 4-bit matrix take 0.85-0.9x the time (BENCHMARKS.md
+    // section 39). The float operations per row are the same, so the results too.
+#pragma GCC unroll 1
     for (int r = 0; r < R; ++r) {
       const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
       __m256i dot = dot_nibbles(lo, xg);
@@ -710,10 +718,9 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& records, const at::Ten
   const int block = amx ? int((M + blocks - 1) / blocks) : 0;
   const int64_t rows_run = amx ? blocks * block : M;
 #else
-  // AVX2: a block of 7 rows compiles to slower code than a block of 8 (a verification of
-  // k = 6: 7 rows of an 8960x1536 matrix took 1.13-1.19x the time of 8), so such a block
-  // runs as 8 with a zero row. Rows stay independent: each has its own accumulators.
-  const int64_t rows_run = M % RMAX == RMAX - 1 ? M + 1 : M;
+  // AVX2: every row count runs as it is (group_rows' row loop is rolled at every block
+  // size, so 7 rows no longer compile to slower code than 8 and need no padding row)
+  const int64_t rows_run = M;
 #endif
   auto y = at::empty({rows_run, N}, x.options().dtype(out_dtype));
   auto xq = at::empty({rows_run, K}, x.options().dtype(at::kChar));
@@ -724,7 +731,7 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& records, const at::Ten
   if (bits == 6) halves = at::empty({rows_run, 2 * KG}, x.options().dtype(at::kInt));
   int32_t* hp = halves.defined() ? halves.data_ptr<int32_t>() : nullptr;
   quantize_rows(x, xq.data_ptr<int8_t>(), sx.data_ptr<float>(), c.data_ptr<float>(), hp);
-  if (rows_run > M)  // the padding row: no zero-length ops on every decode call
+  if (rows_run > M)  // AMX's padding rows: no zero-length ops on every decode call
     for (auto* t : {&xq, &sx, &c, &halves})
       if (t->defined()) t->narrow(0, M, rows_run - M).zero_();
 

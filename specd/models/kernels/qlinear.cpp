@@ -63,10 +63,10 @@ constexpr int SB = 8;       // 4 and 6 bits: groups per super-block
 constexpr int64_t HEADER = 64 + 2 * SB * NT;  // 4 and 6 bits: a super-block's scales and mins
 
 // One 32-block of a row: its codes xq = round(v * 127 / amax) (nearest even), its scale
-// amax / 127, scale * sum(codes), and the sums of its two 16-blocks. The AVX512 build does
-// it in two vectors with the same float operations (one product and one rounding per
-// value, as nearbyint), so the same codes and scales; decode calls it on the model
-// thread alone, once per matrix, while the other threads wait.
+// amax / 127, scale * sum(codes), and the sums of its two 16-blocks. Both builds do it in
+// vectors (AVX512 two, AVX2 four) with the same float operations per value (one product
+// and one rounding to nearest even), so the same codes and scales; decode calls it on the
+// model thread alone, once per matrix, while the other threads wait.
 #if defined(__AVX512F__)
 inline void quantize_block(const float* v, int8_t* q, float& s, float& sc, int& low, int& high) {
   const __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
@@ -81,22 +81,37 @@ inline void quantize_block(const float* v, int8_t* q, float& s, float& sc, int& 
   high = _mm512_reduce_add_epi32(qb);
   sc = s * float(low + high);
 }
-#else
+#else  // AVX2
+inline int hsum8(__m256i v) {
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
+  return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 1)));
+}
+
+// The same codes and scales in four vectors, with the same float operations per value
 inline void quantize_block(const float* v, int8_t* q, float& s, float& sc, int& low, int& high) {
-  float amax = 0.f;
-  for (int i = 0; i < G; ++i) amax = std::max(amax, std::fabs(v[i]));
-  s = amax / 127.f;
-  const float inv = amax > 0.f ? 127.f / amax : 0.f;
-  int sum = 0;
-  low = 0;
-  for (int i = 0; i < G; ++i) {
-    const int code = int(std::nearbyint(v[i] * inv));
-    q[i] = int8_t(code);
-    sum += code;
-    if (i == G / 2 - 1) low = sum;
+  __m256 a[4];
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 m = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    a[i] = _mm256_loadu_ps(v + 8 * i);
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, a[i]));
   }
-  high = sum - low;
-  sc = s * float(sum);
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+  const float amax = _mm_cvtss_f32(m4);
+  s = amax / 127.f;
+  const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+  __m256i c[4];
+  for (int i = 0; i < 4; ++i) c[i] = _mm256_cvtps_epi32(_mm256_mul_ps(a[i], inv));  // MXCSR: nearest even
+  // packs work per 128-bit lane: the dwords come out as c0 lo, c1 lo, c2 lo, c3 lo, c0 hi, ...
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  low = hsum8(_mm256_add_epi32(c[0], c[1]));
+  high = hsum8(_mm256_add_epi32(c[2], c[3]));
+  sc = s * float(low + high);
 }
 #endif
 

@@ -596,18 +596,23 @@ void tile_rows(const uint8_t* wt, int64_t KG,
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   __m256 dg[2], mg[2];
+  __m256 D[2], M[2];  // 4 and 6 bits: the super-block's fp16 D and M, converted at its first group
   for_each_group<BITS>(wt, KG, [&](const uint8_t* wg, const uint8_t* head, int64_t j, int64_t g) {
     const auto* dm = reinterpret_cast<const __m128i*>(head);
     for (int h = 0; h < 2; ++h) {  // columns 8h .. 8h + 7
-      dg[h] = _mm256_cvtph_ps(_mm_loadu_si128(dm + h));  // 4 and 6 bits: D
-      mg[h] = _mm256_cvtph_ps(_mm_loadu_si128(dm + 2 + h));  // 4 bits: M
+      if (BITS == 8 || j == 0) {
+        D[h] = _mm256_cvtph_ps(_mm_loadu_si128(dm + h));  // 8 bits: the group's d
+        M[h] = _mm256_cvtph_ps(_mm_loadu_si128(dm + 2 + h));  // 8 bits: its m
+      }
+      dg[h] = D[h];
+      mg[h] = M[h];
       // exact products: 4 bits d = D s, m = M t; 6 bits the half-groups' D sc
       if constexpr (BITS == 4) {
-        dg[h] = _mm256_mul_ps(dg[h], bytes_to_ps(head + 64 + NT * j + 8 * h));
-        mg[h] = _mm256_mul_ps(mg[h], bytes_to_ps(head + 64 + NT * (SB + j) + 8 * h));
+        dg[h] = _mm256_mul_ps(D[h], bytes_to_ps(head + 64 + NT * j + 8 * h));
+        mg[h] = _mm256_mul_ps(M[h], bytes_to_ps(head + 64 + NT * (SB + j) + 8 * h));
       } else if constexpr (BITS == 6) {
-        mg[h] = _mm256_mul_ps(dg[h], signed_bytes_to_ps(head + 64 + 2 * NT * j + NT + 8 * h));
-        dg[h] = _mm256_mul_ps(dg[h], signed_bytes_to_ps(head + 64 + 2 * NT * j + 8 * h));
+        mg[h] = _mm256_mul_ps(D[h], signed_bytes_to_ps(head + 64 + 2 * NT * j + NT + 8 * h));
+        dg[h] = _mm256_mul_ps(D[h], signed_bytes_to_ps(head + 64 + 2 * NT * j + 8 * h));
       }
     }
     group_rows<R, BITS>(acc, wg, dg, mg, g, KG, xq, sx, c, halves, K);

@@ -567,7 +567,7 @@ inline void group_rows(__m256 (*acc)[2], const uint8_t* wg, const __m256* dg, co
     // 16 ymm registers, and an unrolled loop of 2-7 rows spilled them and the
     // accumulators around every row (a block of 8 was already rolled, by the compiler's
     // own choice). Rolled, a row's accumulator is one load and one store per group, and
-    // 4-7 rows of an 8960x1536 4-bit matrix take 0.85-0.9x the time (BENCHMARKS.md
+    // 4-7 rows of an 8960x1536 4-bit matrix take 0.82-0.9x the time (BENCHMARKS.md
     // section 39). The float operations per row are the same, so the results too.
 #pragma GCC unroll 1
     for (int r = 0; r < R; ++r) {

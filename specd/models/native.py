@@ -36,6 +36,7 @@ _HEADERS = [
     _KERNELS / "bf16.h",
     _KERNELS / "kv_dtypes.h",
     _KERNELS / "ops.h",
+    _KERNELS / "reduce.h",
 ]  # not compiled on their own, but part of the build's tag
 _kernel = None
 _kernel_tried = False

@@ -19,6 +19,7 @@
 
 #include "bf16.h"
 #include "kv_dtypes.h"
+#include "reduce.h"
 
 #include <cmath>
 #include <cstdint>
@@ -109,12 +110,7 @@ inline float vsum(V v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
-inline float vtop(V v) {
-  const __m256 m8 = _mm256_max_ps(v.lo, v.hi);
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
+inline float vtop(V v) { return hmax8(_mm256_max_ps(v.lo, v.hi)); }
 inline __m256 lanes8(int64_t live) {  // all-ones in lanes i < live
   const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
   return _mm256_cmp_ps(lane, _mm256_set1_ps(float(live)), _CMP_LT_OQ);

@@ -39,6 +39,7 @@
 #include <immintrin.h>
 
 #include "bf16.h"
+#include "reduce.h"
 
 #include <algorithm>
 #include <cmath>
@@ -88,7 +89,7 @@ inline int hsum8(__m256i v) {
   return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 1)));
 }
 
-// The same codes and scales in four vectors, with the same float operations per value
+// as the AVX512 version, in four vectors
 inline void quantize_block(const float* v, int8_t* q, float& s, float& sc, int& low, int& high) {
   __m256 a[4];
   const __m256 sign = _mm256_set1_ps(-0.f);
@@ -97,10 +98,7 @@ inline void quantize_block(const float* v, int8_t* q, float& s, float& sc, int& 
     a[i] = _mm256_loadu_ps(v + 8 * i);
     m = _mm256_max_ps(m, _mm256_andnot_ps(sign, a[i]));
   }
-  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
-  const float amax = _mm_cvtss_f32(m4);
+  const float amax = hmax8(m);
   s = amax / 127.f;
   const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
   __m256i c[4];
@@ -596,18 +594,20 @@ void tile_rows(const uint8_t* wt, int64_t KG,
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   __m256 dg[2], mg[2];
-  __m256 D[2], M[2];  // 4 and 6 bits: the super-block's fp16 D and M, converted at its first group
+  __m256 D[2], M[2];  // the record's fp16 pair: 8 bits a group's d and m, 4 and 6 bits a
+                      // super-block's D and M (converted at its first group only)
   for_each_group<BITS>(wt, KG, [&](const uint8_t* wg, const uint8_t* head, int64_t j, int64_t g) {
     const auto* dm = reinterpret_cast<const __m128i*>(head);
     for (int h = 0; h < 2; ++h) {  // columns 8h .. 8h + 7
       if (BITS == 8 || j == 0) {
-        D[h] = _mm256_cvtph_ps(_mm_loadu_si128(dm + h));  // 8 bits: the group's d
-        M[h] = _mm256_cvtph_ps(_mm_loadu_si128(dm + 2 + h));  // 8 bits: its m
+        D[h] = _mm256_cvtph_ps(_mm_loadu_si128(dm + h));
+        M[h] = _mm256_cvtph_ps(_mm_loadu_si128(dm + 2 + h));
       }
-      dg[h] = D[h];
-      mg[h] = M[h];
       // exact products: 4 bits d = D s, m = M t; 6 bits the half-groups' D sc
-      if constexpr (BITS == 4) {
+      if constexpr (BITS == 8) {
+        dg[h] = D[h];
+        mg[h] = M[h];
+      } else if constexpr (BITS == 4) {
         dg[h] = _mm256_mul_ps(D[h], bytes_to_ps(head + 64 + NT * j + 8 * h));
         mg[h] = _mm256_mul_ps(M[h], bytes_to_ps(head + 64 + NT * (SB + j) + 8 * h));
       } else if constexpr (BITS == 6) {

@@ -11,12 +11,14 @@ What it costs: the copy (a fraction of a second at start), and replicas of one m
 host no longer share the file's pages. Resident memory stays the same: the mapped file's
 pages counted there too once a step had read them, and the embedding, of which a step
 reads a row or two, stays mapped from the file (the loader maps it afresh, so that the
-pages the copy read go with the first mapping). Where the kernel's THP mode is `never`,
+pages the copy read go with the first mapping). Nor does the load's peak: each matrix's
+file pages are let go as soon as it is copied. Where the kernel's THP mode is `never`,
 or off Linux, the weights stay where they are.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import mmap
 import sys
@@ -62,12 +64,53 @@ def place(weights: list[QWeight], min_bytes: int | None = None) -> int:
     region.madvise(mmap.MADV_HUGEPAGE)  # before the first touch: the copy faults them in
     flat = torch.frombuffer(region, dtype=torch.uint8)  # holds a reference to the region
     offset = -flat.data_ptr() % HUGE_PAGE
+    files = _file_mappings()
     for w, size in zip(weights, sizes, strict=True):
         copy = flat[offset : offset + w.records.numel()].view(w.records.shape)
         copy.copy_(w.records)
+        _drop_file_pages(w.records, files)
         w.records = copy
         offset += size
     return sum(sizes)
+
+
+def _file_mappings() -> list[tuple[int, int]]:
+    """This process's mappings of files, as (start, end) addresses (/proc/self/maps: an
+    inode other than 0)."""
+    out = []
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 6 and fields[4] != "0":
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            out.append((lo, hi))
+    return out
+
+
+def _drop_file_pages(t: torch.Tensor, files: list[tuple[int, int]]) -> None:
+    """Once a matrix is copied, let go of its source's pages where they are a file's: the
+    copy and the mapped file would otherwise both be resident until the loader drops the
+    file's mapping, and the load's peak would be twice the weights (the 1.5B target:
+    2236 MB at load against 1650 MB in service, BENCHMARKS.md section 39).
+    MADV_DONTNEED on a file's (unwritten) pages only unmaps them: a later read faults them
+    in from the file again. Anonymous memory (weights converted in this process) is left
+    alone, as DONTNEED would zero it."""
+    start, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+    if not any(lo <= start and end <= hi for lo, hi in files):
+        return
+    page = mmap.PAGESIZE
+    lo, hi = -(-start // page) * page, end // page * page  # the whole pages inside it
+    if hi > lo:
+        _libc().madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), mmap.MADV_DONTNEED)
+
+
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
 
 
 def place_model(model) -> int:

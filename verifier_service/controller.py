@@ -86,6 +86,12 @@ class ControllerConfig:
     # (switching is priced in it). Chat at c = 1 gains ~10% by drafting: behind an 8%
     # margin, estimates a few points low kept it plain (BENCHMARKS.md section 38).
     prior_acceptance: float = 0.7  # a_i before any round on a route
+    # what a route that drafts well accepts (code: ~0.87 at position 0). Whether the
+    # device could make drafting pay at all is asked at this, not at the prior, which is a
+    # guess: where the prior sat under break-even, a route that had never drafted (or whose
+    # rounds had decayed away) was `off:cost`, never probed, and stayed plain for good
+    # (BENCHMARKS.md section 40)
+    good_acceptance: float = 0.9
     prior_strength: float = 2.0  # how many rounds the prior weighs
     # how many rounds a route's estimate weighs against a sequence's own. A round's
     # outcome does not predict the next one's (chat at k = 2: after a round that accepted
@@ -152,8 +158,8 @@ class Controller:
         """Drafts per candidate for one step, beside the `fixed` rest of the batch.
 
         A candidate left at k = 0 is `off:cost` when it would draft alone (the batch makes
-        drafting too dear) or would not even alone at the prior acceptance (the device
-        makes it too dear), and `off:acceptance` under its route's floor or when its own
+        drafting too dear) or would not even alone at `good_acceptance` (the device makes
+        it too dear), and `off:acceptance` under its route's floor or when its own
         acceptance is what keeps it from drafting alone: only those probe, so probing
         never adds to a loaded batch."""
         if not candidates:
@@ -169,7 +175,7 @@ class Controller:
             if ks[i]:
                 reasons.append("on")
             elif eligible[i].cap and (
-                not cfg.costs or self._alone_drafts(c) or not self._alone_drafts(c, prior=True)
+                not cfg.costs or self._alone_drafts(c) or not self._alone_drafts(c, good=True)
             ):
                 reasons.append("off:cost")
             elif c.probe and c.cap:
@@ -277,11 +283,11 @@ class Controller:
     def _arm_s(self, candidates: list[Candidate], fixed: Fixed, k: int) -> float:
         return self._step_s([min(k, c.cap) for c in candidates], fixed)
 
-    def _alone_drafts(self, c: Candidate, prior: bool = False) -> bool:
-        """Whether `c` would draft as the step's only sequence (at the prior acceptance
-        instead of its own with `prior`)."""
-        if prior:
-            c = replace(c, accept=[self.config.prior_acceptance])
+    def _alone_drafts(self, c: Candidate, good: bool = False) -> bool:
+        """Whether `c` would draft as the step's only sequence (at `good_acceptance`
+        instead of its own with `good`)."""
+        if good:
+            c = replace(c, accept=[self.config.good_acceptance])
         rates = self._rates([c], Fixed())
         return max(rates[1:], default=0.0) >= rates[0] * (1 + self.config.margin)
 

@@ -9,7 +9,7 @@ import math
 from bisect import bisect_left
 
 _FIT_CAP = 16  # the most samples one k weighs in a drafting-step line (StepCosts)
-_OWN_K1 = 8  # samples after which k = 1 takes its own measured price, not the line's
+_OWN = 8  # samples after which a k takes its own measured price, not the line's
 
 
 class CostCurve:
@@ -89,10 +89,12 @@ class StepCosts:
     controller stays off a k that looks dear, nothing would correct it. Past the largest
     k measured the line goes on (never down): the composed guess priced batch 4 drafting
     5 at 0.24 s a step, and it took 0.76-0.82 s. Below the smallest, or with one k
-    measured, the cost is unknown (None) and the caller falls back. k = 1 itself, once
-    measured `_OWN_K1` times, takes its own mean: its fixed part lies above the line (the
-    line priced it at 57-61 ms where it took 67-77, and `auto` chose it where it made less
-    than plain: BENCHMARKS.md section 31)."""
+    measured, the cost is unknown (None) and the caller falls back. The line is for the k
+    run seldom: a k measured `_OWN` times takes its own mean. Steps are not affine in k
+    everywhere. k = 1's fixed part lies above the line (priced 57-61 ms, it took 67-77,
+    and `auto` chose it where it made less than plain: BENCHMARKS.md section 31). On an
+    AVX2 CPU, whose kernel runs rows in blocks, k = 3 took 99 ms and k = 4 and 5 took 128
+    and 153, where the line through k = 1-6 put them at 102, 124 and 146 (section 40)."""
 
     def __init__(self, weight: float = 0.1):
         self.weight = weight
@@ -121,8 +123,8 @@ class StepCosts:
         curve = self._drafting.get(sequences)
         if curve is None:
             return None
-        if k == 1 and curve.samples(1) >= _OWN_K1:
-            return curve.measured()[1]
+        if curve.samples(k) >= _OWN:
+            return curve.measured()[k]
         return _affine(curve, k)
 
     def measured(self) -> dict[tuple[int, int], float]:

@@ -4,7 +4,7 @@ import collections
 
 import pytest
 
-from verifier_service.acceptance import expected_tokens
+from verifier_service.acceptance import PositionAcceptance, expected_tokens
 from verifier_service.controller import Candidate, Controller, ControllerConfig
 from verifier_service.costs import StepCosts
 
@@ -57,6 +57,22 @@ def test_k1_measured_often_takes_its_own_price_above_the_line():
         steps.record(1, 1, 0.075)
     assert steps(1, 1) == pytest.approx(0.075)
     assert steps(1, 4) == pytest.approx(0.12, rel=0.05)
+
+
+def test_every_k_measured_often_takes_its_own_price():
+    """Section 40's step medians on the AVX2 CPU at c = 1: not on a line in k. With every
+    k measured often, the line through them would price k = 3 at 102 ms (it takes 99) and
+    pick k = 2 at a flat 0.9; each k's own price picks k = 3, the better by ~1.4%."""
+    medians = {0: 0.0348, 1: 0.0586, 2: 0.0789, 3: 0.0987, 4: 0.1276, 5: 0.153, 6: 0.1614}
+    accept = [0.9]
+    c = Controller(ControllerConfig(explore_every=0))
+    for k, seconds in medians.items():
+        for _ in range(16):
+            c.costs.record_step([k], seconds)
+    for k, seconds in medians.items():
+        assert c.costs.steps(1, k) == pytest.approx(seconds)
+    assert best_k(medians.get, accept, 6) == 3
+    assert c.plan([Candidate(6, accept)]).ks == [3]
 
 
 def test_a_k_measured_dear_a_few_times_takes_the_price_of_its_neighbours():
@@ -294,3 +310,40 @@ def test_probes_behind_a_big_batch_are_paid_from_the_same_budget():
     lost = run_batch(c, [0.3], true_s, 0.4, steps, probe_every=16)
     assert lost <= 1.2 * c.config.explore_share * steps * true_s(0) + c.config.explore_cap_s
     assert lost > 0  # some probes still ran: a route off for acceptance still recovers
+
+
+def test_a_fresh_route_under_break_even_at_the_prior_still_measures_itself():
+    """A route that has never drafted starts from the prior (0.7). On a device where a
+    drafting round has a dear fixed part, every k at 0.7 is predicted more than
+    `explore_window` behind plain, so no episode explores it. The route's sequences are
+    then kept plain by their (prior) acceptance, not by the device: at 0.95, k = 6 makes
+    ~1.5x plain here. So they probe, measure, and draft; they must not stay plain for good
+    (issue 15's latch, for a route that never drafted)."""
+    import random
+
+    def true_s(k):
+        return 0.035 if k == 0 else 0.09 + 0.008 * k
+
+    accept = 0.95
+    c = measured({(1, k): true_s(k) for k in range(7)})
+    c.config.explore_every = 32  # exploring on, as by default
+    c.routes.clock = lambda: 0.0
+    prior = [c.config.prior_acceptance]
+    floor = (1 - c.config.explore_window) * (1 / true_s(0))
+    assert all(expected_tokens(prior, k) / true_s(k) < floor for k in range(1, 7))
+    assert best_k(true_s, [accept], 6) == 6
+    rnd, seq, off, drafted = random.Random(0), PositionAcceptance(), 0, []
+    for _ in range(200):
+        accept_rates = c.accept_rates(c.route_rates("edit"), seq)
+        due = off + 1 >= c.config.probe_every
+        k = c.plan([Candidate(6, accept_rates, due, 0.5)]).ks[0]
+        took = 0
+        while took < k and rnd.random() < accept:
+            took += 1
+        c.costs.record_step([k], true_s(k))
+        c.record("edit", seq, k, took)
+        off = 0 if k else off + 1
+        drafted.append(k)
+    first = next((i for i, k in enumerate(drafted) if k), None)
+    assert first is not None and first <= 2 * c.config.probe_every
+    assert sum(k >= 4 for k in drafted[100:]) >= 90  # and once measured, it drafts long

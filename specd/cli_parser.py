@@ -21,6 +21,7 @@ BENCHES = {  # `specd bench KIND` -> the module whose main() runs it
     "doors": "bench.doors",
     "structured": "bench.structured",
     "parity": "bench.parity",
+    "controller": "bench.controller_sim",
 }
 
 

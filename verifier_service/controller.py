@@ -87,10 +87,10 @@ class ControllerConfig:
     # margin, estimates a few points low kept it plain (BENCHMARKS.md section 38).
     prior_acceptance: float = 0.7  # a_i before any round on a route
     # what a route that drafts well accepts (code: ~0.87 at position 0). Whether the
-    # device could make drafting pay at all is asked at this, not at the prior, which is a
-    # guess: where the prior sat under break-even, a route that had never drafted (or whose
-    # rounds had decayed away) was `off:cost`, never probed, and stayed plain for good
-    # (BENCHMARKS.md section 40)
+    # device and the batch could make drafting pay at all is asked at this, not at the
+    # prior, which is a guess: where the prior sat under break-even, a route that had
+    # never drafted (or whose rounds had decayed away) was `off:cost`, never probed, and
+    # stayed plain for good (BENCHMARKS.md section 40)
     good_acceptance: float = 0.9
     prior_strength: float = 2.0  # how many rounds the prior weighs
     # how many rounds a route's estimate weighs against a sequence's own. A round's
@@ -158,10 +158,10 @@ class Controller:
         """Drafts per candidate for one step, beside the `fixed` rest of the batch.
 
         A candidate left at k = 0 is `off:cost` when it would draft alone (the batch makes
-        drafting too dear) or would not even alone at `good_acceptance` (the device makes
-        it too dear), and `off:acceptance` under its route's floor or when its own
-        acceptance is what keeps it from drafting alone: only those probe, so probing
-        never adds to a loaded batch."""
+        drafting too dear) or when the step would not draft even if every candidate
+        accepted `good_acceptance` (the device and the batch make it too dear), and
+        `off:acceptance` under its route's floor or when acceptance is what keeps it
+        plain: only those probe, so probing never adds to a loaded batch."""
         if not candidates:
             return Plan([], [], 1.0)
         eligible = [c if c.accept[0] >= c.floor else _capped(c) for c in candidates]
@@ -170,13 +170,14 @@ class Controller:
             ks, gain = self._choose(eligible, fixed)
         else:
             ks, gain = [c.cap for c in eligible], 1.0
-        reasons = []
+        reasons, good = [], None
         for i, c in enumerate(candidates):
             if ks[i]:
                 reasons.append("on")
-            elif eligible[i].cap and (
-                not cfg.costs or self._alone_drafts(c) or not self._alone_drafts(c, good=True)
-            ):
+                continue
+            if good is None and cfg.costs:
+                good = self._drafts_at(candidates, fixed, cfg.good_acceptance)
+            if eligible[i].cap and (not cfg.costs or self._alone_drafts(c) or not good):
                 reasons.append("off:cost")
             elif c.probe and c.cap:
                 reasons.append("probe")
@@ -283,12 +284,18 @@ class Controller:
     def _arm_s(self, candidates: list[Candidate], fixed: Fixed, k: int) -> float:
         return self._step_s([min(k, c.cap) for c in candidates], fixed)
 
-    def _alone_drafts(self, c: Candidate, good: bool = False) -> bool:
-        """Whether `c` would draft as the step's only sequence (at `good_acceptance`
-        instead of its own with `good`)."""
-        if good:
-            c = replace(c, accept=[self.config.good_acceptance])
-        rates = self._rates([c], Fixed())
+    def _alone_drafts(self, c: Candidate) -> bool:
+        """Whether `c` would draft as the step's only sequence."""
+        return self._drafts_at([c], Fixed())
+
+    def _drafts_at(
+        self, candidates: list[Candidate], fixed: Fixed, accept: float | None = None
+    ) -> bool:
+        """Whether the candidates would draft beside `fixed` (each at `accept` instead of
+        its own acceptance if given)."""
+        if accept is not None:
+            candidates = [replace(c, accept=[accept]) for c in candidates]
+        rates = self._rates(candidates, fixed)
         return max(rates[1:], default=0.0) >= rates[0] * (1 + self.config.margin)
 
     def _rates(self, candidates: list[Candidate], fixed: Fixed) -> list[float]:

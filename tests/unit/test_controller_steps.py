@@ -347,3 +347,20 @@ def test_a_fresh_route_under_break_even_at_the_prior_still_measures_itself():
     first = next((i for i, k in enumerate(drafted) if k), None)
     assert first is not None and first <= 2 * c.config.probe_every
     assert sum(k >= 4 for k in drafted[100:]) >= 90  # and once measured, it drafts long
+
+
+def test_a_batch_that_would_not_draft_even_at_good_acceptance_does_not_probe():
+    """Code at c = 4 on the AVX2 CPU (section 40): a fresh route's sequences sit near the
+    prior. Each alone would draft at 0.9, but four of them would not draft at 0.9 either
+    (plain 74 ms a step for 4 tokens, k = 2 ~245 ms for ~11): `off:cost`, and no probe
+    (one catches the drafter up on a whole prompt beside the batch: `auto` ran at 0.90 of
+    plain at c = 4 when such sequences probed). Alone, the same sequence probes."""
+    medians = {0: 0.0348, 1: 0.0586, 2: 0.0789, 3: 0.0987, 4: 0.1276, 5: 0.153, 6: 0.1614}
+    steps = {(1, k): s for k, s in medians.items()}
+    steps.update({(4, k): 0.074 if k == 0 else 0.154 + 0.045 * k for k in range(7)})
+    c = measured(steps)
+    low = Candidate(6, [0.65], probe=True, floor=0.5)
+    four = c.plan([low] * 4)
+    assert four.ks == [0] * 4 and set(four.reasons) == {"off:cost"}
+    one = c.plan([low])
+    assert one.ks == [1] and one.reasons == ["probe"]

@@ -113,8 +113,10 @@ class ControllerConfig:
     # exploring episodes and probes together may cost this share of the predicted step
     # time, no more: the budget grows by it each step (up to `explore_cap_s`) and pays each
     # one's predicted loss against the plan, so that at a batch where a drafting step
-    # costs 3x a plain one and its catch-up more, they come that much more seldom
-    explore_share: float = 0.03
+    # costs 3x a plain one and its catch-up more, they come that much more seldom. At 3%,
+    # a chat-like route under break-even (plain best) lost 3.5% to them in `specd bench
+    # controller`, 2.5% at 1.5%, with code's choices as good (BENCHMARKS.md section 40)
+    explore_share: float = 0.015
     explore_cap_s: float = 1.0
     # a switch's cost (the drafter catching up, or still drafting ahead) is spread over
     # the steps the sequences may run that way, at most this many

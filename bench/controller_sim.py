@@ -2,9 +2,10 @@
 
     specd bench controller [--trials 24] [--phases] [--ks 2,3]
 
-One sequence at a time (c = 1) decodes requests of `--tokens` tokens through the real
-`Controller` (verifier_service/controller.py), fed as the engine feeds it: each step's
-plan, its round's accepted drafts, its seconds. Fixed k runs the same requests on routes
+One sequence at a time (c = 1) decodes requests of 64 tokens. Each step is decided by the
+engine's own `DraftDecisions` and `Controller` on a real `Sequence` (route bound
+`min_acceptance` 0.5, as deploy/policy.yaml) and accounted as the engine accounts it: the
+round's accepted drafts, its seconds, the drafter's catch-up. Fixed k runs the same requests on routes
 of their own, in alternating order (as `specd bench sweep --modes on@ROUTE,auto` does),
 and the report is `auto`'s tokens/s over each fixed k's, per trial and on average.
 
@@ -26,14 +27,18 @@ import math
 import random
 import statistics
 
-from verifier_service.acceptance import PositionAcceptance
-from verifier_service.controller import Candidate, Controller
+from specd.config import EngineConfig
+from verifier_service.controller import Controller
+from verifier_service.decisions import DraftDecisions
+from verifier_service.request import Request, SpeculationBounds
+from verifier_service.sequence import Sequence
 
 # whole decode steps at c = 1 by k, seconds (BENCHMARKS.md section 40, cluster 2's medians)
 STEP_S = {0: 0.0352, 1: 0.0626, 2: 0.0786, 3: 0.0989, 4: 0.1292, 5: 0.1493, 6: 0.1664}
 FIRST_ROUND_S = 0.05  # a request's first round catches the drafter up on its prompt
 BACK_S = 0.004  # and a sequence back from plain, per token it skipped (up to 10)
 PROMPT_TOKENS = 200
+MIN_ACCEPTANCE = 0.5  # deploy/policy.yaml's default route bound
 
 
 def match_runs(rnd: random.Random, tokens: int, copied=0.97, new=0.78, switch=0.12) -> list[int]:
@@ -70,42 +75,36 @@ class Machine:
         return seconds
 
 
-def run_cell(c: Controller, texts: list[list[int]], mode, machine: Machine, cap: int) -> float:
-    """Decode every text at c = 1 with `mode` ("auto" or a fixed k); -> tokens/s."""
-    route = "code" if mode == "auto" else f"code_k{mode}"
-    seconds = tokens = 0.0
-    for runs in texts:
-        seq, t, rounds, off, last = PositionAcceptance(), 0, 0, 0, 0
-        while t < len(runs):
-            remaining = len(runs) - t
-            most = max(0, min(cap, remaining - 1))
-            if mode != "auto":
-                k = min(mode, most)
-            elif most:
-                behind = PROMPT_TOKENS + t if not rounds else (off + 1 if off else 0)
-                due = off + 1 >= c.config.probe_every
-                accept = c.accept_rates(c.route_rates(route), seq)
-                k = c.plan([Candidate(most, accept, due, 0.5, behind, remaining)]).ks[0]
-            else:
-                k = 0
-            accepted = min(runs[t], k)
+def run_cell(decisions: DraftDecisions, texts: list[list[int]], mode, machine: Machine, cap: int):
+    """Decode every text at c = 1 with `mode` ("auto" or a fixed k); -> tokens/s. Each
+    step is decided by the engine's `DraftDecisions` on a real `Sequence` and accounted as
+    `engine._account` does, so probes, the drafter's catch-up and the caps are the
+    engine's own."""
+    auto = mode == "auto"
+    route = "code" if auto else f"code_k{mode}"
+    bounds = SpeculationBounds(auto=auto, route=route, min_acceptance=MIN_ACCEPTANCE)
+    controller, seconds, tokens = decisions.controller, 0.0, 0
+    for i, runs in enumerate(texts):
+        request = Request([1] * PROMPT_TOKENS, max_new_tokens=len(runs) + 1,
+                          num_draft=cap if auto else mode, speculation=bounds)  # fmt: skip
+        seq = Sequence.start(i, request, eos_ids=())
+        seq.append([7])  # the prefill's token
+        while not seq.finish_reason:
+            k, reason, _ = decisions.decide([seq], batch=1, kv_used=0.0)[0]
+            accepted = min(runs[seq.num_generated - 1], k)
+            catch_up = seq.drafter_behind if k else 0
+            stopping = int(not k and not seq.drafter_behind)
             took = machine.step(k)
-            catch_up = stopping = 0
-            if k and not rounds:
+            if catch_up and not seq.stats.rounds:
                 took += FIRST_ROUND_S
-                catch_up = PROMPT_TOKENS + t
-            elif k and off:
-                took += BACK_S * min(off, 10)
-                catch_up = off + 1
-            elif not k and last:
-                stopping = 1
-            c.costs.record_step([k], took, catch_up, stopping)
-            c.record(route, seq, k, accepted)
-            rounds += bool(k)
-            off, last = (0 if k else off + 1), k
+            elif catch_up:
+                took += BACK_S * min(catch_up - 1, 10)
+            controller.costs.record_step([k], took, catch_up, stopping)
+            seq.decided(reason, k)
+            seq.stats.record(k, accepted)
+            controller.record(bounds.route, seq.positions, k, accepted)
             seconds += took
-            tokens += accepted + 1
-            t += accepted + 1
+            tokens += len(seq.append([7] * (accepted + 1)))
     return tokens / seconds
 
 
@@ -116,12 +115,12 @@ def trial(seed: int, ks=(2, 3), cells=2, requests=16, tokens=64, cap=6, phases=F
         [match_runs(random.Random(seed * 1000 + cell * 100 + i), tokens) for i in range(requests)]
         for cell in range(cells)
     ]
-    c, machine = Controller(), Machine(seed, phases)
+    decisions, machine = DraftDecisions(Controller(), EngineConfig()), Machine(seed, phases)
     modes = (*ks, "auto")
     rates: dict = {m: [] for m in modes}
     for cell in range(cells):
         for mode in modes if cell % 2 == 0 else modes[::-1]:
-            rates[mode].append(run_cell(c, texts[cell], mode, machine, cap))
+            rates[mode].append(run_cell(decisions, texts[cell], mode, machine, cap))
     return {m: statistics.mean(v) for m, v in rates.items()}
 
 

@@ -19,6 +19,7 @@ or off Linux, the weights stay where they are.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import mmap
 import sys
@@ -107,6 +108,7 @@ def _drop_file_pages(t: torch.Tensor, files: list[tuple[int, int]]) -> None:
         _libc().madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), mmap.MADV_DONTNEED)
 
 
+@functools.cache
 def _libc():
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]

@@ -5,9 +5,10 @@
 One sequence at a time (c = 1) decodes requests of 64 tokens. Each step is decided by the
 engine's own `DraftDecisions` and `Controller` on a real `Sequence` (route bound
 `min_acceptance` 0.5, as deploy/policy.yaml) and accounted as the engine accounts it: the
-round's accepted drafts, its seconds, the drafter's catch-up. Fixed k runs the same requests on routes
-of their own, in alternating order (as `specd bench sweep --modes on@ROUTE,auto` does),
-and the report is `auto`'s tokens/s over each fixed k's, per trial and on average.
+round's accepted drafts, its seconds, the drafter's catch-up. Fixed k runs the same
+requests on routes of their own, in alternating order (as `specd bench sweep --modes
+on@ROUTE,auto` does), and the report is `auto`'s tokens/s over each fixed k's, per trial
+and on average.
 
 The model of the text is greedy speculation's: at output position t the draft model's
 token matches the target's with a probability set by a two-state Markov chain (text being

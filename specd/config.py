@@ -98,7 +98,7 @@ class DrafterConfig:
     draft_ahead: bool = False
     weights: str = "auto"  # bf16 | int8 | int4 | auto, as the verifier's (specd.models.weights)
     prefix_cache: str = "auto"  # auto | on | off, as the verifier's (EngineConfig)
-    vocab: int = 32768  # score only the `vocab` most frequent tokens (trimmed head); 0 = all
+    vocab: int = 49152  # score only the `vocab` most frequent tokens (trimmed head); 0 = all
     metrics_port: int = 0  # 0 = no Prometheus endpoint
     # on SIGTERM: draft streams get this long (a verifier decodes without drafts meanwhile)
     drain_seconds: float = 2.0

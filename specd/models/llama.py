@@ -25,7 +25,7 @@ from specd.models.args import ModelArgs
 from specd.models.batch_plan import BatchPlan
 from specd.models.matmul import INVARIANT_TILE, linear
 from specd.models.paged_kv import PagedKV, kv_dtype
-from specd.models.qlinear import QWeight
+from specd.models.qlinear import QWeight, quantize
 from specd.models.seq_input import SeqInput
 
 
@@ -102,12 +102,17 @@ class LlamaModel:
         quantised = all(isinstance(p, QWeight) for p in parts)
         return quantised and attention.available(self.device, self.dtype, self.args.head_dim)
 
-    def trim_head(self, keep: torch.Tensor) -> None:
+    def trim_head(self, keep: torch.Tensor, bits: int | None = None) -> None:
         """Score only the token ids in `keep` [V'] (a drafter's trimmed head): logits come
-        back as [R, V'] in `keep`'s order; `self.head_ids` maps a column to its token id."""
+        back as [R, V'] in `keep`'s order; `self.head_ids` maps a column to its token id.
+        A quantised head keeps its rows' codes (exact), or with `bits` is quantised again
+        at that width where it has another."""
         head = self.lm_head
         if isinstance(head, QWeight):  # the kept rows' codes, repacked (exact)
-            self.lm_head = head.take_rows(keep)
+            head = head.take_rows(keep)
+            if bits is not None and head.bits != bits:
+                head = quantize(head.dequantize(torch.float32), bits)
+            self.lm_head = head
             huge_pages.place_head(self)
         else:
             self.lm_head = head[keep].contiguous()

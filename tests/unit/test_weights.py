@@ -65,6 +65,29 @@ def test_trimmed_quantised_head_is_exact(pair_folders):
     assert torch.equal(prefill_logits(model, PROMPT), full[:, keep])
 
 
+@pytest.mark.parametrize("fmt,head_bits", [("int4", 4), ("int8", 8)])
+def test_drafter_head_is_trimmed_at_its_format_width(pair_folders, monkeypatch, fmt, head_bits):
+    """int4: the kept rows are quantised again at 4 bits (the dense source's head is 8),
+    close to the exact rows; int8 keeps their codes as they are."""
+    from drafter_service import draft_model
+    from specd.models import vocab
+
+    _, draft_dir = pair_folders
+    keep = list(range(0, 96, 2))
+    monkeypatch.setattr(vocab, "load_or_build", lambda folder, size, vocab_size: keep[:size])
+    whole = load_model(draft_dir, dtype="fp32", device="cpu", weights=fmt)
+    assert whole.lm_head.bits == 8
+    want = prefill_logits(whole, PROMPT)[:, keep]
+    model = draft_model.load_draft_model(draft_dir, "fp32", "cpu", weights=fmt, vocab=len(keep))
+    assert model.lm_head.bits == head_bits and model.head_ids.tolist() == keep
+    got = prefill_logits(model, PROMPT)
+    if head_bits == 8:
+        assert torch.equal(got, want)
+    else:
+        assert not torch.equal(got, want)
+        assert torch.nn.functional.cosine_similarity(got, want, dim=-1).min() > 0.97
+
+
 def test_unknown_format_is_refused():
     with pytest.raises(ValueError, match="weights must be one of"):
         weights.choose("int3", torch.device("cpu"))

@@ -1,6 +1,7 @@
 """`specd bench controller`: the speculation controller on simulated traffic, offline.
 
     specd bench controller [--trials 24] [--phases] [--ks 2,3]
+    specd bench controller --workload chat --ks 0,1,2 [--step-ms 44.4,65.1,84.1,104.8]
 
 One sequence at a time (c = 1) decodes requests of 64 tokens. Each step is decided by the
 engine's own `DraftDecisions` and `Controller` on a real `Sequence` (route bound
@@ -19,17 +20,26 @@ reproduce code at c = 1 on the AVX2 CPU of BENCHMARKS.md section 40: position 0 
 steps: drafter round, forward, verification) with 8% noise, and with `--phases` a slow
 walk of the machine's speed within +-25%, as that machine did. Every mode sees the same
 texts (common random numbers), so the ratios measure the controller, not the draw.
+
+With `--workload`, the texts are recorded instead (`specd bench matches`: where the
+default drafter's greedy token was the target's on each of that workload's prompts), each
+cell cycling through its prompts as `specd bench sweep` sends them, from an offset drawn
+per trial. Before the cells, every mode runs each prompt's first 8 tokens, as the sweep's
+warm-up does. `--step-ms` replaces the step costs (ms by k = 0, 1, ...; past the last, on
+the line through the last two).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import random
 import statistics
+from pathlib import Path
 
 from specd.config import EngineConfig
-from verifier_service.controller import Controller
+from verifier_service.controller import Controller, ControllerConfig
 from verifier_service.decisions import DraftDecisions
 from verifier_service.request import Request, SpeculationBounds
 from verifier_service.sequence import Sequence
@@ -40,6 +50,8 @@ FIRST_ROUND_S = 0.05  # a request's first round catches the drafter up on its pr
 BACK_S = 0.004  # and a sequence back from plain, per token it skipped (up to 10)
 PROMPT_TOKENS = 200
 MIN_ACCEPTANCE = 0.5  # deploy/policy.yaml's default route bound
+WARM_UP_TOKENS = 8  # bench/sweep.py's warm-up of every prompt before the cells
+TRACES = Path(__file__).parent / "workloads" / "matches.json"  # `specd bench matches`
 
 
 def match_runs(rnd: random.Random, tokens: int, copied=0.97, new=0.78, switch=0.12) -> list[int]:
@@ -58,10 +70,36 @@ def match_runs(rnd: random.Random, tokens: int, copied=0.97, new=0.78, switch=0.
     return runs
 
 
+def recorded_runs(matches: list[int]) -> list[int]:
+    """L(t) for the decode steps of a recorded text: output token 0 comes from the
+    prefill, so the steps start at t = 1 and a round there accepts the run of matches."""
+    runs = []
+    for t in range(1, len(matches)):
+        run = 0
+        while run < 8 and t + run < len(matches) and matches[t + run]:
+            run += 1
+        runs.append(run)
+    return runs
+
+
+def load_traces(workload: str, path: Path = TRACES) -> list[list[int]]:
+    """A workload's recorded texts as runs (texts too short to decode dropped)."""
+    texts = json.loads(path.read_text())["workloads"][workload]
+    return [recorded_runs(m) for m in texts if len(m) > 2]
+
+
+def step_table(ms: list[float]) -> dict[int, float]:
+    """Seconds by k = 0..6 from ms by k = 0.. (past the last, on the line of the last two)."""
+    s = [x / 1000 for x in ms]
+    slope = s[-1] - s[-2] if len(s) > 1 else 0.0
+    return {k: s[k] if k < len(s) else s[-1] + slope * (k - len(s) + 1) for k in range(7)}
+
+
 class Machine:
     """A step's seconds: the medians, 8% noise, and a speed that wanders with time."""
 
-    def __init__(self, seed: int, phases: bool):
+    def __init__(self, seed: int, phases: bool, steps: dict[int, float] | None = None):
+        self.steps = steps or STEP_S
         self.rnd = random.Random(seed)
         self.clock = 0.0
         walk, self.speed = random.Random(seed + 1), [1.0]
@@ -71,7 +109,7 @@ class Machine:
 
     def step(self, k: int) -> float:
         phase = self.speed[min(int(self.clock / 10), len(self.speed) - 1)]
-        seconds = STEP_S[k] * phase * math.exp(self.rnd.gauss(0, 0.08))
+        seconds = self.steps[k] * phase * math.exp(self.rnd.gauss(0, 0.08))
         self.clock += seconds
         return seconds
 
@@ -109,15 +147,38 @@ def run_cell(decisions: DraftDecisions, texts: list[list[int]], mode, machine: M
     return tokens / seconds
 
 
-def trial(seed: int, ks=(2, 3), cells=2, requests=16, tokens=64, cap=6, phases=False) -> dict:
+def trial(
+    seed: int,
+    ks=(2, 3),
+    cells=2,
+    requests=16,
+    tokens=64,
+    cap=6,
+    phases=False,
+    recorded: list[list[int]] | None = None,
+    steps: dict[int, float] | None = None,
+    config: ControllerConfig | None = None,
+) -> dict:
     """One sweep: `cells` rounds of every mode in alternating order, one controller (as
-    one verifier serves them all); -> mean tokens/s by mode."""
-    texts = [
-        [match_runs(random.Random(seed * 1000 + cell * 100 + i), tokens) for i in range(requests)]
-        for cell in range(cells)
-    ]
-    decisions, machine = DraftDecisions(Controller(), EngineConfig()), Machine(seed, phases)
+    one verifier serves them all), on Markov texts or on `recorded` ones (then with the
+    sweep's warm-up first); -> mean tokens/s by mode."""
+    if recorded is None:
+        texts = [
+            [match_runs(random.Random(seed * 1000 + c * 100 + i), tokens) for i in range(requests)]
+            for c in range(cells)
+        ]
+    else:
+        start = random.Random(seed).randrange(len(recorded))
+        texts = [
+            [recorded[(start + c * requests + i) % len(recorded)] for i in range(requests)]
+            for c in range(cells)
+        ]
+    decisions = DraftDecisions(Controller(config), EngineConfig())
+    machine = Machine(seed, phases, steps)
     modes = (*ks, "auto")
+    if recorded is not None:
+        for mode in modes:
+            run_cell(decisions, [r[:WARM_UP_TOKENS] for r in recorded], mode, machine, cap)
     rates: dict = {m: [] for m in modes}
     for cell in range(cells):
         for mode in modes if cell % 2 == 0 else modes[::-1]:
@@ -130,9 +191,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=24)
     p.add_argument("--ks", default="2,3", help="fixed k to run beside auto")
     p.add_argument("--phases", action="store_true", help="the machine's speed wanders")
+    p.add_argument("--workload", help="replay this workload's recorded texts (chat, code, ...)")
+    p.add_argument("--step-ms", help="a step's ms by k = 0, 1, ... (default: section 40's)")
     args = p.parse_args(argv)
     ks = tuple(int(k) for k in args.ks.split(","))
-    results = [trial(s, ks, phases=args.phases) for s in range(args.trials)]
+    recorded = load_traces(args.workload) if args.workload else None
+    steps = step_table([float(x) for x in args.step_ms.split(",")]) if args.step_ms else None
+    results = [
+        trial(s, ks, phases=args.phases, recorded=recorded, steps=steps) for s in range(args.trials)
+    ]
     for mode in (*ks, "auto"):
         print(f"{mode!s:>5}: {statistics.mean(r[mode] for r in results):.2f} tok/s")
     best = [r["auto"] / max(r[k] for k in ks) for r in results]

@@ -22,6 +22,7 @@ BENCHES = {  # `specd bench KIND` -> the module whose main() runs it
     "structured": "bench.structured",
     "parity": "bench.parity",
     "controller": "bench.controller_sim",
+    "matches": "bench.match_traces",
 }
 
 

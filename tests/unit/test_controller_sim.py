@@ -26,3 +26,38 @@ def test_auto_keeps_up_with_the_best_fixed_k():
         ratios.append(r["auto"] / max(r[2], r[3]))
     assert min(ratios) > 0.95, ratios
     assert statistics.mean(ratios) > 0.975, ratios
+
+
+def test_a_recorded_text_accepts_the_run_of_matches_from_each_decode_step():
+    """Output token 0 is the prefill's; the step at t = 1 drafts output[1:], and a round
+    there accepts the matches in a row from it."""
+    from bench.controller_sim import recorded_runs
+
+    assert recorded_runs([0, 1, 1, 0, 1, 0]) == [2, 1, 0, 1, 0]
+    assert recorded_runs([1] * 12)[:3] == [8, 8, 8]  # runs end at 8 (> any cap)
+    assert recorded_runs([1, 1]) == [1]
+
+
+def test_the_recorded_texts_accept_like_their_workloads():
+    """`specd bench matches` on the default pair: code's drafts match far more often than
+    chat's, every workload has its prompts, and a run is what its matches say."""
+    from bench.controller_sim import load_traces
+
+    code, chat = load_traces("code"), load_traces("chat")
+    assert len(code) == 10 and len(chat) >= 8
+    first = statistics.mean(min(r, 1) for t in code for r in t)
+    assert first > 0.85 > 0.75 > statistics.mean(min(r, 1) for t in chat for r in t)
+
+
+def test_auto_keeps_up_with_the_best_fixed_k_on_recorded_code_and_chat():
+    """Replayed code (k = 2, 3) and chat (plain, k = 1, 2), with the sweep's warm-up."""
+    from bench.controller_sim import load_traces
+
+    for workload, ks in (("code", (2, 3)), ("chat", (0, 1, 2))):
+        recorded = load_traces(workload)
+        ratios = [
+            (r := trial(seed, ks, recorded=recorded))["auto"] / max(r[k] for k in ks)
+            for seed in range(8)
+        ]
+        assert min(ratios) > 0.95, (workload, ratios)
+        assert statistics.mean(ratios) > 0.965, (workload, ratios)

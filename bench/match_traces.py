@@ -1,0 +1,88 @@
+"""`specd bench matches`: where the draft model's greedy token is the target's, token by
+token, on every workload prompt, for `specd bench controller --traces` to replay.
+
+    specd bench matches [--tokens 64] [--out bench/workloads/matches.json]
+
+For each prompt of bench/workloads the target greedy-decodes up to `--tokens` tokens (to
+its end-of-sequence token, kept), and the drafter, as `specd serve drafter` loads it by
+default (int4 where the target is, its trimmed head), reads the prompt and that output in
+one forward: position t is a match where its argmax after output[:t] is output[t]. Greedy
+speculation accepts exactly those drafts, so a round of k drafts started at t accepts the
+run of matches from t, up to k: the texts' real acceptance, in order, position by
+position (the controller's estimates follow streaks, which no average shows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from bench.prompts import WORKLOADS, load_workload
+
+DEFAULT_OUT = WORKLOADS / "matches.json"
+
+
+def greedy(model, prompt: list[int], tokens: int, stops: set[int]) -> list[int]:
+    from specd.models.paged_kv import PagedKV
+    from specd.models.seq_input import SeqInput
+
+    kv = PagedKV.for_model(model, num_blocks=-(-(len(prompt) + tokens + 1) // 16))
+    kv.allocator.allocate(0)
+    logits, out = model.forward(kv, [SeqInput(0, prompt)]), []
+    while len(out) < tokens and (not out or out[-1] not in stops):
+        out.append(int(logits[-1].argmax()))
+        logits = model.forward(kv, [SeqInput(0, [out[-1]])])
+    return out
+
+
+def matches(draft, prompt: list[int], output: list[int]) -> list[int]:
+    """1 where the drafter's argmax after prompt + output[:t] is output[t]."""
+    from specd.models.paged_kv import PagedKV
+    from specd.models.seq_input import SeqInput
+
+    kv = PagedKV.for_model(draft, num_blocks=-(-(len(prompt) + len(output)) // 16))
+    kv.allocator.allocate(0)
+    fed = prompt + output[:-1]
+    logits = draft.forward(kv, [SeqInput(0, fed, num_logits=len(output))])
+    cols = logits.argmax(-1)
+    ids = cols if draft.head_ids is None else draft.head_ids[cols]
+    return [int(a == b) for a, b in zip(ids.tolist(), output, strict=True)]
+
+
+def record(target_spec: str, draft_spec: str, tokens: int) -> dict:
+    from drafter_service.draft_model import load_draft_model
+    from specd.config import DrafterConfig
+    from specd.models.loader import eos_token_ids, load_config, load_model, load_tokenizer
+    from specd.models.resolve import resolve
+
+    folder = resolve(target_spec)
+    tokenizer, stops = load_tokenizer(folder), eos_token_ids(folder, load_config(folder))
+    target = load_model(folder, weights="auto")
+    cfg = DrafterConfig()
+    draft = load_draft_model(draft_spec, weights=cfg.weights, vocab=cfg.vocab)
+    workloads = {}
+    for path in sorted(WORKLOADS.glob("*.jsonl")):
+        prompts = load_workload(path.stem, tokenizer)
+        outputs = [greedy(target, p, tokens, stops) for p in prompts]
+        workloads[path.stem] = [matches(draft, p, o) for p, o in zip(prompts, outputs, strict=True)]
+    return {"target": target_spec, "draft": draft_spec, "tokens": tokens, "workloads": workloads}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="specd bench matches", description=__doc__.split("\n")[0])
+    p.add_argument("--target", default="default-target")
+    p.add_argument("--draft", default="default-draft")
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = p.parse_args(argv)
+    traces = record(args.target, args.draft, args.tokens)
+    args.out.write_text(json.dumps(traces, separators=(",", ":")) + "\n")
+    for name, rows in traces["workloads"].items():
+        hits = sum(map(sum, rows)) / max(1, sum(map(len, rows)))
+        print(f"{name}: {len(rows)} prompts, {hits:.3f} of positions match")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

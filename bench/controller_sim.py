@@ -61,10 +61,15 @@ def match_runs(rnd: random.Random, tokens: int, copied=0.97, new=0.78, switch=0.
         if rnd.random() < switch:
             copying = not copying
         matches.append(rnd.random() < (copied if copying else new))
+    return runs_from(matches, range(tokens))
+
+
+def runs_from(matches, starts) -> list[int]:
+    """For each t in `starts`, the run of matches from t (at most 8, more than any cap)."""
     runs = []
-    for t in range(tokens):
+    for t in starts:
         run = 0
-        while run < 8 and matches[t + run]:
+        while run < 8 and t + run < len(matches) and matches[t + run]:
             run += 1
         runs.append(run)
     return runs
@@ -73,13 +78,7 @@ def match_runs(rnd: random.Random, tokens: int, copied=0.97, new=0.78, switch=0.
 def recorded_runs(matches: list[int]) -> list[int]:
     """L(t) for the decode steps of a recorded text: output token 0 comes from the
     prefill, so the steps start at t = 1 and a round there accepts the run of matches."""
-    runs = []
-    for t in range(1, len(matches)):
-        run = 0
-        while run < 8 and t + run < len(matches) and matches[t + run]:
-            run += 1
-        runs.append(run)
-    return runs
+    return runs_from(matches, range(1, len(matches)))
 
 
 def load_traces(workload: str, path: Path = TRACES) -> list[list[int]]:

@@ -1,5 +1,5 @@
 """`specd bench matches`: where the draft model's greedy token is the target's, token by
-token, on every workload prompt, for `specd bench controller --traces` to replay.
+token, on every workload prompt, for `specd bench controller --workload` to replay.
 
     specd bench matches [--tokens 64] [--out bench/workloads/matches.json]
 
@@ -23,19 +23,6 @@ from bench.prompts import WORKLOADS, load_workload
 DEFAULT_OUT = WORKLOADS / "matches.json"
 
 
-def greedy(model, prompt: list[int], tokens: int, stops: set[int]) -> list[int]:
-    from specd.models.paged_kv import PagedKV
-    from specd.models.seq_input import SeqInput
-
-    kv = PagedKV.for_model(model, num_blocks=-(-(len(prompt) + tokens + 1) // 16))
-    kv.allocator.allocate(0)
-    logits, out = model.forward(kv, [SeqInput(0, prompt)]), []
-    while len(out) < tokens and (not out or out[-1] not in stops):
-        out.append(int(logits[-1].argmax()))
-        logits = model.forward(kv, [SeqInput(0, [out[-1]])])
-    return out
-
-
 def matches(draft, prompt: list[int], output: list[int]) -> list[int]:
     """1 where the drafter's argmax after prompt + output[:t] is output[t]."""
     from specd.models.paged_kv import PagedKV
@@ -51,6 +38,7 @@ def matches(draft, prompt: list[int], output: list[int]) -> list[int]:
 
 
 def record(target_spec: str, draft_spec: str, tokens: int) -> dict:
+    from bench.quality import greedy
     from drafter_service.draft_model import load_draft_model
     from specd.config import DrafterConfig
     from specd.models.loader import eos_token_ids, load_config, load_model, load_tokenizer

@@ -39,12 +39,13 @@ def nll(model, ids: list[int]) -> tuple[float, int]:
     return float(-lp.sum()), len(target)
 
 
-def greedy(model, prompt: list[int], n: int) -> list[int]:
+def greedy(model, prompt: list[int], n: int, stops=frozenset()) -> list[int]:
+    """n greedy tokens, or fewer up to a stop token (kept)."""
     kv = PagedKV.for_model(model, num_blocks=-(-(len(prompt) + n) // 16) + 1)
     kv.allocator.allocate(0)
     logits = model.forward(kv, [SeqInput(0, prompt)])
     out = []
-    for _ in range(n):
+    while len(out) < n and (not out or out[-1] not in stops):
         out.append(int(logits[-1].argmax()))
         logits = model.forward(kv, [SeqInput(0, [out[-1]])])
     return out

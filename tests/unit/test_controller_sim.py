@@ -40,7 +40,7 @@ def test_a_recorded_text_accepts_the_run_of_matches_from_each_decode_step():
 
 def test_the_recorded_texts_accept_like_their_workloads():
     """`specd bench matches` on the default pair: code's drafts match far more often than
-    chat's, every workload has its prompts, and a run is what its matches say."""
+    chat's, and code has all its prompts."""
     from bench.controller_sim import load_traces
 
     code, chat = load_traces("code"), load_traces("chat")

@@ -31,7 +31,8 @@ class _Drafting:
     q_ids: list[torch.Tensor] = field(default_factory=list)
     q_probs: list[torch.Tensor] = field(default_factory=list)
     alts: list[tuple[int, int]] = field(default_factory=list)
-    halted: bool = False  # a constrained sequence whose grammar allows no more drafts
+    # no more drafts this round: the grammar allows none, or the last draft was unsure
+    halted: bool = False
 
     def proposal(self) -> Proposal:
         """The drafts; a constrained sequence's grammar goes back to where it was."""
@@ -54,9 +55,13 @@ class DraftModelProposer:
         top_m: int = 32,
         alternatives: int = 0,
         prefix_cache: bool = False,
+        p_min: float = 0.0,
     ):
         self.model = model
         self.alternatives = alternatives  # runner-up leaves beside the first drafts
+        # a round stops after a draft the draft model gave a probability under p_min (that
+        # draft is still verified): DrafterConfig.p_min
+        self.p_min = p_min
         # a sequence starts on the cached prefix of an earlier one (specd.kvcache); its
         # blocks are published when it closes (while it runs, drafts come and go in them)
         self.kv = PagedKV.for_model(model, num_blocks, block_size, prefix_cache)
@@ -66,6 +71,7 @@ class DraftModelProposer:
         self._last: list = []  # (state, proposal) of the last round, for draft_ahead
         self._ahead: dict = {}  # seq_id -> (committed tokens it assumes, proposal)
         self.ahead_hits = 0  # rounds answered from draft_ahead's work
+        self.cut_rounds = 0  # rounds that p_min stopped before their k
 
     @property
     def num_sessions(self) -> int:
@@ -154,7 +160,7 @@ class DraftModelProposer:
         if row is None:  # the grammar allows nothing the head can draft
             d.halted = True
             return
-        token, ids, probs, alt = self._draw(s, row, d.tokens)
+        token, confidence, ids, probs, alt = self._draw(s, row, d.tokens)
         if s.grammar is not None and not s.grammar.push(token):  # popped in proposal()
             d.halted = True
             return
@@ -162,6 +168,8 @@ class DraftModelProposer:
             d.alts.append((step, alt))
         d.tokens.append(token)
         d.feed = [token]
+        d.halted = confidence < self.p_min
+        self.cut_rounds += d.halted and step + 1 < s.k
         if ids is not None:
             d.q_ids.append(ids)
             d.q_probs.append(probs)
@@ -200,8 +208,9 @@ class DraftModelProposer:
         return True
 
     def _draw(self, s: DraftState, logits: torch.Tensor, so_far: list[int]):
-        """One draft token -> (token, q's ids, q's probs, alternative). Greedy drafting
-        sends no q, sampling sends its top-m q. The alternative is the most likely other
+        """One draft token -> (token, its probability under the draft model, q's ids, q's
+        probs, alternative). Greedy drafting sends no q, sampling sends its top-m q (the
+        probability is then the drawn token's in that q). The alternative is the most likely other
         token: the runner-up when greedy; q's mode when sampling, or its runner-up if the
         mode was drawn (exact either way: verifier_service/tree.py).
         With a trimmed head, logits cover only `head_ids` (q's support shrinks with it;
@@ -218,9 +227,11 @@ class DraftModelProposer:
             row = logits[None]
             if seen is not None:
                 row = apply_repetition_penalty(row, seen, s.params.repetition_penalty)
-            top = row[0].topk(min(2, row.shape[-1])).indices
-            alt = token_id(top[1]) if len(top) > 1 and row[0, top[1]].isfinite() else None
-            return token_id(top[0]), None, None, alt
+            best, top = row[0].topk(min(2, row.shape[-1]))
+            alt = token_id(top[1]) if len(top) > 1 and best[1].isfinite() else None
+            # softmax's largest value, exp(max - logsumexp), without the whole softmax
+            confidence = float((best[0] - row[0].logsumexp(-1)).exp())
+            return token_id(top[0]), confidence, None, None, alt
         probs = logits_to_probs(logits[None], s.params, seen)[0]
         vals, cols = probs.topk(min(self.top_m, probs.shape[-1]))
         # q: the truncated, renormalised distribution we draw from, on the CPU where the
@@ -232,7 +243,7 @@ class DraftModelProposer:
         idx = int((vals / noise).argmax())
         other = 1 if idx == 0 else 0
         alt = int(ids[other]) if other < len(ids) and vals[other] > 0 else None
-        return int(ids[idx]), ids, vals, alt
+        return int(ids[idx]), float(vals[idx]), ids, vals, alt
 
 
 def load_draft_model(

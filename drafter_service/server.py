@@ -133,6 +133,7 @@ def build_proposer(config):
         top_m=config.top_m,
         alternatives=config.alternatives,
         prefix_cache=prefix_cache_on(config.prefix_cache, model),
+        p_min=config.p_min,
     )
     name = folder.name
     if config.proposer == "combined":

@@ -97,6 +97,13 @@ def _add_up(sub) -> None:
     up.add_argument(
         "--proposer", choices=["draft", "ngram", "combined"], default=DrafterConfig.proposer
     )
+    up.add_argument(
+        "--draft-p-min",
+        type=float,
+        default=DrafterConfig.p_min,
+        help="a drafting round stops after a draft the draft model gave a probability under "
+        "this (that draft is still verified; 0 = always draft k; default %(default)s)",
+    )
     up.add_argument("--ready-timeout", type=float, default=600.0)
     up.add_argument(
         "--verifiers", type=int, default=1, help="verifier replicas (ports from --verifier-port)"

@@ -99,6 +99,11 @@ class DrafterConfig:
     weights: str = "auto"  # bf16 | int8 | int4 | auto, as the verifier's (specd.models.weights)
     prefix_cache: str = "auto"  # auto | on | off, as the verifier's (EngineConfig)
     vocab: int = 49152  # score only the `vocab` most frequent tokens (trimmed head); 0 = all
+    # a round stops after a draft the draft model gave a probability under p_min (greedy:
+    # its top token's; sampling: the drawn token's in q). That draft is still verified: a
+    # verification row costs a third of a draft forward (BENCHMARKS.md section 43). So the
+    # route's k is a cap, reached where the draft model is sure. 0 = always draft k
+    p_min: float = 0.7
     metrics_port: int = 0  # 0 = no Prometheus endpoint
     # on SIGTERM: draft streams get this long (a verifier decodes without drafts meanwhile)
     drain_seconds: float = 2.0
@@ -113,6 +118,8 @@ class DrafterConfig:
         _check_prefix_cache(self.prefix_cache)
         if self.vocab < 0 or self.alternatives < 0:
             raise ValueError("vocab and alternatives must be >= 0")
+        if not 0.0 <= self.p_min <= 1.0:
+            raise ValueError(f"p_min must be in [0, 1], got {self.p_min}")
 
 
 WEIGHT_FORMATS = ("auto", "bf16", "int8", "int4")  # specd.models.weights

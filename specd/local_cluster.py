@@ -20,7 +20,10 @@ def cluster_children(args) -> list[Child]:
         *(["--dtype", args.dtype] if args.dtype else []),
         *(["--kv-dtype", args.kv_dtype] if args.kv_dtype else []),
     ]
-    drafter_flags = ("--model", args.draft, "--proposer", args.proposer, *model_flags)
+    drafter_flags = (
+        *("--model", args.draft, "--proposer", args.proposer, "--p-min", str(args.draft_p_min)),
+        *model_flags,
+    )
     children = [
         Child(
             "drafter", _serve("drafter", *_listen(host, args.drafter_port), *drafter_flags), drafter

@@ -56,18 +56,21 @@ def chi_square_ok(counts: torch.Tensor, p: torch.Tensor, n: int) -> bool:
 
 
 @pytest.mark.parametrize(
-    "params,alternatives",
+    "params,alternatives,p_min",
     [
-        (SamplingParams(temperature=1.0), 0),
-        (SamplingParams(temperature=0.8, top_k=12), 0),
-        (SamplingParams(temperature=1.0), 2),  # tree rounds (verifier_service/tree.py)
+        (SamplingParams(temperature=1.0), 0, 0.0),
+        (SamplingParams(temperature=0.8, top_k=12), 0, 0.0),
+        (SamplingParams(temperature=1.0), 2, 0.0),  # tree rounds (verifier_service/tree.py)
+        # rounds cut short where the drawn draft was unlikely under q (its length depends
+        # on the draft: a stopping time, which leaves every position's test exact)
+        (SamplingParams(temperature=1.0), 0, 0.2),
     ],
-    ids=["t1", "t0.8-top12", "t1-alternatives"],
+    ids=["t1", "t0.8-top12", "t1-alternatives", "t1-p-min"],
 )
-def test_engine_sampling_follows_the_target(tiny_pair, params, alternatives):
+def test_engine_sampling_follows_the_target(tiny_pair, params, alternatives, p_min):
     target, draft = tiny_pair
     proposer = DraftModelProposer(
-        draft, num_blocks=2048, block_size=4, top_m=8, alternatives=alternatives
+        draft, num_blocks=2048, block_size=4, top_m=8, alternatives=alternatives, p_min=p_min
     )
     cfg = EngineConfig(
         num_blocks=4096,
@@ -92,6 +95,7 @@ def test_engine_sampling_follows_the_target(tiny_pair, params, alternatives):
     for row, tokens in enumerate(out.values()):
         samples[row] = torch.tensor(tokens[:3])  # position 1 from prefill, 2-3 from a round
     assert engine.totals.drafted > 0 and engine.totals.accepted < engine.totals.drafted
+    assert (proposer.cut_rounds > 0) == (p_min > 0)  # p_min cut rounds to one draft
     # leaves were verified with the chains (a leaf wins rarely on the tiny pair, ~1 round
     # in 400: the K/V moves of a won branch are test_engine's greedy-parity test's)
     assert (engine.tree_rounds > 0) == bool(alternatives)

@@ -1,0 +1,72 @@
+"""A drafting round stops after a draft the draft model is unsure of (DrafterConfig.p_min):
+the drafts are then exactly the first ones of the round it would have drafted in full, up
+to and including the first whose probability is under p_min."""
+
+import pytest
+import torch
+
+from drafter_service.draft_model import DraftModelProposer
+from specd.params import SamplingParams
+from specd.proposal import DraftState
+from tests.unit.test_drafter_cuts import prefill_logits
+
+PROMPT = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 40, 41, 42]
+K = 8
+
+
+def propose(draft, params, p_min: float):
+    proposer = DraftModelProposer(draft, num_blocks=64, block_size=4, top_m=8, p_min=p_min)
+    return proposer.propose([DraftState(0, list(PROMPT), params, K)])[0]
+
+
+def stop_after(confidences: list[float], p_min: float) -> int:
+    return next((j + 1 for j, c in enumerate(confidences) if c < p_min), len(confidences))
+
+
+def threshold_inside(confidences: list[float]) -> float:
+    """A p_min halfway between two of the first K - 1 drafts' confidences (so the round
+    stops early, and no rounding decides where)."""
+    ranked = sorted(set(confidences[: K - 1]))
+    assert len(ranked) >= 2, confidences
+    mid = len(ranked) // 2
+    return (ranked[mid - 1] + ranked[mid]) / 2
+
+
+def test_greedy_round_stops_after_the_first_unsure_draft(tiny_pair):
+    _, draft = tiny_pair
+    full = propose(draft, SamplingParams(), 0.0).tokens
+    assert len(full) == K
+    # the draft model's own probabilities of its drafts, fed a token per forward as it drafts
+    logits = prefill_logits(draft, PROMPT + full[:-1], one_by_one_from=len(PROMPT))
+    rows = logits[len(PROMPT) - 1 :].float()
+    assert rows.argmax(-1).tolist() == full
+    confidences = rows.softmax(-1).amax(-1).tolist()
+    p_min = threshold_inside(confidences)
+    n = stop_after(confidences, p_min)
+    assert 1 <= n < K
+    assert propose(draft, SamplingParams(), p_min).tokens == full[:n]
+    assert propose(draft, SamplingParams(), 1.0).tokens == full[:1]  # one draft at least
+
+
+def test_sampled_round_stops_by_the_drawn_tokens_q(tiny_pair):
+    _, draft = tiny_pair
+    params = SamplingParams(temperature=1.0, seed=5)
+    full = propose(draft, params, 0.0)
+    assert len(full.tokens) == K
+    confidences = [
+        float(full.q_probs[j][full.q_ids[j] == t].sum()) for j, t in enumerate(full.tokens)
+    ]
+    p_min = threshold_inside(confidences)
+    n = stop_after(confidences, p_min)
+    stopped = propose(draft, params, p_min)  # the same seed draws the same tokens
+    assert 1 <= n < K
+    assert stopped.tokens == full.tokens[:n]
+    assert torch.equal(stopped.q_probs, full.q_probs[:n])
+
+
+@pytest.mark.parametrize("p_min", [-0.1, 1.5, float("nan")])
+def test_p_min_outside_zero_one_is_refused(p_min):
+    from specd.config import DrafterConfig
+
+    with pytest.raises(ValueError, match="p_min"):
+        DrafterConfig(p_min=p_min)

@@ -2,6 +2,7 @@
 
     specd bench controller [--trials 24] [--phases] [--ks 2,3]
     specd bench controller --workload chat --ks 0,1,2 [--step-ms 44.4,65.1,84.1,104.8]
+                           [--p-min 0.7]
 
 One sequence at a time (c = 1) decodes requests of 64 tokens. Each step is decided by the
 engine's own `DraftDecisions` and `Controller` on a real `Sequence` (route bound
@@ -26,7 +27,10 @@ default drafter's greedy token was the target's on each of that workload's promp
 cell cycling through its prompts as `specd bench sweep` sends them, from an offset drawn
 per trial. Before the cells, every mode runs each prompt's first 8 tokens, as the sweep's
 warm-up does. `--step-ms` replaces the step costs (ms by k = 0, 1, ...; past the last, on
-the line through the last two).
+the line through the last two). There a round also stops where the drafter's recorded
+probability of its draft is under `--p-min` (the drafter's default; 0: never): a step
+planned at k drafts min(k, stop) and costs the step of that many, and the engine's
+accounting follows (the step's price under its planned k, the acceptance under its drafts).
 """
 
 from __future__ import annotations
@@ -38,20 +42,20 @@ import random
 import statistics
 from pathlib import Path
 
-from specd.config import EngineConfig
+from specd.config import DrafterConfig, EngineConfig
 from verifier_service.controller import Controller, ControllerConfig
 from verifier_service.decisions import DraftDecisions
 from verifier_service.request import Request, SpeculationBounds
 from verifier_service.sequence import Sequence
 
 # whole decode steps at c = 1 by k, seconds (BENCHMARKS.md section 40, cluster 2's medians)
-STEP_S = {0: 0.0352, 1: 0.0626, 2: 0.0786, 3: 0.0989, 4: 0.1292, 5: 0.1493, 6: 0.1664}
 FIRST_ROUND_S = 0.05  # a request's first round catches the drafter up on its prompt
 BACK_S = 0.004  # and a sequence back from plain, per token it skipped (up to 10)
 PROMPT_TOKENS = 200
 MIN_ACCEPTANCE = 0.5  # deploy/policy.yaml's default route bound
 WARM_UP_TOKENS = 8  # bench/sweep.py's warm-up of every prompt before the cells
 TRACES = Path(__file__).parent / "workloads" / "matches.json"  # `specd bench matches`
+NEVER = 8  # a round's drafts before p_min stops it, where nothing stops it (> any cap)
 
 
 def match_runs(rnd: random.Random, tokens: int, copied=0.97, new=0.78, switch=0.12) -> list[int]:
@@ -81,17 +85,42 @@ def recorded_runs(matches: list[int]) -> list[int]:
     return runs_from(matches, range(1, len(matches)))
 
 
-def load_traces(workload: str, path: Path = TRACES) -> list[list[int]]:
-    """A workload's recorded texts as runs (texts too short to decode dropped)."""
-    texts = json.loads(path.read_text())["workloads"][workload]
-    return [recorded_runs(m) for m in texts if len(m) > 2]
+def recorded_stops(confidence: list[float], p_min: float) -> list[int]:
+    """For the decode steps t >= 1: the drafts a round from t makes before p_min stops it,
+    the unsure one included (at most NEVER)."""
+    stops = []
+    for t in range(1, len(confidence)):
+        n = 1
+        while n < NEVER and t + n < len(confidence) and confidence[t + n - 1] >= p_min:
+            n += 1
+        stops.append(n)
+    return stops
+
+
+def load_traces(
+    workload: str, path: Path = TRACES, p_min: float = DrafterConfig.p_min
+) -> list[list[tuple[int, int]]]:
+    """A workload's recorded texts as (run, stop) by decode step (texts too short to
+    decode dropped)."""
+    traces = json.loads(path.read_text())
+    texts = zip(traces["workloads"][workload], traces["confidence"][workload], strict=True)
+    return [
+        list(zip(recorded_runs(m), recorded_stops(c, p_min), strict=True))
+        for m, c in texts
+        if len(m) > 2
+    ]
 
 
 def step_table(ms: list[float]) -> dict[int, float]:
-    """Seconds by k = 0..6 from ms by k = 0.. (past the last, on the line of the last two)."""
+    """Seconds by k = 0..NEVER from ms by k = 0.. (past the last, on the line of the last
+    two)."""
     s = [x / 1000 for x in ms]
     slope = s[-1] - s[-2] if len(s) > 1 else 0.0
-    return {k: s[k] if k < len(s) else s[-1] + slope * (k - len(s) + 1) for k in range(7)}
+    return {k: s[k] if k < len(s) else s[-1] + slope * (k - len(s) + 1) for k in range(NEVER + 1)}
+
+
+# whole decode steps at c = 1 by k, seconds (BENCHMARKS.md section 40, cluster 2's medians)
+STEP_S = step_table([35.2, 62.6, 78.6, 98.9, 129.2, 149.3, 166.4])
 
 
 class Machine:
@@ -113,34 +142,36 @@ class Machine:
         return seconds
 
 
-def run_cell(decisions: DraftDecisions, texts: list[list[int]], mode, machine: Machine, cap: int):
-    """Decode every text at c = 1 with `mode` ("auto" or a fixed k); -> tokens/s. Each
-    step is decided by the engine's `DraftDecisions` on a real `Sequence` and accounted as
-    `engine._account` does, so probes, the drafter's catch-up and the caps are the
-    engine's own."""
+def run_cell(decisions: DraftDecisions, texts: list, mode, machine: Machine, cap: int):
+    """Decode every text ((run, stop) by step) at c = 1 with `mode` ("auto" or a fixed k);
+    -> tokens/s. Each step is decided by the engine's `DraftDecisions` on a real `Sequence`
+    and accounted as `engine._account` does, so probes, the drafter's catch-up and the caps
+    are the engine's own."""
     auto = mode == "auto"
     route = "code" if auto else f"code_k{mode}"
     bounds = SpeculationBounds(auto=auto, route=route, min_acceptance=MIN_ACCEPTANCE)
     controller, seconds, tokens = decisions.controller, 0.0, 0
-    for i, runs in enumerate(texts):
-        request = Request([1] * PROMPT_TOKENS, max_new_tokens=len(runs) + 1,
+    for i, text in enumerate(texts):
+        request = Request([1] * PROMPT_TOKENS, max_new_tokens=len(text) + 1,
                           num_draft=cap if auto else mode, speculation=bounds)  # fmt: skip
         seq = Sequence.start(i, request, eos_ids=())
         seq.append([7])  # the prefill's token
         while not seq.finish_reason:
             k, reason, _ = decisions.decide([seq], batch=1, kv_used=0.0)[0]
-            accepted = min(runs[seq.num_generated - 1], k)
+            run, stop = text[seq.num_generated - 1]
+            drafts = min(k, stop)
+            accepted = min(run, drafts)
             catch_up = seq.drafter_behind if k else 0
             stopping = int(not k and not seq.drafter_behind)
-            took = machine.step(k)
+            took = machine.step(drafts)
             if catch_up and not seq.stats.rounds:
                 took += FIRST_ROUND_S
             elif catch_up:
                 took += BACK_S * min(catch_up - 1, 10)
             controller.costs.record_step([k], took, catch_up, stopping)
             seq.decided(reason, k)
-            seq.stats.record(k, accepted)
-            controller.record(bounds.route, seq.positions, k, accepted)
+            seq.stats.record(drafts, accepted)
+            controller.record(bounds.route, seq.positions, drafts, accepted)
             seconds += took
             tokens += len(seq.append([7] * (accepted + 1)))
     return tokens / seconds
@@ -154,16 +185,19 @@ def trial(
     tokens=64,
     cap=6,
     phases=False,
-    recorded: list[list[int]] | None = None,
+    recorded: list | None = None,
     steps: dict[int, float] | None = None,
     config: ControllerConfig | None = None,
 ) -> dict:
     """One sweep: `cells` rounds of every mode in alternating order, one controller (as
-    one verifier serves them all), on Markov texts or on `recorded` ones (then with the
-    sweep's warm-up first); -> mean tokens/s by mode."""
+    one verifier serves them all), on Markov texts (no round stops short) or on `recorded`
+    ones (then with the sweep's warm-up first); -> mean tokens/s by mode."""
     if recorded is None:
         texts = [
-            [match_runs(random.Random(seed * 1000 + c * 100 + i), tokens) for i in range(requests)]
+            [
+                [(r, NEVER) for r in match_runs(random.Random(seed * 1000 + c * 100 + i), tokens)]
+                for i in range(requests)
+            ]
             for c in range(cells)
         ]
     else:
@@ -192,9 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--phases", action="store_true", help="the machine's speed wanders")
     p.add_argument("--workload", help="replay this workload's recorded texts (chat, code, ...)")
     p.add_argument("--step-ms", help="a step's ms by k = 0, 1, ... (default: section 40's)")
+    p.add_argument(
+        "--p-min", type=float, default=DrafterConfig.p_min, help="with --workload: as the drafter's"
+    )
     args = p.parse_args(argv)
     ks = tuple(int(k) for k in args.ks.split(","))
-    recorded = load_traces(args.workload) if args.workload else None
+    recorded = load_traces(args.workload, p_min=args.p_min) if args.workload else None
     steps = step_table([float(x) for x in args.step_ms.split(",")]) if args.step_ms else None
     results = [
         trial(s, ks, phases=args.phases, recorded=recorded, steps=steps) for s in range(args.trials)

@@ -9,7 +9,11 @@ default (int4 where the target is, its trimmed head), reads the prompt and that 
 one forward: position t is a match where its argmax after output[:t] is output[t]. Greedy
 speculation accepts exactly those drafts, so a round of k drafts started at t accepts the
 run of matches from t, up to k: the texts' real acceptance, in order, position by
-position (the controller's estimates follow streaks, which no average shows).
+position (the controller's estimates follow streaks, which no average shows). Beside each
+position goes the drafter's probability of its argmax there (two decimals), where a round
+with `p_min` stops (DrafterConfig.p_min; past a mismatch the drafter really sees its own
+draft, not the target's token, so a replay's stops there are approximate, and only its
+costs depend on them).
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from bench.prompts import WORKLOADS, load_workload
 DEFAULT_OUT = WORKLOADS / "matches.json"
 
 
-def matches(draft, prompt: list[int], output: list[int]) -> list[int]:
-    """1 where the drafter's argmax after prompt + output[:t] is output[t]."""
+def matches(draft, prompt: list[int], output: list[int]) -> tuple[list[int], list[float]]:
+    """1 where the drafter's argmax after prompt + output[:t] is output[t], and the
+    drafter's probability of that argmax."""
     from specd.models.paged_kv import PagedKV
     from specd.models.seq_input import SeqInput
 
@@ -32,9 +37,10 @@ def matches(draft, prompt: list[int], output: list[int]) -> list[int]:
     kv.allocator.allocate(0)
     fed = prompt + output[:-1]
     logits = draft.forward(kv, [SeqInput(0, fed, num_logits=len(output))])
-    cols = logits.argmax(-1)
+    top, cols = logits.float().softmax(-1).max(-1)
     ids = cols if draft.head_ids is None else draft.head_ids[cols]
-    return [int(a == b) for a, b in zip(ids.tolist(), output, strict=True)]
+    hits = [int(a == b) for a, b in zip(ids.tolist(), output, strict=True)]
+    return hits, [round(p, 2) for p in top.tolist()]
 
 
 def record(target_spec: str, draft_spec: str, tokens: int) -> dict:
@@ -49,12 +55,20 @@ def record(target_spec: str, draft_spec: str, tokens: int) -> dict:
     target = load_model(folder, weights="auto")
     cfg = DrafterConfig()
     draft = load_draft_model(draft_spec, weights=cfg.weights, vocab=cfg.vocab)
-    workloads = {}
+    workloads, confidence = {}, {}
     for path in sorted(WORKLOADS.glob("*.jsonl")):
         prompts = load_workload(path.stem, tokenizer)
         outputs = [greedy(target, p, tokens, stops) for p in prompts]
-        workloads[path.stem] = [matches(draft, p, o) for p, o in zip(prompts, outputs, strict=True)]
-    return {"target": target_spec, "draft": draft_spec, "tokens": tokens, "workloads": workloads}
+        texts = [matches(draft, p, o) for p, o in zip(prompts, outputs, strict=True)]
+        workloads[path.stem] = [hits for hits, _ in texts]
+        confidence[path.stem] = [top for _, top in texts]
+    return {
+        "target": target_spec,
+        "draft": draft_spec,
+        "tokens": tokens,
+        "workloads": workloads,
+        "confidence": confidence,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,6 +26,7 @@ from specd.models.batch_plan import BatchPlan
 from specd.models.matmul import INVARIANT_TILE, linear
 from specd.models.paged_kv import PagedKV, kv_dtype
 from specd.models.qlinear import QWeight, quantize
+from specd.models.row_cache import RowCache
 from specd.models.seq_input import SeqInput
 
 
@@ -70,6 +71,7 @@ class LlamaModel:
         self._paged: bool | None = None  # can steps use specd.models.attention's kernel?
         self._native_ops = layer_ops.available(device, dtype)  # specd.models.layer_ops
         self._stack = None  # specd.models.decoder_stack's, built at the first paged step
+        self._embed_rows: RowCache | None = None  # a quantised embedding's recent rows
 
     def _linear(self, x, w, b=None):
         return linear(x, w, b, invariant=self.batch_invariant)
@@ -125,7 +127,9 @@ class LlamaModel:
 
     def hidden_states(self, kv: PagedKV, plan: BatchPlan) -> torch.Tensor:
         if isinstance(self.embed, QWeight):
-            x = self.embed.rows(plan.input_ids, self.dtype)  # [T, H]
+            if self._embed_rows is None:
+                self._embed_rows = RowCache(self.embed, self.dtype)
+            x = self._embed_rows(plan.input_ids)  # [T, H]
         else:
             x = self.embed.index_select(0, plan.input_ids)
         cos, sin = self._rope(plan.positions)

@@ -210,9 +210,9 @@ class DraftModelProposer:
     def _draw(self, s: DraftState, logits: torch.Tensor, so_far: list[int]):
         """One draft token -> (token, its probability under the draft model, q's ids, q's
         probs, alternative). Greedy drafting sends no q, sampling sends its top-m q (the
-        probability is then the drawn token's in that q). The alternative is the most likely other
-        token: the runner-up when greedy; q's mode when sampling, or its runner-up if the
-        mode was drawn (exact either way: verifier_service/tree.py).
+        probability is then the drawn token's in that q). The alternative is the most
+        likely other token: the runner-up when greedy; q's mode when sampling, or its
+        runner-up if the mode was drawn (exact either way: verifier_service/tree.py).
         With a trimmed head, logits cover only `head_ids` (q's support shrinks with it;
         the repetition penalty is skipped there: the drafter's q is free to differ)."""
         head_ids = self.model.head_ids

@@ -127,8 +127,8 @@ class LlamaModel:
 
     def hidden_states(self, kv: PagedKV, plan: BatchPlan) -> torch.Tensor:
         if isinstance(self.embed, QWeight):
-            if self._embed_rows is None:
-                self._embed_rows = RowCache(self.embed, self.dtype)
+            if self._embed_rows is None or self._embed_rows.weight is not self.embed:
+                self._embed_rows = RowCache(self.embed, self.dtype)  # built again if replaced
             x = self._embed_rows(plan.input_ids)  # [T, H]
         else:
             x = self.embed.index_select(0, plan.input_ids)

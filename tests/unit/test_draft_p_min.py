@@ -8,9 +8,8 @@ import torch
 from drafter_service.draft_model import DraftModelProposer
 from specd.params import SamplingParams
 from specd.proposal import DraftState
-from tests.unit.test_drafter_cuts import prefill_logits
+from tests.unit.test_drafter_cuts import PROMPT, prefill_logits
 
-PROMPT = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 40, 41, 42]
 K = 8
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specd.models.qlinear import QWeight, qlinear
+from specd.models.qlinear import QWeight, qlinear, qlinear_parts
 
 SMALL_M = 16
 INVARIANT_TILE = 16
@@ -38,7 +38,9 @@ def linear(
     m = x.shape[0]
     if isinstance(w, QWeight):
         return qlinear(x, w, b, out_dtype)
-    if isinstance(w, list):
+    if isinstance(w, list) and all(isinstance(part, QWeight) for part in w):
+        y = qlinear_parts(x, w)
+    elif isinstance(w, list):
         y = torch.cat([linear(x, part, invariant=invariant) for part in w], dim=-1)
     elif invariant and x.dtype != torch.float32:
         # reduced precision only: fp32 keeps its own path (16-row tiles would cost a decode

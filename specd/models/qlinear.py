@@ -383,4 +383,11 @@ def qlinear(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None, out_d
     return kernel().qlinear(x.contiguous(), w.records, b, w.bits, out)
 
 
+def qlinear_parts(x: torch.Tensor, ws: list[QWeight]) -> torch.Tensor:
+    """Matrices side by side (a fused matrix whose parts have different widths): the
+    separate calls' outputs concatenated, bit for bit, with x quantised once."""
+    recs, bits = [w.records for w in ws], [w.bits for w in ws]
+    return kernel().qlinear_parts(x.contiguous(), recs, bits, _NO_BIAS, x.dtype)
+
+
 _NO_BIAS = torch.empty(0)

@@ -155,6 +155,28 @@ def test_rows_do_not_depend_on_the_other_rows(kernel, bits):
         assert torch.equal(ql.qlinear(x[lo:hi], w), batched[lo:hi])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_parts_side_by_side_are_the_separate_calls(kernel, dtype):
+    """A fused matrix whose parts have different widths (q, k at 4 bits, v at 6 or 8):
+    one call, x quantised once, gives the separate calls' outputs concatenated, bit for
+    bit, at every row count, with and without a bias."""
+    torch.manual_seed(5)
+    parts = [ql.quantize(torch.randn(n, 512) * 0.05, b) for n, b in ((96, 4), (32, 6), (48, 8))]
+    bias = torch.randn(176)
+    for rows in (1, 4, 7, 9, 17):
+        x = (torch.randn(rows, 512) * 3).to(dtype)
+        want = torch.cat([ql.qlinear(x, p) for p in parts], dim=-1)
+        assert torch.equal(ql.qlinear_parts(x, parts), want), rows
+        recs, bits = [p.records for p in parts], [p.bits for p in parts]
+        with_bias = kernel.qlinear_parts(x, recs, bits, bias, torch.float32)
+        split = bias.split([96, 32, 48])
+        alone = [ql.qlinear(x, p, b, torch.float32) for p, b in zip(parts, split, strict=True)]
+        assert torch.equal(with_bias, torch.cat(alone, dim=-1)), rows
+    with pytest.raises(RuntimeError, match="layout"):
+        ql.qlinear_parts(torch.randn(2, 512), [parts[0], ql.quantize(torch.randn(16, 256), 4)])
+    assert ql.qlinear_parts(torch.randn(0, 512), parts).shape == (0, 176)
+
+
 @pytest.fixture
 def amx(kernel):
     """The AMX path for every call of at least 1 row while the test runs."""

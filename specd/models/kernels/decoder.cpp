@@ -13,7 +13,7 @@
 namespace {
 
 // One linear: a fused matrix (its bias, fp32, added by the kernel), or parts of different
-// bit widths whose outputs are concatenated and then take the bias in the activations'
+// bit widths whose outputs sit side by side and then take the bias in the activations'
 // dtype (specd.models.matmul.linear's two cases).
 struct Linear {
   std::vector<at::Tensor> records;
@@ -24,11 +24,8 @@ struct Linear {
     const auto dtype = x.scalar_type();
     if (records.size() == 1)
       return qlinear(x, records[0], bias, bits[0], dtype);
-    std::vector<at::Tensor> parts;
-    for (size_t i = 0; i < records.size(); ++i)
-      parts.push_back(qlinear(x, records[i], at::Tensor(), bits[i], dtype));
-    auto y = at::cat(parts, -1);
-    return bias.defined() ? y + bias.to(dtype) : y;
+    auto y = qlinear_parts(x, records, bits, at::Tensor(), dtype);
+    return bias.defined() ? y.add_(bias.to(dtype)) : y;
   }
 };
 

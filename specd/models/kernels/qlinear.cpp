@@ -710,84 +710,146 @@ int64_t set_amx_min_rows(int64_t rows) {
   return std::exchange(amx_min_rows, rows);
 }
 
-// x [M, K] fp32 or bf16; records uint8 [N/16, K/32, 512 code bytes + 64] (8 bits) or
-// [N/16, tile_bytes(K/32, bits)] (4 and 6 bits); bias fp32 [N] or empty. Returns [M, N] in
-// `out_dtype` (fp32 or bf16).
-at::Tensor qlinear(const at::Tensor& x, const at::Tensor& records, const at::Tensor& bias,
-                   int64_t bits, at::ScalarType out_dtype) {
+namespace {
+
+// A call's activations, quantised once for every matrix that reads them (a fused matrix's
+// parts of different widths share them: the same codes the separate calls would make)
+struct Acts {
+  at::Tensor xq, sx, c, halves;  // halves: 6 bits' 16-block sums (undefined without them)
+  int64_t M, K, rows_run;
+  int block;  // AMX: rows per block (0: the vector path)
+};
+
+Acts quantize_acts(const at::Tensor& x, bool six) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [M, K] matrix");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "x must be fp32 or bf16");
-  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "bits must be 4, 6 or 8");
-  TORCH_CHECK(out_dtype == at::kFloat || out_dtype == at::kBFloat16, "out must be fp32 or bf16");
   const int64_t M = x.size(0), K = x.size(1), KG = K / G;
-  const int64_t tiles = records.size(0), N = tiles * NT;
-  const bool fits = bits == 8
-      ? records.dim() == 3 && records.size(1) == KG && records.size(2) == record_bytes<8>()
-      : records.dim() == 2 && records.size(1) == tile_bytes(KG, bits);
-  TORCH_CHECK(K % G == 0 && fits, "weight layout does not match x");
-  TORCH_CHECK(records.is_contiguous() && records.scalar_type() == at::kByte,
-              "weights must be contiguous uint8 records");
-  TORCH_CHECK(!bias.defined() || bias.numel() == 0 || bias.numel() == N, "bias size");
-  if (M == 0) return at::empty({0, N}, x.options().dtype(out_dtype));
+  TORCH_CHECK(K % G == 0, "weight layout does not match x");
+  Acts a{{}, {}, {}, {}, M, K, M, 0};
 #if defined(__AVX512VNNI__)
   // AMX: blocks of at most 16 rows, all of one size (the tiles are configured once), the
   // last padded with zero rows
-  const bool amx = amx_min_rows > 0 && M >= amx_min_rows && amx_granted();
-  const int64_t blocks = (M + AMX_ROWS - 1) / AMX_ROWS;
-  const int block = amx ? int((M + blocks - 1) / blocks) : 0;
-  const int64_t rows_run = amx ? blocks * block : M;
-#else
-  // AVX2: every row count runs as it is (group_rows' row loop is rolled at every block
-  // size, so 7 rows no longer compile to slower code than 8 and need no padding row)
-  const int64_t rows_run = M;
-#endif
-  auto y = at::empty({rows_run, N}, x.options().dtype(out_dtype));
-  auto xq = at::empty({rows_run, K}, x.options().dtype(at::kChar));
-  auto sx = at::empty({rows_run, KG}, x.options().dtype(at::kFloat));
-  auto c = at::empty({rows_run, KG}, x.options().dtype(at::kFloat));
-  // 6 bits only: each 16-block's sum of activation codes (other widths allocate nothing)
-  at::Tensor halves;
-  if (bits == 6) halves = at::empty({rows_run, 2 * KG}, x.options().dtype(at::kInt));
-  int32_t* hp = halves.defined() ? halves.data_ptr<int32_t>() : nullptr;
-  quantize_rows(x, xq.data_ptr<int8_t>(), sx.data_ptr<float>(), c.data_ptr<float>(), hp);
-  if (rows_run > M)  // AMX's padding rows: no zero-length ops on every decode call
-    for (auto* t : {&xq, &sx, &c, &halves})
-      if (t->defined()) t->narrow(0, M, rows_run - M).zero_();
-
-  const auto* w = records.data_ptr<uint8_t>();
-  const float* b = (bias.defined() && bias.numel()) ? bias.data_ptr<float>() : nullptr;
-  const bool bf16_out = out_dtype == at::kBFloat16;
-  void* out = y.data_ptr();
-  const int8_t* xqp = xq.data_ptr<int8_t>();
-  const float* sxp = sx.data_ptr<float>();
-  const float* cp = c.data_ptr<float>();
-  const int rows = int(rows_run);
-  const int64_t per_tile = records.stride(0);
-  const Rows all{xqp, sxp, cp, hp, out, K, KG, N, bf16_out ? 2 : 4};
-#if defined(__AVX512VNNI__)
-  if (amx) {
-    at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-      if (bits == 4)
-        tiles_amx<4>(t0, t1, per_tile, block, rows, w, all, b, bf16_out);
-      else if (bits == 6)
-        tiles_amx<6>(t0, t1, per_tile, block, rows, w, all, b, bf16_out);
-      else
-        tiles_amx<8>(t0, t1, per_tile, block, rows, w, all, b, bf16_out);
-    });
-    return rows_run == M ? y : y.narrow(0, 0, M);
+  if (amx_min_rows > 0 && M >= amx_min_rows && amx_granted()) {
+    const int64_t blocks = (M + AMX_ROWS - 1) / AMX_ROWS;
+    a.block = int((M + blocks - 1) / blocks);
+    a.rows_run = blocks * a.block;
   }
 #endif
-  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const uint8_t* wt = w + t * per_tile;
-      if (bits == 4)
-        tile_all_rows<4>(rows, wt, all, b, bf16_out, t * NT);
-      else if (bits == 6)
-        tile_all_rows<6>(rows, wt, all, b, bf16_out, t * NT);
-      else
-        tile_all_rows<8>(rows, wt, all, b, bf16_out, t * NT);
+  // AVX2: every row count runs as it is (group_rows' row loop is rolled at every block
+  // size, so 7 rows no longer compile to slower code than 8 and need no padding row)
+  a.xq = at::empty({a.rows_run, K}, x.options().dtype(at::kChar));
+  a.sx = at::empty({a.rows_run, KG}, x.options().dtype(at::kFloat));
+  a.c = at::empty({a.rows_run, KG}, x.options().dtype(at::kFloat));
+  if (six) a.halves = at::empty({a.rows_run, 2 * KG}, x.options().dtype(at::kInt));
+  if (M == 0) return a;
+  quantize_rows(x, a.xq.data_ptr<int8_t>(), a.sx.data_ptr<float>(), a.c.data_ptr<float>(),
+                six ? a.halves.data_ptr<int32_t>() : nullptr);
+  if (a.rows_run > M)  // AMX's padding rows: no zero-length ops on every decode call
+    for (auto* t : {&a.xq, &a.sx, &a.c, &a.halves})
+      if (t->defined()) t->narrow(0, M, a.rows_run - M).zero_();
+  return a;
+}
+
+// One matrix of a call: its records, width, bias (fp32 or null) and first output column
+struct Part {
+  const uint8_t* w;
+  int64_t tiles, per_tile, bits;
+  const float* bias;
+  int64_t col;
+};
+
+Part check_part(const Acts& a, const at::Tensor& records, int64_t bits, const at::Tensor& bias,
+                int64_t col) {
+  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "bits must be 4, 6 or 8");
+  const int64_t KG = a.K / G;
+  const bool fits = bits == 8
+      ? records.dim() == 3 && records.size(1) == KG && records.size(2) == record_bytes<8>()
+      : records.dim() == 2 && records.size(1) == tile_bytes(KG, bits);
+  TORCH_CHECK(fits, "weight layout does not match x");
+  TORCH_CHECK(records.is_contiguous() && records.scalar_type() == at::kByte,
+              "weights must be contiguous uint8 records");
+  const int64_t N = records.size(0) * NT;
+  TORCH_CHECK(!bias.defined() || bias.numel() == 0 || bias.numel() == N, "bias size");
+  const float* b = (bias.defined() && bias.numel()) ? bias.data_ptr<float>() : nullptr;
+  return {records.data_ptr<uint8_t>(), records.size(0), records.stride(0), bits, b, col};
+}
+
+// Every tile of every part in one parallel region (threads split the tiles of all parts
+// as one range: columns only, so a row's result never depends on the other rows), each
+// part writing its own columns of `y` [rows_run, ldo].
+void run_parts(const Acts& a, const std::vector<Part>& parts, at::Tensor& y) {
+  const bool bf16_out = y.scalar_type() == at::kBFloat16;
+  const int64_t esize = bf16_out ? 2 : 4, ldo = y.size(1), KG = a.K / G;
+  std::vector<int64_t> first{0};
+  for (const Part& p : parts) first.push_back(first.back() + p.tiles);
+  const int8_t* xq = a.xq.data_ptr<int8_t>();
+  const float* sx = a.sx.data_ptr<float>();
+  const float* c = a.c.data_ptr<float>();
+  const int32_t* hp = a.halves.defined() ? a.halves.data_ptr<int32_t>() : nullptr;
+  char* out = static_cast<char*>(y.data_ptr());
+  const int rows = int(a.rows_run);
+  at::parallel_for(0, first.back(), 1, [&](int64_t t0, int64_t t1) {
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const Part& p = parts[i];
+      const int64_t lo = std::max(t0, first[i]) - first[i], hi = std::min(t1, first[i + 1]) - first[i];
+      if (lo >= hi) continue;
+      const Rows all{xq, sx, c, hp, out + p.col * esize, a.K, KG, ldo, esize};
+#if defined(__AVX512VNNI__)
+      if (a.block) {
+        if (p.bits == 4)
+          tiles_amx<4>(lo, hi, p.per_tile, a.block, rows, p.w, all, p.bias, bf16_out);
+        else if (p.bits == 6)
+          tiles_amx<6>(lo, hi, p.per_tile, a.block, rows, p.w, all, p.bias, bf16_out);
+        else
+          tiles_amx<8>(lo, hi, p.per_tile, a.block, rows, p.w, all, p.bias, bf16_out);
+        continue;
+      }
+#endif
+      for (int64_t t = lo; t < hi; ++t) {
+        const uint8_t* wt = p.w + t * p.per_tile;
+        if (p.bits == 4)
+          tile_all_rows<4>(rows, wt, all, p.bias, bf16_out, t * NT);
+        else if (p.bits == 6)
+          tile_all_rows<6>(rows, wt, all, p.bias, bf16_out, t * NT);
+        else
+          tile_all_rows<8>(rows, wt, all, p.bias, bf16_out, t * NT);
+      }
     }
   });
-  return rows_run == M ? y : y.narrow(0, 0, M);
+}
+
+}  // namespace
+
+// x [M, K] fp32 or bf16; each of `records` uint8 [N_i/16, K/32, 512 code bytes + 64] (8
+// bits) or [N_i/16, tile_bytes(K/32, bits_i)] (4 and 6 bits); bias fp32 [sum N_i] or empty.
+// Returns [M, sum N_i] in `out_dtype` (fp32 or bf16): the parts' outputs side by side, as
+// their separate calls concatenated would be, bit for bit (one quantisation of x, one
+// parallel region).
+at::Tensor qlinear_parts(const at::Tensor& x, const std::vector<at::Tensor>& records,
+                         const std::vector<int64_t>& bits, const at::Tensor& bias,
+                         at::ScalarType out_dtype) {
+  TORCH_CHECK(!records.empty() && records.size() == bits.size(), "one width per part");
+  TORCH_CHECK(out_dtype == at::kFloat || out_dtype == at::kBFloat16, "out must be fp32 or bf16");
+  const bool six = std::find(bits.begin(), bits.end(), 6) != bits.end();
+  const Acts a = quantize_acts(x, six);
+  std::vector<Part> parts;
+  int64_t N = 0;
+  for (size_t i = 0; i < records.size(); ++i) {
+    parts.push_back(check_part(a, records[i], bits[i], at::Tensor(), N));
+    N += parts.back().tiles * NT;
+  }
+  TORCH_CHECK(!bias.defined() || bias.numel() == 0 || bias.numel() == N, "bias size");
+  if (bias.defined() && bias.numel())
+    for (Part& p : parts) p.bias = bias.data_ptr<float>() + p.col;
+  if (a.M == 0) return at::empty({0, N}, x.options().dtype(out_dtype));
+  auto y = at::empty({a.rows_run, N}, x.options().dtype(out_dtype));
+  run_parts(a, parts, y);
+  return a.rows_run == a.M ? y : y.narrow(0, 0, a.M);
+}
+
+// one matrix: qlinear_parts of one part
+at::Tensor qlinear(const at::Tensor& x, const at::Tensor& records, const at::Tensor& bias,
+                   int64_t bits, at::ScalarType out_dtype) {
+  return qlinear_parts(x, {records}, {bits}, bias, out_dtype);
 }

@@ -5,7 +5,7 @@ to and including the first whose probability is under p_min."""
 import pytest
 import torch
 
-from drafter_service.draft_model import DraftModelProposer
+from drafter_service.draft_model import DraftModelProposer, greedy_pick
 from specd.params import SamplingParams
 from specd.proposal import DraftState
 from tests.unit.test_drafter_cuts import PROMPT, prefill_logits
@@ -69,3 +69,23 @@ def test_p_min_outside_zero_one_is_refused(p_min):
 
     with pytest.raises(ValueError, match="p_min"):
         DrafterConfig(p_min=p_min)
+
+
+def test_greedy_pick_is_topk_and_softmax():
+    """The greedy draw's argmax, probability and runner-up (numpy on the CPU) are topk's
+    and softmax's, including rows of masked (-inf) logits, a runner-up whose exp underflows
+    and a single finite logit."""
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randn(1000, generator=g) * scale for scale in (1, 5, 40)]
+    masked = torch.randn(1000, generator=g)
+    masked[torch.randperm(1000, generator=g)[:990]] = float("-inf")
+    far = torch.full((50,), float("-inf"))
+    far[3], far[7] = 1.0, -200.0  # exp(-201) is 0 in fp32
+    alone = torch.full((5,), float("-inf"))
+    alone[2] = 0.0
+    for row in rows + [masked, far, alone]:
+        col, confidence, other = greedy_pick(row)
+        best, top = row.topk(2)
+        assert col == int(top[0])
+        assert confidence == pytest.approx(float(row.softmax(-1).max()), rel=1e-5)
+        assert other == (int(top[1]) if best[1].isfinite() else None)

@@ -11,7 +11,13 @@ from dataclasses import dataclass
 import torch
 
 from specd.draws import draw_randomness
-from specd.logits import logits_to_probs, onehot_probs, presence_of_paths, sparse_to_dense
+from specd.logits import (
+    argmax_rows,
+    logits_to_probs,
+    onehot_probs,
+    presence_of_paths,
+    sparse_to_dense,
+)
 from specd.proposal import Proposal
 from specd.sampling import Alternatives, Verified, greedy_verify, rejection_sample
 from verifier_service import tree
@@ -110,7 +116,7 @@ def _greedy(items) -> dict:
     for i, (r, rows) in enumerate(items):
         if r.seq.params.repetition_penalty != 1.0:
             rows = _target_rows(r.seq, r.proposal, rows)
-        _place(argmax, i, rows.argmax(-1).cpu(), ks[i], k_max)
+        _place(argmax, i, argmax_rows(rows).cpu(), ks[i], k_max)
     out = greedy_verify(
         argmax, _drafts(items, k_max), torch.tensor(ks), _alternatives(items, a_max)
     )

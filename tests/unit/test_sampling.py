@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specd.draws import draw_randomness, make_generator
-from specd.logits import logits_to_probs, onehot_probs, presence_rows, sparse_to_dense
+from specd.logits import argmax_rows, logits_to_probs, onehot_probs, presence_rows, sparse_to_dense
 from specd.params import SamplingParams
 from specd.sampling import greedy_verify, rejection_sample
 
@@ -222,3 +222,17 @@ def test_a_one_percent_wrong_sampler_is_caught(k):
     target, draft = chain(SamplingParams(temperature=1.0), seed=k)
     samples = simulate(target, draft, k, "dense", N, seed=7, corrupt=0.01)
     assert fails_exactness(samples, target)
+
+
+def test_argmax_rows_is_torchs_argmax():
+    """The greedy verification's argmax (numpy on the CPU) answers as torch.argmax: the
+    first of tied largest values, NaN counting as the largest, strided rows."""
+    g = torch.Generator().manual_seed(4)
+    rows = torch.randn(6, 1000, generator=g)
+    rows[1, [10, 500]] = 9.0  # a tie: the first
+    rows[2, 700] = float("nan")
+    rows[3] = float("-inf")
+    rows[4, :] = 0.0
+    for x in (rows, rows[::2], rows[:, 3:]):
+        assert torch.equal(argmax_rows(x), x.argmax(-1))
+    assert argmax_rows(rows)[1] == 10 and argmax_rows(rows)[2] == 700

@@ -171,7 +171,7 @@ def run_cell(decisions: DraftDecisions, texts: list, mode, machine: Machine, cap
             controller.costs.record_step([k], took, catch_up, stopping)
             seq.decided(reason, k)
             seq.stats.record(drafts, accepted)
-            controller.record(bounds.route, seq.positions, drafts, accepted)
+            controller.record(bounds.route, seq.positions, k if drafts else 0, accepted, drafts)
             seconds += took
             tokens += len(seq.append([7] * (accepted + 1)))
     return tokens / seconds

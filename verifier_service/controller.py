@@ -146,13 +146,22 @@ class Controller:
         """A sequence's a_i: its own rounds over its route's `route_rates`."""
         return seq.rates(route_rates, self.config.route_strength)
 
-    def record(self, route: str, seq: PositionAcceptance, k: int, accepted: int) -> None:
-        """One decode step's round of a sequence on `route` (k = 0: it ran plain)."""
+    def record(
+        self, route: str, seq: PositionAcceptance, k: int, accepted: int, drafted: int | None = None
+    ) -> None:
+        """One decode step's round of a sequence on `route`, planned at k drafts (k = 0: it
+        ran plain), of which `drafted` came (default k). The estimates learn the round as
+        planned: where the drafter stopped short (its p_min), the position after its last
+        draft counts as missed. E(k) is then what a round planned at k yields, as the step
+        cost it is divided by is what such rounds took (verifier_service/costs.py).
+        Counted by the drafts alone, chat (a drafter sure at 44% of positions) was
+        predicted ~30% more tokens a round than it made, and `auto` drafted at c = 2 where
+        plain was 10% faster (BENCHMARKS.md section 44)."""
         c = self.config
         if k:
             seq.record(k, accepted)
             seq.limit(c.sequence_rounds)
-            self.routes.record(route, k, accepted)
+            self.routes.record(route, k, accepted, k if drafted is None else drafted)
         else:
             seq.decay(c.sequence_decay)
 

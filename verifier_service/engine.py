@@ -211,7 +211,11 @@ class Engine:
         if r.slot.decode:
             seq.decided(r.slot.decision.reason, r.slot.k)
         seq.stats.record(k, accepted)
-        self.scheduler.controller.record(seq.speculation.route, seq.positions, k, accepted)
+        # the controller learns the round as planned (a round the drafter stopped short
+        # missed the position after its last draft), as its step costs are measured
+        planned = max(r.slot.k, k) if k and r.slot.decode else k
+        controller = self.scheduler.controller
+        controller.record(seq.speculation.route, seq.positions, planned, accepted, k)
         self.totals.record(k, accepted)
         if seq.span is not None and k:
             seq.span.add_event("speculation.round", {"k": k, "accepted": accepted})

@@ -65,7 +65,9 @@ class RouteAcceptance:
         self._stamp[route] = now
         return short, long
 
-    def record(self, route: str, k: int, accepted: int) -> None:
+    def record(self, route: str, k: int, accepted: int, drafted: int | None = None) -> None:
+        """A round planned at k drafts (positions), of which `drafted` came (default k: the
+        load report's accepted / drafted counts those)."""
         if k <= 0:
             return
         short, long = self._aged(route)
@@ -73,7 +75,7 @@ class RouteAcceptance:
             memory.record(k, accepted, self.fade)
             memory.limit(rounds)
         d, a = self._overall.get(route, [0.0, 0.0])
-        self._overall[route] = [d + k, a + accepted]
+        self._overall[route] = [d + (k if drafted is None else drafted), a + accepted]
 
     def positions(self, route: str) -> PositionAcceptance:
         """The short memory's counts."""

@@ -12,6 +12,7 @@ from specd.models.paged_kv import PagedKV
 from specd.params import SamplingParams
 from specd.proposal import DraftState
 from tests.conftest import run_engine
+from verifier_service.acceptance import expected_tokens
 from verifier_service.engine import Engine
 from verifier_service.frontend import AsyncEngine
 from verifier_service.request import Request, SpeculationBounds
@@ -452,3 +453,52 @@ def test_whole_decode_steps_are_measured_by_their_plan_and_switches_apart(tiny_p
             group = []
     assert rounds[0] == (False, False) and (True, True) in rounds
     assert all(steady_round == recorded for steady_round, recorded in rounds)
+
+
+class FirstDraftProposer:
+    """Drafts only the first token of the greedy answer, whatever k a round asks for (as
+    a drafter whose p_min stops every round after one draft)."""
+
+    available = True
+
+    def __init__(self, answers: dict[tuple, list[int]]):
+        self.answers = answers
+
+    def propose(self, states):
+        from specd.proposal import Proposal
+
+        out = []
+        for s in states:
+            prompt = next(p for p in self.answers if list(p) == s.tokens[: len(p)])
+            done = len(s.tokens) - len(prompt)
+            out.append(Proposal(tokens=self.answers[prompt][done : done + 1]))
+        return out
+
+    def close(self, seq_id):
+        pass
+
+
+def test_a_round_stopped_short_counts_as_planned_for_the_controller(tiny_pair):
+    """Rounds planned at k = 4 that come back with one (accepted) draft: the controller
+    learns position 1 as missed, so its E(4) is what such rounds make (2 tokens), while
+    the response and the load report count the drafts that came."""
+    target, _ = tiny_pair
+    reqs = [dict(prompt=p, max_new_tokens=24) for p in PROMPTS[:2]]
+    off = run_engine(make_engine(tiny_pair), reqs)
+    answers = {tuple(r["prompt"]): out for r, out in zip(reqs, off.values(), strict=True)}
+    answers = dict(sorted(answers.items(), key=lambda kv: -len(kv[0])))
+    engine = Engine(
+        target, EngineConfig(num_blocks=256, block_size=4), FirstDraftProposer(answers), set()
+    )
+    outputs = []
+    ids = [engine.add_request(Request(**dict(r, num_draft=4))) for r in reqs]
+    while engine.has_work():
+        outputs += [o for o in engine.step() if o.finish_reason]
+    assert {o.seq_id for o in outputs} == set(ids)
+    for o in outputs:
+        assert o.stats.drafted == o.stats.accepted == o.stats.rounds > 5  # one draft a round
+    controller = engine.scheduler.controller
+    rates = controller.route_rates("default")
+    assert rates[0] > 0.9 and rates[1] < 0.2  # position 1 missed, not untried
+    assert controller.routes.rates()["default"] == pytest.approx(1.0)  # accepted / drafted
+    assert expected_tokens(rates, 4) < 2.2

@@ -43,7 +43,10 @@ class CostCurve:
             # events: the second replaces it, an EMA from the third
             self._by_size[size] = seconds
         else:
-            self._by_size[size] = old + self.weight * (seconds - old)
+            # the mean of the samples since the second, until that weighs each less than
+            # the EMA does (a small weight then costs no slow start)
+            weight = max(self.weight, 1.0 / count)
+            self._by_size[size] = old + weight * (seconds - old)
         self._counts[size] = count + 1
 
     def samples(self, size: int) -> int:
@@ -96,7 +99,13 @@ class StepCosts:
     AVX2 CPU, whose kernel runs rows in blocks, k = 3 took 99 ms and k = 4 and 5 took 128
     and 153, where the line through k = 1-6 put them at 102, 124 and 146 (section 40)."""
 
-    def __init__(self, weight: float = 0.1):
+    # A drafting step's cost varies from step to step: its drafter stops the round
+    # where it is unsure (p_min), so a step planned at k = 6 drafts anywhere from 1 to 6.
+    # At an EMA weight of 0.1 that noise flipped `auto` between near-tied k (code at c = 1
+    # ran k = 3-6 where k = 6 was best); at 0.03 the replay gave 0.986 of the best fixed
+    # k instead of 0.979, chat 0.998 instead of 0.994, and as well where the machine's
+    # speed wanders (BENCHMARKS.md section 44)
+    def __init__(self, weight: float = 0.03):
         self.weight = weight
         self._plain = CostCurve(weight, extrapolate=False)
         self._drafting: dict[int, CostCurve] = {}

@@ -213,7 +213,7 @@ class Engine:
         seq.stats.record(k, accepted)
         # the controller learns the round as planned (a round the drafter stopped short
         # missed the position after its last draft), as its step costs are measured
-        planned = max(r.slot.k, k) if k and r.slot.decode else k
+        planned = r.slot.k if k else 0  # drafts come only to decode slots of k > 0
         controller = self.scheduler.controller
         controller.record(seq.speculation.route, seq.positions, planned, accepted, k)
         self.totals.record(k, accepted)

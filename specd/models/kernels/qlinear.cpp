@@ -759,8 +759,8 @@ struct Part {
   int64_t col;
 };
 
-Part check_part(const Acts& a, const at::Tensor& records, int64_t bits, const at::Tensor& bias,
-                int64_t col) {
+// a part's records checked against x's width; its bias is set by the caller
+Part check_part(const Acts& a, const at::Tensor& records, int64_t bits, int64_t col) {
   TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "bits must be 4, 6 or 8");
   const int64_t KG = a.K / G;
   const bool fits = bits == 8
@@ -769,10 +769,7 @@ Part check_part(const Acts& a, const at::Tensor& records, int64_t bits, const at
   TORCH_CHECK(fits, "weight layout does not match x");
   TORCH_CHECK(records.is_contiguous() && records.scalar_type() == at::kByte,
               "weights must be contiguous uint8 records");
-  const int64_t N = records.size(0) * NT;
-  TORCH_CHECK(!bias.defined() || bias.numel() == 0 || bias.numel() == N, "bias size");
-  const float* b = (bias.defined() && bias.numel()) ? bias.data_ptr<float>() : nullptr;
-  return {records.data_ptr<uint8_t>(), records.size(0), records.stride(0), bits, b, col};
+  return {records.data_ptr<uint8_t>(), records.size(0), records.stride(0), bits, nullptr, col};
 }
 
 // Every tile of every part in one parallel region (threads split the tiles of all parts
@@ -836,7 +833,7 @@ at::Tensor qlinear_parts(const at::Tensor& x, const std::vector<at::Tensor>& rec
   std::vector<Part> parts;
   int64_t N = 0;
   for (size_t i = 0; i < records.size(); ++i) {
-    parts.push_back(check_part(a, records[i], bits[i], at::Tensor(), N));
+    parts.push_back(check_part(a, records[i], bits[i], N));
     N += parts.back().tiles * NT;
   }
   TORCH_CHECK(!bias.defined() || bias.numel() == 0 || bias.numel() == N, "bias size");

@@ -12,7 +12,6 @@ from specd.models.paged_kv import PagedKV
 from specd.params import SamplingParams
 from specd.proposal import DraftState
 from tests.conftest import run_engine
-from verifier_service.acceptance import expected_tokens
 from verifier_service.engine import Engine
 from verifier_service.frontend import AsyncEngine
 from verifier_service.request import Request, SpeculationBounds
@@ -305,54 +304,6 @@ def test_greedy_parity_with_alternative_leaves(tiny_pair, k, penalty):
     assert engine.kv.allocator.num_used == 0 and proposer.kv.allocator.num_used == 0
 
 
-class OracleProposer:
-    """Knows the greedy answer: drafts it with one token wrong at depth `wrong_at`, and
-    the right token as the alternative beside it, so every round goes down a branch."""
-
-    available = True
-
-    def __init__(self, answers: dict[tuple, list[int]], wrong_at: int, vocab: int):
-        self.answers, self.wrong_at, self.vocab = answers, wrong_at, vocab
-
-    def propose(self, states):
-        from specd.proposal import Proposal
-
-        out = []
-        for s in states:
-            prompt = next(p for p in self.answers if list(p) == s.tokens[: len(p)])
-            done = len(s.tokens) - len(prompt)
-            right = self.answers[prompt][done : done + s.k]
-            if len(right) <= self.wrong_at:
-                out.append(Proposal(tokens=right))
-                continue
-            chain = list(right)
-            chain[self.wrong_at] = (right[self.wrong_at] + 1) % self.vocab
-            out.append(Proposal(tokens=chain, alts=[(self.wrong_at, right[self.wrong_at])]))
-        return out
-
-    def close(self, seq_id):
-        pass
-
-
-@pytest.mark.parametrize("wrong_at", [0, 2])
-def test_a_branch_taken_every_round_keeps_parity(tiny_pair, wrong_at):
-    target, _ = tiny_pair
-    reqs = [dict(prompt=p, max_new_tokens=24) for p in PROMPTS[:2]]
-    off = run_engine(make_engine(tiny_pair), reqs)
-    answers = {tuple(r["prompt"]): out for r, out in zip(reqs, off.values(), strict=True)}
-    # a short prompt ends in its first prefix: look the longest prompts up first
-    answers = dict(sorted(answers.items(), key=lambda kv: -len(kv[0])))
-    proposer = OracleProposer(answers, wrong_at, target.args.vocab_size)
-    engine = Engine(target, EngineConfig(num_blocks=256, block_size=4), proposer, eos_ids=set())
-    moved = _calls(engine.kv, "move")
-    on = run_engine(engine, [dict(r, num_draft=4) for r in reqs])
-    assert list(on.values()) == list(off.values())
-    assert len(moved) >= 4  # every full round moved the branch's K/V
-    # each full round accepts up to the branch: wrong_at + 1 drafts
-    assert engine.totals.accepted >= (wrong_at + 1) * 4
-    assert engine.kv.allocator.num_used == 0
-
-
 def test_alternatives_are_dropped_when_the_step_is_large(tiny_pair):
     target, draft = tiny_pair
     # lengths differ, so the batch shrinks to one sequence, whose 1 + 3 + 3 tokens fit
@@ -453,52 +404,3 @@ def test_whole_decode_steps_are_measured_by_their_plan_and_switches_apart(tiny_p
             group = []
     assert rounds[0] == (False, False) and (True, True) in rounds
     assert all(steady_round == recorded for steady_round, recorded in rounds)
-
-
-class FirstDraftProposer:
-    """Drafts only the first token of the greedy answer, whatever k a round asks for (as
-    a drafter whose p_min stops every round after one draft)."""
-
-    available = True
-
-    def __init__(self, answers: dict[tuple, list[int]]):
-        self.answers = answers
-
-    def propose(self, states):
-        from specd.proposal import Proposal
-
-        out = []
-        for s in states:
-            prompt = next(p for p in self.answers if list(p) == s.tokens[: len(p)])
-            done = len(s.tokens) - len(prompt)
-            out.append(Proposal(tokens=self.answers[prompt][done : done + 1]))
-        return out
-
-    def close(self, seq_id):
-        pass
-
-
-def test_a_round_stopped_short_counts_as_planned_for_the_controller(tiny_pair):
-    """Rounds planned at k = 4 that come back with one (accepted) draft: the controller
-    learns position 1 as missed, so its E(4) is what such rounds make (2 tokens), while
-    the response and the load report count the drafts that came."""
-    target, _ = tiny_pair
-    reqs = [dict(prompt=p, max_new_tokens=24) for p in PROMPTS[:2]]
-    off = run_engine(make_engine(tiny_pair), reqs)
-    answers = {tuple(r["prompt"]): out for r, out in zip(reqs, off.values(), strict=True)}
-    answers = dict(sorted(answers.items(), key=lambda kv: -len(kv[0])))
-    engine = Engine(
-        target, EngineConfig(num_blocks=256, block_size=4), FirstDraftProposer(answers), set()
-    )
-    outputs = []
-    ids = [engine.add_request(Request(**dict(r, num_draft=4))) for r in reqs]
-    while engine.has_work():
-        outputs += [o for o in engine.step() if o.finish_reason]
-    assert {o.seq_id for o in outputs} == set(ids)
-    for o in outputs:
-        assert o.stats.drafted == o.stats.accepted == o.stats.rounds > 5  # one draft a round
-    controller = engine.scheduler.controller
-    rates = controller.route_rates("default")
-    assert rates[0] > 0.9 and rates[1] < 0.2  # position 1 missed, not untried
-    assert controller.routes.rates()["default"] == pytest.approx(1.0)  # accepted / drafted
-    assert expected_tokens(rates, 4) < 2.2

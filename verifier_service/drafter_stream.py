@@ -48,8 +48,8 @@ class DraftStream:
         except grpc.RpcError as exc:
             log.warning("drafter stream ended: %s", exc.code())
         finally:
-            self.alive = False
             with self._lock:
+                self.alive = False
                 waiters, self._waiters = list(self._waiters.values()), {}
             for event, _ in waiters:
                 event.set()
@@ -57,6 +57,11 @@ class DraftStream:
     def call(self, request, timeout_s: float):
         waiter = [threading.Event(), None]
         with self._lock:
+            # checked under the lock the reader ends under: a waiter added after the reader
+            # woke the last ones would wait out the whole timeout (a dead drafter then
+            # stalled every round of the batch for `timeout_s`)
+            if not self.alive:
+                raise ConnectionError("drafter stream closed")
             self._waiters[request.round] = waiter
         self._requests.put(request)
         if not waiter[0].wait(timeout_s):

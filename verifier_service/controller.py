@@ -14,7 +14,8 @@ the forward's cost by rows plus a drafter round, scaled by how the measured step
 with their composed estimates. S(k) is what switching costs, measured on the steps that
 switched: the drafter catching up (a new prompt, or what it skipped while plain) for
 those that start drafting, and drafting ahead for those that stop; H is the steps the
-sequences may run so (their remaining tokens / E, at most `horizon`). A tie per step is
+sequences may run so (their remaining tokens / E, at most `horizon`; 1 in a dip, where
+the batch was larger a moment ago or more sequences wait to join it). A tie per step is
 thus no reason to flip: every flip pays S (BENCHMARKS.md section 20). Plain decoding is
 tokens = B, time = T(B, 0) + S(0) / H. The controller
 takes the k with the best tokens/time for every sequence of the step at once (a sequence
@@ -165,20 +166,25 @@ class Controller:
         else:
             seq.decay(c.sequence_decay)
 
-    def plan(self, candidates: list[Candidate], fixed: Fixed = Fixed()) -> Plan:
+    def plan(self, candidates: list[Candidate], fixed: Fixed = Fixed(), dip: bool = False) -> Plan:
         """Drafts per candidate for one step, beside the `fixed` rest of the batch.
+
+        `dip`: the batch was larger a moment ago, or sequences wait to join it, so a plan
+        for this smaller batch may last one step: a switch to drafting is priced whole,
+        not spread over the steps the sequences may draft.
 
         A candidate left at k = 0 is `off:cost` when it would draft alone (the batch makes
         drafting too dear) or when the step would not draft even if every candidate
         accepted `good_acceptance` (the device and the batch make it too dear), and
         `off:acceptance` under its route's floor or when acceptance is what keeps it
-        plain: only those probe, so probing never adds to a loaded batch."""
+        plain: only those probe, so probing never adds to a loaded batch. In a `dip`, one
+        that would have to catch the drafter up is `off:cost` (its probe waits)."""
         if not candidates:
             return Plan([], [], 1.0)
         eligible = [c if c.accept[0] >= c.floor else _capped(c) for c in candidates]
         cfg = self.config
         if cfg.costs:
-            ks, gain = self._choose(eligible, fixed)
+            ks, gain = self._choose(eligible, fixed, dip)
         else:
             ks, gain = [c.cap for c in eligible], 1.0
         reasons, good = [], None
@@ -188,7 +194,8 @@ class Controller:
                 continue
             if good is None and cfg.costs:
                 good = self._drafts_at(candidates, fixed, cfg.good_acceptance)
-            if eligible[i].cap and (not cfg.costs or self._alone_drafts(c) or not good):
+            dear = not cfg.costs or dip and c.behind or self._alone_drafts(c) or not good
+            if eligible[i].cap and dear:
                 reasons.append("off:cost")
             elif c.probe and c.cap:
                 reasons.append("probe")
@@ -216,11 +223,13 @@ class Controller:
         self.budget_s -= max(cost, 0.0)
         return True
 
-    def _choose(self, candidates: list[Candidate], fixed: Fixed) -> tuple[list[int], float]:
+    def _choose(
+        self, candidates: list[Candidate], fixed: Fixed, dip: bool = False
+    ) -> tuple[list[int], float]:
         """The arm (k) for this step with the hysteresis and the exploring episodes;
         -> (ks per candidate, predicted gain over plain)."""
         cfg, sequences = self.config, fixed.sequences + len(candidates)
-        rates = self._rates(candidates, fixed)
+        rates = self._rates(candidates, fixed, dip)
         best = max(range(1, len(rates)), key=lambda k: rates[k], default=0)
         # hysteresis: a drafting batch stays on while drafting predicts `stay_margin`
         # better than plain, and a plain one waits for `margin` better (by batch size)
@@ -309,7 +318,7 @@ class Controller:
         rates = self._rates(candidates, fixed)
         return max(rates[1:], default=0.0) >= rates[0] * (1 + self.config.margin)
 
-    def _rates(self, candidates: list[Candidate], fixed: Fixed) -> list[float]:
+    def _rates(self, candidates: list[Candidate], fixed: Fixed, dip: bool = False) -> list[float]:
         """Predicted tokens/s when every candidate drafts min(k, its cap), k = 0..max cap."""
         top = max((c.cap for c in candidates), default=0)
         out = []
@@ -318,17 +327,20 @@ class Controller:
             tokens = fixed.tokens + sum(
                 expected_tokens(c.accept, j) for c, j in zip(candidates, ks, strict=True)
             )
-            seconds = self._step_s(ks, fixed) + self._switch_s(candidates, ks)
+            seconds = self._step_s(ks, fixed) + self._switch_s(candidates, ks, dip)
             out.append(tokens / seconds if seconds > 0 else 0.0)
         return out
 
-    def _switch_s(self, candidates: list[Candidate], ks: list[int]) -> float:
+    def _switch_s(self, candidates: list[Candidate], ks: list[int], dip: bool = False) -> float:
         """What switching the candidates to `ks` adds per step: the drafter's catch-up for
         those that start drafting, its drafting ahead for those that stop, spread over the
         steps they may run so (their mean remaining tokens at this k, up to `horizon`)."""
         extra = self.costs.switch_s(*_switching(candidates, ks))
-        if not extra:
-            return 0.0
+        if not extra or dip:
+            # in a dip, the batch that comes back runs plain: each wave of 4 code requests
+            # at c = 4 started with one alone that caught the drafter up on its prompt for
+            # a single round (~130 ms), and delayed the others' prefill by it
+            return extra
         steps = [
             c.remaining / expected_tokens(c.accept, k)
             for c, k in zip(candidates, ks, strict=True)

@@ -59,7 +59,9 @@ class DraftDecisions:
             fixed[i] = Decision(k, reason, 1.0)
             rows, most = rows + 1 + k, max(most, k)
             tokens += expected_tokens(accept, k)
-        plan = self.controller.plan(candidates, Fixed(len(fixed), rows, tokens, most))
+        # fewer ready than the batch had a moment ago (or than run and wait now): a dip
+        dip = recent > len(ready)
+        plan = self.controller.plan(candidates, Fixed(len(fixed), rows, tokens, most), dip)
         for i, k, reason in zip(auto, plan.ks, plan.reasons, strict=True):
             fixed[i] = Decision(k, reason, plan.gain)
         return [fixed[i] for i in range(len(ready))]

@@ -287,6 +287,20 @@ def test_a_switch_pays_for_itself_before_the_batch_flips():
     assert tie.plan([Candidate(2, accept, remaining=64)] * 4).ks == [2] * 4
 
 
+def test_in_a_dip_a_switch_to_drafting_is_priced_whole():
+    # alone, a code sequence gains ~16% by drafting 2 once its drafter has its prompt,
+    # which costs 0.3 s: worth it over the ~24 steps it may draft alone, not over the one
+    # step before the batch that was here a moment ago (and runs plain) comes back
+    c = measured(CODE_STEP_S)
+    c.costs.record_step([2], CODE_STEP_S[(1, 2)] + 0.3, catch_up=100)
+    fresh = Candidate(6, CODE_ACCEPT, behind=100, remaining=64)
+    assert c.plan([fresh]).ks[0] > 0
+    dip = c.plan([fresh], dip=True)
+    assert dip.ks == [0] and dip.reasons == ["off:cost"]
+    caught_up = Candidate(6, CODE_ACCEPT, remaining=64)  # it drafted last step: no switch
+    assert c.plan([caught_up], dip=True).ks == c.plan([caught_up]).ks != [0]
+
+
 def run_batch(c: Controller, accept, true_s, switch_s, steps: int, probe_every: int = 0):
     """`steps` decode steps of a batch of 8 that never changes; each is recorded at its
     true cost plus what its switches cost. -> seconds spent beyond plain decoding."""

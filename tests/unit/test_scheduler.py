@@ -188,6 +188,22 @@ def test_decisions_gate_on_the_largest_recent_batch_and_on_kv():
     assert decide([gated], batch=2, kv_used=0.6)[0].reason == "off:kv"
 
 
+def test_decisions_tell_the_controller_of_a_dip_in_the_batch():
+    sched = _scheduler()
+    clock = FakeClock()
+    decide = DraftDecisions(sched.controller, sched.config, clock).decide
+    dips = []
+    plan = sched.controller.plan
+    sched.controller.plan = lambda cands, fixed, dip: dips.append(dip) or plan(cands, fixed, dip)
+    auto = [_seq(i, speculation=SpeculationBounds(auto=True)) for i in range(4)]
+    decide(auto, batch=4, kv_used=0.1)
+    decide(auto[:1], batch=1, kv_used=0.1)  # three finished a moment ago
+    clock.now = 2.0
+    decide(auto[:1], batch=1, kv_used=0.1)  # the batch has been one for a while
+    decide(auto[:1], batch=3, kv_used=0.1)  # two more wait for their prefill
+    assert dips == [False, True, False, True]
+
+
 def test_decisions_never_draft_past_the_tokens_left_or_the_engine_bound():
     sched = _scheduler(max_draft_tokens=3)
     decide = DraftDecisions(sched.controller, sched.config).decide

@@ -162,7 +162,7 @@ class Controller:
         if k:
             seq.record(k, accepted)
             seq.limit(c.sequence_rounds)
-            self.routes.record(route, k, accepted, k if drafted is None else drafted)
+            self.routes.record(route, k, accepted, drafted)
         else:
             seq.decay(c.sequence_decay)
 
@@ -194,7 +194,7 @@ class Controller:
                 continue
             if good is None and cfg.costs:
                 good = self._drafts_at(candidates, fixed, cfg.good_acceptance)
-            dear = not cfg.costs or dip and c.behind or self._alone_drafts(c) or not good
+            dear = not cfg.costs or (dip and c.behind) or self._alone_drafts(c) or not good
             if eligible[i].cap and dear:
                 reasons.append("off:cost")
             elif c.probe and c.cap:

@@ -23,7 +23,8 @@ under its route's `min_acceptance` is left out), with hysteresis: from plain it 
 `margin` better, once drafting it stays while `stay_margin` better (both scaled by
 (B - 1) / B: one sequence alone decides on the prediction). One episode of
 `explore_steps` in `explore_every` steps runs the least measured k among those predicted
-within `explore_window` of the best or never measured at this batch size, so a wrong guess
+within `explore_window` of the best (narrowing as 1 / sqrt(1 + its recent episodes)) or
+never measured at this batch size, so a wrong guess
 is corrected and exploring costs a bounded share of steps. The cost model is optional
 (`ControllerConfig.costs`, the engine's `cost_model`); without it every eligible sequence
 drafts its cap.
@@ -35,6 +36,7 @@ comes back by itself. Pure Python (no torch): the unit tests feed it recorded ti
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from verifier_service.acceptance import PositionAcceptance, expected_tokens
@@ -111,6 +113,7 @@ class ControllerConfig:
     explore_every: int = 32  # one exploring episode in this many planned steps (0: never)
     explore_steps: int = 2  # its length (its first step pays the switch)
     explore_window: float = 0.15  # only a k predicted within this share of the best
+    explore_memory: int = 512  # half-life, in planned steps, of a k's exploring episodes
     # exploring episodes and probes together may cost this share of the predicted step
     # time, no more: the budget grows by it each step (up to `explore_cap_s`) and pays each
     # one's predicted loss against the plan, so that at a batch where a drafting step
@@ -135,6 +138,8 @@ class Controller:
         self.drafting = True
         self._exploring: tuple[int, int, int] | None = None  # (sequences, k, steps left)
         self._since_explore = 0
+        self._planned = 0  # steps planned outside episodes (the episodes' clock)
+        self._episodes: dict[tuple[int, int], tuple[float, int]] = {}  # (B, k): (n, when)
         self.budget_s = self.config.explore_cap_s  # what exploring and probing may spend
 
     def route_rates(self, route: str) -> list[float]:
@@ -247,7 +252,7 @@ class Controller:
         self, sequences: int, candidates: list[Candidate], fixed: Fixed, rates, arm: int
     ) -> int:
         """`arm`, or the k of an exploring episode: the least measured k at this batch
-        size among those predicted within `explore_window` of the best or that no measured
+        size among those predicted within `_explore_floor` of the best or that no measured
         step at this batch size prices (a guess too pessimistic would otherwise never be
         tried; a k on the line through the measured ones is no guess: batch 4 explored k =
         5 on a composed 0.24 s and paid 0.76-0.82 s a step), once the budget pays for what
@@ -258,6 +263,7 @@ class Controller:
             self._exploring = (sequences, k, left - 1) if left > 1 else None
             return min(k, len(rates) - 1)
         self._exploring = None
+        self._planned += 1
         self._since_explore += 1
         if cfg.explore_every <= 0 or self._since_explore < cfg.explore_every:
             return arm
@@ -269,11 +275,12 @@ class Controller:
         if remaining and sum(remaining) < cfg.horizon * len(remaining):
             return arm
         self._since_explore = 0
-        floor = (1 - cfg.explore_window) * max(rates)
+        best = max(rates)
         near = [
             k
             for k, r in enumerate(rates)
-            if k != arm and (r >= floor or steps(sequences, k) is None)
+            if k != arm
+            and (steps(sequences, k) is None or r >= self._explore_floor(sequences, k) * best)
         ]
         if not near:
             return arm
@@ -282,9 +289,30 @@ class Controller:
         if cost > self.budget_s:
             return arm
         self.budget_s -= cost
+        self._explored(sequences, k)
         if cfg.explore_steps > 1:
             self._exploring = (sequences, k, cfg.explore_steps - 1)
         return k
+
+    def _explore_floor(self, sequences: int, k: int) -> float:
+        """The share of the best predicted rate that k must reach to be explored at this
+        batch size: `explore_window`, narrowing as 1 / sqrt(1 + its recent episodes), as the
+        error of a mean does. The episodes fade with a half-life of `explore_memory`
+        planned steps, so a k measured behind is looked at again, only more seldom. Code at
+        c = 2, where plain and k = 1-6 all predicted within ~12% of each other, explored
+        each of them in turn, each episode with the drafter's catch-up on both prompts
+        (~0.2 s), and lost ~3% to plain in a 50 s cell (BENCHMARKS.md section 46)."""
+        episodes = self._episodes.get((sequences, k))
+        if episodes is None:
+            return 1 - self.config.explore_window
+        count, stamp = episodes
+        count *= 0.5 ** ((self._planned - stamp) / self.config.explore_memory)
+        return 1 - self.config.explore_window / math.sqrt(1 + count)
+
+    def _explored(self, sequences: int, k: int) -> None:
+        floor = self._explore_floor(sequences, k)  # the faded count, through the window
+        count = (self.config.explore_window / (1 - floor)) ** 2 - 1
+        self._episodes[(sequences, k)] = (count + 1, self._planned)
 
     def _episode_s(self, candidates: list[Candidate], fixed: Fixed, k: int, rate: float) -> float:
         """Seconds an episode at k is predicted to lose against running at `rate`: its

@@ -14,8 +14,8 @@ the forward's cost by rows plus a drafter round, scaled by how the measured step
 with their composed estimates. S(k) is what switching costs, measured on the steps that
 switched: the drafter catching up (a new prompt, or what it skipped while plain) for
 those that start drafting, and drafting ahead for those that stop; H is the steps the
-sequences may run so (their remaining tokens / E, at most `horizon`; 1 in a dip, where
-the batch was larger a moment ago or more sequences wait to join it). A tie per step is
+sequences may run so (their remaining tokens / E, at most `horizon`; in a dip, where the
+batch was larger a moment ago or more sequences wait to join it, none starts). A tie per step is
 thus no reason to flip: every flip pays S (BENCHMARKS.md section 20). Plain decoding is
 tokens = B, time = T(B, 0) + S(0) / H. The controller
 takes the k with the best tokens/time for every sequence of the step at once (a sequence
@@ -175,8 +175,13 @@ class Controller:
         """Drafts per candidate for one step, beside the `fixed` rest of the batch.
 
         `dip`: the batch was larger a moment ago, or sequences wait to join it, so a plan
-        for this smaller batch may last one step: a switch to drafting is priced whole,
-        not spread over the steps the sequences may draft.
+        for this smaller batch may last a step or two: no candidate starts catching the
+        drafter up (those that drafted last step may go on), and nothing explores. At
+        c = 2 and 4 each wave of code requests began with one alone that caught the
+        drafter up on its prompt and drafted for one step before the batch came back
+        and ran plain, its catch-up (~50-150 ms) delaying the others' prefill; priced
+        whole, a short prompt's catch-up still looked worth one round (BENCHMARKS.md
+        sections 45, 46).
 
         A candidate left at k = 0 is `off:cost` when it would draft alone (the batch makes
         drafting too dear) or when the step would not draft even if every candidate
@@ -188,6 +193,8 @@ class Controller:
             return Plan([], [], 1.0)
         eligible = [c if c.accept[0] >= c.floor else _capped(c) for c in candidates]
         cfg = self.config
+        if cfg.costs and dip:
+            eligible = [replace(c, cap=0) if c.behind else c for c in eligible]
         if cfg.costs:
             ks, gain = self._choose(eligible, fixed, dip)
         else:
@@ -200,7 +207,7 @@ class Controller:
             if good is None and cfg.costs:
                 good = self._drafts_at(candidates, fixed, cfg.good_acceptance)
             dear = not cfg.costs or (dip and c.behind) or self._alone_drafts(c) or not good
-            if eligible[i].cap and dear:
+            if c.accept[0] >= c.floor and dear:
                 reasons.append("off:cost")
             elif c.probe and c.cap:
                 reasons.append("probe")
@@ -234,7 +241,7 @@ class Controller:
         """The arm (k) for this step with the hysteresis and the exploring episodes;
         -> (ks per candidate, predicted gain over plain)."""
         cfg, sequences = self.config, fixed.sequences + len(candidates)
-        rates = self._rates(candidates, fixed, dip)
+        rates = self._rates(candidates, fixed)
         best = max(range(1, len(rates)), key=lambda k: rates[k], default=0)
         # hysteresis: a drafting batch stays on while drafting predicts `stay_margin`
         # better than plain, and a plain one waits for `margin` better (by batch size)
@@ -243,7 +250,8 @@ class Controller:
         arm = best if best and rates[best] > rates[0] * threshold else 0
         earned = cfg.explore_share * self._arm_s(candidates, fixed, arm)
         self.budget_s = min(cfg.explore_cap_s, self.budget_s + earned)
-        arm = self._explore(sequences, candidates, fixed, rates, arm)
+        if not dip:
+            arm = self._explore(sequences, candidates, fixed, rates, arm)
         self.drafting = arm > 0
         ks = [min(arm, c.cap) for c in candidates]
         return ks, (rates[arm] / rates[0] if rates[0] > 0 else 1.0)
@@ -346,7 +354,7 @@ class Controller:
         rates = self._rates(candidates, fixed)
         return max(rates[1:], default=0.0) >= rates[0] * (1 + self.config.margin)
 
-    def _rates(self, candidates: list[Candidate], fixed: Fixed, dip: bool = False) -> list[float]:
+    def _rates(self, candidates: list[Candidate], fixed: Fixed) -> list[float]:
         """Predicted tokens/s when every candidate drafts min(k, its cap), k = 0..max cap."""
         top = max((c.cap for c in candidates), default=0)
         out = []
@@ -355,19 +363,16 @@ class Controller:
             tokens = fixed.tokens + sum(
                 expected_tokens(c.accept, j) for c, j in zip(candidates, ks, strict=True)
             )
-            seconds = self._step_s(ks, fixed) + self._switch_s(candidates, ks, dip)
+            seconds = self._step_s(ks, fixed) + self._switch_s(candidates, ks)
             out.append(tokens / seconds if seconds > 0 else 0.0)
         return out
 
-    def _switch_s(self, candidates: list[Candidate], ks: list[int], dip: bool = False) -> float:
+    def _switch_s(self, candidates: list[Candidate], ks: list[int]) -> float:
         """What switching the candidates to `ks` adds per step: the drafter's catch-up for
         those that start drafting, its drafting ahead for those that stop, spread over the
         steps they may run so (their mean remaining tokens at this k, up to `horizon`)."""
         extra = self.costs.switch_s(*_switching(candidates, ks))
-        if not extra or dip:
-            # in a dip, the batch that comes back runs plain: each wave of 4 code requests
-            # at c = 4 started with one alone that caught the drafter up on its prompt for
-            # a single round (~130 ms), and delayed the others' prefill by it
+        if not extra:
             return extra
         steps = [
             c.remaining / expected_tokens(c.accept, k)

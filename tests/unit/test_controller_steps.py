@@ -287,18 +287,30 @@ def test_a_switch_pays_for_itself_before_the_batch_flips():
     assert tie.plan([Candidate(2, accept, remaining=64)] * 4).ks == [2] * 4
 
 
-def test_in_a_dip_a_switch_to_drafting_is_priced_whole():
-    # alone, a code sequence gains ~16% by drafting 2 once its drafter has its prompt,
-    # which costs 0.3 s: worth it over the ~24 steps it may draft alone, not over the one
-    # step before the batch that was here a moment ago (and runs plain) comes back
+def test_in_a_dip_no_sequence_starts_catching_the_drafter_up():
+    # alone, a code sequence gains by drafting even with its prompt's catch-up priced
+    # whole; but a moment ago the batch was larger (and ran plain), and it comes back
+    # within a step or two: the catch-up would buy a round or two and delay its prefill
     c = measured(CODE_STEP_S)
-    c.costs.record_step([2], CODE_STEP_S[(1, 2)] + 0.3, catch_up=100)
-    fresh = Candidate(6, CODE_ACCEPT, behind=100, remaining=64)
+    c.costs.record_step([2], CODE_STEP_S[(1, 2)] + 0.01, catch_up=60)
+    fresh = Candidate(6, CODE_ACCEPT, behind=60, remaining=64)
+    assert c.plan([fresh]).ks[0] > 0
+    c.config.horizon = 1  # the catch-up priced whole: still worth it alone
     assert c.plan([fresh]).ks[0] > 0
     dip = c.plan([fresh], dip=True)
     assert dip.ks == [0] and dip.reasons == ["off:cost"]
     caught_up = Candidate(6, CODE_ACCEPT, remaining=64)  # it drafted last step: no switch
     assert c.plan([caught_up], dip=True).ks == c.plan([caught_up]).ks != [0]
+
+
+def test_nothing_explores_in_a_dip():
+    c = measured(CODE_STEP_S)
+    c.config.explore_every = 1  # an episode due at every step, and the budget to pay it
+    c.config.explore_cap_s = c.budget_s = 100.0
+    caught_up = [Candidate(6, CODE_ACCEPT, remaining=64)] * 2
+    arm = c.plan(caught_up, dip=True).ks
+    assert all(c.plan(caught_up, dip=True).ks == arm for _ in range(8))
+    assert any(c.plan(caught_up).ks != arm for _ in range(8))
 
 
 def run_batch(c: Controller, accept, true_s, switch_s, steps: int, probe_every: int = 0):

@@ -176,12 +176,15 @@ class Controller:
 
         `dip`: the batch was larger a moment ago, or sequences wait to join it, so a plan
         for this smaller batch may last a step or two: no candidate starts catching the
-        drafter up (those that drafted last step may go on), and nothing explores. At
-        c = 2 and 4 each wave of code requests began with one alone that caught the
-        drafter up on its prompt and drafted for one step before the batch came back
-        and ran plain, its catch-up (~50-150 ms) delaying the others' prefill; priced
-        whole, a short prompt's catch-up still looked worth one round (BENCHMARKS.md
-        sections 45, 46).
+        drafter up, and nothing explores. Where one would have to, the whole step runs
+        plain: at c = 2 and 4 each wave of code requests began with one alone that
+        caught the drafter up on its prompt and drafted for one step before the batch
+        came back and ran plain, its catch-up (~50-150 ms) delaying the others'
+        prefill; priced whole, a short prompt's catch-up still looked worth one round.
+        Letting those that drafted last step go on beside it kept a batch of 4 drafting
+        from wave to wave, where it made 35 tok/s against 53 plain: the batch that comes
+        back must decide from plain, behind the full `margin` (BENCHMARKS.md section 46).
+        A dip where every candidate drafted last step plans as any other step.
 
         A candidate left at k = 0 is `off:cost` when it would draft alone (the batch makes
         drafting too dear) or when the step would not draft even if every candidate
@@ -193,8 +196,8 @@ class Controller:
             return Plan([], [], 1.0)
         eligible = [c if c.accept[0] >= c.floor else _capped(c) for c in candidates]
         cfg = self.config
-        if cfg.costs and dip:
-            eligible = [replace(c, cap=0) if c.behind else c for c in eligible]
+        if cfg.costs and dip and any(c.behind for c in candidates):
+            eligible = [replace(c, cap=0) for c in eligible]
         if cfg.costs:
             ks, gain = self._choose(eligible, fixed, dip)
         else:

@@ -301,6 +301,10 @@ def test_in_a_dip_no_sequence_starts_catching_the_drafter_up():
     assert dip.ks == [0] and dip.reasons == ["off:cost"]
     caught_up = Candidate(6, CODE_ACCEPT, remaining=64)  # it drafted last step: no switch
     assert c.plan([caught_up], dip=True).ks == c.plan([caught_up]).ks != [0]
+    # beside one that would have to catch up, those that drafted go plain too: the
+    # batch that comes back decides from plain
+    both = c.plan([caught_up, fresh], dip=True)
+    assert both.ks == [0, 0] and both.reasons == ["off:cost"] * 2
 
 
 def test_nothing_explores_in_a_dip():

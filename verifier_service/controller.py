@@ -14,18 +14,18 @@ the forward's cost by rows plus a drafter round, scaled by how the measured step
 with their composed estimates. S(k) is what switching costs, measured on the steps that
 switched: the drafter catching up (a new prompt, or what it skipped while plain) for
 those that start drafting, and drafting ahead for those that stop; H is the steps the
-sequences may run so (their remaining tokens / E, at most `horizon`; in a dip, where the
-batch was larger a moment ago or more sequences wait to join it, none starts). A tie per step is
-thus no reason to flip: every flip pays S (BENCHMARKS.md section 20). Plain decoding is
-tokens = B, time = T(B, 0) + S(0) / H. The controller
+sequences may run so (their remaining tokens / E, at most `horizon`). In a dip, where the
+batch was larger a moment ago or more sequences wait to join it, no sequence starts
+catching up. A tie per step is thus no reason to flip: every flip pays S (BENCHMARKS.md
+section 20). Plain decoding is tokens = B, time = T(B, 0) + S(0) / H. The controller
 takes the k with the best tokens/time for every sequence of the step at once (a sequence
 under its route's `min_acceptance` is left out), with hysteresis: from plain it needs
 `margin` better, once drafting it stays while `stay_margin` better (both scaled by
 (B - 1) / B: one sequence alone decides on the prediction). One episode of
 `explore_steps` in `explore_every` steps runs the least measured k among those predicted
 within `explore_window` of the best (narrowing as 1 / sqrt(1 + its recent episodes)) or
-never measured at this batch size, so a wrong guess
-is corrected and exploring costs a bounded share of steps. The cost model is optional
+never measured at this batch size, so a wrong guess is corrected and exploring costs a
+bounded share of steps. The cost model is optional
 (`ControllerConfig.costs`, the engine's `cost_model`); without it every eligible sequence
 drafts its cap.
 
@@ -313,17 +313,14 @@ class Controller:
         c = 2, where plain and k = 1-6 all predicted within ~12% of each other, explored
         each of them in turn, each episode with the drafter's catch-up on both prompts
         (~0.2 s), and lost ~3% to plain in a 50 s cell (BENCHMARKS.md section 46)."""
-        episodes = self._episodes.get((sequences, k))
-        if episodes is None:
-            return 1 - self.config.explore_window
-        count, stamp = episodes
-        count *= 0.5 ** ((self._planned - stamp) / self.config.explore_memory)
-        return 1 - self.config.explore_window / math.sqrt(1 + count)
+        return 1 - self.config.explore_window / math.sqrt(1 + self._recent_episodes(sequences, k))
+
+    def _recent_episodes(self, sequences: int, k: int) -> float:
+        count, stamp = self._episodes.get((sequences, k), (0.0, self._planned))
+        return count * 0.5 ** ((self._planned - stamp) / self.config.explore_memory)
 
     def _explored(self, sequences: int, k: int) -> None:
-        floor = self._explore_floor(sequences, k)  # the faded count, through the window
-        count = (self.config.explore_window / (1 - floor)) ** 2 - 1
-        self._episodes[(sequences, k)] = (count + 1, self._planned)
+        self._episodes[(sequences, k)] = (self._recent_episodes(sequences, k) + 1, self._planned)
 
     def _episode_s(self, candidates: list[Candidate], fixed: Fixed, k: int, rate: float) -> float:
         """Seconds an episode at k is predicted to lose against running at `rate`: its

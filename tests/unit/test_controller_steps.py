@@ -1,6 +1,7 @@
 """The controller deciding from whole measured steps, and its bounded exploring."""
 
 import collections
+import math
 import random
 
 import pytest
@@ -359,6 +360,20 @@ def test_exploring_a_big_batch_near_a_tie_costs_its_share_of_time_not_of_steps()
         assert seconds <= 1.25 * share * steps * 0.116 + ControllerConfig().explore_cap_s
         assert seconds > 0.1  # and it still explored
     assert spent[default] < spent[0.03]
+
+
+def test_the_exploring_window_narrows_by_episodes_and_widens_as_they_fade():
+    c = Controller()
+    window, memory = c.config.explore_window, c.config.explore_memory
+    assert c._explore_floor(2, 3) == pytest.approx(1 - window)
+    for _ in range(3):
+        c._explored(2, 3)
+    assert c._explore_floor(2, 3) == pytest.approx(1 - window / 2)  # 1 / sqrt(1 + 3)
+    assert c._explore_floor(2, 4) == c._explore_floor(4, 3) == pytest.approx(1 - window)
+    c._planned += memory  # one half-life of planned steps: 1.5 episodes left
+    assert c._explore_floor(2, 3) == pytest.approx(1 - window / math.sqrt(2.5))
+    c._planned += 20 * memory
+    assert c._explore_floor(2, 3) == pytest.approx(1 - window, abs=1e-4)
 
 
 def test_exploring_a_k_measured_behind_plain_slows_down_whatever_the_budget():

@@ -190,14 +190,16 @@ class Controller:
         drafting too dear) or when the step would not draft even if every candidate
         accepted `good_acceptance` (the device and the batch make it too dear), and
         `off:acceptance` under its route's floor or when acceptance is what keeps it
-        plain: only those probe, so probing never adds to a loaded batch. In a `dip`, one
-        that would have to catch the drafter up is `off:cost` (its probe waits)."""
+        plain: only those probe, so probing never adds to a loaded batch. In a `dip` where
+        one would have to catch the drafter up, every candidate is `off:cost` and nothing
+        probes (a probe would catch up too)."""
         if not candidates:
             return Plan([], [], 1.0)
         eligible = [c if c.accept[0] >= c.floor else _capped(c) for c in candidates]
         cfg = self.config
         if cfg.costs and dip and any(c.behind for c in candidates):
-            eligible = [replace(c, cap=0) for c in eligible]
+            self.drafting = False  # the batch that comes back decides from plain
+            return Plan([0] * len(candidates), ["off:cost"] * len(candidates), 1.0)
         if cfg.costs:
             ks, gain = self._choose(eligible, fixed, dip)
         else:
@@ -209,8 +211,7 @@ class Controller:
                 continue
             if good is None and cfg.costs:
                 good = self._drafts_at(candidates, fixed, cfg.good_acceptance)
-            dear = not cfg.costs or (dip and c.behind) or self._alone_drafts(c) or not good
-            if c.accept[0] >= c.floor and dear:
+            if eligible[i].cap and (not cfg.costs or self._alone_drafts(c) or not good):
                 reasons.append("off:cost")
             elif c.probe and c.cap:
                 reasons.append("probe")
@@ -373,7 +374,7 @@ class Controller:
         steps they may run so (their mean remaining tokens at this k, up to `horizon`)."""
         extra = self.costs.switch_s(*_switching(candidates, ks))
         if not extra:
-            return extra
+            return 0.0
         steps = [
             c.remaining / expected_tokens(c.accept, k)
             for c, k in zip(candidates, ks, strict=True)

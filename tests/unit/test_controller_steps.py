@@ -306,6 +306,10 @@ def test_in_a_dip_no_sequence_starts_catching_the_drafter_up():
     # batch that comes back decides from plain
     both = c.plan([caught_up, fresh], dip=True)
     assert both.ks == [0, 0] and both.reasons == ["off:cost"] * 2
+    # a probe would catch up too: one under its route's floor waits for a step not a dip
+    due = Candidate(6, [0.3], probe=True, floor=0.5, behind=60, remaining=64)
+    assert c.plan([due], dip=True).ks == [0]
+    assert c.plan([due]).reasons == ["probe"]
 
 
 def test_nothing_explores_in_a_dip():

@@ -2,7 +2,7 @@
 
     specd bench kernel [--shape 8960,1536] [--rows 1,4,7,16] [--copies 28]
 
-Times bf16 (`W @ X^T`), torch's int4 kernel and specd's int4/int8 kernel on `--copies`
+Times bf16 (`W @ X^T`), torch's int4 kernel and specd's int4/int6/int8 kernel on `--copies`
 random matrices (enough to defeat the cache: every call reads DRAM, as a decode step does),
 and says whether a row's result is bitwise the same alone and inside the batch.
 """
@@ -54,7 +54,7 @@ def candidates(n: int, k: int, copies: int):
         packed,
     )
     if native.kernel() is not None:
-        for bits in (4, 8):
+        for bits in (4, 6, 8):
             mats = [ql.quantize(w, bits) for w in dense]
             yield f"specd int{bits}", ql.qlinear, mats
 

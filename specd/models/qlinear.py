@@ -14,11 +14,13 @@ four-bit codes with 6-bit scales and mins under an fp16 d and dmin, a Q6_K super
 16 sub-blocks of 16 six-bit codes with int8 scales under an fp16 d; see
 `gguf_blocks.py`), dense weights are quantised by round-to-nearest (`quantize`).
 
-The linear quantises activations per row and per 32-block to int8 and sums integer
-products exactly (`kernels/qlinear.cpp`), so a row's result never depends on the other
-rows: greedy decoding with and without speculation round identically. `reference` is the
-same maths in plain torch, for the tests. Where the kernel cannot run (neither AVX512-VNNI
-nor AVX2, no compiler, CUDA), specd.models.weights runs the model in bf16 instead.
+The linear quantises activations to int8 per row and per block along K (32; for 4 and 6
+bits on AVX2 256, a weight super-block, as llama.cpp's Q8_K, so that a super-block sums in
+integers) and sums integer products exactly (`kernels/qlinear.cpp`), so a row's result
+never depends on the other rows: greedy decoding with and without speculation round
+identically. `reference` is the same maths in plain torch, for the tests. Where the
+kernel cannot run (neither AVX512-VNNI nor AVX2, no compiler, CUDA),
+specd.models.weights runs the model in bf16 instead.
 """
 
 from __future__ import annotations
@@ -343,11 +345,17 @@ def quantize(w: torch.Tensor, bits: int) -> QWeight:
     return pack(q.view(n, k), d, m, bits)
 
 
-def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (codes int [M, K] in [-127, 127], scales fp32 [M, K/32])."""
+def quantize_activations(x: torch.Tensor, block: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (codes int [M, K] in [-127, 127], scales fp32 [M, K/32]). One scale per
+    row and `block` along K (32, or 256: a weight super-block, as llama.cpp's Q8_K; the
+    last block of a row may be shorter), returned per group of 32, each its block's."""
     m, k = x.shape
-    g = x.float().view(m, k // GROUP, GROUP)
+    kg, per = k // GROUP, block // GROUP
+    g = x.float().view(m, kg, GROUP)
+    blocks = -(-kg // per)
     amax = g.abs().amax(-1)
+    amax = torch.nn.functional.pad(amax, (0, blocks * per - kg)).view(m, blocks, per)
+    amax = amax.amax(-1).repeat_interleave(per, dim=1)[:, :kg]
     # true division, as the kernel does (torch computes `127.0 / t` as `t.reciprocal() * 127`,
     # which can move a product onto a rounding tie)
     inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
@@ -357,8 +365,9 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def reference(x, w: QWeight, bias=None, out_dtype=None) -> torch.Tensor:
     """The kernel's maths in plain torch (fp64 accumulation of the exact integer dots),
-    per block of the weight's scales (32 columns, or 16 for 6 bits)."""
-    xq, sx = quantize_activations(x)
+    per block of the weight's scales (32 columns, or 16 for 6 bits), with the activation
+    block the kernel takes for this width."""
+    xq, sx = quantize_activations(x, kernel().activation_block(w.bits))
     mrows, k = xq.shape
     d, mins = w.group_params()
     kg = d.shape[1]

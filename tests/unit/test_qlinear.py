@@ -110,22 +110,34 @@ def test_kernel_matches_the_reference(kernel, bits, dtype):
     assert torch.equal(ql.qlinear(x, w, out_dtype=torch.bfloat16), y32.to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_activation_codes_and_scales_are_the_references_bit_for_bit(kernel, dtype):
-    """An identity of 8-bit codes (d = 1, m = 0) reads each activation back as its code
-    times its block's scale, one rounding: the kernel's quantisation of the activations
-    (vectorised on AVX512) must give quantize_activations' codes and scales exactly,
-    rounding ties to even."""
-    k = 256
+def test_activation_codes_and_scales_are_the_references_bit_for_bit(kernel, bits, dtype):
+    """An identity (d = 1, m = 0) reads each activation back as its code times its block's
+    scale, one rounding: the kernel's quantisation of the activations (vectorised) must
+    give quantize_activations' codes and scales exactly, rounding ties to even, per block of
+    the width's size (4 bits on AVX2: 256 along K, here with a shorter last block of 64)."""
+    k = 320
+    block = kernel.activation_block(bits)
+    assert block in (32, 256) and kernel.activation_block(8) == 32
     eye = torch.eye(k, dtype=torch.uint8)
-    ones = torch.ones(k, k // 32)
-    w = ql.pack(eye, ones, ones * 0, 8)
+    if bits == 4:
+        ones = ql.TwoLevel(torch.ones(k, 2), torch.ones(k, k // 32, dtype=torch.uint8))
+        w = ql.pack(eye, ones, ql.TwoLevel(ones.block, ones.group * 0), 4)
+    else:
+        ones = torch.ones(k, k // 32)
+        w = ql.pack(eye, ones, ones * 0, 8)
     torch.manual_seed(6)
     x = torch.randn(5, k) * torch.logspace(-4, 3, k)
-    x[1, :32] = 0  # a block of zeros
-    x[2, :32] = torch.tensor([127.0, 2.5, 3.5, -0.5, -1.5, 0.5, 126.5, -126.5] * 4)  # ties
+    x[1, :block] = 0  # a block of zeros
+    x[2, :block] = torch.tensor([127.0, 2.5, 3.5, -0.5, -1.5, 0.5, 126.5, -126.5] * (block // 8))
+    x[3, 256:] = torch.linspace(-1, 1, 64)  # the short block has its own scale
     x = x.to(dtype)
-    codes, scales = ql.quantize_activations(x)
+    codes, scales = ql.quantize_activations(x, block)
+    assert torch.equal(codes[2, :8], torch.tensor([127.0, 2, 4, -0, -2, 0, 126, -126]))  # ties
+    assert scales[3, 8] == 1 / 127
+    per = block // 32
+    assert torch.equal(scales[:, :per], scales[:, :1].expand(-1, per))
     want = (codes * scales.repeat_interleave(32, dim=1)).float()
     for rows in (1, 5):  # one row alone (the model thread's path) and a batch
         assert torch.equal(ql.qlinear(x[:rows], w, out_dtype=torch.float32), want[:rows])
@@ -239,29 +251,35 @@ def test_a_tile_unit_that_faults_leaves_the_vector_path(amx):
 
 @pytest.mark.parametrize("bits", [4, 6, 8])
 def test_largest_codes_and_activations_sum_exactly(kernel, bits):
-    """Every code at its largest against activations at +-127 after quantisation: the
-    integer dots must not saturate (AVX2 sums u8 x s8 pairs in int16)."""
-    n, k = 32, 256
+    """Every code at its largest against activations at +-127 after quantisation, under
+    the largest integer scales (4 bits s = t = 63, 6 bits sc = 127), over two super-blocks:
+    the integer dots must not saturate (AVX2 sums u8 x s8 pairs in int16, and a
+    super-block's scaled sums in int32)."""
+    n, k = 32, 512
     top = (1 << bits) - 1
     q = torch.full((n, k), top, dtype=torch.uint8)
     q[1::2, ::3] = 0  # other columns mix the extremes
-    block, offset = (16, 32) if bits == 6 else (32, 0)  # 6 bits: w = d (q - 32)
-    d = torch.full((n, k // block), 1 / 64)  # exact in fp16
-    if bits == 4:  # the same scales as 1/64 times 1, mins 0
-        d = ql.TwoLevel(torch.full((n, 1), 1 / 64), torch.ones(n, k // 32, dtype=torch.uint8))
-        w = ql.pack(q, d, ql.TwoLevel(d.block, torch.zeros_like(d.group)), bits)
-    elif bits == 6:
-        d = ql.TwoLevel(torch.full((n, 1), 1 / 64), torch.ones(n, k // 16, dtype=torch.int8), 16)
+    if bits == 4:  # w = 63/64 q - 63/64
+        d = ql.TwoLevel(torch.full((n, 2), 1 / 64), torch.full((n, k // 32), 63, dtype=torch.uint8))
+        w = ql.pack(q, d, d, bits)
+        offset, scale = 1, 63
+    elif bits == 6:  # w = 127/64 (q - 32)
+        d = ql.TwoLevel(
+            torch.full((n, 2), 1 / 64), torch.full((n, k // 16), 127, dtype=torch.int8), 16
+        )
         w = ql.pack(q, d, ql.six_bit_mins(d), bits)
-    else:
+        offset, scale = 32, 127
+    else:  # w = q / 64
+        d = torch.full((n, k // 32), 1 / 64)  # exact in fp16
         w = ql.pack(q, d, d * 0, bits)
+        offset, scale = 0, 1
     x = torch.ones(3, k)
     x[1] = -1.0
     x[2, ::2] = -1.0
     got = ql.qlinear(x, w, out_dtype=torch.float32).double()
     ref = ql.reference(x, w, out_dtype=torch.float64)
     assert (got - ref).abs().max() <= 1e-6 * ref.abs().max()
-    assert got[0, 0] == (top - offset) * k / 64  # exact: no clipped partial sums
+    assert got[0, 0] == (top - offset) * scale * k / 64  # exact: no clipped partial sums
     if kernel.amx_available():  # and the AMX path's
         old = kernel.set_amx_min_rows(1)
         try:

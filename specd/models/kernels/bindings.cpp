@@ -5,6 +5,7 @@
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qlinear", &qlinear, "group-quantised linear (AVX512-VNNI or AVX2)");
   m.def("qlinear_parts", &qlinear_parts, "qlinear of matrices side by side, x quantised once");
+  m.def("activation_block", &activation_block, "the block along K of one activation scale, for weights of this width");
   m.def("amx_available", &amx_available, "whether qlinear may use AMX in this process");
   m.def("set_amx_min_rows", &set_amx_min_rows, "qlinear calls of this many rows use AMX (0: never); -> the old value");
   m.def("paged_attention", &paged_attention, "attention over a paged K/V cache (AVX512 or AVX2)");

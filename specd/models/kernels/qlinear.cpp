@@ -8,16 +8,23 @@
 // (256 along K) an fp16 D (and for 4 bits M) per column, and integers below it: 4 bits
 // 6-bit s and t per group, d = D s, m = M t; 6 bits an int8 per half-group, d = D sc
 // (exact in fp32: 11 bits of mantissa times at most 8).
-// Activations, quantised here per row and per 32-block (as llama.cpp's Q8 activations):
-//     x[r][k] ~= sx[r][g] * xq[r][k],          xq in [-127, 127]
+// Activations, quantised here per row and per block b of up to 8 groups (256 along K, a
+// weight super-block; the last of a row may be shorter), as llama.cpp's Q8_K activations:
+//     x[r][k] ~= sx[r][b] * xq[r][k],          xq in [-127, 127]
 // so that
-//     y[r][n] = sum_g  d[n][g] * sx[r][g] * dot(q[n][g], xq[r][g])
-//                    - m[n][g] * sx[r][g] * sum(xq[r][g])
+//     y[r][n] = sum_g  d[n][g] * sx[r][b] * dot(q[n][g], xq[r][g])
+//                    - m[n][g] * sx[r][b] * sum(xq[r][g])
 // and for 6 bits, per half-group h of g (the offset taken in the exact integers)
-//     y[r][n] = sum_h  d[n][h] * sx[r][g] * (dot(q[n][h], xq[r][h]) - 32 sum(xq[r][h]))
+//     y[r][n] = sum_h  d[n][h] * sx[r][b] * (dot(q[n][h], xq[r][h]) - 32 sum(xq[r][h]))
 // The dot is exact in int32 (vpdpbusd: u8 weight x s8 activation; on AVX2 vpmaddubsw on
-// 4-bit halves, see below). The float terms are
-// added in group order for each (r, n) with the same instructions whatever the number
+// 4-bit halves, see below). AVX512 adds the float terms per group. AVX2 sums a
+// super-block's terms in integers first, the integer scales inside (4 bits d = D s, m = M t;
+// 6 bits d = D sc), and takes one float step per super-block:
+//     y[r][n] = sum_b  sx[r][b] * (D[n][b] * sum_g s[n][g] dot_g - M[n][b] * sum_g t[n][g] sum_g(xq))
+//     y[r][n] = sum_b  sx[r][b] * D[n][b] * sum_h sc[n][h] (dot_h - 32 sum_h(xq))      (6 bits)
+// which at 7 rows, where the kernel is bound by compute, takes ~17% off a call
+// (BENCHMARKS.md section 47). Either way the float terms are
+// added in a fixed order for each (r, n) with the same instructions whatever the number
 // of rows, and threads split columns only: a row's result never depends on the other rows
 // (decode of 1 token and verification of k+1 round identically: batch invariance).
 //
@@ -63,16 +70,22 @@ constexpr int PREFETCH = 6;  // groups ahead
 constexpr int SB = 8;       // 4 and 6 bits: groups per super-block
 constexpr int64_t HEADER = 64 + 2 * SB * NT;  // 4 and 6 bits: a super-block's scales and mins
 
-// One 32-block of a row: its codes xq = round(v * 127 / amax) (nearest even), its scale
-// amax / 127, scale * sum(codes), and the sums of its two 16-blocks. Both builds do it in
-// vectors (AVX512 two, AVX2 four) with the same float operations per value (one product
-// and one rounding to nearest even), so the same codes and scales; decode calls it on the
-// model thread alone, once per matrix, while the other threads wait.
+// Activations are quantised per row and per block: a group (32 along K), or for 4 and 6
+// bits on AVX2 up to 8 groups (256 along K, the weights' super-block; the last block of a
+// row may be shorter), as llama.cpp's Q8_K (`act_groups`): one scale amax / 127 for the
+// block, codes round(v * 127 / amax) (nearest even). Each
+// 32-block gets its codes, the block's scale, scale * sum(codes) and the sums of its two
+// 16-blocks. Both builds do it in vectors (AVX512 two, AVX2 four) with the same float
+// operations per value (one product and one rounding to nearest even), so the same codes
+// and scales; decode calls it on the model thread alone, once per matrix, while the other
+// threads wait.
 #if defined(__AVX512F__)
-inline void quantize_block(const float* v, int8_t* q, float& s, float& sc, int& low, int& high) {
+inline float block_amax(const float* v) {
+  return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(v)),
+                                            _mm512_abs_ps(_mm512_loadu_ps(v + 16))));
+}
+inline void quantize_block(const float* v, float amax, int8_t* q, int& low, int& high) {
   const __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
-  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-  s = amax / 127.f;
   const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
   const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv));  // MXCSR: nearest even
   const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inv));
@@ -80,7 +93,6 @@ inline void quantize_block(const float* v, int8_t* q, float& s, float& sc, int& 
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(qb));
   low = _mm512_reduce_add_epi32(qa);
   high = _mm512_reduce_add_epi32(qb);
-  sc = s * float(low + high);
 }
 #else  // AVX2
 inline int hsum8(__m256i v) {
@@ -89,54 +101,76 @@ inline int hsum8(__m256i v) {
   return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 1)));
 }
 
-// as the AVX512 version, in four vectors
-inline void quantize_block(const float* v, int8_t* q, float& s, float& sc, int& low, int& high) {
-  __m256 a[4];
+inline float block_amax(const float* v) {
   const __m256 sign = _mm256_set1_ps(-0.f);
   __m256 m = _mm256_setzero_ps();
-  for (int i = 0; i < 4; ++i) {
-    a[i] = _mm256_loadu_ps(v + 8 * i);
-    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, a[i]));
-  }
-  const float amax = hmax8(m);
-  s = amax / 127.f;
+  for (int i = 0; i < 4; ++i) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + 8 * i)));
+  return hmax8(m);
+}
+
+// as the AVX512 version, in four vectors
+inline void quantize_block(const float* v, float amax, int8_t* q, int& low, int& high) {
   const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
   __m256i c[4];
-  for (int i = 0; i < 4; ++i) c[i] = _mm256_cvtps_epi32(_mm256_mul_ps(a[i], inv));  // MXCSR: nearest even
+  for (int i = 0; i < 4; ++i)  // MXCSR: nearest even
+    c[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 8 * i), inv));
   // packs work per 128-bit lane: the dwords come out as c0 lo, c1 lo, c2 lo, c3 lo, c0 hi, ...
   const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
                       _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
   low = hsum8(_mm256_add_epi32(c[0], c[1]));
   high = hsum8(_mm256_add_epi32(c[2], c[3]));
-  sc = s * float(low + high);
 }
 #endif
 
-// Per row and 32-block: scale, codes and scale * sum(codes); with `halves`, the sums of
-// the codes of each 16-block as well (what 6-bit weights take).
-void quantize_rows(const at::Tensor& x, int8_t* xq, float* sx, float* c, int32_t* halves) {
+// The sums of a 32-block's two 16-blocks of codes (each at most 16 * 127 in magnitude), as
+// the kernels take them: AVX512 and AMX as two int32 (6 bits' offsets), AVX2 as one int32
+// holding both as int16, the pair vpmaddwd multiplies (4 and 6 bits' super-block terms)
+#if defined(__AVX512VNNI__)
+constexpr int64_t HALF_WORDS = 2;
+inline void store_halves(int32_t* h, int low, int high) {
+  h[0] = low;
+  h[1] = high;
+}
+#else
+constexpr int64_t HALF_WORDS = 1;
+inline void store_halves(int32_t* h, int low, int high) {
+  h[0] = int32_t(uint32_t(uint16_t(low)) | (uint32_t(uint16_t(high)) << 16));
+}
+#endif
+
+// Per row and 32-block: its block's scale (a block being `per_block` groups: 1 or SB),
+// the codes and scale * sum(codes); with `halves`, the sums of the codes of each 16-block
+// as well (store_halves).
+void quantize_rows(const at::Tensor& x, int64_t per_block, int8_t* xq, float* sx, float* c,
+                   int32_t* halves) {
   const int64_t M = x.size(0), K = x.size(1), KG = K / G;
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   const auto* xf = bf16 ? nullptr : x.data_ptr<float>();
   const auto* xb = bf16 ? reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()) : nullptr;
   // rows are independent: splitting them over threads changes no result
   at::parallel_for(0, M, 1, [&](int64_t r0, int64_t r1) {
-    alignas(64) float v[G];
+    alignas(64) float v[SB * G];
     for (int64_t r = r0; r < r1; ++r) {
-      for (int64_t g = 0; g < KG; ++g) {
+      for (int64_t g0 = 0; g0 < KG; g0 += per_block) {
+        const int64_t groups = std::min<int64_t>(per_block, KG - g0);
         if (bf16) {  // bf16 -> fp32 is exact: the bits shifted up
-          for (int i = 0; i < G; ++i) {
-            const uint32_t bits = uint32_t(xb[r * K + g * G + i]) << 16;
+          for (int64_t i = 0; i < groups * G; ++i) {
+            const uint32_t bits = uint32_t(xb[r * K + g0 * G + i]) << 16;
             std::memcpy(&v[i], &bits, 4);
           }
         }
-        const float* block = bf16 ? v : xf + r * K + g * G;
-        int low, high;
-        quantize_block(block, xq + r * K + g * G, sx[r * KG + g], c[r * KG + g], low, high);
-        if (halves) {
-          halves[r * 2 * KG + 2 * g] = low;
-          halves[r * 2 * KG + 2 * g + 1] = high;
+        const float* block = bf16 ? v : xf + r * K + g0 * G;
+        float amax = 0.f;  // max is exact: the order of the comparisons changes nothing
+        for (int64_t j = 0; j < groups; ++j) amax = std::max(amax, block_amax(block + j * G));
+        const float s = amax / 127.f;
+        for (int64_t j = 0; j < groups; ++j) {
+          const int64_t g = g0 + j;
+          int low, high;
+          quantize_block(block + j * G, amax, xq + r * K + g * G, low, high);
+          sx[r * KG + g] = s;
+          c[r * KG + g] = s * float(low + high);
+          if (halves) store_halves(halves + (r * KG + g) * HALF_WORDS, low, high);
         }
       }
     }
@@ -480,8 +514,9 @@ bool amx_granted() {
   return granted;
 }
 
-#else  // AVX2: the same records and the same float operations per column, 8 columns per
-       // ymm, so a tile is two halves
+#else  // AVX2: 8 columns per ymm, so a tile is two halves. 8 bits take the float terms per
+       // group as above; 4 and 6 bits sum a super-block in integers and take its float
+       // terms once (below)
 
 // fp32 -> bf16 as store_row above, 8 values
 inline void store8(__m256 v, void* out, bool bf16_out, int64_t offset) {
@@ -493,88 +528,61 @@ inline void store8(__m256 v, void* out, bool bf16_out, int64_t offset) {
                    bf16_from_floats8(v));
 }
 
-// sum_j dot4(w[j], x[j]) per 32-bit lane (one column), exact, for weights < 16: vpmaddubsw
-// (u8 x s8) sums adjacent pairs into int16, at most 2 * 15 * 127 = 3810 (it saturates
-// only past 32767), and the eight vectors of a group together stay under 8 * 3810 = 30480,
-// so they add in int16; vpmaddwd with ones then sums the pairs into int32.
-inline __m256i dot_nibbles(const __m256i* w, const int32_t* x) {
+// sum_j dot4(w[j], x[j]) per 32-bit lane (one column) as two int16 halves, exact, for
+// weights < 16: vpmaddubsw (u8 x s8) sums adjacent pairs into int16, at most 2 * 15 * 127
+// = 3810 (it saturates only past 32767), and the eight vectors of a group together stay
+// under 8 * 3810 = 30480, so they add in int16.
+inline __m256i nibble_pairs(const __m256i* w, const int32_t* x) {
   __m256i s = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(x[0]));
   for (int j = 1; j < 8; ++j) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[j], _mm256_set1_epi32(x[j])));
-  return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+  return s;
 }
 
-// The same for 6-bit weights (< 64) over one half-group (four vectors), starting from
-// `acc`: a pair of vpmaddubsw sums at most 2 * 2 * 63 * 127 = 32004, still exact in int16,
-// so pairs go to int32 (vpmaddwd) and add there.
-inline __m256i dot_six_half(__m256i acc, const __m256i* w, const int32_t* x) {
+// vpmaddwd sums a lane's two int16 into int32, each times the lane's int16 pair in `scale`
+inline __m256i dot_nibbles(const __m256i* w, const int32_t* x) {
+  return _mm256_madd_epi16(nibble_pairs(w, x), _mm256_set1_epi16(1));
+}
+
+// 6-bit weights (< 64) over one half-group (four vectors), each column's sum times its
+// scale: a pair of vpmaddubsw sums at most 2 * 2 * 63 * 127 = 32004, still exact in int16,
+// so pairs go to int32 under the scale (vpmaddwd) and add there.
+inline __m256i dot_six_half(const __m256i* w, const int32_t* x, __m256i scale) {
+  __m256i acc = _mm256_setzero_si256();
   for (int j = 0; j < 4; j += 2) {
     const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(w[j], _mm256_set1_epi32(x[j])),
                                        _mm256_maddubs_epi16(w[j + 1], _mm256_set1_epi32(x[j + 1])));
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(s, _mm256_set1_epi16(1)));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(s, scale));
   }
   return acc;
 }
 
-// one group (32 along K) of a tile's 16 columns into acc[r][h] for every row: its codes
-// at `wg`, the scales dg[h] and mins mg[h] of columns 8h .. 8h + 7 (6 bits: dg[h] and
-// mg[h] are the low and the high half-group's scales)
-template <int R, int BITS>
-inline void group_rows(__m256 (*acc)[2], const uint8_t* wg, const __m256* dg, const __m256* mg,
-                       int64_t g, int64_t KG, const int8_t* xq, const float* sx, const float* c,
-                       const int32_t* halves, int64_t K) {
+// A half-tile's codes of one group (columns 8h .. 8h + 7: bytes 32h .. 32h + 31 of each
+// vector). 4 and 6 bits: lo[j] = the codes of k = 4j..4j+3, 6 bits with their top two bits
+// at bits 4, 5. 8 bits: q = lo + 16 hi, two nibble dots.
+template <int BITS>
+inline void unpack_half(const uint8_t* wg, int h, __m256i* lo, __m256i* hi) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
-  for (int h = 0; h < 2; ++h) {  // columns 8h .. 8h + 7: bytes 32h .. 32h + 31 of a vector
-    // 4-bit: lo[j] = the codes of k = 4j..4j+3. 8-bit: q = lo + 16 hi, two nibble dots.
-    // 6-bit: lo[j] |= its top two bits << 4, one dot per half-group (dot_six_half)
-    __m256i lo[8], hi[8];
-    for (int j = 0; j < 8; ++j) {
-      const int64_t at = BITS == 8 ? 64 * j : 64 * (j / 2);
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + at + 32 * h));
-      const __m256i vhi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-      if constexpr (BITS == 8) {
-        lo[j] = _mm256_and_si256(v, low4);
-        hi[j] = vhi;
-      } else {
-        lo[j] = j % 2 ? vhi : _mm256_and_si256(v, low4);
-      }
-    }
-    if constexpr (BITS == 6) {
-      // the top bits of vector 4t + i sit at bits 2i, 2i + 1 of each byte of vector t:
-      // shifted to bits 4, 5 (16-bit shifts, masked per byte: nothing crosses a byte)
-      const __m256i top = _mm256_set1_epi8(0x30);
-      for (int t = 0; t < 2; ++t) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 256 + 64 * t + 32 * h));
-        lo[4 * t] = _mm256_or_si256(lo[4 * t], _mm256_and_si256(_mm256_slli_epi16(v, 4), top));
-        lo[4 * t + 1] = _mm256_or_si256(lo[4 * t + 1], _mm256_and_si256(_mm256_slli_epi16(v, 2), top));
-        lo[4 * t + 2] = _mm256_or_si256(lo[4 * t + 2], _mm256_and_si256(v, top));
-        lo[4 * t + 3] = _mm256_or_si256(lo[4 * t + 3], _mm256_and_si256(_mm256_srli_epi16(v, 2), top));
-      }
-#pragma GCC unroll 1
-      for (int r = 0; r < R; ++r) {
-        const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
-        const int32_t* hs = halves + r * 2 * KG + 2 * g;
-        const __m256i dlo = dot_six_half(_mm256_set1_epi32(-32 * hs[0]), lo, xg);
-        const __m256i dhi = dot_six_half(_mm256_set1_epi32(-32 * hs[1]), lo + 4, xg + 4);
-        const __m256 s = _mm256_set1_ps(sx[r * KG + g]);
-        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dlo), _mm256_mul_ps(dg[h], s), acc[r][h]);
-        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dhi), _mm256_mul_ps(mg[h], s), acc[r][h]);
-      }
-      continue;
-    }
-    // The row loop stays rolled (here and for 6 bits above): the codes lo[] hold 8 of the
-    // 16 ymm registers, and an unrolled loop of 2-7 rows spilled them and the
-    // accumulators around every row (a block of 8 was already rolled, by the compiler's
-    // own choice). Rolled, a row's accumulator is one load and one store per group, and
-    // 4-7 rows of an 8960x1536 4-bit matrix take 0.82-0.9x the time (BENCHMARKS.md
-    // section 39). The float operations per row are the same, so the results too.
-#pragma GCC unroll 1
-    for (int r = 0; r < R; ++r) {
-      const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
-      __m256i dot = dot_nibbles(lo, xg);
-      if constexpr (BITS == 8) dot = _mm256_add_epi32(dot, _mm256_slli_epi32(dot_nibbles(hi, xg), 4));
-      const __m256 scale = _mm256_mul_ps(dg[h], _mm256_set1_ps(sx[r * KG + g]));
-      acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r][h]);
-      acc[r][h] = _mm256_fnmadd_ps(mg[h], _mm256_set1_ps(c[r * KG + g]), acc[r][h]);
+  for (int j = 0; j < 8; ++j) {
+    if (BITS != 8 && j % 2) continue;
+    const int64_t at = BITS == 8 ? 64 * j : 64 * (j / 2);
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + at + 32 * h));
+    const __m256i vhi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    lo[j] = _mm256_and_si256(v, low4);
+    if constexpr (BITS == 8)
+      hi[j] = vhi;
+    else
+      lo[j + 1] = vhi;
+  }
+  if constexpr (BITS == 6) {
+    // the top bits of vector 4t + i sit at bits 2i, 2i + 1 of each byte of vector t:
+    // shifted to bits 4, 5 (16-bit shifts, masked per byte: nothing crosses a byte)
+    const __m256i top = _mm256_set1_epi8(0x30);
+    for (int t = 0; t < 2; ++t) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + 256 + 64 * t + 32 * h));
+      lo[4 * t] = _mm256_or_si256(lo[4 * t], _mm256_and_si256(_mm256_slli_epi16(v, 4), top));
+      lo[4 * t + 1] = _mm256_or_si256(lo[4 * t + 1], _mm256_and_si256(_mm256_slli_epi16(v, 2), top));
+      lo[4 * t + 2] = _mm256_or_si256(lo[4 * t + 2], _mm256_and_si256(v, top));
+      lo[4 * t + 3] = _mm256_or_si256(lo[4 * t + 3], _mm256_and_si256(_mm256_srli_epi16(v, 2), top));
     }
   }
 }
@@ -583,40 +591,141 @@ inline void group_rows(__m256 (*acc)[2], const uint8_t* wg, const __m256* dg, co
 inline __m256 bytes_to_ps(const uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
-inline __m256 signed_bytes_to_ps(const uint8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+
+// 8 integers of a header (uint8 for 4 bits' s and t, int8 for 6 bits' sc), one per
+// column, as the int16 pairs (a, b) that vpmaddwd takes: a from p, b from q
+inline __m256i int16_pairs(const uint8_t* p, const uint8_t* q, bool is_signed) {
+  const auto load = [&](const uint8_t* at) {
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(at));
+    return is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v);
+  };
+  return _mm256_or_si256(_mm256_and_si256(load(p), _mm256_set1_epi32(0xFFFF)),
+                         _mm256_slli_epi32(load(q), 16));
+}
+
+// 8 bits: one group of a tile's 16 columns into acc[r][h] for every row, its scales dg[h]
+// and mins mg[h] (columns 8h .. 8h + 7) as floats
+template <int R>
+inline void group_rows8(__m256 (*acc)[2], const uint8_t* wg, const __m256* dg, const __m256* mg,
+                        int64_t g, int64_t KG, const int8_t* xq, const float* sx, const float* c,
+                        int64_t K) {
+  for (int h = 0; h < 2; ++h) {
+    __m256i lo[8], hi[8];
+    unpack_half<8>(wg, h, lo, hi);
+    // The row loops stay rolled (here and below): the codes lo[] hold 8 of the 16 ymm
+    // registers, and an unrolled loop of 2-7 rows spilled them and the accumulators
+    // around every row. Rolled, a row's accumulator is one load and one store per group
+    // (BENCHMARKS.md section 39); the operations per row are the same, so the results too.
+#pragma GCC unroll 1
+    for (int r = 0; r < R; ++r) {
+      const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
+      const __m256i dot = _mm256_add_epi32(dot_nibbles(lo, xg), _mm256_slli_epi32(dot_nibbles(hi, xg), 4));
+      const __m256 scale = _mm256_mul_ps(dg[h], _mm256_set1_ps(sx[r * KG + g]));
+      acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r][h]);
+      acc[r][h] = _mm256_fnmadd_ps(mg[h], _mm256_set1_ps(c[r * KG + g]), acc[r][h]);
+    }
+  }
+}
+
+// 4 and 6 bits: one group (j-th of its super-block, header `head`) into the integer sums
+// ai[r][h] for every row. The weights' integer scales go in as vpmaddwd's pairs, so a
+// super-block's sum stays exact in int32: 4 bits sum_j s_j dot_j, at most 8 * 63 * 30480
+// < 2^24; 6 bits sum_h sc_h dot_h, at most 16 * 127 * 16 * 63 * 127 < 2^28.
+template <int R, int BITS>
+inline void group_rows_int(__m256i (*ai)[2], const uint8_t* wg, const uint8_t* head, int64_t j,
+                           int64_t g, const int8_t* xq, int64_t K) {
+  for (int h = 0; h < 2; ++h) {
+    __m256i lo[8];
+    unpack_half<BITS>(wg, h, lo, nullptr);
+    if constexpr (BITS == 4) {
+      const uint8_t* s = head + 64 + NT * j + 8 * h;  // s_j of the 8 columns
+      const __m256i scale = int16_pairs(s, s, false);
+#pragma GCC unroll 1
+      for (int r = 0; r < R; ++r) {
+        const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
+        ai[r][h] = _mm256_add_epi32(ai[r][h], _mm256_madd_epi16(nibble_pairs(lo, xg), scale));
+      }
+    } else {  // vectors 0-3 are the low half-group, 4-7 the high, each with its sc
+      const uint8_t* sc = head + 64 + 2 * NT * j + 8 * h;
+      const __m256i slo = int16_pairs(sc, sc, true), shi = int16_pairs(sc + NT, sc + NT, true);
+#pragma GCC unroll 1
+      for (int r = 0; r < R; ++r) {
+        const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
+        ai[r][h] = _mm256_add_epi32(ai[r][h], _mm256_add_epi32(dot_six_half(lo, xg, slo),
+                                                               dot_six_half(lo + 4, xg + 4, shi)));
+      }
+    }
+  }
+}
+
+// 4 and 6 bits, at the end of a super-block of `groups` groups from g0 (header `head`):
+// its float terms for every row, once, from the integer sums, and the sums cleared.
+// With the block's activation scale sx and pairs[r][g] = the sums (lo, hi) of group g's
+// two 16-blocks of codes, as int16:
+//     4 bits: acc += D sx ai - M sx sum_j t_j (lo_j + hi_j)
+//     6 bits: acc += D sx (ai - 32 sum_j (sc_2j lo_j + sc_2j+1 hi_j))   (w = D sc (q - 32))
+// the second sums exact in int32 too (at most 8 * 63 * 4064, and 16 * 127 * 2032 * 32).
+template <int R, int BITS>
+inline void super_block_rows(__m256 (*acc)[2], __m256i (*ai)[2], const uint8_t* head,
+                             int64_t groups, int64_t g0, int64_t KG, const float* sx,
+                             const int32_t* pairs) {
+  const auto* dm = reinterpret_cast<const __m128i*>(head);
+  for (int h = 0; h < 2; ++h) {
+    const __m256 D = _mm256_cvtph_ps(_mm_loadu_si128(dm + h));
+    const __m256 M = _mm256_cvtph_ps(_mm_loadu_si128(dm + 2 + h));
+    __m256i wm[SB];  // per group, the pair that multiplies (lo_j, hi_j)
+    for (int64_t j = 0; j < groups; ++j) {
+      if constexpr (BITS == 4) {
+        const uint8_t* t = head + 64 + NT * (SB + j) + 8 * h;
+        wm[j] = int16_pairs(t, t, false);
+      } else {
+        const uint8_t* sc = head + 64 + 2 * NT * j + 8 * h;
+        wm[j] = int16_pairs(sc, sc + NT, true);
+      }
+    }
+#pragma GCC unroll 1
+    for (int r = 0; r < R; ++r) {
+      const int32_t* pr = pairs + r * KG + g0;
+      __m256i mi = _mm256_madd_epi16(wm[0], _mm256_set1_epi32(pr[0]));
+      for (int64_t j = 1; j < groups; ++j)
+        mi = _mm256_add_epi32(mi, _mm256_madd_epi16(wm[j], _mm256_set1_epi32(pr[j])));
+      const __m256 s = _mm256_set1_ps(sx[r * KG + g0]);
+      if constexpr (BITS == 4) {
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ai[r][h]), _mm256_mul_ps(D, s), acc[r][h]);
+        acc[r][h] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mi), _mm256_mul_ps(M, s), acc[r][h]);
+      } else {
+        const __m256i dot = _mm256_sub_epi32(ai[r][h], _mm256_slli_epi32(mi, 5));
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(D, s), acc[r][h]);
+      }
+      ai[r][h] = _mm256_setzero_si256();
+    }
+  }
 }
 
 template <int R, int BITS>
 void tile_rows(const uint8_t* wt, int64_t KG,
-               const int8_t* xq, const float* sx, const float* c, const int32_t* halves,
+               const int8_t* xq, const float* sx, const float* c, const int32_t* pairs,
                int64_t K, const float* bias, void* out, bool bf16_out, int64_t ldo, int64_t n0) {
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  __m256 dg[2], mg[2];
-  __m256 D[2], M[2];  // the record's fp16 pair: 8 bits a group's d and m, 4 and 6 bits a
-                      // super-block's D and M (converted at its first group only)
-  for_each_group<BITS>(wt, KG, [&](const uint8_t* wg, const uint8_t* head, int64_t j, int64_t g) {
-    const auto* dm = reinterpret_cast<const __m128i*>(head);
-    for (int h = 0; h < 2; ++h) {  // columns 8h .. 8h + 7
-      if (BITS == 8 || j == 0) {
-        D[h] = _mm256_cvtph_ps(_mm_loadu_si128(dm + h));
-        M[h] = _mm256_cvtph_ps(_mm_loadu_si128(dm + 2 + h));
+  if constexpr (BITS == 8) {
+    for_each_group<8>(wt, KG, [&](const uint8_t* wg, const uint8_t* head, int64_t, int64_t g) {
+      const auto* dm = reinterpret_cast<const __m128i*>(head);
+      __m256 dg[2], mg[2];  // the record's fp16 d and m
+      for (int h = 0; h < 2; ++h) {
+        dg[h] = _mm256_cvtph_ps(_mm_loadu_si128(dm + h));
+        mg[h] = _mm256_cvtph_ps(_mm_loadu_si128(dm + 2 + h));
       }
-      // exact products: 4 bits d = D s, m = M t; 6 bits the half-groups' D sc
-      if constexpr (BITS == 8) {
-        dg[h] = D[h];
-        mg[h] = M[h];
-      } else if constexpr (BITS == 4) {
-        dg[h] = _mm256_mul_ps(D[h], bytes_to_ps(head + 64 + NT * j + 8 * h));
-        mg[h] = _mm256_mul_ps(M[h], bytes_to_ps(head + 64 + NT * (SB + j) + 8 * h));
-      } else if constexpr (BITS == 6) {
-        mg[h] = _mm256_mul_ps(D[h], signed_bytes_to_ps(head + 64 + 2 * NT * j + NT + 8 * h));
-        dg[h] = _mm256_mul_ps(D[h], signed_bytes_to_ps(head + 64 + 2 * NT * j + 8 * h));
-      }
-    }
-    group_rows<R, BITS>(acc, wg, dg, mg, g, KG, xq, sx, c, halves, K);
-  });
+      group_rows8<R>(acc, wg, dg, mg, g, KG, xq, sx, c, K);
+    });
+  } else {
+    __m256i ai[R][2];
+    for (int r = 0; r < R; ++r) ai[r][0] = ai[r][1] = _mm256_setzero_si256();
+    for_each_group<BITS>(wt, KG, [&](const uint8_t* wg, const uint8_t* head, int64_t j, int64_t g) {
+      group_rows_int<R, BITS>(ai, wg, head, j, g, xq, K);
+      if (j == SB - 1 || g == KG - 1) super_block_rows<R, BITS>(acc, ai, head, j + 1, g - j, KG, sx, pairs);
+    });
+  }
   for (int h = 0; h < 2; ++h) {
     const __m256 b = bias ? _mm256_loadu_ps(bias + n0 + 8 * h) : _mm256_setzero_ps();
     for (int r = 0; r < R; ++r)
@@ -637,7 +746,7 @@ struct Rows {
   int64_t K, KG, ldo, esize;
 
   Rows from(int64_t r0) const {
-    return {xq + r0 * K, sx + r0 * KG, c + r0 * KG, halves ? halves + r0 * 2 * KG : nullptr,
+    return {xq + r0 * K, sx + r0 * KG, c + r0 * KG, halves ? halves + r0 * HALF_WORDS * KG : nullptr,
             static_cast<char*>(out) + r0 * ldo * esize, K, KG, ldo, esize};
   }
 };
@@ -697,6 +806,23 @@ int64_t amx_min_rows = RMAX + 1;
 
 }  // namespace
 
+// Groups per activation block for weights of `bits` (quantize_rows): 4 and 6 bits on AVX2
+// a super-block's 8, which its integer sums need (+0.11% NLL on the 1.5B, BENCHMARKS.md
+// section 47); else one group, the finer scale, where the float terms are per group anyway.
+int64_t act_groups(int64_t bits) {
+#if defined(__AVX512VNNI__)
+  (void)bits;
+  return 1;
+#else
+  return bits == 8 ? 1 : SB;
+#endif
+}
+
+int64_t activation_block(int64_t bits) {
+  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "bits must be 4, 6 or 8");
+  return act_groups(bits) * G;
+}
+
 bool amx_available() {
 #if defined(__AVX512VNNI__)
   return amx_granted();
@@ -715,12 +841,12 @@ namespace {
 // A call's activations, quantised once for every matrix that reads them (a fused matrix's
 // parts of different widths share them: the same codes the separate calls would make)
 struct Acts {
-  at::Tensor xq, sx, c, halves;  // halves: 6 bits' 16-block sums (undefined without them)
+  at::Tensor xq, sx, c, halves;  // halves: the 16-block sums (store_halves; undefined without them)
   int64_t M, K, rows_run;
   int block;  // AMX: rows per block (0: the vector path)
 };
 
-Acts quantize_acts(const at::Tensor& x, bool six) {
+Acts quantize_acts(const at::Tensor& x, bool six, int64_t per_block) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [M, K] matrix");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "x must be fp32 or bf16");
@@ -741,10 +867,12 @@ Acts quantize_acts(const at::Tensor& x, bool six) {
   a.xq = at::empty({a.rows_run, K}, x.options().dtype(at::kChar));
   a.sx = at::empty({a.rows_run, KG}, x.options().dtype(at::kFloat));
   a.c = at::empty({a.rows_run, KG}, x.options().dtype(at::kFloat));
-  if (six) a.halves = at::empty({a.rows_run, 2 * KG}, x.options().dtype(at::kInt));
+  // AVX512 takes the 16-block sums for 6 bits only, AVX2 for 4 and 6 bits
+  const bool halves = six || HALF_WORDS == 1;
+  if (halves) a.halves = at::empty({a.rows_run, HALF_WORDS * KG}, x.options().dtype(at::kInt));
   if (M == 0) return a;
-  quantize_rows(x, a.xq.data_ptr<int8_t>(), a.sx.data_ptr<float>(), a.c.data_ptr<float>(),
-                six ? a.halves.data_ptr<int32_t>() : nullptr);
+  quantize_rows(x, per_block, a.xq.data_ptr<int8_t>(), a.sx.data_ptr<float>(), a.c.data_ptr<float>(),
+                halves ? a.halves.data_ptr<int32_t>() : nullptr);
   if (a.rows_run > M)  // AMX's padding rows: no zero-length ops on every decode call
     for (auto* t : {&a.xq, &a.sx, &a.c, &a.halves})
       if (t->defined()) t->narrow(0, M, a.rows_run - M).zero_();
@@ -775,15 +903,13 @@ Part check_part(const Acts& a, const at::Tensor& records, int64_t bits, int64_t 
 // Every tile of every part in one parallel region (threads split the tiles of all parts
 // as one range: columns only, so a row's result never depends on the other rows), each
 // part writing its own columns of `y` [rows_run, ldo].
-void run_parts(const Acts& a, const std::vector<Part>& parts, at::Tensor& y) {
+// `acts` holds x quantised for each part (act_groups: the parts of one width share it).
+void run_parts(const std::vector<const Acts*>& acts, const std::vector<Part>& parts, at::Tensor& y) {
+  const Acts& a = *acts[0];  // the shape and AMX's blocks are those of every part's
   const bool bf16_out = y.scalar_type() == at::kBFloat16;
   const int64_t esize = bf16_out ? 2 : 4, ldo = y.size(1), KG = a.K / G;
   std::vector<int64_t> first{0};
   for (const Part& p : parts) first.push_back(first.back() + p.tiles);
-  const int8_t* xq = a.xq.data_ptr<int8_t>();
-  const float* sx = a.sx.data_ptr<float>();
-  const float* c = a.c.data_ptr<float>();
-  const int32_t* hp = a.halves.defined() ? a.halves.data_ptr<int32_t>() : nullptr;
   char* out = static_cast<char*>(y.data_ptr());
   const int rows = int(a.rows_run);
   at::parallel_for(0, first.back(), 1, [&](int64_t t0, int64_t t1) {
@@ -791,7 +917,10 @@ void run_parts(const Acts& a, const std::vector<Part>& parts, at::Tensor& y) {
       const Part& p = parts[i];
       const int64_t lo = std::max(t0, first[i]) - first[i], hi = std::min(t1, first[i + 1]) - first[i];
       if (lo >= hi) continue;
-      const Rows all{xq, sx, c, hp, out + p.col * esize, a.K, KG, ldo, esize};
+      const Acts& x = *acts[i];
+      const Rows all{x.xq.data_ptr<int8_t>(), x.sx.data_ptr<float>(), x.c.data_ptr<float>(),
+                     x.halves.defined() ? x.halves.data_ptr<int32_t>() : nullptr,
+                     out + p.col * esize, a.K, KG, ldo, esize};
 #if defined(__AVX512VNNI__)
       if (a.block) {
         if (p.bits == 4)
@@ -821,18 +950,28 @@ void run_parts(const Acts& a, const std::vector<Part>& parts, at::Tensor& y) {
 // x [M, K] fp32 or bf16; each of `records` uint8 [N_i/16, K/32, 512 code bytes + 64] (8
 // bits) or [N_i/16, tile_bytes(K/32, bits_i)] (4 and 6 bits); bias fp32 [sum N_i] or empty.
 // Returns [M, sum N_i] in `out_dtype` (fp32 or bf16): the parts' outputs side by side, as
-// their separate calls concatenated would be, bit for bit (one quantisation of x, one
-// parallel region).
+// their separate calls concatenated would be, bit for bit (x quantised once for each
+// activation block size the parts take, one parallel region).
 at::Tensor qlinear_parts(const at::Tensor& x, const std::vector<at::Tensor>& records,
                          const std::vector<int64_t>& bits, const at::Tensor& bias,
                          at::ScalarType out_dtype) {
   TORCH_CHECK(!records.empty() && records.size() == bits.size(), "one width per part");
   TORCH_CHECK(out_dtype == at::kFloat || out_dtype == at::kBFloat16, "out must be fp32 or bf16");
+  for (const int64_t b : bits) TORCH_CHECK(b == 4 || b == 6 || b == 8, "bits must be 4, 6 or 8");
   const bool six = std::find(bits.begin(), bits.end(), 6) != bits.end();
-  const Acts a = quantize_acts(x, six);
+  std::vector<Acts> by_block;  // one quantisation per block size the parts take
+  std::vector<int64_t> blocks;
+  for (const int64_t b : bits)
+    if (std::find(blocks.begin(), blocks.end(), act_groups(b)) == blocks.end()) {
+      blocks.push_back(act_groups(b));
+      by_block.push_back(quantize_acts(x, six, blocks.back()));
+    }
+  const Acts& a = by_block[0];
+  std::vector<const Acts*> acts;
   std::vector<Part> parts;
   int64_t N = 0;
   for (size_t i = 0; i < records.size(); ++i) {
+    acts.push_back(&by_block[std::find(blocks.begin(), blocks.end(), act_groups(bits[i])) - blocks.begin()]);
     parts.push_back(check_part(a, records[i], bits[i], N));
     N += parts.back().tiles * NT;
   }
@@ -841,7 +980,7 @@ at::Tensor qlinear_parts(const at::Tensor& x, const std::vector<at::Tensor>& rec
     for (Part& p : parts) p.bias = bias.data_ptr<float>() + p.col;
   if (a.M == 0) return at::empty({0, N}, x.options().dtype(out_dtype));
   auto y = at::empty({a.rows_run, N}, x.options().dtype(out_dtype));
-  run_parts(a, parts, y);
+  run_parts(acts, parts, y);
   return a.rows_run == a.M ? y : y.narrow(0, 0, a.M);
 }
 

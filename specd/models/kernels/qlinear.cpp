@@ -592,15 +592,22 @@ inline __m256 bytes_to_ps(const uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
-// 8 integers of a header (uint8 for 4 bits' s and t, int8 for 6 bits' sc), one per
-// column, as the int16 pairs (a, b) that vpmaddwd takes: a from p, b from q
-inline __m256i int16_pairs(const uint8_t* p, const uint8_t* q, bool is_signed) {
-  const auto load = [&](const uint8_t* at) {
-    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(at));
-    return is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v);
-  };
-  return _mm256_or_si256(_mm256_and_si256(load(p), _mm256_set1_epi32(0xFFFF)),
-                         _mm256_slli_epi32(load(q), 16));
+// A header's 8 integers for the half-tile's columns (at p: uint8 for 4 bits' s and t, int8
+// for 6 bits' sc), one per column, as the int16 pair vpmaddwd takes: (p[c], p[c]), or with
+// `q` (p[c], q[c]). One byte shuffle per 128-bit lane (columns 0-3, then 4-7) puts each
+// byte in an int16's high half; an arithmetic or a logical shift brings it down, signed or
+// not.
+template <bool SIGNED>
+inline __m256i int16_pairs(const uint8_t* p, const uint8_t* q = nullptr) {
+  int64_t lo, hi;
+  std::memcpy(&lo, p, 8);
+  std::memcpy(&hi, q ? q : p, 8);
+  const __m256i v = _mm256_set_epi64x(hi, lo, hi, lo);  // each lane: p's 8 bytes, then q's
+  const __m256i place = _mm256_setr_epi8(
+      -128, 0, -128, 8, -128, 1, -128, 9, -128, 2, -128, 10, -128, 3, -128, 11,
+      -128, 4, -128, 12, -128, 5, -128, 13, -128, 6, -128, 14, -128, 7, -128, 15);
+  const __m256i high = _mm256_shuffle_epi8(v, place);
+  return SIGNED ? _mm256_srai_epi16(high, 8) : _mm256_srli_epi16(high, 8);
 }
 
 // 8 bits: one group of a tile's 16 columns into acc[r][h] for every row, its scales dg[h]
@@ -639,7 +646,7 @@ inline void group_rows_int(__m256i (*ai)[2], const uint8_t* wg, const uint8_t* h
     unpack_half<BITS>(wg, h, lo, nullptr);
     if constexpr (BITS == 4) {
       const uint8_t* s = head + 64 + NT * j + 8 * h;  // s_j of the 8 columns
-      const __m256i scale = int16_pairs(s, s, false);
+      const __m256i scale = int16_pairs<false>(s);
 #pragma GCC unroll 1
       for (int r = 0; r < R; ++r) {
         const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
@@ -647,7 +654,7 @@ inline void group_rows_int(__m256i (*ai)[2], const uint8_t* wg, const uint8_t* h
       }
     } else {  // vectors 0-3 are the low half-group, 4-7 the high, each with its sc
       const uint8_t* sc = head + 64 + 2 * NT * j + 8 * h;
-      const __m256i slo = int16_pairs(sc, sc, true), shi = int16_pairs(sc + NT, sc + NT, true);
+      const __m256i slo = int16_pairs<true>(sc), shi = int16_pairs<true>(sc + NT);
 #pragma GCC unroll 1
       for (int r = 0; r < R; ++r) {
         const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
@@ -677,10 +684,10 @@ inline void super_block_rows(__m256 (*acc)[2], __m256i (*ai)[2], const uint8_t* 
     for (int64_t j = 0; j < groups; ++j) {
       if constexpr (BITS == 4) {
         const uint8_t* t = head + 64 + NT * (SB + j) + 8 * h;
-        wm[j] = int16_pairs(t, t, false);
+        wm[j] = int16_pairs<false>(t);
       } else {
         const uint8_t* sc = head + 64 + 2 * NT * j + 8 * h;
-        wm[j] = int16_pairs(sc, sc + NT, true);
+        wm[j] = int16_pairs<true>(sc, sc + NT);
       }
     }
 #pragma GCC unroll 1
@@ -703,7 +710,7 @@ inline void super_block_rows(__m256 (*acc)[2], __m256i (*ai)[2], const uint8_t* 
 }
 
 template <int R, int BITS>
-void tile_rows(const uint8_t* wt, int64_t KG,
+__attribute__((noinline)) void tile_rows(const uint8_t* wt, int64_t KG,
                const int8_t* xq, const float* sx, const float* c, const int32_t* pairs,
                int64_t K, const float* bias, void* out, bool bf16_out, int64_t ldo, int64_t n0) {
   __m256 acc[R][2];
@@ -838,12 +845,17 @@ int64_t set_amx_min_rows(int64_t rows) {
 
 namespace {
 
-// A call's activations, quantised once for every matrix that reads them (a fused matrix's
-// parts of different widths share them: the same codes the separate calls would make)
+// A call's activations, quantised once for every matrix of one activation block size that
+// reads them (a fused matrix's parts share them: the same codes the separate calls would
+// make): codes, scales, scale * sum and the 16-block sums in one allocation
 struct Acts {
-  at::Tensor xq, sx, c, halves;  // halves: the 16-block sums (store_halves; undefined without them)
-  int64_t M, K, rows_run;
-  int block;  // AMX: rows per block (0: the vector path)
+  at::Tensor buffer;
+  const int8_t* xq = nullptr;
+  const float* sx = nullptr;
+  const float* c = nullptr;
+  const int32_t* halves = nullptr;  // store_halves' (null where no width takes them)
+  int64_t M = 0, K = 0, rows_run = 0;
+  int block = 0;  // AMX: rows per block (0: the vector path)
 };
 
 Acts quantize_acts(const at::Tensor& x, bool six, int64_t per_block) {
@@ -852,7 +864,8 @@ Acts quantize_acts(const at::Tensor& x, bool six, int64_t per_block) {
               "x must be fp32 or bf16");
   const int64_t M = x.size(0), K = x.size(1), KG = K / G;
   TORCH_CHECK(K % G == 0, "weight layout does not match x");
-  Acts a{{}, {}, {}, {}, M, K, M, 0};
+  Acts a;
+  a.M = M, a.K = K, a.rows_run = M;
 #if defined(__AVX512VNNI__)
   // AMX: blocks of at most 16 rows, all of one size (the tiles are configured once), the
   // last padded with zero rows
@@ -862,34 +875,43 @@ Acts quantize_acts(const at::Tensor& x, bool six, int64_t per_block) {
     a.rows_run = blocks * a.block;
   }
 #endif
-  // AVX2: every row count runs as it is (group_rows' row loop is rolled at every block
-  // size, so 7 rows no longer compile to slower code than 8 and need no padding row)
-  a.xq = at::empty({a.rows_run, K}, x.options().dtype(at::kChar));
-  a.sx = at::empty({a.rows_run, KG}, x.options().dtype(at::kFloat));
-  a.c = at::empty({a.rows_run, KG}, x.options().dtype(at::kFloat));
-  // AVX512 takes the 16-block sums for 6 bits only, AVX2 for 4 and 6 bits
+  // AVX2: every row count runs as it is (the row loops are rolled at every block size, so
+  // 7 rows no longer compile to slower code than 8 and need no padding row).
+  // AVX512 takes the 16-block sums for 6 bits only, AVX2 for 4 and 6 bits.
   const bool halves = six || HALF_WORDS == 1;
-  if (halves) a.halves = at::empty({a.rows_run, HALF_WORDS * KG}, x.options().dtype(at::kInt));
+  const auto padded = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
+  const int64_t R = a.rows_run, xq_bytes = padded(R * K), f_bytes = padded(R * KG * 4);
+  const int64_t h_bytes = halves ? R * KG * HALF_WORDS * 4 : 0;
+  a.buffer = at::empty({xq_bytes + 2 * f_bytes + h_bytes}, x.options().dtype(at::kByte));
+  auto* base = a.buffer.data_ptr<uint8_t>();
+  auto* xq = reinterpret_cast<int8_t*>(base);
+  auto* sx = reinterpret_cast<float*>(base + xq_bytes);
+  auto* c = reinterpret_cast<float*>(base + xq_bytes + f_bytes);
+  auto* hs = halves ? reinterpret_cast<int32_t*>(base + xq_bytes + 2 * f_bytes) : nullptr;
+  a.xq = xq, a.sx = sx, a.c = c, a.halves = hs;
   if (M == 0) return a;
-  quantize_rows(x, per_block, a.xq.data_ptr<int8_t>(), a.sx.data_ptr<float>(), a.c.data_ptr<float>(),
-                halves ? a.halves.data_ptr<int32_t>() : nullptr);
-  if (a.rows_run > M)  // AMX's padding rows: no zero-length ops on every decode call
-    for (auto* t : {&a.xq, &a.sx, &a.c, &a.halves})
-      if (t->defined()) t->narrow(0, M, a.rows_run - M).zero_();
+  quantize_rows(x, per_block, xq, sx, c, hs);
+  if (R > M) {  // AMX's padding rows
+    std::memset(xq + M * K, 0, (R - M) * K);
+    std::memset(sx + M * KG, 0, (R - M) * KG * 4);
+    std::memset(c + M * KG, 0, (R - M) * KG * 4);
+    if (hs) std::memset(hs + M * KG * HALF_WORDS, 0, (R - M) * KG * HALF_WORDS * 4);
+  }
   return a;
 }
 
-// One matrix of a call: its records, width, bias (fp32 or null) and first output column
+// One matrix of a call: its records, width, bias (fp32 or null), first output column and
+// the activations it reads
 struct Part {
   const uint8_t* w;
   int64_t tiles, per_tile, bits;
   const float* bias;
   int64_t col;
+  const Acts* acts;
 };
 
 // a part's records checked against x's width; its bias is set by the caller
 Part check_part(const Acts& a, const at::Tensor& records, int64_t bits, int64_t col) {
-  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "bits must be 4, 6 or 8");
   const int64_t KG = a.K / G;
   const bool fits = bits == 8
       ? records.dim() == 3 && records.size(1) == KG && records.size(2) == record_bytes<8>()
@@ -897,15 +919,14 @@ Part check_part(const Acts& a, const at::Tensor& records, int64_t bits, int64_t 
   TORCH_CHECK(fits, "weight layout does not match x");
   TORCH_CHECK(records.is_contiguous() && records.scalar_type() == at::kByte,
               "weights must be contiguous uint8 records");
-  return {records.data_ptr<uint8_t>(), records.size(0), records.stride(0), bits, nullptr, col};
+  return {records.data_ptr<uint8_t>(), records.size(0), records.stride(0), bits, nullptr, col, &a};
 }
 
 // Every tile of every part in one parallel region (threads split the tiles of all parts
 // as one range: columns only, so a row's result never depends on the other rows), each
-// part writing its own columns of `y` [rows_run, ldo].
-// `acts` holds x quantised for each part (act_groups: the parts of one width share it).
-void run_parts(const std::vector<const Acts*>& acts, const std::vector<Part>& parts, at::Tensor& y) {
-  const Acts& a = *acts[0];  // the shape and AMX's blocks are those of every part's
+// part writing its own columns of `y` [rows_run, ldo] from its activations.
+void run_parts(const std::vector<Part>& parts, at::Tensor& y) {
+  const Acts& a = *parts[0].acts;  // the shape and AMX's blocks are those of every part's
   const bool bf16_out = y.scalar_type() == at::kBFloat16;
   const int64_t esize = bf16_out ? 2 : 4, ldo = y.size(1), KG = a.K / G;
   std::vector<int64_t> first{0};
@@ -917,10 +938,8 @@ void run_parts(const std::vector<const Acts*>& acts, const std::vector<Part>& pa
       const Part& p = parts[i];
       const int64_t lo = std::max(t0, first[i]) - first[i], hi = std::min(t1, first[i + 1]) - first[i];
       if (lo >= hi) continue;
-      const Acts& x = *acts[i];
-      const Rows all{x.xq.data_ptr<int8_t>(), x.sx.data_ptr<float>(), x.c.data_ptr<float>(),
-                     x.halves.defined() ? x.halves.data_ptr<int32_t>() : nullptr,
-                     out + p.col * esize, a.K, KG, ldo, esize};
+      const Acts& x = *p.acts;
+      const Rows all{x.xq, x.sx, x.c, x.halves, out + p.col * esize, a.K, KG, ldo, esize};
 #if defined(__AVX512VNNI__)
       if (a.block) {
         if (p.bits == 4)
@@ -959,28 +978,30 @@ at::Tensor qlinear_parts(const at::Tensor& x, const std::vector<at::Tensor>& rec
   TORCH_CHECK(out_dtype == at::kFloat || out_dtype == at::kBFloat16, "out must be fp32 or bf16");
   for (const int64_t b : bits) TORCH_CHECK(b == 4 || b == 6 || b == 8, "bits must be 4, 6 or 8");
   const bool six = std::find(bits.begin(), bits.end(), 6) != bits.end();
-  std::vector<Acts> by_block;  // one quantisation per block size the parts take
-  std::vector<int64_t> blocks;
-  for (const int64_t b : bits)
-    if (std::find(blocks.begin(), blocks.end(), act_groups(b)) == blocks.end()) {
-      blocks.push_back(act_groups(b));
-      by_block.push_back(quantize_acts(x, six, blocks.back()));
+  Acts by_block[2];  // x quantised once per activation block size the parts take (act_groups)
+  int64_t blocks[2] = {0, 0};
+  const auto acts_for = [&](int64_t b) -> const Acts& {
+    const int64_t groups = act_groups(b);
+    const int i = blocks[0] == groups || blocks[0] == 0 ? 0 : 1;
+    if (blocks[i] != groups) {
+      blocks[i] = groups;
+      by_block[i] = quantize_acts(x, six, groups);
     }
-  const Acts& a = by_block[0];
-  std::vector<const Acts*> acts;
+    return by_block[i];
+  };
   std::vector<Part> parts;
   int64_t N = 0;
   for (size_t i = 0; i < records.size(); ++i) {
-    acts.push_back(&by_block[std::find(blocks.begin(), blocks.end(), act_groups(bits[i])) - blocks.begin()]);
-    parts.push_back(check_part(a, records[i], bits[i], N));
+    parts.push_back(check_part(acts_for(bits[i]), records[i], bits[i], N));
     N += parts.back().tiles * NT;
   }
+  const Acts& a = by_block[0];
   TORCH_CHECK(!bias.defined() || bias.numel() == 0 || bias.numel() == N, "bias size");
   if (bias.defined() && bias.numel())
     for (Part& p : parts) p.bias = bias.data_ptr<float>() + p.col;
   if (a.M == 0) return at::empty({0, N}, x.options().dtype(out_dtype));
   auto y = at::empty({a.rows_run, N}, x.options().dtype(out_dtype));
-  run_parts(acts, parts, y);
+  run_parts(parts, y);
   return a.rows_run == a.M ? y : y.narrow(0, 0, a.M);
 }
 

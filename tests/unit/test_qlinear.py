@@ -94,14 +94,15 @@ def test_quantize_error_is_half_a_step_per_group(bits):
 
 @pytest.mark.parametrize("bits", [4, 6, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kernel_matches_the_reference(kernel, bits, dtype):
+@pytest.mark.parametrize("k", [320, 608])  # short last super-blocks of 2 and 3 groups
+def test_kernel_matches_the_reference(kernel, bits, dtype, k):
     torch.manual_seed(1)
-    w = ql.quantize(torch.randn(96, 320) * 0.05, bits)
+    w = ql.quantize(torch.randn(96, k) * 0.05, bits)
     bias = torch.randn(96)
     # 5 and 7 are one rolled block on AVX2, 13 and 15 a block of 8 and one of 5 or 7; 13
     # and 15 take AMX where it is granted
     for rows in (1, 5, 7, 8, 13, 15):
-        x = (torch.randn(rows, 320) * torch.linspace(0.1, 8, 320)).to(dtype)
+        x = (torch.randn(rows, k) * torch.linspace(0.1, 8, k)).to(dtype)
         got = ql.qlinear(x, w, bias, out_dtype=torch.float32).double()
         ref = ql.reference(x, w, bias, out_dtype=torch.float64)
         assert (got - ref).abs().max() <= 1e-5 * ref.abs().max()

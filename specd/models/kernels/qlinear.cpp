@@ -139,11 +139,15 @@ inline void store_halves(int32_t* h, int low, int high) {
 }
 #endif
 
+// int32 words that hold a row's group sums two by two (AVX2 4 bits: (sum_2i, sum_2i+1) as
+// int16, the pair vpmaddwd multiplies by the mins' integers; each sum at most 32 * 127)
+inline int64_t pairs_of(int64_t KG) { return (KG + 1) / 2; }
+
 // Per row and 32-block: its block's scale (a block being `per_block` groups: 1 or SB),
 // the codes and scale * sum(codes); with `halves`, the sums of the codes of each 16-block
-// as well (store_halves).
+// as well (store_halves), with `group_sums` those of the 32-block (pairs_of).
 void quantize_rows(const at::Tensor& x, int64_t per_block, int8_t* xq, float* sx, float* c,
-                   int32_t* halves) {
+                   int32_t* halves, int16_t* group_sums) {
   const int64_t M = x.size(0), K = x.size(1), KG = K / G;
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   const auto* xf = bf16 ? nullptr : x.data_ptr<float>();
@@ -152,6 +156,7 @@ void quantize_rows(const at::Tensor& x, int64_t per_block, int8_t* xq, float* sx
   at::parallel_for(0, M, 1, [&](int64_t r0, int64_t r1) {
     alignas(64) float v[SB * G];
     for (int64_t r = r0; r < r1; ++r) {
+      if (group_sums && KG % 2) group_sums[r * pairs_of(KG) * 2 + KG] = 0;  // no group: sum 0
       for (int64_t g0 = 0; g0 < KG; g0 += per_block) {
         const int64_t groups = std::min<int64_t>(per_block, KG - g0);
         if (bf16) {  // bf16 -> fp32 is exact: the bits shifted up
@@ -171,6 +176,7 @@ void quantize_rows(const at::Tensor& x, int64_t per_block, int8_t* xq, float* sx
           sx[r * KG + g] = s;
           c[r * KG + g] = s * float(low + high);
           if (halves) store_halves(halves + (r * KG + g) * HALF_WORDS, low, high);
+          if (group_sums) group_sums[r * pairs_of(KG) * 2 + g] = int16_t(low + high);
         }
       }
     }
@@ -332,7 +338,8 @@ inline void group_rows(__m512* acc, const uint8_t* wg, __m512 dg, __m512 mg, int
 template <int R, int BITS>
 void tile_rows(const uint8_t* wt, int64_t KG,
                const int8_t* xq, const float* sx, const float* c, const int32_t* halves,
-               int64_t K, const float* bias, void* out, bool bf16_out, int64_t ldo, int64_t n0) {
+               const int32_t*, int64_t K, const float* bias, void* out, bool bf16_out, int64_t ldo,
+               int64_t n0) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for_each_group<BITS>(wt, KG, [&](const uint8_t* wg, const uint8_t* head, int64_t j, int64_t g) {
@@ -667,35 +674,39 @@ inline void group_rows_int(__m256i (*ai)[2], const uint8_t* wg, const uint8_t* h
 
 // 4 and 6 bits, at the end of a super-block of `groups` groups from g0 (header `head`):
 // its float terms for every row, once, from the integer sums, and the sums cleared.
-// With the block's activation scale sx and pairs[r][g] = the sums (lo, hi) of group g's
-// two 16-blocks of codes, as int16:
-//     4 bits: acc += D sx ai - M sx sum_j t_j (lo_j + hi_j)
+// With the block's activation scale sx, pairs[r][g] = the sums (lo, hi) of group g's two
+// 16-blocks of codes and group_sums the sums of whole groups, as int16:
+//     4 bits: acc += D sx ai - M sx sum_j t_j sum_j
 //     6 bits: acc += D sx (ai - 32 sum_j (sc_2j lo_j + sc_2j+1 hi_j))   (w = D sc (q - 32))
 // the second sums exact in int32 too (at most 8 * 63 * 4064, and 16 * 127 * 2032 * 32).
 template <int R, int BITS>
 inline void super_block_rows(__m256 (*acc)[2], __m256i (*ai)[2], const uint8_t* head,
                              int64_t groups, int64_t g0, int64_t KG, const float* sx,
-                             const int32_t* pairs) {
+                             const int32_t* pairs, const int32_t* group_sums) {
   const auto* dm = reinterpret_cast<const __m128i*>(head);
   for (int h = 0; h < 2; ++h) {
     const __m256 D = _mm256_cvtph_ps(_mm_loadu_si128(dm + h));
     const __m256 M = _mm256_cvtph_ps(_mm_loadu_si128(dm + 2 + h));
-    __m256i wm[SB];  // per group, the pair that multiplies (lo_j, hi_j)
-    for (int64_t j = 0; j < groups; ++j) {
+    // 4 bits: per two groups the pair (t_2i, t_2i+1) that multiplies (sum_2i, sum_2i+1), the
+    // integers past a short last super-block zero (the header's) as are the sums past a
+    // row's last group (pairs_of); 6 bits: per group (sc_2j, sc_2j+1) for (lo_j, hi_j)
+    const int64_t units = BITS == 4 ? (groups + 1) / 2 : groups;
+    __m256i wm[SB];
+    for (int64_t i = 0; i < units; ++i) {
       if constexpr (BITS == 4) {
-        const uint8_t* t = head + 64 + NT * (SB + j) + 8 * h;
-        wm[j] = int16_pairs<false>(t);
+        const uint8_t* t = head + 64 + NT * (SB + 2 * i) + 8 * h;
+        wm[i] = int16_pairs<false>(t, t + NT);
       } else {
-        const uint8_t* sc = head + 64 + 2 * NT * j + 8 * h;
-        wm[j] = int16_pairs<true>(sc, sc + NT);
+        const uint8_t* sc = head + 64 + 2 * NT * i + 8 * h;
+        wm[i] = int16_pairs<true>(sc, sc + NT);
       }
     }
 #pragma GCC unroll 1
     for (int r = 0; r < R; ++r) {
-      const int32_t* pr = pairs + r * KG + g0;
+      const int32_t* pr = BITS == 4 ? group_sums + r * pairs_of(KG) + g0 / 2 : pairs + r * KG + g0;
       __m256i mi = _mm256_madd_epi16(wm[0], _mm256_set1_epi32(pr[0]));
-      for (int64_t j = 1; j < groups; ++j)
-        mi = _mm256_add_epi32(mi, _mm256_madd_epi16(wm[j], _mm256_set1_epi32(pr[j])));
+      for (int64_t i = 1; i < units; ++i)
+        mi = _mm256_add_epi32(mi, _mm256_madd_epi16(wm[i], _mm256_set1_epi32(pr[i])));
       const __m256 s = _mm256_set1_ps(sx[r * KG + g0]);
       if constexpr (BITS == 4) {
         acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ai[r][h]), _mm256_mul_ps(D, s), acc[r][h]);
@@ -712,7 +723,8 @@ inline void super_block_rows(__m256 (*acc)[2], __m256i (*ai)[2], const uint8_t* 
 template <int R, int BITS>
 __attribute__((noinline)) void tile_rows(const uint8_t* wt, int64_t KG,
                const int8_t* xq, const float* sx, const float* c, const int32_t* pairs,
-               int64_t K, const float* bias, void* out, bool bf16_out, int64_t ldo, int64_t n0) {
+               const int32_t* group_sums, int64_t K, const float* bias, void* out, bool bf16_out,
+               int64_t ldo, int64_t n0) {
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   if constexpr (BITS == 8) {
@@ -730,7 +742,8 @@ __attribute__((noinline)) void tile_rows(const uint8_t* wt, int64_t KG,
     for (int r = 0; r < R; ++r) ai[r][0] = ai[r][1] = _mm256_setzero_si256();
     for_each_group<BITS>(wt, KG, [&](const uint8_t* wg, const uint8_t* head, int64_t j, int64_t g) {
       group_rows_int<R, BITS>(ai, wg, head, j, g, xq, K);
-      if (j == SB - 1 || g == KG - 1) super_block_rows<R, BITS>(acc, ai, head, j + 1, g - j, KG, sx, pairs);
+      if (j == SB - 1 || g == KG - 1)
+        super_block_rows<R, BITS>(acc, ai, head, j + 1, g - j, KG, sx, pairs, group_sums);
     });
   }
   for (int h = 0; h < 2; ++h) {
@@ -749,11 +762,13 @@ struct Rows {
   const float* sx;
   const float* c;
   const int32_t* halves;
+  const int32_t* group_sums;  // AVX2: pairs_of(KG) words a row
   void* out;
   int64_t K, KG, ldo, esize;
 
   Rows from(int64_t r0) const {
     return {xq + r0 * K, sx + r0 * KG, c + r0 * KG, halves ? halves + r0 * HALF_WORDS * KG : nullptr,
+            group_sums ? group_sums + r0 * pairs_of(KG) : nullptr,
             static_cast<char*>(out) + r0 * ldo * esize, K, KG, ldo, esize};
   }
 };
@@ -766,7 +781,7 @@ void tile_all_rows(int rows, const uint8_t* wt, const Rows& all, const float* bi
     const Rows a = all.from(r0);
 #define SPECD_ROWS(R)                                                                      \
   case R:                                                                                  \
-    tile_rows<R, BITS>(wt, a.KG, a.xq, a.sx, a.c, a.halves, a.K, bias, a.out, bf16_out, a.ldo, \
+    tile_rows<R, BITS>(wt, a.KG, a.xq, a.sx, a.c, a.halves, a.group_sums, a.K, bias, a.out, bf16_out, a.ldo, \
                        n0);                                                                \
     break;
     switch (n) {
@@ -854,6 +869,7 @@ struct Acts {
   const float* sx = nullptr;
   const float* c = nullptr;
   const int32_t* halves = nullptr;  // store_halves' (null where no width takes them)
+  const int32_t* group_sums = nullptr;  // AVX2: pairs_of's
   int64_t M = 0, K = 0, rows_run = 0;
   int block = 0;  // AMX: rows per block (0: the vector path)
 };
@@ -881,21 +897,24 @@ Acts quantize_acts(const at::Tensor& x, bool six, int64_t per_block) {
   const bool halves = six || HALF_WORDS == 1;
   const auto padded = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
   const int64_t R = a.rows_run, xq_bytes = padded(R * K), f_bytes = padded(R * KG * 4);
-  const int64_t h_bytes = halves ? R * KG * HALF_WORDS * 4 : 0;
-  a.buffer = at::empty({xq_bytes + 2 * f_bytes + h_bytes}, x.options().dtype(at::kByte));
+  const int64_t h_bytes = halves ? padded(R * KG * HALF_WORDS * 4) : 0;
+  const int64_t s_bytes = HALF_WORDS == 1 ? R * pairs_of(KG) * 4 : 0;  // AVX2: group sums
+  a.buffer = at::empty({xq_bytes + 2 * f_bytes + h_bytes + s_bytes}, x.options().dtype(at::kByte));
   auto* base = a.buffer.data_ptr<uint8_t>();
   auto* xq = reinterpret_cast<int8_t*>(base);
   auto* sx = reinterpret_cast<float*>(base + xq_bytes);
   auto* c = reinterpret_cast<float*>(base + xq_bytes + f_bytes);
   auto* hs = halves ? reinterpret_cast<int32_t*>(base + xq_bytes + 2 * f_bytes) : nullptr;
-  a.xq = xq, a.sx = sx, a.c = c, a.halves = hs;
+  auto* gs = s_bytes ? reinterpret_cast<int32_t*>(base + xq_bytes + 2 * f_bytes + h_bytes) : nullptr;
+  a.xq = xq, a.sx = sx, a.c = c, a.halves = hs, a.group_sums = gs;
   if (M == 0) return a;
-  quantize_rows(x, per_block, xq, sx, c, hs);
+  quantize_rows(x, per_block, xq, sx, c, hs, reinterpret_cast<int16_t*>(gs));
   if (R > M) {  // AMX's padding rows
     std::memset(xq + M * K, 0, (R - M) * K);
     std::memset(sx + M * KG, 0, (R - M) * KG * 4);
     std::memset(c + M * KG, 0, (R - M) * KG * 4);
     if (hs) std::memset(hs + M * KG * HALF_WORDS, 0, (R - M) * KG * HALF_WORDS * 4);
+    if (gs) std::memset(gs + M * pairs_of(KG), 0, (R - M) * pairs_of(KG) * 4);
   }
   return a;
 }
@@ -939,7 +958,7 @@ void run_parts(const std::vector<Part>& parts, at::Tensor& y) {
       const int64_t lo = std::max(t0, first[i]) - first[i], hi = std::min(t1, first[i + 1]) - first[i];
       if (lo >= hi) continue;
       const Acts& x = *p.acts;
-      const Rows all{x.xq, x.sx, x.c, x.halves, out + p.col * esize, a.K, KG, ldo, esize};
+      const Rows all{x.xq, x.sx, x.c, x.halves, x.group_sums, out + p.col * esize, a.K, KG, ldo, esize};
 #if defined(__AVX512VNNI__)
       if (a.block) {
         if (p.bits == 4)

@@ -594,11 +594,6 @@ inline void unpack_half(const uint8_t* wg, int h, __m256i* lo, __m256i* hi) {
   }
 }
 
-// 8 uint8 (int8) -> 8 fp32
-inline __m256 bytes_to_ps(const uint8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
-
 // A header's 8 integers for the half-tile's columns (at p: uint8 for 4 bits' s and t, int8
 // for 6 bits' sc), one per column, as the int16 pair vpmaddwd takes: (p[c], p[c]), or with
 // `q` (p[c], q[c]). One byte shuffle per 128-bit lane (columns 0-3, then 4-7) puts each

@@ -123,16 +123,19 @@ inline void quantize_block(const float* v, float amax, int8_t* q, int& low, int&
 }
 #endif
 
-// The sums of a 32-block's two 16-blocks of codes (each at most 16 * 127 in magnitude), as
-// the kernels take them: AVX512 and AMX as two int32 (6 bits' offsets), AVX2 as one int32
-// holding both as int16, the pair vpmaddwd multiplies (4 and 6 bits' super-block terms)
+// Whether 4 and 6 bits sum a super-block in integers (AVX2; act_groups), and the sums of a
+// 32-block's two 16-blocks of codes (each at most 16 * 127 in magnitude, 6 bits' offsets)
+// as the kernels take them: AVX512 and AMX as two int32, AVX2 as one int32 holding both as
+// int16, the pair vpmaddwd multiplies in the super-block's terms
 #if defined(__AVX512VNNI__)
+constexpr bool SUPER_BLOCK_SUMS = false;
 constexpr int64_t HALF_WORDS = 2;
 inline void store_halves(int32_t* h, int low, int high) {
   h[0] = low;
   h[1] = high;
 }
 #else
+constexpr bool SUPER_BLOCK_SUMS = true;
 constexpr int64_t HALF_WORDS = 1;
 inline void store_halves(int32_t* h, int low, int high) {
   h[0] = int32_t(uint32_t(uint16_t(low)) | (uint32_t(uint16_t(high)) << 16));
@@ -545,7 +548,7 @@ inline __m256i nibble_pairs(const __m256i* w, const int32_t* x) {
   return s;
 }
 
-// vpmaddwd sums a lane's two int16 into int32, each times the lane's int16 pair in `scale`
+// the same summed into int32 (vpmaddwd with ones): 8 bits' two nibble dots
 inline __m256i dot_nibbles(const __m256i* w, const int32_t* x) {
   return _mm256_madd_epi16(nibble_pairs(w, x), _mm256_set1_epi16(1));
 }
@@ -826,14 +829,7 @@ int64_t amx_min_rows = RMAX + 1;
 // Groups per activation block for weights of `bits` (quantize_rows): 4 and 6 bits on AVX2
 // a super-block's 8, which its integer sums need (+0.11% NLL on the 1.5B, BENCHMARKS.md
 // section 47); else one group, the finer scale, where the float terms are per group anyway.
-int64_t act_groups(int64_t bits) {
-#if defined(__AVX512VNNI__)
-  (void)bits;
-  return 1;
-#else
-  return bits == 8 ? 1 : SB;
-#endif
-}
+int64_t act_groups(int64_t bits) { return SUPER_BLOCK_SUMS && bits != 8 ? SB : 1; }
 
 int64_t activation_block(int64_t bits) {
   TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "bits must be 4, 6 or 8");
@@ -863,13 +859,14 @@ struct Acts {
   const int8_t* xq = nullptr;
   const float* sx = nullptr;
   const float* c = nullptr;
-  const int32_t* halves = nullptr;  // store_halves' (null where no width takes them)
-  const int32_t* group_sums = nullptr;  // AVX2: pairs_of's
+  const int32_t* halves = nullptr;  // store_halves' (6 bits; else null)
+  const int32_t* group_sums = nullptr;  // pairs_of's (4 bits' super-block sums; else null)
   int64_t M = 0, K = 0, rows_run = 0;
   int block = 0;  // AMX: rows per block (0: the vector path)
 };
 
-Acts quantize_acts(const at::Tensor& x, bool six, int64_t per_block) {
+// `per_block` groups to a scale; `six`, `four`: whether 6- or 4-bit parts read these
+Acts quantize_acts(const at::Tensor& x, int64_t per_block, bool six, bool four) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [M, K] matrix");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "x must be fp32 or bf16");
@@ -888,12 +885,11 @@ Acts quantize_acts(const at::Tensor& x, bool six, int64_t per_block) {
 #endif
   // AVX2: every row count runs as it is (the row loops are rolled at every block size, so
   // 7 rows no longer compile to slower code than 8 and need no padding row).
-  // AVX512 takes the 16-block sums for 6 bits only, AVX2 for 4 and 6 bits.
-  const bool halves = six || HALF_WORDS == 1;
+  const bool halves = six;
   const auto padded = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
   const int64_t R = a.rows_run, xq_bytes = padded(R * K), f_bytes = padded(R * KG * 4);
   const int64_t h_bytes = halves ? padded(R * KG * HALF_WORDS * 4) : 0;
-  const int64_t s_bytes = HALF_WORDS == 1 ? R * pairs_of(KG) * 4 : 0;  // AVX2: group sums
+  const int64_t s_bytes = SUPER_BLOCK_SUMS && four ? R * pairs_of(KG) * 4 : 0;
   a.buffer = at::empty({xq_bytes + 2 * f_bytes + h_bytes + s_bytes}, x.options().dtype(at::kByte));
   auto* base = a.buffer.data_ptr<uint8_t>();
   auto* xq = reinterpret_cast<int8_t*>(base);
@@ -991,15 +987,17 @@ at::Tensor qlinear_parts(const at::Tensor& x, const std::vector<at::Tensor>& rec
   TORCH_CHECK(!records.empty() && records.size() == bits.size(), "one width per part");
   TORCH_CHECK(out_dtype == at::kFloat || out_dtype == at::kBFloat16, "out must be fp32 or bf16");
   for (const int64_t b : bits) TORCH_CHECK(b == 4 || b == 6 || b == 8, "bits must be 4, 6 or 8");
-  const bool six = std::find(bits.begin(), bits.end(), 6) != bits.end();
   Acts by_block[2];  // x quantised once per activation block size the parts take (act_groups)
   int64_t blocks[2] = {0, 0};
   const auto acts_for = [&](int64_t b) -> const Acts& {
     const int64_t groups = act_groups(b);
     const int i = blocks[0] == groups || blocks[0] == 0 ? 0 : 1;
     if (blocks[i] != groups) {
+      const auto reads = [&](int64_t width) {  // a part of this width reads these
+        return act_groups(width) == groups && std::find(bits.begin(), bits.end(), width) != bits.end();
+      };
       blocks[i] = groups;
-      by_block[i] = quantize_acts(x, six, groups);
+      by_block[i] = quantize_acts(x, groups, reads(6), reads(4));
     }
     return by_block[i];
   };

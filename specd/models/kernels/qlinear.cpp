@@ -8,22 +8,20 @@
 // (256 along K) an fp16 D (and for 4 bits M) per column, and integers below it: 4 bits
 // 6-bit s and t per group, d = D s, m = M t; 6 bits an int8 per half-group, d = D sc
 // (exact in fp32: 11 bits of mantissa times at most 8).
-// Activations, quantised here per row and per block b of up to 8 groups (256 along K, a
-// weight super-block; the last of a row may be shorter), as llama.cpp's Q8_K activations:
+// Activations, quantised here per row and per block b along K, as llama.cpp's Q8_K
+// activations: for 4 and 6 bits up to 8 groups (256 along K, a weight super-block; the
+// last of a row may be shorter), for 8 bits one group:
 //     x[r][k] ~= sx[r][b] * xq[r][k],          xq in [-127, 127]
-// so that
-//     y[r][n] = sum_g  d[n][g] * sx[r][b] * dot(q[n][g], xq[r][g])
-//                    - m[n][g] * sx[r][b] * sum(xq[r][g])
-// and for 6 bits, per half-group h of g (the offset taken in the exact integers)
-//     y[r][n] = sum_h  d[n][h] * sx[r][b] * (dot(q[n][h], xq[r][h]) - 32 sum(xq[r][h]))
-// The dot is exact in int32 (vpdpbusd: u8 weight x s8 activation; on AVX2 vpmaddubsw on
-// 4-bit halves, see below). AVX512 adds the float terms per group. AVX2 sums a
-// super-block's terms in integers first, the integer scales inside (4 bits d = D s, m = M t;
-// 6 bits d = D sc), and takes one float step per super-block:
+// The dot of a group is exact in int32 (vpdpbusd: u8 weight x s8 activation; on AVX2
+// vpmaddubsw on 4-bit halves, see below). 8 bits add a group's float terms at once:
+//     y[r][n] = sum_g  d[n][g] * sx[r][g] * dot(q[n][g], xq[r][g]) - m[n][g] * sx[r][g] * sum(xq[r][g])
+// 4 and 6 bits sum a super-block's terms in integers first, the integer scales inside
+// (4 bits d = D s, m = M t; 6 bits d = D sc, per half-group h, the offset -32 in the
+// integers too), and take one float step per super-block:
 //     y[r][n] = sum_b  sx[r][b] * (D[n][b] * sum_g s[n][g] dot_g - M[n][b] * sum_g t[n][g] sum_g(xq))
 //     y[r][n] = sum_b  sx[r][b] * D[n][b] * sum_h sc[n][h] (dot_h - 32 sum_h(xq))      (6 bits)
-// which at 7 rows, where the kernel is bound by compute, takes ~17% off a call
-// (BENCHMARKS.md section 47). Either way the float terms are
+// which at 7 rows, where the kernel is bound by compute, takes 17% off a call on AVX2 and
+// ~10% on AVX512 (BENCHMARKS.md sections 47, 48). Either way the float terms are
 // added in a fixed order for each (r, n) with the same instructions whatever the number
 // of rows, and threads split columns only: a row's result never depends on the other rows
 // (decode of 1 token and verification of k+1 round identically: batch invariance).
@@ -71,7 +69,7 @@ constexpr int SB = 8;       // 4 and 6 bits: groups per super-block
 constexpr int64_t HEADER = 64 + 2 * SB * NT;  // 4 and 6 bits: a super-block's scales and mins
 
 // Activations are quantised per row and per block: a group (32 along K), or for 4 and 6
-// bits on AVX2 up to 8 groups (256 along K, the weights' super-block; the last block of a
+// bits up to 8 groups (256 along K, the weights' super-block; the last block of a
 // row may be shorter), as llama.cpp's Q8_K (`act_groups`): one scale amax / 127 for the
 // block, codes round(v * 127 / amax) (nearest even). Each
 // 32-block gets its codes, the block's scale, scale * sum(codes) and the sums of its two
@@ -123,27 +121,24 @@ inline void quantize_block(const float* v, float amax, int8_t* q, int& low, int&
 }
 #endif
 
-// Whether 4 and 6 bits sum a super-block in integers (AVX2; act_groups), and the sums of a
-// 32-block's two 16-blocks of codes (each at most 16 * 127 in magnitude, 6 bits' offsets)
-// as the kernels take them: AVX512 and AMX as two int32, AVX2 as one int32 holding both as
-// int16, the pair vpmaddwd multiplies in the super-block's terms
+// The sums of a 32-block's two 16-blocks of codes (each at most 16 * 127 in magnitude, 6
+// bits' offsets) as the kernels take them: AVX512 and AMX as two int32, AVX2 as one int32
+// holding both as int16, the pair vpmaddwd multiplies in the super-block's terms
 #if defined(__AVX512VNNI__)
-constexpr bool SUPER_BLOCK_SUMS = false;
 constexpr int64_t HALF_WORDS = 2;
 inline void store_halves(int32_t* h, int low, int high) {
   h[0] = low;
   h[1] = high;
 }
 #else
-constexpr bool SUPER_BLOCK_SUMS = true;
 constexpr int64_t HALF_WORDS = 1;
 inline void store_halves(int32_t* h, int low, int high) {
   h[0] = int32_t(uint32_t(uint16_t(low)) | (uint32_t(uint16_t(high)) << 16));
 }
 #endif
 
-// int32 words that hold a row's group sums two by two (AVX2 4 bits: (sum_2i, sum_2i+1) as
-// int16, the pair vpmaddwd multiplies by the mins' integers; each sum at most 32 * 127)
+// int32 words that hold a row's group sums two by two (4 bits: (sum_2i, sum_2i+1) as int16,
+// the pair vpmaddwd or vpdpwssd multiplies by the mins' integers; each sum at most 32 * 127)
 inline int64_t pairs_of(int64_t KG) { return (KG + 1) / 2; }
 
 // Per row and 32-block: its block's scale (a block being `per_block` groups: 1 or SB),
@@ -272,68 +267,119 @@ inline void unpack_group(const uint8_t* wg, __m512i* w) {
   }
 }
 
-// 16 uint8 (int8) -> 16 fp32
-inline __m512 bytes_to_ps(const uint8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-inline __m512 signed_bytes_to_ps(const uint8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-
-// A group's scales dg and mins mg for the tile's 16 columns (6 bits: the low and the high
-// half-group's scales), from its record (8 bits) or its super-block's header, j being its
-// place there. The products are exact: 4 bits d = D s, m = M t; 6 bits D sc.
-template <int BITS>
-inline void group_scales(const uint8_t* head, int64_t j, __m512& dg, __m512& mg) {
+// 8 bits: a group's fp16 scales dg and mins mg for the tile's 16 columns, from its record
+inline void group_scales(const uint8_t* head, __m512& dg, __m512& mg) {
   const auto* dm = reinterpret_cast<const __m256i*>(head);
-  dg = _mm512_cvtph_ps(_mm256_loadu_si256(dm));  // 4 and 6 bits: D
-  mg = _mm512_cvtph_ps(_mm256_loadu_si256(dm + 1));  // 4 bits: M
-  if constexpr (BITS == 4) {
-    dg = _mm512_mul_ps(dg, bytes_to_ps(head + 64 + NT * j));
-    mg = _mm512_mul_ps(mg, bytes_to_ps(head + 64 + NT * (SB + j)));
-  } else if constexpr (BITS == 6) {
-    mg = _mm512_mul_ps(dg, signed_bytes_to_ps(head + 64 + 2 * NT * j + NT));
-    dg = _mm512_mul_ps(dg, signed_bytes_to_ps(head + 64 + 2 * NT * j));
-  }
+  dg = _mm512_cvtph_ps(_mm256_loadu_si256(dm));
+  mg = _mm512_cvtph_ps(_mm256_loadu_si256(dm + 1));
 }
 
-// The float terms of one group for one row: acc + dg sx dot - mg c, or for 6 bits the two
-// half-groups' dots (their offsets -32 sum(xq) already taken in the integers) under their
-// scales dg and mg. The vector and the AMX path both end in this, so they round alike.
-template <int BITS>
-inline __m512 add_group(__m512 acc, __m512i dot, __m512i hi, __m512 dg, __m512 mg, float sx, float c) {
-  if constexpr (BITS == 6) {
-    const __m512 s = _mm512_set1_ps(sx);
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dg, s), acc);
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_mul_ps(mg, s), acc);
-  }
+// 8 bits: the float terms of one group for one row, acc + dg sx dot - mg c. The vector and
+// the AMX path both end in this, so they round alike.
+inline __m512 add_group(__m512 acc, __m512i dot, __m512 dg, __m512 mg, float sx, float c) {
   const __m512 scale = _mm512_mul_ps(dg, _mm512_set1_ps(sx));
   acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc);
   return _mm512_fnmadd_ps(mg, _mm512_set1_ps(c), acc);
 }
 
-// one group (32 along K) of a tile's 16 columns into acc[r] for every row: its codes at
-// `wg`, its scales dg and mins mg (6 bits: the low and the high half-group's scales)
-template <int R, int BITS>
-inline void group_rows(__m512* acc, const uint8_t* wg, __m512 dg, __m512 mg, int64_t g, int64_t KG,
-                       const int8_t* xq, const float* sx, const float* c, const int32_t* halves,
-                       int64_t K) {
+// 8 bits: one group (32 along K) of a tile's 16 columns into acc[r] for every row: its
+// codes at `wg`, its scales dg and mins mg
+template <int R>
+inline void group_rows8(__m512* acc, const uint8_t* wg, __m512 dg, __m512 mg, int64_t g, int64_t KG,
+                        const int8_t* xq, const float* sx, const float* c, int64_t K) {
   __m512i w[8];
-  unpack_group<BITS>(wg, w);
+  unpack_group<8>(wg, w);
   for (int r = 0; r < R; ++r) {
     // one chain per row (the rows give the parallelism); each step reads its 4
     // activation bytes as a broadcast operand of vpdpbusd itself
     const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
+    __m512i dot = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) dot = dpbusd_broadcast(dot, w[j], xg + j);
+    acc[r] = add_group(acc[r], dot, dg, mg, sx[r * KG + g], c[r * KG + g]);
+  }
+}
+
+// 4 and 6 bits: the integer scales of group j of a super-block (header `head`) for the
+// tile's 16 columns, as int32: 4 bits s_j (sl), 6 bits the low and the high half-group's
+// sc (sl, sh)
+template <int BITS>
+inline void int_scales(const uint8_t* head, int64_t j, __m512i& sl, __m512i& sh) {
+  const auto bytes = [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
+  if constexpr (BITS == 4) {
+    sl = sh = _mm512_cvtepu8_epi32(bytes(head + 64 + NT * j));
+  } else {
+    sl = _mm512_cvtepi8_epi32(bytes(head + 64 + 2 * NT * j));
+    sh = _mm512_cvtepi8_epi32(bytes(head + 64 + 2 * NT * j + NT));
+  }
+}
+
+// A group's integer dots for one row under the weights' integer scales, added to the
+// super-block's sum ai: 4 bits ai + s_j dot, 6 bits ai + sc_lo lo + sc_hi hi (each half's
+// dot with its offset -32 sum(xq) in it). vpmulld is exact: a super-block's sum is at most
+// 8 * 63 * 60960 < 2^25 (4 bits) and 16 * 127 * 16 * 32 * 127 < 2^28 (6 bits). The vector
+// and the AMX path both take this on the same integers, so they give the same sums.
+template <int BITS>
+inline __m512i add_int_group(__m512i ai, __m512i lo, __m512i hi, __m512i sl, __m512i sh) {
+  ai = _mm512_add_epi32(ai, _mm512_mullo_epi32(lo, sl));
+  if constexpr (BITS == 6) ai = _mm512_add_epi32(ai, _mm512_mullo_epi32(hi, sh));
+  return ai;
+}
+
+// 4 and 6 bits, at the end of a super-block of `groups` groups from g0 (header `head`):
+// its float terms for every row, once, from the integer sums ai, which are cleared. With
+// the block's activation scale sx and the activations' group sums two by two (int16
+// pairs, pairs_of):
+//     4 bits: acc += D sx ai - M sx sum_j t_j sum_j     (the second sum exact: vpdpwssd)
+//     6 bits: acc += D sx ai                            (the offsets are in ai)
+template <int R, int BITS>
+inline void super_block_rows(__m512* acc, __m512i* ai, const uint8_t* head, int64_t groups,
+                             int64_t g0, int64_t KG, const float* sx, const int32_t* group_sums) {
+  const auto* dm = reinterpret_cast<const __m256i*>(head);
+  const __m512 D = _mm512_cvtph_ps(_mm256_loadu_si256(dm));
+  const __m512 M = _mm512_cvtph_ps(_mm256_loadu_si256(dm + 1));
+  // 4 bits: per two groups the int16 pairs (t_2i, t_2i+1) of each column, the integers
+  // past a short last super-block zero (the header's), as are the sums past a row's last
+  // group (pairs_of)
+  const int64_t units = BITS == 4 ? (groups + 1) / 2 : 0;
+  __m512i tm[SB / 2];
+  for (int64_t i = 0; i < units; ++i) {
+    const uint8_t* t = head + 64 + NT * (SB + 2 * i);
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t + NT));
+    tm[i] = _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b)));
+  }
+  for (int r = 0; r < R; ++r) {
+    const __m512 s = _mm512_set1_ps(sx[r * KG + g0]);
+    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai[r]), _mm512_mul_ps(D, s), acc[r]);
+    if constexpr (BITS == 4) {
+      const int32_t* pr = group_sums + r * pairs_of(KG) + g0 / 2;
+      __m512i mi = _mm512_setzero_si512();
+      for (int64_t i = 0; i < units; ++i) mi = _mm512_dpwssd_epi32(mi, tm[i], _mm512_set1_epi32(pr[i]));
+      acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mi), _mm512_mul_ps(M, s), acc[r]);
+    }
+    ai[r] = _mm512_setzero_si512();
+  }
+}
+
+// 4 and 6 bits: one group of a tile's 16 columns into the integer sums ai[r] for every row
+template <int R, int BITS>
+inline void group_rows_int(__m512i* ai, const uint8_t* wg, const uint8_t* head, int64_t j, int64_t g,
+                           int64_t KG, const int8_t* xq, const int32_t* halves, int64_t K) {
+  __m512i w[8], sl, sh;
+  unpack_group<BITS>(wg, w);
+  int_scales<BITS>(head, j, sl, sh);
+  for (int r = 0; r < R; ++r) {
+    const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
     if constexpr (BITS == 6) {  // vectors 0-3 are the low half-group, 4-7 the high
       const int32_t* hs = halves + r * 2 * KG + 2 * g;
       __m512i lo = _mm512_set1_epi32(-32 * hs[0]), hi = _mm512_set1_epi32(-32 * hs[1]);
-      for (int j = 0; j < 4; ++j) lo = dpbusd_broadcast(lo, w[j], xg + j);
-      for (int j = 4; j < 8; ++j) hi = dpbusd_broadcast(hi, w[j], xg + j);
-      acc[r] = add_group<6>(acc[r], lo, hi, dg, mg, sx[r * KG + g], 0.f);
+      for (int i = 0; i < 4; ++i) lo = dpbusd_broadcast(lo, w[i], xg + i);
+      for (int i = 4; i < 8; ++i) hi = dpbusd_broadcast(hi, w[i], xg + i);
+      ai[r] = add_int_group<6>(ai[r], lo, hi, sl, sh);
     } else {
       __m512i dot = _mm512_setzero_si512();
-      for (int j = 0; j < 8; ++j) dot = dpbusd_broadcast(dot, w[j], xg + j);
-      acc[r] = add_group<BITS>(acc[r], dot, dot, dg, mg, sx[r * KG + g], c[r * KG + g]);
+      for (int i = 0; i < 8; ++i) dot = dpbusd_broadcast(dot, w[i], xg + i);
+      ai[r] = add_int_group<4>(ai[r], dot, dot, sl, sh);
     }
   }
 }
@@ -341,15 +387,25 @@ inline void group_rows(__m512* acc, const uint8_t* wg, __m512 dg, __m512 mg, int
 template <int R, int BITS>
 void tile_rows(const uint8_t* wt, int64_t KG,
                const int8_t* xq, const float* sx, const float* c, const int32_t* halves,
-               const int32_t*, int64_t K, const float* bias, void* out, bool bf16_out, int64_t ldo,
-               int64_t n0) {
+               const int32_t* group_sums, int64_t K, const float* bias, void* out, bool bf16_out,
+               int64_t ldo, int64_t n0) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for_each_group<BITS>(wt, KG, [&](const uint8_t* wg, const uint8_t* head, int64_t j, int64_t g) {
-    __m512 dg, mg;
-    group_scales<BITS>(head, j, dg, mg);
-    group_rows<R, BITS>(acc, wg, dg, mg, g, KG, xq, sx, c, halves, K);
-  });
+  if constexpr (BITS == 8) {
+    for_each_group<8>(wt, KG, [&](const uint8_t* wg, const uint8_t* head, int64_t, int64_t g) {
+      __m512 dg, mg;
+      group_scales(head, dg, mg);
+      group_rows8<R>(acc, wg, dg, mg, g, KG, xq, sx, c, K);
+    });
+  } else {
+    __m512i ai[R];
+    for (int r = 0; r < R; ++r) ai[r] = _mm512_setzero_si512();
+    for_each_group<BITS>(wt, KG, [&](const uint8_t* wg, const uint8_t* head, int64_t j, int64_t g) {
+      group_rows_int<R, BITS>(ai, wg, head, j, g, KG, xq, halves, K);
+      if (j == SB - 1 || g == KG - 1)
+        super_block_rows<R, BITS>(acc, ai, head, j + 1, g - j, KG, sx, group_sums);
+    });
+  }
   const __m512 b = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();
   for (int r = 0; r < R; ++r) store_row(_mm512_add_ps(acc[r], b), out, bf16_out, r * ldo + n0);
 }
@@ -357,8 +413,9 @@ void tile_rows(const uint8_t* wt, int64_t KG,
 // AMX (Sapphire Rapids and later, where the OS grants the tile state): the integer dot of
 // a group for every row at once, C[r][n] = sum_k xq[r][k] * q[n][k] (TDPBSUD: s8 rows of
 // A, u8 columns of B), exact in int32 as vpdpbusd's, so the same integers as the path
-// above; the float terms that follow are the same instructions in the same order
-// (`add_group`), so the results are the same bits whichever path ran. B is the
+// above; what follows is the same instructions in the same order (`add_group` for 8 bits,
+// `add_int_group` and `super_block_rows` for 4 and 6), so the results are the same bits
+// whichever path ran. B is the
 // group's codes in vpdpbusd's operand order, which is AMX's too (a row of B holds k =
 // 4j..4j+3 for the 16 columns): 8 bits load it from the stream as it is, 4 and 6 bits
 // from the unpacked vectors. One tile operation replaces R * 8 vpdpbusd: what verification
@@ -415,8 +472,8 @@ SPECD_AMX inline void item_dots(const int8_t* x, int64_t K, const uint8_t* b, in
 template <int R, int BITS>
 SPECD_AMX void tile_rows_amx(const uint8_t* wt, int64_t KG,
                              const int8_t* xq, const float* sx, const float* c,
-                             const int32_t* halves, int64_t K, const float* bias, void* out,
-                             bool bf16_out, int64_t ldo, int64_t n0) {
+                             const int32_t* halves, const int32_t* group_sums, int64_t K,
+                             const float* bias, void* out, bool bf16_out, int64_t ldo, int64_t n0) {
   constexpr int ITEMS = BITS == 6 ? 2 : 1;  // per group
   constexpr int AHEAD = 2, LAG = 2, RING = 8;  // RING > AHEAD + LAG
   alignas(64) uint8_t codes[RING][512];  // 4 and 6 bits: the B tile's rows
@@ -424,7 +481,8 @@ SPECD_AMX void tile_rows_amx(const uint8_t* wt, int64_t KG,
   const uint8_t* streams[RING];  // each group's codes in the stream (8 bits: B as it is)
   const uint8_t* heads[RING];    // its scales: 8 bits its record's, else its header
   __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  __m512i ai[R];  // 4 and 6 bits: the super-block's integer sums, as tile_rows'
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps(), ai[r] = _mm512_setzero_si512();
   auto take_dots = [&](int64_t g) {
     const uint8_t* b = BITS == 8 ? streams[g % RING] : codes[g % RING];
     const int8_t* x = xq + g * G;
@@ -437,20 +495,28 @@ SPECD_AMX void tile_rows_amx(const uint8_t* wt, int64_t KG,
       item_dots<0>(x, K, b, dots[g % RING][0]);
     }
   };
-  auto add_terms = [&](int64_t g) {  // group_rows' float terms, on the tile's dots
-    __m512 dg, mg;
-    group_scales<BITS>(heads[g % RING], g % SB, dg, mg);
-    for (int r = 0; r < R; ++r) {
-      const __m512i lo = _mm512_load_si512(dots[g % RING][0] + NT * r);
-      if constexpr (BITS == 6) {  // the offsets, as group_rows starts its sums
-        const int32_t* hs = halves + r * 2 * KG + 2 * g;
-        const __m512i hi = _mm512_load_si512(dots[g % RING][1] + NT * r);
-        acc[r] = add_group<6>(acc[r], _mm512_add_epi32(lo, _mm512_set1_epi32(-32 * hs[0])),
-                              _mm512_add_epi32(hi, _mm512_set1_epi32(-32 * hs[1])), dg, mg,
-                              sx[r * KG + g], 0.f);
-      } else {
-        acc[r] = add_group<BITS>(acc[r], lo, lo, dg, mg, sx[r * KG + g], c[r * KG + g]);
+  auto add_terms = [&](int64_t g) {  // tile_rows' terms, on the tile's dots
+    const uint8_t* head = heads[g % RING];
+    if constexpr (BITS == 8) {
+      __m512 dg, mg;
+      group_scales(head, dg, mg);
+      for (int r = 0; r < R; ++r)
+        acc[r] = add_group(acc[r], _mm512_load_si512(dots[g % RING][0] + NT * r), dg, mg,
+                              sx[r * KG + g], c[r * KG + g]);
+    } else {
+      const int64_t j = g % SB;
+      __m512i sl, sh;
+      int_scales<BITS>(head, j, sl, sh);
+      for (int r = 0; r < R; ++r) {
+        __m512i lo = _mm512_load_si512(dots[g % RING][0] + NT * r), hi = lo;
+        if constexpr (BITS == 6) {  // the offsets, as group_rows_int starts its sums
+          const int32_t* hs = halves + r * 2 * KG + 2 * g;
+          lo = _mm512_add_epi32(_mm512_set1_epi32(-32 * hs[0]), lo);
+          hi = _mm512_add_epi32(_mm512_set1_epi32(-32 * hs[1]), _mm512_load_si512(dots[g % RING][1] + NT * r));
+        }
+        ai[r] = add_int_group<BITS>(ai[r], lo, hi, sl, sh);
       }
+      if (j == SB - 1 || g == KG - 1) super_block_rows<R, BITS>(acc, ai, head, j + 1, g - j, KG, sx, group_sums);
     }
   };
   for_each_group<BITS>(wt, KG, [&](const uint8_t* wg, const uint8_t* head, int64_t, int64_t g) {
@@ -524,9 +590,7 @@ bool amx_granted() {
   return granted;
 }
 
-#else  // AVX2: 8 columns per ymm, so a tile is two halves. 8 bits take the float terms per
-       // group as above; 4 and 6 bits sum a super-block in integers and take its float
-       // terms once (below)
+#else  // AVX2: 8 columns per ymm, so a tile is two halves; the same sums as above
 
 // fp32 -> bf16 as store_row above, 8 values
 inline void store8(__m256 v, void* out, bool bf16_out, int64_t offset) {
@@ -760,7 +824,7 @@ struct Rows {
   const float* sx;
   const float* c;
   const int32_t* halves;
-  const int32_t* group_sums;  // AVX2: pairs_of(KG) words a row
+  const int32_t* group_sums;  // 4 bits: pairs_of(KG) words a row
   void* out;
   int64_t K, KG, ldo, esize;
 
@@ -802,7 +866,7 @@ SPECD_AMX void tiles_amx(int64_t t0, int64_t t1, int64_t per_tile, int block, in
       const Rows a = all.from(r0);
 #define SPECD_ROWS(R)                                                                         \
   case R:                                                                                     \
-    tile_rows_amx<R, BITS>(w + t * per_tile, a.KG, a.xq, a.sx, a.c, a.halves, a.K, bias, a.out, \
+    tile_rows_amx<R, BITS>(w + t * per_tile, a.KG, a.xq, a.sx, a.c, a.halves, a.group_sums, a.K, bias, a.out, \
                            bf16_out, a.ldo, t * NT);                                          \
     break;
       switch (block) {
@@ -826,10 +890,11 @@ int64_t amx_min_rows = RMAX + 1;
 
 }  // namespace
 
-// Groups per activation block for weights of `bits` (quantize_rows): 4 and 6 bits on AVX2
-// a super-block's 8, which its integer sums need (+0.11% NLL on the 1.5B, BENCHMARKS.md
-// section 47); else one group, the finer scale, where the float terms are per group anyway.
-int64_t act_groups(int64_t bits) { return SUPER_BLOCK_SUMS && bits != 8 ? SB : 1; }
+// Groups per activation block for weights of `bits` (quantize_rows): 4 and 6 bits a
+// super-block's 8, which their integer sums need (+0.11% NLL on the 1.5B, BENCHMARKS.md
+// section 47); 8 bits one group, the finer scale, where the float terms are per group
+// anyway (the drafter's int8 lost cosine to bf16 at 8).
+int64_t act_groups(int64_t bits) { return bits != 8 ? SB : 1; }
 
 int64_t activation_block(int64_t bits) {
   TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "bits must be 4, 6 or 8");
@@ -889,7 +954,7 @@ Acts quantize_acts(const at::Tensor& x, int64_t per_block, bool six, bool four) 
   const auto padded = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
   const int64_t R = a.rows_run, xq_bytes = padded(R * K), f_bytes = padded(R * KG * 4);
   const int64_t h_bytes = halves ? padded(R * KG * HALF_WORDS * 4) : 0;
-  const int64_t s_bytes = SUPER_BLOCK_SUMS && four ? R * pairs_of(KG) * 4 : 0;
+  const int64_t s_bytes = four ? R * pairs_of(KG) * 4 : 0;
   a.buffer = at::empty({xq_bytes + 2 * f_bytes + h_bytes + s_bytes}, x.options().dtype(at::kByte));
   auto* base = a.buffer.data_ptr<uint8_t>();
   auto* xq = reinterpret_cast<int8_t*>(base);

@@ -340,13 +340,15 @@ inline void super_block_rows(__m512* acc, __m512i* ai, const uint8_t* head, int6
   // 4 bits: per two groups the int16 pairs (t_2i, t_2i+1) of each column, the integers
   // past a short last super-block zero (the header's), as are the sums past a row's last
   // group (pairs_of)
+  // (t_2i's 16 bytes, then t_2i+1's, widened to int16 and interleaved by one vpermw: this
+  // runs per tile and super-block whatever the rows, so it is kept to two instructions)
   const int64_t units = BITS == 4 ? (groups + 1) / 2 : 0;
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                              23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   __m512i tm[SB / 2];
   for (int64_t i = 0; i < units; ++i) {
-    const uint8_t* t = head + 64 + NT * (SB + 2 * i);
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t + NT));
-    tm[i] = _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b)));
+    const auto* t = reinterpret_cast<const __m256i*>(head + 64 + NT * (SB + 2 * i));
+    tm[i] = _mm512_permutexvar_epi16(interleave, _mm512_cvtepu8_epi16(_mm256_loadu_si256(t)));
   }
   for (int r = 0; r < R; ++r) {
     const __m512 s = _mm512_set1_ps(sx[r * KG + g0]);

@@ -316,8 +316,9 @@ inline void int_scales(const uint8_t* head, int64_t j, __m512i& sl, __m512i& sh)
 // A group's integer dots for one row under the weights' integer scales, added to the
 // super-block's sum ai: 4 bits ai + s_j dot, 6 bits ai + sc_lo lo + sc_hi hi (each half's
 // dot with its offset -32 sum(xq) in it). vpmulld is exact: a super-block's sum is at most
-// 8 * 63 * 60960 < 2^25 (4 bits) and 16 * 127 * 16 * 32 * 127 < 2^28 (6 bits). The vector
-// and the AMX path both take this on the same integers, so they give the same sums.
+// 8 * 63 * 60960 < 2^25 (4 bits) and 16 * 128 * 16 * 32 * 127 < 2^28 (6 bits: |sc| <= 128,
+// |q - 32| <= 32). The vector and the AMX path both take this on the same integers, so
+// they give the same sums.
 template <int BITS>
 inline __m512i add_int_group(__m512i ai, __m512i lo, __m512i hi, __m512i sl, __m512i sh) {
   ai = _mm512_add_epi32(ai, _mm512_mullo_epi32(lo, sl));
@@ -708,7 +709,7 @@ inline void group_rows8(__m256 (*acc)[2], const uint8_t* wg, const __m256* dg, c
 // 4 and 6 bits: one group (j-th of its super-block, header `head`) into the integer sums
 // ai[r][h] for every row. The weights' integer scales go in as vpmaddwd's pairs, so a
 // super-block's sum stays exact in int32: 4 bits sum_j s_j dot_j, at most 8 * 63 * 30480
-// < 2^24; 6 bits sum_h sc_h dot_h, at most 16 * 127 * 16 * 63 * 127 < 2^28.
+// < 2^24; 6 bits sum_h sc_h dot_h, at most 16 * 128 * 16 * 63 * 127 < 2^28.
 template <int R, int BITS>
 inline void group_rows_int(__m256i (*ai)[2], const uint8_t* wg, const uint8_t* head, int64_t j,
                            int64_t g, const int8_t* xq, int64_t K) {

@@ -12,6 +12,13 @@
 // on how many other rows (of its sequence or of the batch) share the call, nor on which
 // thread runs it. Dots and sums are fp32 in vectors of 16 (one zmm with AVX512, two ymm
 // with AVX2: the helpers below are all that differs); exp is a degree-6 polynomial.
+//
+// Keys go in blocks of 16, each block's K and V widened to fp32 once for every row and
+// head of the call. A row that sees a whole block gets its 16 scores summed together
+// (sum16 on AVX512), in the same tree of additions as one score at a time (vsum), and its
+// weighted values added with the accumulators in registers across the block, in the same
+// order: which way a score or a sum went never changes its bits. (Before, the values'
+// accumulators took a load and a store per key, ~3x the FMAs' time at 7 rows.)
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -21,6 +28,7 @@
 #include "kv_dtypes.h"
 #include "reduce.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -42,7 +50,33 @@ inline V vfmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
 inline V vfnmadd(V a, V b, V c) { return _mm512_fnmadd_ps(a, b, c); }
 inline V vround(V x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline V vpow2_mul(V p, V n) { return _mm512_scalef_ps(p, n); }  // p * 2^n, n integral
-inline float vsum(V v) { return _mm512_reduce_add_ps(v); }
+// the sum of the 16 lanes in a fixed tree: lanes 8 apart first, then 4, 2 and 1 (AVX2's
+// vsum below adds in the same tree, and so does GCC's _mm512_reduce_add_ps)
+inline float vsum(V v) {
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), hi);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+// vsum of 16 vectors at once, out[t] = vsum(a[t]), in the same tree: each level adds the
+// lanes that vsum's does, for two keys per shuffle pair, until one vector holds all 16
+inline V sum16(const V* a) {
+  V p[8], r[4], u[2];
+  for (int i = 0; i < 8; ++i)  // lane l + lane l + 8: keys 2i, 2i+1 by 256-bit halves
+    p[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)  // + lane l + 4: key 4i + c in 128-bit chunk c
+    r[i] = _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)  // + lane l + 2: chunk c holds keys 8i + c and 8i + 4 + c
+    u[i] = _mm512_add_ps(_mm512_shuffle_ps(r[2 * i], r[2 * i + 1], 0x44),
+                         _mm512_shuffle_ps(r[2 * i], r[2 * i + 1], 0xEE));
+  // + lane l + 1: chunk c holds keys c, 4 + c, 8 + c, 12 + c; then back to key order
+  const V s = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], 0x88), _mm512_shuffle_ps(u[0], u[1], 0xDD));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, s);
+}
 inline float vtop(V v) { return _mm512_reduce_max_ps(v); }
 inline __mmask16 lanes(int64_t live) { return live >= 16 ? 0xFFFF : __mmask16((1u << live) - 1); }
 // p[0 .. live) and `fill` in the other lanes; v with the lanes from `live` on zeroed
@@ -181,6 +215,73 @@ inline int64_t reach(int64_t limit, uint64_t tree) {  // one past the last key s
   return tree ? limit + 64 - __builtin_clzll(tree) : limit;
 }
 
+// Keys are read from blocks scattered over the pool, a few hundred bytes per key and head
+// (the other heads' between), and each 4 KiB page holds a handful of them: the hardware
+// prefetchers barely start on one before it ends, and a decode row's few FMAs per key
+// wait on memory. So each key's row is fetched AHEAD keys before it is used (~4 KiB at
+// head_dim 128 in bf16; BENCHMARKS.md section 49).
+constexpr int64_t AHEAD = 16;
+constexpr int64_t KEY_BLOCK = 16;  // keys widened to fp32 together (see attend)
+// accumulator vectors one (row, head) keeps in registers across a block: 8 zmm, or 4 V of
+// two ymm each (AVX2 has 16 ymm registers)
+#if defined(__AVX512F__)
+constexpr int WIDE_ACC = 8;
+#else
+constexpr int WIDE_ACC = 4;
+#endif
+template <bool TO_L1, typename KV>
+inline void prefetch_key(const KV* p, int64_t D) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t b = 0; b < D * int64_t(sizeof(KV)); b += 64) {
+    if constexpr (TO_L1)
+      _mm_prefetch(c + b, _MM_HINT_T0);
+    else
+      _mm_prefetch(c + b, _MM_HINT_T1);
+  }
+}
+
+// q . k as 16 lanes of partial sums, before vsum: a product, then FMAs along D
+inline V dot_terms(const float* q, const float* k, int64_t DV) {
+  V a = vmul(vload(q), vload(k));
+  for (int64_t c = 1; c < DV; ++c) a = vfmadd(vload(q + 16 * c), vload(k + 16 * c), a);
+  return a;
+}
+
+// The scores of one query against a whole block of KEY_BLOCK keys (rows of D in kb) into
+// out[0..16). AVX512 sums the 16 keys' lanes together (sum16) where vsum would take one
+// key at a time; the same additions either way, so the same bits.
+inline void block_scores(const float* q, const float* kb, int64_t DV, int64_t D, float* out) {
+#if defined(__AVX512F__)
+  V a[16];
+  const V q0 = vload(q);
+  for (int t = 0; t < 16; ++t) a[t] = vmul(q0, vload(kb + t * D));
+  for (int64_t c = 1; c < DV; ++c) {
+    const V qc = vload(q + 16 * c);
+    for (int t = 0; t < 16; ++t) a[t] = vfmadd(qc, vload(kb + t * D + 16 * c), a[t]);
+  }
+  vstore(out, sum16(a));
+#else
+  for (int t = 0; t < 16; ++t) out[t] = vsum(dot_terms(q, kb + t * D, DV));
+#endif
+}
+
+// One (row, head)'s N accumulator vectors at `a` += p[t] * value row seen[t] of the block
+// `vb` (fp32, rows of D), for t = 0 .. cnt in order: per lane the same FMAs in the same
+// order as one key at a time, with the accumulators in registers across the block
+// instead of a load and a store of each per key (which bounded a verification's rows).
+template <int N>
+inline void add_weighted(float* a, const float* p, const float* vb, const int8_t* seen, int64_t cnt,
+                         int64_t D) {
+  V ac[N];
+  for (int i = 0; i < N; ++i) ac[i] = vload(a + 16 * i);
+  for (int64_t t = 0; t < cnt; ++t) {
+    const V w = vset(p[t]);
+    const float* row = vb + seen[t] * D;
+    for (int i = 0; i < N; ++i) ac[i] = vfmadd(w, vload(row + 16 * i), ac[i]);
+  }
+  for (int i = 0; i < N; ++i) vstore(a + 16 * i, ac[i]);
+}
+
 // One (sequence, kv head): all its rows and the group's query heads. Queries and output
 // are T, the pools KV (T itself, or a 16-bit cache under fp32 activations: widened to
 // fp32 as they are loaded, so every product and sum is fp32 either way).
@@ -203,20 +304,43 @@ void attend(const T* q, const KV* kp, const KV* vp, T* out, const int64_t* table
   auto key_at = [&](const KV* pool, int64_t j) {
     return pool + ((table[j / bs] * bs + j % bs) * Hkv + g) * D;
   };
-  // scores, packed per (row, head) in the order of the keys the row sees
-  for (int64_t j = 0; j < end; ++j) {
-    const KV* k = key_at(kp, j);
-    V kv[16];
-    for (int64_t c = 0; c < DV; ++c) kv[c] = load16(k + 16 * c);
+  // Keys go in blocks of KEY_BLOCK, each widened to fp32 once (kb, vb) for all the rows
+  // and heads; seen[] lists the block's keys that row r sees, in order
+  std::vector<float> kb(KEY_BLOCK * D), vb(KEY_BLOCK * D);
+  int8_t seen[KEY_BLOCK];
+  const auto keys_seen = [&](int64_t r, int64_t j0, int64_t j1) {
+    int64_t cnt = 0;
+    for (int64_t j = j0; j < j1; ++j)
+      if (sees(j, limit[r0 + r], tree[r0 + r])) seen[cnt++] = int8_t(j - j0);
+    return cnt;
+  };
+  const auto widen = [&](std::vector<float>& to, const KV* pool, int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j) {
+      const KV* row = key_at(pool, j);
+      for (int64_t c = 0; c < DV; ++c) vstore(&to[(j - j0) * D + 16 * c], load16(row + 16 * c));
+    }
+  };
+  // scores, packed per (row, head) in the order of the keys the row sees; the values of
+  // the keys ahead go to L2 for the pass after
+  for (int64_t j0 = 0; j0 < end; j0 += KEY_BLOCK) {
+    const int64_t j1 = std::min(end, j0 + KEY_BLOCK);
+    for (int64_t j = j0 + AHEAD; j < std::min(end, j1 + AHEAD); ++j) {
+      prefetch_key<true>(key_at(kp, j), D);
+      prefetch_key<false>(key_at(vp, j), D);
+    }
+    widen(kb, kp, j0, j1);
     for (int64_t r = 0; r < rows; ++r) {
-      if (!sees(j, limit[r0 + r], tree[r0 + r])) continue;
+      const int64_t cnt = keys_seen(r, j0, j1);
       for (int64_t h = 0; h < group; ++h) {
         const float* qv = &qf[(r * group + h) * D];
-        V a = vmul(vload(qv), kv[0]);
-        for (int64_t c = 1; c < DV; ++c) a = vfmadd(vload(qv + 16 * c), kv[c], a);
-        s[(r * group + h) * width + n[r]] = vsum(a);
+        float* out_s = &s[(r * group + h) * width + n[r]];
+        if (cnt == KEY_BLOCK) {
+          block_scores(qv, kb.data(), DV, D, out_s);
+          continue;
+        }
+        for (int64_t t = 0; t < cnt; ++t) out_s[t] = vsum(dot_terms(qv, &kb[seen[t] * D], DV));
       }
-      ++n[r];
+      n[r] += cnt;
     }
   }
   // softmax weights in place; 1 / sum kept per (row, head)
@@ -238,20 +362,37 @@ void attend(const T* q, const KV* kp, const KV* vp, T* out, const int64_t* table
       }
       inv[r * group + h] = 1.f / vsum(sum);
     }
-  // weighted values, keys again in increasing order
+  // weighted values, keys again in increasing order: each (row, head) adds the keys of a
+  // block it sees into accumulators held in registers (add_weighted)
   std::fill(n.begin(), n.end(), 0);
-  for (int64_t j = 0; j < end; ++j) {
-    const KV* v = key_at(vp, j);
-    V vv[16];
-    for (int64_t c = 0; c < DV; ++c) vv[c] = load16(v + 16 * c);
+  for (int64_t j0 = 0; j0 < end; j0 += KEY_BLOCK) {
+    const int64_t j1 = std::min(end, j0 + KEY_BLOCK);
+    for (int64_t j = j0 + AHEAD; j < std::min(end, j1 + AHEAD); ++j) prefetch_key<true>(key_at(vp, j), D);
+    widen(vb, vp, j0, j1);
     for (int64_t r = 0; r < rows; ++r) {
-      if (!sees(j, limit[r0 + r], tree[r0 + r])) continue;
+      const int64_t cnt = keys_seen(r, j0, j1);
+      if (cnt == 0) continue;
       for (int64_t h = 0; h < group; ++h) {
-        const V p = vset(s[(r * group + h) * width + n[r]]);
+        const float* p = &s[(r * group + h) * width + n[r]];
         float* a = &acc[(r * group + h) * D];
-        for (int64_t c = 0; c < DV; ++c) vstore(a + 16 * c, vfmadd(p, vv[c], vload(a + 16 * c)));
+        for (int64_t c0 = 0; c0 < DV;) {  // as many vectors at once as the registers hold
+          const int64_t left = DV - c0;
+          const float* vc = vb.data() + 16 * c0;
+          if (WIDE_ACC >= 8 && left >= 8) {
+            add_weighted<WIDE_ACC>(a + 16 * c0, p, vc, seen, cnt, D);
+            c0 += WIDE_ACC;
+          } else if (left >= 4) {
+            add_weighted<4>(a + 16 * c0, p, vc, seen, cnt, D);
+            c0 += 4;
+          } else {
+            if (left == 3) add_weighted<3>(a + 16 * c0, p, vc, seen, cnt, D);
+            if (left == 2) add_weighted<2>(a + 16 * c0, p, vc, seen, cnt, D);
+            if (left == 1) add_weighted<1>(a + 16 * c0, p, vc, seen, cnt, D);
+            c0 = DV;
+          }
+        }
       }
-      ++n[r];
+      n[r] += cnt;
     }
   }
   for (int64_t r = 0; r < rows; ++r)

@@ -120,6 +120,15 @@ def place_model(model) -> int:
     drafter trims its head later and places the trimmed one: `place_head`); the bytes
     placed. An untied embedding stays where it is: a step reads a row or two of it (the
     loader maps it afresh, specd.models.weights.map_matrix)."""
+    placed = place_layers(model) + place_head(model)
+    if placed:
+        log.info("weights in huge pages: %d MiB", placed >> 20)
+    return placed
+
+
+def place_layers(model) -> int:
+    """The layer matrices in one region (again, after some were replaced: the region
+    before goes once nothing points into it); the bytes placed."""
     layers = [
         part
         for layer in model.layers
@@ -127,11 +136,8 @@ def place_model(model) -> int:
         for part in (w if isinstance(w, list) else [w])
         if isinstance(part, QWeight)
     ]
-    placed = place(layers) + place_head(model)
     model._stack = None  # a native stack built before holds the old records
-    if placed:
-        log.info("weights in huge pages: %d MiB", placed >> 20)
-    return placed
+    return place(layers)
 
 
 def place_head(model) -> int:

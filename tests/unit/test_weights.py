@@ -88,6 +88,37 @@ def test_drafter_head_is_trimmed_at_its_format_width(pair_folders, monkeypatch, 
         assert torch.nn.functional.cosine_similarity(got, want, dim=-1).min() > 0.97
 
 
+def test_drafter_layers_wider_than_4_bits_are_quantised_again_at_4(pair_folders):
+    """As a Q4_K_M GGUF leaves them: a down projection in 6 bits, a value projection in 8
+    beside 4-bit q and k. four_bit_layers takes them to 4 bits, fuses q/k/v into one
+    matrix again, drops the native stack, and the logits stay close."""
+    from drafter_service.draft_model import four_bit_layers
+    from specd.models.qlinear import QWeight, quantize
+
+    _, draft_dir = pair_folders
+    model = load_model(draft_dir, dtype="fp32", device="cpu", weights="int4")
+    layer = model.layers[0]
+    dense = layer.wqkv.dequantize(torch.float32)
+    n_q = model.args.num_heads * model.args.head_dim
+    n_kv = model.args.num_kv_heads * model.args.head_dim
+    q, k, v = dense.split([n_q, n_kv, n_kv])
+    layer.wqkv = [quantize(q, 4), quantize(k, 4), quantize(v, 8)]
+    layer.w_down = quantize(layer.w_down.dequantize(torch.float32), 6)
+    model._stack = None
+    wide = prefill_logits(model, PROMPT)
+    assert model._stack  # built by the forward
+
+    changed = four_bit_layers(model)
+    assert changed == [layer.wqkv, layer.w_down] and model._stack is None
+    for w in (layer.wqkv, layer.w_down):
+        assert isinstance(w, QWeight) and w.bits == 4
+    assert layer.wqkv.shape == (n_q + 2 * n_kv, model.args.hidden_size)
+    narrow = prefill_logits(model, PROMPT)
+    assert not torch.equal(narrow, wide)
+    assert torch.nn.functional.cosine_similarity(narrow, wide, dim=-1).min() > 0.99
+    assert four_bit_layers(model) == []  # nothing left to narrow
+
+
 def test_unknown_format_is_refused():
     with pytest.raises(ValueError, match="weights must be one of"):
         weights.choose("int3", torch.device("cpu"))

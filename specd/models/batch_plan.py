@@ -13,6 +13,7 @@ from specd.models.attention import MAX_ROWS, PagedRows
 from specd.models.seq_input import SeqInput
 
 KV_TILE = 512  # batch-invariant mode pads keys to the CPU flash-attention block size
+_NO_SLOTS = torch.empty(0, dtype=torch.long)  # a paged plan's kv_slots: attention reads the table
 
 
 @dataclass
@@ -20,7 +21,9 @@ class BatchPlan:
     input_ids: torch.Tensor  # [T] flat new tokens of all sequences
     positions: torch.Tensor  # [T] their absolute positions
     write_slots: torch.Tensor  # [T] where their K/V go in the flat pool
-    kv_slots: torch.Tensor  # [B, L_max] slots of every cached + new position (padded)
+    kv_slots: (
+        torch.Tensor
+    )  # [B, L_max] slots of every cached + new position (padded); empty when paged
     attn_mask: torch.Tensor | None  # [B, 1, Q_max, L_max] bool; None when no mask is needed
     pad_index: torch.Tensor | None  # [T] row in the padded [B*Q_max] query layout; None if B=1
     logits_index: torch.Tensor  # [R] rows of the flat T whose logits are returned
@@ -57,11 +60,49 @@ class BatchPlan:
             for s in appended:
                 allocator.truncate_to(s.seq_id, allocator.length(s.seq_id) - len(s.tokens))
             raise
-        paged = paged and all(s.parents is None or len(s.tokens) <= MAX_ROWS for s in seqs)
-        return cls._index(allocator, seqs, spans, device, 0 if paged else q_tile, paged)
+        if paged and all(s.parents is None or len(s.tokens) <= MAX_ROWS for s in seqs):
+            return cls._index_paged(allocator, seqs, spans, device)
+        return cls._index(allocator, seqs, spans, device, q_tile)
 
     @classmethod
-    def _index(cls, allocator, seqs, spans, device, q_tile=0, paged=False) -> BatchPlan:
+    def _index_paged(cls, allocator, seqs, spans, device) -> BatchPlan:
+        """For specd.models.attention's kernel: the rows and the block tables only (no key
+        slots, mask or padding), from Python lists, one tensor each: every draft and every
+        decode step builds one, and the general plan's tensor ops took ~0.2 ms of a 0.5B
+        drafter's 9 ms forward."""
+        bs = allocator.block_size
+        ids, positions, logits_rows, write_slots, tables, offset = [], [], [], [], [], 0
+        for s, (start, end) in zip(seqs, spans, strict=True):
+            blocks = allocator.block_table(s.seq_id)[: -(-end // bs)]
+            tables.append(blocks)
+            ids.extend(s.tokens)
+            positions.extend(start + d for d in s.depths())
+            n = end - start
+            logits_rows.extend(range(offset + n - s.num_logits, offset + n))
+            write_slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, end))
+            offset += n
+        width = max(len(t) for t in tables)
+        table = [t + [0] * (width - len(t)) for t in tables]
+
+        def dev(values):
+            return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
+
+        ancestries = [None if s.parents is None else s.ancestry() for s in seqs]
+        return cls(
+            input_ids=dev(ids),
+            positions=dev(positions),
+            write_slots=dev(write_slots),
+            kv_slots=_NO_SLOTS,
+            attn_mask=None,
+            pad_index=None,
+            logits_index=dev(logits_rows),
+            batch=len(seqs),
+            q_max=max(len(s.tokens) for s in seqs),
+            paged=PagedRows.build(dev(table), bs, spans, ancestries),
+        )
+
+    @classmethod
+    def _index(cls, allocator, seqs, spans, device, q_tile=0) -> BatchPlan:
         bs, batch = allocator.block_size, len(seqs)
         q_max, l_max = max(len(s.tokens) for s in seqs), max(end for _, end in spans)
         if q_tile:  # batch-invariant: fixed attention shapes (padded keys are masked out)
@@ -90,10 +131,6 @@ class BatchPlan:
             batch=batch,
             q_max=q_max,
         )
-        if paged:
-            ancestries = [None if s.parents is None else s.ancestry() for s in seqs]
-            plan.paged = PagedRows.build(dev(table), bs, spans, ancestries)
-            return plan
         if (mask := cls._mask(seqs, spans, q_max, cols, bool(q_tile))) is not None:
             plan.attn_mask = dev(mask)
         if batch > 1 or q_tile:

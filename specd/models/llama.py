@@ -122,7 +122,11 @@ class LlamaModel:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head for selected rows [R, H] -> fp32 [R, V] (V' if trimmed)."""
-        h = layer_ops.rms_norm(hidden, self.norm, self.args.rms_norm_eps)
+        eps = self.args.rms_norm_eps
+        if self._native_ops:  # one call, as the layers' norms (torch's takes ~8 ops)
+            _, h = layer_ops.add_rms_norm(hidden.contiguous(), None, self.norm, eps, True)
+        else:
+            h = layer_ops.rms_norm(hidden, self.norm, eps)
         return linear(h, self.lm_head, invariant=self.batch_invariant, out_dtype=torch.float32)
 
     def hidden_states(self, kv: PagedKV, plan: BatchPlan) -> torch.Tensor:

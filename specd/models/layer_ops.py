@@ -5,8 +5,9 @@ On a CPU that runs specd's kernels each is one native call (`kernels/layer_ops.c
 at one row a decode step spent 12 ms of 68 (the 1.5B target) and 11 of 30 (the 0.5B
 drafter) in the ~20 small torch ops per layer these replace, and their Python. Elsewhere
 (CUDA, or no kernel) the same maths runs in torch. Both round where the other does,
-except the RMSNorm's sum of squares (its own fixed order natively); either way every row
-is computed on its own, so a row's result never depends on the other rows.
+except the RMSNorm's sum of squares (its own fixed order natively) and SiLU's exp (a
+polynomial natively, within one bf16 unit of torch's); either way every row is computed
+on its own, so a row's result never depends on the other rows.
 """
 
 from __future__ import annotations

@@ -21,9 +21,7 @@ class BatchPlan:
     input_ids: torch.Tensor  # [T] flat new tokens of all sequences
     positions: torch.Tensor  # [T] their absolute positions
     write_slots: torch.Tensor  # [T] where their K/V go in the flat pool
-    kv_slots: (
-        torch.Tensor
-    )  # [B, L_max] slots of every cached + new position (padded); empty when paged
+    kv_slots: torch.Tensor  # [B, L_max] slots of every cached + new position (padded; paged: empty)
     attn_mask: torch.Tensor | None  # [B, 1, Q_max, L_max] bool; None when no mask is needed
     pad_index: torch.Tensor | None  # [T] row in the padded [B*Q_max] query layout; None if B=1
     logits_index: torch.Tensor  # [R] rows of the flat T whose logits are returned
@@ -71,21 +69,15 @@ class BatchPlan:
         decode step builds one, and the general plan's tensor ops took ~0.2 ms of a 0.5B
         drafter's 9 ms forward."""
         bs = allocator.block_size
-        ids, positions, logits_rows, write_slots, tables, offset = [], [], [], [], [], 0
-        for s, (start, end) in zip(seqs, spans, strict=True):
-            blocks = allocator.block_table(s.seq_id)[: -(-end // bs)]
-            tables.append(blocks)
-            ids.extend(s.tokens)
-            positions.extend(start + d for d in s.depths())
-            n = end - start
-            logits_rows.extend(range(offset + n - s.num_logits, offset + n))
-            write_slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, end))
-            offset += n
-        width = max(len(t) for t in tables)
-        table = [t + [0] * (width - len(t)) for t in tables]
+        q_max = max(len(s.tokens) for s in seqs)
+        ids, positions, logits_rows, _, write_slots, blocks = cls._rows(
+            allocator, seqs, spans, q_max
+        )
+        width = max(len(b) for b in blocks)
+        table = [b + [0] * (width - len(b)) for b in blocks]
 
         def dev(values):
-            return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
+            return _on(device, values)
 
         ancestries = [None if s.parents is None else s.ancestry() for s in seqs]
         return cls(
@@ -97,7 +89,7 @@ class BatchPlan:
             pad_index=None,
             logits_index=dev(logits_rows),
             batch=len(seqs),
-            q_max=max(len(s.tokens) for s in seqs),
+            q_max=q_max,
             paged=PagedRows.build(dev(table), bs, spans, ancestries),
         )
 
@@ -108,17 +100,17 @@ class BatchPlan:
         if q_tile:  # batch-invariant: fixed attention shapes (padded keys are masked out)
             q_max, l_max = -(-q_max // q_tile) * q_tile, -(-l_max // KV_TILE) * KV_TILE
 
-        table = torch.zeros(batch, -(-l_max // bs), dtype=torch.long)
-        ids, positions, logits_rows, pad_rows = cls._rows(allocator, seqs, spans, q_max, table)
+        rows = cls._rows(allocator, seqs, spans, q_max)
+        ids, positions, logits_rows, pad_rows, write_slots, blocks = rows
+        width = -(-l_max // bs)
+        table = torch.tensor([b + [0] * (width - len(b)) for b in blocks], dtype=torch.long)
 
         # slot of position p in sequence b = table[b, p // bs] * bs + p % bs
         cols = torch.arange(l_max)
         kv_slots = table[:, cols // bs] * bs + cols % bs  # [B, L_max]
-        write_slots = torch.cat([kv_slots[b, start:end] for b, (start, end) in enumerate(spans)])
 
         def dev(t):
-            t = torch.tensor(t, dtype=torch.long) if isinstance(t, list) else t
-            return t.to(device, non_blocking=True)
+            return _on(device, t)
 
         plan = cls(
             input_ids=dev(ids),
@@ -138,22 +130,24 @@ class BatchPlan:
         return plan
 
     @staticmethod
-    def _rows(allocator, seqs, spans, q_max: int, table: torch.Tensor):
+    def _rows(allocator, seqs, spans, q_max: int):
         """The step's rows, sequence after sequence: token ids, positions, the rows whose
-        logits are wanted, each row's place in a [B * Q_max] padded layout. Fills each
-        sequence's block table into `table`."""
+        logits are wanted, each row's place in a [B * Q_max] padded layout, the slots their
+        K/V go to; and each sequence's block table as far as the step reaches."""
         bs = allocator.block_size
-        ids, positions, logits_rows, pad_rows, offset = [], [], [], [], 0
+        ids, positions, logits_rows, pad_rows, write_slots, blocks = [], [], [], [], [], []
+        offset = 0
         for b, (s, (start, end)) in enumerate(zip(seqs, spans, strict=True)):
             ids.extend(s.tokens)
             positions.extend(start + d for d in s.depths())
             n = end - start
             logits_rows.extend(range(offset + n - s.num_logits, offset + n))
             pad_rows.extend(range(b * q_max, b * q_max + n))
-            blocks = allocator.block_table(s.seq_id)[: -(-end // bs)]
-            table[b, : len(blocks)] = torch.tensor(blocks, dtype=torch.long)
+            table = allocator.block_table(s.seq_id)[: -(-end // bs)]
+            write_slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            blocks.append(list(table))
             offset += n
-        return ids, positions, logits_rows, pad_rows
+        return ids, positions, logits_rows, pad_rows, write_slots, blocks
 
     @staticmethod
     def _mask(seqs, spans, q_max: int, cols: torch.Tensor, tiled: bool) -> torch.Tensor | None:
@@ -176,3 +170,9 @@ class BatchPlan:
             mask[b, 0, :n, start:end] = seen
             mask[b, 0, n:, start:end] = seen[-1]
         return mask
+
+
+def _on(device, t) -> torch.Tensor:
+    """A plan's index (a list of ints, or a tensor) on the step's device."""
+    t = torch.tensor(t, dtype=torch.long) if isinstance(t, list) else t
+    return t.to(device, non_blocking=True)

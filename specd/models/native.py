@@ -34,6 +34,7 @@ _SOURCES = [
 ]
 _HEADERS = [
     _KERNELS / "bf16.h",
+    _KERNELS / "exp_poly.h",
     _KERNELS / "kv_dtypes.h",
     _KERNELS / "ops.h",
     _KERNELS / "reduce.h",

@@ -5,6 +5,9 @@
 
 #include <immintrin.h>
 
+#include <cstdint>
+#include <cstring>
+
 #if defined(__AVX512F__)
 inline __m256i bf16_from_floats16(__m512 v) {
   __m512i bits = _mm512_castps_si512(v);
@@ -26,4 +29,18 @@ inline __m128i bf16_from_floats8(__m256 v) {
 }
 inline __m256 floats_from_bf16_8(__m128i h) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// one value, by its bits, with the same rounding as the vectors above: plain integer
+// operations, so that a scalar loop of them vectorises
+inline float from_bf16(uint16_t h) {
+  const uint32_t bits = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline uint16_t to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return uint16_t((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
 }

@@ -12,6 +12,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "bf16.h"
+#include "exp_poly.h"
 #include "kv_dtypes.h"
 
 #include <cmath>
@@ -149,22 +151,18 @@ at::Tensor rope_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
 
 namespace {
 
-// exp(x) for x <= 0: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its Taylor polynomial to
-// r^6 (relative error < 2e-7), times 2^n built in the exponent field; n rounds to nearest
-// by the 1.5 * 2^23 trick. Plain float operations in a fixed order (no FMA contraction
-// here), which GCC vectorises: the same bits at any vector width, on either ISA.
+// exp(x) for x <= 0 with exp_poly.h's constants, in plain float operations in a fixed
+// order (no FMA contraction here), which GCC vectorises: the same bits at any vector width,
+// on either ISA. n rounds to nearest by the 1.5 * 2^23 trick; 2^n is built in the
+// exponent field.
 inline float exp_nonpositive(float x) {
-  x = x < -87.f ? -87.f : x;
-  const float n = (x * 1.44269504f + 12582912.f) - 12582912.f;
-  float r = x - n * 0.693145752f;  // ln2, high bits
-  r = r - n * 1.42860677e-6f;      // ln2, the rest
-  float p = 1.f / 720;
-  p = p * r + 1.f / 120;
-  p = p * r + 1.f / 24;
-  p = p * r + 1.f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.f;
-  p = p * r + 1.f;
+  using namespace exp_poly;
+  x = x < MIN_X ? MIN_X : x;
+  const float n = (x * LOG2E + 12582912.f) - 12582912.f;
+  float r = x - n * LN2_HI;
+  r = r - n * LN2_LO;
+  float p = C[0];
+  for (int i = 1; i <= DEGREE; ++i) p = p * r + C[i];
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float two_n;
   std::memcpy(&two_n, &bits, sizeof two_n);
@@ -177,20 +175,6 @@ inline float silu(float g) {
   const float e = exp_nonpositive(g < 0.f ? g : -g);
   const float num = g < 0.f ? g * e : g;
   return num / (1.f + e);
-}
-
-// bf16 <-> fp32 by their bits (round to nearest even, as bf16.h's vectors): plain integer
-// operations, so that the loops below vectorise
-inline float from_bf16(uint16_t h) {
-  const uint32_t bits = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-inline uint16_t to_bf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  return uint16_t((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
 }
 
 void silu_mul_bf16(const uint16_t* g, const uint16_t* u, uint16_t* o, int64_t n) {

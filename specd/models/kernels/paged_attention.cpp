@@ -25,6 +25,7 @@
 #include <immintrin.h>
 
 #include "bf16.h"
+#include "exp_poly.h"
 #include "kv_dtypes.h"
 #include "reduce.h"
 
@@ -54,10 +55,7 @@ inline V vpow2_mul(V p, V n) { return _mm512_scalef_ps(p, n); }  // p * 2^n, n i
 // vsum below adds in the same tree, and so does GCC's _mm512_reduce_add_ps)
 inline float vsum(V v) {
   const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), hi);
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+  return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), hi));
 }
 // vsum of 16 vectors at once, out[t] = vsum(a[t]), in the same tree: each level adds the
 // lanes that vsum's does, for two keys per shuffle pair, until one vector holds all 16
@@ -138,12 +136,7 @@ inline __m256 pow2_mul8(__m256 p, __m256 n) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(e, 23)));
 }
 inline V vpow2_mul(V p, V n) { return {pow2_mul8(p.lo, n.lo), pow2_mul8(p.hi, n.hi)}; }
-inline float vsum(V v) {
-  const __m256 s8 = _mm256_add_ps(v.lo, v.hi);
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
+inline float vsum(V v) { return hsum8(_mm256_add_ps(v.lo, v.hi)); }
 inline float vtop(V v) { return hmax8(_mm256_max_ps(v.lo, v.hi)); }
 inline __m256 lanes8(int64_t live) {  // all-ones in lanes i < live
   const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
@@ -191,17 +184,13 @@ inline void store16<at::BFloat16>(at::BFloat16* p, V v) {
 // exp(x) for x <= 0: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by its Taylor polynomial to r^6
 // (relative error < 2e-7 there), times 2^n.
 inline V exp_nonpositive(V x) {
-  x = vmax(x, vset(-87.0f));
-  const V n = vround(vmul(x, vset(1.44269504f)));
-  V r = vfnmadd(n, vset(0.693145752f), x);  // ln2, high bits
-  r = vfnmadd(n, vset(1.42860677e-6f), r);  // ln2, the rest
-  V p = vset(1.f / 720);
-  p = vfmadd(p, r, vset(1.f / 120));
-  p = vfmadd(p, r, vset(1.f / 24));
-  p = vfmadd(p, r, vset(1.f / 6));
-  p = vfmadd(p, r, vset(0.5f));
-  p = vfmadd(p, r, vset(1.f));
-  p = vfmadd(p, r, vset(1.f));
+  using namespace exp_poly;
+  x = vmax(x, vset(MIN_X));
+  const V n = vround(vmul(x, vset(LOG2E)));
+  V r = vfnmadd(n, vset(LN2_HI), x);
+  r = vfnmadd(n, vset(LN2_LO), r);
+  V p = vset(C[0]);
+  for (int i = 1; i <= DEGREE; ++i) p = vfmadd(p, r, vset(C[i]));
   return vpow2_mul(p, n);
 }
 
@@ -280,6 +269,19 @@ inline void add_weighted(float* a, const float* p, const float* vb, const int8_t
     for (int i = 0; i < N; ++i) ac[i] = vfmadd(w, vload(row + 16 * i), ac[i]);
   }
   for (int i = 0; i < N; ++i) vstore(a + 16 * i, ac[i]);
+}
+inline void add_weighted(int64_t n, float* a, const float* p, const float* vb, const int8_t* seen,
+                         int64_t cnt, int64_t D) {
+  switch (n) {
+    case 8: return add_weighted<8>(a, p, vb, seen, cnt, D);
+    case 7: return add_weighted<7>(a, p, vb, seen, cnt, D);
+    case 6: return add_weighted<6>(a, p, vb, seen, cnt, D);
+    case 5: return add_weighted<5>(a, p, vb, seen, cnt, D);
+    case 4: return add_weighted<4>(a, p, vb, seen, cnt, D);
+    case 3: return add_weighted<3>(a, p, vb, seen, cnt, D);
+    case 2: return add_weighted<2>(a, p, vb, seen, cnt, D);
+    default: return add_weighted<1>(a, p, vb, seen, cnt, D);
+  }
 }
 
 // One (sequence, kv head): all its rows and the group's query heads. Queries and output
@@ -375,22 +377,9 @@ void attend(const T* q, const KV* kp, const KV* vp, T* out, const int64_t* table
       for (int64_t h = 0; h < group; ++h) {
         const float* p = &s[(r * group + h) * width + n[r]];
         float* a = &acc[(r * group + h) * D];
-        for (int64_t c0 = 0; c0 < DV;) {  // as many vectors at once as the registers hold
-          const int64_t left = DV - c0;
-          const float* vc = vb.data() + 16 * c0;
-          if (WIDE_ACC >= 8 && left >= 8) {
-            add_weighted<WIDE_ACC>(a + 16 * c0, p, vc, seen, cnt, D);
-            c0 += WIDE_ACC;
-          } else if (left >= 4) {
-            add_weighted<4>(a + 16 * c0, p, vc, seen, cnt, D);
-            c0 += 4;
-          } else {
-            if (left == 3) add_weighted<3>(a + 16 * c0, p, vc, seen, cnt, D);
-            if (left == 2) add_weighted<2>(a + 16 * c0, p, vc, seen, cnt, D);
-            if (left == 1) add_weighted<1>(a + 16 * c0, p, vc, seen, cnt, D);
-            c0 = DV;
-          }
-        }
+        for (int64_t c0 = 0; c0 < DV; c0 += WIDE_ACC)  // as many vectors as registers hold
+          add_weighted(std::min<int64_t>(WIDE_ACC, DV - c0), a + 16 * c0, p, vb.data() + 16 * c0,
+                       seen, cnt, D);
       }
       n[r] += cnt;
     }

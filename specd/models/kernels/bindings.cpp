@@ -2,13 +2,17 @@
 
 #include "ops.h"
 
+// The calls that run for a while (a forward's matrices and attention, the layer stack)
+// let go of the GIL, so a service's event loop goes on serving while the model thread
+// computes (verifier_service/frontend.py); the short element-wise ones keep it.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("qlinear", &qlinear, "group-quantised linear (AVX512-VNNI or AVX2)");
-  m.def("qlinear_parts", &qlinear_parts, "qlinear of matrices side by side, x quantised once");
+  using release = pybind11::call_guard<pybind11::gil_scoped_release>;
+  m.def("qlinear", &qlinear, "group-quantised linear (AVX512-VNNI or AVX2)", release());
+  m.def("qlinear_parts", &qlinear_parts, "qlinear of matrices side by side, x quantised once", release());
   m.def("activation_block", &activation_block, "the block along K of one activation scale, for weights of this width");
   m.def("amx_available", &amx_available, "whether qlinear may use AMX in this process");
   m.def("set_amx_min_rows", &set_amx_min_rows, "qlinear calls of this many rows use AMX (0: never); -> the old value");
-  m.def("paged_attention", &paged_attention, "attention over a paged K/V cache (AVX512 or AVX2)");
+  m.def("paged_attention", &paged_attention, "attention over a paged K/V cache (AVX512 or AVX2)", release());
   m.def("add_rms_norm", &add_rms_norm, "x += residual (in place), then RMSNorm");
   m.def("rope_store", &rope_store, "RoPE on q and k, k and v into the paged pools; -> q");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");

@@ -99,6 +99,6 @@ void bind_decoder(pybind11::module& m) {
   pybind11::class_<DecoderStack>(m, "DecoderStack")
       .def(pybind11::init<int64_t, int64_t, int64_t, double>())
       .def("add_layer", &DecoderStack::add_layer)
-      .def("forward", &DecoderStack::forward)
+      .def("forward", &DecoderStack::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("__len__", &DecoderStack::size);
 }

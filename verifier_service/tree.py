@@ -5,7 +5,7 @@ sibling of chain draft d_{parent+1} (parent 0 is the pending token, the tree's r
 Nodes are numbered 0 (root), 1..k (the chain), k+1.. (the alternatives, in order), and
 fed to the target in that order with a tree mask (specd.models.paged_kv.SeqInput.parents),
 so one forward gives p at every node. The round is verified by the same functions as a
-chain (specd.sampling: greedy_verify, rejection_sample); this module has the tree's shape:
+chain (specd.sampling: greedy_round, rejection_sample); this module has the tree's shape:
 parents for the forward, each node's path, and the K/V moves after it.
 
 The accepted path is written where the chain's K/V would be: `moves` says which positions

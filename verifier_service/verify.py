@@ -1,8 +1,8 @@
 """From one step's logits to the tokens each round emits (greedy or exact sampling).
 
-Every round, chain or tree, goes through the same two batched functions of
-specd.sampling (greedy_verify, rejection_sample); this module only lays the step's rows
-out for them and reads their results back."""
+Every round, chain or tree, goes through the same two functions of specd.sampling
+(greedy_round per sequence, rejection_sample batched); this module only lays the step's
+rows out for them and reads their results back."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from specd.logits import (
     sparse_to_dense,
 )
 from specd.proposal import Proposal
-from specd.sampling import Alternatives, Verified, greedy_verify, rejection_sample
+from specd.sampling import Alternatives, Verified, greedy_round, rejection_sample
 from verifier_service import tree
 from verifier_service.drafting import Round
 
@@ -111,16 +111,16 @@ def _place(target: torch.Tensor, i: int, rows: torch.Tensor, k: int, k_max: int)
 
 
 def _greedy(items) -> dict:
-    ks, alts, k_max, a_max = _shapes(items)
-    argmax = torch.zeros(len(items), k_max + 1 + a_max, dtype=torch.long)
-    for i, (r, rows) in enumerate(items):
+    result = {}
+    for r, rows in items:
         if r.seq.params.repetition_penalty != 1.0:
             rows = _target_rows(r.seq, r.proposal, rows)
-        _place(argmax, i, argmax_rows(rows).cpu(), ks[i], k_max)
-    out = greedy_verify(
-        argmax, _drafts(items, k_max), torch.tensor(ks), _alternatives(items, a_max)
-    )
-    return _unpack(items, ks, out)
+        p = r.proposal
+        drafts, alts = (p.tokens, p.alts) if p is not None else ([], [])
+        tokens, accepted, taken = greedy_round(argmax_rows(rows).tolist(), drafts, alts)
+        path = tree.accepted_path(len(drafts), accepted, taken) if alts else None
+        result[r.slot.seq_id] = Verdict(tokens, accepted, path)
+    return result
 
 
 def _sampled(items, vocab: int) -> dict:

@@ -8,25 +8,21 @@ import torch
 from specd.draws import draw_randomness, make_generator
 from specd.logits import argmax_rows, logits_to_probs, onehot_probs, presence_rows, sparse_to_dense
 from specd.params import SamplingParams
-from specd.sampling import greedy_verify, rejection_sample
+from specd.sampling import greedy_round, rejection_sample
 
 
 # -- greedy -------------------------------------------------------------------------------
 def test_greedy_hand_made():
-    argmax = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 8], [9, 9, 9, 9]])
-    drafts = torch.tensor([[5, 6, 7], [5, 0, 7], [1, 6, 7], [9, 9, 9]])
-    k = torch.tensor([3, 3, 3, 0])
-    tokens, a, _ = greedy_verify(argmax, drafts, k)
-    assert a.tolist() == [3, 1, 0, 0]
-    assert tokens.tolist() == [[5, 6, 7, 8], [5, 6, -1, -1], [5, -1, -1, -1], [9, -1, -1, -1]]
+    argmax = [5, 6, 7, 8]
+    assert greedy_round(argmax, [5, 6, 7]) == ([5, 6, 7, 8], 3, -1)  # all, then the bonus
+    assert greedy_round(argmax, [5, 0, 7]) == ([5, 6], 1, -1)  # d_2 rejected: argmax there
+    assert greedy_round(argmax, [1, 6, 7]) == ([5], 0, -1)  # a later match does not count
+    assert greedy_round([9], []) == ([9], 0, -1)  # k = 0: plain decoding
 
 
-def test_greedy_respects_each_rows_k():
-    argmax = torch.tensor([[1, 2, 3], [1, 2, 3]])
-    drafts = torch.tensor([[1, 2], [1, 2]])
-    tokens, a, _ = greedy_verify(argmax, drafts, torch.tensor([1, 2]))
-    assert a.tolist() == [1, 2]
-    assert tokens.tolist() == [[1, 2, -1], [1, 2, 3]]  # k=1: bonus is argmax at position 2
+def test_greedy_reads_the_bonus_after_its_own_k():
+    assert greedy_round([1, 2], [1]) == ([1, 2], 1, -1)  # k = 1: the bonus is node 1's
+    assert greedy_round([1, 2, 3], [1, 2]) == ([1, 2, 3], 2, -1)
 
 
 # -- batched vs reference -------------------------------------------------------------------

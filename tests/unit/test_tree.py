@@ -13,7 +13,7 @@ import torch
 from specd.logits import logits_to_probs
 from specd.params import SamplingParams
 from specd.proposal import Proposal
-from specd.sampling import Alternatives, greedy_verify, rejection_sample
+from specd.sampling import Alternatives, greedy_round, rejection_sample
 from tests.unit.test_sampling import fails_exactness
 from verifier_service import tree
 
@@ -188,12 +188,8 @@ def test_seeded_trees_are_deterministic_and_independent_of_their_neighbours():
 
 def greedy_one(argmax: list[int], proposal: Proposal):
     k = len(proposal.tokens)
-    drafts = torch.tensor([proposal.tokens], dtype=torch.long)
-    out = greedy_verify(
-        torch.tensor([argmax]), drafts, torch.tensor([k]), alternatives_of(proposal)
-    )
-    a, taken = int(out.accepted[0]), int(out.alternative[0])
-    return out.tokens[0, : a + 1].tolist(), tree.accepted_path(k, a, taken)
+    tokens, a, taken = greedy_round(argmax, proposal.tokens, proposal.alts)
+    return tokens, tree.accepted_path(k, a, taken)
 
 
 def test_greedy_walk_takes_the_alternative_that_matches():

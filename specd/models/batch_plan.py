@@ -28,6 +28,7 @@ class BatchPlan:
     batch: int
     q_max: int
     paged: PagedRows | None = None  # set when attention reads the pool in place
+    end: int = 0  # one past the largest position of any row
 
     @classmethod
     def build(
@@ -91,6 +92,7 @@ class BatchPlan:
             batch=len(seqs),
             q_max=q_max,
             paged=PagedRows.build(dev(table), bs, spans, ancestries),
+            end=max(end for _, end in spans),
         )
 
     @classmethod
@@ -122,6 +124,7 @@ class BatchPlan:
             logits_index=dev(logits_rows),
             batch=batch,
             q_max=q_max,
+            end=max(end for _, end in spans),
         )
         if (mask := cls._mask(seqs, spans, q_max, cols, bool(q_tile))) is not None:
             plan.attn_mask = dev(mask)

@@ -29,6 +29,11 @@ from specd.models.qlinear import QWeight, quantize
 from specd.models.row_cache import RowCache
 from specd.models.seq_input import SeqInput
 
+# the RoPE table is built in blocks of this many positions: each block's ops then run on
+# one thread (under ATen's grain), every value in the same vector code as a step's own
+# [T, head_dim] rows, so the table holds the values a step would compute
+ROPE_BLOCK = 128
+
 
 @dataclass
 class Layer:
@@ -72,6 +77,7 @@ class LlamaModel:
         self._native_ops = layer_ops.available(device, dtype)  # specd.models.layer_ops
         self._stack = None  # specd.models.decoder_stack's, built at the first paged step
         self._embed_rows: RowCache | None = None  # a quantised embedding's recent rows
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin by position
 
     def _linear(self, x, w, b=None):
         return linear(x, w, b, invariant=self.batch_invariant)
@@ -136,7 +142,7 @@ class LlamaModel:
             x = self._embed_rows(plan.input_ids)  # [T, H]
         else:
             x = self.embed.index_select(0, plan.input_ids)
-        cos, sin = self._rope(plan.positions)
+        cos, sin = self._rope(plan.positions, plan.end)
         if plan.paged is not None:  # every layer in one native call where it can
             if self._stack is None:
                 self._stack = decoder_stack.build(self) or False
@@ -153,7 +159,20 @@ class LlamaModel:
         return x + mlp  # [T, H], before the final norm
 
     # -- pieces --------------------------------------------------------------------------
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rope(self, positions: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, head_dim] at each row's position (all below `end`): rows of a
+        table of positions, built again twice as long when a step passes it. Computed per
+        step they took ~0.15 ms of a 0.5B drafter's ~9 ms forward."""
+        size = 0 if self._rope_table is None else self._rope_table[0].shape[0]
+        if size < end:
+            size = max(end, 2 * size, ROPE_BLOCK)
+            steps = torch.arange(size, device=self.device).split(ROPE_BLOCK)
+            parts = [self._rope_rows(p) for p in steps]
+            self._rope_table = tuple(torch.cat(t) for t in zip(*parts, strict=True))
+        cos, sin = self._rope_table
+        return cos.index_select(0, positions), sin.index_select(0, positions)
+
+    def _rope_rows(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[:, None].float() * self.inv_freq[None, :]  # [T, head_dim / 2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [T, head_dim]
         cos = (emb.cos() * self.rope_scale).to(self.dtype)  # [T, head_dim]

@@ -83,3 +83,22 @@ def test_mixed_batch_and_truncate(tiny):
     for s in "abc":
         kv.allocator.free(s)
     assert kv.allocator.num_used == 0
+
+
+def test_rope_rows_come_from_a_table_that_holds_what_each_step_would_compute(tiny):
+    """cos and sin come from a table by position, built again twice as long when a step
+    passes it; every row is bit for bit what computing that step's positions gives (both
+    dtypes), and a step past the table grows it."""
+    for dtype in ("fp32", "bf16"):
+        model = load_model(tiny[0], dtype=dtype, device=TEST_DEVICE)
+        g = torch.Generator().manual_seed(0)
+        sizes = []
+        for end in (5, 90, 700, 3000):
+            positions = torch.randint(0, end, (int(torch.randint(1, 20, (1,), generator=g)),))
+            positions[0] = end - 1
+            positions = positions.to(TEST_DEVICE)
+            cos, sin = model._rope(positions, end)
+            want_cos, want_sin = model._rope_rows(positions)
+            assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+            sizes.append(model._rope_table[0].shape[0])
+        assert sizes[0] == sizes[1] < sizes[2] < sizes[3] and sizes[3] >= 3000

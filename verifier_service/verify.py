@@ -86,7 +86,7 @@ def _shapes(items) -> tuple[list[int], list[int], int, int]:
     return ks, alts, max(ks), max(alts)
 
 
-def _alternatives(items, a_max: int, uniforms=None) -> Alternatives:
+def _alternatives(items, a_max: int, uniforms: torch.Tensor) -> Alternatives:
     tokens = torch.zeros(len(items), a_max, dtype=torch.long)
     parents = torch.full((len(items), a_max), -1, dtype=torch.long)
     for i, (r, _) in enumerate(items):
@@ -118,8 +118,7 @@ def _greedy(items) -> dict:
         p = r.proposal
         drafts, alts = (p.tokens, p.alts) if p is not None else ([], [])
         tokens, accepted, taken = greedy_round(argmax_rows(rows).tolist(), drafts, alts)
-        path = tree.accepted_path(len(drafts), accepted, taken) if alts else None
-        result[r.slot.seq_id] = Verdict(tokens, accepted, path)
+        result[r.slot.seq_id] = _verdict(r, tokens, accepted, taken)
     return result
 
 
@@ -144,15 +143,21 @@ def _sampled(items, vocab: int) -> dict:
         noise,
         _alternatives(items, a_max, alt_uniforms),
     )
-    return _unpack(items, ks, out)
+    return _unpack(items, out)
 
 
-def _unpack(items, ks: list[int], out: Verified) -> dict[int, Verdict]:
+def _unpack(items, out: Verified) -> dict[int, Verdict]:
     result = {}
     for i, (r, _) in enumerate(items):
         accepted, taken = int(out.accepted[i]), int(out.alternative[i])
-        path = None
-        if r.proposal is not None and r.proposal.alts:  # a tree: the accepted nodes
-            path = tree.accepted_path(ks[i], accepted, taken)
-        result[r.slot.seq_id] = Verdict(out.tokens[i, : accepted + 1].tolist(), accepted, path)
+        tokens = out.tokens[i, : accepted + 1].tolist()
+        result[r.slot.seq_id] = _verdict(r, tokens, accepted, taken)
     return result
+
+
+def _verdict(r: Round, tokens: list[int], accepted: int, taken: int) -> Verdict:
+    """A round's verdict; a tree's with the path of its accepted nodes."""
+    path = None
+    if r.proposal is not None and r.proposal.alts:
+        path = tree.accepted_path(r.k, accepted, taken)
+    return Verdict(tokens, accepted, path)

@@ -60,8 +60,11 @@ class BatchPlan:
                 allocator.truncate_to(s.seq_id, allocator.length(s.seq_id) - len(s.tokens))
             raise
         if paged and all(s.parents is None or len(s.tokens) <= MAX_ROWS for s in seqs):
-            return cls._index_paged(allocator, seqs, spans, device)
-        return cls._index(allocator, seqs, spans, device, q_tile)
+            plan = cls._index_paged(allocator, seqs, spans, device)
+        else:
+            plan = cls._index(allocator, seqs, spans, device, q_tile)
+        plan.end = max(end for _, end in spans)
+        return plan
 
     @classmethod
     def _index_paged(cls, allocator, seqs, spans, device) -> BatchPlan:
@@ -92,7 +95,6 @@ class BatchPlan:
             batch=len(seqs),
             q_max=q_max,
             paged=PagedRows.build(dev(table), bs, spans, ancestries),
-            end=max(end for _, end in spans),
         )
 
     @classmethod
@@ -124,7 +126,6 @@ class BatchPlan:
             logits_index=dev(logits_rows),
             batch=batch,
             q_max=q_max,
-            end=max(end for _, end in spans),
         )
         if (mask := cls._mask(seqs, spans, q_max, cols, bool(q_tile))) is not None:
             plan.attn_mask = dev(mask)

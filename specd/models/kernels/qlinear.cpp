@@ -64,7 +64,10 @@ namespace {
 constexpr int G = 32;       // group size along K
 constexpr int NT = 16;      // columns per tile: one zmm of fp32
 constexpr int RMAX = 8;     // rows per register block
-constexpr int PREFETCH = 6;  // groups ahead
+// How far ahead a tile's stream is fetched, into L2 (for_each_group): 24 groups (4 and 6
+// bits: 6-9 KiB), 12 records (8 bits: 6.8 KiB)
+constexpr int PREFETCH = 24;
+constexpr int PREFETCH_RECORDS = 12;
 constexpr int SB = 8;       // 4 and 6 bits: groups per super-block
 constexpr int64_t HEADER = 64 + 2 * SB * NT;  // 4 and 6 bits: a super-block's scales and mins
 
@@ -196,6 +199,12 @@ int64_t tile_bytes(int64_t KG, int64_t bits) { return (KG + SB - 1) / SB * HEADE
 // forward; past the end of a tile into the next one, which is the next in memory), and
 // calls fn(codes, head, j, g) for group g: 8 bits with its record's fp16 scales and
 // mins, 4 and 6 bits with its super-block's header, j being its place there.
+// The fetches go to L2 (T1), far ahead: one group of one row takes ~20 cycles, so 6
+// groups ahead into L1 (as before) asked for each line ~40 ns before its use, under the
+// memory's latency, and the L1's few miss buffers held the stream back; then every row
+// beyond the first added its compute to the time of a call instead of running under the
+// stream. Paired forwards of the 1.5B (BENCHMARKS.md section 51): 1 row ~0.9x, 3 rows
+// ~0.85x, 7 rows ~0.85x the time; the 0.5B drafter ~0.9x.
 template <int BITS, typename Fn>
 inline void for_each_group(const uint8_t* wt, int64_t KG, Fn&& fn) {
   if constexpr (BITS == 8) {
@@ -203,7 +212,7 @@ inline void for_each_group(const uint8_t* wt, int64_t KG, Fn&& fn) {
     for (int64_t g = 0; g < KG; ++g) {
       const uint8_t* wg = wt + g * rec;
       for (int64_t line = 0; line < rec; line += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(wg + PREFETCH * rec + line), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(wg + PREFETCH_RECORDS * rec + line), _MM_HINT_T1);
       fn(wg, wg + code_bytes<BITS>(), 0, g);
     }
   } else {
@@ -214,7 +223,7 @@ inline void for_each_group(const uint8_t* wt, int64_t KG, Fn&& fn) {
       for (int64_t j = 0; j < groups; ++j) {
         const uint8_t* wg = p + HEADER + cb * j;
         for (const uint8_t* line = j ? wg : p; line < wg + cb; line += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(line + ahead<BITS>()), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(line + ahead<BITS>()), _MM_HINT_T1);
         fn(wg, p, j, g0 + j);
       }
       p += HEADER + cb * groups;

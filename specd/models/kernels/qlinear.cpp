@@ -203,8 +203,9 @@ int64_t tile_bytes(int64_t KG, int64_t bits) { return (KG + SB - 1) / SB * HEADE
 // groups ahead into L1 (as before) asked for each line ~40 ns before its use, under the
 // memory's latency, and the L1's few miss buffers held the stream back; then every row
 // beyond the first added its compute to the time of a call instead of running under the
-// stream. Paired forwards of the 1.5B (BENCHMARKS.md section 51): 1 row ~0.9x, 3 rows
-// ~0.85x, 7 rows ~0.85x the time; the 0.5B drafter ~0.9x.
+// stream. Paired forwards of the 1.5B on a Zen 4 (BENCHMARKS.md section 51): 3 rows
+// 0.80-0.98x the time, 7 rows 0.83-0.93x; 1 row 0.89x while memory was slow, 1.05x while
+// it was fast; the 0.5B drafter 0.73-0.91x.
 template <int BITS, typename Fn>
 inline void for_each_group(const uint8_t* wt, int64_t KG, Fn&& fn) {
   if constexpr (BITS == 8) {

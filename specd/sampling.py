@@ -59,7 +59,7 @@ class Verified(NamedTuple):
 class Alternatives(NamedTuple):
     tokens: torch.Tensor  # [N, A] long (padding: any token)
     parents: torch.Tensor  # [N, A] long: chain node each hangs off (padding: -1)
-    uniforms: torch.Tensor | None = None  # [N, A] U(0, 1) draws (sampling only)
+    uniforms: torch.Tensor  # [N, A] U(0, 1) draws
 
     @staticmethod
     def none(n: int) -> Alternatives:

@@ -56,11 +56,11 @@ def tree_round(last: int, target, draft, k: int, chain: str, alts: str, g) -> li
     return emitted
 
 
-def alternatives_of(proposal: Proposal, uniforms=None) -> Alternatives:
+def alternatives_of(proposal: Proposal, uniforms: torch.Tensor) -> Alternatives:
     """One sequence's alternatives in the batched layout [1, A]."""
     tokens = torch.tensor([t for _, t in proposal.alts], dtype=torch.long).view(1, -1)
     parents = torch.tensor([p for p, _ in proposal.alts], dtype=torch.long).view(1, -1)
-    return Alternatives(tokens, parents, None if uniforms is None else uniforms[None])
+    return Alternatives(tokens, parents, uniforms[None])
 
 
 def verify_one(probs, q, proposal: Proposal, u, noise, alt_u):

@@ -195,17 +195,41 @@ constexpr int64_t ahead() { return PREFETCH * code_bytes<BITS>() + HEADER; }
 // 4 and 6 bits: the bytes of one tile's stream, for KG groups
 int64_t tile_bytes(int64_t KG, int64_t bits) { return (KG + SB - 1) / SB * HEADER + KG * G * NT * bits / 8; }
 
-// Walks one tile's stream group by group, fetching ahead (the weights are read once per
-// forward; past the end of a tile into the next one, which is the next in memory), and
-// calls fn(codes, head, j, g) for group g: 8 bits with its record's fp16 scales and
-// mins, 4 and 6 bits with its super-block's header, j being its place there.
-// The fetches go to L2 (T1), far ahead: one group of one row takes ~20 cycles, so 6
-// groups ahead into L1 (as before) asked for each line ~40 ns before its use, under the
-// memory's latency, and the L1's few miss buffers held the stream back; then every row
-// beyond the first added its compute to the time of a call instead of running under the
-// stream. Paired forwards of the 1.5B on a Zen 4 (BENCHMARKS.md section 51): 3 rows
-// 0.80-0.98x the time, 7 rows 0.83-0.93x; 1 row 0.89x while memory was slow, 1.05x while
-// it was fast; the 0.5B drafter 0.73-0.91x.
+// A tile's stream is fetched ahead as it is walked (the weights are read once per forward;
+// past the end of a tile into the next one, which is the next in memory). The fetches go
+// to L2 (T1), far ahead: one group of one row takes ~20 cycles, so 6 groups ahead into L1
+// (as before) asked for each line ~40 ns before its use, under the memory's latency, and
+// the L1's few miss buffers held the stream back; then every row beyond the first added
+// its compute to the time of a call instead of running under the stream. Paired forwards
+// of the 1.5B on a Zen 4 (BENCHMARKS.md section 51): 3 rows 0.80-0.98x the time, 7 rows
+// 0.83-0.93x; 1 row 0.89x while memory was slow, 1.05x while it was fast; the 0.5B
+// drafter 0.73-0.91x.
+
+// 4 and 6 bits: the fetch for group j of the super-block whose header is at p (the
+// header's lines too, with its first group)
+template <int BITS>
+inline void prefetch_group(const uint8_t* p, int64_t j) {
+  constexpr int64_t cb = code_bytes<BITS>();
+  const uint8_t* wg = p + HEADER + cb * j;
+  for (const uint8_t* line = j ? wg : p; line < wg + cb; line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(line + ahead<BITS>()), _MM_HINT_T1);
+}
+
+// 4 and 6 bits: calls fn(p, groups, g0) for each super-block of a tile's stream: p at its
+// header, its `groups` groups (8, or fewer in a row's last) from group g0
+template <int BITS, typename Fn>
+inline void for_each_super_block(const uint8_t* wt, int64_t KG, Fn&& fn) {
+  const uint8_t* p = wt;
+  for (int64_t g0 = 0; g0 < KG; g0 += SB) {
+    const int64_t groups = std::min<int64_t>(SB, KG - g0);
+    fn(p, groups, g0);
+    p += HEADER + code_bytes<BITS>() * groups;
+  }
+}
+
+// Walks a tile's stream group by group, fetching ahead, and calls fn(codes, head, j, g)
+// for group g: 8 bits with its record's fp16 scales and mins, 4 and 6 bits with its
+// super-block's header, j being its place there.
 template <int BITS, typename Fn>
 inline void for_each_group(const uint8_t* wt, int64_t KG, Fn&& fn) {
   if constexpr (BITS == 8) {
@@ -217,18 +241,12 @@ inline void for_each_group(const uint8_t* wt, int64_t KG, Fn&& fn) {
       fn(wg, wg + code_bytes<BITS>(), 0, g);
     }
   } else {
-    constexpr int64_t cb = code_bytes<BITS>();
-    const uint8_t* p = wt;  // a super-block's header, then its groups' codes
-    for (int64_t g0 = 0; g0 < KG; g0 += SB) {
-      const int64_t groups = std::min<int64_t>(SB, KG - g0);
+    for_each_super_block<BITS>(wt, KG, [&](const uint8_t* p, int64_t groups, int64_t g0) {
       for (int64_t j = 0; j < groups; ++j) {
-        const uint8_t* wg = p + HEADER + cb * j;
-        for (const uint8_t* line = j ? wg : p; line < wg + cb; line += 64)
-          _mm_prefetch(reinterpret_cast<const char*>(line + ahead<BITS>()), _MM_HINT_T1);
-        fn(wg, p, j, g0 + j);
+        prefetch_group<BITS>(p, j);
+        fn(p + HEADER + code_bytes<BITS>() * j, p, j, g0 + j);
       }
-      p += HEADER + cb * groups;
-    }
+    });
   }
 }
 
@@ -361,6 +379,7 @@ inline void super_block_rows(__m512* acc, __m512i* ai, const uint8_t* head, int6
     const auto* t = reinterpret_cast<const __m256i*>(head + 64 + NT * (SB + 2 * i));
     tm[i] = _mm512_permutexvar_epi16(interleave, _mm512_cvtepu8_epi16(_mm256_loadu_si256(t)));
   }
+#pragma GCC unroll 8  // each row its own register (tile_rows)
   for (int r = 0; r < R; ++r) {
     const __m512 s = _mm512_set1_ps(sx[r * KG + g0]);
     acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai[r]), _mm512_mul_ps(D, s), acc[r]);
@@ -381,6 +400,7 @@ inline void group_rows_int(__m512i* ai, const uint8_t* wg, const uint8_t* head, 
   __m512i w[8], sl, sh;
   unpack_group<BITS>(wg, w);
   int_scales<BITS>(head, j, sl, sh);
+#pragma GCC unroll 8  // each row its own register (tile_rows)
   for (int r = 0; r < R; ++r) {
     const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
     if constexpr (BITS == 6) {  // vectors 0-3 are the low half-group, 4-7 the high
@@ -411,12 +431,19 @@ void tile_rows(const uint8_t* wt, int64_t KG,
       group_rows8<R>(acc, wg, dg, mg, g, KG, xq, sx, c, K);
     });
   } else {
-    __m512i ai[R];
-    for (int r = 0; r < R; ++r) ai[r] = _mm512_setzero_si512();
-    for_each_group<BITS>(wt, KG, [&](const uint8_t* wg, const uint8_t* head, int64_t j, int64_t g) {
-      group_rows_int<R, BITS>(ai, wg, head, j, g, KG, xq, halves, K);
-      if (j == SB - 1 || g == KG - 1)
-        super_block_rows<R, BITS>(acc, ai, head, j + 1, g - j, KG, sx, group_sums);
+    // A super-block's integer sums ai are declared within it, and the row loops that
+    // touch them are unrolled, so that they stay in registers: held across for_each_group's
+    // per-group callback, or indexed by a rolled row, they went to the stack, a load and a
+    // store of each row's sum every group. Paired 1.5B forwards (BENCHMARKS.md section
+    // 52): 4 rows ~0.94-0.96x the time, 7 rows ~0.95x, 16 rows ~0.94x; 1 row the same.
+    for_each_super_block<BITS>(wt, KG, [&](const uint8_t* p, int64_t groups, int64_t g0) {
+      __m512i ai[R];
+      for (int r = 0; r < R; ++r) ai[r] = _mm512_setzero_si512();
+      for (int64_t j = 0; j < groups; ++j) {
+        prefetch_group<BITS>(p, j);
+        group_rows_int<R, BITS>(ai, p + HEADER + code_bytes<BITS>() * j, p, j, g0 + j, KG, xq, halves, K);
+      }
+      super_block_rows<R, BITS>(acc, ai, p, groups, g0, KG, sx, group_sums);
     });
   }
   const __m512 b = bias ? _mm512_loadu_ps(bias + n0) : _mm512_setzero_ps();

@@ -239,8 +239,14 @@ inline V dot_terms(const float* q, const float* k, int64_t DV) {
 // The scores of one query against a whole block of KEY_BLOCK keys (rows of D in kb) into
 // out[0..16). AVX512 sums the 16 keys' lanes together (sum16) where vsum would take one
 // key at a time; the same additions either way, so the same bits.
-inline void block_scores(const float* q, const float* kb, int64_t DV, int64_t D, float* out) {
 #if defined(__AVX512F__)
+// DV and D as constants where the caller knows them: every key's row is then a fixed
+// offset from kb, one base register for all 16, where a run-time D kept 16 row pointers
+// on the stack and reloaded one for every FMA (the 1.5B's attention at 300 keys, paired in
+// one process: 0.94-0.96x the time at 1, 4 and 7 rows, the same bits)
+template <int64_t DV_C = 0>
+inline void block_scores_zmm(const float* q, const float* kb, int64_t DV, int64_t D, float* out) {
+  if constexpr (DV_C > 0) DV = DV_C, D = 16 * DV_C;
   V a[16];
   const V q0 = vload(q);
   for (int t = 0; t < 16; ++t) a[t] = vmul(q0, vload(kb + t * D));
@@ -249,6 +255,16 @@ inline void block_scores(const float* q, const float* kb, int64_t DV, int64_t D,
     for (int t = 0; t < 16; ++t) a[t] = vfmadd(qc, vload(kb + t * D + 16 * c), a[t]);
   }
   vstore(out, sum16(a));
+}
+#endif
+
+inline void block_scores(const float* q, const float* kb, int64_t DV, int64_t D, float* out) {
+#if defined(__AVX512F__)
+  switch (DV) {
+    case 8: return block_scores_zmm<8>(q, kb, DV, D, out);
+    case 4: return block_scores_zmm<4>(q, kb, DV, D, out);
+    default: return block_scores_zmm(q, kb, DV, D, out);
+  }
 #else
   for (int t = 0; t < 16; ++t) out[t] = vsum(dot_terms(q, kb + t * D, DV));
 #endif

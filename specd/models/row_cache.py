@@ -24,8 +24,10 @@ class RowCache:
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [T] -> rows [T, H] in `dtype`."""
-        if len(ids) > SMALL:
-            return self.weight.rows(ids, self.dtype)
+        if len(ids) > SMALL:  # a prompt: its rows at once, and kept, as its text recurs
+            rows = self.weight.rows(ids, self.dtype)
+            self._keep(ids.tolist(), rows)
+            return rows
         wanted = ids.tolist()
         missing = [t for t in dict.fromkeys(wanted) if t not in self._rows]
         if missing:
@@ -34,6 +36,18 @@ class RowCache:
                 self._rows[t] = row.clone()  # its own storage: `fresh` is not kept alive
         for t in wanted:
             self._rows.move_to_end(t)
+        self._evict()
+        return torch.stack([self._rows[t] for t in wanted])
+
+    def _keep(self, ids: list[int], rows: torch.Tensor) -> None:
+        """Keep a prompt's rows, its last tokens the most recent (decoding goes on from
+        them); at most `capacity` of them."""
+        last = {t: i for i, t in enumerate(ids)}  # each token at its last position
+        for t, i in sorted(last.items(), key=lambda x: x[1])[-self.capacity :]:
+            self._rows.pop(t, None)
+            self._rows[t] = rows[i].clone()
+        self._evict()
+
+    def _evict(self) -> None:
         while len(self._rows) > self.capacity:
             self._rows.popitem(last=False)
-        return torch.stack([self._rows[t] for t in wanted])

@@ -24,3 +24,21 @@ def test_rows_are_the_weights_own_and_the_cache_is_bounded(bits):
     for t in [1, 2, *range(10, 16), 1, 16]:  # 1 looked up again, then one row too many
         cache(torch.tensor([t]))
     assert 1 in cache._rows and 2 not in cache._rows
+
+
+def test_a_prompts_rows_are_kept_so_its_tokens_decode_from_the_cache():
+    w = quantize(torch.randn(96, 64, generator=torch.Generator().manual_seed(1)), 6)
+    dense = w.dequantize(torch.float32)
+    cache = RowCache(w, torch.float32, capacity=SMALL + 2)
+    dequantised = []
+    real = w.rows
+    w.rows = lambda ids, dtype: dequantised.append(ids.tolist()) or real(ids, dtype)
+    prompt = [7, *range(30, 30 + SMALL + 4), 7, 50]  # longer than the cache holds
+    assert torch.equal(cache(torch.tensor(prompt)), dense[prompt])
+    assert len(cache._rows) == SMALL + 2
+    # decoding goes on from the prompt's last tokens: they answer without dequantising
+    for ids in ([50], [7, 50], [30 + SMALL + 3]):
+        assert torch.equal(cache(torch.tensor(ids)), dense[ids])
+    assert dequantised == [prompt]
+    assert torch.equal(cache(torch.tensor([30])), dense[[30]])  # the oldest went first
+    assert dequantised[-1] == [30]

@@ -168,7 +168,7 @@ def run_cell(decisions: DraftDecisions, texts: list, mode, machine: Machine, cap
                 took += FIRST_ROUND_S
             elif catch_up:
                 took += BACK_S * min(catch_up - 1, 10)
-            controller.costs.record_step([k], took, catch_up, stopping)
+            controller.costs.record_step([drafts], took, catch_up, stopping)
             seq.decided(reason, k)
             seq.stats.record(drafts, accepted)
             controller.record(bounds.route, seq.positions, k if drafts else 0, accepted, drafts)

@@ -37,7 +37,7 @@ comes back by itself. Pure Python (no torch): the unit tests feed it recorded ti
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from verifier_service.acceptance import PositionAcceptance, expected_tokens
 from verifier_service.costs import StepCostModel
@@ -54,6 +54,10 @@ class Candidate:
     floor: float = 0.0  # the route's min_acceptance: below it a_1 is off for acceptance
     behind: int = 0  # tokens the drafter catches up on first (0: it drafted last step)
     remaining: int = 0  # tokens the request may still generate (0: unknown)
+    # c_i: the chance that its drafter, having drafted i + 1 tokens, drafts another (its
+    # route's; [] = it always drafts all k). The drafter stops a round after an unsure
+    # draft (`--draft-p-min`), so how deep a round planned at k goes depends on the route
+    goes_on: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -62,9 +66,12 @@ class Fixed:
     plan does not change."""
 
     sequences: int = 0
-    rows: int = 0
+    rows: float = 0  # expected (drafts come short where a drafter stops early)
     tokens: float = 0.0
     k: int = 0  # the most drafts of any of them
+    # P(the deepest of their rounds drafts at least j tokens), j = 1..k (`deepest`);
+    # () = all k come
+    reach: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -127,6 +134,10 @@ class ControllerConfig:
     horizon: int = 32
 
 
+GOES_ON_PRIOR = 2.0  # rounds the prior of always drafting on weighs (`Controller.goes_on`)
+GOES_ON_ROUNDS = 64.0  # the most rounds a route's c_i remember
+
+
 class Controller:
     """Owns the measured costs; `plan` decides one step."""
 
@@ -134,6 +145,7 @@ class Controller:
         self.config = config or ControllerConfig()
         self.costs = StepCostModel()
         self.routes = RouteAcceptance()
+        self._goes_on: dict[str, PositionAcceptance] = {}  # per route: c_i (`Candidate`)
         # the last step's plan drafted (for the hysteresis); a route's `auto` starts on
         self.drafting = True
         self._exploring: tuple[int, int, int] | None = None  # (sequences, k, steps left)
@@ -147,6 +159,11 @@ class Controller:
         estimate per route and step serves all of them)."""
         c = self.config
         return self.routes.estimate(route, [c.prior_acceptance], c.prior_strength)
+
+    def goes_on(self, route: str) -> list[float]:
+        """A route's c_i (`Candidate.goes_on`), over a prior of always (1.0)."""
+        counts = self._goes_on.get(route)
+        return [] if counts is None else counts.rates([1.0], GOES_ON_PRIOR)
 
     def accept_rates(self, route_rates: list[float], seq: PositionAcceptance) -> list[float]:
         """A sequence's a_i: its own rounds over its route's `route_rates`."""
@@ -168,6 +185,12 @@ class Controller:
             seq.record(k, accepted)
             seq.limit(c.sequence_rounds)
             self.routes.record(route, k, accepted, drafted)
+            came = k if drafted is None else drafted
+            if k > 1 and came > 0:
+                # position i: i + 1 drafts came with room for more; a hit if another did
+                goes_on = self._goes_on.setdefault(route, PositionAcceptance())
+                goes_on.record(k - 1, came - 1)
+                goes_on.limit(GOES_ON_ROUNDS)
         else:
             seq.decay(c.sequence_decay)
 
@@ -232,7 +255,7 @@ class Controller:
         the drafter's catch-up for them (a probe of 8 behind a plain batch of 8 costs ~8
         plain steps on the 2-core CPU, one of 1 sequence ~1)."""
         probing = [1 if i in probes else k for i, k in enumerate(ks)]
-        cost = self._step_s(probing, fixed) - self._step_s(ks, fixed)
+        cost = self._step_s(candidates, probing, fixed) - self._step_s(candidates, ks, fixed)
         cost += self.costs.switch_s(sum(candidates[i].behind for i in probes), 0)
         if cost > self.budget_s:
             return False
@@ -328,9 +351,9 @@ class Controller:
         steps beyond the time `rate` would take for their tokens (nothing where nothing
         predicts them), and its switch whole (an episode is too short to spread it)."""
         ks = [min(k, c.cap) for c in candidates]
-        step = self._step_s(ks, fixed)
-        sequences, rows = fixed.sequences + len(ks), fixed.rows + sum(1 + j for j in ks)
-        if not self.costs.known(sequences, max([fixed.k, *ks]), rows):
+        step = self._step_s(candidates, ks, fixed)
+        sequences, reach_max, rows, _ = _shape(candidates, ks, fixed)
+        if not self.costs.known(sequences, len(reach_max), rows):
             rate = 0.0
         tokens = fixed.tokens + sum(
             expected_tokens(c.accept, j) for c, j in zip(candidates, ks, strict=True)
@@ -339,7 +362,7 @@ class Controller:
         return max(loss, 0.0) + self.costs.switch_s(*_switching(candidates, ks))
 
     def _arm_s(self, candidates: list[Candidate], fixed: Fixed, k: int) -> float:
-        return self._step_s([min(k, c.cap) for c in candidates], fixed)
+        return self._step_s(candidates, [min(k, c.cap) for c in candidates], fixed)
 
     def _alone_drafts(self, c: Candidate) -> bool:
         """Whether `c` would draft as the step's only sequence."""
@@ -364,7 +387,7 @@ class Controller:
             tokens = fixed.tokens + sum(
                 expected_tokens(c.accept, j) for c, j in zip(candidates, ks, strict=True)
             )
-            seconds = self._step_s(ks, fixed) + self._switch_s(candidates, ks)
+            seconds = self._step_s(candidates, ks, fixed) + self._switch_s(candidates, ks)
             out.append(tokens / seconds if seconds > 0 else 0.0)
         return out
 
@@ -385,10 +408,65 @@ class Controller:
             horizon = min(horizon, max(1.0, sum(steps) / len(steps)))
         return extra / horizon
 
-    def _step_s(self, ks: list[int], fixed: Fixed) -> float:
-        drafting = sum(1 for k in ks if k) + (1 if fixed.k else 0)
-        rows = fixed.rows + sum(1 + k for k in ks)
-        return self.costs(fixed.sequences + len(ks), max([fixed.k, *ks]), rows, drafting)
+    def _step_s(self, candidates: list[Candidate], ks: list[int], fixed: Fixed) -> float:
+        """The expected step: its price at each depth its deepest round may reach, by the
+        chance of that depth (steps are not affine in the drafts: k = 1 pays a round's
+        fixed part)."""
+        sequences, reach_max, rows, drafting = _shape(candidates, ks, fixed)
+        if not reach_max:
+            return self.costs(sequences, 0, rows, drafting)
+        total, p_next = 0.0, 0.0
+        for j in range(len(reach_max), 0, -1):  # P(deepest = j) = P(>= j) - P(>= j + 1)
+            p = reach_max[j - 1] - p_next
+            p_next = reach_max[j - 1]
+            if p > 1e-9:
+                total += p * self.costs(sequences, j, rows, drafting)
+        return total
+
+
+def reach(goes_on: list[float], k: int) -> list[float]:
+    """P(a round planned at k drafts at least j tokens), j = 1..k: the first always comes,
+    each next one with its chance c_i (the last measured repeats; [] = always)."""
+    out, p = [], 1.0
+    for j in range(k):
+        if j and goes_on:
+            p *= goes_on[min(j - 1, len(goes_on) - 1)]
+        out.append(p)
+    return out
+
+
+def _shape(
+    candidates: list[Candidate], ks: list[int], fixed: Fixed
+) -> tuple[int, list[float], float, int]:
+    """A planned step as the cost model prices it: (sequences, P(its deepest round drafts
+    at least j tokens) by j, the expected rows fed, the sequences drafting). Steps are measured by
+    the drafts that came (verifier_service/costs.py), and a round planned at k comes
+    short where the drafter stops early, more often on some routes than on others: in
+    mixed traffic at c = 1, chat's rounds planned at 3 drafted 1.7 tokens and code's 2.7,
+    so code priced k = 3 at chat's 52 ms a step where its own took 63, and `auto` ran code
+    at k = 3-4 for 0.91 of the fixed k = 6 (BENCHMARKS.md section 53). The deepest round
+    of independent ones: P(deepest >= j) = 1 - prod_s (1 - P(d_s >= j)); the rest of the
+    batch (`fixed`) drafts its k."""
+    rows, drafting = float(fixed.rows), 1 if fixed.k else 0
+    reaches = [list(fixed.reach) or [1.0] * fixed.k]
+    for c, k in zip(candidates, ks, strict=True):
+        r = reach(c.goes_on, k)
+        rows += 1 + sum(r)
+        drafting += 1 if k else 0
+        reaches.append(r)
+    return fixed.sequences + len(ks), deepest(reaches), rows, drafting
+
+
+def deepest(reaches: list[list[float]]) -> list[float]:
+    """Independent rounds, each P(d >= j) by j (`reach`) -> the deepest one's:
+    P(max d >= j) = 1 - prod_s (1 - P(d_s >= j)); its sum is the expected deepest."""
+    out = []
+    for j in range(max((len(r) for r in reaches), default=0)):
+        miss = 1.0
+        for r in reaches:
+            miss *= 1 - (r[j] if j < len(r) else 0.0)
+        out.append(1 - miss)
+    return out
 
 
 def _capped(c: Candidate) -> Candidate:

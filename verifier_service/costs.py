@@ -76,8 +76,8 @@ class CostCurve:
 
 
 class StepCosts:
-    """Seconds per whole decode step by (sequences in the step, most drafts of any of
-    them), as the engine ran it: drafter round, forward with its tree leaves, verification,
+    """Seconds per whole decode step by (sequences in the step, most drafts that came for
+    any of them), as the engine ran it: drafter round, forward with its tree leaves, verification,
     commit. The controller compares these directly, rather than adding up parts: the parts
     missed the tree leaves a small batch verifies beside its chain (a 2-draft step fed 4.5
     rows, not 3) and the drafter's catch-up and round trip (BENCHMARKS.md section 19).
@@ -172,7 +172,7 @@ class StepCostModel:
     def record_step(
         self, ks: list[int], seconds: float, catch_up: int = 0, stopping: int = 0
     ) -> None:
-        """A whole decode step, by the drafts each of its sequences was planned; with
+        """A whole decode step, by the drafts that came for each of its sequences; with
         `catch_up` tokens for the drafter (sequences switching on) or `stopping` sequences
         (switching off), what it took over the steady step is the switch's cost."""
         if not ks or not seconds > 0:
@@ -204,19 +204,20 @@ class StepCostModel:
         off = self.switch_off(stopping) if stopping else None
         return (on or 0.0) + (off or 0.0)
 
-    def __call__(self, sequences: int, k: int, rows: int, drafting: int) -> float:
-        """A step of `sequences` (`drafting` of them, the most drafts `k`) feeding `rows`."""
+    def __call__(self, sequences: int, k: int, rows: float, drafting: int) -> float:
+        """A step of `sequences` (`drafting` of them, the most drafts `k`) feeding `rows`
+        (an expected count may be a fraction)."""
         measured = self.steps(sequences, k)
         if measured is not None:
             return measured
         composed = self.composed(rows, drafting, k)
         return 1.0 if composed is None else self.calibration * composed  # 1.0: nothing yet
 
-    def known(self, sequences: int, k: int, rows: int) -> bool:
+    def known(self, sequences: int, k: int, rows: float) -> bool:
         """Whether a step's cost is measured or composed, not the placeholder of 1 s."""
         return self.steps(sequences, k) is not None or self.forward(rows) is not None
 
-    def composed(self, rows: int, drafting: int, k: int) -> float | None:
+    def composed(self, rows: float, drafting: int, k: int) -> float | None:
         """The forward by rows plus the drafter round (None before any forward)."""
         forward = self.forward(rows)
         if forward is None or not drafting:

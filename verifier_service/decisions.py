@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from specd.config import EngineConfig
 from verifier_service.acceptance import expected_tokens
-from verifier_service.controller import Candidate, Controller, Fixed
+from verifier_service.controller import Candidate, Controller, Fixed, deepest, reach
 from verifier_service.sequence import Sequence
 
 
@@ -33,14 +33,16 @@ class DraftDecisions:
         """`batch`: sequences running + waiting; `kv_used`: the KV pool's utilization."""
         recent = self._recent_batch(batch)
         fixed: dict[int, Decision] = {}
-        candidates, auto, rows, tokens, most = [], [], 0, 0.0, 0
+        candidates, auto, reaches, rows, tokens, most = [], [], [], 0.0, 0.0, 0
         route_rates: dict[str, list[float]] = {}
+        goes_on: dict[str, list[float]] = {}
         for i, seq in enumerate(ready):
             bounds = seq.speculation
             remaining = seq.max_new_tokens - seq.num_generated
             k = max(0, min(seq.num_draft, self.config.max_draft_tokens, remaining - 1))
             if bounds.route not in route_rates:
                 route_rates[bounds.route] = self.controller.route_rates(bounds.route)
+                goes_on[bounds.route] = self.controller.goes_on(bounds.route)
             accept = self.controller.accept_rates(route_rates[bounds.route], seq.positions)
             reason = "on" if k else "off:request"
             if k and bounds.draft_below_batch and recent >= bounds.draft_below_batch:
@@ -51,17 +53,25 @@ class DraftDecisions:
                 probe = seq.off_steps + 1 >= self.controller.config.probe_every
                 candidates.append(
                     Candidate(
-                        k, accept, probe, bounds.min_acceptance, seq.drafter_behind, remaining
+                        k,
+                        accept,
+                        probe,
+                        bounds.min_acceptance,
+                        seq.drafter_behind,
+                        remaining,
+                        goes_on[bounds.route],
                     )
                 )
                 auto.append(i)
                 continue
             fixed[i] = Decision(k, reason, 1.0)
-            rows, most = rows + 1 + k, max(most, k)
+            reaches.append(reach(goes_on[bounds.route], k))
+            rows, most = rows + 1 + sum(reaches[-1]), max(most, k)
             tokens += expected_tokens(accept, k)
         # fewer ready than the batch had a moment ago (or than run and wait now): a dip
         dip = recent > len(ready)
-        plan = self.controller.plan(candidates, Fixed(len(fixed), rows, tokens, most), dip)
+        rest = Fixed(len(fixed), rows, tokens, most, tuple(deepest(reaches)))
+        plan = self.controller.plan(candidates, rest, dip)
         for i, k, reason in zip(auto, plan.ks, plan.reasons, strict=True):
             fixed[i] = Decision(k, reason, plan.gain)
         return [fixed[i] for i in range(len(ready))]

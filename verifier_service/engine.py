@@ -271,12 +271,15 @@ def _catch_up(rounds: list[Round]) -> int:
 
 
 def _step_shape(rounds: list[Round], catch_up: int) -> tuple[list[int], int, int] | None:
-    """What a whole decode step's cost is measured by: the drafts each sequence was
-    planned, the tokens the drafter catches up on for those switching to drafting (a
-    first round prefills the prompt), and how many switch to plain after drafting (the
-    drafter still drafts ahead for them on the same cores: 74 ms for a 59 ms plain step).
-    None when the step was not decode only (prefill costs apart)."""
-    if not all(r.slot.decode for r in rounds):
+    """What a whole decode step's cost is measured by: the drafts that came for each
+    sequence (a round planned at k comes short where the drafter stops early; the
+    controller prices a plan by how deep its rounds are expected to go), the tokens the
+    drafter catches up on for those switching to drafting (a first round prefills the
+    prompt), and how many switch to plain after drafting (the drafter still drafts ahead
+    for them on the same cores: 74 ms for a 59 ms plain step). None when the step was not
+    decode only (prefill costs apart), or when a round planned to draft got nothing (a
+    drafter that failed or timed out: neither a plain nor a drafting step's price)."""
+    if not all(r.slot.decode for r in rounds) or any(r.slot.k and not r.k for r in rounds):
         return None
     stopping = sum(1 for r in rounds if not r.slot.k and not r.seq.drafter_behind)
-    return [r.slot.k for r in rounds], catch_up, stopping
+    return [r.k for r in rounds], catch_up, stopping

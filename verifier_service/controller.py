@@ -4,12 +4,14 @@ For the B decoding sequences of one step, drafting k tokens for sequence s (k_s 
 route's k) predicts
 
     tokens(k) = sum_s E_s(k_s),   E(k) = 1 + sum_{j=1..k} prod_{i=1..j} a_i
-    time(k)   = T(B, max_s k_s) + S(k) / H
+    time(k)   = sum_d P(max_s d_s = d) T(B, d) + S(k) / H
 
 with a_i the probability that draft position i is accepted once positions < i were
-(measured per route and per sequence) and T what a whole decode step of B sequences with
-up to k drafts took (drafter round, forward with its tree leaves, verification), measured
-online (verifier_service/costs.py). Where T(B, k) is not measured yet it is composed:
+(measured per route and per sequence), T(B, d) what a whole decode step of B sequences
+took when d drafts came for the deepest (drafter round, forward with its tree leaves,
+verification), measured online (verifier_service/costs.py), and d_s <= k_s the drafts a
+round planned at k_s brings: the drafter stops after an unsure draft, by route
+(`Candidate.goes_on`). Where T(B, d) is not measured yet it is composed:
 the forward's cost by rows plus a drafter round, scaled by how the measured steps compared
 with their composed estimates. S(k) is what switching costs, measured on the steps that
 switched: the drafter catching up (a new prompt, or what it skipped while plain) for

@@ -353,8 +353,9 @@ class Controller:
         steps beyond the time `rate` would take for their tokens (nothing where nothing
         predicts them), and its switch whole (an episode is too short to spread it)."""
         ks = [min(k, c.cap) for c in candidates]
-        step = self._step_s(candidates, ks, fixed)
-        sequences, reach_max, rows, _ = _shape(candidates, ks, fixed)
+        shape = _shape(candidates, ks, fixed)
+        step = self._expected_s(*shape)
+        sequences, reach_max, rows, _ = shape
         if not self.costs.known(sequences, len(reach_max), rows):
             rate = 0.0
         tokens = fixed.tokens + sum(
@@ -411,10 +412,14 @@ class Controller:
         return extra / horizon
 
     def _step_s(self, candidates: list[Candidate], ks: list[int], fixed: Fixed) -> float:
+        return self._expected_s(*_shape(candidates, ks, fixed))
+
+    def _expected_s(
+        self, sequences: int, reach_max: list[float], rows: float, drafting: int
+    ) -> float:
         """The expected step: its price at each depth its deepest round may reach, by the
         chance of that depth (steps are not affine in the drafts: k = 1 pays a round's
         fixed part)."""
-        sequences, reach_max, rows, drafting = _shape(candidates, ks, fixed)
         if not reach_max:
             return self.costs(sequences, 0, rows, drafting)
         total, p_next = 0.0, 0.0
@@ -441,9 +446,9 @@ def _shape(
     candidates: list[Candidate], ks: list[int], fixed: Fixed
 ) -> tuple[int, list[float], float, int]:
     """A planned step as the cost model prices it: (sequences, P(its deepest round drafts
-    at least j tokens) by j, the expected rows fed, the sequences drafting). Steps are measured by
-    the drafts that came (verifier_service/costs.py), and a round planned at k comes
-    short where the drafter stops early, more often on some routes than on others: in
+    at least j tokens) by j, the expected rows fed, the sequences drafting). Steps are
+    measured by the drafts that came (verifier_service/costs.py), and a round planned at k
+    comes short where the drafter stops early, more often on some routes than on others: in
     mixed traffic at c = 1, chat's rounds planned at 3 drafted 1.7 tokens and code's 2.7,
     so code priced k = 3 at chat's 52 ms a step where its own took 63, and `auto` ran code
     at k = 3-4 for 0.91 of the fixed k = 6 (BENCHMARKS.md section 53). The deepest round

@@ -77,10 +77,11 @@ class CostCurve:
 
 class StepCosts:
     """Seconds per whole decode step by (sequences in the step, most drafts that came for
-    any of them), as the engine ran it: drafter round, forward with its tree leaves, verification,
-    commit. The controller compares these directly, rather than adding up parts: the parts
-    missed the tree leaves a small batch verifies beside its chain (a 2-draft step fed 4.5
-    rows, not 3) and the drafter's catch-up and round trip (BENCHMARKS.md section 19).
+    any of them), as the engine ran it: drafter round, forward with its tree leaves,
+    verification, commit. The controller compares these directly, rather than adding up
+    parts: the parts missed the tree leaves a small batch verifies beside its chain (a
+    2-draft step fed 4.5 rows, not 3) and the drafter's catch-up and round trip
+    (BENCHMARKS.md section 19).
 
     Plain steps are one curve by sequences; drafting steps one curve by k per batch size,
     never interpolated from plain: k = 1 pays a drafter round's fixed part (the round

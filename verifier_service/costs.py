@@ -10,22 +10,28 @@ from bisect import bisect_left
 
 _FIT_CAP = 16  # the most samples one k weighs in a drafting-step line (StepCosts)
 _OWN = 8  # samples after which a k takes its own measured price, not the line's
+_PACE_MAX = 4.0  # the machine's pace against the prices held stays within 1/4 .. 4
 
 
 class CostCurve:
     """Seconds per event by size (rows of a forward, sequences in a drafter round, drafts
     of a step), an EMA per size (from its second event) with its sample count. Unmeasured
     sizes interpolate between measured neighbours. Below the smallest measured size the
-    curve is flat; past the largest it goes on along the slope of its last two sizes,
-    never down: flat on a memory-bound device, where rows cost nearly nothing, and what
-    rows do cost on a CPU, where a flat guess (a 28-row verification priced as the 4-row
-    forward measured) made a fresh verifier draft at batch 4 until it had paid for such
-    steps. With `extrapolate=False` the curve is unknown (None) outside the measured
-    sizes."""
+    curve is flat; past the largest it goes on along the line from the smallest size to the
+    largest, never down: flat on a memory-bound device, where rows cost nearly nothing, and
+    what rows do cost on a CPU, where a flat guess (a 28-row verification priced as the
+    4-row forward measured) made a fresh verifier draft at batch 4 until it had paid for
+    such steps. The whole span, not the last two sizes: two neighbours (15 and 16 rows)
+    differ by less than their noise, and where the larger came out cheaper the curve went
+    on flat, so that batch 4, with k = 3 measured at 168 ms, priced k = 6 at 166 (it took
+    ~295: BENCHMARKS.md section 54). With one size measured the curve is flat past it, or
+    with `origin` goes on through zero: a drafter round of k steps is k forwards. With
+    `extrapolate=False` the curve is unknown (None) outside the measured sizes."""
 
-    def __init__(self, weight: float = 0.3, extrapolate: bool = True):
+    def __init__(self, weight: float = 0.3, extrapolate: bool = True, origin: bool = False):
         self.weight = weight
         self.extrapolate = extrapolate
+        self.origin = origin
         self._by_size: dict[int, float] = {}
         self._counts: dict[int, int] = {}
         self._sizes: list[int] = []
@@ -62,9 +68,11 @@ class CostCurve:
         if i == 0 or i == len(sizes):
             if not self.extrapolate:
                 return None
-            if i == 0 or len(sizes) == 1:
-                return self._by_size[sizes[0 if i == 0 else -1]]
-            lo, hi = sizes[-2], sizes[-1]
+            lo, hi = sizes[0], sizes[-1]
+            if i == 0:
+                return self._by_size[lo]
+            if lo == hi:
+                return self._by_size[hi] * (size / hi if self.origin else 1.0)
             slope = max(0.0, (self._by_size[hi] - self._by_size[lo]) / (hi - lo))
             return self._by_size[hi] + slope * (size - hi)
         lo, hi = sizes[i - 1], sizes[i]
@@ -106,17 +114,34 @@ class StepCosts:
     # ran k = 3-6 where k = 6 was best); at 0.03 the replay gave 0.986 of the best fixed
     # k instead of 0.979, chat 0.998 instead of 0.994, and as well where the machine's
     # speed wanders (BENCHMARKS.md section 44)
-    def __init__(self, weight: float = 0.03):
+    def __init__(self, weight: float = 0.03, pace_weight: float = 0.2):
         self.weight = weight
         self._plain = CostCurve(weight, extrapolate=False)
         self._drafting: dict[int, CostCurve] = {}
+        # How slow the machine runs now against the prices held (1.0: as they were
+        # learned). The curves hold prices at the pace of their time; a step is priced at
+        # the pace of now. Without it, only the k being run followed the machine, and the
+        # others kept the speed of when they last ran: at batch 4, plain steps went from
+        # 42 to 53 ms as the host slowed, k = 1 kept the 82 ms of a fast minute, and
+        # `auto` drafted at k = 1 for ~70 steps, at 88 tok/s where plain made 94. A k
+        # measured `_OWN` times moves the pace by how far its step ran from its price (so
+        # its own drift is taken as the machine's: what corrects the price of one k
+        # against another is running the other, as exploring does); a k measured fewer
+        # times learns its price instead.
+        self.pace_weight = pace_weight
+        self.pace = 1.0
 
     def _curve(self, sequences: int, k: int) -> CostCurve | None:
         return self._plain if k == 0 else self._drafting.get(sequences)
 
     def record(self, sequences: int, k: int, seconds: float) -> None:
-        if sequences <= 0 or k < 0:
+        if sequences <= 0 or k < 0 or not seconds > 0:
             return
+        held = self._own(sequences, k)
+        if held is not None:  # geometric, so one stalled step moves it by its root
+            ratio = seconds / (self.pace * held)
+            self.pace = min(_PACE_MAX, max(1 / _PACE_MAX, self.pace * ratio**self.pace_weight))
+        seconds /= self.pace
         if k == 0:
             self._plain.record(sequences, seconds)
         else:
@@ -128,20 +153,29 @@ class StepCosts:
         return 0 if curve is None else curve.samples(sequences if k == 0 else k)
 
     def __call__(self, sequences: int, k: int) -> float | None:
+        price = self._held(sequences, k)
+        return None if price is None else self.pace * price
+
+    def _held(self, sequences: int, k: int) -> float | None:
         if k == 0:
             return self._plain(sequences)
         curve = self._drafting.get(sequences)
         if curve is None:
             return None
-        if curve.samples(k) >= _OWN:
-            return curve.measured()[k]
-        return _affine(curve, k)
+        return self._own(sequences, k) or _affine(curve, k)
+
+    def _own(self, sequences: int, k: int) -> float | None:
+        """The price held for (sequences, k) once measured `_OWN` times, else None."""
+        curve, size = self._curve(sequences, k), sequences if k == 0 else k
+        if curve is None or curve.samples(size) < _OWN:
+            return None
+        return curve.measured()[size]
 
     def measured(self) -> dict[tuple[int, int], float]:
         out = {(b, 0): s for b, s in self._plain.measured().items()}
         for b, curve in self._drafting.items():
             out.update({(b, k): s for k, s in curve.measured().items()})
-        return out
+        return {key: self.pace * s for key, s in out.items()}
 
 
 class StepCostModel:
@@ -168,7 +202,7 @@ class StepCostModel:
 
     def record_draft(self, sequences: int, steps: int, seconds: float) -> None:
         if steps > 0 and sequences > 0:
-            self.draft.setdefault(sequences, CostCurve()).record(steps, seconds)
+            self.draft.setdefault(sequences, CostCurve(origin=True)).record(steps, seconds)
 
     def record_step(
         self, ks: list[int], seconds: float, catch_up: int = 0, stopping: int = 0

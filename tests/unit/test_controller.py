@@ -38,7 +38,7 @@ def test_expected_tokens_by_hand():
     assert expected_tokens([0.9, 0.5], 3) == pytest.approx(1 + 0.9 + 0.45 + 0.225)
 
 
-def test_cost_curve_interpolates_and_extrapolates_along_its_last_slope():
+def test_cost_curve_interpolates_and_extrapolates_along_its_span():
     curve = CostCurve()
     assert curve(4) is None
     curve.record(1, 1.0)
@@ -46,10 +46,17 @@ def test_cost_curve_interpolates_and_extrapolates_along_its_last_slope():
     curve.record(9, 3.0)
     assert curve(5) == pytest.approx(2.0)
     assert curve(0) == 1.0  # below the smallest: flat
-    # past the largest: on along the slope of the last two sizes (0.25 s a size here)
+    # past the largest: on along the line from the smallest size (0.25 s a size here)
     assert curve(17) == pytest.approx(5.0)
-    curve.record(13, 2.0)  # a falling end (noise) extrapolates flat, never down
-    assert curve(100) == 2.0
+    curve.record(13, 2.0)  # a noisy end: the line still runs from the smallest size
+    assert curve(25) == pytest.approx(3.0)
+    falling = CostCurve()
+    falling.record(4, 2.0)
+    falling.record(8, 1.0)
+    assert falling(100) == 1.0  # never down
+    rounds = CostCurve(origin=True)  # a drafter round by steps
+    rounds.record(3, 0.06)
+    assert rounds(6) == pytest.approx(0.12) and rounds(1) == 0.06
     curve.record(1, 2.0)  # the second event replaces the first, which may run cold
     assert curve(1) == 2.0
     curve.record(1, 1.0)  # then an EMA, not the last sample
@@ -132,13 +139,13 @@ def test_a_fresh_verifier_on_this_cpu_prices_a_bigger_batch_past_what_it_measure
     # what a verifier has seen after one sequence drafted (rows up to 7, rounds of one
     # sequence) and plain batches of up to 4 (BENCHMARKS.md section 28): a batch of 4
     # drafting 6 feeds 28 rows, never measured. Priced flat, as the 7-row forward, it
-    # looked 2x plain and the batch drafted; along the measured slope it is not
+    # looked 2x plain and the batch drafted; along the measured line it is not
     c = Controller(ControllerConfig(explore_every=0))
     for rows, s in {1: 0.056, 2: 0.067, 3: 0.086, 4: 0.099, 5: 0.111, 7: 0.134}.items():
         c.costs.record_forward(rows, s)
     for k in (1, 2, 4, 6):
         c.costs.record_draft(1, k, 0.04 + 0.02 * k)
-    assert c.costs.forward(28) == pytest.approx(0.134 + 21 * (0.134 - 0.111) / 2)
+    assert c.costs.forward(28) == pytest.approx(0.134 + 21 * (0.134 - 0.056) / 6)
     batch = [Candidate(6, [0.9]) for _ in range(4)]
     assert c.plan(batch).ks == [0] * 4
 

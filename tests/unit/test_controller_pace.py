@@ -1,0 +1,65 @@
+"""The step prices follow the machine's pace: a k not run for a while is priced at the
+speed of now, not of when it last ran (verifier_service/costs.py, `StepCosts.pace`)."""
+
+import pytest
+
+from verifier_service.controller import Candidate, Controller, ControllerConfig
+from verifier_service.costs import StepCosts
+
+CODE_ACCEPT = [0.87, 0.8, 0.75, 0.7, 0.65, 0.6]
+
+
+def learned(costs: StepCosts, prices: dict[int, float], batch: int = 4, times: int = 20) -> None:
+    for _ in range(times):
+        for k, seconds in prices.items():
+            costs.record(batch, k, seconds)
+
+
+def test_a_k_not_run_is_priced_at_the_pace_of_now():
+    costs = StepCosts()
+    learned(costs, {0: 0.040, 1: 0.080})
+    assert costs(4, 0) == pytest.approx(0.040) and costs(4, 1) == pytest.approx(0.080)
+    for _ in range(40):  # the host slows by a quarter; only plain runs
+        costs.record(4, 0, 0.050)
+    assert costs(4, 0) == pytest.approx(0.050, rel=0.02)
+    # k = 1 slowed with it: most of the quarter (the rest went to plain's own price, as
+    # the pace cannot tell the machine from a price at first)
+    assert 0.080 * 1.2 < costs(4, 1) < 0.100
+    assert 1.2 < costs.pace < 1.25
+    for _ in range(40):  # and speeds up again while k = 1 runs
+        costs.record(4, 1, 0.080)
+    assert costs(4, 0) < 0.040 * 1.08
+    assert costs.measured()[(4, 1)] == pytest.approx(0.080, rel=0.02)
+
+
+def test_a_k_measured_a_few_times_learns_its_price_and_leaves_the_pace():
+    costs = StepCosts()
+    learned(costs, {0: 0.040})
+    for _ in range(3):  # new, and dearer than any line through plain would say
+        costs.record(4, 3, 0.150)
+    assert costs.pace == 1.0
+    assert costs(4, 3) == pytest.approx(0.150)
+    costs.record(4, 0, 0.040 * 100)  # one stalled step moves the pace by its fifth root
+    assert costs.pace == pytest.approx(100**0.2)
+    for _ in range(200):  # never past a factor of 4 however slow the steps run
+        costs.record(4, 0, 10.0)
+    assert costs.pace == pytest.approx(4.0)
+
+
+def test_a_slow_minute_does_not_start_drafting_where_plain_is_faster():
+    """Batch 4 on the 2-core CPU: plain 40 ms (100 tok/s), k = 1 80 ms (93.5 tok/s at
+    0.87). The host then slows plain to 50 ms: priced at the speed of its last run, k = 1
+    looked 17% faster than plain and `auto` drafted; priced at the pace of now, it stays
+    6% behind."""
+
+    def plans(pace_weight: float) -> list[int]:
+        c = Controller(ControllerConfig(explore_every=0))
+        c.costs.steps = StepCosts(pace_weight=pace_weight)
+        learned(c.costs.steps, {0: 0.040, 1: 0.080})
+        for _ in range(40):
+            c.costs.record_step([0] * 4, 0.050)
+        c.drafting = False
+        return c.plan([Candidate(6, CODE_ACCEPT)] * 4).ks
+
+    assert plans(0.2) == [0] * 4
+    assert plans(0.0) == [1] * 4  # the stale price (pace never moves) drafts

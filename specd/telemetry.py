@@ -35,6 +35,7 @@ ACCEPTED_PER_POS = "specd:spec_decode_num_accepted_tokens_per_pos"  # {route, po
 SPEC_K = "specd:speculation_chosen_k"  # verifier histogram {route}: k per decode step (0: plain)
 SPEC_GAIN = "specd:speculation_predicted_gain"  # verifier histogram {route}: tokens/s vs plain
 SPEC_DECISIONS = "specd:speculation_step_decisions"  # verifier counter {route, reason}
+SPEC_PACE = "specd:speculation_step_pace"  # verifier gauge: steps' speed vs the prices held
 KV_USAGE = "specd:kv_cache_usage_perc"  # verifier gauge, 0..1
 RUNNING = "specd:num_requests_running"  # verifier gauge
 WAITING = "specd:num_requests_waiting"  # verifier gauge

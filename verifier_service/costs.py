@@ -123,11 +123,13 @@ class StepCosts:
         # the pace of now. Without it, only the k being run followed the machine, and the
         # others kept the speed of when they last ran: at batch 4, plain steps went from
         # 42 to 53 ms as the host slowed, k = 1 kept the 82 ms of a fast minute, and
-        # `auto` drafted at k = 1 for ~70 steps, at 88 tok/s where plain made 94. A k
-        # measured `_OWN` times moves the pace by how far its step ran from its price (so
-        # its own drift is taken as the machine's: what corrects the price of one k
-        # against another is running the other, as exploring does); a k measured fewer
-        # times learns its price instead.
+        # `auto` drafted at k = 1 for ~70 steps, at 88 tok/s where plain made 94.
+        # A running k's drift cannot be told from the machine's, so a k whose price has
+        # settled (measured 1 / weight times, where its EMA's weight reaches `weight`)
+        # moves the pace by how far its step ran from its price, and what corrects its
+        # price against another k is running the other (as exploring does); a k measured
+        # fewer times learns its price, whole. Moved from the 9th step on, the first few
+        # fixed k = 1's price against plain at 1.81-1.87 where its steps ran 1.98.
         self.pace_weight = pace_weight
         self.pace = 1.0
 
@@ -137,7 +139,7 @@ class StepCosts:
     def record(self, sequences: int, k: int, seconds: float) -> None:
         if sequences <= 0 or k < 0 or not seconds > 0:
             return
-        held = self._own(sequences, k)
+        held = self._settled(sequences, k)
         if held is not None:  # geometric, so one stalled step moves it by its root
             ratio = seconds / (self.pace * held)
             self.pace = min(_PACE_MAX, max(1 / _PACE_MAX, self.pace * ratio**self.pace_weight))
@@ -164,12 +166,15 @@ class StepCosts:
             return None
         return self._own(sequences, k) or _affine(curve, k)
 
-    def _own(self, sequences: int, k: int) -> float | None:
-        """The price held for (sequences, k) once measured `_OWN` times, else None."""
+    def _own(self, sequences: int, k: int, samples: float = _OWN) -> float | None:
+        """The price held for (sequences, k) once measured `samples` times, else None."""
         curve, size = self._curve(sequences, k), sequences if k == 0 else k
-        if curve is None or curve.samples(size) < _OWN:
+        if curve is None or curve.samples(size) < samples:
             return None
         return curve.measured()[size]
+
+    def _settled(self, sequences: int, k: int) -> float | None:
+        return self._own(sequences, k, 1 / self.weight)
 
     def measured(self) -> dict[tuple[int, int], float]:
         out = {(b, 0): s for b, s in self._plain.measured().items()}

@@ -132,6 +132,7 @@ def test_metrics_move_by_exactly_the_expected_amounts(traced):
     assert moved(v, "specd:drafter_round_trip_seconds_count") >= rounds
     assert moved("drafter", "specd:drafter_rounds_total") >= rounds
     assert total(after[v], "specd:kv_cache_usage_perc") == 0.0
+    assert 0.25 <= total(after[v], "specd:speculation_step_pace") <= 4.0
     assert off.speculation.rounds == 0
 
 

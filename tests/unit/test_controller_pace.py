@@ -9,7 +9,7 @@ from verifier_service.costs import StepCosts
 CODE_ACCEPT = [0.87, 0.8, 0.75, 0.7, 0.65, 0.6]
 
 
-def learned(costs: StepCosts, prices: dict[int, float], batch: int = 4, times: int = 20) -> None:
+def learned(costs: StepCosts, prices: dict[int, float], batch: int = 4, times: int = 40) -> None:
     for _ in range(times):
         for k, seconds in prices.items():
             costs.record(batch, k, seconds)
@@ -35,10 +35,12 @@ def test_a_k_not_run_is_priced_at_the_pace_of_now():
 def test_a_k_measured_a_few_times_learns_its_price_and_leaves_the_pace():
     costs = StepCosts()
     learned(costs, {0: 0.040})
-    for _ in range(3):  # new, and dearer than any line through plain would say
+    for _ in range(30):  # new, and dearer than its first steps said: its mean, whole
         costs.record(4, 3, 0.150)
+    for _ in range(3):
+        costs.record(4, 3, 0.180)
     assert costs.pace == 1.0
-    assert costs(4, 3) == pytest.approx(0.150)
+    assert costs(4, 3) == pytest.approx((29 * 0.150 + 3 * 0.180) / 32)
     costs.record(4, 0, 0.040 * 100)  # one stalled step moves the pace by its fifth root
     assert costs.pace == pytest.approx(100**0.2)
     for _ in range(200):  # never past a factor of 4 however slow the steps run

@@ -236,7 +236,7 @@ class Controller:
                 continue
             if good is None and cfg.costs:
                 good = self._drafts_at(candidates, fixed, cfg.good_acceptance)
-            if eligible[i].cap and (not cfg.costs or self._alone_drafts(c) or not good):
+            if eligible[i].cap and (not cfg.costs or not good or self._alone_drafts(c)):
                 reasons.append("off:cost")
             elif c.probe and c.cap:
                 reasons.append("probe")

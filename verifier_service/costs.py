@@ -125,9 +125,10 @@ class StepCosts:
         # 42 to 53 ms as the host slowed, k = 1 kept the 82 ms of a fast minute, and
         # `auto` drafted at k = 1 for ~70 steps, at 88 tok/s where plain made 94.
         # A running k's drift cannot be told from the machine's, so a k whose price has
-        # settled (measured 1 / weight times, where its EMA's weight reaches `weight`)
-        # moves the pace by how far its step ran from its price, and what corrects its
-        # price against another k is running the other (as exploring does); a k measured
+        # settled (measured 1 / weight times, where its EMA's weight reaches `weight`, and
+        # at least `_OWN`) moves the pace by how far its step ran from its price, and what
+        # corrects its price against another k is running the other (as exploring does,
+        # and as the depths of one plan do where its drafter stops short); a k measured
         # fewer times learns its price, whole. Moved from the 9th step on, the first few
         # fixed k = 1's price against plain at 1.81-1.87 where its steps ran 1.98.
         self.pace_weight = pace_weight
@@ -174,7 +175,7 @@ class StepCosts:
         return curve.measured()[size]
 
     def _settled(self, sequences: int, k: int) -> float | None:
-        return self._own(sequences, k, 1 / self.weight)
+        return self._own(sequences, k, max(_OWN, 1 / self.weight))
 
     def measured(self) -> dict[tuple[int, int], float]:
         out = {(b, 0): s for b, s in self._plain.measured().items()}

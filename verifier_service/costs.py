@@ -172,7 +172,7 @@ class StepCosts:
         curve, size = self._curve(sequences, k), sequences if k == 0 else k
         if curve is None or curve.samples(size) < samples:
             return None
-        return curve.measured()[size]
+        return curve(size)  # a measured size: its own price (no copy of the curve)
 
     def _settled(self, sequences: int, k: int) -> float | None:
         return self._own(sequences, k, max(_OWN, 1 / self.weight))

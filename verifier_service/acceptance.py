@@ -10,11 +10,16 @@ from dataclasses import dataclass, field
 def expected_tokens(accept: list[float], k: int) -> float:
     """E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i: the bonus/recovered token plus each draft
     position reached and accepted (a position past the measured ones repeats the last)."""
-    total, p = 1.0, 1.0
+    return expected_table(accept, k)[k]
+
+
+def expected_table(accept: list[float], k: int) -> list[float]:
+    """[E(0), E(1), ..., E(k)] (`expected_tokens`) in one pass."""
+    out, p = [1.0], 1.0
     for j in range(k):
         p *= accept[min(j, len(accept) - 1)] if accept else 0.0
-        total += p
-    return total
+        out.append(out[-1] + p)
+    return out
 
 
 @dataclass

@@ -39,41 +39,12 @@ comes back by itself. Pure Python (no torch): the unit tests feed it recorded ti
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
-from verifier_service.acceptance import PositionAcceptance, expected_tokens
+from verifier_service.acceptance import PositionAcceptance
 from verifier_service.costs import StepCostModel
 from verifier_service.route_acceptance import RouteAcceptance
-
-
-@dataclass
-class Candidate:
-    """One decoding sequence of an `auto` request, as the controller sees it."""
-
-    cap: int  # the most drafts the route and the sequence allow this step
-    accept: list[float]  # a_i by position
-    probe: bool = False  # due a probe round if it is off for acceptance
-    floor: float = 0.0  # the route's min_acceptance: below it a_1 is off for acceptance
-    behind: int = 0  # tokens the drafter catches up on first (0: it drafted last step)
-    remaining: int = 0  # tokens the request may still generate (0: unknown)
-    # c_i: the chance that its drafter, having drafted i + 1 tokens, drafts another (its
-    # route's; [] = it always drafts all k). The drafter stops a round after an unsure
-    # draft (`--draft-p-min`), so how deep a round planned at k goes depends on the route
-    goes_on: list[float] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Fixed:
-    """The rest of the step's decoding sequences (plain, forced or bounded k), which the
-    plan does not change."""
-
-    sequences: int = 0
-    rows: float = 0  # expected (drafts come short where a drafter stops early)
-    tokens: float = 0.0
-    k: int = 0  # the most drafts of any of them
-    # P(the deepest of their rounds drafts at least j tokens), j = 1..k (`deepest`);
-    # () = all k come
-    reach: tuple[float, ...] = ()
+from verifier_service.step_shape import Candidate, Fixed, arm_shapes, step_shape
 
 
 @dataclass(frozen=True)
@@ -136,6 +107,7 @@ class ControllerConfig:
     horizon: int = 32
 
 
+NOTHING_FIXED = Fixed()  # a step of candidates only
 GOES_ON_PRIOR = 2.0  # rounds the prior of always drafting on weighs (`Controller.goes_on`)
 GOES_ON_ROUNDS = 64.0  # the most rounds a route's c_i remember
 
@@ -196,7 +168,9 @@ class Controller:
         else:
             seq.decay(c.sequence_decay)
 
-    def plan(self, candidates: list[Candidate], fixed: Fixed = Fixed(), dip: bool = False) -> Plan:
+    def plan(
+        self, candidates: list[Candidate], fixed: Fixed = NOTHING_FIXED, dip: bool = False
+    ) -> Plan:
         """Drafts per candidate for one step, beside the `fixed` rest of the batch.
 
         `dip`: the batch was larger a moment ago, or sequences wait to join it, so a plan
@@ -353,14 +327,12 @@ class Controller:
         steps beyond the time `rate` would take for their tokens (nothing where nothing
         predicts them), and its switch whole (an episode is too short to spread it)."""
         ks = [min(k, c.cap) for c in candidates]
-        shape = _shape(candidates, ks, fixed)
+        shape = step_shape(candidates, ks, fixed)
         step = self._expected_s(*shape)
         sequences, reach_max, rows, _ = shape
         if not self.costs.known(sequences, len(reach_max), rows):
             rate = 0.0
-        tokens = fixed.tokens + sum(
-            expected_tokens(c.accept, j) for c, j in zip(candidates, ks, strict=True)
-        )
+        tokens = fixed.tokens + sum(c.tokens(j) for c, j in zip(candidates, ks, strict=True))
         loss = self.config.explore_steps * (step - tokens / rate) if rate > 0 else 0.0
         return max(loss, 0.0) + self.costs.switch_s(*_switching(candidates, ks))
 
@@ -369,7 +341,7 @@ class Controller:
 
     def _alone_drafts(self, c: Candidate) -> bool:
         """Whether `c` would draft as the step's only sequence."""
-        return self._drafts_at([c], Fixed())
+        return self._drafts_at([c], NOTHING_FIXED)
 
     def _drafts_at(
         self, candidates: list[Candidate], fixed: Fixed, accept: float | None = None
@@ -385,12 +357,10 @@ class Controller:
         """Predicted tokens/s when every candidate drafts min(k, its cap), k = 0..max cap."""
         top = max((c.cap for c in candidates), default=0)
         out = []
-        for k in range(top + 1):
+        for k, shape in enumerate(arm_shapes(candidates, fixed, top)):
             ks = [min(k, c.cap) for c in candidates]
-            tokens = fixed.tokens + sum(
-                expected_tokens(c.accept, j) for c, j in zip(candidates, ks, strict=True)
-            )
-            seconds = self._step_s(candidates, ks, fixed) + self._switch_s(candidates, ks)
+            tokens = fixed.tokens + sum(c.tokens(j) for c, j in zip(candidates, ks, strict=True))
+            seconds = self._expected_s(*shape) + self._switch_s(candidates, ks)
             out.append(tokens / seconds if seconds > 0 else 0.0)
         return out
 
@@ -402,9 +372,7 @@ class Controller:
         if not extra:
             return 0.0
         steps = [
-            c.remaining / expected_tokens(c.accept, k)
-            for c, k in zip(candidates, ks, strict=True)
-            if c.remaining
+            c.remaining / c.tokens(k) for c, k in zip(candidates, ks, strict=True) if c.remaining
         ]
         horizon = self.config.horizon
         if steps:
@@ -412,7 +380,7 @@ class Controller:
         return extra / horizon
 
     def _step_s(self, candidates: list[Candidate], ks: list[int], fixed: Fixed) -> float:
-        return self._expected_s(*_shape(candidates, ks, fixed))
+        return self._expected_s(*step_shape(candidates, ks, fixed))
 
     def _expected_s(
         self, sequences: int, reach_max: list[float], rows: float, drafting: int
@@ -429,51 +397,6 @@ class Controller:
             if p > 1e-9:
                 total += p * self.costs(sequences, j, rows, drafting)
         return total
-
-
-def reach(goes_on: list[float], k: int) -> list[float]:
-    """P(a round planned at k drafts at least j tokens), j = 1..k: the first always comes,
-    each next one with its chance c_i (the last measured repeats; [] = always)."""
-    out, p = [], 1.0
-    for j in range(k):
-        if j and goes_on:
-            p *= goes_on[min(j - 1, len(goes_on) - 1)]
-        out.append(p)
-    return out
-
-
-def _shape(
-    candidates: list[Candidate], ks: list[int], fixed: Fixed
-) -> tuple[int, list[float], float, int]:
-    """A planned step as the cost model prices it: (sequences, P(its deepest round drafts
-    at least j tokens) by j, the expected rows fed, the sequences drafting). Steps are
-    measured by the drafts that came (verifier_service/costs.py), and a round planned at k
-    comes short where the drafter stops early, more often on some routes than on others: in
-    mixed traffic at c = 1, chat's rounds planned at 3 drafted 1.7 tokens and code's 2.7,
-    so code priced k = 3 at chat's 52 ms a step where its own took 63, and `auto` ran code
-    at k = 3-4 for 0.91 of the fixed k = 6 (BENCHMARKS.md section 53). The deepest round
-    of independent ones: P(deepest >= j) = 1 - prod_s (1 - P(d_s >= j)); the rest of the
-    batch (`fixed`) drafts its k."""
-    rows, drafting = float(fixed.rows), 1 if fixed.k else 0
-    reaches = [list(fixed.reach) or [1.0] * fixed.k]
-    for c, k in zip(candidates, ks, strict=True):
-        r = reach(c.goes_on, k)
-        rows += 1 + sum(r)
-        drafting += 1 if k else 0
-        reaches.append(r)
-    return fixed.sequences + len(ks), deepest(reaches), rows, drafting
-
-
-def deepest(reaches: list[list[float]]) -> list[float]:
-    """Independent rounds, each P(d >= j) by j (`reach`) -> the deepest one's:
-    P(max d >= j) = 1 - prod_s (1 - P(d_s >= j)); its sum is the expected deepest."""
-    out = []
-    for j in range(max((len(r) for r in reaches), default=0)):
-        miss = 1.0
-        for r in reaches:
-            miss *= 1 - (r[j] if j < len(r) else 0.0)
-        out.append(1 - miss)
-    return out
 
 
 def _capped(c: Candidate) -> Candidate:

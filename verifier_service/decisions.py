@@ -12,8 +12,9 @@ from typing import NamedTuple
 
 from specd.config import EngineConfig
 from verifier_service.acceptance import expected_tokens
-from verifier_service.controller import Candidate, Controller, Fixed, deepest, reach
+from verifier_service.controller import Controller
 from verifier_service.sequence import Sequence
+from verifier_service.step_shape import Candidate, Fixed, deepest, reach
 
 
 class Decision(NamedTuple):

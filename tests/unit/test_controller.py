@@ -3,10 +3,11 @@
 import pytest
 
 from verifier_service.acceptance import PositionAcceptance, expected_tokens
-from verifier_service.controller import Candidate, Controller, ControllerConfig
+from verifier_service.controller import Controller, ControllerConfig
 from verifier_service.costs import CostCurve
 from verifier_service.request import SpeculationBounds
 from verifier_service.route_acceptance import RouteAcceptance
+from verifier_service.step_shape import Candidate
 
 # one decode step of the 1.5B target at int4 on the 2-core CPU, by rows in the forward,
 # and one draft step of the 0.5B drafter by sequences, plus a round's fixed part (catch-up,

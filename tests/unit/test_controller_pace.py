@@ -3,8 +3,9 @@ speed of now, not of when it last ran (verifier_service/costs.py, `StepCosts.pac
 
 import pytest
 
-from verifier_service.controller import Candidate, Controller, ControllerConfig
+from verifier_service.controller import Controller, ControllerConfig
 from verifier_service.costs import StepCosts
+from verifier_service.step_shape import Candidate
 
 CODE_ACCEPT = [0.87, 0.8, 0.75, 0.7, 0.65, 0.6]
 

@@ -7,8 +7,9 @@ import random
 import pytest
 
 from verifier_service.acceptance import PositionAcceptance, expected_tokens
-from verifier_service.controller import Candidate, Controller, ControllerConfig
+from verifier_service.controller import Controller, ControllerConfig
 from verifier_service.costs import StepCosts
+from verifier_service.step_shape import Candidate
 
 # whole decode steps of the int4 1.5B target with the 0.5B drafter on the 2-core CPU, the
 # mean seconds by (sequences, k) on held-out code prompts (BENCHMARKS.md section 19)

@@ -1,0 +1,129 @@
+"""What the controller prices a planned step by: the decoding sequences it may change
+(`Candidate`) beside the rest of the batch (`Fixed`), how deep each round is expected to go
+(`reach`, `deepest`), and the step's shape for verifier_service/costs.py: (sequences,
+P(its deepest round drafts at least j tokens) by j, the expected rows fed, the sequences
+drafting). Pure Python, like the controller (verifier_service/controller.py)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from verifier_service.acceptance import expected_table, expected_tokens
+
+
+@dataclass
+class Candidate:
+    """One decoding sequence of an `auto` request, as the controller sees it."""
+
+    cap: int  # the most drafts the route and the sequence allow this step
+    accept: list[float]  # a_i by position
+    probe: bool = False  # due a probe round if it is off for acceptance
+    floor: float = 0.0  # the route's min_acceptance: below it a_1 is off for acceptance
+    behind: int = 0  # tokens the drafter catches up on first (0: it drafted last step)
+    remaining: int = 0  # tokens the request may still generate (0: unknown)
+    # c_i: the chance that its drafter, having drafted i + 1 tokens, drafts another (its
+    # route's; [] = it always drafts all k). The drafter stops a round after an unsure
+    # draft (`--draft-p-min`), so how deep a round planned at k goes depends on the route
+    goes_on: list[float] = field(default_factory=list)
+    # E(k) and P(a round reaches j) up to `cap`, made on first use: a plan asks for them
+    # at every k of every arm it prices (~0.7 ms of a batch-4 step's schedule in service)
+    _tokens: list[float] | None = field(default=None, init=False, repr=False, compare=False)
+    _reach: list[float] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def tokens(self, k: int) -> float:
+        """E(k) of its acceptance (`expected_tokens`)."""
+        if self._tokens is None:
+            self._tokens = expected_table(self.accept, self.cap)
+        return self._tokens[k] if k <= self.cap else expected_tokens(self.accept, k)
+
+    def reach(self, k: int) -> list[float]:
+        """P(a round planned at k drafts at least j tokens), j = 1..k (`reach`)."""
+        if k > self.cap:
+            return reach(self.goes_on, k)
+        if self._reach is None:
+            self._reach = reach(self.goes_on, self.cap)
+        return self._reach[:k]
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """The rest of the step's decoding sequences (plain, forced or bounded k), which the
+    plan does not change."""
+
+    sequences: int = 0
+    rows: float = 0  # expected (drafts come short where a drafter stops early)
+    tokens: float = 0.0
+    k: int = 0  # the most drafts of any of them
+    # P(the deepest of their rounds drafts at least j tokens), j = 1..k (`deepest`);
+    # () = all k come
+    reach: tuple[float, ...] = ()
+
+
+def reach(goes_on: list[float], k: int) -> list[float]:
+    """P(a round planned at k drafts at least j tokens), j = 1..k: the first always comes,
+    each next one with its chance c_i (the last measured repeats; [] = always)."""
+    out, p = [], 1.0
+    for j in range(k):
+        if j and goes_on:
+            p *= goes_on[min(j - 1, len(goes_on) - 1)]
+        out.append(p)
+    return out
+
+
+def step_shape(
+    candidates: list[Candidate], ks: list[int], fixed: Fixed
+) -> tuple[int, list[float], float, int]:
+    """A planned step as the cost model prices it: (sequences, P(its deepest round drafts
+    at least j tokens) by j, the expected rows fed, the sequences drafting). Steps are
+    measured by the drafts that came (verifier_service/costs.py), and a round planned at k
+    comes short where the drafter stops early, more often on some routes than on others: in
+    mixed traffic at c = 1, chat's rounds planned at 3 drafted 1.7 tokens and code's 2.7,
+    so code priced k = 3 at chat's 52 ms a step where its own took 63, and `auto` ran code
+    at k = 3-4 for 0.91 of the fixed k = 6 (BENCHMARKS.md section 53). The deepest round
+    of independent ones: P(deepest >= j) = 1 - prod_s (1 - P(d_s >= j)); the rest of the
+    batch (`fixed`) drafts its k."""
+    rows, drafting = float(fixed.rows), 1 if fixed.k else 0
+    reaches = [list(fixed.reach) or [1.0] * fixed.k]
+    for c, k in zip(candidates, ks, strict=True):
+        r = c.reach(k)
+        rows += 1 + sum(r)
+        drafting += 1 if k else 0
+        reaches.append(r)
+    return fixed.sequences + len(ks), deepest(reaches), rows, drafting
+
+
+def arm_shapes(
+    candidates: list[Candidate], fixed: Fixed, top: int
+) -> list[tuple[int, list[float], float, int]]:
+    """`step_shape` of every arm k = 0..top (each candidate at min(k, its cap)) in one pass,
+    the same numbers: below k a round's P(d >= j) does not depend on k, so the deepest
+    round's first min(k, top) entries are those of all candidates at their caps, and past
+    them only `fixed` reaches."""
+    own = list(fixed.reach) or [1.0] * fixed.k
+    reaches = [c.reach(c.cap) for c in candidates]
+    full = deepest([own, *reaches])
+    sums = [list(itertools.accumulate(r, initial=0.0)) for r in reaches]
+    rest = [1 - (1 - p) for p in own]  # as `deepest` computes a position no candidate reaches
+    shapes = []
+    for k in range(top + 1):
+        rows, drafting = float(fixed.rows), 1 if fixed.k else 0
+        for c, prefix in zip(candidates, sums, strict=True):
+            m = min(k, c.cap)
+            rows += 1 + prefix[m]
+            drafting += 1 if m else 0
+        reach_max = full[:k] + rest[k:]
+        shapes.append((fixed.sequences + len(candidates), reach_max, rows, drafting))
+    return shapes
+
+
+def deepest(reaches: list[list[float]]) -> list[float]:
+    """Independent rounds, each P(d >= j) by j (`reach`) -> the deepest one's:
+    P(max d >= j) = 1 - prod_s (1 - P(d_s >= j)); its sum is the expected deepest."""
+    out = []
+    for j in range(max((len(r) for r in reaches), default=0)):
+        miss = 1.0
+        for r in reaches:
+            miss *= 1 - (r[j] if j < len(r) else 0.0)
+        out.append(1 - miss)
+    return out

@@ -67,11 +67,17 @@ def _check_prefix_cache(value: str) -> None:
         raise ValueError(f"prefix_cache must be one of {', '.join(PREFIX_CACHE)}, got {value!r}")
 
 
+def chunk_invariant(model) -> bool:
+    """Whether every row of the model's forward is computed from its own inputs and its
+    sequence's cache alone (specd.models.llama; False for a model that cannot say)."""
+    return bool(getattr(model, "chunk_invariant", lambda: False)())
+
+
 def prefix_cache_on(setting: str, model) -> bool:
     """A `prefix_cache` setting for this model: `auto` is on where a cached prefix cannot
-    change an output (the model's forward is chunk-invariant, specd.models.llama)."""
+    change an output (the model's forward is chunk-invariant)."""
     if setting == "auto":
-        return bool(getattr(model, "chunk_invariant", lambda: False)())
+        return chunk_invariant(model)
     return setting == "on"
 
 

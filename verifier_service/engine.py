@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from opentelemetry import trace
 
-from specd.config import DEFAULT_KV_TOKENS, EngineConfig, prefix_cache_on
+from specd.config import DEFAULT_KV_TOKENS, EngineConfig, chunk_invariant, prefix_cache_on
 from specd.grammar import Grammars
 from specd.models.paged_kv import PagedKV
 from specd.proposal import Proposer
@@ -77,7 +77,7 @@ class Engine:
         log.info("KV cache: %d blocks of %d (%d tokens, %.0f MiB, %s); prefix cache %s",
                  num_blocks, bs, num_blocks * bs, mib, str(model.kv_dtype).removeprefix("torch."),
                  "on" if prefix_cache else "off")  # fmt: skip
-        self.scheduler = Scheduler(self.kv.allocator, self.config)
+        self.scheduler = Scheduler(self.kv.allocator, self.config, chunk_invariant(model))
         self.proposer = proposer
         self.eos_ids = frozenset(eos_ids or ())
         self._ids = itertools.count()

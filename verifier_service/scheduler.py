@@ -66,9 +66,19 @@ def prefill_target(seq: Sequence) -> int:
 
 
 class Scheduler:
-    def __init__(self, allocator: BlockAllocator, config: EngineConfig):
+    def __init__(
+        self, allocator: BlockAllocator, config: EngineConfig, rows_alone: bool | None = None
+    ):
+        """`rows_alone`: a row's numbers in the forward depend on nothing but its own
+        inputs and its sequence's cache, whatever else the forward holds (the model is
+        chunk-invariant: integer kernels, paged attention; specd.models.llama). Then
+        batch-invariant steps need not keep prefill and decode apart. None: not known."""
         self.allocator = allocator
         self.config = config
+        # batch-invariant decoding without such rows: a decode step holds no prefill rows
+        # (whose forward takes other kernels), so a prompt that joins stalls the batch for
+        # a whole forward (~40 ms for a cached prompt's last token at c = 4 on the 2-core CPU)
+        self.separate_prefill = config.batch_invariant and not rows_alone
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._last_was_prefill = False
@@ -93,7 +103,7 @@ class Scheduler:
         budget = self.config.max_batched_tokens
         decode = self._schedule_decode(budget)
         budget -= sum(1 + s.k for s in decode)
-        if self.config.batch_invariant and decode:
+        if self.separate_prefill and decode:
             # decode/verification forwards must not mix with prefill (different kernels);
             # alternate when both are waiting so neither starves, and decode whenever no
             # prefill can be scheduled (e.g. the batch is full)

@@ -127,6 +127,9 @@ class Controller:
         self._planned = 0  # steps planned outside episodes (the episodes' clock)
         self._episodes: dict[tuple[int, int], tuple[float, int]] = {}  # (B, k): (n, when)
         self.budget_s = self.config.explore_cap_s  # what exploring and probing may spend
+        # a plan prices the same step shapes more than once (each candidate at a good
+        # acceptance, each alone): their expected seconds, kept for one plan
+        self._priced: dict[tuple, float] = {}
 
     def route_rates(self, route: str) -> list[float]:
         """A route's a_i over the prior: what each of its sequences starts from (one
@@ -194,6 +197,7 @@ class Controller:
         probes (a probe would catch up too)."""
         if not candidates:
             return Plan([], [], 1.0)
+        self._priced = {}  # this plan's steps by shape: the prices hold while it plans
         eligible = [c if c.accept[0] >= c.floor else _capped(c) for c in candidates]
         cfg = self.config
         if cfg.costs and dip and any(c.behind for c in candidates):
@@ -388,14 +392,19 @@ class Controller:
         """The expected step: its price at each depth its deepest round may reach, by the
         chance of that depth (steps are not affine in the drafts: k = 1 pays a round's
         fixed part)."""
+        key = (sequences, tuple(reach_max), rows, drafting)
+        if key in self._priced:
+            return self._priced[key]
         if not reach_max:
-            return self.costs(sequences, 0, rows, drafting)
-        total, p_next = 0.0, 0.0
-        for j in range(len(reach_max), 0, -1):  # P(deepest = j) = P(>= j) - P(>= j + 1)
-            p = reach_max[j - 1] - p_next
-            p_next = reach_max[j - 1]
-            if p > 1e-9:
-                total += p * self.costs(sequences, j, rows, drafting)
+            total = self.costs(sequences, 0, rows, drafting)
+        else:
+            total, p_next = 0.0, 0.0
+            for j in range(len(reach_max), 0, -1):  # P(deepest = j) = P(>= j) - P(>= j + 1)
+                p = reach_max[j - 1] - p_next
+                p_next = reach_max[j - 1]
+                if p > 1e-9:
+                    total += p * self.costs(sequences, j, rows, drafting)
+        self._priced[key] = total
         return total
 
 

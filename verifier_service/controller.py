@@ -108,6 +108,7 @@ class ControllerConfig:
 
 
 NOTHING_FIXED = Fixed()  # a step of candidates only
+DIP_CATCH_UP = 4  # tokens a candidate may be behind and still start drafting in a dip
 GOES_ON_PRIOR = 2.0  # rounds the prior of always drafting on weighs (`Controller.goes_on`)
 GOES_ON_ROUNDS = 64.0  # the most rounds a route's c_i remember
 
@@ -186,7 +187,12 @@ class Controller:
         Letting those that drafted last step go on beside it kept a batch of 4 drafting
         from wave to wave, where it made 35 tok/s against 53 plain: the batch that comes
         back must decide from plain, behind the full `margin` (BENCHMARKS.md section 46).
-        A dip where every candidate drafted last step plans as any other step.
+        A dip where no candidate is more than `DIP_CATCH_UP` tokens behind plans as any
+        other step: those few (what it decoded plain over the last step or two, as when
+        its batch's last step was plain for a request's last token) ride in its round's
+        first drafter forward. Kept plain for the whole second of a dip, the last request
+        of a c = 2 cell decoded 18 steps alone at 28 tok/s where k = 6 makes ~57
+        (BENCHMARKS.md section 55).
 
         A candidate left at k = 0 is `off:cost` when it would draft alone (the batch makes
         drafting too dear) or when the step would not draft even if every candidate
@@ -200,7 +206,7 @@ class Controller:
         self._priced = {}  # this plan's steps by shape: the prices hold while it plans
         eligible = [c if c.accept[0] >= c.floor else _capped(c) for c in candidates]
         cfg = self.config
-        if cfg.costs and dip and any(c.behind for c in candidates):
+        if cfg.costs and dip and any(c.behind > DIP_CATCH_UP for c in candidates):
             self.drafting = False  # the batch that comes back decides from plain
             return Plan([0] * len(candidates), ["off:cost"] * len(candidates), 1.0)
         if cfg.costs:

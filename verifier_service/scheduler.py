@@ -66,13 +66,11 @@ def prefill_target(seq: Sequence) -> int:
 
 
 class Scheduler:
-    def __init__(
-        self, allocator: BlockAllocator, config: EngineConfig, rows_alone: bool | None = None
-    ):
+    def __init__(self, allocator: BlockAllocator, config: EngineConfig, rows_alone: bool = False):
         """`rows_alone`: a row's numbers in the forward depend on nothing but its own
         inputs and its sequence's cache, whatever else the forward holds (the model is
         chunk-invariant: integer kernels, paged attention; specd.models.llama). Then
-        batch-invariant steps need not keep prefill and decode apart. None: not known."""
+        batch-invariant steps need not keep prefill and decode apart."""
         self.allocator = allocator
         self.config = config
         # batch-invariant decoding without such rows: a decode step holds no prefill rows

@@ -182,12 +182,15 @@ def test_deadline_exceeded(client, cluster):
     # drafting forced on, 500 tokens: ~2 s here, where `auto` took 0.8 s and a lent GPU
     # host's 16 cores finished 400 `auto` tokens inside the 0.3 s. (A deadline cut to the
     # machine's own pace instead left ~0.09 s, and the whole suite's load put 0.19 s
-    # between the call and its error)
+    # between the call and its error). The error comes well before the ~2 s the request
+    # would take, but not always within 0.1 s of the deadline: the client shares this
+    # process with the engines' threads, and under the whole suite's load one clean
+    # clone saw it 0.17 s late
     started = time.monotonic()
     with pytest.raises(grpc.RpcError) as err:
         client.generate("abc", max_new_tokens=500, ignore_eos=True, speculation="on", timeout=0.3)
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert time.monotonic() - started < 0.3 + 0.1
+    assert time.monotonic() - started < 0.3 + 0.4
     assert wait_idle(cluster, timeout=1.0)  # both caches freed, not left to expire
 
 

@@ -87,7 +87,7 @@ def step_shape(
     reaches = [list(fixed.reach) or [1.0] * fixed.k]
     for c, k in zip(candidates, ks, strict=True):
         r = c.reach(k)
-        rows += 1 + sum(r)
+        rows += 1 + running_sums(r)[-1]
         drafting += 1 if k else 0
         reaches.append(r)
     return fixed.sequences + len(ks), deepest(reaches), rows, drafting
@@ -103,7 +103,7 @@ def arm_shapes(
     own = list(fixed.reach) or [1.0] * fixed.k
     reaches = [c.reach(c.cap) for c in candidates]
     full = deepest([own, *reaches])
-    sums = [list(itertools.accumulate(r, initial=0.0)) for r in reaches]
+    sums = [running_sums(r) for r in reaches]
     rest = [1 - (1 - p) for p in own]  # as `deepest` computes a position no candidate reaches
     shapes = []
     for k in range(top + 1):
@@ -115,6 +115,14 @@ def arm_shapes(
         reach_max = full[:k] + rest[k:]
         shapes.append((fixed.sequences + len(candidates), reach_max, rows, drafting))
     return shapes
+
+
+def running_sums(values: list[float]) -> list[float]:
+    """0 and each prefix's sum, added left to right. `step_shape` and `arm_shapes` both sum
+    a round's reach this way, so an arm is priced the same numbers either way on every
+    Python (from 3.12 the built-in `sum` of floats compensates its rounding, so its last
+    bit can differ from the prefix sums')."""
+    return list(itertools.accumulate(values, initial=0.0))
 
 
 def deepest(reaches: list[list[float]]) -> list[float]:

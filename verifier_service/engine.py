@@ -16,6 +16,7 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -87,6 +88,10 @@ class Engine:
         self.totals = SpecStats()  # every round since start (for load reports and metrics)
         self.tree_rounds = self.branches_taken = 0  # rounds with alternatives; won by one
         self.tracer = telemetry.tracer if telemetry is not None and telemetry.tracing else None
+        # called once in each step that runs the model, where the step's Python ends and
+        # the thread goes to wait (on the drafter's round where the step drafts, else on
+        # the native forward): frontend.py hands the last step's outputs on there
+        self.before_forward: Callable[[], None] | None = None
 
     # -- requests ----------------------------------------------------------------------------
     def add_request(self, request: Request) -> int:
@@ -147,8 +152,13 @@ class Engine:
 
     def _run_step(self, plan: tuple[Slot, ...]) -> list[StepOutput]:
         t0 = time.perf_counter()
+        drafting = any(s.decode and s.k for s in plan)
+        if drafting:  # the thread waits from here on the drafter's round
+            self._leaving_python()
         rounds = draft_rounds(plan, self.proposer, self.model.args.vocab_size)
         t1 = time.perf_counter()
+        if not drafting:
+            self._leaving_python()
         logits = self._forward(rounds)
         t2 = time.perf_counter()
         catch_up = _catch_up(rounds)  # before the commit moves the sequences on
@@ -162,6 +172,10 @@ class Engine:
             seconds = time.perf_counter() - t0
             self.scheduler.controller.costs.record_step(ks, seconds, catch_up, stopping)
         return [out for out in outputs if out is not None]
+
+    def _leaving_python(self) -> None:
+        if self.before_forward is not None:
+            self.before_forward()
 
     def _forward(self, rounds: list[Round]) -> torch.Tensor:
         decode_only = all(r.slot.decode for r in rounds)

@@ -31,7 +31,7 @@ def test_a_steps_outputs_go_to_the_event_loop_where_the_next_step_leaves_python(
     plans; sent as their step ends, they came before its planning. Every request still
     gets all its tokens, in order, and what it gets stepping the engine directly."""
     k = 2 if drafting else 0
-    reqs = [dict(prompt=p, max_new_tokens=12, num_draft=k) for p in PROMPTS]
+    reqs = [dict(prompt=p, max_new_tokens=16, num_draft=k) for p in PROMPTS]
     want = list(run_engine(_engine(tiny_pair, drafting), reqs).values())
     engine = _engine(tiny_pair, drafting)
     events = []
@@ -77,11 +77,11 @@ def test_a_steps_outputs_go_to_the_event_loop_where_the_next_step_leaves_python(
     assert got == want
     assert engine.kv.allocator.num_used == 0
     sends = [i for i, e in enumerate(events) if e == "send"]
-    assert len(sends) > 10
+    assert len(sends) >= 8
     for i in sends:
         if "forward" not in events[i + 1 :]:
             continue  # the last outputs: sent when the work ran out
         assert events[i - 1] == "plan", events[i - 3 : i + 3]
         assert events[i + 1] in ("draft", "forward"), events[i - 3 : i + 3]
     if drafting:  # sent before the drafter's round, which the thread waits on too
-        assert sum(events[i + 1] == "draft" for i in sends[:-1]) > 5
+        assert sum(events[i + 1] == "draft" for i in sends[:-1]) >= 4

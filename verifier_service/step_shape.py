@@ -30,6 +30,7 @@ class Candidate:
     # at every k of every arm it prices (~0.7 ms of a batch-4 step's schedule in service)
     _tokens: list[float] | None = field(default=None, init=False, repr=False, compare=False)
     _reach: list[float] | None = field(default=None, init=False, repr=False, compare=False)
+    _fed: list[float] | None = field(default=None, init=False, repr=False, compare=False)
 
     def tokens(self, k: int) -> float:
         """E(k) of its acceptance (`expected_tokens`)."""
@@ -44,6 +45,15 @@ class Candidate:
         if self._reach is None:
             self._reach = reach(self.goes_on, self.cap)
         return self._reach[:k]
+
+    def fed(self, k: int) -> float:
+        """Drafts a round planned at k is expected to feed the forward: the sum of its
+        `reach`, added left to right (`running_sums`) whichever shape function asks."""
+        if k > self.cap:
+            return running_sums(reach(self.goes_on, k))[-1]
+        if self._fed is None:
+            self._fed = running_sums(self.reach(self.cap))
+        return self._fed[k]
 
 
 @dataclass(frozen=True)
@@ -86,10 +96,9 @@ def step_shape(
     rows, drafting = float(fixed.rows), 1 if fixed.k else 0
     reaches = [list(fixed.reach) or [1.0] * fixed.k]
     for c, k in zip(candidates, ks, strict=True):
-        r = c.reach(k)
-        rows += 1 + running_sums(r)[-1]
+        rows += 1 + c.fed(k)
         drafting += 1 if k else 0
-        reaches.append(r)
+        reaches.append(c.reach(k))
     return fixed.sequences + len(ks), deepest(reaches), rows, drafting
 
 
@@ -103,14 +112,13 @@ def arm_shapes(
     own = list(fixed.reach) or [1.0] * fixed.k
     reaches = [c.reach(c.cap) for c in candidates]
     full = deepest([own, *reaches])
-    sums = [running_sums(r) for r in reaches]
     rest = [1 - (1 - p) for p in own]  # as `deepest` computes a position no candidate reaches
     shapes = []
     for k in range(top + 1):
         rows, drafting = float(fixed.rows), 1 if fixed.k else 0
-        for c, prefix in zip(candidates, sums, strict=True):
+        for c in candidates:
             m = min(k, c.cap)
-            rows += 1 + prefix[m]
+            rows += 1 + c.fed(m)
             drafting += 1 if m else 0
         reach_max = full[:k] + rest[k:]
         shapes.append((fixed.sequences + len(candidates), reach_max, rows, drafting))
@@ -118,10 +126,9 @@ def arm_shapes(
 
 
 def running_sums(values: list[float]) -> list[float]:
-    """0 and each prefix's sum, added left to right. `step_shape` and `arm_shapes` both sum
-    a round's reach this way, so an arm is priced the same numbers either way on every
-    Python (from 3.12 the built-in `sum` of floats compensates its rounding, so its last
-    bit can differ from the prefix sums')."""
+    """0 and each prefix's sum, added left to right: the same numbers on every Python (from
+    3.12 the built-in `sum` of floats compensates its rounding, so its last bit can differ
+    from the prefix sums', and `step_shape` and `arm_shapes` priced an arm differently)."""
     return list(itertools.accumulate(values, initial=0.0))
 
 

@@ -208,8 +208,8 @@ class StepCostModel:
         # they all were (and it guessed the bonus token) the next round costs no drafter
         # time. At c = 1 on code a quarter of the k = 6 steps took 59 ms and the rest 125:
         # one price per depth for both mixed them by how each k had run (a k explored
-        # from another finds nothing drafted ahead for it), and `auto` held k = 4 where a
-        # steady k = 6 makes more (BENCHMARKS.md section 57). So these are kept apart: their
+        # from another finds nothing drafted ahead for it), and `auto` held k = 4 where
+        # k = 6 made 8% more (BENCHMARKS.md section 57). So these are kept apart: their
         # seconds by (sequences, depth), and per batch size the share of the steps that
         # could be ready (every drafting sequence's last round accepted all of its drafts)
         # that were (`primed_ready`). The drafting-step prices hold the other steps.
@@ -272,8 +272,8 @@ class StepCostModel:
 
     def primed_ready(self, sequences: int) -> float:
         """The share of primed steps of this batch size whose drafts were ready (0 before
-        any): 0.3-0.5 at c = 1 on the CPU pair (where the drafter guessed the bonus token);
-        ~0 at batch 2 and more, as every sequence's drafts must be ready."""
+        any): at c = 1 ~0.3, where the drafter guessed the bonus token; at batch 2 and
+        more ~0, as every sequence's drafts must be ready."""
         return self._primed.get(sequences, 0.0)
 
     def ready_saving(self, sequences: int, k: int) -> float:

@@ -4,7 +4,7 @@ For the B decoding sequences of one step, drafting k tokens for sequence s (k_s 
 route's k) predicts
 
     tokens(k) = sum_s E_s(k_s),   E(k) = 1 + sum_{j=1..k} prod_{i=1..j} a_i
-    time(k)   = sum_d P(max_s d_s = d) T(B, d) - R(B, k) + S(k) / H
+    time(k)   = sum_d P(max_s d_s = d) T(B, d) + S(k) / H
 
 with a_i the probability that draft position i is accepted once positions < i were
 (measured per route and per sequence), T(B, d) what a whole decode step of B sequences
@@ -13,25 +13,21 @@ verification), measured online (verifier_service/costs.py), and d_s <= k_s the d
 round planned at k_s brings: the drafter stops after an unsure draft, by route
 (`Candidate.goes_on`). Where T(B, d) is not measured yet it is composed:
 the forward's cost by rows plus a drafter round, scaled by how the measured steps compared
-with their composed estimates. R is what the drafter's work ahead saves: a round whose
-drafts are ready when asked for (the last round accepted all of them and the drafter
-guessed its bonus token) waits on no drafter forward, so T holds the steps that waited,
-and R = g(B) prod_s (E_s(k_s) - E_s(k_s - 1)) (T(B, k) - T_ready(B, k)), g the measured
-share of such primed steps that found their drafts ready (verifier_service/costs.py).
-S(k) is what switching costs, measured on the steps that switched: the drafter catching up
-(a new prompt, or what it skipped while plain) for those that start drafting, and drafting
-ahead for those that stop; H is the steps the sequences may run so (their remaining tokens
-/ E, at most `horizon`). In a dip, where the batch was larger a moment ago or more
-sequences wait to join it, no sequence starts catching up. A tie per step is thus no
-reason to flip: every flip pays S (BENCHMARKS.md section 20). Plain decoding is tokens =
-B, time = T(B, 0) + S(0) / H. The controller takes the k with the best tokens/time for
-every sequence of the step at once (a sequence under its route's `min_acceptance` is left
-out), with hysteresis: from plain it needs `margin` better, once drafting it stays while
-`stay_margin` better (both scaled by (B - 1) / B: one sequence alone decides on the
-prediction). One episode of `explore_steps` in `explore_every` steps runs the least
-measured k among those predicted within `explore_window` of the best (narrowing as 1 /
-sqrt(1 + its recent episodes)) or never measured at this batch size, so a wrong guess is
-corrected and exploring costs a bounded share of steps. The cost model is optional
+with their composed estimates. S(k) is what switching costs, measured on the steps that
+switched: the drafter catching up (a new prompt, or what it skipped while plain) for
+those that start drafting, and drafting ahead for those that stop; H is the steps the
+sequences may run so (their remaining tokens / E, at most `horizon`). In a dip, where the
+batch was larger a moment ago or more sequences wait to join it, no sequence starts
+catching up. A tie per step is thus no reason to flip: every flip pays S (BENCHMARKS.md
+section 20). Plain decoding is tokens = B, time = T(B, 0) + S(0) / H. The controller
+takes the k with the best tokens/time for every sequence of the step at once (a sequence
+under its route's `min_acceptance` is left out), with hysteresis: from plain it needs
+`margin` better, once drafting it stays while `stay_margin` better (both scaled by
+(B - 1) / B: one sequence alone decides on the prediction). One episode of
+`explore_steps` in `explore_every` steps runs the least measured k among those predicted
+within `explore_window` of the best (narrowing as 1 / sqrt(1 + its recent episodes)) or
+never measured at this batch size, so a wrong guess is corrected and exploring costs a
+bounded share of steps. The cost model is optional
 (`ControllerConfig.costs`, the engine's `cost_model`); without it every eligible sequence
 drafts its cap.
 
@@ -342,7 +338,7 @@ class Controller:
         predicts them), and its switch whole (an episode is too short to spread it)."""
         ks = [min(k, c.cap) for c in candidates]
         shape = step_shape(candidates, ks, fixed)
-        step = self._priced_s(candidates, ks, fixed, shape)
+        step = self._expected_s(*shape)
         sequences, reach_max, rows, _ = shape
         if not self.costs.known(sequences, len(reach_max), rows):
             rate = 0.0
@@ -374,7 +370,7 @@ class Controller:
         for k, shape in enumerate(arm_shapes(candidates, fixed, top)):
             ks = [min(k, c.cap) for c in candidates]
             tokens = fixed.tokens + sum(c.tokens(j) for c, j in zip(candidates, ks, strict=True))
-            seconds = self._priced_s(candidates, ks, fixed, shape) + self._switch_s(candidates, ks)
+            seconds = self._expected_s(*shape) + self._switch_s(candidates, ks)
             out.append(tokens / seconds if seconds > 0 else 0.0)
         return out
 
@@ -394,24 +390,7 @@ class Controller:
         return extra / horizon
 
     def _step_s(self, candidates: list[Candidate], ks: list[int], fixed: Fixed) -> float:
-        return self._priced_s(candidates, ks, fixed, step_shape(candidates, ks, fixed))
-
-    def _priced_s(self, candidates: list[Candidate], ks: list[int], fixed: Fixed, shape) -> float:
-        """The expected step of this shape, less what its drafts being ready saves times
-        the chance they are: in a steady run at these ks, each drafting candidate's last
-        round accepted all of its k (prod a_i = E(k) - E(k - 1)), and of such steps the
-        measured share had them ready (`primed_ready`). None where a candidate catches the
-        drafter up or the rest of the batch drafts (its rounds are not priced here)."""
-        seconds = self._expected_s(*shape)
-        sequences, reach_max = shape[0], shape[1]
-        share = self.costs.primed_ready(sequences)
-        if not reach_max or not share or fixed.k:
-            return seconds
-        full = 1.0
-        for c, k in zip(candidates, ks, strict=True):
-            if k:
-                full *= 0.0 if c.behind else c.tokens(k) - c.tokens(k - 1)
-        return seconds - share * full * self.costs.ready_saving(sequences, len(reach_max))
+        return self._expected_s(*step_shape(candidates, ks, fixed))
 
     def _expected_s(
         self, sequences: int, reach_max: list[float], rows: float, drafting: int

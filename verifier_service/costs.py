@@ -11,7 +11,6 @@ from bisect import bisect_left
 _FIT_CAP = 16  # the most samples one k weighs in a drafting-step line (StepCosts)
 _OWN = 8  # samples after which a k takes its own measured price, not the line's
 _PACE_MAX = 4.0  # the machine's pace against the prices held stays within 1/4 .. 4
-_READY_WEIGHT = 0.05  # the EMA weight of `StepCostModel.primed_ready`'s share
 
 
 class CostCurve:
@@ -203,19 +202,6 @@ class StepCostModel:
         # off, by the sequences stopping (the drafter is still drafting ahead for them)
         self.switch_on = CostCurve()
         self.switch_off = CostCurve()
-        # Steps whose drafts were ready when asked for: the drafter drafts the next round
-        # ahead while the verifier verifies, as if every draft will be accepted, and where
-        # they all were (and it guessed the bonus token) the next round costs no drafter
-        # time. At c = 1 on code a quarter of the k = 6 steps took 59 ms and the rest 125:
-        # one price per depth for both mixed them by how each k had run (a k explored
-        # from another finds nothing drafted ahead for it), and `auto` held k = 4 where
-        # k = 6 made 8% more (BENCHMARKS.md section 57). So these are kept apart: their
-        # seconds by (sequences, depth), and per batch size the share of the steps that
-        # could be ready (every drafting sequence's last round accepted all of its drafts)
-        # that were (`primed_ready`). The drafting-step prices hold the other steps.
-        self.ready: dict[int, CostCurve] = {}
-        self._primed: dict[int, float] = {}  # sequences -> share of primed steps ready
-        self._primed_n: dict[int, int] = {}
 
     def record_forward(self, rows: int, seconds: float) -> None:
         self.forward.record(rows, seconds)
@@ -225,32 +211,15 @@ class StepCostModel:
             self.draft.setdefault(sequences, CostCurve(origin=True)).record(steps, seconds)
 
     def record_step(
-        self,
-        ks: list[int],
-        seconds: float,
-        catch_up: int = 0,
-        stopping: int = 0,
-        primed: bool = False,
-        ready: bool = False,
+        self, ks: list[int], seconds: float, catch_up: int = 0, stopping: int = 0
     ) -> None:
         """A whole decode step, by the drafts that came for each of its sequences; with
         `catch_up` tokens for the drafter (sequences switching on) or `stopping` sequences
-        (switching off), what it took over the steady step is the switch's cost. `primed`:
-        every drafting sequence's last round accepted all its drafts, so the drafter may
-        have this round ready; `ready`: it had (the step waited on no drafter forward)."""
+        (switching off), what it took over the steady step is the switch's cost."""
         if not ks or not seconds > 0:
             return
         if catch_up or stopping:
             self._record_switch(len(ks), max(ks), seconds, catch_up, stopping)
-            return
-        if primed:
-            n = self._primed_n.get(len(ks), 0) + 1
-            share = self._primed.get(len(ks), 0.0)
-            self._primed[len(ks)] = share + max(_READY_WEIGHT, 1 / n) * (ready - share)
-            self._primed_n[len(ks)] = n
-        if ready:
-            curve = self.ready.setdefault(len(ks), CostCurve(self.steps.weight))
-            curve.record(max(ks), seconds / self.steps.pace)  # held as the steps' prices are
             return
         drafting = [k for k in ks if k]
         composed = self.composed(sum(1 + k for k in ks), len(drafting), max(ks))
@@ -269,21 +238,6 @@ class StepCostModel:
             self.switch_on.record(_power_of_two(catch_up), extra)
         else:
             self.switch_off.record(stopping, extra)
-
-    def primed_ready(self, sequences: int) -> float:
-        """The share of primed steps of this batch size whose drafts were ready (0 before
-        any): at c = 1 ~0.3, where the drafter guessed the bonus token; at batch 2 and
-        more ~0, as every sequence's drafts must be ready."""
-        return self._primed.get(sequences, 0.0)
-
-    def ready_saving(self, sequences: int, k: int) -> float:
-        """What a step of depth k saves when its drafts are ready: its drafting price
-        less the ready one (0 where either is unknown)."""
-        curve, waited = self.ready.get(sequences), self.steps(sequences, k)
-        took = None if curve is None else curve(k)
-        if took is None or waited is None:
-            return 0.0
-        return max(0.0, waited - self.steps.pace * took)
 
     def switch_s(self, catch_up: int, stopping: int) -> float:
         """What switching adds (0 before any such switch was measured)."""

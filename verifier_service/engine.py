@@ -35,9 +35,6 @@ from verifier_service.verify import Verdict, verify_rounds
 
 log = logging.getLogger(__name__)
 
-# drafts that came in under this share of a one-step drafter round were drafted ahead
-READY_SHARE = 0.5
-
 
 @dataclass(frozen=True)
 class EngineLoad:
@@ -156,7 +153,6 @@ class Engine:
     def _run_step(self, plan: tuple[Slot, ...]) -> list[StepOutput]:
         t0 = time.perf_counter()
         drafting = any(s.decode and s.k for s in plan)
-        primed = drafting and all(s.decode and s.seq.primed_k >= s.k for s in plan if s.k)
         if drafting:  # the thread waits from here on the drafter's round
             self._leaving_python()
         rounds = draft_rounds(plan, self.proposer, self.model.args.vocab_size)
@@ -170,13 +166,11 @@ class Engine:
         sampling = [r for r in rounds if r.num_logits > 0]
         verdicts = verify_rounds(sampling, logits, self.model.args.vocab_size)
         outputs = [self._commit(r, verdicts.get(r.slot.seq_id)) for r in rounds]
-        ready = primed and self._drafts_were_ready(rounds, t1 - t0)
-        self._measure(rounds, None if catch_up or ready else t1 - t0, t2 - t1)
+        self._measure(rounds, None if catch_up else t1 - t0, t2 - t1)
         if shape is not None:
             ks, catch_up, stopping = shape
             seconds = time.perf_counter() - t0
-            costs = self.scheduler.controller.costs
-            costs.record_step(ks, seconds, catch_up, stopping, primed, ready)
+            self.scheduler.controller.costs.record_step(ks, seconds, catch_up, stopping)
         return [out for out in outputs if out is not None]
 
     def _leaving_python(self) -> None:
@@ -188,27 +182,12 @@ class Engine:
         self.model.batch_invariant = self.config.batch_invariant and decode_only
         return self.model.forward(self.kv, [r.seq_input() for r in rounds])
 
-    def _drafts_were_ready(self, rounds: list[Round], draft_s: float) -> bool:
-        """Whether the step's drafts came without a drafter forward (its draft-ahead had
-        them all): in under half what the drafter's one-step round is priced for the
-        fewest sequences measured (the price holds rounds that ran; none yet: not ready).
-        The drafter's reply does not say so; its time does: 2-6 ms against 14+ for a
-        round of one forward on the CPU pair. Not the round price of the step's own batch:
-        at batch 2, one sequence's drafts ready and the other's drafted took 14-19 ms,
-        under half of a batch-2 step's price, and counted ready, such steps priced k = 6
-        at 74-123 ms under its drafting steps, and `auto` drafted 6 at c = 2, where 3 is
-        best (BENCHMARKS.md section 57)."""
-        curves = self.scheduler.controller.costs.draft
-        one = curves[min(curves)](1) if curves else None
-        return one is not None and draft_s < READY_SHARE * one
-
     def _measure(self, rounds: list[Round], draft_s: float | None, forward_s: float) -> None:
         """Feed the controller this step's parts: a steady drafter round by sequences
         (None: the drafter caught up first, on a new prompt or tokens decoded plain, which
         the switch curve prices: a fresh verifier's first round, 40 prompt tokens in
         0.35 s against ~0.03 s steady, priced every unmeasured k = 1 step at ~0.45 s), and
-        the forward by rows when it was decode and verification only (prefill apart). A
-        round whose drafts were ready (None too) is no drafter round."""
+        the forward by rows when it was decode and verification only (prefill apart)."""
         costs = self.scheduler.controller.costs
         drafted = [r.k for r in rounds if r.proposal is not None]
         if draft_s is not None:
@@ -246,10 +225,6 @@ class Engine:
         if r.slot.decode:
             seq.decided(r.slot.decision.reason, r.slot.k)
         seq.stats.record(k, accepted)
-        # all its planned drafts came and were accepted: the drafter may have the next
-        # round ready (drafted ahead; not for a constrained sequence)
-        full = k and k == r.slot.k and accepted == k and seq.grammar is None
-        seq.primed_k = k if full else 0
         # the controller learns the round as planned (a round the drafter stopped short
         # missed the position after its last draft), as its step costs are measured
         planned = r.slot.k if k else 0  # drafts come only to decode slots of k > 0

@@ -64,7 +64,6 @@ class Sequence:
     speculation: SpeculationBounds = field(default_factory=lambda: SpeculationBounds())
     decisions: Counter = field(default_factory=Counter)  # reason -> decode steps
     off_steps: int = 0  # decode steps since the last round that drafted (for probes)
-    primed_k: int = 0  # its last round's k where every draft came and was accepted, else 0
     grammar: GrammarState | None = None  # a constrained request's state at `tokens`
 
     def __post_init__(self):

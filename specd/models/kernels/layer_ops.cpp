@@ -87,9 +87,11 @@ void rope_store_rows(const T* qkv, const T* cs, const T* sn, KV* kp, KV* vp, con
   });
 }
 
-void check_rows(const at::Tensor& t, int64_t width, const char* name) {
-  TORCH_CHECK(t.dim() == 2 && t.is_contiguous() && t.size(1) == width, name,
-              " must be a contiguous [T, ", width, "] matrix");
+// `message` is one literal, as every other check's in the kernels. This was their one message
+// formatted from parts (c10::str), and the test that reaches it died of SIGSEGV under
+// torch 2.11+cu130 on a lent GPU host, where the literal checks before it raised.
+void check_rows(const at::Tensor& t, int64_t width, const char* message) {
+  TORCH_CHECK(t.dim() == 2 && t.is_contiguous() && t.size(1) == width, message);
 }
 
 }  // namespace
@@ -97,9 +99,9 @@ void check_rows(const at::Tensor& t, int64_t width, const char* name) {
 // x [T, H] fp32 or bf16, updated in place by `residual` [T, H] (empty: none); w [H].
 at::Tensor add_rms_norm(at::Tensor x, const at::Tensor& residual, const at::Tensor& w, double eps) {
   const int64_t H = w.numel();
-  check_rows(x, H, "x");
+  check_rows(x, H, "x must be a contiguous [T, H] matrix");
   const bool add = residual.numel() > 0;
-  if (add) check_rows(residual, H, "residual");
+  if (add) check_rows(residual, H, "residual must be a contiguous [T, H] matrix");
   TORCH_CHECK(w.is_contiguous() && w.scalar_type() == x.scalar_type() &&
                   (!add || residual.scalar_type() == x.scalar_type()),
               "x, residual and w must share a dtype");
@@ -123,9 +125,10 @@ at::Tensor rope_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
                       at::Tensor k_pool, at::Tensor v_pool, const at::Tensor& slots,
                       int64_t nh, int64_t nkv) {
   const int64_t D = cos.size(1), rows = qkv.size(0);
-  check_rows(qkv, (nh + 2 * nkv) * D, "qkv");
-  check_rows(cos, D, "cos");
-  check_rows(sin, D, "sin");
+  check_rows(qkv, (nh + 2 * nkv) * D,
+             "qkv must be a contiguous [T, (heads + 2 kv_heads) head_dim] matrix");
+  check_rows(cos, D, "cos must be a contiguous [T, D] matrix");
+  check_rows(sin, D, "sin must be a contiguous [T, D] matrix");
   TORCH_CHECK(D % 2 == 0 && cos.size(0) == rows && sin.size(0) == rows, "cos/sin per row");
   TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous() && k_pool.dim() == 3 &&
                   k_pool.size(1) == nkv && k_pool.size(2) == D && v_pool.sizes() == k_pool.sizes(),

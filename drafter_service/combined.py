@@ -29,7 +29,7 @@ class CombinedProposer:
         out: list[Proposal | None] = []
         for s in states:
             tokens = allowed_prefix(s, ngram_propose(s.tokens, s.k, self.max_n, self.min_match))
-            out.append(Proposal(tokens=tokens) if tokens else None)
+            out.append(Proposal(tokens=tokens, ngram=True) if tokens else None)
         rest = [s for s, p in zip(states, out, strict=True) if p is None]
         drafted = iter(self.model.propose(rest) if rest else [])
         return [p if p is not None else next(drafted) for p in out]

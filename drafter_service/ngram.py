@@ -42,7 +42,10 @@ class NgramProposer:
 
     def propose(self, states: list[DraftState]) -> list[Proposal]:
         return [
-            Proposal(tokens=allowed_prefix(s, ngram_propose(s.tokens, s.k, self.max_n, self.min_n)))
+            Proposal(
+                tokens=allowed_prefix(s, ngram_propose(s.tokens, s.k, self.max_n, self.min_n)),
+                ngram=True,
+            )
             for s in states
         ]
 

@@ -37,13 +37,17 @@ class Proposal:
     # alternative leaves (parent, token): a deterministic sibling of tokens[parent], parent
     # in [0, k) (0: the pending token); verified side by side (verifier_service/tree.py)
     alts: list[tuple[int, int]] = field(default_factory=list)
+    # the drafts are an n-gram continuation (drafter_service/ngram.py), found by a lookup
+    # in the committed tokens: no draft model ran for them, so their round costs the
+    # drafter ~nothing and the verifier's step costs keep such rounds apart
+    ngram: bool = False
 
     def first(self, k: int) -> Proposal:
         """The first k drafts, with their q and the alternatives beside them."""
         q_ids = None if self.q_ids is None else self.q_ids[:k]
         q_probs = None if self.q_probs is None else self.q_probs[:k]
         alts = [(parent, t) for parent, t in self.alts if parent < k]
-        return Proposal(list(self.tokens[:k]), q_ids, q_probs, alts)
+        return Proposal(list(self.tokens[:k]), q_ids, q_probs, alts, self.ngram)
 
 
 class Proposer(Protocol):

@@ -14,8 +14,10 @@ log = logging.getLogger(__name__)
 
 
 def proposal_to_proto(p: Proposal, msg: drafter_pb2.SeqProposal) -> None:
-    """Fill a drafter's answer for one sequence: tokens, sparse q, alternatives."""
+    """Fill a drafter's answer for one sequence: tokens, sparse q, alternatives, and
+    whether the tokens are an n-gram continuation."""
     msg.tokens.extend(p.tokens)
+    msg.ngram = p.ngram
     if p.q_ids is not None:
         for ids, probs in zip(p.q_ids.tolist(), p.q_probs.tolist(), strict=True):
             msg.q.add(ids=ids, probs=probs)
@@ -32,7 +34,7 @@ def proposal_from_proto(msg: drafter_pb2.SeqProposal | None, k: int) -> Proposal
     tokens = list(msg.tokens)[:k]
     alts = [(a.parent, a.token) for a in msg.alternatives]
     if not msg.q or len(msg.q) < len(tokens):
-        return Proposal(tokens=tokens, alts=alts)
+        return Proposal(tokens=tokens, alts=alts, ngram=msg.ngram)
     m = max(len(q.ids) for q in msg.q[: len(tokens)])
     ids = torch.zeros(len(tokens), m, dtype=torch.long)
     probs = torch.zeros(len(tokens), m)
@@ -42,4 +44,4 @@ def proposal_from_proto(msg: drafter_pb2.SeqProposal | None, k: int) -> Proposal
     if not torch.isfinite(probs).all() or (probs < 0).any():
         log.warning("drafter sent a q with NaN, inf or negative mass; round dropped")
         return Proposal()
-    return Proposal(tokens=tokens, q_ids=ids, q_probs=probs, alts=alts)
+    return Proposal(tokens=tokens, q_ids=ids, q_probs=probs, alts=alts, ngram=msg.ngram)

@@ -162,7 +162,7 @@ class Engine:
         logits = self._forward(rounds)
         t2 = time.perf_counter()
         catch_up = _catch_up(rounds)  # before the commit moves the sequences on
-        shape = _step_shape(rounds, catch_up)
+        shape = None if _lookup_only(rounds) else _step_shape(rounds, catch_up)
         sampling = [r for r in rounds if r.num_logits > 0]
         verdicts = verify_rounds(sampling, logits, self.model.args.vocab_size)
         outputs = [self._commit(r, verdicts.get(r.slot.seq_id)) for r in rounds]
@@ -190,7 +190,7 @@ class Engine:
         the forward by rows when it was decode and verification only (prefill apart)."""
         costs = self.scheduler.controller.costs
         drafted = [r.k for r in rounds if r.proposal is not None]
-        if draft_s is not None:
+        if draft_s is not None and not _lookup_only(rounds):
             costs.record_draft(len(drafted), max(drafted, default=0), draft_s)
         if all(r.slot.decode for r in rounds):
             costs.record_forward(sum(r.num_logits for r in rounds), forward_s)
@@ -282,6 +282,18 @@ def _catch_up(rounds: list[Round]) -> int:
     """Tokens the drafter catches up on for the sequences drafting this step (a first
     round prefills the prompt; a sequence back from plain, what it skipped)."""
     return sum(r.seq.drafter_behind for r in rounds if r.slot.k)
+
+
+def _lookup_only(rounds: list[Round]) -> bool:
+    """Whether the step drafted and every round's drafts were an n-gram continuation: no
+    draft model ran, so neither the drafter round nor the whole step says what a round of
+    the draft model costs. Priced with the others (code at c = 1: a sixth of the steps,
+    ~60 ms against ~110 for a model's round of 6), they cut the price of whichever depth
+    was running and swung the machine's pace by ~12% each, so that the held prices of
+    depths 4 and 6 stood ~29% and ~15% under their steps, and `auto` ran k = 4 where
+    k = 6 was best (BENCHMARKS.md section 58)."""
+    drafted = [r.proposal for r in rounds if r.proposal is not None and r.k]
+    return bool(drafted) and all(p.ngram for p in drafted)
 
 
 def _step_shape(rounds: list[Round], catch_up: int) -> tuple[list[int], int, int] | None:

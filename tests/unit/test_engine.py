@@ -72,10 +72,29 @@ def test_combined_drafting_uses_ngram_where_text_repeats(tiny_pair):
     got = combined.propose([repeating, fresh])
     assert got[0].tokens == [8, 9, 5] and got[0].q_ids is None  # the n-gram continuation
     assert len(got[1].tokens) == 3  # the draft model's
+    assert got[0].ngram and not got[1].ngram  # each says where its drafts came from
     assert model.num_sessions == 1  # only the fresh sequence cost a draft forward
     for seq in ("a", "b"):
         combined.close(seq)
     assert model.num_sessions == 0 and model.kv.allocator.num_used == 0
+
+
+@pytest.mark.parametrize("kind", ["ngram", "draft"])
+def test_steps_of_ngram_drafts_alone_stay_out_of_the_step_costs(tiny_pair, kind):
+    """A step whose every round was an n-gram continuation ran no draft model: it must
+    not price a drafting step or a drafter round (the forward by rows it still measures).
+    The same requests drafted by the model price both."""
+    engine = make_engine(tiny_pair, kind)
+    reqs = [dict(prompt=PROMPTS[0] * 3, max_new_tokens=24, num_draft=3)]
+    run_engine(engine, reqs)
+    assert engine.totals.drafted > 0  # drafts came either way
+    costs = engine.scheduler.controller.costs
+    drafting_steps = [key for key in costs.steps.measured() if key[1] > 0]
+    assert costs.forward.measured()
+    if kind == "ngram":
+        assert drafting_steps == [] and costs.draft == {}
+    else:
+        assert drafting_steps and costs.draft
 
 
 def test_draft_below_batch_speculates_only_while_the_batch_is_small(tiny_pair):

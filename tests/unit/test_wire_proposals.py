@@ -26,6 +26,13 @@ def test_round_trip_keeps_tokens_q_and_alternatives():
     assert torch.equal(back.q_ids, ids) and torch.equal(back.q_probs, probs)
     deterministic = proposal_from_proto(sent(Proposal(tokens=[1, 2, 3])), k=2)
     assert deterministic.tokens == [1, 2] and deterministic.q_ids is None
+    assert not back.ngram and not deterministic.ngram
+
+
+def test_an_ngram_continuation_says_so_on_the_wire_and_cut_to_k():
+    back = proposal_from_proto(sent(Proposal(tokens=[8, 9, 5], ngram=True)), k=2)
+    assert back.tokens == [8, 9] and back.ngram
+    assert back.first(1).ngram and back.first(1).tokens == [8]
 
 
 def test_errors_and_bad_q_become_empty_proposals():

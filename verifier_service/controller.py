@@ -148,22 +148,13 @@ class Controller:
         return seq.rates(route_rates, self.config.route_strength)
 
     def record(
-        self,
-        route: str,
-        seq: PositionAcceptance,
-        k: int,
-        accepted: int,
-        drafted: int | None = None,
-        ngram: bool = False,
+        self, route: str, seq: PositionAcceptance, k: int, accepted: int, drafted: int | None = None
     ) -> None:
         """One decode step's round of a sequence on `route`, planned at k drafts (k = 0: it
-        ran plain), of which `drafted` came (default k); `ngram`: they were an n-gram
-        continuation, which says nothing of how far the draft model goes on (c_i), as
-        steps are priced by their model rounds (verifier_service/engine.py). The
-        estimates learn the round as planned: where the drafter stopped short (its
-        p_min), the position after its last draft counts as missed. E(k) is then what a
-        round planned at k yields, as the step cost it is divided by is what such rounds
-        took (verifier_service/costs.py).
+        ran plain), of which `drafted` came (default k). The estimates learn the round as
+        planned: where the drafter stopped short (its p_min), the position after its last
+        draft counts as missed. E(k) is then what a round planned at k yields, as the step
+        cost it is divided by is what such rounds took (verifier_service/costs.py).
         Counted by the drafts alone, chat (a drafter sure at 44% of positions) was
         predicted ~30% more tokens a round than it made, and `auto` drafted at c = 2 where
         plain was 10% faster (BENCHMARKS.md section 44)."""
@@ -173,7 +164,7 @@ class Controller:
             seq.limit(c.sequence_rounds)
             self.routes.record(route, k, accepted, drafted)
             came = k if drafted is None else drafted
-            if k > 1 and came > 0 and not ngram:
+            if k > 1 and came > 0:
                 # position i: i + 1 drafts came with room for more; a hit if another did
                 goes_on = self._goes_on.setdefault(route, PositionAcceptance())
                 goes_on.record(k - 1, came - 1)

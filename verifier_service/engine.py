@@ -229,8 +229,7 @@ class Engine:
         # missed the position after its last draft), as its step costs are measured
         planned = r.slot.k if k else 0  # drafts come only to decode slots of k > 0
         controller = self.scheduler.controller
-        ngram = r.proposal is not None and r.proposal.ngram
-        controller.record(seq.speculation.route, seq.positions, planned, accepted, k, ngram)
+        controller.record(seq.speculation.route, seq.positions, planned, accepted, k)
         self.totals.record(k, accepted)
         if seq.span is not None and k:
             seq.span.add_event("speculation.round", {"k": k, "accepted": accepted})
@@ -309,12 +308,4 @@ def _step_shape(rounds: list[Round], catch_up: int) -> tuple[list[int], int, int
     if not all(r.slot.decode for r in rounds) or any(r.slot.k and not r.k for r in rounds):
         return None
     stopping = sum(1 for r in rounds if not r.slot.k and not r.seq.drafter_behind)
-    return [_model_drafts(r) for r in rounds], catch_up, stopping
-
-
-def _model_drafts(r: Round) -> int:
-    """The drafts the draft model made for a round: none for an n-gram continuation. A
-    step's price is keyed by its deepest model round, since that is what the drafter ran:
-    beside another sequence's model round, an n-gram one (which comes whole, where the
-    model's stop short) priced its step at its own depth, cheaply."""
-    return 0 if r.proposal is not None and r.proposal.ngram else r.k
+    return [r.k for r in rounds], catch_up, stopping

@@ -10,7 +10,7 @@ from drafter_service.ngram import NgramProposer, ngram_propose
 from specd.config import EngineConfig
 from specd.models.paged_kv import PagedKV
 from specd.params import SamplingParams
-from specd.proposal import DraftState, Proposal
+from specd.proposal import DraftState
 from tests.conftest import run_engine
 from verifier_service.engine import Engine
 from verifier_service.frontend import AsyncEngine
@@ -95,32 +95,6 @@ def test_steps_of_ngram_drafts_alone_stay_out_of_the_step_costs(tiny_pair, kind)
         assert drafting_steps == [] and costs.draft == {}
     else:
         assert drafting_steps and costs.draft
-
-
-class _HalfLookup:
-    """Sequence 0 gets a 3-token "n-gram continuation", every other sequence one model
-    draft: steps where a lookup round sits beside a model round."""
-
-    available = True
-
-    def propose(self, states):
-        return [Proposal([7, 8, 9], ngram=True) if s.seq_id == 0 else Proposal([7]) for s in states]
-
-    def close(self, seq_id):
-        pass
-
-
-def test_a_step_is_priced_by_its_deepest_model_round_not_a_lookup_beside_it(tiny_pair):
-    engine = make_engine(tiny_pair)
-    engine.proposer = _HalfLookup()
-    run_engine(engine, [dict(prompt=p, max_new_tokens=12, num_draft=3) for p in PROMPTS[:2]])
-    costs = engine.scheduler.controller.costs
-    depths = {k for (b, k) in costs.steps.measured() if b == 2}
-    assert depths and max(depths) <= 1  # the model's one draft, never the lookup's three
-    # nor does the lookup teach how far the draft model goes on: the model's rounds all
-    # stopped after one draft (the prior, always on, weighs 2 rounds)
-    goes_on = engine.scheduler.controller.goes_on("default")
-    assert goes_on and goes_on[0] < 0.3
 
 
 def test_draft_below_batch_speculates_only_while_the_batch_is_small(tiny_pair):

@@ -162,11 +162,12 @@ class Engine:
         logits = self._forward(rounds)
         t2 = time.perf_counter()
         catch_up = _catch_up(rounds)  # before the commit moves the sequences on
-        shape = None if _lookup_only(rounds) else _step_shape(rounds, catch_up)
+        lookup = _lookup_only(rounds)
+        shape = None if lookup else _step_shape(rounds, catch_up)
         sampling = [r for r in rounds if r.num_logits > 0]
         verdicts = verify_rounds(sampling, logits, self.model.args.vocab_size)
         outputs = [self._commit(r, verdicts.get(r.slot.seq_id)) for r in rounds]
-        self._measure(rounds, None if catch_up else t1 - t0, t2 - t1)
+        self._measure(rounds, None if catch_up or lookup else t1 - t0, t2 - t1)
         if shape is not None:
             ks, catch_up, stopping = shape
             seconds = time.perf_counter() - t0
@@ -186,11 +187,12 @@ class Engine:
         """Feed the controller this step's parts: a steady drafter round by sequences
         (None: the drafter caught up first, on a new prompt or tokens decoded plain, which
         the switch curve prices: a fresh verifier's first round, 40 prompt tokens in
-        0.35 s against ~0.03 s steady, priced every unmeasured k = 1 step at ~0.45 s), and
-        the forward by rows when it was decode and verification only (prefill apart)."""
+        0.35 s against ~0.03 s steady, priced every unmeasured k = 1 step at ~0.45 s; or
+        every round was an n-gram lookup, `_lookup_only`), and the forward by rows when it
+        was decode and verification only (prefill apart)."""
         costs = self.scheduler.controller.costs
         drafted = [r.k for r in rounds if r.proposal is not None]
-        if draft_s is not None and not _lookup_only(rounds):
+        if draft_s is not None:
             costs.record_draft(len(drafted), max(drafted, default=0), draft_s)
         if all(r.slot.decode for r in rounds):
             costs.record_forward(sum(r.num_logits for r in rounds), forward_s)

@@ -55,6 +55,13 @@ class CostCurve:
             self._by_size[size] = old + weight * (seconds - old)
         self._counts[size] = count + 1
 
+    def settle(self, size: int, ratio: float) -> None:
+        """One more event of a measured size that ran `ratio` x its price: the price moves
+        by the EMA's weight in its logarithm (a geometric mean), not in seconds."""
+        count = self._counts[size]
+        self._by_size[size] *= ratio ** max(self.weight, 1.0 / count)
+        self._counts[size] = count + 1
+
     def samples(self, size: int) -> int:
         return self._counts.get(size, 0)
 
@@ -144,6 +151,17 @@ class StepCosts:
         if held is not None:  # geometric, so one stalled step moves it by its root
             ratio = seconds / (self.pace * held)
             self.pace = min(_PACE_MAX, max(1 / _PACE_MAX, self.pace * ratio**self.pace_weight))
+            # What the pace left of the step moves its price, in the same measure: the
+            # pace settles where the steps' geometric mean is, an EMA in seconds where
+            # their arithmetic mean is (~σ²/2 above it), and the two pulled apart for as
+            # long as one k ran, the pace down and the price up. Batch 2 at k = 3 (step
+            # times' log spread 0.18) moved the pace from 1.04 to 0.88 in 40 s, which
+            # priced k = 4-6, held from before, 8-14% under their steps, and `auto` ran
+            # them where k = 3 was 6% faster (BENCHMARKS.md section 59).
+            self._curve(sequences, k).settle(
+                sequences if k == 0 else k, seconds / (self.pace * held)
+            )
+            return
         seconds /= self.pace
         if k == 0:
             self._plain.record(sequences, seconds)

@@ -1,6 +1,9 @@
 """The step prices follow the machine's pace: a k not run for a while is priced at the
 speed of now, not of when it last ran (verifier_service/costs.py, `StepCosts.pace`)."""
 
+import math
+import random
+
 import pytest
 
 from verifier_service.controller import Controller, ControllerConfig
@@ -47,6 +50,28 @@ def test_a_k_measured_a_few_times_learns_its_price_and_leaves_the_pace():
     for _ in range(200):  # never past a factor of 4 however slow the steps run
         costs.record(4, 0, 10.0)
     assert costs.pace == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_one_k_run_for_long_leaves_the_others_priced_as_they_were(seed):
+    """Step times spread (batch 2 at k = 3: a log spread of ~0.18). The pace settled at
+    their geometric mean and the running k's price at their arithmetic mean, so the two
+    pulled apart for as long as k = 3 ran, and k = 5, priced by the pace, fell to a third
+    of its price against k = 3's in 3000 steps."""
+    rng = random.Random(seed)
+    costs = StepCosts()
+
+    def step(k: int, seconds: float) -> None:
+        costs.record(2, k, seconds * math.exp(rng.gauss(0.0, 0.2)))
+
+    for _ in range(40):
+        step(5, 0.140)
+        step(3, 0.105)
+    before = costs(2, 5) / costs(2, 3)
+    for _ in range(3000):
+        step(3, 0.105)
+    assert costs(2, 5) / costs(2, 3) == pytest.approx(before, rel=0.05)
+    assert 0.8 < costs.pace < 1.25
 
 
 def test_a_slow_minute_does_not_start_drafting_where_plain_is_faster():

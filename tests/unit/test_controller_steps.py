@@ -49,9 +49,10 @@ def test_step_costs_average_and_follow_a_line_in_k_from_the_smallest_measured():
 def test_a_step_cost_that_varies_by_round_settles_on_its_mean():
     """Steps planned at k = 6 whose drafter stops short cost 65-160 ms by where it
     stopped: the price starts as the mean of the samples since the second (no slow start)
-    and then moves by the EMA's small weight: on random such steps it stays within ~9% of
-    their mean, where an EMA of 0.1 wandered by ~21% (the price held: the machine's pace
-    apart, which such steps of one k alone would move, test_controller_pace.py)."""
+    and then moves by the EMA's small weight, in the logarithm once settled (as the pace
+    does, test_controller_pace.py): on random such steps it stays within ~10% of their
+    geometric mean, where an EMA of 0.1 wandered by ~23% (the price held: the machine's
+    pace apart, which such steps of one k alone would move)."""
     steps = StepCosts(pace_weight=0.0)
     steps.record(1, 6, 0.5)  # a cold first step: replaced by the second
     steps.record(1, 6, 0.07)
@@ -59,7 +60,7 @@ def test_a_step_cost_that_varies_by_round_settles_on_its_mean():
     assert steps(1, 6) == pytest.approx(0.115)
     rnd = random.Random(0)
     mix = [rnd.choice([0.065, 0.09, 0.11, 0.13, 0.16]) for _ in range(600)]
-    mean = sum(mix[100:]) / len(mix[100:])
+    mean = math.exp(sum(math.log(s) for s in mix[100:]) / len(mix[100:]))
     smooth, noisy = StepCosts(pace_weight=0.0), StepCosts(weight=0.1, pace_weight=0.0)
     spread = {id(smooth): [], id(noisy): []}
     for i, seconds in enumerate(mix):

@@ -156,8 +156,8 @@ class StepCosts:
             # their arithmetic mean is (~σ²/2 above it), and the two pulled apart for as
             # long as one k ran, the pace down and the price up. Batch 2 at k = 3 (step
             # times' log spread 0.18) moved the pace from 1.04 to 0.88 in 40 s, which
-            # priced k = 4-6, held from before, 8-14% under their steps, and `auto` ran
-            # them where k = 3 was 6% faster (BENCHMARKS.md section 59).
+            # priced k = 4 and 6, held from before, 12-14% under their steps, and `auto`
+            # ran k = 4-6 where k = 3 was ~6% faster (BENCHMARKS.md section 59).
             self._curve(sequences, k).settle(
                 sequences if k == 0 else k, seconds / (self.pace * held)
             )

@@ -56,11 +56,11 @@ class CostCurve:
         self._counts[size] = count + 1
 
     def settle(self, size: int, ratio: float) -> None:
-        """One more event of a measured size that ran `ratio` x its price: the price moves
-        by the EMA's weight in its logarithm (a geometric mean), not in seconds."""
-        count = self._counts[size]
-        self._by_size[size] *= ratio ** max(self.weight, 1.0 / count)
-        self._counts[size] = count + 1
+        """One more event of a size measured past its first mean (StepCosts: settled)
+        that ran `ratio` x its price: the price moves by the EMA's weight in its
+        logarithm (a geometric mean), not in seconds."""
+        self._by_size[size] *= ratio**self.weight
+        self._counts[size] += 1
 
     def samples(self, size: int) -> int:
         return self._counts.get(size, 0)

@@ -39,7 +39,14 @@ from tqdm import tqdm
 
 from bench.prompts import load_conversations
 from bench.sweep_peers import add_peer
-from bench.sweep_report import ms, paired_ratios, summarise, to_markdown, write_outputs
+from bench.sweep_report import (
+    against_best,
+    ms,
+    paired_ratios,
+    summarise,
+    to_markdown,
+    write_outputs,
+)
 from protos.specd.v1 import router_pb2_grpc
 from router.client import build_request
 
@@ -305,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in write_outputs(report, Path(args.out)):
         print(path)
     print(to_markdown(report))
-    for line in paired_ratios(report) + report.get("peer_ratios", []):
+    lines = paired_ratios(report) + against_best(report) + report.get("peer_ratios", [])
+    for line in lines:
         print(line)
     return 0
 

@@ -4,6 +4,7 @@ the markdown table and the files written (the plots: bench/sweep_plot.py)."""
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import Counter
 from pathlib import Path
@@ -87,6 +88,40 @@ def paired_ratios(report: dict) -> list[str]:
         )
         per_run = [f"{a / b:.3f}" for a, b in pairs if b]
         lines.append(line + (f" (runs {' '.join(per_run)})" if per_run else ""))
+    return lines
+
+
+def against_best(report: dict, mode: str = "auto") -> list[str]:
+    """`mode`'s tok/s over the best other mode's at each concurrency (issue "Load-aware
+    speculation": `auto` >= 0.98x the best fixed setting), the best picked by merged tok/s.
+    With repeated cells also each run's ratio to the best's run of the same turn, and
+    their geometric mean with its standard error: turns ran side by side (A B B A), so a
+    pair's ratio is freer of the machine's drift than either cell. Picking the best of
+    several noisy modes favours it: modes within noise of each other put `mode` a little
+    under 1 even where it runs as well as each of them."""
+    lines = []
+    for c in dict.fromkeys(cell["concurrency"] for cell in report["cells"]):
+        level = [cell for cell in report["cells"] if cell["concurrency"] == c]
+        ours = [cell for cell in level if cell["mode"] == mode]
+        others = [cell for cell in level if cell["mode"] != mode and cell["tokens_per_s"]]
+        if not ours or not others:
+            continue
+        best = max(others, key=lambda cell: cell["tokens_per_s"])
+        line = (
+            f"c={c} {mode}/best ({best['mode']}) "
+            f"{ours[0]['tokens_per_s'] / best['tokens_per_s']:.3f}"
+        )
+        runs = (ours[0].get("runs_tokens_per_s", []), best.get("runs_tokens_per_s", []))
+        pairs = zip(*runs, strict=True)
+        logs = [math.log(a / b) for a, b in pairs if a > 0 and b > 0]
+        if len(logs) > 1:
+            error = statistics.stdev(logs) / math.sqrt(len(logs))
+            each = " ".join(f"{math.exp(x):.3f}" for x in logs)
+            line += (
+                f" (runs {each}; geometric mean {math.exp(statistics.fmean(logs)):.3f}"
+                f" ± {error:.3f})"
+            )
+        lines.append(line)
     return lines
 
 

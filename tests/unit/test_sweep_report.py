@@ -1,0 +1,49 @@
+"""`specd bench sweep`'s comparison of `auto` with the best other mode (bench/sweep_report.py),
+on reports made by hand: the issue's goal is read from these lines."""
+
+import math
+
+from bench.sweep_report import against_best
+
+
+def cell(mode: str, c: int, runs: list[float]) -> dict:
+    # merged tok/s of runs of equal length: their mean
+    out = {"mode": mode, "concurrency": c, "tokens_per_s": sum(runs) / len(runs)}
+    if len(runs) > 1:
+        out["runs_tokens_per_s"] = runs
+    return out
+
+
+def test_auto_is_compared_with_the_best_other_mode_at_each_level_run_by_run():
+    report = {
+        "cells": [
+            cell("off", 1, [20.0, 22.0]),
+            cell("on@k3", 1, [40.0, 44.0]),
+            cell("auto", 1, [42.0, 41.8]),
+            cell("off", 4, [80.0, 76.0]),
+            cell("on@k3", 4, [70.0, 72.0]),
+            cell("auto", 4, [76.0, 79.8]),
+        ]
+    }
+    c1, c4 = against_best(report)
+    # c = 1: on@k3 is best (42 merged); auto merged 41.9
+    assert c1.startswith("c=1 auto/best (on@k3) 0.998 (runs 1.050 0.950; ")
+    logs = [math.log(42 / 40), math.log(41.8 / 44)]
+    mean = math.exp(sum(logs) / 2)
+    error = abs(logs[0] - logs[1]) / 2  # two runs: sd / sqrt(2) is half their spread
+    assert c1.endswith(f"geometric mean {mean:.3f} ± {error:.3f})")
+    # c = 4: off (78 merged) is the best other mode, on@k3 (71) is not
+    assert c4.startswith("c=4 auto/best (off) 0.999 (runs 0.950 1.050; ")
+
+
+def test_a_level_without_auto_or_without_another_mode_has_no_line_and_one_run_no_spread():
+    report = {
+        "cells": [
+            cell("off", 1, [20.0]),
+            cell("auto", 1, [30.0]),
+            cell("off", 2, [40.0]),
+            cell("auto", 8, [90.0]),
+        ]
+    }
+    assert against_best(report) == ["c=1 auto/best (off) 1.500"]
+    assert against_best(report, mode="off") == ["c=1 off/best (auto) 0.667"]

@@ -11,6 +11,8 @@ from bisect import bisect_left
 _FIT_CAP = 16  # the most samples one k weighs in a drafting-step line (StepCosts)
 _OWN = 8  # samples after which a k takes its own measured price, not the line's
 _PACE_MAX = 4.0  # the machine's pace against the prices held stays within 1/4 .. 4
+# how far from its price a settled step counts, in the logarithm (StepCosts.record)
+_STEP_LOG_MAX = 0.05
 
 
 class CostCurve:
@@ -148,18 +150,27 @@ class StepCosts:
         if sequences <= 0 or k < 0 or not seconds > 0:
             return
         held = self._settled(sequences, k)
-        if held is not None:  # geometric, so one stalled step moves it by its root
-            ratio = seconds / (self.pace * held)
-            self.pace = min(_PACE_MAX, max(1 / _PACE_MAX, self.pace * ratio**self.pace_weight))
-            # What the pace left of the step moves its price, in the same measure: the
-            # pace settles where the steps' geometric mean is, an EMA in seconds where
-            # their arithmetic mean is (~σ²/2 above it), and the two pulled apart for as
-            # long as one k ran, the pace down and the price up. Batch 2 at k = 3 (step
-            # times' log spread 0.18) moved the pace from 1.04 to 0.88 in 40 s, which
-            # priced k = 4 and 6, held from before, 12-14% under their steps, and `auto`
-            # ran k = 4-6 where k = 3 was ~6% faster (BENCHMARKS.md section 59).
+        if held is not None:
+            # The step's distance from its price, in the logarithm and clipped: a k learned
+            # while no settled k runs is learned at the pace of then, and what moves the
+            # pace must be the machine, not one stalled second. Unclipped, six batch-2
+            # steps at 1.2-2.1x their price (the forward stalled at a cell's end) moved it
+            # from 0.98 to 1.26; k = 6, learned next, held a price 26% under its steps,
+            # and `auto` ran k = 6 at c = 2 where k = 3 made ~15% more (BENCHMARKS.md
+            # section 60). Clipped at 0.05, a step moves the pace by 1% at most: those six
+            # moved it to 1.07, and a host that slows by a quarter is followed in ~25 steps.
+            off = max(-_STEP_LOG_MAX, min(_STEP_LOG_MAX, math.log(seconds / (self.pace * held))))
+            pace = self.pace * math.exp(self.pace_weight * off)
+            self.pace = min(_PACE_MAX, max(1 / _PACE_MAX, pace))
+            # What the pace left of the step moves its price, in the same measure, so that
+            # both settle where as many steps run over as under (by their clipped
+            # distances). Measured apart (the pace in the logarithm, the price as an EMA
+            # in seconds, which settles ~σ²/2 higher), the two pulled apart for as long as
+            # one k ran, the pace down and the price up: batch 2 at k = 3 (a log spread of
+            # 0.18) moved the pace from 1.04 to 0.88 in 40 s, which priced k = 4 and 6,
+            # held from before, 12-14% under their steps (section 59).
             self._curve(sequences, k).settle(
-                sequences if k == 0 else k, seconds / (self.pace * held)
+                sequences if k == 0 else k, math.exp((1 - self.pace_weight) * off)
             )
             return
         seconds /= self.pace

@@ -45,8 +45,8 @@ def test_a_k_measured_a_few_times_learns_its_price_and_leaves_the_pace():
         costs.record(4, 3, 0.180)
     assert costs.pace == 1.0
     assert costs(4, 3) == pytest.approx((29 * 0.150 + 3 * 0.180) / 32)
-    costs.record(4, 0, 0.040 * 100)  # one stalled step moves the pace by its fifth root
-    assert costs.pace == pytest.approx(100**0.2)
+    costs.record(4, 0, 0.040 * 100)  # one stalled step moves the pace by 1%, no more
+    assert costs.pace == pytest.approx(math.exp(0.2 * 0.05))
     for _ in range(200):  # never past a factor of 4 however slow the steps run
         costs.record(4, 0, 10.0)
     assert costs.pace == pytest.approx(4.0)
@@ -74,6 +74,25 @@ def test_one_k_run_for_long_leaves_the_others_priced_as_they_were(seed):
     assert 0.8 < costs.pace < 1.25
 
 
+def test_a_stalled_second_does_not_price_the_k_learned_after_it():
+    """Batch 2 on the 2-core CPU (round 52's step log): k = 3 at 108 ms, then six steps
+    at 1.2-2.1x as the forward stalled at a cell's end, then a cell of k = 6 (188 ms) with
+    no settled k to move the pace. k = 6 learns its price at the pace of then: moved by
+    the stall in full, that priced k = 6 at 1.24x k = 3, under the 1.43 where k = 3's
+    6.4 tokens a step make more than k = 6's 9.2, and `auto` drafted 6 where 3 was ~15%
+    faster. Clipped, the stall moves the pace by 7%, and k = 6 is priced at 1.59x."""
+    rng = random.Random(0)
+    costs = StepCosts()
+    for _ in range(60):
+        costs.record(2, 3, 0.108 * math.exp(rng.gauss(0.0, 0.08)))
+    for ratio in (1.35, 1.05, 1.39, 1.24, 2.14, 1.16):
+        costs.record(2, 3, 0.108 * ratio)
+    assert costs.pace < 1.08
+    for _ in range(60):
+        costs.record(2, 6, 0.188 * math.exp(rng.gauss(0.0, 0.08)))
+    assert costs(2, 6) / costs(2, 3) > 1.55
+
+
 def test_a_slow_minute_does_not_start_drafting_where_plain_is_faster():
     """Batch 4 on the 2-core CPU: plain 40 ms (100 tok/s), k = 1 80 ms (93.5 tok/s at
     0.87). The host then slows plain to 50 ms: priced at the speed of its last run, k = 1
@@ -84,7 +103,7 @@ def test_a_slow_minute_does_not_start_drafting_where_plain_is_faster():
         c = Controller(ControllerConfig(explore_every=0))
         c.costs.steps = StepCosts(pace_weight=pace_weight)
         learned(c.costs.steps, {0: 0.040, 1: 0.080})
-        for _ in range(40):
+        for _ in range(200):  # where the pace does not move, plain's own price follows
             c.costs.record_step([0] * 4, 0.050)
         c.drafting = False
         return c.plan([Candidate(6, CODE_ACCEPT)] * 4).ks

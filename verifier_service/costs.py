@@ -160,8 +160,10 @@ class StepCosts:
             # section 60). Clipped at 0.05, a step moves the pace by 1% at most: those six
             # moved it to 1.07, and a host that slows by a quarter is followed in ~25 steps.
             off = max(-_STEP_LOG_MAX, min(_STEP_LOG_MAX, math.log(seconds / (self.pace * held))))
-            pace = self.pace * math.exp(self.pace_weight * off)
-            self.pace = min(_PACE_MAX, max(1 / _PACE_MAX, pace))
+            before = self.pace
+            self.pace = min(
+                _PACE_MAX, max(1 / _PACE_MAX, before * math.exp(self.pace_weight * off))
+            )
             # What the pace left of the step moves its price, in the same measure, so that
             # both settle where as many steps run over as under (by their clipped
             # distances). Measured apart (the pace in the logarithm, the price as an EMA
@@ -170,7 +172,7 @@ class StepCosts:
             # 0.18) moved the pace from 1.04 to 0.88 in 40 s, which priced k = 4 and 6,
             # held from before, 12-14% under their steps (section 59).
             self._curve(sequences, k).settle(
-                sequences if k == 0 else k, math.exp((1 - self.pace_weight) * off)
+                sequences if k == 0 else k, math.exp(off) * before / self.pace
             )
             return
         seconds /= self.pace

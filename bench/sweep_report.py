@@ -83,12 +83,16 @@ def paired_ratios(report: dict) -> list[str]:
             f"c={cell['concurrency']} {cell['mode']}/{first['mode']} "
             f"{cell['tokens_per_s'] / first['tokens_per_s']:.3f}"
         )
-        pairs = zip(
-            cell.get("runs_tokens_per_s", []), first.get("runs_tokens_per_s", []), strict=True
-        )
-        per_run = [f"{a / b:.3f}" for a, b in pairs if b]
+        per_run = [f"{r:.3f}" for r in run_ratios(cell, first)]
         lines.append(line + (f" (runs {' '.join(per_run)})" if per_run else ""))
     return lines
+
+
+def run_ratios(cell: dict, other: dict) -> list[float]:
+    """Run i of `cell` over run i of `other` (repeated cells: the same turn, side by
+    side); [] where the cells ran once."""
+    pairs = zip(cell.get("runs_tokens_per_s", []), other.get("runs_tokens_per_s", []), strict=True)
+    return [a / b for a, b in pairs if a > 0 and b > 0]
 
 
 def against_best(report: dict, mode: str = "auto") -> list[str]:
@@ -102,18 +106,15 @@ def against_best(report: dict, mode: str = "auto") -> list[str]:
     lines = []
     for c in dict.fromkeys(cell["concurrency"] for cell in report["cells"]):
         level = [cell for cell in report["cells"] if cell["concurrency"] == c]
-        ours = [cell for cell in level if cell["mode"] == mode]
+        ours = next((cell for cell in level if cell["mode"] == mode), None)
         others = [cell for cell in level if cell["mode"] != mode and cell["tokens_per_s"]]
-        if not ours or not others:
+        if ours is None or not others:
             continue
         best = max(others, key=lambda cell: cell["tokens_per_s"])
         line = (
-            f"c={c} {mode}/best ({best['mode']}) "
-            f"{ours[0]['tokens_per_s'] / best['tokens_per_s']:.3f}"
+            f"c={c} {mode}/best ({best['mode']}) {ours['tokens_per_s'] / best['tokens_per_s']:.3f}"
         )
-        runs = (ours[0].get("runs_tokens_per_s", []), best.get("runs_tokens_per_s", []))
-        pairs = zip(*runs, strict=True)
-        logs = [math.log(a / b) for a, b in pairs if a > 0 and b > 0]
+        logs = [math.log(r) for r in run_ratios(ours, best)]
         if len(logs) > 1:
             error = statistics.stdev(logs) / math.sqrt(len(logs))
             each = " ".join(f"{math.exp(x):.3f}" for x in logs)

@@ -31,16 +31,6 @@ bounded share of steps. The cost model is optional
 (`ControllerConfig.costs`, the engine's `cost_model`); without it every eligible sequence
 drafts its cap.
 
-A round may be an n-gram lookup, no draft model run (`Candidate.lookup` L_s, by route):
-with chance L = prod_s L_s every round of the step is one, and the step costs
-
-    L T_lookup(B, max_s k_s) + (1 - L) sum_d P(max_s d_s = d) T(B, d)
-
-with T_lookup measured on such steps (about a plain step with more rows). Where a
-sequence's model round follows its lookup round (chance L_s (1 - L_s); for any of them
-1 - prod_s (1 - L_s (1 - L_s))), the model first catches up on what the lookup accepted:
-X(B) more, measured on such steps over their depth's price.
-
 Nothing latches: acceptance decays with time back toward a prior, and a sequence off for
 acceptance still probes one round in `probe_every` at k = 1, so it measures again and
 comes back by itself. Pure Python (no torch): the unit tests feed it recorded timings.
@@ -121,8 +111,6 @@ NOTHING_FIXED = Fixed()  # a step of candidates only
 DIP_CATCH_UP = 4  # tokens a candidate may be behind and still start drafting in a dip
 GOES_ON_PRIOR = 2.0  # rounds the prior of always drafting on weighs (`Controller.goes_on`)
 GOES_ON_ROUNDS = 64.0  # the most rounds a route's c_i remember
-LOOKUP_ROUNDS = 64.0  # the most rounds a route's share of n-gram lookups remembers
-LOOKUP_PRIOR = 2.0  # rounds of no lookup its share starts from (priced as today's steps)
 
 
 class Controller:
@@ -133,7 +121,6 @@ class Controller:
         self.costs = StepCostModel()
         self.routes = RouteAcceptance()
         self._goes_on: dict[str, PositionAcceptance] = {}  # per route: c_i (`Candidate`)
-        self._lookups: dict[str, tuple[float, float]] = {}  # per route: (lookups, rounds)
         # the last step's plan drafted (for the hysteresis); a route's `auto` starts on
         self.drafting = True
         self._exploring: tuple[int, int, int] | None = None  # (sequences, k, steps left)
@@ -156,30 +143,18 @@ class Controller:
         counts = self._goes_on.get(route)
         return [] if counts is None else counts.rates([1.0], GOES_ON_PRIOR)
 
-    def lookup_share(self, route: str) -> float:
-        """A route's share of rounds whose drafts were an n-gram lookup (`Candidate.lookup`)."""
-        lookups, rounds = self._lookups.get(route, (0.0, 0.0))
-        return lookups / (rounds + LOOKUP_PRIOR)
-
     def accept_rates(self, route_rates: list[float], seq: PositionAcceptance) -> list[float]:
         """A sequence's a_i: its own rounds over its route's `route_rates`."""
         return seq.rates(route_rates, self.config.route_strength)
 
     def record(
-        self,
-        route: str,
-        seq: PositionAcceptance,
-        k: int,
-        accepted: int,
-        drafted: int | None = None,
-        lookup: bool = False,
+        self, route: str, seq: PositionAcceptance, k: int, accepted: int, drafted: int | None = None
     ) -> None:
         """One decode step's round of a sequence on `route`, planned at k drafts (k = 0: it
-        ran plain), of which `drafted` came (default k), by an n-gram `lookup` or the draft
-        model. The estimates learn the round as planned: where the drafter stopped short
-        (its p_min), the position after its last draft counts as missed. E(k) is then what
-        a round planned at k yields, as the step cost it is divided by is what such rounds
-        took (verifier_service/costs.py).
+        ran plain), of which `drafted` came (default k). The estimates learn the round as
+        planned: where the drafter stopped short (its p_min), the position after its last
+        draft counts as missed. E(k) is then what a round planned at k yields, as the step
+        cost it is divided by is what such rounds took (verifier_service/costs.py).
         Counted by the drafts alone, chat (a drafter sure at 44% of positions) was
         predicted ~30% more tokens a round than it made, and `auto` drafted at c = 2 where
         plain was 10% faster (BENCHMARKS.md section 44)."""
@@ -189,10 +164,6 @@ class Controller:
             seq.limit(c.sequence_rounds)
             self.routes.record(route, k, accepted, drafted)
             came = k if drafted is None else drafted
-            if came > 0:
-                lookups, rounds = self._lookups.get(route, (0.0, 0.0))
-                keep = min(1.0, (LOOKUP_ROUNDS - 1) / rounds) if rounds else 1.0
-                self._lookups[route] = (lookups * keep + lookup, rounds * keep + 1)
             if k > 1 and came > 0:
                 # position i: i + 1 drafts came with room for more; a hit if another did
                 goes_on = self._goes_on.setdefault(route, PositionAcceptance())
@@ -367,7 +338,7 @@ class Controller:
         predicts them), and its switch whole (an episode is too short to spread it)."""
         ks = [min(k, c.cap) for c in candidates]
         shape = step_shape(candidates, ks, fixed)
-        step = self._expected_s(*shape, _lookups(candidates, ks, fixed))
+        step = self._expected_s(*shape)
         sequences, reach_max, rows, _ = shape
         if not self.costs.known(sequences, len(reach_max), rows):
             rate = 0.0
@@ -399,8 +370,7 @@ class Controller:
         for k, shape in enumerate(arm_shapes(candidates, fixed, top)):
             ks = [min(k, c.cap) for c in candidates]
             tokens = fixed.tokens + sum(c.tokens(j) for c, j in zip(candidates, ks, strict=True))
-            lookups = _lookups(candidates, ks, fixed)
-            seconds = self._expected_s(*shape, lookups) + self._switch_s(candidates, ks)
+            seconds = self._expected_s(*shape) + self._switch_s(candidates, ks)
             out.append(tokens / seconds if seconds > 0 else 0.0)
         return out
 
@@ -420,25 +390,15 @@ class Controller:
         return extra / horizon
 
     def _step_s(self, candidates: list[Candidate], ks: list[int], fixed: Fixed) -> float:
-        return self._expected_s(*step_shape(candidates, ks, fixed), _lookups(candidates, ks, fixed))
+        return self._expected_s(*step_shape(candidates, ks, fixed))
 
     def _expected_s(
-        self,
-        sequences: int,
-        reach_max: list[float],
-        rows: float,
-        drafting: int,
-        lookups: tuple[float, int, float] = (0.0, 0, 0.0),
+        self, sequences: int, reach_max: list[float], rows: float, drafting: int
     ) -> float:
         """The expected step: its price at each depth its deepest round may reach, by the
         chance of that depth (steps are not affine in the drafts: k = 1 pays a round's
-        fixed part); with chance `lookups[0]` every round is an n-gram lookup of at most
-        `lookups[1]` drafts, and the step costs what such steps cost where they were
-        measured, and with chance `lookups[2]` a model's round catches up after a lookup.
-        Priced as model rounds, retrieval answers at c = 1 (half of their steps lookups at
-        ~60 ms, the model's rounds of 3 and 4 at ~102 and ~115, ~30 more after a lookup)
-        planned k = 3 where the route's k = 4 made 9% more (BENCHMARKS.md section 61)."""
-        key = (sequences, tuple(reach_max), rows, drafting, lookups)
+        fixed part)."""
+        key = (sequences, tuple(reach_max), rows, drafting)
         if key in self._priced:
             return self._priced[key]
         if not reach_max:
@@ -450,26 +410,8 @@ class Controller:
                 p_next = reach_max[j - 1]
                 if p > 1e-9:
                     total += p * self.costs(sequences, j, rows, drafting)
-            chance, most, after = lookups
-            cheap = self.costs.lookup_s(sequences, most) if chance > 0 else None
-            if cheap is not None:
-                total = chance * cheap + (1 - chance) * total
-            if after > 0:
-                total += after * self.costs.after_lookup_s(sequences)
         self._priced[key] = total
         return total
-
-
-def _lookups(candidates: list[Candidate], ks: list[int], fixed: Fixed) -> tuple[float, int, float]:
-    """(P(every drafting round of the step is an n-gram lookup), the most drafts planned
-    (lookups come whole), P(a model's round follows a lookup round of its sequence)).
-    Nothing where the rest of the batch drafts (its routes' shares are not known here) or
-    where nothing drafts."""
-    if fixed.k or not any(ks):
-        return 0.0, 0, 0.0
-    shares = [c.lookup for c, k in zip(candidates, ks, strict=True) if k]
-    after = 1 - math.prod(1 - p * (1 - p) for p in shares)
-    return math.prod(shares), max(ks), after
 
 
 def _capped(c: Candidate) -> Candidate:

@@ -13,7 +13,6 @@ _OWN = 8  # samples after which a k takes its own measured price, not the line's
 _PACE_MAX = 4.0  # the machine's pace against the prices held stays within 1/4 .. 4
 # how far from its price a settled step counts, in the logarithm (StepCosts.record)
 _STEP_LOG_MAX = 0.05
-_LOOKUP_WEIGHT = 0.1  # the EMA weight of a lookup step's price (StepCostModel.lookup)
 
 
 class CostCurve:
@@ -234,15 +233,6 @@ class StepCostModel:
         # off, by the sequences stopping (the drafter is still drafting ahead for them)
         self.switch_on = CostCurve()
         self.switch_off = CostCurve()
-        # seconds per step whose every round was an n-gram lookup (no draft model ran), by
-        # the most drafts, one curve per sequences, held at the pace of the model's steps
-        # (`StepCosts.pace`) so that both follow the machine alike. At batch 1 such a step
-        # costs about a plain one with more rows: 58-69 ms for 3-6 drafts where the
-        # model's rounds took 100-145 and plain 50 (BENCHMARKS.md section 61)
-        self.lookup: dict[int, CostCurve] = {}
-        # what a draft model's round adds after a lookup round of the same sequence (it
-        # catches up on the tokens the lookup accepted), by sequences in the step
-        self.after_lookup = CostCurve(_LOOKUP_WEIGHT)
 
     def record_forward(self, rows: int, seconds: float) -> None:
         self.forward.record(rows, seconds)
@@ -252,23 +242,12 @@ class StepCostModel:
             self.draft.setdefault(sequences, CostCurve(origin=True)).record(steps, seconds)
 
     def record_step(
-        self,
-        ks: list[int],
-        seconds: float,
-        catch_up: int = 0,
-        stopping: int = 0,
-        after_lookup: bool = False,
+        self, ks: list[int], seconds: float, catch_up: int = 0, stopping: int = 0
     ) -> None:
         """A whole decode step, by the drafts that came for each of its sequences; with
         `catch_up` tokens for the drafter (sequences switching on) or `stopping` sequences
-        (switching off), what it took over the steady step is the switch's cost, and
-        `after_lookup` (a model's round after a lookup round) what a lookup adds later."""
+        (switching off), what it took over the steady step is the switch's cost."""
         if not ks or not seconds > 0:
-            return
-        if after_lookup and not (catch_up or stopping):
-            steady = self.steps(len(ks), max(ks))
-            if steady is not None:
-                self.after_lookup.record(len(ks), max(seconds - steady, 1e-6) / self.steps.pace)
             return
         if catch_up or stopping:
             self._record_switch(len(ks), max(ks), seconds, catch_up, stopping)
@@ -278,28 +257,6 @@ class StepCostModel:
         self.steps.record(len(ks), max(ks), seconds)
         if composed is not None:
             self.calibration += 0.1 * (seconds / composed - self.calibration)
-
-    def record_lookup_step(self, ks: list[int], seconds: float) -> None:
-        """A whole decode step whose drafts all came from n-gram lookups, by the drafts that
-        came for each sequence. It says nothing of what a model's round costs, nor of the
-        machine's pace (a sixth of code's steps at c = 1, they swung it by ~12%:
-        BENCHMARKS.md section 58), so it is priced apart."""
-        if not ks or not max(ks) or not seconds > 0:
-            return
-        curve = self.lookup.setdefault(len(ks), CostCurve(_LOOKUP_WEIGHT))
-        curve.record(max(ks), seconds / self.steps.pace)
-
-    def lookup_s(self, sequences: int, k: int) -> float | None:
-        """A step of `sequences` whose rounds are all lookups, the most `k` drafts (None
-        where no such step of this batch size was measured)."""
-        curve = self.lookup.get(sequences)
-        held = None if curve is None else curve(k)
-        return None if held is None else self.steps.pace * held
-
-    def after_lookup_s(self, sequences: int) -> float:
-        """What a model's round after a lookup round adds to its step (0 before measured)."""
-        held = self.after_lookup(sequences)
-        return 0.0 if held is None else self.steps.pace * held
 
     def _record_switch(
         self, sequences: int, k: int, seconds: float, catch_up: int, stopping: int

@@ -37,7 +37,6 @@ class DraftDecisions:
         candidates, auto, reaches, rows, tokens, most = [], [], [], 0.0, 0.0, 0
         route_rates: dict[str, list[float]] = {}
         goes_on: dict[str, list[float]] = {}
-        lookup: dict[str, float] = {}
         for i, seq in enumerate(ready):
             bounds = seq.speculation
             remaining = seq.max_new_tokens - seq.num_generated
@@ -45,7 +44,6 @@ class DraftDecisions:
             if bounds.route not in route_rates:
                 route_rates[bounds.route] = self.controller.route_rates(bounds.route)
                 goes_on[bounds.route] = self.controller.goes_on(bounds.route)
-                lookup[bounds.route] = self.controller.lookup_share(bounds.route)
             accept = self.controller.accept_rates(route_rates[bounds.route], seq.positions)
             reason = "on" if k else "off:request"
             if k and bounds.draft_below_batch and recent >= bounds.draft_below_batch:
@@ -63,7 +61,6 @@ class DraftDecisions:
                         seq.drafter_behind,
                         remaining,
                         goes_on[bounds.route],
-                        lookup[bounds.route],
                     )
                 )
                 auto.append(i)

@@ -163,18 +163,15 @@ class Engine:
         t2 = time.perf_counter()
         catch_up = _catch_up(rounds)  # before the commit moves the sequences on
         lookup = _lookup_only(rounds)
-        after = _after_lookup(rounds)
         shape = None if lookup else _step_shape(rounds, catch_up)
         sampling = [r for r in rounds if r.num_logits > 0]
         verdicts = verify_rounds(sampling, logits, self.model.args.vocab_size)
         outputs = [self._commit(r, verdicts.get(r.slot.seq_id)) for r in rounds]
-        self._measure(rounds, None if catch_up or lookup or after else t1 - t0, t2 - t1)
-        costs = self.scheduler.controller.costs
+        self._measure(rounds, None if catch_up or lookup else t1 - t0, t2 - t1)
         if shape is not None:
             ks, catch_up, stopping = shape
-            costs.record_step(ks, time.perf_counter() - t0, catch_up, stopping, after)
-        elif lookup and all(r.slot.decode for r in rounds):
-            costs.record_lookup_step([r.k for r in rounds], time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
+            self.scheduler.controller.costs.record_step(ks, seconds, catch_up, stopping)
         return [out for out in outputs if out is not None]
 
     def _leaving_python(self) -> None:
@@ -234,10 +231,7 @@ class Engine:
         # missed the position after its last draft), as its step costs are measured
         planned = r.slot.k if k else 0  # drafts come only to decode slots of k > 0
         controller = self.scheduler.controller
-        lookup = r.proposal is not None and r.proposal.ngram
-        controller.record(seq.speculation.route, seq.positions, planned, accepted, k, lookup)
-        if k:
-            seq.looked_up = lookup
+        controller.record(seq.speculation.route, seq.positions, planned, accepted, k)
         self.totals.record(k, accepted)
         if seq.span is not None and k:
             seq.span.add_event("speculation.round", {"k": k, "accepted": accepted})
@@ -302,16 +296,6 @@ def _lookup_only(rounds: list[Round]) -> bool:
     k = 6 was best (BENCHMARKS.md section 58)."""
     drafted = [r.proposal for r in rounds if r.proposal is not None and r.k]
     return bool(drafted) and all(p.ngram for p in drafted)
-
-
-def _after_lookup(rounds: list[Round]) -> bool:
-    """Whether a draft model's round follows a lookup round of the same sequence: the model
-    first catches up on what the lookup accepted (retrieval at c = 1: rounds of 4 drafts
-    took 138 ms after a lookup, 108 otherwise), a cost of the lookup, not of the step's
-    depth (BENCHMARKS.md section 61)."""
-    return any(
-        r.k and r.proposal is not None and not r.proposal.ngram and r.seq.looked_up for r in rounds
-    )
 
 
 def _step_shape(rounds: list[Round], catch_up: int) -> tuple[list[int], int, int] | None:

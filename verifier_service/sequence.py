@@ -64,9 +64,6 @@ class Sequence:
     speculation: SpeculationBounds = field(default_factory=lambda: SpeculationBounds())
     decisions: Counter = field(default_factory=Counter)  # reason -> decode steps
     off_steps: int = 0  # decode steps since the last round that drafted (for probes)
-    # its last round's drafts were an n-gram lookup: the draft model has not seen what that
-    # round accepted, and its next round catches up on it first
-    looked_up: bool = False
     grammar: GrammarState | None = None  # a constrained request's state at `tokens`
 
     def __post_init__(self):

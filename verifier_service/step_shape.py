@@ -26,10 +26,6 @@ class Candidate:
     # route's; [] = it always drafts all k). The drafter stops a round after an unsure
     # draft (`--draft-p-min`), so how deep a round planned at k goes depends on the route
     goes_on: list[float] = field(default_factory=list)
-    # the chance that a round of its drafts is an n-gram lookup, no draft model run (its
-    # route's share of such rounds): a step whose every round is one costs about a plain
-    # step with more rows (`StepCostModel.lookup_s`)
-    lookup: float = 0.0
     # E(k) and P(a round reaches j) up to `cap`, made on first use: a plan asks for them
     # at every k of every arm it prices (~0.7 ms of a batch-4 step's schedule in service)
     _tokens: list[float] | None = field(default=None, init=False, repr=False, compare=False)

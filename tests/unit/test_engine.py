@@ -80,47 +80,21 @@ def test_combined_drafting_uses_ngram_where_text_repeats(tiny_pair):
 
 
 @pytest.mark.parametrize("kind", ["ngram", "draft"])
-def test_steps_of_ngram_drafts_alone_are_priced_apart(tiny_pair, kind):
+def test_steps_of_ngram_drafts_alone_stay_out_of_the_step_costs(tiny_pair, kind):
     """A step whose every round was an n-gram continuation ran no draft model: it must
-    not price a drafting step or a drafter round (the forward by rows it still measures),
-    but a lookup step, and its route learns that it drafts by lookup. The same requests
-    drafted by the model price both and no lookup step."""
+    not price a drafting step or a drafter round (the forward by rows it still measures).
+    The same requests drafted by the model price both."""
     engine = make_engine(tiny_pair, kind)
     reqs = [dict(prompt=PROMPTS[0] * 3, max_new_tokens=24, num_draft=3)]
     run_engine(engine, reqs)
     assert engine.totals.drafted > 0  # drafts came either way
-    controller = engine.scheduler.controller
-    costs = controller.costs
+    costs = engine.scheduler.controller.costs
     drafting_steps = [key for key in costs.steps.measured() if key[1] > 0]
     assert costs.forward.measured()
     if kind == "ngram":
         assert drafting_steps == [] and costs.draft == {}
-        assert costs.lookup_s(1, 3) is not None
-        assert controller.lookup_share("default") > 0.5
     else:
         assert drafting_steps and costs.draft
-        assert costs.lookup == {} and controller.lookup_share("default") == 0.0
-
-
-def test_a_model_round_after_a_lookup_round_is_priced_apart(tiny_pair):
-    """Combined drafting: where a sequence's model round follows its lookup round, the draft
-    model first catches up on what the lookup accepted. Such a step prices what it took
-    over its depth's steady price (`after_lookup`), and no steady step."""
-    engine = make_engine(tiny_pair, "combined")
-    costs, steps = engine.scheduler.controller.costs, []
-    real = costs.record_step
-
-    def spy(*args):
-        steps.append(args)
-        return real(*args)
-
-    costs.record_step = spy
-    reqs = [dict(prompt=p * 2, max_new_tokens=40, num_draft=3) for p in PROMPTS[:3]]
-    run_engine(engine, reqs)
-    assert any(after and not catch_up for _, _, catch_up, _, after in steps)
-    assert costs.after_lookup.measured()
-    steady = [args for args in steps if not any(args[2:])]
-    assert sum(costs.steps.samples(b, k) for b, k in costs.steps.measured()) == len(steady)
 
 
 def test_draft_below_batch_speculates_only_while_the_batch_is_small(tiny_pair):
@@ -427,15 +401,14 @@ def test_whole_decode_steps_are_measured_by_their_plan_and_switches_apart(tiny_p
     reqs = [dict(prompt=p, max_new_tokens=20, num_draft=3, speculation=auto) for p in PROMPTS[:2]]
     run_engine(engine, reqs)
     steps = [args for name, args in events if name == "record_step"]
-    assert steps and all(len(ks) <= 2 and max(ks) <= 3 and s > 0 for ks, s, *_ in steps)
-    assert not any(after for *_, after in steps)  # the model drafts every round: no lookup
+    assert steps and all(len(ks) <= 2 and max(ks) <= 3 and s > 0 for ks, s, _, _ in steps)
     # the first decode step is both sequences' first round: the drafter prefills their
     # whole contexts (prompt + first token), which is a switch's cost, not a step's
     first = next(i for i, (name, _) in enumerate(events) if name == "record_step")
-    ks, _, catch_up, stopping, _ = events[first][1]
+    ks, _, catch_up, stopping = events[first][1]
     assert ks == [3, 3] and stopping == 0
     assert catch_up == sum(len(p) + 1 for p in PROMPTS[:2])
-    steady = {(len(ks), max(ks)) for ks, _, behind, stop, _ in steps if not behind and not stop}
+    steady = {(len(ks), max(ks)) for ks, _, behind, stop in steps if not behind and not stop}
     assert steady and any(k for _, k in steady)
     assert set(costs.steps.measured()) == steady
     # a drafter round is a steady one, for the round curve, only where the drafter did not
@@ -444,7 +417,7 @@ def test_whole_decode_steps_are_measured_by_their_plan_and_switches_apart(tiny_p
     for name, args in events:
         group.append((name, args))
         if name == "record_step":
-            ks, _, catch_up, *_ = args
+            ks, _, catch_up, _ = args
             drafted = [a for n, a in group if n == "record_draft" and a[0] > 0]
             rounds.append((max(ks) > 0 and not catch_up, bool(drafted)))
             group = []

@@ -6,6 +6,7 @@ round by sequences and steps), and what switching between drafting and plain add
 from __future__ import annotations
 
 import math
+import statistics
 from bisect import bisect_left
 
 _FIT_CAP = 16  # the most samples one k weighs in a drafting-step line (StepCosts)
@@ -28,15 +29,25 @@ class CostCurve:
     on flat, so that batch 4, with k = 3 measured at 168 ms, priced k = 6 at 166 (it took
     ~295: BENCHMARKS.md section 54). With one size measured the curve is flat past it, or
     with `origin` goes on through zero: a drafter round of k steps is k forwards. With
-    `extrapolate=False` the curve is unknown (None) outside the measured sizes."""
+    `extrapolate=False` the curve is unknown (None) outside the measured sizes. With
+    `median`, a size's price is the median of its events since the second until its EMA
+    would weigh each as little as `weight` (the whole steps' prices, `StepCosts`)."""
 
-    def __init__(self, weight: float = 0.3, extrapolate: bool = True, origin: bool = False):
+    def __init__(
+        self,
+        weight: float = 0.3,
+        extrapolate: bool = True,
+        origin: bool = False,
+        median: bool = False,
+    ):
         self.weight = weight
         self.extrapolate = extrapolate
         self.origin = origin
+        self.median = median
         self._by_size: dict[int, float] = {}
         self._counts: dict[int, int] = {}
         self._sizes: list[int] = []
+        self._learning: dict[int, list[float]] = {}  # with `median`: samples since the second
 
     def record(self, size: int, seconds: float) -> None:
         if size <= 0 or not seconds > 0:
@@ -50,6 +61,19 @@ class CostCurve:
             # forward: 0.16 s, later ones 0.08-0.10), and an EMA would keep it for ~20
             # events: the second replaces it, an EMA from the third
             self._by_size[size] = seconds
+            if self.median:
+                self._learning[size] = [seconds]
+        elif self.median and count < 1 / self.weight:
+            # A stall while a price is learned must not set it: two steps of 347 and 525
+            # ms among ~100 at batch 2, k = 3 made their mean 138 ms, which a settled
+            # price then kept for hundreds of steps (StepCosts.record moves it by ~0.1% a
+            # step), so k = 3 was priced ~20% dearer against k = 6 than it ran. The
+            # median is also where a settled price goes (as many steps over as under).
+            learning = self._learning[size]
+            learning.append(seconds)
+            self._by_size[size] = statistics.median(learning)
+            if count + 1 >= 1 / self.weight:
+                del self._learning[size]
         else:
             # the mean of the samples since the second, until that weighs each less than
             # the EMA does (a small weight then costs no slow start)
@@ -125,7 +149,7 @@ class StepCosts:
     # speed wanders (BENCHMARKS.md section 44)
     def __init__(self, weight: float = 0.03, pace_weight: float = 0.2):
         self.weight = weight
-        self._plain = CostCurve(weight, extrapolate=False)
+        self._plain = CostCurve(weight, extrapolate=False, median=True)
         self._drafting: dict[int, CostCurve] = {}
         # How slow the machine runs now against the prices held (1.0: as they were
         # learned). The curves hold prices at the pace of their time; a step is priced at
@@ -138,8 +162,9 @@ class StepCosts:
         # at least `_OWN`) moves the pace by how far its step ran from its price, and what
         # corrects its price against another k is running the other (as exploring does,
         # and as the depths of one plan do where its drafter stops short); a k measured
-        # fewer times learns its price, whole. Moved from the 9th step on, the first few
-        # fixed k = 1's price against plain at 1.81-1.87 where its steps ran 1.98.
+        # fewer times learns its price (the median of its steps), whole. Moved from the
+        # 9th step on, the first few fixed k = 1's price against plain at 1.81-1.87 where
+        # its steps ran 1.98.
         self.pace_weight = pace_weight
         self.pace = 1.0
 
@@ -179,7 +204,9 @@ class StepCosts:
         if k == 0:
             self._plain.record(sequences, seconds)
         else:
-            self._drafting.setdefault(sequences, CostCurve(self.weight, extrapolate=False))
+            self._drafting.setdefault(
+                sequences, CostCurve(self.weight, extrapolate=False, median=True)
+            )
             self._drafting[sequences].record(k, seconds)
 
     def samples(self, sequences: int, k: int) -> int:

@@ -135,7 +135,7 @@ class StepCosts:
     k measured the line goes on (never down): the composed guess priced batch 4 drafting
     5 at 0.24 s a step, and it took 0.76-0.82 s. Below the smallest, or with one k
     measured, the cost is unknown (None) and the caller falls back. The line is for the k
-    run seldom: a k measured `_OWN` times takes its own mean. Steps are not affine in k
+    run seldom: a k measured `_OWN` times takes its own median. Steps are not affine in k
     everywhere. k = 1's fixed part lies above the line (priced 57-61 ms, it took 67-77,
     and `auto` chose it where it made less than plain: BENCHMARKS.md section 31). On an
     AVX2 CPU, whose kernel runs rows in blocks, k = 3 took 99 ms and k = 4 and 5 took 128

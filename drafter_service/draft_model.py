@@ -24,6 +24,11 @@ from specd.models.seq_input import SeqInput
 from specd.models.weights import fuse
 from specd.proposal import DraftState, Proposal
 
+# on a GPU, draft steps of up to GRAPH_SEQS sequences and catch-ups of up to GRAPH_ROWS
+# tokens replay CUDA graphs (specd.models.gpu.graphs); larger ones run eagerly
+GRAPH_SEQS = 32
+GRAPH_ROWS = 64
+
 
 @dataclass
 class _Drafting:
@@ -69,6 +74,7 @@ class DraftModelProposer:
         # a sequence starts on the cached prefix of an earlier one (specd.kvcache); its
         # blocks are published when it closes (while it runs, drafts come and go in them)
         self.kv = PagedKV.for_model(model, num_blocks, block_size, prefix_cache)
+        model.prepare_steps(self.kv, GRAPH_SEQS, GRAPH_ROWS)  # CUDA graphs; else nothing
         self.top_m = top_m
         self._cached: dict[object, list[int]] = {}  # tokens whose K/V the drafter holds
         self._gens: dict[object, torch.Generator] = {}
@@ -319,6 +325,8 @@ def load_draft_model(
 
     folder = resolve(spec)
     model = load_model(folder, dtype=dtype, device=device, weights=weights, kv=kv)
+    if model.gpu is not None:  # a drafter only proposes: its rows need not round alike
+        model.gpu.tile = 0
     if model.weights == "int4" and four_bit_layers(model):
         huge_pages.place_layers(model)
     if 0 < vocab < model.args.vocab_size:

@@ -13,6 +13,11 @@ import torch
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
+# the GPU step's Triton kernels (specd.models.gpu) run under Triton's interpreter where
+# there is no GPU: set before anything imports triton
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # where the tiny-model unit tests run: cpu here and in CI; `make test-cuda` on a GPU machine
 # runs the same engine and forward tests on "cuda"
 TEST_DEVICE = os.environ.get("SPECD_TEST_DEVICE", "cpu")
@@ -89,6 +94,21 @@ def cpu_kernels():
             pytest.fail(f"the CPU kernels did not build on a CPU that has {native.cpu_isa()}")
         pytest.skip("no AVX512-VNNI or AVX2 on this CPU")
     return k
+
+
+@pytest.fixture(scope="session")
+def triton_ops():
+    """specd.models.gpu's kernels (on a CPU: under Triton's interpreter); skips where Triton
+    is not installed, fails in CI, which installs it (`make setup`, the dev extras)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("Triton is not installed: the GPU step's kernels go untested")
+        pytest.skip("Triton is not installed")
+    from specd.models.gpu import triton_attention, triton_layer_ops
+
+    return triton_attention, triton_layer_ops
 
 
 def real_model_or_skip(name: str):

@@ -36,6 +36,13 @@ from verifier_service.verify import Verdict, verify_rounds
 log = logging.getLogger(__name__)
 
 
+def graph_rows(config: EngineConfig) -> int:
+    """The most rows a decode/verification step feeds: every sequence at the largest k,
+    plus the tree's leaves (CUDA graphs are captured up to it)."""
+    rows = config.max_batch_size * (config.max_draft_tokens + 1) + config.max_tree_tokens
+    return min(rows, config.max_batched_tokens)
+
+
 @dataclass(frozen=True)
 class EngineLoad:
     """What the engine carries right now (for load reports, metrics, admission)."""
@@ -72,8 +79,11 @@ class Engine:
         num_blocks = self.config.num_blocks or (
             PagedKV.blocks_for_budget(model, budget, bs) if budget else -(-DEFAULT_KV_TOKENS // bs)
         )
+        if model.gpu is not None and not self.config.batch_invariant:
+            model.gpu.tile = 0  # one GEMM a step: faster, a row's bits depend on the batch
         prefix_cache = prefix_cache_on(self.config.prefix_cache, model)
         self.kv = PagedKV.for_model(model, num_blocks, bs, prefix_cache)
+        model.prepare_steps(self.kv, self.config.max_batch_size, graph_rows(self.config))
         mib = PagedKV.bytes_per_block(model, bs) * num_blocks / 2**20
         log.info("KV cache: %d blocks of %d (%d tokens, %.0f MiB, %s); prefix cache %s",
                  num_blocks, bs, num_blocks * bs, mib, str(model.kv_dtype).removeprefix("torch."),

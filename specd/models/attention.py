@@ -41,20 +41,28 @@ class PagedRows:
     def build(cls, table, block_size, spans, ancestries) -> PagedRows:
         """spans[b] = (first new position, kv length); ancestries[b]: bool [n, n] of a
         tree's new tokens, or None for a chain."""
-        rows, limit, tree = [0], [], []
-        for (start, end), seen in zip(spans, ancestries, strict=True):
-            n = end - start
-            rows.append(rows[-1] + n)
-            if seen is None:  # a chain: new token i sees everything up to itself
-                limit.extend(range(start + 1, end + 1))
-                tree.extend([0] * n)
-                continue
-            weights = 1 << torch.arange(n, dtype=torch.int64)
-            bits = (seen.long() * weights).sum(-1).tolist()
-            limit.extend([start] * n)
-            tree.extend(b - (1 << 64) if b >= 1 << 63 else b for b in bits)
+        rows, limit, tree = visibility(spans, ancestries)
         as_long = lambda v: torch.tensor(v, dtype=torch.long)  # noqa: E731
         return cls(table, block_size, as_long(rows), as_long(limit), as_long(tree))
+
+
+def visibility(spans, ancestries) -> tuple[list[int], list[int], list[int]]:
+    """PagedRows' row fields as lists: (seq_rows [B + 1], limit [T], tree [T] as signed
+    64-bit integers), for spans[b] = (first new position, kv length) and ancestries[b]
+    (bool [n, n] of a tree's new tokens, or None for a chain)."""
+    rows, limit, tree = [0], [], []
+    for (start, end), seen in zip(spans, ancestries, strict=True):
+        n = end - start
+        rows.append(rows[-1] + n)
+        if seen is None:  # a chain: new token i sees everything up to itself
+            limit.extend(range(start + 1, end + 1))
+            tree.extend([0] * n)
+            continue
+        weights = 1 << torch.arange(n, dtype=torch.int64)
+        bits = (seen.long() * weights).sum(-1).tolist()
+        limit.extend([start] * n)
+        tree.extend(b - (1 << 64) if b >= 1 << 63 else b for b in bits)
+    return rows, limit, tree
 
 
 def available(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:

@@ -45,20 +45,7 @@ class BatchPlan:
         (a chain of any length, a prefill chunk too, takes the kernel). Else, for
         SDPA: q_tile > 0 (batch-invariant mode) pads every sequence's queries to a multiple
         of q_tile and always masks, so attention has the same shapes for 1 or k+1 queries."""
-        appended = []
-        try:
-            spans = []
-            for s in seqs:
-                if not s.tokens:
-                    raise ValueError(f"sequence {s.seq_id!r} has no tokens to run")
-                if not 0 <= s.num_logits <= len(s.tokens):
-                    raise ValueError(f"num_logits {s.num_logits} outside [0, {len(s.tokens)}]")
-                spans.append(allocator.append(s.seq_id, len(s.tokens)))
-                appended.append(s)
-        except Exception:
-            for s in appended:
-                allocator.truncate_to(s.seq_id, allocator.length(s.seq_id) - len(s.tokens))
-            raise
+        spans = append_all(allocator, seqs)
         if paged and all(s.parents is None or len(s.tokens) <= MAX_ROWS for s in seqs):
             plan = cls._index_paged(allocator, seqs, spans, device)
         else:
@@ -74,7 +61,7 @@ class BatchPlan:
         drafter's 9 ms forward."""
         bs = allocator.block_size
         q_max = max(len(s.tokens) for s in seqs)
-        ids, positions, logits_rows, _, write_slots, blocks = cls._rows(
+        ids, positions, logits_rows, _, write_slots, blocks = step_rows(
             allocator, seqs, spans, q_max
         )
         width = max(len(b) for b in blocks)
@@ -104,7 +91,7 @@ class BatchPlan:
         if q_tile:  # batch-invariant: fixed attention shapes (padded keys are masked out)
             q_max, l_max = -(-q_max // q_tile) * q_tile, -(-l_max // KV_TILE) * KV_TILE
 
-        rows = cls._rows(allocator, seqs, spans, q_max)
+        rows = step_rows(allocator, seqs, spans, q_max)
         ids, positions, logits_rows, pad_rows, write_slots, blocks = rows
         width = -(-l_max // bs)
         table = torch.tensor([b + [0] * (width - len(b)) for b in blocks], dtype=torch.long)
@@ -134,26 +121,6 @@ class BatchPlan:
         return plan
 
     @staticmethod
-    def _rows(allocator, seqs, spans, q_max: int):
-        """The step's rows, sequence after sequence: token ids, positions, the rows whose
-        logits are wanted, each row's place in a [B * Q_max] padded layout, the slots their
-        K/V go to; and each sequence's block table as far as the step reaches."""
-        bs = allocator.block_size
-        ids, positions, logits_rows, pad_rows, write_slots, blocks = [], [], [], [], [], []
-        offset = 0
-        for b, (s, (start, end)) in enumerate(zip(seqs, spans, strict=True)):
-            ids.extend(s.tokens)
-            positions.extend(start + d for d in s.depths())
-            n = end - start
-            logits_rows.extend(range(offset + n - s.num_logits, offset + n))
-            pad_rows.extend(range(b * q_max, b * q_max + n))
-            table = allocator.block_table(s.seq_id)[: -(-end // bs)]
-            write_slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            blocks.append(list(table))
-            offset += n
-        return ids, positions, logits_rows, pad_rows, write_slots, blocks
-
-    @staticmethod
     def _mask(seqs, spans, q_max: int, cols: torch.Tensor, tiled: bool) -> torch.Tensor | None:
         """The SDPA mask [B, 1, Q_max, L_max], or None when plain causal attention of one
         row per sequence over equal lengths needs none."""
@@ -174,6 +141,45 @@ class BatchPlan:
             mask[b, 0, :n, start:end] = seen
             mask[b, 0, n:, start:end] = seen[-1]
         return mask
+
+
+def append_all(allocator: BlockAllocator, seqs: list[SeqInput]) -> list[tuple[int, int]]:
+    """Append every sequence's new tokens to the allocator, all or nothing (ValueError or
+    NoFreeBlocks leave it as it was); -> each sequence's (first new position, kv length)."""
+    appended, spans = [], []
+    try:
+        for s in seqs:
+            if not s.tokens:
+                raise ValueError(f"sequence {s.seq_id!r} has no tokens to run")
+            if not 0 <= s.num_logits <= len(s.tokens):
+                raise ValueError(f"num_logits {s.num_logits} outside [0, {len(s.tokens)}]")
+            spans.append(allocator.append(s.seq_id, len(s.tokens)))
+            appended.append(s)
+    except Exception:
+        for s in appended:
+            allocator.truncate_to(s.seq_id, allocator.length(s.seq_id) - len(s.tokens))
+        raise
+    return spans
+
+
+def step_rows(allocator, seqs, spans, q_max: int):
+    """The step's rows, sequence after sequence: token ids, positions, the rows whose
+    logits are wanted, each row's place in a [B * Q_max] padded layout, the slots their
+    K/V go to; and each sequence's block table as far as the step reaches."""
+    bs = allocator.block_size
+    ids, positions, logits_rows, pad_rows, write_slots, blocks = [], [], [], [], [], []
+    offset = 0
+    for b, (s, (start, end)) in enumerate(zip(seqs, spans, strict=True)):
+        ids.extend(s.tokens)
+        positions.extend(start + d for d in s.depths())
+        n = end - start
+        logits_rows.extend(range(offset + n - s.num_logits, offset + n))
+        pad_rows.extend(range(b * q_max, b * q_max + n))
+        table = allocator.block_table(s.seq_id)[: -(-end // bs)]
+        write_slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+        blocks.append(list(table))
+        offset += n
+    return ids, positions, logits_rows, pad_rows, write_slots, blocks
 
 
 def _on(device, t) -> torch.Tensor:

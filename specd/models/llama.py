@@ -15,6 +15,8 @@ one native call (specd.models.decoder_stack) that makes the loop's calls in its 
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +30,8 @@ from specd.models.paged_kv import PagedKV, kv_dtype
 from specd.models.qlinear import QWeight, quantize
 from specd.models.row_cache import RowCache
 from specd.models.seq_input import SeqInput
+
+log = logging.getLogger(__name__)
 
 # the RoPE table is built in blocks of this many positions: each block's ops then run on
 # one thread (under ATen's grain), every value in the same vector code as a step's own
@@ -78,6 +82,8 @@ class LlamaModel:
         self._stack = None  # specd.models.decoder_stack's, built at the first paged step
         self._embed_rows: RowCache | None = None  # a quantised embedding's recent rows
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin by position
+        # on CUDA, the step of specd.models.gpu (Triton kernels, graphs once prepared)
+        self.gpu = gpu_step(self) if device.type == "cuda" else None
 
     def _linear(self, x, w, b=None):
         return linear(x, w, b, invariant=self.batch_invariant)
@@ -87,6 +93,8 @@ class LlamaModel:
     def forward(self, kv: PagedKV, seqs: list[SeqInput]) -> torch.Tensor:
         """Run new tokens of several sequences; returns fp32 logits [R, V] where R is the
         sum of `num_logits`, in batch order. Appends the tokens to `kv.allocator`."""
+        if self.gpu is not None:
+            return self.gpu.forward(kv, seqs)
         tile = INVARIANT_TILE if self.batch_invariant else 0
         if self._paged is None:
             self._paged = attention.available(self.device, self.dtype, self.args.head_dim)
@@ -102,13 +110,25 @@ class LlamaModel:
         into forwards? True when every matrix runs in the integer kernel (a row's result
         never depends on the other rows) and attention in the paged kernel (one query row
         at a time): then a prefix taken from the cache gives the logits that computing it
-        would, bit for bit (specd.kvcache's prefix cache is on by default only then)."""
+        would, bit for bit (specd.kvcache's prefix cache is on by default only then).
+        On a GPU: when its step runs fixed-tile GEMMs (specd.models.gpu.row_gemm)."""
+        if self.gpu is not None:
+            return self.gpu.invariant
         mats = [self.lm_head]
         for layer in self.layers:
             mats += [layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down]
         parts = [p for m in mats for p in (m if isinstance(m, list) else [m])]
         quantised = all(isinstance(p, QWeight) for p in parts)
         return quantised and attention.available(self.device, self.dtype, self.args.head_dim)
+
+    def prepare_steps(self, kv: PagedKV, max_seqs: int, max_rows: int) -> None:
+        """Capture the decode/verification steps of up to `max_seqs` sequences and
+        `max_rows` rows over `kv` as CUDA graphs (specd.models.gpu.graphs); nothing
+        where the model has no GPU step."""
+        if self.gpu is not None:
+            from specd.models.gpu.graphs import StepGraphs
+
+            self.gpu.graphs = StepGraphs(self.gpu, kv, max_seqs, max_rows)
 
     def trim_head(self, keep: torch.Tensor, bits: int | None = None) -> None:
         """Score only the token ids in `keep` [V'] (a drafter's trimmed head): logits come
@@ -214,3 +234,16 @@ class LlamaModel:
         if plan.pad_index is not None:
             out = out.index_select(0, plan.pad_index)  # back to the flat [T, ...]
         return self._linear(out, layer.wo, layer.bo)
+
+
+def gpu_step(model: LlamaModel):
+    """The GPU step for a model on CUDA, where Triton imports (SPECD_NO_TRITON=1: none;
+    the model then runs the torch path below, as on a CPU without the kernels)."""
+    if os.environ.get("SPECD_NO_TRITON"):
+        return None
+    try:
+        from specd.models.gpu.step import GpuStep
+    except ImportError as e:
+        log.warning("no Triton (%s): the GPU runs torch op by op, without graphs", e)
+        return None
+    return GpuStep(model)

@@ -1,0 +1,5 @@
+"""The forward on a GPU: Triton kernels for attention read in place from the paged pool and
+for a layer's element-wise work, GEMMs of one fixed row count (so every row rounds alike),
+and decode/verification steps replayed from CUDA graphs (`step.GpuStep`). Every kernel
+also runs under Triton's interpreter (`TRITON_INTERPRET=1`), which is how `make test`
+checks them on a CPU."""

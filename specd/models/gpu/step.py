@@ -1,0 +1,101 @@
+"""One forward of a Llama-family model on a GPU (`GpuStep`): the layer loop over the Triton
+kernels and the fixed-tile GEMMs, run eagerly for prefill and for any step past the
+captured sizes, or replayed from a CUDA graph (specd.models.gpu.graphs) for decode and
+verification. Both run the same kernels on the same shapes, so a row comes out the same
+bits either way, and the same as it would alone (see row_gemm and triton_attention)."""
+
+from __future__ import annotations
+
+import torch
+
+from specd.models.gpu import row_gemm, triton_attention, triton_layer_ops
+from specd.models.gpu.row_gemm import padded, row_linear
+from specd.models.gpu.step_inputs import HostRows, StepInputs
+from specd.models.seq_input import SeqInput
+
+SPLIT_KEYS = 256  # key positions per attention split (a constant: see triton_attention)
+
+
+class GpuStep:
+    def __init__(self, model, tile: int = row_gemm.TILE, split_keys: int = SPLIT_KEYS):
+        """`tile`: rows per GEMM (0: one GEMM of the step's own rows, not batch-invariant)."""
+        self.model = model
+        self.tile = tile
+        self.split_keys = split_keys
+        self.graphs = None  # specd.models.gpu.graphs.StepGraphs, once captured for a cache
+        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def invariant(self) -> bool:
+        """Is every row computed on its own, the same whatever else the step holds?"""
+        return self.tile > 0
+
+    def padded(self, rows: int) -> int:
+        return padded(rows, self.tile) if self.tile else rows
+
+    def max_keys(self, kv) -> int:
+        """Key positions a sequence can reach: the model's context, within the pool."""
+        pool = kv.allocator.num_blocks * kv.allocator.block_size
+        return min(self.model.args.max_position_embeddings, pool)
+
+    def rope(self, keys: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [positions, head_dim] for every position below `keys` (built once)."""
+        if self._rope is None or self._rope[0].shape[0] < keys:
+            self._rope = self.model._rope_rows(torch.arange(keys, device=self.model.device))
+        return self._rope
+
+    def forward(self, kv, seqs: list[SeqInput]) -> torch.Tensor:
+        """As LlamaModel.forward: fp32 logits [R, V] for each sequence's last num_logits."""
+        host = HostRows.build(kv.allocator, seqs)
+        graphs = self.graphs
+        if graphs is not None and graphs.kv is kv and graphs.fits(host):
+            logits = graphs.replay(host)
+        else:
+            logits = self.eager(kv, host)
+        index = torch.tensor(host.logits_rows, dtype=torch.long).to(logits.device)
+        out = logits.index_select(0, index).float()
+        if out.device.type == "cuda":  # the step's time is the forward's, not its reader's
+            torch.cuda.current_stream().synchronize()
+        return out
+
+    def eager(self, kv, host: HostRows) -> torch.Tensor:
+        pad, width = self.padded(host.rows), host.width
+        buffer = host.pack(pad, width).to(self.model.device, non_blocking=True)
+        inputs = StepInputs.view(buffer, pad, len(host.tables), width)
+        return self.run(kv, inputs, host.rows)
+
+    def run(self, kv, inputs: StepInputs, rows: int, out: torch.Tensor | None = None):
+        """The layers over `inputs` (laid out with `padded` rows, the first `rows` real)
+        -> logits [padded, V] in the activations' dtype (into `out` where given)."""
+        m, a = self.model, self.model.args
+        ops, eps = triton_layer_ops, a.rms_norm_eps
+        keys = self.max_keys(kv)
+        cos, sin = self.rope(keys)
+        splits = triton_attention.splits_for(keys, self.split_keys)
+        x = m.embed.index_select(0, inputs.ids)  # [padded, H]
+        mlp = None  # the last layer's MLP output, not yet added to x
+        for i, layer in enumerate(m.layers):
+            h = ops.add_rms_norm(x, mlp, layer.attn_norm, eps, rows)
+            qkv = self.linear(h, layer.wqkv)
+            q = ops.rope_store(
+                qkv, layer.bqkv, cos, sin, inputs.positions, inputs.slots, kv.k[i], kv.v[i],
+                a.num_heads, a.num_kv_heads, rows,
+            )  # fmt: skip
+            o = triton_attention.paged_attention(
+                q, kv.k[i], kv.v[i], inputs.table, inputs.row_seq, inputs.limit, inputs.end,
+                inputs.tree, kv.allocator.block_size, self.split_keys, splits, rows,
+            )  # fmt: skip
+            attn = self.linear(o.view(o.shape[0], -1), layer.wo, layer.bo)
+            h = ops.add_rms_norm(x, attn, layer.mlp_norm, eps, rows)
+            mlp = self.linear(ops.silu_mul(self.linear(h, layer.w_gate_up), rows), layer.w_down)
+        h = ops.add_rms_norm(x, mlp, m.norm, eps, rows)
+        return self.linear(h, m.lm_head, out=out)
+
+    def linear(self, x, w, b=None, out=None):
+        if self.tile:
+            y = row_linear(x, w, self.tile, out)
+        else:
+            y = torch.mm(x, w.t(), out=out) if out is not None else torch.mm(x, w.t())
+        if b is not None:
+            y += b
+        return y

@@ -1,0 +1,140 @@
+"""Attention read in place from the paged K/V pool, in Triton, with the CPU kernel's row
+semantics (specd.models.attention.PagedRows): row r of sequence `row_seq[r]` sees the keys
+j < limit[r] and limit[r] + i for each bit i of tree[r] (chains, trees, prefill chunks).
+
+Each program takes one query row, one K/V head and its group of query heads (GQA: the
+group is padded to 16 rows so that q K^T and P V are tensor-core dots), over one split of
+`split_keys` key positions; a second kernel combines the splits. The splits are fixed
+key ranges, the same in every step, and a row's result is computed from its own keys
+only: a row rounds the same alone, in a batch, in a graph or eagerly (flash-decoding's
+split-K, with the split boundaries a constant of the model rather than of the batch).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_N = 32  # keys per inner iteration
+NEG = -1.0e30  # a finite "minus infinity": exp(NEG - m) is 0 and NEG - NEG is 0, never NaN
+
+
+@triton.jit
+def _split_kernel(
+    q_ptr, k_ptr, v_ptr, table_ptr, row_seq_ptr, limit_ptr, end_ptr, tree_ptr,
+    acc_ptr, ml_ptr, table_stride, block_size, split_keys, scale,
+    HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr,
+    D: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    r = tl.program_id(0)
+    kvh = tl.program_id(1)
+    s = tl.program_id(2)
+    end = tl.load(end_ptr + r)
+    lo = s * split_keys
+    if lo < end:
+        hi = tl.minimum(lo + split_keys, end)
+        limit = tl.load(limit_ptr + r)
+        tree = tl.load(tree_ptr + r)
+        seq = tl.load(row_seq_ptr + r)
+        g = tl.arange(0, GP)
+        d = tl.arange(0, D)
+        heads = kvh * GROUP + g
+        live = g < GROUP
+        q = tl.load(q_ptr + (r * HEADS + heads)[:, None] * D + d[None, :], mask=live[:, None])
+        q = q.to(tl.float32)  # [GP, D]
+        m = tl.full([GP], NEG, tl.float32)
+        l = tl.zeros([GP], tl.float32)  # noqa: E741
+        acc = tl.zeros([GP, D], tl.float32)
+        for start in range(lo, hi, BLOCK):
+            j = start + tl.arange(0, BLOCK)
+            inside = j < hi
+            block = tl.load(table_ptr + seq * table_stride + j // block_size, mask=inside, other=0)
+            slot = block * block_size + j % block_size
+            at = (slot * KV_HEADS + kvh)[:, None] * D + d[None, :]
+            k = tl.load(k_ptr + at, mask=inside[:, None], other=0.0).to(tl.float32)  # [BLOCK, D]
+            v = tl.load(v_ptr + at, mask=inside[:, None], other=0.0).to(tl.float32)
+            off = j - limit  # a tree key's bit; keys below the limit are all seen
+            bit = (tree >> tl.minimum(tl.maximum(off, 0), 63).to(tl.int64)) & 1
+            seen = inside & ((off < 0) | ((off < 64) & (bit == 1)))
+            scores = tl.dot(q, tl.trans(k)) * scale  # [GP, BLOCK]
+            scores = tl.where(seen[None, :], scores, NEG)
+            m_new = tl.maximum(m, tl.max(scores, 1))
+            alpha = tl.exp(m - m_new)
+            p = tl.where(seen[None, :], tl.exp(scores - m_new[:, None]), 0.0)
+            l = l * alpha + tl.sum(p, 1)  # noqa: E741
+            acc = acc * alpha[:, None] + tl.dot(p, v)
+            m = m_new
+        part = (r * HEADS + heads) * SPLITS + s  # [GP]
+        tl.store(acc_ptr + part[:, None] * D + d[None, :], acc, mask=live[:, None])
+        tl.store(ml_ptr + 2 * part, m, mask=live)
+        tl.store(ml_ptr + 2 * part + 1, l, mask=live)
+
+
+@triton.jit
+def _combine_kernel(
+    acc_ptr, ml_ptr, end_ptr, out_ptr, split_keys,
+    HEADS: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr, SP: tl.constexpr,
+):  # fmt: skip
+    r = tl.program_id(0)
+    h = tl.program_id(1)
+    end = tl.load(end_ptr + r)
+    s = tl.arange(0, SP)
+    d = tl.arange(0, D)
+    used = s * split_keys < end  # splits past the row's last key were never written
+    part = (r * HEADS + h) * SPLITS + s
+    m = tl.load(ml_ptr + 2 * part, mask=used, other=NEG)
+    l = tl.load(ml_ptr + 2 * part + 1, mask=used, other=0.0)  # noqa: E741
+    acc = tl.load(acc_ptr + part[:, None] * D + d[None, :], mask=used[:, None], other=0.0)
+    w = tl.exp(m - tl.max(m, 0))  # [SP]
+    total = tl.sum(l * w, 0)
+    out = tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)  # [D]
+    tl.store(out_ptr + (r * HEADS + h) * D + d, out.to(out_ptr.dtype.element_ty))
+
+
+def splits_for(max_keys: int, split_keys: int) -> int:
+    """How many key splits a row can have, for a pool of `max_keys` positions a sequence."""
+    return max(1, -(-max_keys // split_keys))
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    table: torch.Tensor,
+    row_seq: torch.Tensor,
+    limit: torch.Tensor,
+    end: torch.Tensor,
+    tree: torch.Tensor,
+    block_size: int,
+    split_keys: int,
+    splits: int,
+    rows: int | None = None,
+) -> torch.Tensor:
+    """q [T, H, D] (after RoPE) -> [T, H, D], softmax(q K^T / sqrt(D)) V for each row over
+    the keys it sees. table [B, W] block tables; row_seq/limit/end/tree [T] per row (end:
+    one past the last key the row sees; 0 for a padding row, whose output is 0).
+    `splits` x `split_keys` must cover every row's keys. Only the first `rows` rows (all
+    where None) are computed."""
+    total, heads, dim = q.shape
+    rows = total if rows is None else rows
+    kv_heads = k_pool.shape[1]
+    group = heads // kv_heads
+    acc = torch.empty(rows, heads, splits, dim, device=q.device, dtype=torch.float32)
+    ml = torch.empty(rows, heads, splits, 2, device=q.device, dtype=torch.float32)
+    out = torch.empty_like(q)
+    if rows == 0:
+        return out
+    _split_kernel[(rows, kv_heads, splits)](
+        q, k_pool, v_pool, table, row_seq, limit, end, tree, acc, ml,
+        table.stride(0), block_size, split_keys, 1.0 / math.sqrt(dim),
+        HEADS=heads, KV_HEADS=kv_heads, GROUP=group, GP=max(16, triton.next_power_of_2(group)),
+        D=dim, SPLITS=splits, BLOCK=BLOCK_N,
+    )  # fmt: skip
+    _combine_kernel[(rows, heads)](
+        acc, ml, end, out, split_keys,
+        HEADS=heads, D=dim, SPLITS=splits, SP=triton.next_power_of_2(splits),
+    )  # fmt: skip
+    return out

@@ -51,7 +51,8 @@ test: lint models kernels deploy-tools
 # on a GPU machine: the CUDA tests, then the engine and forward tests on the GPU (skipped,
 # not failed, by `make test` where torch sees no GPU)
 test-cuda: setup
-	SPECD_REQUIRE_CUDA=1 $(PY) -m pytest -q -ra tests/cuda
+	SPECD_REQUIRE_CUDA=1 $(PY) -m pytest -q -ra tests/cuda tests/unit/test_gpu_kernels.py \
+	  tests/unit/test_gpu_step.py
 	SPECD_TEST_DEVICE=cuda $(PY) -m pytest -q -ra tests/unit/test_forward_parity.py \
 	  tests/unit/test_engine.py tests/unit/test_engine_exactness.py
 

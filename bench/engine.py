@@ -34,6 +34,7 @@ def _median_time(fn, repeats: int) -> float:
 
 def ours_decode(model, prompt: list[int], new_tokens: int) -> tuple[float, list[int]]:
     kv = PagedKV.for_model(model, num_blocks=-(-(len(prompt) + new_tokens + 1) // 16))
+    model.prepare_steps(kv, max_seqs=1, max_rows=8)  # CUDA graphs (nothing on a CPU)
     kv.allocator.allocate(0)
     logits = model.forward(kv, [SeqInput(0, prompt)])
     out = []

@@ -23,6 +23,7 @@ BENCHES = {  # `specd bench KIND` -> the module whose main() runs it
     "parity": "bench.parity",
     "controller": "bench.controller_sim",
     "matches": "bench.match_traces",
+    "gpu": "bench.gpu.run",
 }
 
 
@@ -125,6 +126,7 @@ def _add_bench(sub) -> None:
         "faults: SIGKILL a drafter and a verifier under load in specd up; "
         "doors: the OpenAI HTTP door vs gRPC, same router; "
         "structured: JSON-schema output on/off and vs unconstrained; "
-        "parity: greedy output with speculation on vs off, every workload prompt",
+        "parity: greedy output with speculation on vs off, every workload prompt; "
+        "gpu: the CUDA step on random weights of real shapes (bench/gpu/check.sh)",
     )
     bench.add_argument("rest", nargs=argparse.REMAINDER)

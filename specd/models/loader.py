@@ -134,16 +134,19 @@ def load_model(
     device: str | torch.device | None = None,
     weights: str = "bf16",
     kv: str = "auto",
+    dense: DenseTensors | None = None,
 ) -> LlamaModel:
     """`weights`: bf16 (the model's dtype), int8, int4 or auto (specd.models.weights);
-    `kv`: the K/V cache's dtype, auto, fp32, fp16 or bf16 (specd.models.paged_kv)."""
+    `kv`: the K/V cache's dtype, auto, fp32, fp16 or bf16 (specd.models.paged_kv);
+    `dense`: the dense tensors by name (default: the folder's safetensors; the GPU
+    benchmark passes a random model's, built on the device from the folder's config)."""
     folder = resolve(spec)
     config = load_config(folder)
     args = ModelArgs.from_hf(config)
     dev = torch.device(device) if device is not None else default_device()
     dt = dtype if isinstance(dtype, torch.dtype) else parse_dtype(dtype, dev)
     cache_dtype = kv_dtype(kv, dt)  # before the weights: a bad name fails fast
-    dense = DenseTensors(folder)
+    dense = DenseTensors(folder) if dense is None else dense
     fmt = choose(weights, dev)
     quant = load_quantised(folder, fmt, config, dense) if fmt in QUANTISED else {}
     tensors = _Tensors(folder, dense, quant, dt, dev)

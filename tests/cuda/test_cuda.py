@@ -91,3 +91,32 @@ def test_greedy_identical_on_and_off_in_the_default_configuration(cuda_pair, k, 
         assert engine.kv.allocator.num_used == 0 and proposer.kv.allocator.num_used == 0
     assert on == off
     assert 0 < totals[1] < totals[0]  # speculation ran, and rejected some drafts
+
+
+def test_the_default_step_is_graphs_over_triton_kernels(cuda_pair, caplog):
+    """bf16, the default tile: a decode row is the same bits alone, beside a verification
+    and a prefill chunk, eagerly and replayed from a captured graph; capture is logged."""
+    from specd.models.gpu.graphs import StepGraphs
+
+    target, _ = cuda_pair
+    assert target.gpu is not None and target.gpu.invariant and target.chunk_invariant()
+
+    def decode_b(batch: bool, graphs: bool):
+        kv = PagedKV.for_model(target, num_blocks=64, block_size=4)
+        for s in ("b", "a", "c"):
+            kv.allocator.allocate(s)
+        target.forward(kv, [SeqInput("b", list(range(5, 25)), 1)])
+        target.forward(kv, [SeqInput("a", list(range(30, 40)), 1)])
+        if graphs:
+            with caplog.at_level(logging.INFO, logger="specd.models.gpu.graphs"):
+                target.gpu.graphs = StepGraphs(target.gpu, kv, max_seqs=4, max_rows=24)
+            assert target.gpu.graphs.graphs[1] is not None  # captured
+        rest = [SeqInput("a", [8, 9, 10], 3), SeqInput("c", list(range(40, 52)), 1)]
+        out = target.forward(kv, [SeqInput("b", [7], 1)] + (rest if batch else []))[0]
+        target.gpu.graphs = None
+        return out
+
+    alone = decode_b(False, False)
+    for batch, graphs in ((True, False), (False, True), (True, True)):
+        assert torch.equal(alone, decode_b(batch, graphs)), (batch, graphs)
+    assert any("CUDA graphs" in r.getMessage() for r in caplog.records)

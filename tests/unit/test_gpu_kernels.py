@@ -12,6 +12,12 @@ from specd.models.attention import PagedRows
 from specd.models.seq_input import SeqInput
 
 BS = 4
+# compiled on a GPU; under Triton's interpreter on a CPU (tests/conftest.py)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def on(*tensors):
+    return [t.to(DEVICE) for t in tensors]
 
 
 def rows_of(rows: PagedRows) -> dict:
@@ -31,10 +37,9 @@ def pools(blocks, kv_heads, dim, dtype, seed=0):
 
 def attend(triton_attention, q, k, v, rows: PagedRows, split_keys: int, keys: int = 160):
     f = rows_of(rows)
-    return triton_attention.paged_attention(
-        q, k, v, f["table"], f["row_seq"], f["limit"], f["end"], rows.tree, BS, split_keys,
-        triton_attention.splits_for(keys, split_keys),
-    )  # fmt: skip
+    args = on(q, k, v, f["table"], f["row_seq"], f["limit"], f["end"], rows.tree)
+    splits = triton_attention.splits_for(keys, split_keys)
+    return triton_attention.paged_attention(*args, BS, split_keys, splits).cpu()
 
 
 def wide_tree(n: int, seed: int = 5) -> SeqInput:
@@ -72,7 +77,8 @@ def test_a_padding_row_reads_no_key_and_gives_zeros(triton_ops):
     zeros = torch.zeros(3, dtype=torch.long)
     limit = torch.tensor([5, 0, 0])
     end = torch.tensor([5, 0, 0])  # rows 1 and 2 are padding
-    out = triton_attention.paged_attention(q, k, v, table, zeros, limit, end, zeros, BS, 8, 4)
+    args = on(q, k, v, table, zeros, limit, end, zeros)
+    out = triton_attention.paged_attention(*args, BS, 8, 4).cpu()
     assert out[1:].abs().max() == 0
     ref = attention.reference(q[:1], k, v, PagedRows.build(table, BS, [(4, 5)], [None]))
     assert (out[:1] - ref).abs().max() < 1e-5
@@ -98,28 +104,27 @@ def test_layer_ops_match_the_torch_code(triton_ops, dtype):
     rows, hidden, heads, kv_heads, dim = 5, 64, 4, 2, 16
     ulp = 0.0 if dtype == torch.float32 else 2.0**-7  # the interpreter truncates to bf16
 
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(DEVICE, dtype)
+
     def close(a, b, scale=1.0):
         return (a.float() - b.float()).abs().max() <= 1e-5 + 2 * ulp * scale
 
-    x = torch.randn(rows, hidden, generator=g).to(dtype)
-    res = torch.randn(rows, hidden, generator=g).to(dtype)
-    w = torch.randn(hidden, generator=g).to(dtype)
+    x, res, w = rand(rows, hidden), rand(rows, hidden), rand(hidden)
     want_x, want_y = layer_ops.add_rms_norm(x, res, w, 1e-6, False)
     got_x = x.clone()
     got_y = ops.add_rms_norm(got_x, res, w, 1e-6, rows)
     assert close(got_x, want_x, 4) and close(got_y, want_y, 8)
 
-    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=g).to(dtype)
-    bias = torch.randn(qkv.shape[1], generator=g).to(dtype)
-    positions = torch.tensor([3, 9, 0, 4, 7])
-    slots = torch.tensor([5, 2, -1, 7, 0])  # row 2 writes nothing
+    qkv = rand(rows, (heads + 2 * kv_heads) * dim)
+    bias = rand(qkv.shape[1])
+    positions, slots = on(torch.tensor([3, 9, 0, 4, 7]), torch.tensor([5, 2, -1, 7, 0]))
     freqs = torch.arange(16)[:, None].float() / 10000 ** (torch.arange(0, dim, 2) / dim)
-    emb = torch.cat([freqs, freqs], -1)
+    emb = torch.cat([freqs, freqs], -1).to(DEVICE)
     cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
-    k_want, v_want = torch.zeros(8, kv_heads, dim, dtype=dtype), torch.zeros(8, kv_heads, dim)
-    v_want = v_want.to(dtype)
-    k_got, v_got = k_want.clone(), v_want.clone()
-    keep = slots >= 0
+    k_want = torch.zeros(8, kv_heads, dim, dtype=dtype, device=DEVICE)
+    v_want, k_got, v_got = k_want.clone(), k_want.clone(), k_want.clone()
+    keep = slots >= 0  # row 2 writes nothing
     want_q = layer_ops.rope_store(
         qkv[keep] + bias, cos[positions[keep]], sin[positions[keep]], k_want, v_want,
         slots[keep], heads, kv_heads, False,
@@ -130,15 +135,17 @@ def test_layer_ops_match_the_torch_code(triton_ops, dtype):
     assert close(got_q[keep], want_q, 4) and close(k_got, k_want, 4) and close(v_got, v_want, 4)
     assert k_got[[1, 3, 4, 6]].abs().max() == 0  # slots no row wrote
 
-    gate_up = torch.randn(rows, 2 * 96, generator=g).to(dtype)
+    gate_up = rand(rows, 2 * 96)
     assert close(ops.silu_mul(gate_up, rows), layer_ops.silu_mul(gate_up, False), 4)
 
 
 def test_layer_ops_leave_the_padding_rows_alone(triton_ops):
     _, ops = triton_ops
-    x = torch.randn(6, 32)
+    x = torch.randn(6, 32, device=DEVICE)
     before = x.clone()
-    y = torch.full((6, 32), 7.0)
-    ops.add_rms_norm(x, torch.ones(6, 32), torch.ones(32), 1e-6, 2, out=y)
+    y = torch.full((6, 32), 7.0, device=DEVICE)
+    ops.add_rms_norm(
+        x, torch.ones(6, 32, device=DEVICE), torch.ones(32, device=DEVICE), 1e-6, 2, out=y
+    )
     assert torch.equal(x[2:], before[2:]) and not torch.equal(x[:2], before[:2])
     assert (y[2:] == 7.0).all()

@@ -1,7 +1,7 @@
 """The GPU step (specd.models.gpu.step) and its graph buckets, on a CPU: the same Python,
-the Triton kernels under the interpreter, the graphs run eagerly over their static
-buffers (on a GPU, tests/cuda captures and replays them). Its forward against the model's
-own CPU forward; every row the same bits alone and in a batch, eagerly and from a bucket;
+the Triton kernels under the interpreter, the graphs run eagerly over their static buffers
+(`make test-cuda` runs them compiled and captured). Its forward against the model's own
+torch forward; every row the same bits alone and in a batch, eagerly and from a bucket;
 padding rows that write no K/V; and the engine's greedy output the same with speculation
 on and off when its target runs this step."""
 
@@ -15,6 +15,16 @@ from specd.models.seq_input import SeqInput
 from tests.conftest import make_tiny, make_tiny_pair, run_engine
 from verifier_service.engine import Engine
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load(folder):
+    """A tiny model on DEVICE in fp32, on the torch path (the reference); a test gives it
+    a GPU step of its own settings."""
+    model = load_model(folder, dtype="fp32", device=DEVICE)
+    model.gpu = None
+    return model
+
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
@@ -22,7 +32,7 @@ def models(tmp_path_factory):
     for kind in ("llama", "qwen2"):  # llama3 rope scaling; QKV bias and a tied head
         folder = tmp_path_factory.mktemp(f"gpu-step-{kind}")
         make_tiny(kind, folder)
-        out[kind] = load_model(folder, dtype="fp32", device="cpu")
+        out[kind] = load(folder)
     return out
 
 
@@ -122,9 +132,9 @@ def test_greedy_is_the_same_with_speculation_on_and_off(triton_ops, tmp_path_fac
     from drafter_service.draft_model import DraftModelProposer
 
     folder, draft_folder = make_tiny_pair(tmp_path_factory, "gpu-step")
-    target = load_model(folder, dtype="fp32", device="cpu")
+    target = load(folder)
     target.gpu = gpu_step(target, split_keys=128)
-    draft = load_model(draft_folder, dtype="fp32", device="cpu")
+    draft = load(draft_folder)
     prompts = [[5, 6, 7, 8, 9, 10, 5, 6, 7], [20, 31, 42, 53, 64], [3, 3, 11, 12, 13, 11, 12]]
     reqs = [dict(prompt=p, max_new_tokens=16) for p in prompts]
     config = EngineConfig(num_blocks=96, block_size=4, max_batch_size=4, max_draft_tokens=3)

@@ -4,7 +4,10 @@ j < limit[r] and limit[r] + i for each bit i of tree[r] (chains, trees, prefill 
 
 Each program takes one query row, one K/V head and its group of query heads (GQA: the
 group is padded to 16 rows so that q K^T and P V are tensor-core dots), over one split of
-`split_keys` key positions; a second kernel combines the splits. The splits are fixed
+`split_keys` key positions; a second kernel combines the splits. The dots take fp32
+operands: under 16-bit activations as TF32, which holds a bf16 or fp16 value exactly
+(Triton's interpreter, which tests them on a CPU, has no 16-bit dot); under fp32 ones
+in full precision. The splits are fixed
 key ranges, the same in every step, and a row's result is computed from its own keys
 only: a row rounds the same alone, in a batch, in a graph or eagerly (flash-decoding's
 split-K, with the split boundaries a constant of the model rather than of the batch).
@@ -27,7 +30,7 @@ def _split_kernel(
     q_ptr, k_ptr, v_ptr, table_ptr, row_seq_ptr, limit_ptr, end_ptr, tree_ptr,
     acc_ptr, ml_ptr, table_stride, block_size, split_keys, scale,
     HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr,
-    D: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr,
+    D: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     r = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -59,13 +62,13 @@ def _split_kernel(
             off = j - limit  # a tree key's bit; keys below the limit are all seen
             bit = (tree >> tl.minimum(tl.maximum(off, 0), 63).to(tl.int64)) & 1
             seen = inside & ((off < 0) | ((off < 64) & (bit == 1)))
-            scores = tl.dot(q, tl.trans(k)) * scale  # [GP, BLOCK]
+            scores = tl.dot(q, tl.trans(k), input_precision=DOT) * scale  # [GP, BLOCK]
             scores = tl.where(seen[None, :], scores, NEG)
             m_new = tl.maximum(m, tl.max(scores, 1))
             alpha = tl.exp(m - m_new)
             p = tl.where(seen[None, :], tl.exp(scores - m_new[:, None]), 0.0)
             l = l * alpha + tl.sum(p, 1)  # noqa: E741
-            acc = acc * alpha[:, None] + tl.dot(p, v)
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT)
             m = m_new
         part = (r * HEADS + heads) * SPLITS + s  # [GP]
         tl.store(acc_ptr + part[:, None] * D + d[None, :], acc, mask=live[:, None])
@@ -131,7 +134,7 @@ def paged_attention(
         q, k_pool, v_pool, table, row_seq, limit, end, tree, acc, ml,
         table.stride(0), block_size, split_keys, 1.0 / math.sqrt(dim),
         HEADS=heads, KV_HEADS=kv_heads, GROUP=group, GP=max(16, triton.next_power_of_2(group)),
-        D=dim, SPLITS=splits, BLOCK=BLOCK_N,
+        D=dim, SPLITS=splits, BLOCK=BLOCK_N, DOT="ieee" if q.dtype == torch.float32 else "tf32",
     )  # fmt: skip
     _combine_kernel[(rows, heads)](
         acc, ml, end, out, split_keys,

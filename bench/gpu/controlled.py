@@ -1,0 +1,47 @@
+"""A proposer at a controlled acceptance, for measuring speculation on random weights.
+
+It proposes the target's own greedy continuation (recorded from a plain run of the same
+prompt) with probability `acceptance` per draft, else another token, so the verifier
+accepts each draft with that probability until the first miss. With a draft model
+(`inner`) it first runs that model's real forwards and discards their tokens, so a round
+costs what a draft model's round costs; without one its drafts cost nothing, as an
+n-gram lookup's. Drafts are deterministic (no q): greedy verification is exact for any
+proposal, so the output must still be the target's own."""
+
+from __future__ import annotations
+
+import random
+
+from specd.proposal import DraftState, Proposal
+
+
+class ControlledProposer:
+    available = True
+
+    def __init__(
+        self, recorded: dict[tuple, list[int]], vocab: int, acceptance: float, inner=None, seed=0
+    ):
+        self.recorded = recorded  # prompt -> the target's greedy continuation
+        self.vocab = vocab
+        self.prompt_len = len(next(iter(recorded)))
+        self.acceptance = acceptance
+        self.inner = inner
+        self.rng = random.Random(seed)
+
+    def propose(self, states: list[DraftState]) -> list[Proposal]:
+        if self.inner is not None:
+            self.inner.propose(states)  # the draft model's forwards, for their cost
+        return [self._drafts(s) for s in states]
+
+    def _drafts(self, state: DraftState) -> Proposal:
+        prompt = tuple(state.tokens[: self.prompt_len])
+        done = len(state.tokens) - self.prompt_len
+        target = self.recorded[prompt][done : done + state.k]
+        drafts = [
+            t if self.rng.random() < self.acceptance else (t + 1) % self.vocab for t in target
+        ]
+        return Proposal(drafts, ngram=self.inner is None)
+
+    def close(self, seq_id) -> None:
+        if self.inner is not None:
+            self.inner.close(seq_id)

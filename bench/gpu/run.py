@@ -1,0 +1,253 @@
+"""`specd bench gpu`: the CUDA step against the GPU's bandwidth limit and against
+transformers with a static cache and `torch.compile`, on random weights with real
+models' shapes (bench.gpu.shapes), one run.
+
+    specd bench gpu [--target llama-3.2-3b] [--draft llama-3.2-1b] [--json F]
+
+1. The device's copy bandwidth, and the bytes a decode step reads: the limit in tok/s.
+2. Plain greedy decode at c = 1: specd's forward loop, specd's engine, and transformers
+   (`cache_implementation="static"`, forward compiled `reduce-overhead`, fullgraph).
+3. A verification step of n = 1..8 rows as a ratio to one row (graphs replayed).
+4. Plain throughput at c = 32 against c = 1 (the engine).
+5. Speculation at a controlled acceptance per draft (bench.gpu.controlled), k = 4, c = 1,
+   against plain in the same run: drafts that cost nothing (a lookup), drafts behind the
+   draft model's real forwards, and `auto` with the draft model; greedy outputs compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from bench.engine import ours_decode
+from bench.gpu.controlled import ControlledProposer
+from bench.gpu.shapes import SHAPES, build, bytes_per_token
+from specd.config import EngineConfig
+from specd.models.paged_kv import PagedKV
+from specd.models.seq_input import SeqInput
+from verifier_service.engine import Engine
+from verifier_service.request import Request, SpeculationBounds
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(device, gib: float = 1.0, repeats: int = 10) -> float:
+    """Bytes a second a device-to-device copy moves (read + written)."""
+    x = torch.empty(int(gib * 2**30), dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        y.copy_(x)
+    sync(device)
+    return 2 * x.numel() * repeats / (time.perf_counter() - t0)
+
+
+def verification_ratios(model, context: int, sizes, repeats: int = 20) -> dict[int, float]:
+    kv = PagedKV.for_model(model, -(-(context + max(sizes) + 1) // 16) + 1)
+    model.prepare_steps(kv, max_seqs=1, max_rows=max(sizes))
+    kv.allocator.allocate(0)
+    vocab = model.args.vocab_size
+    model.forward(kv, [SeqInput(0, [10 + i % (vocab - 20) for i in range(context)])])
+    times = {}
+    for n in sizes:
+        samples = []
+        for i in range(repeats + 2):
+            t0 = time.perf_counter()
+            model.forward(kv, [SeqInput(0, list(range(10, 10 + n)), num_logits=n)])
+            if i >= 2:
+                samples.append(time.perf_counter() - t0)
+            kv.allocator.truncate_to(0, context)
+        times[n] = statistics.median(samples)
+    return {n: round(t / times[1], 3) for n, t in times.items()} | {"one_row_ms": times[1] * 1e3}
+
+
+def engine_run(model, prompts, new: int, proposer=None, k: int = 0, auto=False, batch=1) -> dict:
+    """All prompts through one engine, `batch` at a time: tok/s over the whole run."""
+    blocks = batch * -(-(len(prompts[0]) + new + 2 * k + 2) // 16)
+    config = EngineConfig(max_batch_size=batch, num_blocks=blocks)
+    engine = Engine(model, config, proposer, eos_ids=set())
+    outputs: dict[int, list[int]] = {}
+    tokens = 0
+    t0 = time.perf_counter()
+    for start in range(0, len(prompts), batch):
+        ids = [
+            engine.add_request(
+                Request(p, max_new_tokens=new, num_draft=k, speculation=SpeculationBounds(auto))
+            )
+            for p in prompts[start : start + batch]
+        ]
+        outputs.update({i: [] for i in ids})
+        while engine.has_work():
+            for o in engine.step():
+                outputs[o.seq_id].extend(o.tokens)
+                tokens += len(o.tokens)
+    seconds = time.perf_counter() - t0
+    t = engine.totals
+    return {
+        "tok_per_s": round(tokens / seconds, 2),
+        "acceptance": round(t.accepted / t.drafted, 3) if t.drafted else None,
+        "outputs": list(outputs.values()),
+    }
+
+
+def transformers_compiled(hf, prompt: list[int], new: int) -> float:
+    """transformers `generate`, static cache, forward compiled (gpt-fast's recipe): decode
+    tok/s, a 1-token run's time (the prefill) taken off."""
+    hf.generation_config.cache_implementation = "static"
+    hf.forward = torch.compile(hf.forward, mode="reduce-overhead", fullgraph=True)
+    ids = torch.tensor([prompt], device=hf.device)
+    kw = dict(do_sample=False, min_new_tokens=new, max_new_tokens=new)
+    for _ in range(2):  # compiles and captures
+        hf.generate(ids, **kw)
+    times = []
+    for n in (1, new):
+        sync(hf.device)
+        t0 = time.perf_counter()
+        hf.generate(ids, **dict(kw, min_new_tokens=n, max_new_tokens=n))
+        sync(hf.device)
+        times.append(time.perf_counter() - t0)
+    return (new - 1) / (times[1] - times[0])
+
+
+def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(10, vocab - 10, (length,), generator=g).tolist() for _ in range(n)]
+
+
+def speculation(model, draft, prompts, new: int, k: int, acceptance: float) -> dict:
+    """Plain, then controlled drafts (free and behind the draft model), then `auto`."""
+    from drafter_service.draft_model import DraftModelProposer
+
+    plain = engine_run(model, prompts, new)
+    recorded = {tuple(p): out for p, out in zip(prompts, plain["outputs"], strict=True)}
+    vocab = model.args.vocab_size
+
+    def controlled(inner):
+        return ControlledProposer(recorded, vocab, acceptance, inner)
+
+    def drafter():
+        if draft.gpu is not None:
+            draft.gpu.tile = 0  # as load_draft_model sets it
+        return DraftModelProposer(draft, num_blocks=4096)
+
+    runs = {
+        "off": plain,
+        "lookup": engine_run(model, prompts, new, controlled(None), k),
+        "draft": engine_run(model, prompts, new, controlled(drafter()), k),
+        "draft-auto": engine_run(model, prompts, new, controlled(drafter()), k, auto=True),
+    }
+    out = {}
+    for name, run in runs.items():
+        out[name] = {
+            "tok_per_s": run["tok_per_s"],
+            "vs_off": round(run["tok_per_s"] / plain["tok_per_s"], 3),
+            "acceptance": run["acceptance"],
+            "identical_to_off": run["outputs"] == plain["outputs"],
+        }
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specd bench gpu", description=__doc__.split("\n")[0])
+    p.add_argument("--target", default="llama-3.2-3b", choices=sorted(SHAPES))
+    p.add_argument("--draft", default="llama-3.2-1b", choices=sorted(SHAPES))
+    p.add_argument("--also", default="qwen2.5-1.5b", help="more targets: plain decode, no peer")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--acceptance", type=float, default=0.8)
+    p.add_argument("-k", type=int, default=4)
+    p.add_argument("--no-peer", action="store_true", help="skip transformers")
+    p.add_argument("--json", help="write the report here")
+    return p
+
+
+def _decode(report: dict, shape: str, args):
+    """Plain decode of `shape` at c = 1 against its limit; -> (transformers model, ours)."""
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    hf, ours = build(shape, args.device, dtype)
+    prompt = _prompts(1, args.prompt_tokens, ours.args.vocab_size, 0)[0]
+    loop, _ = ours_decode(ours, prompt, args.new_tokens)  # model.forward alone
+    engine = engine_run(ours, [prompt], args.new_tokens)["tok_per_s"]
+    size = bytes_per_token(ours)
+    limit = report["copy_bandwidth_gbs"] * 1e9 / size
+    report["decode"][shape] = {
+        "weight_bytes_per_token": size,
+        "limit_tok_per_s": round(limit, 1),
+        "forward_loop_tok_per_s": round(loop, 1),
+        "engine_tok_per_s": engine,
+        "engine_of_limit": round(engine / limit, 3),
+    }
+    print(f"{shape}: limit {limit:.0f} tok/s; forward loop {loop:.1f}, engine {engine:.1f}")
+    return hf, ours, prompt
+
+
+def _peer(report: dict, shape: str, hf, prompt, new: int) -> None:
+    r = report["decode"][shape]
+    try:
+        r["transformers_compiled_tok_per_s"] = round(transformers_compiled(hf, prompt, new), 1)
+        r["engine_vs_transformers"] = round(
+            r["engine_tok_per_s"] / r["transformers_compiled_tok_per_s"], 3
+        )
+        print(f"{shape}: transformers static + compile {r['transformers_compiled_tok_per_s']}")
+    except Exception as e:  # the peer's failure is reported, ours is not hidden
+        r["transformers_error"] = f"{type(e).__name__}: {e}"[:500]
+        print(f"{shape}: transformers failed: {r['transformers_error']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    report: dict = {"device": args.device, "torch": torch.__version__, "decode": {}}
+
+    def save():  # after every part: a run cut short keeps what it measured
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=1))
+
+    if args.device == "cuda":
+        report["gpu"] = torch.cuda.get_device_name()
+    report["copy_bandwidth_gbs"] = round(copy_bandwidth(args.device) / 1e9, 1)
+    print(f"copy bandwidth {report['copy_bandwidth_gbs']} GB/s")
+    hf, target, prompt = _decode(report, args.target, args)
+    save()
+    context = min(512, target.args.max_position_embeddings // 2)
+    report["verification_ratio"] = verification_ratios(target, context, (1, 2, 3, 4, 5, 6, 8))
+    print(f"verification / one row: {report['verification_ratio']}")
+    vocab = target.args.vocab_size
+    one = _prompts(1, args.prompt_tokens, vocab, 1)
+    many = _prompts(32, args.prompt_tokens, vocab, 2)
+    c1 = engine_run(target, one, args.new_tokens // 2)["tok_per_s"]
+    c32 = engine_run(target, many, args.new_tokens // 2, batch=32)["tok_per_s"]
+    report["c32"] = {"c1_tok_per_s": c1, "c32_tok_per_s": c32, "ratio": round(c32 / c1, 2)}
+    print(f"c = 32 plain: {c32} tok/s, {c32 / c1:.1f}x c = 1")
+    save()
+    _, draft = build(args.draft, args.device, target.dtype, seed=1)
+    prompts = _prompts(4, args.prompt_tokens, vocab, 3)
+    new = args.new_tokens // 2
+    report["speculation"] = speculation(target, draft, prompts, new, args.k, args.acceptance)
+    report["speculation"]["setting"] = dict(k=args.k, acceptance=args.acceptance, c=1)
+    for name, r in report["speculation"].items():
+        print(f"speculation {name}: {r}")
+    del draft
+    save()
+    if not args.no_peer:
+        _peer(report, args.target, hf, prompt, args.new_tokens)
+        save()
+    del hf, target
+    for shape in filter(None, args.also.split(",")):
+        _decode(report, shape, args)  # plain decode only: the peer's compile takes minutes
+        save()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -133,11 +133,13 @@ def test_greedy_is_the_same_with_speculation_on_and_off(triton_ops, tmp_path_fac
 
     folder, draft_folder = make_tiny_pair(tmp_path_factory, "gpu-step")
     target = load(folder)
-    target.gpu = gpu_step(target, split_keys=128)
+    target.gpu = gpu_step(target, split_keys=512)
     draft = load(draft_folder)
     prompts = [[5, 6, 7, 8, 9, 10, 5, 6, 7], [20, 31, 42, 53, 64], [3, 3, 11, 12, 13, 11, 12]]
-    reqs = [dict(prompt=p, max_new_tokens=16) for p in prompts]
-    config = EngineConfig(num_blocks=96, block_size=4, max_batch_size=4, max_draft_tokens=3)
+    reqs = [dict(prompt=p, max_new_tokens=12) for p in prompts]
+    config = EngineConfig(
+        num_blocks=96, block_size=4, max_batch_size=4, max_draft_tokens=3, max_tree_tokens=0
+    )
     off = run_engine(Engine(target, config, None, eos_ids=set()), reqs)
     proposer = DraftModelProposer(draft, num_blocks=96, block_size=4)
     engine = Engine(target, config, proposer, eos_ids=set())

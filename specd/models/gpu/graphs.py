@@ -43,11 +43,11 @@ class StepGraphs:
         self.buffer = torch.zeros(
             StepInputs.size(largest, max_seqs, self.width), dtype=torch.int64, device=device
         )
-        padding = HostRows([[]] * FIELDS, [], []).pack(largest, 0)  # every row a padding row
-        self.buffer[: padding.numel()].copy_(padding)
-        self.staging = torch.empty_like(self.buffer, device="cpu")
+        self.staging = torch.zeros_like(self.buffer, device="cpu")
         if device.type == "cuda":
             self.staging = self.staging.pin_memory()
+        HostRows([[]] * FIELDS, [], []).pack(largest, 0, self.staging.numpy())  # all padding
+        self.buffer.copy_(self.staging)
         vocab = step.model.lm_head.shape[0]
         self.logits = torch.empty(largest, vocab, dtype=step.model.dtype, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph | None] = {}
@@ -67,9 +67,7 @@ class StepGraphs:
         """Run the step in its bucket -> logits [padded, V] (a view of the static buffer)."""
         size = self.bucket(host.rows)
         pad = self.step.padded(size)
-        packed = host.pack(pad, self.width)
-        n = packed.numel()
-        self.staging[:n].copy_(packed)
+        n = host.pack(pad, self.width, self.staging.numpy()).size  # the last step has read it
         self.buffer[:n].copy_(self.staging[:n], non_blocking=True)
         graph = self.graphs[size]
         if graph is None:  # not captured (no CUDA): the same kernels over the same views
@@ -91,8 +89,9 @@ class StepGraphs:
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            self._run(self.sizes[-1])  # compiles the kernels, outside any capture
+        with torch.cuda.stream(stream):  # every bucket's kernels compiled outside any capture
+            for size in self.sizes:  # (Triton specialises on its views' alignments too)
+                self._run(size)
         torch.cuda.current_stream().wait_stream(stream)
         for size in reversed(self.sizes):  # largest first: the pool grows once
             graph = torch.cuda.CUDAGraph()

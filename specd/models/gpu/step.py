@@ -60,7 +60,7 @@ class GpuStep:
 
     def eager(self, kv, host: HostRows) -> torch.Tensor:
         pad, width = self.padded(host.rows), host.width
-        buffer = host.pack(pad, width).to(self.model.device, non_blocking=True)
+        buffer = torch.from_numpy(host.pack(pad, width)).to(self.model.device)
         inputs = StepInputs.view(buffer, pad, len(host.tables), width)
         return self.run(kv, inputs, host.rows)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from specd.kvcache import BlockAllocator
@@ -53,20 +54,22 @@ class HostRows:
         end = [lim + (t % (1 << 64)).bit_length() for lim, t in zip(limit, tree, strict=True)]
         return cls([ids, positions, slots, row_seq, limit, end, tree], tables, logits_rows)
 
-    def pack(self, padded: int, width: int) -> torch.Tensor:
-        """The int64 buffer of the layout above (sized for `padded` rows, tables `width`
-        wide); a table past `width` is an error."""
-        n = self.rows
-        flat: list[int] = []
-        for values, pad in zip(self.fields, PAD, strict=True):
-            flat.extend(values)
-            flat.extend([pad] * (padded - n))
-        for table in self.tables:
+    def pack(self, padded: int, width: int, out: np.ndarray | None = None) -> np.ndarray:
+        """The int64 buffer of the layout above, sized for `padded` rows and block tables
+        `width` wide (a table past `width` is an error), written into `out` where given:
+        its table entries past each table's end are left as they were (never read)."""
+        n, rows = self.rows, self.fields
+        size = StepInputs.size(padded, len(self.tables), width)
+        buf = np.zeros(size, dtype=np.int64) if out is None else out[:size]
+        for f, (values, pad) in enumerate(zip(rows, PAD, strict=True)):
+            buf[f * padded : f * padded + n] = values
+            buf[f * padded + n : (f + 1) * padded] = pad
+        base = FIELDS * padded
+        for b, table in enumerate(self.tables):
             if len(table) > width:
                 raise ValueError(f"a block table of {len(table)} blocks is past {width}")
-            flat.extend(table)
-            flat.extend([0] * (width - len(table)))
-        return torch.tensor(flat, dtype=torch.int64)
+            buf[base + b * width : base + b * width + len(table)] = table
+        return buf
 
 
 @dataclass

@@ -46,7 +46,8 @@ def _split_kernel(
         d = tl.arange(0, D)
         heads = kvh * GROUP + g
         live = g < GROUP
-        q = tl.load(q_ptr + (r * HEADS + heads)[:, None] * D + d[None, :], mask=live[:, None])
+        at_q = (r * HEADS + heads)[:, None] * D + d[None, :]
+        q = tl.load(q_ptr + at_q, mask=live[:, None], other=0.0)
         q = q.to(tl.float32)  # [GP, D]
         m = tl.full([GP], NEG, tl.float32)
         l = tl.zeros([GP], tl.float32)  # noqa: E741
@@ -84,17 +85,19 @@ def _combine_kernel(
     r = tl.program_id(0)
     h = tl.program_id(1)
     end = tl.load(end_ptr + r)
-    s = tl.arange(0, SP)
     d = tl.arange(0, D)
-    used = s * split_keys < end  # splits past the row's last key were never written
-    part = (r * HEADS + h) * SPLITS + s
-    m = tl.load(ml_ptr + 2 * part, mask=used, other=NEG)
-    l = tl.load(ml_ptr + 2 * part + 1, mask=used, other=0.0)  # noqa: E741
-    acc = tl.load(acc_ptr + part[:, None] * D + d[None, :], mask=used[:, None], other=0.0)
-    w = tl.exp(m - tl.max(m, 0))  # [SP]
-    total = tl.sum(l * w, 0)
-    out = tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)  # [D]
-    tl.store(out_ptr + (r * HEADS + h) * D + d, out.to(out_ptr.dtype.element_ty))
+    if end == 0:  # a padding row: zeros, so that the layers after it stay finite
+        tl.store(out_ptr + (r * HEADS + h) * D + d, tl.zeros([D], out_ptr.dtype.element_ty))
+    else:
+        s = tl.arange(0, SP)
+        used = s * split_keys < end  # splits past the row's last key were never written
+        part = (r * HEADS + h) * SPLITS + s
+        m = tl.load(ml_ptr + 2 * part, mask=used, other=NEG)
+        l = tl.load(ml_ptr + 2 * part + 1, mask=used, other=0.0)  # noqa: E741
+        acc = tl.load(acc_ptr + part[:, None] * D + d[None, :], mask=used[:, None], other=0.0)
+        w = tl.exp(m - tl.max(m, 0))  # [SP]
+        out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)  # [D]
+        tl.store(out_ptr + (r * HEADS + h) * D + d, out.to(out_ptr.dtype.element_ty))
 
 
 def splits_for(max_keys: int, split_keys: int) -> int:

@@ -141,16 +141,21 @@ def build_proposer(config):
     return proposer, model.args.vocab_size, name
 
 
-async def serve(config, ready=None) -> None:
-    """Load the drafter's model (or n-gram), serve until a signal."""
+async def serve(config, ready=None, built=None) -> None:
+    """Load the drafter's model (or n-gram), serve until a signal. `built`: a proposer
+    built already, as (proposer, vocab size, name), served without a tokenizer (the GPU
+    benchmark's, on random weights)."""
     from specd.models.loader import eos_token_ids, load_config, load_tokenizer, resolve
     from specd.serving import serve_servicer
     from specd.telemetry import setup
 
-    # built on the thread that will run it (see specd/model_thread.py)
-    proposer, vocab, name = await on_model_thread("drafter", build_proposer, config)
-    folder = resolve(config.model)
-    tokenizer, eos = load_tokenizer(folder), eos_token_ids(folder, load_config(folder))
+    tokenizer, eos = None, None
+    if built is None:
+        # built on the thread that will run it (see specd/model_thread.py)
+        built = await on_model_thread("drafter", build_proposer, config)
+        folder = resolve(config.model)
+        tokenizer, eos = load_tokenizer(folder), eos_token_ids(folder, load_config(folder))
+    proposer, vocab, name = built
     telemetry = setup("drafter", config.metrics_port)
     servicer = DrafterServicer(
         proposer,

@@ -11,7 +11,8 @@ models' shapes (bench.gpu.shapes), one run.
 4. Plain throughput at c = 32 against c = 1 (the engine).
 5. Speculation at a controlled acceptance per draft (bench.gpu.controlled), k = 4, c = 1,
    against plain in the same run: drafts that cost nothing (a lookup), drafts behind the
-   draft model's real forwards, and `auto` with the draft model; greedy outputs compared.
+   draft model's real forwards, and `auto` with the draft model; greedy outputs compared;
+   then the same through verifier and drafter processes (bench.gpu.services).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 
 from bench.engine import ours_decode
 from bench.gpu.controlled import ControlledProposer
+from bench.gpu.services import compare
 from bench.gpu.shapes import SHAPES, build, bytes_per_token
 from specd.config import EngineConfig
 from specd.models.paged_kv import PagedKV
@@ -124,8 +126,10 @@ def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return [torch.randint(10, vocab - 10, (length,), generator=g).tolist() for _ in range(n)]
 
 
-def speculation(model, draft, prompts, new: int, k: int, acceptance: float) -> dict:
-    """Plain, then controlled drafts (free and behind the draft model), then `auto`."""
+def speculation(model, draft, prompts, new: int, k: int, acceptance: float, services=None):
+    """Plain, then controlled drafts (free and behind the draft model), then `auto`; and
+    with `services` (target and draft shape) the same through verifier and drafter
+    processes (bench.gpu.services)."""
     from drafter_service.draft_model import DraftModelProposer
 
     plain = engine_run(model, prompts, new)
@@ -147,6 +151,13 @@ def speculation(model, draft, prompts, new: int, k: int, acceptance: float) -> d
         "draft-auto": engine_run(model, prompts, new, controlled(drafter()), k, auto=True),
     }
     out = {}
+    if services is not None:
+        device = str(model.device)
+        out["services"] = compare(recorded, vocab, prompts, new, k, acceptance, services, device)
+        for name in ("lookup", "draft"):  # what the processes and gRPC cost
+            s = out["services"][name]
+            s["on_vs_in_process"] = round(s["on_tok_per_s"] / runs[name]["tok_per_s"], 3)
+            s["off_vs_in_process"] = round(s["off_tok_per_s"] / plain["tok_per_s"], 3)
     for name, run in runs.items():
         out[name] = {
             "tok_per_s": run["tok_per_s"],
@@ -168,6 +179,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--acceptance", type=float, default=0.8)
     p.add_argument("-k", type=int, default=4)
     p.add_argument("--no-peer", action="store_true", help="skip transformers")
+    p.add_argument("--no-services", action="store_true", help="skip the gRPC services")
     p.add_argument("--json", help="write the report here")
     return p
 
@@ -233,7 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     _, draft = build(args.draft, args.device, target.dtype, seed=1)
     prompts = _prompts(4, args.prompt_tokens, vocab, 3)
     new = args.new_tokens // 2
-    report["speculation"] = speculation(target, draft, prompts, new, args.k, args.acceptance)
+    services = None if args.no_services else (args.target, args.draft)
+    report["speculation"] = speculation(
+        target, draft, prompts, new, args.k, args.acceptance, services
+    )
     report["speculation"]["setting"] = dict(k=args.k, acceptance=args.acceptance, c=1)
     for name, r in report["speculation"].items():
         print(f"speculation {name}: {r}")

@@ -31,7 +31,8 @@ def test_controlled_drafts_are_accepted_as_set(tiny, acceptance):
 
 def test_the_bench_reports_every_part(tmp_path):
     out = tmp_path / "gpu.json"
-    argv = ["--device", "cpu", "--target", "tiny", "--draft", "tiny", "--also", "", "--no-peer"]
+    argv = ["--device", "cpu", "--target", "tiny", "--draft", "tiny", "--also", ""]
+    argv += ["--no-peer", "--no-services"]
     assert run.main([*argv, "--new-tokens", "24", "--prompt-tokens", "12", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     decode = report["decode"]["tiny"]

@@ -152,7 +152,7 @@ def _doors(args):
     if args.target:
         yield args.target, args.http.rstrip("/")
         return
-    from specd.processes import free_port, services_running
+    from launcher.processes import free_port, services_running
 
     port = free_port()
     flags = {"router_flags": ("--http-port", str(port))}

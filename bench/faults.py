@@ -27,8 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
+from launcher.processes import free_port
 from router.client import SpecdClient
-from specd.processes import free_port
 
 PROMPTS = [
     "Write a Python function that merges two sorted lists.",
@@ -46,7 +46,7 @@ class Up:
     """`specd up` as a child process, its output collected line by line in a thread."""
 
     def __init__(self, *flags: str):
-        cmd = [sys.executable, "-m", "specd.cli", "up", *flags]
+        cmd = [sys.executable, "-m", "launcher", "up", *flags]
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )

@@ -19,6 +19,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bench.prompts import WARM_UP_TOKENS
 from specd.models.catalog import CATALOG, cache_root
 
 VARIANTS = {
@@ -104,7 +105,6 @@ def server(name: str, model: str, draft_model: str, slots: int, log_dir):
 
 
 def run_variant(name, model, draft_model, conversations, levels, requests, max_new, log_dir):
-    from bench.sweep import WARM_UP_TOKENS
 
     cells = []
     with server(name, model, draft_model, max(levels), log_dir) as port:

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.target:
         report = run(args.target, workloads, args.max_new_tokens)
     else:
-        from specd.processes import services_running
+        from launcher.processes import services_running
 
         with services_running(args.model, args.draft_model, args.dtype, "specd-parity-") as s:
             report = run(s["router"].address, workloads, args.max_new_tokens)

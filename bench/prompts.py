@@ -7,6 +7,9 @@ import json
 from pathlib import Path
 
 WORKLOADS = Path(__file__).parent / "workloads"
+# every prompt's first tokens, run by every mode before a sweep's cells: enough for a
+# drafting mode to draft, so its drafter has seen the prompt (bench/sweep.py, the peers)
+WARM_UP_TOKENS = 8
 
 
 def load_items(workload: str) -> list[dict]:

@@ -28,7 +28,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from bench.soak_requests import EXPECTED, SoakRequest, mixed_requests, send
-from specd.processes import scrape, start_services, verifier_load
+from launcher.processes import scrape, start_services, verifier_load
 
 MAX_RSS_GROWTH = 0.10
 

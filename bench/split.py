@@ -108,7 +108,7 @@ def _router(address: str):
         yield address
         return
     cluster = subprocess.Popen(
-        [sys.executable, "-m", "specd.cli", "up"], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", "launcher", "up"], stdout=subprocess.PIPE, text=True
     )
     try:
         if not any("specd is up" in line for line in cluster.stdout):

@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.target:
         runs = asyncio.run(run(args.target, items, args.repeats, args.max_new_tokens))
     else:
-        from specd.processes import services_running
+        from launcher.processes import services_running
 
         with services_running(args.model, args.draft_model, args.dtype, "specd-structured-") as s:
             runs = asyncio.run(run(s["router"].address, items, args.repeats, args.max_new_tokens))

@@ -37,7 +37,7 @@ import anyio
 import grpc
 from tqdm import tqdm
 
-from bench.prompts import load_conversations
+from bench.prompts import WARM_UP_TOKENS, load_conversations
 from bench.sweep_peers import add_peer
 from bench.sweep_report import (
     against_best,
@@ -51,7 +51,6 @@ from protos.specd.v1 import router_pb2_grpc
 from router.client import build_request
 
 WARM_UP = [{"role": "user", "content": "Write a Python function that reverses a string."}]
-WARM_UP_TOKENS = 8  # enough for a drafting mode to draft, so its drafter sees the prompt
 
 # modes that are "on" with the drafter process swapped for another proposer
 SWAPPED = {"ngram", "combined"}
@@ -265,7 +264,7 @@ def _specd_cells(args, modes: list[str], run: dict) -> dict:
     services started here (then ngram/combined swap the drafter between modes)."""
     if args.target:
         return sweep(args.target, modes=modes, label=args.label, **run)
-    from specd.processes import replace_drafter, start_services
+    from launcher.processes import replace_drafter, start_services
 
     logs = Path(tempfile.mkdtemp(prefix="specd-sweep-"))
     services = start_services(

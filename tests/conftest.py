@@ -168,9 +168,9 @@ def run_engine(engine, requests: list[dict]) -> dict[int, list[int]]:
 
 
 def run_specd(args: list[str], timeout: float) -> subprocess.CompletedProcess:
-    """`python -m specd.cli *args` in a process group of its own, killed whole at the end:
+    """`python -m launcher *args` in a process group of its own, killed whole at the end:
     a run past `timeout` fails the test without leaving the services it started behind."""
-    cmd = [sys.executable, "-m", "specd.cli", *args]
+    cmd = [sys.executable, "-m", "launcher", *args]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )

@@ -21,7 +21,7 @@ status=0
 SPECD_REQUIRE_CUDA=1 SPECD_TEST_DEVICE=cuda timeout 200 python3 -m pytest -q -ra -p no:cacheprovider \
   tests/cuda tests/unit/test_gpu_kernels.py tests/unit/test_gpu_step.py 2>&1 | tee "$OUT/tests.log" \
   || status=1
-timeout 300 python3 -m specd.cli bench gpu --json "$OUT/gpu.json" 2>&1 | tee "$OUT/bench.log" \
+timeout 300 python3 -m launcher bench gpu --json "$OUT/gpu.json" 2>&1 | tee "$OUT/bench.log" \
   || status=1
 timeout 60 python3 -m bench.gpu.profile 2>&1 | tee "$OUT/profile.log" || status=1
 exit $status

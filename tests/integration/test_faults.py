@@ -15,9 +15,9 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import grpc
 import pytest
 
+from launcher.processes import ROUTER_READY, ServerProcess, free_port, scrape
 from router.client import SpecdClient
 from specd.channels import check_health
-from specd.processes import ROUTER_READY, ServerProcess, free_port, scrape
 from tests.cluster import save_tiny_cluster_model
 
 pytestmark = pytest.mark.timeout(300)

@@ -8,9 +8,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from launcher.processes import verifier_load
 from router.client import SpecdClient
 from router.policy import Policy
-from specd.processes import verifier_load
 from tests.cluster import start_cluster
 
 POLICY = Policy.from_dict(

@@ -12,9 +12,9 @@ import openai
 import pytest
 
 from bench.faults import Up
+from launcher.processes import free_port
 from router.client import SpecdClient
 from specd.channels import check_health
-from specd.processes import free_port
 from tests.cluster import save_tiny_cluster_model
 from tests.conftest import real_model_or_skip
 
@@ -27,7 +27,7 @@ def test_specd_up_starts_serves_and_stops_cleanly():
     cmd = [
         sys.executable,
         "-m",
-        "specd.cli",
+        "launcher",
         "up",
         "--target",
         "small",

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from launcher.processes import free_port
 from protos.specd.v1 import drafter_pb2
-from specd.processes import free_port
 from verifier_service.drafter_stream import DraftStream
 
 

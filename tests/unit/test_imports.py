@@ -1,5 +1,6 @@
-"""The import rules of DESIGN.md, checked on the source: protos <- specd <- services, the
-three services siblings that never import each other, and a router that needs no torch."""
+"""The import rules, checked on the source: protos <- specd <- services <-
+launcher, the three services siblings that never import each other, and a router that
+needs no torch."""
 
 import ast
 import subprocess
@@ -8,8 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("drafter_service", "verifier_service", "router")
-# the command line starts the services, so it alone in specd/ names them (lazily)
-LAUNCHER = ROOT / "specd" / "cli.py"
+LAYERS = ("protos", "specd", *SERVICES, "launcher")
 
 
 def imported(path: Path) -> set[str]:
@@ -25,16 +25,14 @@ def imported(path: Path) -> set[str]:
 
 def arrows(root: Path = ROOT) -> list[str]:
     wrong = []
-    for package in ("protos", "specd", *SERVICES):
+    for package in LAYERS:
         allowed = {
             "protos": set(),
             "specd": {"protos"},
+            "launcher": {"protos", "specd", *SERVICES},
         }.get(package, {"protos", "specd", package})
-        ours = {"protos", "specd", *SERVICES}
         for path in sorted((root / package).rglob("*.py")):
-            if path == LAUNCHER:
-                continue
-            for target in (imported(path) & ours) - allowed - {package}:
+            for target in (imported(path) & set(LAYERS)) - allowed - {package}:
                 wrong.append(f"{path.relative_to(root)} imports {target}")
     return wrong
 
@@ -49,12 +47,15 @@ def test_the_check_sees_a_wrong_arrow(tmp_path):
         "specd": "import router.client\n",
         "protos": "from specd import wire\n",
         "drafter_service": "from specd.params import SamplingParams\n",  # allowed
+        "verifier_service": "def f():\n    from launcher.cli import main\n",
+        "launcher": "import router.server, verifier_service.engine\n",  # allowed
     }.items():
         (tmp_path / package).mkdir()
         (tmp_path / package / "probe.py").write_text(source)
     assert arrows(tmp_path) == [
         "protos/probe.py imports specd",
         "specd/probe.py imports router",
+        "verifier_service/probe.py imports launcher",
         "router/probe.py imports verifier_service",
     ]
 

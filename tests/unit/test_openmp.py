@@ -52,7 +52,7 @@ _SERVE = textwrap.dedent(
             module.serve = serve
 
     sys.meta_path.insert(0, Server())
-    from specd.cli import main
+    from launcher.cli import main
 
     main(sys.argv[1:])
     print(seen)

@@ -118,7 +118,7 @@ def test_a_bad_policy_file_at_start_is_a_clear_error(tmp_path):
     with pytest.raises(PolicyError, match=r"policy\.yaml: default\.num_draft_tokens"):
         PolicyFile(str(path))
     proc = subprocess.run(
-        [sys.executable, "-m", "specd.cli", "serve", "router", "--policy-file", str(path)],
+        [sys.executable, "-m", "launcher", "serve", "router", "--policy-file", str(path)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import sys
 
-from specd.cli_parser import BENCHES, ROLES, build_parser
+from launcher.cli_parser import BENCHES, ROLES, build_parser
 from specd.config import from_arguments
 from specd.openmp import settle_spinning
 
@@ -93,7 +93,7 @@ def _health(args) -> int:
 
 
 def _up(args) -> int:
-    from specd.local_cluster import run_local_cluster
+    from launcher.local_cluster import run_local_cluster
 
     return run_local_cluster(args)
 

@@ -1,15 +1,15 @@
 """`specd up`: drafter, verifier(s) and router as supervised child processes on localhost
-(specd.supervisor restarts one that dies while the others keep serving)."""
+(launcher.supervisor restarts one that dies while the others keep serving)."""
 
 from __future__ import annotations
 
 import sys
 
-from specd.supervisor import Child, Supervisor
+from launcher.supervisor import Child, Supervisor
 
 
 def _serve(role: str, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "specd.cli", "serve", role, *flags]
+    return [sys.executable, "-m", "launcher", "serve", role, *flags]
 
 
 def cluster_children(args) -> list[Child]:

@@ -42,7 +42,7 @@ class ServerProcess:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 90.0) -> ServerProcess:
-        cmd = [sys.executable, "-m", "specd.cli", "serve", self.role]
+        cmd = [sys.executable, "-m", "launcher", "serve", self.role]
         cmd += ["--host", "127.0.0.1", "--port", str(self.port), *self.flags]
         with open(self.log_path, "a") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)

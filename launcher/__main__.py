@@ -1,0 +1,5 @@
+"""`python -m launcher ...` is `specd ...`."""
+
+from launcher.cli import main
+
+raise SystemExit(main())

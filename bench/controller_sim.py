@@ -4,19 +4,20 @@
     specd bench controller --workload chat --ks 0,1,2 [--step-ms 44.4,65.1,84.1,104.8]
                            [--p-min 0.7]
 
-One sequence at a time (c = 1) decodes requests of 64 tokens. Each step is decided by the
-engine's own `DraftDecisions` and `Controller` on a real `Sequence` (route bound
-`min_acceptance` 0.5, as deploy/policy.yaml) and accounted as the engine accounts it: the
-round's accepted drafts, its seconds, the drafter's catch-up. Fixed k runs the same
-requests on routes of their own, in alternating order (as `specd bench sweep --modes
-on@ROUTE,auto` does), and the report is `auto`'s tokens/s over each fixed k's, per trial
-and on average.
+One sequence at a time (c = 1) decodes requests of 64 tokens. Each step is planned by the
+engine's own speculation control (`SpeculationControl.plan`) on a real `Sequence` (route
+bound `min_acceptance` 0.5, as deploy/policy.yaml) and reported to it as the engine
+reports it (`observe`): the round's accepted drafts, the whole step's seconds, the
+drafter's catch-up (the step's parts are not simulated: reported as 0, not measured).
+Fixed k runs the same requests on routes of their own, in alternating order (as `specd
+bench sweep --modes on@ROUTE,auto` does), and the report is `auto`'s tokens/s over each
+fixed k's, per trial and on average.
 
 The model of the text is greedy speculation's: at output position t the draft model's
 token matches the target's with a probability set by a two-state Markov chain (text being
 copied, ~0.97; new text, ~0.78; a switch every ~8 tokens), and a round of k drafts
 started at t accepts min(L(t), k), L(t) being the run of matches from t. The defaults
-reproduce code at c = 1 on the AVX2 CPU of BENCHMARKS.md section 40: position 0 accepts
+reproduce code at c = 1 on the AVX2 CPU of docs/benchmarks-log.md section 40: position 0 accepts
 0.87, k = 3 2.29 drafts a round. A step's seconds are that machine's medians by k (whole
 steps: drafter round, forward, verification) with 8% noise, and with `--phases` a slow
 walk of the machine's speed within +-25%, as that machine did. Every mode sees the same
@@ -42,18 +43,19 @@ import random
 import statistics
 from pathlib import Path
 
+from bench.prompts import WARM_UP_TOKENS
 from specd.config import DrafterConfig, EngineConfig
-from verifier_service.controller import Controller, ControllerConfig
-from verifier_service.decisions import DraftDecisions
+from specd.speculation_config import SpeculationConfig
+from verifier_service.records import RoundReport, SeqView, StepReport, StepView
 from verifier_service.request import Request, SpeculationBounds
 from verifier_service.sequence import Sequence
+from verifier_service.speculation import SpeculationControl
 
-# whole decode steps at c = 1 by k, seconds (BENCHMARKS.md section 40, cluster 2's medians)
+# whole decode steps at c = 1 by k, seconds (docs/benchmarks-log.md section 40, cluster 2's medians)
 FIRST_ROUND_S = 0.05  # a request's first round catches the drafter up on its prompt
 BACK_S = 0.004  # and a sequence back from plain, per token it skipped (up to 10)
 PROMPT_TOKENS = 200
 MIN_ACCEPTANCE = 0.5  # deploy/policy.yaml's default route bound
-WARM_UP_TOKENS = 8  # bench/sweep.py's warm-up of every prompt before the cells
 TRACES = Path(__file__).parent / "workloads" / "matches.json"  # `specd bench matches`
 NEVER = 8  # a round's drafts before p_min stops it, where nothing stops it (> any cap)
 
@@ -119,7 +121,7 @@ def step_table(ms: list[float]) -> dict[int, float]:
     return {k: s[k] if k < len(s) else s[-1] + slope * (k - len(s) + 1) for k in range(NEVER + 1)}
 
 
-# whole decode steps at c = 1 by k, seconds (BENCHMARKS.md section 40, cluster 2's medians)
+# whole decode steps at c = 1 by k, seconds (docs/benchmarks-log.md section 40, cluster 2's medians)
 STEP_S = step_table([35.2, 62.6, 78.6, 98.9, 129.2, 149.3, 166.4])
 
 
@@ -142,38 +144,39 @@ class Machine:
         return seconds
 
 
-def run_cell(decisions: DraftDecisions, texts: list, mode, machine: Machine, cap: int):
+def run_cell(control: SpeculationControl, texts: list, mode, machine: Machine, cap: int):
     """Decode every text ((run, stop) by step) at c = 1 with `mode` ("auto" or a fixed k);
-    -> tokens/s. Each step is decided by the engine's `DraftDecisions` on a real `Sequence`
-    and accounted as `engine._account` does, so probes, the drafter's catch-up and the caps
-    are the engine's own."""
+    -> tokens/s. Each step goes through the engine's `plan` and `observe` doors with a
+    real `Sequence`, so probes, the drafter's catch-up and the caps are the engine's own."""
     auto = mode == "auto"
     route = "code" if auto else f"code_k{mode}"
     bounds = SpeculationBounds(auto=auto, route=route, min_acceptance=MIN_ACCEPTANCE)
-    controller, seconds, tokens = decisions.controller, 0.0, 0
+    seconds, tokens = 0.0, 0
     for i, text in enumerate(texts):
         request = Request([1] * PROMPT_TOKENS, max_new_tokens=len(text) + 1,
                           num_draft=cap if auto else mode, speculation=bounds)  # fmt: skip
         seq = Sequence.start(i, request, eos_ids=())
         seq.append([7])  # the prefill's token
         while not seq.finish_reason:
-            k, reason, _ = decisions.decide([seq], batch=1, kv_used=0.0)[0]
+            plan = control.plan(StepView((SeqView.of(seq),), batch=1, kv_used=0.0))
+            k, reason, _ = plan.decisions[0]
             run, stop = text[seq.num_generated - 1]
             drafts = min(k, stop)
             accepted = min(run, drafts)
-            catch_up = seq.drafter_behind if k else 0
-            stopping = int(not k and not seq.drafter_behind)
             took = machine.step(drafts)
-            if catch_up and not seq.stats.rounds:
+            behind = seq.drafter_behind
+            if k and behind and not seq.stats.rounds:
                 took += FIRST_ROUND_S
-            elif catch_up:
-                took += BACK_S * min(catch_up - 1, 10)
-            controller.costs.record_step([drafts], took, catch_up, stopping)
+            elif k and behind:
+                took += BACK_S * min(behind - 1, 10)
             seq.decided(reason, k)
             seq.stats.record(drafts, accepted)
-            controller.record(bounds.route, seq.positions, k if drafts else 0, accepted, drafts)
-            seconds += took
             tokens += len(seq.append([7] * (accepted + 1)))
+            done = (seq.seq_id,) if seq.finish_reason else ()
+            r = RoundReport(seq.seq_id, route, True, k, drafts, accepted, k > 0, False,
+                            1 + drafts, behind)  # fmt: skip
+            control.observe(StepReport((r,), step_s=took, finished=done))
+            seconds += took
     return tokens / seconds
 
 
@@ -187,7 +190,7 @@ def trial(
     phases=False,
     recorded: list | None = None,
     steps: dict[int, float] | None = None,
-    config: ControllerConfig | None = None,
+    config: SpeculationConfig | None = None,
 ) -> dict:
     """One sweep: `cells` rounds of every mode in alternating order, one controller (as
     one verifier serves them all), on Markov texts (no round stops short) or on `recorded`
@@ -206,16 +209,16 @@ def trial(
             [recorded[(start + c * requests + i) % len(recorded)] for i in range(requests)]
             for c in range(cells)
         ]
-    decisions = DraftDecisions(Controller(config), EngineConfig())
+    control = SpeculationControl(EngineConfig(speculation=config or SpeculationConfig()))
     machine = Machine(seed, phases, steps)
     modes = (*ks, "auto")
     if recorded is not None:
         for mode in modes:
-            run_cell(decisions, [r[:WARM_UP_TOKENS] for r in recorded], mode, machine, cap)
+            run_cell(control, [r[:WARM_UP_TOKENS] for r in recorded], mode, machine, cap)
     rates: dict = {m: [] for m in modes}
     for cell in range(cells):
         for mode in modes if cell % 2 == 0 else modes[::-1]:
-            rates[mode].append(run_cell(decisions, texts[cell], mode, machine, cap))
+            rates[mode].append(run_cell(control, texts[cell], mode, machine, cap))
     return {m: statistics.mean(v) for m, v in rates.items()}
 
 

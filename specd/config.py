@@ -3,49 +3,52 @@
 from __future__ import annotations
 
 import argparse
+import inspect
+import re
 import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 
+from specd.speculation_config import SpeculationConfig
+
 DEFAULT_KV_TOKENS = 8192
+# batch-invariant mode: the rows of a dense bf16 matmul, and of a query tile of SDPA, that
+# every decode and verification forward takes (specd.models.matmul), so a row rounds the
+# same in a step of 1 or of k + 1 rows; a tree of alternatives fits in one such tile
+INVARIANT_TILE = 16
 
 
 @dataclass
 class EngineConfig:
     """The verifier's engine: KV pool, batching, speculation."""
 
-    # The KV pool: `num_blocks` blocks where > 0, else `kv_cache_bytes` of K/V where > 0,
-    # else room for DEFAULT_KV_TOKENS tokens, the model deciding the bytes (as llama.cpp's
-    # `-c` counts tokens): 224 MiB for the 1.5B target in a 16-bit cache (the default;
-    # 448 MiB with --kv-dtype fp32), 896 MiB for a Llama-3.2-3B (BENCHMARKS.md, resident
-    # memory).
+    # the KV pool's size in bytes of K/V, where > 0 (else `num_blocks`, else room for
+    # DEFAULT_KV_TOKENS tokens, as llama.cpp's `-c` counts tokens: 224 MiB for the 1.5B
+    # target in a 16-bit cache, 896 MiB for a Llama-3.2-3B); a request that cannot fit
+    # is refused
     kv_cache_bytes: int = 0
-    num_blocks: int = 0
-    block_size: int = 16
-    max_batch_size: int = 16  # running sequences
+    num_blocks: int = 0  # the KV pool's size in blocks, where > 0
+    block_size: int = 16  # tokens per KV block
+    max_batch_size: int = 16  # sequences running at once (more wait)
     max_batched_tokens: int = 512  # tokens per forward (prefill chunks + verification)
-    max_draft_tokens: int = 8  # upper bound on k per sequence
-    # decode and verification forwards take the same shapes (attention query tiles of 16;
-    # dense bf16 matmuls in 16-row tiles; the int8/int4 kernel is invariant by itself), so
-    # greedy output is identical with and without speculation (BENCHMARKS.md: its cost)
+    max_draft_tokens: int = 8  # the most drafts per round for any request
+    # decode and verification rows round alike (fixed-shape matmul and attention tiles;
+    # the CPU's int8/int4 kernels and the GPU step are so by themselves): greedy output is
+    # the same with speculation on and off. --no-batch-invariant trades that for speed
     batch_invariant: bool = True
-    # `auto` requests: pick k per step from measured costs (verifier_service/controller.py).
-    # On by default since round 14: fixed bounds cannot know what rows cost on the CPU at
-    # hand. On an AVX2 CPU, where a 7-row verification costs 3x a plain step, `auto`
-    # without it drafted the route's k at 0.74x of plain decoding (c = 1, code); with it
-    # 0.95-1.03x at c = 1-8 (BENCHMARKS.md section 22). `--no-cost-model`: `auto` drafts
-    # the route's k within its batch/KV bounds; acceptance still decays and probes
+    # `auto` requests draft where the step's predicted tokens/s, from measured costs and
+    # acceptance, beat plain decoding; --no-cost-model: they draft their route's k within
+    # its batch and KV bounds (acceptance still decays, and a route off probes)
     cost_model: bool = True
-    draft_gate_memory_s: float = 1.0  # draft_below_batch compares the largest batch seen
+    # the speculation control's tuned numbers (specd/speculation_config.py)
+    speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
     # a drafter's alternative leaves are verified while a step feeds at most this many
-    # tokens (up to 16 rows cost about one row on a GPU or with AMX); 0 = never. With the
-    # cost model, only as many as the measured forward prices near free (none on an AVX2
-    # CPU, where each row costs ~0.4 of a step: BENCHMARKS.md section 29)
+    # tokens (0 = never); with the cost model only as many as the measured forward prices
+    # near free
     max_tree_tokens: int = 16
-    # reuse the K/V of a prompt's longest cached prefix (whole blocks; specd.kvcache).
-    # auto: on where the model's forward is chunk-invariant (integer kernels + paged
-    # attention: the default CPU formats), so a cached prefix cannot change an output;
-    # on: also for dense weights, where the rows after a cached prefix may round
-    # differently (as vLLM's and llama-server's prompt caches do)
+    # reuse the K/V of a prompt's longest cached prefix (whole blocks): auto = on where a
+    # cached prefix cannot change an output (every row of the forward computed on its own:
+    # the CPU's integer kernels, the GPU step); on = also where it may round differently
+    # (as vLLM's and llama-server's prompt caches); off
     prefix_cache: str = "auto"
     draft_top_m: int = 32  # support size of a sampled draft's q
 
@@ -85,36 +88,36 @@ def prefix_cache_on(setting: str, model) -> bool:
 class DrafterConfig:
     """`specd serve drafter`."""
 
-    host: str = "127.0.0.1"
-    port: int = 50061
-    model: str = "default-draft"
-    proposer: str = "combined"  # draft (the small model), ngram, or combined (ngram, else draft)
-    dtype: str = "auto"
-    kv_dtype: str = "auto"  # as the verifier's
-    device: str = ""  # "" = cuda if present, else cpu
-    kv_cache_bytes: int = 1 << 29
+    host: str = "127.0.0.1"  # the address to listen on
+    port: int = 50061  # the gRPC port
+    model: str = "default-draft"  # catalogue name, Hugging Face folder, .gguf file or hub id
+    # draft (the small model), ngram (a lookup in the request's own text) or combined (the
+    # lookup where the text repeats, else the model)
+    proposer: str = "combined"
+    dtype: str = "auto"  # activations: auto (bf16 where the hardware has it), bf16, fp32, fp16
+    kv_dtype: str = "auto"  # the K/V cache's dtype, as the verifier's
+    device: str = ""  # cpu, cuda or cuda:N; "" = cuda if present, else cpu
+    kv_cache_bytes: int = 1 << 29  # the draft model's KV pool, in bytes
     top_m: int = 32  # support size of a sampled draft's q
-    max_draft_tokens: int = 16
-    # the draft model adds its runner-up token as an alternative beside each of its first
-    # `alternatives` drafts (verifier_service/tree.py; the verifier keeps them while a step
-    # feeds <= 16 tokens); 0 = a plain chain. +1-5% on code, +15% on chat (BENCHMARKS.md)
+    max_draft_tokens: int = 16  # the most drafts a round may ask for
+    # the runner-up token as an alternative leaf beside each of the first `alternatives`
+    # drafts, verified in the same forward (0 = a plain chain)
     alternatives: int = 8
-    # between rounds, draft the next round as if every draft will be accepted (pays only
-    # where the drafter has cores or a device of its own; BENCHMARKS.md)
+    # between rounds, draft the next round as if every draft will be accepted (pays where
+    # the drafter has cores or a device of its own)
     draft_ahead: bool = False
-    weights: str = "auto"  # bf16 | int8 | int4 | auto, as the verifier's (specd.models.weights)
-    prefix_cache: str = "auto"  # auto | on | off, as the verifier's (EngineConfig)
+    weights: str = "auto"  # bf16 | int8 | int4 | auto, as the verifier's
+    prefix_cache: str = "auto"  # auto | on | off, as the verifier's
     vocab: int = 49152  # score only the `vocab` most frequent tokens (trimmed head); 0 = all
     # a round stops after a draft the draft model gave a probability under p_min (greedy:
-    # its top token's; sampling: the drawn token's in q). That draft is still verified: a
-    # verification row costs a third of a draft forward (BENCHMARKS.md section 43). So the
-    # route's k is a cap, reached where the draft model is sure. 0 = always draft k
+    # its top token's; sampling: the drawn token's in q); that draft is still verified,
+    # so the route's k is a cap, reached where the draft model is sure. 0 = always draft k
     p_min: float = 0.7
-    metrics_port: int = 0  # 0 = no Prometheus endpoint
+    metrics_port: int = 0  # the Prometheus endpoint's port; 0 = none
     # on SIGTERM: draft streams get this long (a verifier decodes without drafts meanwhile)
     drain_seconds: float = 2.0
-    tls_cert: str = ""  # PEM; with tls_key, this listener speaks TLS only
-    tls_key: str = ""
+    tls_cert: str = ""  # PEM certificate; with tls_key, this listener speaks TLS only
+    tls_key: str = ""  # PEM key of tls_cert
 
     def __post_init__(self):
         if self.proposer not in ("draft", "ngram", "combined"):
@@ -148,29 +151,29 @@ def _check_kv_dtype(value: str) -> None:
 class VerifierConfig:
     """`specd serve verifier`."""
 
-    host: str = "127.0.0.1"
-    port: int = 50062
-    model: str = "default-target"
-    dtype: str = "auto"
+    host: str = "127.0.0.1"  # the address to listen on
+    port: int = 50062  # the gRPC port
+    model: str = "default-target"  # catalogue name, Hugging Face folder, .gguf file or hub id
+    dtype: str = "auto"  # activations: auto (bf16 where the hardware has it), bf16, fp32, fp16
     # matrices in bf16 (the model's dtype), int8 or int4 (groups of 32, from the GGUF's own
     # blocks where it has them); auto: int4 on a CPU with AVX512-VNNI or AVX2, else bf16
-    # (specd.models.weights; speed and quality in BENCHMARKS.md)
+    # (a GPU runs bf16)
     weights: str = "auto"
-    # the K/V cache: auto = fp16 where activations are fp32 (a CPU without bf16 hardware:
-    # half the bytes, as llama.cpp's default f16 cache), else the activations' dtype;
-    # fp32 | fp16 | bf16 (specd.models.paged_kv; quality in BENCHMARKS.md)
+    # the K/V cache: auto = fp16 under fp32 activations (a CPU without bf16: half the
+    # bytes, as llama.cpp's default f16 cache), else the activations' dtype; fp32, fp16,
+    # bf16
     kv_dtype: str = "auto"
-    device: str = ""
+    device: str = ""  # cpu, cuda or cuda:N; "" = cuda if present, else cpu
     drafter: str = ""  # host:port of the drafter; "" = no speculation
     drafter_timeout_ms: int = 3000  # per round; past it the round decodes with k = 0
-    drafter_reconnect_ms: int = 1000
+    drafter_reconnect_ms: int = 1000  # between attempts to reach a drafter that went away
     drafter_startup_wait_ms: int = 30000  # at start, wait this long for the drafter to answer
     max_queue: int = 256  # waiting requests past which Generate is RESOURCE_EXHAUSTED
-    metrics_port: int = 0
+    metrics_port: int = 0  # the Prometheus endpoint's port; 0 = none
     # on SIGTERM: NOT_SERVING, new calls refused, running requests get this long to finish
     drain_seconds: float = 30.0
-    tls_cert: str = ""  # PEM; with tls_key, this listener speaks TLS only
-    tls_key: str = ""
+    tls_cert: str = ""  # PEM certificate; with tls_key, this listener speaks TLS only
+    tls_key: str = ""  # PEM key of tls_cert
     tls_ca: str = ""  # PEM of the CA that signed the drafter's certificate
     engine: EngineConfig = field(default_factory=EngineConfig)
 
@@ -183,20 +186,20 @@ class VerifierConfig:
 class RouterConfig:
     """`specd serve router`."""
 
-    host: str = "127.0.0.1"
-    port: int = 50051
-    verifier: list[str] = field(default_factory=list)  # host:port, repeat for replicas
+    host: str = "127.0.0.1"  # the address to listen on
+    port: int = 50051  # the gRPC port
+    verifier: list[str] = field(default_factory=list)  # a verifier's host:port
     verifier_dns: list[str] = field(default_factory=list)  # name:port resolved to replicas
-    dns_refresh_s: float = 5.0
+    dns_refresh_s: float = 5.0  # how often verifier_dns names are resolved again
     tokenizer: str = "default-target"  # model name or folder with the tokenizer files
     policy_file: str = ""  # per-route YAML; "" = built-in default policy
-    default_max_new_tokens: int = 256
-    max_new_tokens_cap: int = 4096
+    default_max_new_tokens: int = 256  # a request that names no limit
+    max_new_tokens_cap: int = 4096  # the most any request may ask for
     auth_token_file: str = ""  # clients must send "authorization: Bearer <token>"
-    tls_cert: str = ""  # PEM; with tls_key, this listener speaks TLS only
-    tls_key: str = ""
+    tls_cert: str = ""  # PEM certificate; with tls_key, this listener speaks TLS only
+    tls_key: str = ""  # PEM key of tls_cert
     tls_ca: str = ""  # PEM of the CA that signed the verifiers' certificates
-    metrics_port: int = 0
+    metrics_port: int = 0  # the Prometheus endpoint's port; 0 = none
     # on SIGTERM: NOT_SERVING, new calls refused, running requests get this long to finish
     drain_seconds: float = 30.0
     # the OpenAI-compatible HTTP API (same token and certificate); 0 = off. `specd up`,
@@ -206,27 +209,57 @@ class RouterConfig:
 
 
 # -- the CLI is derived from these dataclasses, so defaults live in one place -------------
-def add_arguments(parser, cls, prefix: str = "") -> None:
-    hints = typing.get_type_hints(cls)
+def field_docs(cls) -> dict[str, str]:
+    """Each field's comment in the class's source, as one line: the one after it on its
+    line, else the comment lines right above it (a `# --` section heading apart), else
+    that of the field right above it where that came from such lines (the fields under
+    one comment share it). The flags' help is
+    made of them, as vLLM makes its help of its configs' docstrings."""
+    docs, above, last = {}, [], ""
+    for line in inspect.getsource(cls).splitlines()[1:]:
+        text = line.strip()
+        if not text or text.startswith("# --"):
+            above, last = [], ""
+        elif text.startswith("#"):
+            above.append(text.lstrip("#").strip())
+        elif (match := re.match(r"    (\w+): ", line)) is not None:
+            after = line.split("  # ", 1)[1].strip() if "  # " in line else ""
+            block = " ".join(above) or (last if not after else "")
+            docs[match.group(1)] = after or block
+            above, last = [], block
+        else:
+            above = []
+    return docs
+
+
+def add_arguments(parser, cls, prefix: str = "", into=None) -> None:
+    """One flag per field (into the group `into` where given); a nested dataclass's in a
+    group of its own, headed by its docstring."""
+    hints, docs = typing.get_type_hints(cls), field_docs(cls)
+    into = parser if into is None else into
     for f in fields(cls):
         kind = hints[f.name]
         if is_dataclass(kind):
-            add_arguments(parser, kind, prefix=f"{prefix}{f.name}.")
+            group = parser.add_argument_group(f.name, (kind.__doc__ or "").strip())
+            add_arguments(parser, kind, f"{prefix}{f.name}.", group)
             continue
         flag = "--" + f.name.replace("_", "-")
         dest = prefix + f.name
         default = f.default if f.default is not MISSING else None
+        said = docs.get(f.name, "").replace("%", "%%")  # argparse formats help with %
         if kind is bool:
-            parser.add_argument(
-                flag, dest=dest, action=argparse.BooleanOptionalAction, default=default
-            )
+            into.add_argument(
+                flag, dest=dest, action=argparse.BooleanOptionalAction, default=default,
+                help=said or None,
+            )  # fmt: skip
         elif typing.get_origin(kind) is list:
-            parser.add_argument(
-                flag, dest=dest, action="append", default=None, help="repeat for several"
-            )
+            help_ = f"{said} (repeat for several)" if said else "repeat for several"
+            into.add_argument(flag, dest=dest, action="append", default=None, help=help_)
         else:
-            parser.add_argument(
-                flag, dest=dest, type=kind, default=default, help=f"default: {default}"
+            shown = f"{said} (default: {default!r})" if said else f"default: {default!r}"
+            metavar = kind.__name__.upper()
+            into.add_argument(
+                flag, dest=dest, type=kind, default=default, help=shown, metavar=metavar
             )
 
 

@@ -31,6 +31,7 @@ from specd.config import EngineConfig
 from specd.serving import start_server
 from verifier_service.drafter_client import RemoteProposer
 from verifier_service.engine import Engine
+from verifier_service.frontend import AsyncEngine
 from verifier_service.server import VerifierServicer
 
 TINY_MODEL_ID = "tiny"  # the model id the router's HTTP door serves
@@ -167,7 +168,7 @@ def start_cluster(
                 telemetry=t,
                 tokenizer=char_tokenizer(),
             )
-            servicer = VerifierServicer(engine, "tiny", telemetry=t)
+            servicer = VerifierServicer(AsyncEngine(engine), "tiny", telemetry=t)
             server, port, _ = await start_server(
                 "127.0.0.1",
                 0,

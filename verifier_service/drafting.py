@@ -1,54 +1,16 @@
 """A step's drafts: what the proposer offers for each decode slot, cut to what the plan
-reserved (k drafts, `alts` leaves) and to what each grammar allows. A Round is one
-sequence's part of the forward; nothing after this phase changes it."""
+reserved (k drafts, `alts` leaves) and to what each grammar allows, as one `Round`
+(verifier_service/records.py) a sequence; nothing after this phase changes them."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-import torch
-
-from specd.models.seq_input import SeqInput
 from specd.proposal import DraftState, Proposal, Proposer
-from verifier_service.scheduler import Slot
-from verifier_service.sequence import Sequence
-from verifier_service.tree import tree_parents
+from verifier_service.records import Round, Slot
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Round:
-    slot: Slot
-    proposal: Proposal | None = None  # None: prefill, plain decode, or no drafts came
-    mask: torch.Tensor | None = None  # constrained: bool [nodes, V], the allowed tokens
-
-    @property
-    def seq(self) -> Sequence:
-        return self.slot.seq
-
-    @property
-    def k(self) -> int:
-        """Drafts verified this round."""
-        return len(self.proposal.tokens) if self.proposal is not None else 0
-
-    @property
-    def num_logits(self) -> int:
-        """Rows of logits it needs: every node of a decode round (root, chain,
-        alternatives); one for the last chunk of a fresh prompt; else none."""
-        if not self.slot.decode:
-            return int(self.slot.logits)
-        p = self.proposal
-        return 1 + (len(p.tokens) + len(p.alts) if p is not None else 0)
-
-    def seq_input(self) -> SeqInput:
-        fed, p = list(self.slot.tokens), self.proposal
-        if p is None:
-            return SeqInput(self.slot.seq_id, fed, self.num_logits)
-        alts = [t for _, t in p.alts]
-        parents = tree_parents(len(fed), p) if alts else None
-        return SeqInput(self.slot.seq_id, fed + p.tokens + alts, self.num_logits, parents)
 
 
 def draft_rounds(slots: tuple[Slot, ...], proposer: Proposer | None, vocab: int) -> list[Round]:

@@ -1,13 +1,16 @@
 """The verifier engine: continuous batching with speculative verification.
 
 One step, each phase handing the next what it made and nothing going back:
-  schedule (scheduler.py: a frozen plan of slots, every KV reservation made)
+  plan (speculation: who drafts, at which k, how many leaves; its `plan` door)
+  -> schedule (scheduler.py: frozen slots fitting the plan, every KV reservation made)
   -> draft (drafting.py: proposals cut to the plan and to grammars)
   -> ONE batched target forward (query length k_i + 1 + leaves per decoding sequence,
      k_i = 0 is plain decode; prefill chunks ride along)
   -> verify (verify.py: a Verdict per sequence)
-  -> commit (KV kept up to the accepted drafts; tokens and stop checks on the Sequence).
-The engine is synchronous; frontend.py runs its steps for asyncio callers.
+  -> commit (KV kept up to the accepted drafts; tokens and stop checks on the Sequence)
+  -> observe (speculation: what the step did, through its `observe` door).
+The records they hand on are in records.py. The engine is synchronous; frontend.py runs
+its steps for asyncio callers.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from opentelemetry import trace
@@ -26,10 +29,12 @@ from specd.config import DEFAULT_KV_TOKENS, EngineConfig, chunk_invariant, prefi
 from specd.grammar import Grammars
 from specd.models.paged_kv import PagedKV
 from specd.proposal import Proposer
-from verifier_service.drafting import Round, draft_rounds
+from verifier_service.drafting import draft_rounds
+from verifier_service.records import Round, RoundReport, SeqView, Slot, StepReport, StepView
 from verifier_service.request import Request
-from verifier_service.scheduler import Scheduler, Slot
+from verifier_service.scheduler import Scheduler
 from verifier_service.sequence import Sequence, SpecStats, StepOutput
+from verifier_service.speculation import SpeculationControl
 from verifier_service.tree import moves
 from verifier_service.verify import Verdict, verify_rounds
 
@@ -89,6 +94,9 @@ class Engine:
                  num_blocks, bs, num_blocks * bs, mib, str(model.kv_dtype).removeprefix("torch."),
                  "on" if prefix_cache else "off")  # fmt: skip
         self.scheduler = Scheduler(self.kv.allocator, self.config, chunk_invariant(model))
+        self.speculation = SpeculationControl(self.config)
+        self.observed = self.speculation.observe(StepReport())  # what it has learned
+        self._finished: list[int] = []  # sequences ended since the last report
         self.proposer = proposer
         self.eos_ids = frozenset(eos_ids or ())
         self._ids = itertools.count()
@@ -107,6 +115,9 @@ class Engine:
     def add_request(self, request: Request) -> int:
         """Queue a request (ValueError when it cannot be served); -> its sequence id."""
         args, alloc = self.model.args, self.kv.allocator
+        # the request's k bounded by this engine's, once: admission reserves for it, and
+        # the plan drafts within it (and the tokens left)
+        request = replace(request, num_draft=min(request.num_draft, self.config.max_draft_tokens))
         need = alloc.blocks_for(len(request.prompt) + request.max_new_tokens + 1)
         request.validate(args.vocab_size, args.max_position_embeddings, need, alloc.num_blocks)
         grammar = None
@@ -144,21 +155,30 @@ class Engine:
         )
 
     def acceptance_by_route(self) -> dict[str, float]:
-        return self.scheduler.controller.routes.rates()
+        return self.observed.acceptance_by_route
 
     # -- one step ----------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
         outputs = self._apply_aborts()
-        plan = self.scheduler.schedule()
+        outputs += self._scheduled_step()
+        finished, self._finished = tuple(self._finished), []
+        if finished:  # a step that ran reported them with its rounds
+            self.observed = self.speculation.observe(StepReport(finished=finished))
+        return outputs
+
+    def _scheduled_step(self) -> list[StepOutput]:
+        ready, used = self.scheduler.ready(), self.kv.allocator.utilization()
+        view = StepView(tuple(SeqView.of(s) for s in ready), self.scheduler.batch, used)
+        plan = self.scheduler.schedule(ready, self.speculation.plan(view))
         if not plan:
-            return outputs
+            return []
         if self.tracer is None:
-            return outputs + self._run_step(plan)
+            return self._run_step(plan)
         # one batch serves many requests: link the step span to theirs, never parent it
         links = [trace.Link(s.seq.span.get_span_context()) for s in plan if s.seq.span]
         with self.tracer.start_as_current_span("specd.engine.step", links=links) as span:
             span.set_attribute("specd.batch_size", len(plan))
-            return outputs + self._run_step(plan)
+            return self._run_step(plan)
 
     def _run_step(self, plan: tuple[Slot, ...]) -> list[StepOutput]:
         t0 = time.perf_counter()
@@ -171,17 +191,13 @@ class Engine:
             self._leaving_python()
         logits = self._forward(rounds)
         t2 = time.perf_counter()
-        catch_up = _catch_up(rounds)  # before the commit moves the sequences on
-        lookup = _lookup_only(rounds)
-        shape = None if lookup else _step_shape(rounds, catch_up)
         sampling = [r for r in rounds if r.num_logits > 0]
         verdicts = verify_rounds(sampling, logits, self.model.args.vocab_size)
+        reports = [_report(r, verdicts.get(r.slot.seq_id)) for r in rounds]  # before commit
         outputs = [self._commit(r, verdicts.get(r.slot.seq_id)) for r in rounds]
-        self._measure(rounds, None if catch_up or lookup else t1 - t0, t2 - t1)
-        if shape is not None:
-            ks, catch_up, stopping = shape
-            seconds = time.perf_counter() - t0
-            self.scheduler.controller.costs.record_step(ks, seconds, catch_up, stopping)
+        finished, self._finished = tuple(self._finished), []
+        report = StepReport(tuple(reports), t1 - t0, t2 - t1, time.perf_counter() - t0, finished)
+        self.observed = self.speculation.observe(report)
         return [out for out in outputs if out is not None]
 
     def _leaving_python(self) -> None:
@@ -192,20 +208,6 @@ class Engine:
         decode_only = all(r.slot.decode for r in rounds)
         self.model.batch_invariant = self.config.batch_invariant and decode_only
         return self.model.forward(self.kv, [r.seq_input() for r in rounds])
-
-    def _measure(self, rounds: list[Round], draft_s: float | None, forward_s: float) -> None:
-        """Feed the controller this step's parts: a steady drafter round by sequences
-        (None: the drafter caught up first, on a new prompt or tokens decoded plain, which
-        the switch curve prices: a fresh verifier's first round, 40 prompt tokens in
-        0.35 s against ~0.03 s steady, priced every unmeasured k = 1 step at ~0.45 s; or
-        every round was an n-gram lookup, `_lookup_only`), and the forward by rows when it
-        was decode and verification only (prefill apart)."""
-        costs = self.scheduler.controller.costs
-        drafted = [r.k for r in rounds if r.proposal is not None]
-        if draft_s is not None:
-            costs.record_draft(len(drafted), max(drafted, default=0), draft_s)
-        if all(r.slot.decode for r in rounds):
-            costs.record_forward(sum(r.num_logits for r in rounds), forward_s)
 
     # -- commit ------------------------------------------------------------------------------
     def _commit(self, r: Round, verdict: Verdict | None) -> StepOutput | None:
@@ -232,16 +234,12 @@ class Engine:
         return out
 
     def _account(self, r: Round, accepted: int) -> None:
-        """The round's counts: on the sequence, its route's acceptance, the totals."""
+        """The round's counts: on the sequence and in the totals (the speculation control
+        learns them from the step's report)."""
         seq, k = r.seq, r.k
         if r.slot.decode:
             seq.decided(r.slot.decision.reason, r.slot.k)
         seq.stats.record(k, accepted)
-        # the controller learns the round as planned (a round the drafter stopped short
-        # missed the position after its last draft), as its step costs are measured
-        planned = r.slot.k if k else 0  # drafts come only to decode slots of k > 0
-        controller = self.scheduler.controller
-        controller.record(seq.speculation.route, seq.positions, planned, accepted, k)
         self.totals.record(k, accepted)
         if seq.span is not None and k:
             seq.span.add_event("speculation.round", {"k": k, "accepted": accepted})
@@ -257,6 +255,7 @@ class Engine:
 
     def _finish(self, seq: Sequence) -> None:
         seq.stats.reason = seq.speculation.reason(seq.decisions, seq.stats.rounds)
+        self._finished.append(seq.seq_id)
         self.scheduler.remove(seq)
         if self.proposer is not None:
             self.proposer.close(seq.seq_id)
@@ -290,34 +289,19 @@ class Engine:
         return out
 
 
-def _catch_up(rounds: list[Round]) -> int:
-    """Tokens the drafter catches up on for the sequences drafting this step (a first
-    round prefills the prompt; a sequence back from plain, what it skipped)."""
-    return sum(r.seq.drafter_behind for r in rounds if r.slot.k)
-
-
-def _lookup_only(rounds: list[Round]) -> bool:
-    """Whether the step drafted and every round's drafts were an n-gram continuation: no
-    draft model ran, so neither the drafter round nor the whole step says what a round of
-    the draft model costs. Priced with the others (code at c = 1: a sixth of the steps,
-    ~60 ms against ~110 for a model's round of 6), they cut the price of whichever depth
-    was running and swung the machine's pace by ~12% each, so that the held prices of
-    depths 4 and 6 stood ~29% and ~15% under their steps, and `auto` ran k = 4 where
-    k = 6 was best (BENCHMARKS.md section 58)."""
-    drafted = [r.proposal for r in rounds if r.proposal is not None and r.k]
-    return bool(drafted) and all(p.ngram for p in drafted)
-
-
-def _step_shape(rounds: list[Round], catch_up: int) -> tuple[list[int], int, int] | None:
-    """What a whole decode step's cost is measured by: the drafts that came for each
-    sequence (a round planned at k comes short where the drafter stops early; the
-    controller prices a plan by how deep its rounds are expected to go), the tokens the
-    drafter catches up on for those switching to drafting (a first round prefills the
-    prompt), and how many switch to plain after drafting (the drafter still drafts ahead
-    for them on the same cores: 74 ms for a 59 ms plain step). None when the step was not
-    decode only (prefill costs apart), or when a round planned to draft got nothing (a
-    drafter that failed or timed out: neither a plain nor a drafting step's price)."""
-    if not all(r.slot.decode for r in rounds) or any(r.slot.k and not r.k for r in rounds):
-        return None
-    stopping = sum(1 for r in rounds if not r.slot.k and not r.seq.drafter_behind)
-    return [r.k for r in rounds], catch_up, stopping
+def _report(r: Round, verdict: Verdict | None) -> RoundReport:
+    """A round as the speculation control learns it (read before the commit moves the
+    sequence on: `behind` is what the drafter caught up on for this round)."""
+    p = r.proposal
+    return RoundReport(
+        seq_id=r.slot.seq_id,
+        route=r.seq.speculation.route,
+        decode=r.slot.decode,
+        planned=r.slot.k,
+        drafted=r.k,
+        accepted=None if verdict is None else verdict.accepted,
+        proposed=p is not None,
+        ngram=p is not None and p.ngram,
+        rows=r.num_logits,
+        behind=r.seq.drafter_behind,
+    )

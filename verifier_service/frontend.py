@@ -18,7 +18,6 @@ import logging
 from collections.abc import AsyncIterator
 
 from specd.model_thread import on_model_thread
-from verifier_service.engine import Engine
 from verifier_service.request import Request
 from verifier_service.sequence import StepOutput
 
@@ -26,7 +25,8 @@ log = logging.getLogger(__name__)
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine):
+        """`engine`: a verifier_service.engine.Engine (it drives what it is given)."""
         self.engine = engine
         self._queues: dict[int, asyncio.Queue] = {}
         self._loop_task: asyncio.Task | None = None

@@ -46,7 +46,7 @@ class VerifierMetrics:
         t.gauge(names.KV_USAGE, lambda: load().kv_utilization, "Fraction of KV blocks in use")
         t.gauge(names.RUNNING, lambda: load().running, "Sequences running")
         t.gauge(names.WAITING, lambda: load().waiting, "Sequences waiting")
-        pace = lambda: servicer.engine.scheduler.controller.costs.steps.pace  # noqa: E731
+        pace = lambda: servicer.engine.observed.pace  # noqa: E731
         t.gauge(names.SPEC_PACE, pace, "Step time vs the prices held")
         # totals since start, read at each scrape (rate() them as counters)
         t.gauge(names.PREFIX_QUERIES, lambda: load().prefix_queries, "Prompt tokens looked up")

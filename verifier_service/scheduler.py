@@ -1,7 +1,8 @@
 """Which sequences run in the next forward, with how many tokens and how many drafts.
 
-Running sequences decode first (1 pending token + k drafts each, k from
-verifier_service/decisions.py); the rest of the token budget goes to prefill chunks.
+Running sequences decode first (1 pending token + k drafts each, k and the leaves from
+the speculation plan, verifier_service/speculation); the rest of the token budget goes to
+prefill chunks. The scheduler fits the plan into the KV pool and the token budget.
 The scheduler owns every KV reservation: admission reserves blocks for the prompt +
 (k + 1); a decode slot reserves 1 + k + its alternatives (when blocks run short the
 alternatives go first, then k is lowered; if even k = 0 does not fit, the newest running
@@ -13,50 +14,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from specd.config import EngineConfig
 from specd.kvcache import BlockAllocator, NoFreeBlocks
-from specd.models.matmul import INVARIANT_TILE
-from verifier_service.controller import Controller, ControllerConfig
-from verifier_service.decisions import Decision, DraftDecisions
+from verifier_service.records import Slot, StepPlan
 from verifier_service.sequence import Sequence
-
-PREFILL = Decision(0, "", 1.0)  # a prefill chunk decides no speculation
-LEAF_COST = 0.03  # what one alternative leaf may add to a forward's cost, at most
-
-
-@dataclass(frozen=True)
-class Slot:
-    """One sequence's part of a step."""
-
-    seq: Sequence
-    tokens: tuple[int, ...]  # fed this step: the pending token (decode) or a prefill chunk
-    decode: bool
-    k: int = 0  # decode: the most drafts (the drafter may return fewer)
-    alts: int = 0  # decode: the most alternative leaves beside them (KV reserved)
-    logits: bool = True  # a prefill chunk: True only for the last chunk of a fresh prompt
-    decision: Decision = PREFILL
-
-    @property
-    def seq_id(self) -> int:
-        return self.seq.seq_id
-
-
-def free_rows(forward, rows: int, extra: int) -> int:
-    """How many of `extra` leaf rows beside `rows` are worth their cost. A leaf yields a
-    token only where its draft is rejected and it is not: ~1.6% more tokens a round per leaf
-    on code, 5% on chat (BENCHMARKS.md section 9), so a leaf may add `LEAF_COST` of the
-    forward, no more. Where rows are flat (a GPU, AMX) every leaf passes; on an AVX2 CPU a
-    row costs ~0.38 of a one-row step, and leaves made a k = 2 round's forward ~25% dearer
-    (section 29). `forward` is the measured cost by rows (a CostCurve): unmeasured, every
-    leaf is taken, and the first such forward measures what they cost."""
-    base = forward(rows)
-    if base is None:
-        return extra
-    while extra and forward(rows + extra) > base * (1 + LEAF_COST * extra):
-        extra -= 1
-    return extra
 
 
 def prefill_target(seq: Sequence) -> int:
@@ -80,9 +43,6 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._last_was_prefill = False
-        # costs and acceptance, measured by the engine
-        self.controller = Controller(ControllerConfig(costs=config.cost_model))
-        self.decisions = DraftDecisions(self.controller, config)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -97,9 +57,20 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> tuple[Slot, ...]:
+    def ready(self) -> list[Sequence]:
+        """The running sequences that decode this step (their prompt is cached)."""
+        return [s for s in self.running if s.num_cached >= prefill_target(s)]
+
+    @property
+    def batch(self) -> int:
+        """Sequences running and waiting."""
+        return len(self.running) + len(self.waiting)
+
+    def schedule(self, ready: list[Sequence], plan: StepPlan) -> tuple[Slot, ...]:
+        """The step: `ready` (as `ready()` gave them) decode as `plan` decided for them,
+        within the KV pool and the token budget, then prefill chunks."""
         budget = self.config.max_batched_tokens
-        decode = self._schedule_decode(budget)
+        decode = self._schedule_decode(budget, ready, plan)
         budget -= sum(1 + s.k for s in decode)
         if self.separate_prefill and decode:
             # decode/verification forwards must not mix with prefill (different kernels);
@@ -121,26 +92,10 @@ class Scheduler:
     def _wants_prefill(self) -> bool:
         return bool(self.waiting) or any(s.num_cached < prefill_target(s) for s in self.running)
 
-    def _tree_room(self, decisions: list[Decision]) -> int:
-        """Alternative leaves the step may hold: up to `max_tree_tokens` new tokens (in
-        batch-invariant mode a sequence's tree then fits its one query tile), and with the
-        cost model only as many as the measured forward says come nearly free."""
-        limit = self.config.max_tree_tokens
-        if self.config.batch_invariant:
-            limit = min(limit, INVARIANT_TILE)
-        chain = sum(1 + d.k for d in decisions)
-        room = max(0, limit - chain)
-        if self.config.cost_model:
-            room = free_rows(self.controller.costs.forward, chain, room)
-        return room
-
-    def _schedule_decode(self, budget: int) -> list[Slot]:
-        ready = [s for s in self.running if s.num_cached >= prefill_target(s)]
-        batch = len(self.running) + len(self.waiting)
-        decisions = self.decisions.decide(ready, batch, self.allocator.utilization())
-        room = self._tree_room(decisions)
+    def _schedule_decode(self, budget: int, ready: list[Sequence], plan: StepPlan) -> list[Slot]:
+        room = plan.leaves
         slots = []
-        for seq, decision in zip(ready, decisions, strict=True):
+        for seq, decision in zip(ready, plan.decisions, strict=True):
             if seq not in self.running:
                 continue  # preempted by an earlier sequence's reservation
             k = max(0, min(decision.k, budget - 1))
@@ -193,7 +148,7 @@ class Scheduler:
                 budget -= len(slots[-1].tokens)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_batch_size:
             seq = self.waiting[0]
-            k = min(seq.num_draft, self.config.max_draft_tokens)  # the most it may draft
+            k = seq.num_draft  # the most it may draft
             reuse = seq.tokens[: prefill_target(seq) - 1]  # at least one token to compute
             try:
                 seq.num_cached = self.allocator.allocate(

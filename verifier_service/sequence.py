@@ -13,7 +13,6 @@ import torch
 from specd.draws import make_generator
 from specd.grammar import GrammarState
 from specd.params import SamplingParams
-from verifier_service.acceptance import PositionAcceptance
 from verifier_service.request import Request, SpeculationBounds
 
 log = logging.getLogger(__name__)
@@ -57,7 +56,6 @@ class Sequence:
     finish_reason: str | None = None
     stats: SpecStats = field(default_factory=SpecStats)
     span: object = None  # the request's trace span (None when tracing is off)
-    positions: PositionAcceptance = field(default_factory=PositionAcceptance)
     t_arrived: int = field(default_factory=time.time_ns)
     t_scheduled: int = 0  # first prefill chunk
     t_first_token: int = 0

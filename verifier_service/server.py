@@ -11,8 +11,6 @@ from opentelemetry import trace
 from protos.specd.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from specd.telemetry import extract_metadata
 from specd.wire import constraint_from_proto, params_from_proto, speculation_to_proto
-from verifier_service.engine import Engine
-from verifier_service.frontend import AsyncEngine
 from verifier_service.load import TokenRate, VerifierMetrics
 from verifier_service.request import Request, SpeculationBounds
 
@@ -21,9 +19,11 @@ RETRY_AFTER_MS = 500  # the hint sent with RESOURCE_EXHAUSTED
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
-    def __init__(self, engine: Engine, model_name: str, max_queue: int = 256, telemetry=None):
-        self.engine = engine
-        self.frontend = AsyncEngine(engine)
+    def __init__(self, frontend, model_name: str, max_queue: int = 256, telemetry=None):
+        """`frontend`: the engine for asyncio callers (verifier_service.frontend's
+        AsyncEngine); the servicer reads the engine behind it for load and info."""
+        self.frontend = frontend
+        self.engine = frontend.engine
         self.model_name = model_name
         self.max_queue = max_queue
         self.rate = TokenRate()
@@ -48,7 +48,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                 f"verifier queue is full ({self.max_queue} waiting); retry later or on "
                 "another replica",
             )
-        k = min(max(0, request.num_draft_tokens), self.engine.config.max_draft_tokens)
+        k = max(0, request.num_draft_tokens)  # the engine bounds it by its max_draft_tokens
         route = request.route or "default"
         self.requests_started += 1
         span = None

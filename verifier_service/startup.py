@@ -9,6 +9,7 @@ import time
 
 from protos.specd.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_service.engine import Engine
+from verifier_service.frontend import AsyncEngine
 from verifier_service.server import VerifierServicer
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ def build_engine(config, telemetry=None):
 async def _wait_for_drafter(proposer, timeout_s: float) -> None:
     """Before serving, give a configured drafter time to answer the stream's handshake, so
     the first requests after readiness speculate. A drafter still missing after that is
-    not fatal: requests run without drafts until it comes (DESIGN.md section 3)."""
+    not fatal: requests run without drafts until it comes."""
     if proposer is None or not hasattr(proposer, "available"):
         return
     deadline = time.monotonic() + timeout_s
@@ -72,7 +73,7 @@ async def serve(config, ready=None, engine=None, model_name="") -> None:
         # loaded on the thread that will step it (see specd/model_thread.py)
         engine, model_name = await on_model_thread("verifier", build_engine, config, telemetry)
     await _wait_for_drafter(engine.proposer, config.drafter_startup_wait_ms / 1000)
-    servicer = VerifierServicer(engine, model_name, config.max_queue, telemetry)
+    servicer = VerifierServicer(AsyncEngine(engine), model_name, config.max_queue, telemetry)
     await serve_servicer(
         config,
         "verifier",

@@ -21,7 +21,7 @@ from specd.logits import (
 from specd.proposal import Proposal
 from specd.sampling import Alternatives, Verified, greedy_round, rejection_sample
 from verifier_service import tree
-from verifier_service.drafting import Round
+from verifier_service.records import Round
 
 
 @dataclass(frozen=True)

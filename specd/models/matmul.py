@@ -4,7 +4,7 @@ Decode and verification are bandwidth-bound: every weight is read once per forwa
 Measured on a 2-core AMX Xeon, bf16, cold weights [17920, 1536]: `F.linear` reads at
 ~18 GB/s for 1-16 rows; `torch.mv` at ~26 GB/s for one row and `W @ x^T` at ~25 GB/s for
 2-16 rows. Past 16 rows (prefill) the work is compute-bound and `F.linear` (oneDNN/AMX)
-wins. See BENCHMARKS.md.
+wins. See docs/benchmarks-log.md.
 
 Batch-invariant mode: every bf16/fp16 forward goes through `W @ X^T` in tiles of exactly
 `INVARIANT_TILE` rows (zero-padded), so a row's numbers never depend on how many rows
@@ -21,10 +21,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specd.config import INVARIANT_TILE
 from specd.models.qlinear import QWeight, qlinear, qlinear_parts
 
 SMALL_M = 16
-INVARIANT_TILE = 16
 
 
 def linear(

@@ -33,6 +33,7 @@ from specd.serving import start_server
 from tests.cluster import char_tokenizer, start_cluster
 from verifier_service.drafter_client import RemoteProposer
 from verifier_service.engine import Engine
+from verifier_service.frontend import AsyncEngine
 from verifier_service.server import VerifierServicer
 
 
@@ -92,7 +93,7 @@ def tls_stack(tiny_pair, tmp_path_factory):
         )
         proposer = RemoteProposer(f"localhost:{dport}", 2000, 100, tls_ca=cert)
         engine = Engine(target, EngineConfig(num_blocks=128, block_size=4), proposer, set())
-        verifier = VerifierServicer(engine, "tiny")
+        verifier = VerifierServicer(AsyncEngine(engine), "tiny")
         vs, vport, _ = await start_server(
             "127.0.0.1",
             0,

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from specd.cli_parser import ROLES, build_parser
+from launcher.cli_parser import ROLES, build_parser
 from specd.config import EngineConfig, RouterConfig, from_arguments
 from specd.models.paged_kv import kv_dtype
 
@@ -83,3 +83,27 @@ def test_every_field_has_a_flag(role):
     flags = list(_flags(ROLES[role]))
     assert len(flags) > 10
     assert _config(role, *flags) == ROLES[role]()  # argparse refuses an unknown flag
+
+
+def _helps(parser):
+    """Every option of `specd serve ROLE`'s parser with its help text."""
+    return {
+        a.option_strings[0]: a.help or ""
+        for a in parser._actions
+        if a.option_strings and a.option_strings[0] != "-h"
+    }
+
+
+@pytest.mark.parametrize("role", sorted(ROLES))
+def test_every_flag_says_what_it_does(role):
+    """The help of each flag is its field's comment in the config's source (plus its
+    default), so the two cannot drift; a field without one would print a bare default."""
+    parser = build_parser()._subparsers._group_actions[0].choices["serve"]
+    role_parser = parser._subparsers._group_actions[0].choices[role]
+    flags = _helps(role_parser)
+    assert flags, role
+    bare = [flag for flag, text in flags.items() if not text or text.startswith("default:")]
+    assert bare == []
+    if role == "verifier":  # the speculation control's tuned numbers are flags too
+        assert "(1 + margin)" in flags["--margin"] and "0.08" in flags["--margin"]
+        assert _config(role, "--margin=0.2").engine.speculation.margin == 0.2

@@ -2,16 +2,17 @@
 
 import pytest
 
-from verifier_service.acceptance import PositionAcceptance, expected_tokens
-from verifier_service.controller import Controller, ControllerConfig
-from verifier_service.costs import CostCurve
+from specd.speculation_config import SpeculationConfig
 from verifier_service.request import SpeculationBounds
-from verifier_service.route_acceptance import RouteAcceptance
-from verifier_service.step_shape import Candidate
+from verifier_service.speculation.acceptance import PositionAcceptance, expected_tokens
+from verifier_service.speculation.controller import Controller
+from verifier_service.speculation.costs import CostCurve
+from verifier_service.speculation.route_acceptance import RouteAcceptance
+from verifier_service.speculation.step_shape import Candidate
 
 # one decode step of the 1.5B target at int4 on the 2-core CPU, by rows in the forward,
 # and one draft step of the 0.5B drafter by sequences, plus a round's fixed part (catch-up,
-# round trip) (BENCHMARKS.md section 10)
+# round trip) (docs/benchmarks-log.md section 10)
 FORWARD_S = {1: 0.067, 4: 0.077, 7: 0.088, 16: 0.152, 32: 0.290, 64: 0.560, 128: 1.10}
 DRAFT_STEP_S = {1: 0.022, 4: 0.030, 8: 0.045, 16: 0.080}
 DRAFT_ROUND_S = 0.010
@@ -23,7 +24,7 @@ def draft_round(sequences: int, k: int) -> float:
 
 def recorded() -> Controller:
     """Composed costs only (no whole step measured), no exploring episodes."""
-    c = Controller(ControllerConfig(explore_every=0))
+    c = Controller(SpeculationConfig(explore_every=0))
     for rows, s in FORWARD_S.items():
         c.costs.record_forward(rows, s)
     for seqs in DRAFT_STEP_S:
@@ -121,10 +122,10 @@ def test_a_loaded_batch_goes_off_for_cost_not_for_acceptance():
 
 
 def test_a_device_where_rows_cost_goes_off_for_cost_even_alone():
-    # the AVX2 CPU (BENCHMARKS.md section 21): 7 rows cost 3x one and the drafter shares
+    # the AVX2 CPU (docs/benchmarks-log.md section 21): 7 rows cost 3x one and the drafter shares
     # the cores, so even one sequence at a code route's acceptance decodes faster plain.
     # Its reason is the cost, not its acceptance, and it does not probe for acceptance.
-    c = Controller(ControllerConfig(explore_every=0))
+    c = Controller(SpeculationConfig(explore_every=0))
     for rows, s in {1: 0.064, 4: 0.13, 7: 0.19, 9: 0.24}.items():
         c.costs.record_forward(rows, s)
     for k in (1, 2, 4, 8):
@@ -138,10 +139,10 @@ def test_a_device_where_rows_cost_goes_off_for_cost_even_alone():
 
 def test_a_fresh_verifier_on_this_cpu_prices_a_bigger_batch_past_what_it_measured():
     # what a verifier has seen after one sequence drafted (rows up to 7, rounds of one
-    # sequence) and plain batches of up to 4 (BENCHMARKS.md section 28): a batch of 4
+    # sequence) and plain batches of up to 4 (docs/benchmarks-log.md section 28): a batch of 4
     # drafting 6 feeds 28 rows, never measured. Priced flat, as the 7-row forward, it
     # looked 2x plain and the batch drafted; along the measured line it is not
-    c = Controller(ControllerConfig(explore_every=0))
+    c = Controller(SpeculationConfig(explore_every=0))
     for rows, s in {1: 0.056, 2: 0.067, 3: 0.086, 4: 0.099, 5: 0.111, 7: 0.134}.items():
         c.costs.record_forward(rows, s)
     for k in (1, 2, 4, 6):
@@ -154,7 +155,7 @@ def test_a_fresh_verifier_on_this_cpu_prices_a_bigger_batch_past_what_it_measure
 def test_a_sequence_below_its_routes_floor_is_left_out_of_a_good_round():
     # a device where up to 16 rows cost one (bf16 on AMX, a GPU), more cost more, and
     # drafts are cheap: the poor sequence's 6 rows would cost and bring nothing
-    c = Controller(ControllerConfig(explore_every=0))
+    c = Controller(SpeculationConfig(explore_every=0))
     c.costs.record_forward(1, 0.1)
     c.costs.record_forward(16, 0.1)
     c.costs.record_forward(32, 0.2)
@@ -178,7 +179,7 @@ def test_a_batch_on_this_cpu_drafts_less_than_one_sequence():
 
 def flat_costs(sequences: int) -> Controller:
     """A step of `sequences` costs 1 s plain and 1.5 s at k = 1, from plain decoding."""
-    c = Controller(ControllerConfig(explore_every=0))
+    c = Controller(SpeculationConfig(explore_every=0))
     c.costs.record_forward(sequences, 1.0)
     c.costs.record_forward(2 * sequences, 1.0)
     c.costs.record_draft(sequences, 1, 0.5)
@@ -212,7 +213,9 @@ def test_a_route_below_its_floor_probes_at_k1_only_when_due():
 
 def test_route_acceptance_decays_back_to_the_prior_with_time():
     now = [0.0]
-    routes = RouteAcceptance(half_life_s=10.0, max_rounds=64, clock=lambda: now[0])
+    routes = RouteAcceptance(
+        SpeculationConfig(route_half_life_s=10.0, route_short_rounds=64), lambda: now[0]
+    )
     for _ in range(500):  # a burst of rejected rounds
         routes.record("chat", 4, 0)
     acc = routes.positions("chat")
@@ -367,8 +370,22 @@ def test_hysteresis_a_drafting_batch_stays_on_while_it_predicts_a_small_gain():
 
 
 def test_without_the_cost_model_auto_drafts_its_cap_but_still_probes():
-    c = Controller(ControllerConfig(costs=False))
+    c = Controller(SpeculationConfig(), cost_model=False)
     plan = c.plan([Candidate(6, [0.6]), Candidate(3, [0.2], floor=0.5)])
     assert plan.ks == [6, 0] and plan.reasons == ["on", "off:acceptance"]
     plan = c.plan([Candidate(3, [0.2], probe=True, floor=0.5)])
     assert plan.ks == [1] and plan.reasons == ["probe"]
+
+
+def test_a_sequence_kept_plain_under_its_floor_keeps_its_place_in_the_step():
+    """`_capped` leaves a candidate under its floor plain and nothing else changed: one
+    that already ran plain (the drafter behind it) is not stopping, and one that drafted
+    last step is."""
+    from verifier_service.speculation.controller import _capped, _switching
+
+    plain = Candidate(4, [0.2], floor=0.5, behind=12, remaining=30, goes_on=[0.5])
+    capped = _capped(plain)
+    assert (capped.cap, capped.behind, capped.remaining, capped.goes_on) == (0, 12, 30, [0.5])
+    assert _switching([capped], [0]) == (0, 0)
+    drafting = Candidate(4, [0.2], floor=0.5, behind=0)
+    assert _switching([_capped(drafting)], [0]) == (0, 1)

@@ -1,14 +1,22 @@
 """The controller pricing a step by how deep its rounds go: the drafter stops a round after
-an unsure draft, more often on some routes than on others (BENCHMARKS.md section 53)."""
+an unsure draft, more often on some routes than on others (docs/benchmarks-log.md section 53)."""
 
 import collections
 import random
 
 import pytest
 
-from verifier_service.acceptance import PositionAcceptance
-from verifier_service.controller import Controller, ControllerConfig
-from verifier_service.step_shape import Candidate, Fixed, arm_shapes, deepest, reach, step_shape
+from specd.speculation_config import SpeculationConfig
+from verifier_service.speculation.acceptance import PositionAcceptance
+from verifier_service.speculation.controller import Controller
+from verifier_service.speculation.step_shape import (
+    Candidate,
+    Fixed,
+    arm_shapes,
+    deepest,
+    reach,
+    step_shape,
+)
 
 
 def _mixed_round(rnd, a: float, goes_on: float, k: int) -> tuple[int, int]:
@@ -34,10 +42,10 @@ MIXED = {"code": (0.87, 0.95, 6), "chat": (0.7, 0.45, 3)}  # a, goes on, the rou
 def _run_mixed(by_drafts: bool, requests: int = 60, rounds: int = 15) -> collections.Counter:
     """Requests of code and chat in turn at c = 1, each `rounds` rounds. `by_drafts`: as
     the engine and the controller do (steps priced by the drafts that came, plans by how
-    deep a route's rounds go); else by the k planned, as before (BENCHMARKS.md section
+    deep a route's rounds go); else by the k planned, as before (docs/benchmarks-log.md section
     53). -> the k planned for code's rounds in the second half."""
     rnd = random.Random(7)
-    c = Controller(ControllerConfig(explore_every=0))
+    c = Controller(SpeculationConfig(explore_every=0))
     code_ks = collections.Counter()
     for i in range(requests):
         route = "code" if i % 2 == 0 else "chat"

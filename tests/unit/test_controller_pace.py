@@ -1,14 +1,15 @@
 """The step prices follow the machine's pace: a k not run for a while is priced at the
-speed of now, not of when it last ran (verifier_service/costs.py, `StepCosts.pace`)."""
+speed of now, not of when it last ran (verifier_service/speculation/costs.py, `StepCosts.pace`)."""
 
 import math
 import random
 
 import pytest
 
-from verifier_service.controller import Controller, ControllerConfig
-from verifier_service.costs import StepCosts
-from verifier_service.step_shape import Candidate
+from specd.speculation_config import SpeculationConfig
+from verifier_service.speculation.controller import Controller
+from verifier_service.speculation.costs import StepCosts
+from verifier_service.speculation.step_shape import Candidate
 
 CODE_ACCEPT = [0.87, 0.8, 0.75, 0.7, 0.65, 0.6]
 
@@ -53,7 +54,7 @@ def test_a_k_measured_a_few_times_learns_its_price_and_leaves_the_pace():
 
 
 def test_a_stall_while_a_k_learns_its_price_does_not_set_it():
-    """Batch 2 at k = 3, the first steps of a verifier (BENCHMARKS.md section 62): two
+    """Batch 2 at k = 3, the first steps of a verifier (docs/benchmarks-log.md section 62): two
     stalled steps (347 and 525 ms) among steps of ~100 ms. Their mean learned 138 ms,
     which the settled price then kept for hundreds of steps (a settled step moves it by a
     clipped ~0.1%), and k = 3 was priced ~20% dearer against k = 6 than its steps ran.
@@ -120,8 +121,8 @@ def test_a_slow_minute_does_not_start_drafting_where_plain_is_faster():
     6% behind."""
 
     def plans(pace_weight: float) -> list[int]:
-        c = Controller(ControllerConfig(explore_every=0))
-        c.costs.steps = StepCosts(pace_weight=pace_weight)
+        c = Controller(SpeculationConfig(explore_every=0))
+        c.costs.steps = StepCosts(SpeculationConfig(pace_weight=pace_weight))
         learned(c.costs.steps, {0: 0.040, 1: 0.080})
         for _ in range(200):  # where the pace does not move, plain's own price follows
             c.costs.record_step([0] * 4, 0.050)

@@ -99,7 +99,7 @@ def test_auto_keeps_up_with_the_best_fixed_k_on_recorded_code_and_chat():
 
 def test_stopping_unsure_rounds_pays_on_recorded_code_and_chat():
     """The same sweeps with the drafter's p_min and without, at round 33's step prices in
-    process (BENCHMARKS.md section 41): `auto` makes more tokens/s when rounds stop after
+    process (docs/benchmarks-log.md section 41): `auto` makes more tokens/s when rounds stop after
     an unsure draft (the drafts it saves were mostly rejected). 7.8% on code, 5.6% on
     chat; at section 40's prices, where a plain step was cheaper, 3.2% and 0.5%."""
     from bench.controller_sim import load_traces, step_table

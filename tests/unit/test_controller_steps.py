@@ -6,24 +6,25 @@ import random
 
 import pytest
 
-from verifier_service.acceptance import PositionAcceptance, expected_tokens
-from verifier_service.controller import Controller, ControllerConfig
-from verifier_service.costs import StepCosts
-from verifier_service.step_shape import Candidate
+from specd.speculation_config import SpeculationConfig
+from verifier_service.speculation.acceptance import PositionAcceptance, expected_tokens
+from verifier_service.speculation.controller import Controller
+from verifier_service.speculation.costs import StepCosts
+from verifier_service.speculation.step_shape import Candidate
 
 # whole decode steps of the int4 1.5B target with the 0.5B drafter on the 2-core CPU, the
-# mean seconds by (sequences, k) on held-out code prompts (BENCHMARKS.md section 19)
+# mean seconds by (sequences, k) on held-out code prompts (docs/benchmarks-log.md section 19)
 CODE_STEP_S = {
     (1, 0): 0.059, (1, 2): 0.136, (1, 4): 0.198, (1, 6): 0.253,
     (4, 0): 0.086, (4, 2): 0.232, (4, 4): 0.342, (4, 6): 0.472,
 }  # fmt: skip
 CODE_ACCEPT = [0.9, 0.86, 0.8, 0.75, 0.7, 0.65]  # a_i by position on those prompts
-# whole decode steps of one sequence by k on the AVX2 CPU (BENCHMARKS.md section 40)
+# whole decode steps of one sequence by k on the AVX2 CPU (docs/benchmarks-log.md section 40)
 AVX2_STEP_S = {0: 0.0348, 1: 0.0586, 2: 0.0789, 3: 0.0987, 4: 0.1276, 5: 0.153, 6: 0.1614}
 
 
 def test_step_costs_average_and_follow_a_line_in_k_from_the_smallest_measured():
-    steps = StepCosts(weight=0.5)
+    steps = StepCosts(SpeculationConfig(step_weight=0.5))
     assert steps(2, 3) is None and steps.samples(2, 3) == 0
     steps.record(2, 0, 0.05)
     steps.record(2, 1, 0.1)
@@ -55,7 +56,7 @@ def test_a_step_cost_that_varies_by_round_settles_on_its_mean():
     their geometric mean) and holds within a band of ~6%, where a weight of 0.3 wanders
     over ~36% (the price held: the machine's pace apart, which such steps of one k alone
     would move)."""
-    steps = StepCosts(pace_weight=0.0)
+    steps = StepCosts(SpeculationConfig(pace_weight=0.0))
     steps.record(1, 6, 0.5)  # a cold first step: replaced by the second
     steps.record(1, 6, 0.07)
     steps.record(1, 6, 0.16)
@@ -63,7 +64,10 @@ def test_a_step_cost_that_varies_by_round_settles_on_its_mean():
     rnd = random.Random(0)
     mix = [rnd.choice([0.065, 0.09, 0.11, 0.13, 0.16]) for _ in range(600)]
     mean = math.exp(sum(math.log(s) for s in mix[100:]) / len(mix[100:]))
-    smooth, noisy = StepCosts(pace_weight=0.0), StepCosts(weight=0.3, pace_weight=0.0)
+    smooth, noisy = (
+        StepCosts(SpeculationConfig(pace_weight=0.0)),
+        StepCosts(SpeculationConfig(step_weight=0.3, pace_weight=0.0)),
+    )
     prices = {id(smooth): [], id(noisy): []}
     for i, seconds in enumerate(mix):
         for costs in (smooth, noisy):
@@ -80,7 +84,7 @@ def test_k1_measured_often_takes_its_own_price_above_the_line():
     """A drafter round's fixed part puts k = 1 above the line through k = 2..6 (section
     31: priced 57-61 ms by the line, measured 67-77): a few samples of it still follow the
     line, many take their own mean, and the line for the other k is unchanged."""
-    steps = StepCosts(weight=0.5)
+    steps = StepCosts(SpeculationConfig(step_weight=0.5))
     for k, s in ((2, 0.08), (4, 0.12), (6, 0.16)):
         for _ in range(16):
             steps.record(1, k, s)
@@ -99,7 +103,7 @@ def test_every_k_measured_often_takes_its_own_price():
     k measured often, the line through them would price k = 3 at 102 ms (it takes 99) and
     pick k = 2 at a flat 0.9; each k's own price picks k = 3, the better by ~1.4%."""
     accept = [0.9]
-    c = Controller(ControllerConfig(explore_every=0))
+    c = Controller(SpeculationConfig(explore_every=0))
     for k, seconds in AVX2_STEP_S.items():
         for _ in range(16):
             c.costs.record_step([k], seconds)
@@ -118,7 +122,7 @@ def test_a_k_measured_dear_a_few_times_takes_the_price_of_its_neighbours():
     def true_s(k):
         return 0.05 if k == 0 else 0.052 + 0.03 * k
 
-    c = Controller(ControllerConfig(explore_every=0))
+    c = Controller(SpeculationConfig(explore_every=0))
     for k, n in ((0, 20), (1, 20), (3, 20)):
         for _ in range(n):
             c.costs.record_step([k], true_s(k))
@@ -139,7 +143,7 @@ def test_exploring_skips_a_k_that_the_measured_line_prices_far_behind():
         return 0.09 if k == 0 else 0.15 + 0.09 * k
 
     def explored(ks_measured) -> set[int]:
-        c = Controller(ControllerConfig(explore_every=4, explore_steps=1, explore_cap_s=100))
+        c = Controller(SpeculationConfig(explore_every=4, explore_steps=1, explore_cap_s=100))
         c.costs.record_forward(4, 0.09)  # the composed guess: drafting looks cheap
         c.costs.record_draft(4, 1, 0.01)
         for k in (0, *ks_measured):
@@ -159,7 +163,7 @@ def test_sequences_near_their_end_are_not_explored():
     an episode, but with a few tokens left the sequences have no steps to use it."""
 
     def explored(remaining: int) -> set[int]:
-        c = Controller(ControllerConfig(explore_every=4, explore_steps=1, explore_cap_s=100))
+        c = Controller(SpeculationConfig(explore_every=4, explore_steps=1, explore_cap_s=100))
         for _ in range(3):
             c.costs.record_step([0] * 6, 0.065)
         c.drafting, ks = False, set()
@@ -173,7 +177,7 @@ def test_sequences_near_their_end_are_not_explored():
 
 
 def measured(step_s: dict) -> Controller:
-    c = Controller(ControllerConfig(explore_every=0))
+    c = Controller(SpeculationConfig(explore_every=0))
     for (sequences, k), seconds in step_s.items():
         c.costs.record_step([k] * sequences, seconds)
     return c
@@ -193,7 +197,7 @@ def test_measured_steps_decide_one_sequence_drafts_and_four_do_not():
 
 def test_measured_steps_overrule_the_composed_estimate():
     # composed: rows cost nothing and a draft step is cheap, so k = 6 looks best...
-    c = Controller(ControllerConfig(explore_every=0))
+    c = Controller(SpeculationConfig(explore_every=0))
     for rows in (1, 7, 28):
         c.costs.record_forward(rows, 0.06)
     c.costs.record_draft(1, 6, 0.03)
@@ -247,7 +251,7 @@ def test_exploring_finds_the_best_k_and_costs_a_bounded_share(name, true_s):
 def test_without_exploring_a_pessimistic_guess_stays_wrong():
     """Why the episodes exist: with only the composed guess, plain (never measured while
     drafting) keeps the cost of the measured drafting forwards and is never tried."""
-    c = Controller(ControllerConfig(explore_every=0))
+    c = Controller(SpeculationConfig(explore_every=0))
     c.costs.record_forward(7, 0.2)  # only drafting forwards measured: plain looks as dear
 
     def true_s(k):
@@ -258,7 +262,7 @@ def test_without_exploring_a_pessimistic_guess_stays_wrong():
 
 
 def test_a_switch_costs_what_its_step_took_over_the_steady_one():
-    c = Controller(ControllerConfig(explore_every=0))
+    c = Controller(SpeculationConfig(explore_every=0))
     c.costs.record_step([2, 2], 0.5, catch_up=200)  # no steady (2, 2) step yet: unknown
     assert c.costs.switch_s(200, 0) == 0.0 and c.costs.steps(2, 2) is None
     c.costs.record_step([2, 2], 0.2)
@@ -361,7 +365,7 @@ def big_batch_exploring(slower: float, share: float, steps: int = 2000) -> float
     def true_s(k):
         return 0.116 if not k else 0.116 * expected_tokens(accept, k) / slower
 
-    c = Controller(ControllerConfig(explore_share=share))
+    c = Controller(SpeculationConfig(explore_share=share))
     c.costs.record_step([0] * 8, true_s(0))
     c.drafting = False
     return run_batch(c, accept, true_s, 0.4, steps)
@@ -371,10 +375,10 @@ def test_exploring_a_big_batch_near_a_tie_costs_its_share_of_time_not_of_steps()
     # drafting 1% slower than plain: close enough to be worth a look now and then, all
     # run long. One episode in 32 steps would have lost ~0.45 s each: ~12% of the time.
     # Each share's budget bounds it, beside the cap it starts with
-    steps, default = 2000, ControllerConfig().explore_share
+    steps, default = 2000, SpeculationConfig().explore_share
     spent = {share: big_batch_exploring(0.99, share, steps) for share in (0.03, default)}
     for share, seconds in spent.items():
-        assert seconds <= 1.25 * share * steps * 0.116 + ControllerConfig().explore_cap_s
+        assert seconds <= 1.25 * share * steps * 0.116 + SpeculationConfig().explore_cap_s
         assert seconds > 0.1  # and it still explored
     assert spent[default] < spent[0.03]
 
@@ -398,7 +402,7 @@ def test_exploring_a_k_measured_behind_plain_slows_down_whatever_the_budget():
     # it is explored more seldom than any budget allows (the episodes fade, so still)
     spent = {share: big_batch_exploring(0.92, share) for share in (0.015, 0.03, 0.1)}
     assert len(set(spent.values())) == 1
-    allowed = 1.25 * 0.015 * 2000 * 0.116 + ControllerConfig().explore_cap_s
+    allowed = 1.25 * 0.015 * 2000 * 0.116 + SpeculationConfig().explore_cap_s
     assert 0.1 < spent[0.1] < 0.6 * allowed
 
 

@@ -11,6 +11,7 @@ from specd.config import EngineConfig
 from specd.models.paged_kv import PagedKV
 from specd.params import SamplingParams
 from specd.proposal import DraftState
+from specd.speculation_config import SpeculationConfig
 from tests.conftest import run_engine
 from verifier_service.engine import Engine
 from verifier_service.frontend import AsyncEngine
@@ -88,7 +89,7 @@ def test_steps_of_ngram_drafts_alone_stay_out_of_the_step_costs(tiny_pair, kind)
     reqs = [dict(prompt=PROMPTS[0] * 3, max_new_tokens=24, num_draft=3)]
     run_engine(engine, reqs)
     assert engine.totals.drafted > 0  # drafts came either way
-    costs = engine.scheduler.controller.costs
+    costs = engine.speculation.controller.costs
     drafting_steps = [key for key in costs.steps.measured() if key[1] > 0]
     assert costs.forward.measured()
     if kind == "ngram":
@@ -103,7 +104,7 @@ def test_draft_below_batch_speculates_only_while_the_batch_is_small(tiny_pair):
     off = run_engine(make_engine(tiny_pair), reqs)
     drafted = {}
     for limit in (0, 10, 2):
-        engine = make_engine(tiny_pair, "draft", draft_gate_memory_s=0.0)
+        engine = make_engine(tiny_pair, "draft", speculation=SpeculationConfig(batch_memory_s=0.0))
         gate = SpeculationBounds(draft_below_batch=limit)
         got = run_engine(engine, [dict(r, num_draft=3, speculation=gate) for r in reqs])
         assert list(got.values()) == list(off.values())
@@ -111,7 +112,7 @@ def test_draft_below_batch_speculates_only_while_the_batch_is_small(tiny_pair):
     assert drafted[10] == drafted[0] > 0  # a limit the batch never reaches changes nothing
     assert 0 < drafted[2] < drafted[0] / 2  # with limit 2: only the last request's tail
     # the gate remembers the largest recent batch: with a long memory, no tail drafting
-    engine = make_engine(tiny_pair, "draft", draft_gate_memory_s=60.0)
+    engine = make_engine(tiny_pair, "draft", speculation=SpeculationConfig(batch_memory_s=60.0))
     gate = SpeculationBounds(draft_below_batch=2)
     run_engine(engine, [dict(r, num_draft=3, speculation=gate) for r in reqs])
     assert engine.totals.drafted == 0
@@ -388,7 +389,7 @@ def test_whole_decode_steps_are_measured_by_their_plan_and_switches_apart(tiny_p
     # without the cost model `auto` drafts its cap (the tiny target is too fast to pay),
     # and every decode step is still measured for the model
     engine = make_engine(tiny_pair, "draft", cost_model=False)
-    costs, events = engine.scheduler.controller.costs, []
+    costs, events = engine.speculation.controller.costs, []
     for name in ("record_draft", "record_forward", "record_step"):
         real = getattr(costs, name)
 
@@ -423,3 +424,15 @@ def test_whole_decode_steps_are_measured_by_their_plan_and_switches_apart(tiny_p
             group = []
     assert rounds[0] == (False, False) and (True, True) in rounds
     assert all(steady_round == recorded for steady_round, recorded in rounds)
+
+
+def test_a_request_asking_past_the_engines_bound_drafts_within_it(tiny_pair):
+    """k's bound is the engine's, applied once as a request comes in: admission reserves
+    for it and no round drafts past it, whatever the request asked."""
+    engine = make_engine(tiny_pair, "draft", max_draft_tokens=2)
+    seq_id = engine.add_request(Request(PROMPTS[0], max_new_tokens=16, num_draft=6))
+    assert engine.sequence(seq_id).num_draft == 2
+    most = 0
+    while engine.has_work():
+        most = max([most] + [o.drafted for o in engine.step()])
+    assert most == 2

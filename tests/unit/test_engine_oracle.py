@@ -8,9 +8,9 @@ from specd.config import EngineConfig
 from specd.proposal import Proposal
 from tests.conftest import run_engine
 from tests.unit.test_engine import PROMPTS, _calls, make_engine
-from verifier_service.acceptance import expected_tokens
 from verifier_service.engine import Engine
 from verifier_service.request import Request
+from verifier_service.speculation.acceptance import expected_tokens
 
 
 def greedy_answers(tiny_pair, reqs: list[dict]) -> dict[tuple, list[int]]:
@@ -80,7 +80,7 @@ def test_a_round_stopped_short_counts_as_planned_for_the_controller(tiny_pair):
     assert {o.seq_id for o in outputs} == set(ids)
     for o in outputs:
         assert o.stats.drafted == o.stats.accepted == o.stats.rounds > 5  # one draft a round
-    controller = engine.scheduler.controller
+    controller = engine.speculation.controller
     rates = controller.route_rates("default")
     assert rates[0] > 0.9 and rates[1] < 0.2  # position 1 missed, not untried
     assert controller.routes.rates()["default"] == pytest.approx(1.0)  # accepted / drafted

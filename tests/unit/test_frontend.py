@@ -37,9 +37,9 @@ def test_a_steps_outputs_go_to_the_event_loop_where_the_next_step_leaves_python(
     events = []
     schedule, forward = engine.scheduler.schedule, engine.model.forward
 
-    def traced_schedule():
+    def traced_schedule(*args):
         events.append("plan")
-        return schedule()
+        return schedule(*args)
 
     def traced_forward(kv, seqs):
         events.append("forward")

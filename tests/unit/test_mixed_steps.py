@@ -38,8 +38,8 @@ def _staggered(engine: Engine, requests: list[Request], every: int = 3):
     and, per step, the kinds of its slots ({True}: decode only, {False}: prefill only)."""
     kinds, schedule = [], engine.scheduler.schedule
 
-    def recording():
-        plan = schedule()
+    def recording(*args):
+        plan = schedule(*args)
         kinds.append({s.decode for s in plan})
         return plan
 

@@ -1,5 +1,6 @@
-"""The scheduler alone (no model): what a plan holds, every KV reservation it makes, how it
-gives way when blocks run short, and the draft decisions behind each decode slot."""
+"""The scheduler alone (no model), fed the speculation control's plan as the engine feeds
+it: what a step holds, every KV reservation it makes, how it gives way when blocks run
+short; and the plan's decisions behind each decode slot."""
 
 from __future__ import annotations
 
@@ -10,17 +11,39 @@ import pytest
 from specd.config import EngineConfig
 from specd.kvcache import BlockAllocator
 from specd.params import SamplingParams
-from verifier_service.decisions import DraftDecisions
+from verifier_service.records import SeqView, StepView
 from verifier_service.request import Request, SpeculationBounds
 from verifier_service.scheduler import Scheduler
 from verifier_service.sequence import Sequence
+from verifier_service.speculation import SpeculationControl
 
 BLOCK = 4
 
 
-def _scheduler(num_blocks: int = 64, **config) -> Scheduler:
+class Planned(Scheduler):
+    """A scheduler whose `schedule()` first asks its own speculation control for the plan,
+    as the engine's step does."""
+
+    def __init__(self, allocator, config, clock=None):
+        super().__init__(allocator, config)
+        self.control = SpeculationControl(config, *([clock] if clock else []))
+
+    def schedule(self):
+        ready = self.ready()
+        return super().schedule(ready, self.control.plan(view(ready, self.batch)))
+
+
+def view(ready, batch: int, kv_used: float = 0.0) -> StepView:
+    return StepView(tuple(SeqView.of(s) for s in ready), batch, kv_used)
+
+
+def _scheduler(num_blocks: int = 64, **config) -> Planned:
     config.setdefault("block_size", BLOCK)
-    return Scheduler(BlockAllocator(num_blocks, BLOCK), EngineConfig(**config))
+    return Planned(BlockAllocator(num_blocks, BLOCK), EngineConfig(**config))
+
+
+def _decide(control: SpeculationControl, ready, batch: int, kv_used: float = 0.0):
+    return list(control.plan(view(ready, batch, kv_used)).decisions)
 
 
 def _seq(seq_id: int, prompt_len: int = 6, num_draft: int = 4, **request) -> Sequence:
@@ -86,7 +109,7 @@ def test_decode_slots_get_k_and_one_leaf_per_draft_within_the_tree_room():
         # rows flat (a GPU, AMX): a 16-row forward ~ a 10-row one, every leaf
         ({1: 10.0, 10: 10.2, 16: 10.5}, (4, 2)),
         # between: each of the 6 leaves adds 1% to the 10-row forward, all pass; at 3.3%
-        # each (over LEAF_COST), none
+        # each (over the leaf_cost of 3%), none
         ({10: 100.0, 16: 106.0}, (4, 2)),
         ({10: 100.0, 16: 120.0}, (0, 0)),
     ],
@@ -94,7 +117,7 @@ def test_decode_slots_get_k_and_one_leaf_per_draft_within_the_tree_room():
 def test_leaves_are_only_as_many_as_the_measured_forward_prices_near_free(forward_ms, leaves):
     sched = _scheduler(max_tree_tokens=16, batch_invariant=False)
     for rows, ms in forward_ms.items():
-        sched.controller.costs.record_forward(rows, ms / 1e3)
+        sched.control.controller.costs.record_forward(rows, ms / 1e3)
     a, b = _seq(0, num_draft=4), _seq(1, num_draft=4)
     _decoding(sched, a, b)
     first, second = sched.schedule()
@@ -104,8 +127,8 @@ def test_leaves_are_only_as_many_as_the_measured_forward_prices_near_free(forwar
 
 def test_without_the_cost_model_the_leaves_fill_the_tree_room_whatever_rows_cost():
     sched = _scheduler(max_tree_tokens=16, cost_model=False)
-    sched.controller.costs.record_forward(1, 0.044)
-    sched.controller.costs.record_forward(5, 0.111)
+    sched.control.controller.costs.record_forward(1, 0.044)
+    sched.control.controller.costs.record_forward(5, 0.111)
     a, b = _seq(0, num_draft=4), _seq(1, num_draft=4)
     _decoding(sched, a, b)
     assert [s.alts for s in sched.schedule()] == [4, 2]
@@ -172,42 +195,39 @@ class FakeClock:
 
 
 def test_decisions_gate_on_the_largest_recent_batch_and_on_kv():
-    sched = _scheduler()
     clock = FakeClock()
-    decide = DraftDecisions(sched.controller, sched.config, clock).decide
+    control = SpeculationControl(EngineConfig(), clock)
     gated = _seq(0, speculation=SpeculationBounds(draft_below_batch=3, max_kv_utilization=0.5))
     plain = _seq(1, num_draft=0)
-    assert decide([gated, plain], batch=3, kv_used=0.1) == [
+    assert _decide(control, [gated, plain], batch=3, kv_used=0.1) == [
         (0, "off:batch", 1.0),
         (0, "off:request", 1.0),
     ]
     clock.now = 0.5  # the batch fell to 2, but a batch of 3 was seen within the last second
-    assert decide([gated], batch=2, kv_used=0.1)[0].reason == "off:batch"
+    assert _decide(control, [gated], batch=2, kv_used=0.1)[0].reason == "off:batch"
     clock.now = 2.0
-    assert decide([gated], batch=2, kv_used=0.1)[0] == (4, "on", 1.0)
-    assert decide([gated], batch=2, kv_used=0.6)[0].reason == "off:kv"
+    assert _decide(control, [gated], batch=2, kv_used=0.1)[0] == (4, "on", 1.0)
+    assert _decide(control, [gated], batch=2, kv_used=0.6)[0].reason == "off:kv"
 
 
 def test_decisions_tell_the_controller_of_a_dip_in_the_batch():
-    sched = _scheduler()
     clock = FakeClock()
-    decide = DraftDecisions(sched.controller, sched.config, clock).decide
+    control = SpeculationControl(EngineConfig(), clock)
     dips = []
-    plan = sched.controller.plan
-    sched.controller.plan = lambda cands, fixed, dip: dips.append(dip) or plan(cands, fixed, dip)
+    plan = control.controller.plan
+    control.controller.plan = lambda cands, fixed, dip: dips.append(dip) or plan(cands, fixed, dip)
     auto = [_seq(i, speculation=SpeculationBounds(auto=True)) for i in range(4)]
-    decide(auto, batch=4, kv_used=0.1)
-    decide(auto[:1], batch=1, kv_used=0.1)  # three finished a moment ago
+    _decide(control, auto, batch=4, kv_used=0.1)
+    _decide(control, auto[:1], batch=1, kv_used=0.1)  # three finished a moment ago
     clock.now = 2.0
-    decide(auto[:1], batch=1, kv_used=0.1)  # the batch has been one for a while
-    decide(auto[:1], batch=3, kv_used=0.1)  # two more wait for their prefill
+    _decide(control, auto[:1], batch=1, kv_used=0.1)  # the batch has been one for a while
+    _decide(control, auto[:1], batch=3, kv_used=0.1)  # two more wait for their prefill
     assert dips == [False, True, False, True]
 
 
-def test_decisions_never_draft_past_the_tokens_left_or_the_engine_bound():
-    sched = _scheduler(max_draft_tokens=3)
-    decide = DraftDecisions(sched.controller, sched.config).decide
-    seq = _seq(0, num_draft=8, max_new_tokens=10)
-    assert decide([seq], batch=1, kv_used=0.0)[0].k == 3
+def test_decisions_never_draft_past_the_tokens_left():
+    control = SpeculationControl(EngineConfig())
+    seq = _seq(0, num_draft=3, max_new_tokens=10)
+    assert _decide(control, [seq], batch=1)[0].k == 3
     seq.append([7] * 8)  # 2 tokens left: one draft, then the bonus token
-    assert decide([seq], batch=1, kv_used=0.0)[0].k == 1
+    assert _decide(control, [seq], batch=1)[0].k == 1

@@ -1,15 +1,15 @@
 """What the controller prices a planned step by: the decoding sequences it may change
 (`Candidate`) beside the rest of the batch (`Fixed`), how deep each round is expected to go
-(`reach`, `deepest`), and the step's shape for verifier_service/costs.py: (sequences,
+(`reach`, `deepest`), and the step's shape for verifier_service/speculation/costs.py: (sequences,
 P(its deepest round drafts at least j tokens) by j, the expected rows fed, the sequences
-drafting). Pure Python, like the controller (verifier_service/controller.py)."""
+drafting). Pure Python, like the controller (verifier_service/speculation/controller.py)."""
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
 
-from verifier_service.acceptance import expected_table, expected_tokens
+from verifier_service.speculation.acceptance import expected_table, expected_tokens
 
 
 @dataclass
@@ -86,11 +86,11 @@ def step_shape(
 ) -> tuple[int, list[float], float, int]:
     """A planned step as the cost model prices it: (sequences, P(its deepest round drafts
     at least j tokens) by j, the expected rows fed, the sequences drafting). Steps are
-    measured by the drafts that came (verifier_service/costs.py), and a round planned at k
+    measured by the drafts that came (costs.py), and a round planned at k
     comes short where the drafter stops early, more often on some routes than on others: in
     mixed traffic at c = 1, chat's rounds planned at 3 drafted 1.7 tokens and code's 2.7,
     so code priced k = 3 at chat's 52 ms a step where its own took 63, and `auto` ran code
-    at k = 3-4 for 0.91 of the fixed k = 6 (BENCHMARKS.md section 53). The deepest round
+    at k = 3-4 for 0.91 of the fixed k = 6 (docs/benchmarks-log.md section 53). The deepest round
     of independent ones: P(deepest >= j) = 1 - prod_s (1 - P(d_s >= j)); the rest of the
     batch (`fixed`) drafts its k."""
     rows, drafting = float(fixed.rows), 1 if fixed.k else 0

@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 import time
 
-from verifier_service.acceptance import PositionAcceptance
+from specd.speculation_config import SpeculationConfig
+from verifier_service.speculation.acceptance import PositionAcceptance
 
 
 class RouteAcceptance:
@@ -23,29 +24,22 @@ class RouteAcceptance:
     route's sequences go plain are its worst, and with nothing drafted the estimate stays
     there. With one memory of 16 rounds, chat at c = 1 (position 0 accepted ~0.79 at
     fixed k) started new requests at 0.58-0.68, under break-even, and `auto` ran 45% of
-    its steps plain (BENCHMARKS.md section 37); the long memory holds the route's level
+    its steps plain (docs/benchmarks-log.md section 37); the long memory holds the route's level
     through such a streak. After a real burst (forced rounds that all fail) the long
     memory is all burst, and the short one shows within a few probes that it ended (one
     memory of 64 rounds kept a route off through 10 requests of probes); being short is
     all it is for, as the long one bounds it from below. Not the higher of the two on
     every round: six rounds of 0.8 run all accepted one time in four, and on such noise
-    chat at c = 1 flipped between k = 1, 2 and 3 (BENCHMARKS.md section 38).
+    chat at c = 1 flipped between k = 1, 2 and 3 (docs/benchmarks-log.md section 38).
     """
 
-    def __init__(
-        self,
-        half_life_s: float = 30.0,
-        max_rounds: float = 6.0,
-        long_rounds: float = 64.0,
-        fade: float = 0.9,
-        z: float = 2.0,
-        clock=time.monotonic,
-    ):
-        self.z = z
-        self.half_life_s = half_life_s
-        self.max_rounds = max_rounds
-        self.long_rounds = long_rounds
-        self.fade = fade
+    def __init__(self, config: SpeculationConfig | None = None, clock=time.monotonic):
+        c = config or SpeculationConfig()
+        self.z = c.route_z
+        self.half_life_s = c.route_half_life_s
+        self.max_rounds = c.route_short_rounds
+        self.long_rounds = c.route_long_rounds
+        self.fade = c.route_fade
         self.clock = clock
         self._short: dict[str, PositionAcceptance] = {}
         self._long: dict[str, PositionAcceptance] = {}

@@ -1,5 +1,5 @@
 """How often drafts are accepted, by draft position, as decayed counts (one sequence's, or
-one route's in verifier_service/route_acceptance.py), and the tokens a round of k drafts
+one route's in verifier_service/speculation/route_acceptance.py), and the tokens a round of k drafts
 is expected to emit from them."""
 
 from __future__ import annotations

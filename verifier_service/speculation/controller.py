@@ -9,7 +9,7 @@ route's k) predicts
 with a_i the probability that draft position i is accepted once positions < i were
 (measured per route and per sequence), T(B, d) what a whole decode step of B sequences
 took when d drafts came for the deepest (drafter round, forward with its tree leaves,
-verification), measured online (verifier_service/costs.py), and d_s <= k_s the drafts a
+verification), measured online (verifier_service/speculation/costs.py), and d_s <= k_s the drafts a
 round planned at k_s brings: the drafter stops after an unsure draft, by route
 (`Candidate.goes_on`). Where T(B, d) is not measured yet it is composed:
 the forward's cost by rows plus a drafter round, scaled by how the measured steps compared
@@ -18,7 +18,7 @@ switched: the drafter catching up (a new prompt, or what it skipped while plain)
 those that start drafting, and drafting ahead for those that stop; H is the steps the
 sequences may run so (their remaining tokens / E, at most `horizon`). In a dip, where the
 batch was larger a moment ago or more sequences wait to join it, no sequence starts
-catching up. A tie per step is thus no reason to flip: every flip pays S (BENCHMARKS.md
+catching up. A tie per step is thus no reason to flip: every flip pays S (docs/benchmarks-log.md
 section 20). Plain decoding is tokens = B, time = T(B, 0) + S(0) / H. The controller
 takes the k with the best tokens/time for every sequence of the step at once (a sequence
 under its route's `min_acceptance` is left out), with hysteresis: from plain it needs
@@ -28,7 +28,7 @@ under its route's `min_acceptance` is left out), with hysteresis: from plain it 
 within `explore_window` of the best (narrowing as 1 / sqrt(1 + its recent episodes)) or
 never measured at this batch size, so a wrong guess is corrected and exploring costs a
 bounded share of steps. The cost model is optional
-(`ControllerConfig.costs`, the engine's `cost_model`); without it every eligible sequence
+(`Controller.cost_model`, the engine's `cost_model`); without it every eligible sequence
 drafts its cap.
 
 Nothing latches: acceptance decays with time back toward a prior, and a sequence off for
@@ -39,12 +39,14 @@ comes back by itself. Pure Python (no torch): the unit tests feed it recorded ti
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, replace
 
-from verifier_service.acceptance import PositionAcceptance
-from verifier_service.costs import StepCostModel
-from verifier_service.route_acceptance import RouteAcceptance
-from verifier_service.step_shape import Candidate, Fixed, arm_shapes, step_shape
+from specd.speculation_config import SpeculationConfig
+from verifier_service.speculation.acceptance import PositionAcceptance
+from verifier_service.speculation.costs import StepCostModel
+from verifier_service.speculation.route_acceptance import RouteAcceptance
+from verifier_service.speculation.step_shape import Candidate, Fixed, arm_shapes, step_shape
 
 
 @dataclass(frozen=True)
@@ -54,72 +56,20 @@ class Plan:
     gain: float  # predicted tokens/s of the plan over plain decoding (1.0: plain)
 
 
-@dataclass
-class ControllerConfig:
-    costs: bool = True  # False: every eligible sequence drafts its cap (no cost model)
-    # plain -> drafting when drafting predicts >= (1 + margin) x plain: a step's gain of a
-    # few % is lost in the whole run (drafting sequences finish apart, so more steps run
-    # short of a full batch: BENCHMARKS.md section 19)
-    margin: float = 0.08
-    # drafting -> plain when drafting predicts < (1 + stay_margin) x plain: switching costs
-    # (the drafter catches up on what it skipped), and so does drafting near a tie
-    stay_margin: float = 0.03
-    # Both margins are for a batch, whose sequences finish apart: a step of B sequences
-    # applies (B - 1) / B of each, so one sequence alone decides on the prediction itself
-    # (switching is priced in it). Chat at c = 1 gains ~10% by drafting: behind an 8%
-    # margin, estimates a few points low kept it plain (BENCHMARKS.md section 38).
-    prior_acceptance: float = 0.7  # a_i before any round on a route
-    # what a route that drafts well accepts (code: ~0.87 at position 0). Whether the
-    # device and the batch could make drafting pay at all is asked at this, not at the
-    # prior, which is a guess: where the prior sat under break-even, a route that had
-    # never drafted (or whose rounds had decayed away) was `off:cost`, never probed, and
-    # stayed plain for good (BENCHMARKS.md section 40)
-    good_acceptance: float = 0.9
-    prior_strength: float = 2.0  # how many rounds the prior weighs
-    # how many rounds a route's estimate weighs against a sequence's own. A round's
-    # outcome does not predict the next one's (chat at k = 2: after a round that accepted
-    # nothing the next accepted 1.45 drafts, after one that accepted both 1.23), so only
-    # a sequence's mean over many rounds tells it apart from its route: at 4, one
-    # rejected round stopped drafting, and chat at c = 1 ran a third of its steps plain
-    # on estimates of 0.66 where position 0 accepted 0.79 (BENCHMARKS.md section 38)
-    route_strength: float = 20.0
-    # a sequence keeps its own rounds, at most `sequence_rounds` of them, and they fade by
-    # `sequence_decay` on each step it runs plain, so that a streak that stopped it
-    # returns to its route's estimate and it drafts again (undecayed, chat requests that
-    # accepted 0.8 overall ran plain for dozens of steps)
-    sequence_rounds: float = 64.0
-    sequence_decay: float = 0.9
-    probe_every: int = 16  # off for acceptance: one k = 1 round in this many steps
-    explore_every: int = 32  # one exploring episode in this many planned steps (0: never)
-    explore_steps: int = 2  # its length (its first step pays the switch)
-    explore_window: float = 0.15  # only a k predicted within this share of the best
-    explore_memory: int = 512  # half-life, in planned steps, of a k's exploring episodes
-    # exploring episodes and probes together may cost this share of the predicted step
-    # time, no more: the budget grows by it each step (up to `explore_cap_s`) and pays each
-    # one's predicted loss against the plan, so that at a batch where a drafting step
-    # costs 3x a plain one and its catch-up more, they come that much more seldom. At 3%,
-    # a chat-like route under break-even (plain best) lost 3.5% to them in `specd bench
-    # controller`, 2.5% at 1.5%, with code's choices as good (BENCHMARKS.md section 40)
-    explore_share: float = 0.015
-    explore_cap_s: float = 1.0
-    # a switch's cost (the drafter catching up, or still drafting ahead) is spread over
-    # the steps the sequences may run that way, at most this many
-    horizon: int = 32
-
-
 NOTHING_FIXED = Fixed()  # a step of candidates only
-DIP_CATCH_UP = 4  # tokens a candidate may be behind and still start drafting in a dip
-GOES_ON_PRIOR = 2.0  # rounds the prior of always drafting on weighs (`Controller.goes_on`)
-GOES_ON_ROUNDS = 64.0  # the most rounds a route's c_i remember
 
 
 class Controller:
     """Owns the measured costs; `plan` decides one step."""
 
-    def __init__(self, config: ControllerConfig | None = None):
-        self.config = config or ControllerConfig()
-        self.costs = StepCostModel()
-        self.routes = RouteAcceptance()
+    def __init__(
+        self, config: SpeculationConfig | None = None, cost_model: bool = True, clock=time.monotonic
+    ):
+        """`cost_model` False: every eligible sequence drafts its cap (no prices)."""
+        self.config = config or SpeculationConfig()
+        self.cost_model = cost_model
+        self.costs = StepCostModel(self.config)
+        self.routes = RouteAcceptance(self.config, clock)
         self._goes_on: dict[str, PositionAcceptance] = {}  # per route: c_i (`Candidate`)
         # the last step's plan drafted (for the hysteresis); a route's `auto` starts on
         self.drafting = True
@@ -141,7 +91,7 @@ class Controller:
     def goes_on(self, route: str) -> list[float]:
         """A route's c_i (`Candidate.goes_on`), over a prior of always (1.0)."""
         counts = self._goes_on.get(route)
-        return [] if counts is None else counts.rates([1.0], GOES_ON_PRIOR)
+        return [] if counts is None else counts.rates([1.0], self.config.goes_on_prior)
 
     def accept_rates(self, route_rates: list[float], seq: PositionAcceptance) -> list[float]:
         """A sequence's a_i: its own rounds over its route's `route_rates`."""
@@ -153,11 +103,8 @@ class Controller:
         """One decode step's round of a sequence on `route`, planned at k drafts (k = 0: it
         ran plain), of which `drafted` came (default k). The estimates learn the round as
         planned: where the drafter stopped short (its p_min), the position after its last
-        draft counts as missed. E(k) is then what a round planned at k yields, as the step
-        cost it is divided by is what such rounds took (verifier_service/costs.py).
-        Counted by the drafts alone, chat (a drafter sure at 44% of positions) was
-        predicted ~30% more tokens a round than it made, and `auto` drafted at c = 2 where
-        plain was 10% faster (BENCHMARKS.md section 44)."""
+        draft counts as missed, so E(k) is what a round planned at k yields, as the step
+        cost it is divided by is what such rounds took (docs/benchmarks-log.md section 44)."""
         c = self.config
         if k:
             seq.record(k, accepted)
@@ -168,7 +115,7 @@ class Controller:
                 # position i: i + 1 drafts came with room for more; a hit if another did
                 goes_on = self._goes_on.setdefault(route, PositionAcceptance())
                 goes_on.record(k - 1, came - 1)
-                goes_on.limit(GOES_ON_ROUNDS)
+                goes_on.limit(c.goes_on_rounds)
         else:
             seq.decay(c.sequence_decay)
 
@@ -178,21 +125,11 @@ class Controller:
         """Drafts per candidate for one step, beside the `fixed` rest of the batch.
 
         `dip`: the batch was larger a moment ago, or sequences wait to join it, so a plan
-        for this smaller batch may last a step or two: no candidate starts catching the
-        drafter up, and nothing explores. Where one would have to, the whole step runs
-        plain: at c = 2 and 4 each wave of code requests began with one alone that
-        caught the drafter up on its prompt and drafted for one step before the batch
-        came back and ran plain, its catch-up (~50-150 ms) delaying the others'
-        prefill; priced whole, a short prompt's catch-up still looked worth one round.
-        Letting those that drafted last step go on beside it kept a batch of 4 drafting
-        from wave to wave, where it made 35 tok/s against 53 plain: the batch that comes
-        back must decide from plain, behind the full `margin` (BENCHMARKS.md section 46).
-        A dip where no candidate is more than `DIP_CATCH_UP` tokens behind plans as any
-        other step: those few (what it decoded plain over the last step or two, as when
-        its batch's last step was plain for a request's last token) ride in its round's
-        first drafter forward. Kept plain for the whole second of a dip, the last request
-        of a c = 2 cell decoded 18 steps alone at 28 tok/s where k = 6 makes ~57
-        (BENCHMARKS.md section 55).
+        for this smaller batch may last only a step or two: nothing explores, and where a
+        candidate is more than `dip_catch_up` tokens behind the drafter the whole step
+        runs plain, since catching it up would not pay back before the batch returns
+        (the batch that returns decides from plain, behind the full `margin`; sections
+        46 and 55).
 
         A candidate left at k = 0 is `off:cost` when it would draft alone (the batch makes
         drafting too dear) or when the step would not draft even if every candidate
@@ -206,10 +143,11 @@ class Controller:
         self._priced = {}  # this plan's steps by shape: the prices hold while it plans
         eligible = [c if c.accept[0] >= c.floor else _capped(c) for c in candidates]
         cfg = self.config
-        if cfg.costs and dip and any(c.behind > DIP_CATCH_UP for c in candidates):
+        costs = self.cost_model
+        if costs and dip and any(c.behind > cfg.dip_catch_up for c in candidates):
             self.drafting = False  # the batch that comes back decides from plain
             return Plan([0] * len(candidates), ["off:cost"] * len(candidates), 1.0)
-        if cfg.costs:
+        if costs:
             ks, gain = self._choose(eligible, fixed, dip)
         else:
             ks, gain = [c.cap for c in eligible], 1.0
@@ -218,16 +156,16 @@ class Controller:
             if ks[i]:
                 reasons.append("on")
                 continue
-            if good is None and cfg.costs:
+            if good is None and costs:
                 good = self._drafts_at(candidates, fixed, cfg.good_acceptance)
-            if eligible[i].cap and (not cfg.costs or not good or self._alone_drafts(c)):
+            if eligible[i].cap and (not costs or not good or self._alone_drafts(c)):
                 reasons.append("off:cost")
             elif c.probe and c.cap:
                 reasons.append("probe")
             else:
                 reasons.append("off:acceptance")
         probes = [i for i, r in enumerate(reasons) if r == "probe"]
-        if probes and (not cfg.costs or self._pay_probes(candidates, ks, probes, fixed)):
+        if probes and (not costs or self._pay_probes(candidates, ks, probes, fixed)):
             for i in probes:
                 ks[i] = 1
         else:
@@ -275,9 +213,8 @@ class Controller:
         """`arm`, or the k of an exploring episode: the least measured k at this batch
         size among those predicted within `_explore_floor` of the best or that no measured
         step at this batch size prices (a guess too pessimistic would otherwise never be
-        tried; a k on the line through the measured ones is no guess: batch 4 explored k =
-        5 on a composed 0.24 s and paid 0.76-0.82 s a step), once the budget pays for what
-        the episode is predicted to lose against `arm`."""
+        tried), once the budget pays for what the episode is predicted to lose against
+        `arm`."""
         cfg, steps = self.config, self.costs.steps
         if self._exploring is not None and self._exploring[0] == sequences:
             _, k, left = self._exploring
@@ -289,9 +226,7 @@ class Controller:
         if cfg.explore_every <= 0 or self._since_explore < cfg.explore_every:
             return arm
         # near their end the sequences have no steps left to use what an episode finds,
-        # and what it pays is dearest there: mixed traffic at c = 8 explored k = 1 on
-        # three code requests with ~9 tokens left at a batch of 6, catching the drafter
-        # up on 420 tokens (BENCHMARKS.md section 38)
+        # and what it pays (a catch-up) is dearest there
         remaining = [c.remaining for c in candidates if c.remaining]
         if remaining and sum(remaining) < cfg.horizon * len(remaining):
             return arm
@@ -319,10 +254,7 @@ class Controller:
         """The share of the best predicted rate that k must reach to be explored at this
         batch size: `explore_window`, narrowing as 1 / sqrt(1 + its recent episodes), as the
         error of a mean does. The episodes fade with a half-life of `explore_memory`
-        planned steps, so a k measured behind is looked at again, only more seldom. Code at
-        c = 2, where plain and k = 1-6 all predicted within ~12% of each other, explored
-        each of them in turn, each episode with the drafter's catch-up on both prompts
-        (~0.2 s), and lost ~3% to plain in a 50 s cell (BENCHMARKS.md section 46)."""
+        planned steps, so a k measured behind is looked at again, only more seldom."""
         return 1 - self.config.explore_window / math.sqrt(1 + self._recent_episodes(sequences, k))
 
     def _recent_episodes(self, sequences: int, k: int) -> float:
@@ -415,7 +347,9 @@ class Controller:
 
 
 def _capped(c: Candidate) -> Candidate:
-    return Candidate(0, c.accept, c.probe, c.floor)
+    """`c` kept plain this step (under its route's floor): every other field as it is, so
+    one that was already plain is not priced as stopping."""
+    return replace(c, cap=0)
 
 
 def _switching(candidates: list[Candidate], ks: list[int]) -> tuple[int, int]:

@@ -1,0 +1,108 @@
+"""The verifier's speculation control, every tuned number in one place (the control is
+verifier_service/speculation; its flags are `specd serve verifier --help`'s, derived from
+this dataclass as the others are).
+
+What each mechanism is for, in short; how each number was measured is in
+docs/benchmarks-log.md (the section named) and in git history."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class SpeculationConfig:
+    """How `auto` requests decide, every step, whether and how deep to draft."""
+
+    # -- the decision ------------------------------------------------------------------------
+    # plain -> drafting needs the prediction (1 + margin) x plain's: a step's small gain is
+    # lost in a run whose drafting sequences finish apart (section 19)
+    margin: float = 0.08
+    # drafting -> plain once the prediction falls under (1 + stay_margin) x plain's:
+    # switching makes the drafter catch up. Both apply (B - 1) / B at batch B, so a
+    # sequence alone decides on the prediction (section 38)
+    stay_margin: float = 0.03
+    # a switch's cost (catch-up, or drafting ahead for those that stop) is spread over at
+    # most this many steps of the run it starts
+    horizon: int = 32
+    # in a dip (the batch was larger a moment ago, or requests wait) a candidate this many
+    # tokens behind the drafter may still start drafting; past it the step runs plain
+    # (section 55)
+    dip_catch_up: int = 4
+    # the largest batch over this many seconds counts as the batch: a one-step dip must not
+    # switch a batch to drafting (a route's `draft_below_batch` compares it too)
+    batch_memory_s: float = 1.0
+    # an alternative leaf may add at most this share of a forward's cost (it yields a
+    # token only where its draft is rejected: ~1.6% a leaf on code, 5% on chat; section 9)
+    leaf_cost: float = 0.03
+
+    # -- acceptance --------------------------------------------------------------------------
+    prior_acceptance: float = 0.7  # a_i on a route before any round
+    prior_strength: float = 2.0  # rounds the prior weighs
+    # whether the device and batch could make drafting pay at all is asked at this
+    # acceptance, not at the prior: a route off for cost never probes (section 40)
+    good_acceptance: float = 0.9
+    # rounds a route's estimate weighs against a sequence's own: one round does not predict
+    # the next, only a mean of many tells a sequence apart from its route (section 38)
+    route_strength: float = 20.0
+    # a sequence keeps at most this many rounds of its own, fading by `sequence_decay`
+    # each step it runs plain, so a streak that stopped it fades back to its route's level
+    sequence_rounds: float = 64.0
+    sequence_decay: float = 0.9
+    # a route's two memories of the same rounds, both halved every `route_half_life_s`:
+    # a short one (`route_short_rounds`) that shows within a few probes that a burst
+    # ended, and a long one (`route_long_rounds`) that holds the route's level through a
+    # bad streak; the estimate is the long one's unless the short one is higher by
+    # `route_z` standard errors. Positions a round could not reach fade by `route_fade` a
+    # round toward the one before (sections 37-38)
+    route_half_life_s: float = 30.0
+    route_short_rounds: float = 6.0
+    route_long_rounds: float = 64.0
+    route_z: float = 2.0
+    route_fade: float = 0.9
+    # how deep a round planned at k goes (the drafter stops after an unsure draft): per
+    # route, over a prior of always going on that weighs `goes_on_prior` rounds, keeping
+    # at most `goes_on_rounds` (section 53)
+    goes_on_prior: float = 2.0
+    goes_on_rounds: float = 64.0
+
+    # -- probing and exploring ---------------------------------------------------------------
+    probe_every: int = 16  # a sequence off for acceptance drafts one k = 1 round this often
+    # one exploring episode of `explore_steps` steps in `explore_every` planned steps (0:
+    # never) runs the least measured k predicted within `explore_window` of the best,
+    # the window narrowing as 1 / sqrt(1 + its episodes), which fade with a half-life of
+    # `explore_memory` planned steps (section 46)
+    explore_every: int = 32
+    explore_steps: int = 2
+    explore_window: float = 0.15
+    explore_memory: int = 512
+    # episodes and probes together may spend this share of the predicted step time: the
+    # budget grows by it every step, up to `explore_cap_s` (section 40)
+    explore_share: float = 0.015
+    explore_cap_s: float = 1.0
+
+    # -- step costs (verifier_service/speculation/costs.py) ---------------------------------
+    curve_weight: float = 0.3  # EMA weight of the part curves (forward, drafter round, switch)
+    # EMA weight of a whole step's price: a drafting step's cost varies with how deep its
+    # round went, and heavier weights flipped `auto` between near-tied k (section 44)
+    step_weight: float = 0.03
+    own_samples: int = 8  # steps after which a k takes its own price, not its line's
+    fit_cap: int = 16  # the most samples one k weighs in its batch size's line
+    # the machine's pace against the held prices: a settled k's step moves it by
+    # `pace_weight` of its distance from its price (in the logarithm, clipped at
+    # `step_log_max`), within 1 / `pace_max` .. `pace_max` (sections 51-60)
+    pace_weight: float = 0.2
+    step_log_max: float = 0.05
+    pace_max: float = 4.0
+    calibration_weight: float = 0.1  # EMA of measured steps over their composed estimates
+    # before any drafter round is measured, a draft step is guessed at this share of a
+    # forward
+    draft_step_guess: float = 0.25
+
+    def __post_init__(self):
+        shares = ("margin", "stay_margin", "prior_acceptance", "good_acceptance", "leaf_cost")
+        for name in shares + ("sequence_decay", "route_fade", "explore_window", "step_weight"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.probe_every <= 0 or self.horizon <= 0 or self.pace_max < 1.0:
+            raise ValueError("probe_every and horizon must be positive and pace_max >= 1")

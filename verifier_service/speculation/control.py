@@ -1,0 +1,188 @@
+"""The speculation control, with two doors: `plan(view)` decides the step (which sequences
+draft, at which k, why, and how many alternative leaves the step may verify), and
+`observe(report)` learns from what the step did (the drafts accepted, what its parts
+took). Nothing else of it is reached from outside, and nothing else writes what it has
+learned.
+
+Per decoding sequence, in order: past its route's batch or KV bound it runs plain;
+an `auto` request's k comes from the controller (verifier_service/speculation/
+controller.py), which prices the step from measured costs and acceptance; any other
+drafts what it asked. The request's k comes bounded by the engine's `max_draft_tokens`
+(Engine.add_request); the plan bounds it by the tokens left and decides within that.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from specd.config import INVARIANT_TILE, EngineConfig
+from verifier_service.records import (
+    Decision,
+    Observed,
+    RoundReport,
+    StepPlan,
+    StepReport,
+    StepView,
+)
+from verifier_service.speculation.acceptance import PositionAcceptance, expected_tokens
+from verifier_service.speculation.controller import Controller
+from verifier_service.speculation.step_shape import Candidate, Fixed, deepest, reach
+
+
+class SpeculationControl:
+    def __init__(self, config: EngineConfig, clock=time.monotonic):
+        self.config = config
+        self.tuned = config.speculation
+        self.clock = clock
+        self.controller = Controller(self.tuned, config.cost_model, clock)
+        self._batch_history: deque[tuple[float, int]] = deque()
+        self._own: dict[int, PositionAcceptance] = {}  # each sequence's own rounds
+
+    # -- the doors -----------------------------------------------------------------------------
+    def plan(self, view: StepView) -> StepPlan:
+        decisions = self._decide(view)
+        return StepPlan(tuple(decisions), self._leaves(decisions))
+
+    def observe(self, report: StepReport) -> Observed:
+        for r in report.rounds:
+            if r.accepted is not None:
+                self._learn_round(r)
+        self._learn_costs(report)
+        for seq_id in report.finished:
+            self._own.pop(seq_id, None)
+        return Observed(self.controller.routes.rates(), self.controller.costs.steps.pace)
+
+    # -- plan ----------------------------------------------------------------------------------
+    def _decide(self, view: StepView) -> list[Decision]:
+        recent = self._recent_batch(view.batch)
+        controller, fixed = self.controller, {}
+        candidates, auto, reaches, rows, tokens, most = [], [], [], 0.0, 0.0, 0
+        route_rates: dict[str, list[float]] = {}
+        goes_on: dict[str, list[float]] = {}
+        for i, seq in enumerate(view.ready):
+            bounds = seq.bounds
+            k = max(0, min(seq.asked, seq.remaining - 1))
+            if bounds.route not in route_rates:
+                route_rates[bounds.route] = controller.route_rates(bounds.route)
+                goes_on[bounds.route] = controller.goes_on(bounds.route)
+            accept = controller.accept_rates(route_rates[bounds.route], self._rounds(seq.seq_id))
+            reason = "on" if k else "off:request"
+            if k and bounds.draft_below_batch and recent >= bounds.draft_below_batch:
+                k, reason = 0, "off:batch"
+            elif k and view.kv_used > bounds.max_kv_utilization:
+                k, reason = 0, "off:kv"
+            elif k and bounds.auto:
+                probe = seq.off_steps + 1 >= controller.config.probe_every
+                candidates.append(
+                    Candidate(
+                        k, accept, probe, bounds.min_acceptance, seq.behind, seq.remaining,
+                        goes_on[bounds.route],
+                    )
+                )  # fmt: skip
+                auto.append(i)
+                continue
+            fixed[i] = Decision(k, reason, 1.0)
+            reaches.append(reach(goes_on[bounds.route], k))
+            rows, most = rows + 1 + sum(reaches[-1]), max(most, k)
+            tokens += expected_tokens(accept, k)
+        # fewer ready than the batch had a moment ago (or than run and wait now): a dip
+        dip = recent > len(view.ready)
+        rest = Fixed(len(fixed), rows, tokens, most, tuple(deepest(reaches)))
+        plan = controller.plan(candidates, rest, dip)
+        for i, k, reason in zip(auto, plan.ks, plan.reasons, strict=True):
+            fixed[i] = Decision(k, reason, plan.gain)
+        return [fixed[i] for i in range(len(view.ready))]
+
+    def _recent_batch(self, size: int) -> int:
+        """The largest batch over the last `batch_memory_s`: a one-step dip (a
+        request finished, the next not yet admitted) must not switch the whole batch to
+        drafting, whose catch-up forward costs more than that step gains."""
+        now, history = self.clock(), self._batch_history
+        history.append((now, size))
+        while history[0][0] < now - self.tuned.batch_memory_s:
+            history.popleft()
+        return max(n for _, n in history)
+
+    def _leaves(self, decisions: list[Decision]) -> int:
+        """Alternative leaves the step may hold: up to `max_tree_tokens` new tokens (in
+        batch-invariant mode a sequence's tree then fits its one query tile), and with the
+        cost model only as many as the measured forward says come nearly free."""
+        limit = self.config.max_tree_tokens
+        if self.config.batch_invariant:
+            limit = min(limit, INVARIANT_TILE)
+        chain = sum(1 + d.k for d in decisions)
+        room = max(0, limit - chain)
+        if self.config.cost_model:
+            room = free_rows(self.controller.costs.forward, chain, room, self.tuned.leaf_cost)
+        return room
+
+    def _rounds(self, seq_id: int) -> PositionAcceptance:
+        return self._own.setdefault(seq_id, PositionAcceptance())
+
+    # -- observe -------------------------------------------------------------------------------
+    def _learn_round(self, r: RoundReport) -> None:
+        """The controller learns a round as planned (a round the drafter stopped short
+        missed the position after its last draft), as its step costs are measured."""
+        planned = r.planned if r.drafted else 0  # drafts come only to decode rounds of k > 0
+        self.controller.record(r.route, self._rounds(r.seq_id), planned, r.accepted, r.drafted)
+
+    def _learn_costs(self, report: StepReport) -> None:
+        """The step's parts: a steady drafter round by sequences (not where the drafter
+        caught up first, on a new prompt or tokens decoded plain, which the switch curve
+        prices; nor where every round was an n-gram lookup), the forward by rows where the
+        step was decode and verification only (prefill apart), and the whole step by the
+        drafts that came (`_step_shape`)."""
+        rounds = report.rounds
+        if not rounds:
+            return
+        costs = self.controller.costs
+        catch_up = sum(r.behind for r in rounds if r.planned)
+        lookup = _lookup_only(rounds)
+        drafted = [r.drafted for r in rounds if r.proposed]
+        if not (catch_up or lookup):
+            costs.record_draft(len(drafted), max(drafted, default=0), report.draft_s)
+        if all(r.decode for r in rounds):
+            costs.record_forward(sum(r.rows for r in rounds), report.forward_s)
+        shape = None if lookup else _step_shape(rounds, catch_up)
+        if shape is not None:
+            ks, stopping = shape
+            costs.record_step(ks, report.step_s, catch_up, stopping)
+
+
+def free_rows(forward, rows: int, extra: int, leaf_cost: float) -> int:
+    """How many of `extra` leaf rows beside `rows` are worth their cost. A leaf yields a
+    token only where its draft is rejected and it is not: ~1.6% more tokens a round per leaf
+    on code, 5% on chat, so a leaf may add `leaf_cost` of the forward, no more. Where rows
+    are flat (a GPU, AMX) every leaf passes; on an AVX2 CPU a row costs ~0.38 of a one-row
+    step. `forward` is the measured cost by rows (a CostCurve): unmeasured, every leaf is
+    taken, and the first such forward measures what they cost."""
+    base = forward(rows)
+    if base is None:
+        return extra
+    while extra and forward(rows + extra) > base * (1 + leaf_cost * extra):
+        extra -= 1
+    return extra
+
+
+def _lookup_only(rounds: tuple[RoundReport, ...]) -> bool:
+    """Whether the step drafted and every round's drafts were an n-gram continuation: no
+    draft model ran, so neither the drafter round nor the whole step says what a round of
+    the draft model costs (priced with the others, they cut the price of whichever depth
+    was running)."""
+    drafted = [r for r in rounds if r.proposed and r.drafted]
+    return bool(drafted) and all(r.ngram for r in drafted)
+
+
+def _step_shape(rounds: tuple[RoundReport, ...], catch_up: int) -> tuple[list[int], int] | None:
+    """What a whole decode step's cost is measured by: the drafts that came for each
+    sequence (a round planned at k comes short where the drafter stops early; the
+    controller prices a plan by how deep its rounds are expected to go), and how many
+    switch to plain after drafting (the drafter still drafts ahead for them); the
+    catch-up of those switching to drafting is the caller's. None when the step was not
+    decode only (prefill costs apart), or when a round planned to draft got nothing (a
+    drafter that failed or timed out: neither a plain nor a drafting step's price)."""
+    if not all(r.decode for r in rounds) or any(r.planned and not r.drafted for r in rounds):
+        return None
+    stopping = sum(1 for r in rounds if not r.planned and not r.behind)
+    return [r.drafted for r in rounds], stopping

@@ -17,11 +17,8 @@ import torch
 from specd.draws import make_generator
 from specd.kvcache import NoFreeBlocks
 from specd.logits import apply_repetition_penalty, logits_to_probs, presence_rows
-from specd.models import huge_pages
 from specd.models.paged_kv import PagedKV
-from specd.models.qlinear import QWeight, quantize
 from specd.models.seq_input import SeqInput
-from specd.models.weights import fuse
 from specd.proposal import DraftState, Proposal
 
 # on a GPU, draft steps of up to GRAPH_SEQS sequences and catch-ups of up to GRAPH_ROWS
@@ -260,7 +257,7 @@ def greedy_pick(row: torch.Tensor) -> tuple[int, float, int | None]:
     max)): softmax's largest value without the whole softmax. On the CPU all in numpy,
     one thread: torch's topk and max take ~50-90 us over a 49,152-token row (numpy's
     argmax ~4), and its exp and sum ran on the OpenMP team, ~0.44 ms a draft in all
-    after a forward against ~0.25 here (BENCHMARKS.md section 50). The runner-up is the
+    after a forward against ~0.25 here (docs/benchmarks-log.md section 50). The runner-up is the
     argmax with the best set aside, so it is found even where its exp underflows."""
     if row.device.type != "cpu" or row.dtype != torch.float32:
         best, top = row.topk(min(2, row.shape[-1]))
@@ -276,34 +273,6 @@ def greedy_pick(row: torch.Tensor) -> tuple[int, float, int | None]:
     return col, confidence, other if other != col and np.isfinite(values[other]) else None
 
 
-def four_bit_layers(model) -> list[QWeight]:
-    """Quantise a drafter's wider layer matrices again at 4 bits (round to nearest from
-    their exact values): Q4_K_M keeps half the down projections in Q6_K and some value
-    projections in Q8_0, ~5% of the 0.5B's bytes a forward. Parts that now share a width
-    are fused into one call (q/k/v). Returns the matrices that changed; the model's
-    native stack is rebuilt at its next step.
-
-    Measured on the 0.5B against the 1.5B's greedy tokens (teacher-forced, 96 tokens of
-    each workload prompt): agreement code 0.908 -> 0.909, chat 0.707 -> 0.710, retrieval
-    0.848 -> 0.848 (BENCHMARKS.md section 49)."""
-    changed = []
-
-    def narrowed(w):
-        parts = w if isinstance(w, list) else [w]
-        if not all(isinstance(p, QWeight) for p in parts) or all(p.bits == 4 for p in parts):
-            return w
-        one = fuse([p if p.bits == 4 else quantize(p.dequantize(torch.float32), 4) for p in parts])
-        changed.extend(one if isinstance(one, list) else [one])
-        return one
-
-    for layer in model.layers:
-        layer.wqkv, layer.wo = narrowed(layer.wqkv), narrowed(layer.wo)
-        layer.w_gate_up, layer.w_down = narrowed(layer.w_gate_up), narrowed(layer.w_down)
-    if changed:
-        model._stack = None
-    return changed
-
-
 def load_draft_model(
     spec,
     dtype: str = "auto",
@@ -312,25 +281,13 @@ def load_draft_model(
     vocab: int = 0,
     kv: str = "auto",
 ):
-    """The draft model with its cost cuts: int8/int4 weights (specd.models.weights), and/or
-    a head trimmed to the `vocab` most frequent tokens (specd.models.vocab). Under int4
-    every matrix is 4-bit, whatever the GGUF stored it in: the layers' Q6_K and Q8_0
-    parts (`four_bit_layers`), and the trimmed head (the 0.5B's is Q8_0). A drafter only
-    proposes: at 49152 tokens in 4 bits its head is smaller than at 32768 in 8 and agrees
-    with the target more often (BENCHMARKS.md section 41), and 4-bit layers cut a forward
-    by ~5% with the same agreement (section 49)."""
+    """The draft model, loaded once with a drafter's cuts (specd.models.draft_cuts):
+    every matrix at 4 bits under int4, and a head trimmed to the `vocab` most frequent
+    tokens; on a GPU, GEMMs of the step's own rows (a drafter's rows need not round alike
+    in every batch: it only proposes)."""
     from specd.models.loader import load_model
-    from specd.models.resolve import resolve
-    from specd.models.vocab import load_or_build
 
-    folder = resolve(spec)
-    model = load_model(folder, dtype=dtype, device=device, weights=weights, kv=kv)
-    if model.gpu is not None:  # a drafter only proposes: its rows need not round alike
+    model = load_model(spec, dtype, device, weights, kv, draft_vocab=vocab)
+    if model.gpu is not None:
         model.gpu.tile = 0
-    if model.weights == "int4" and four_bit_layers(model):
-        huge_pages.place_layers(model)
-    if 0 < vocab < model.args.vocab_size:
-        keep = load_or_build(folder, vocab, model.args.vocab_size)
-        bits = 4 if model.weights == "int4" else None
-        model.trim_head(torch.tensor(keep, dtype=torch.long), bits)
     return model

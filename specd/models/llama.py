@@ -22,10 +22,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specd.models import attention, decoder_stack, huge_pages, layer_ops
+from specd.config import INVARIANT_TILE
+from specd.models import attention, decoder_stack, layer_ops
 from specd.models.args import ModelArgs
 from specd.models.batch_plan import BatchPlan
-from specd.models.matmul import INVARIANT_TILE, linear
+from specd.models.matmul import linear
 from specd.models.paged_kv import PagedKV, kv_dtype
 from specd.models.qlinear import QWeight, quantize
 from specd.models.row_cache import RowCache
@@ -141,7 +142,6 @@ class LlamaModel:
             if bits is not None and head.bits != bits:
                 head = quantize(head.dequantize(torch.float32), bits)
             self.lm_head = head
-            huge_pages.place_head(self)
         else:
             self.lm_head = head[keep].contiguous()
         self.head_ids = keep.to(self.device)

@@ -9,6 +9,7 @@ import torch
 
 from specd.models import huge_pages
 from specd.models.args import ModelArgs, default_device, parse_dtype, rope_inv_freq
+from specd.models.draft_cuts import four_bit_layers, trim_to_vocab
 from specd.models.llama import Layer, LlamaModel
 from specd.models.paged_kv import kv_dtype
 from specd.models.resolve import ALIASES, resolve  # noqa: F401 (re-exported)
@@ -135,11 +136,15 @@ def load_model(
     weights: str = "bf16",
     kv: str = "auto",
     dense: DenseTensors | None = None,
+    draft_vocab: int | None = None,
 ) -> LlamaModel:
     """`weights`: bf16 (the model's dtype), int8, int4 or auto (specd.models.weights);
     `kv`: the K/V cache's dtype, auto, fp32, fp16 or bf16 (specd.models.paged_kv);
     `dense`: the dense tensors by name (default: the folder's safetensors; the GPU
-    benchmark passes a random model's, built on the device from the folder's config)."""
+    benchmark passes a random model's, built on the device from the folder's config);
+    `draft_vocab`: a draft model, prepared with a drafter's cuts (specd.models.draft_cuts:
+    every matrix at 4 bits under int4, its head trimmed to that many tokens, 0 = all)
+    before its weights are placed, once."""
     folder = resolve(spec)
     config = load_config(folder)
     args = ModelArgs.from_hf(config)
@@ -159,6 +164,10 @@ def load_model(
     model = LlamaModel(args, embed, layers, norm, head, inv_freq, scale, dt, dev)
     model.weights = fmt
     model.kv_dtype = cache_dtype
+    if draft_vocab is not None:
+        if fmt == "int4":
+            four_bit_layers(model)
+        trim_to_vocab(model, folder, draft_vocab)
     if fmt in QUANTISED and huge_pages.place_model(model) and model.embed is not model.lm_head:
         model.embed = map_matrix(folder, fmt, "embed_tokens.weight")  # read a row at a time
     return model

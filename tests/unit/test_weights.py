@@ -70,7 +70,7 @@ def test_drafter_head_is_trimmed_at_its_format_width(pair_folders, monkeypatch, 
     """int4: the kept rows are quantised again at 4 bits (the dense source's head is 8),
     close to the exact rows; int8 keeps their codes as they are."""
     from drafter_service import draft_model
-    from specd.models import vocab
+    from specd.models import huge_pages, vocab
 
     _, draft_dir = pair_folders
     keep = list(range(0, 96, 2))
@@ -78,8 +78,14 @@ def test_drafter_head_is_trimmed_at_its_format_width(pair_folders, monkeypatch, 
     whole = load_model(draft_dir, dtype="fp32", device="cpu", weights=fmt)
     assert whole.lm_head.bits == 8
     want = prefill_logits(whole, PROMPT)[:, keep]
+    placed = []  # the weights go to their pages once, the cuts made before
+    real_place = huge_pages.place_model
+    monkeypatch.setattr(
+        huge_pages, "place_model", lambda m: placed.append(m.lm_head.shape) or real_place(m)
+    )
     model = draft_model.load_draft_model(draft_dir, "fp32", "cpu", weights=fmt, vocab=len(keep))
     assert model.lm_head.bits == head_bits and model.head_ids.tolist() == keep
+    assert placed == [(len(keep), model.args.hidden_size)]
     got = prefill_logits(model, PROMPT)
     if head_bits == 8:
         assert torch.equal(got, want)
@@ -92,7 +98,7 @@ def test_drafter_layers_wider_than_4_bits_are_quantised_again_at_4(pair_folders)
     """As a Q4_K_M GGUF leaves them: a down projection in 6 bits, a value projection in 8
     beside 4-bit q and k. four_bit_layers takes them to 4 bits, fuses q/k/v into one
     matrix again, drops the native stack, and the logits stay close."""
-    from drafter_service.draft_model import four_bit_layers
+    from specd.models.draft_cuts import four_bit_layers
     from specd.models.qlinear import QWeight, quantize
 
     _, draft_dir = pair_folders

@@ -58,7 +58,8 @@ class StepGraphs:
     def fits(self, host: HostRows) -> bool:
         """Can this step replay a graph? (rows and sequences within the buckets; a short
         prefill chunk or a drafter's catch-up too: their logits are chosen after)"""
-        return host.rows <= self.max_rows and len(host.tables) <= self.max_seqs
+        fits = host.rows <= self.max_rows and len(host.tables) <= self.max_seqs
+        return fits and host.width <= self.width
 
     def bucket(self, rows: int) -> int:
         return next(b for b in self.sizes if b >= rows)

@@ -1,5 +1,5 @@
 """Which structured-generation library to build on: compile and mask times with our
-tokenizer (how specd/constraint.py chose llguidance; numbers in BENCHMARKS.md).
+tokenizer (how specd/constraint.py chose llguidance; numbers in docs/benchmarks-log.md).
 
     python -m bench.constraint_libs [--model default-target]
 

@@ -1,5 +1,6 @@
 """The router's speculation decision at arrival, from the route's policy, the client's
-override and the chosen replica's load (DESIGN.md section 6)."""
+override and the chosen replica's load (the verifier decides every step after it,
+verifier_service/speculation)."""
 
 from __future__ import annotations
 

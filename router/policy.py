@@ -1,5 +1,5 @@
-"""Per-route speculation policy (YAML; the decision at arrival is router/decide.py,
-DESIGN.md section 6).
+"""Per-route speculation policy (YAML; the decision at arrival is router/decide.py, the
+verifier's every step verifier_service/speculation).
 
     default:  {speculation: auto, num_draft_tokens: 4, max_batch_size: 8,
                max_kv_utilization: 0.85, max_temperature: 1.0, min_acceptance: 0.5}
@@ -31,7 +31,7 @@ MODES = ("auto", "on", "off")
 
 # The policy of a router started without --policy-file. deploy/policy.yaml is the same
 # policy as a file (a test keeps the two equal). k per route from the sweeps in
-# BENCHMARKS.md: code drafts well at 6; editing repeats its source, so n-gram or combined
+# docs/benchmarks-log.md: code drafts well at 6; editing repeats its source, so n-gram or combined
 # drafting runs long at 8; chat drafts poorly past 3 and only pays at small batches.
 BUILTIN_POLICY = {
     "default": {"speculation": "auto", "num_draft_tokens": 4, "max_batch_size": 8},

@@ -3,7 +3,7 @@
 A constraint is compiled by llguidance (https://github.com/guidance-ai/llguidance) into
 one grammar text: JSON schemas, "any JSON object" and regular expressions become grammars
 of its Lark dialect. llguidance was chosen over xgrammar and outlines-core by measurement
-(BENCHMARKS.md, "Structured output"): it compiles a schema in ~4 ms where xgrammar took
+(docs/benchmarks-log.md, "Structured output"): it compiles a schema in ~4 ms where xgrammar took
 ~50 ms and outlines-core's vocabulary index ~1.6 s, computes a mask in ~17 us (all three
 are far below a decode step), takes Lark grammars as well as schemas and regexes, rolls
 back, and has no dependencies (xgrammar's wheel requires triton).

@@ -6,7 +6,7 @@ on a futex, so that the next region starts without a wake-up. Within one process
 what we want: a forward runs hundreds of regions back to back. But the drafter and the
 verifier take turns on the same cores, and each round one process's workers go on
 spinning while the other's forward runs, taking the CPU from it. Measured on 2 cores with
-the two models in strict alternation, as in a draft round (BENCHMARKS.md section 34): a
+the two models in strict alternation, as in a draft round (docs/benchmarks-log.md section 34): a
 drafter forward took ~21 ms against ~15 ms alone, and a 4-row verification ~47 ms against
 ~41 ms. With 30,000 spins (a tenth of the default, still longer than the gaps between
 the regions of one forward) both ran about as fast as alone, and a plain forward alone was

@@ -26,7 +26,8 @@ verifier_service/tree.py): (parent, token) pairs, each a sibling of chain draft
 d_{parent+1}, so a leaf hanging off node `parent` (0 is the root). A chain is the tree
 without alternatives: the same functions verify both. Where the chain stops at node a,
 the alternatives hanging there are tested in order against what is left, as deterministic
-proposals (iterative speculative sampling, ../shared/seeds/003 section 2):
+proposals (iterative speculative sampling over a token tree, as in SpecInfer, Miao et al.
+2023, and Sequoia, Chen et al. 2024):
   sampled   w = the residual max(0, p_{a+1} - q_{a+1}); alternative x is accepted with
             probability w(x) / sum(w), else x is removed from w; the first accepted is
             emitted followed by a bonus token from p at its node; if none is, a token
@@ -81,7 +82,8 @@ def greedy_round(
     0..k, then alternative j's at k + 1 + j), its k drafts, its (parent, token)
     alternatives -> (the emitted tokens, the drafts accepted with the alternative taken,
     that alternative or -1). Per sequence on lists: the batched tensor ops it replaces
-    took ~0.5 ms a step at c = 1, for what is a few comparisons (BENCHMARKS.md section 50)."""
+    took ~0.5 ms a step at c = 1, for what is a few comparisons (docs/benchmarks-log.md
+    section 50)."""
     k, a = len(drafts), 0
     while a < k and drafts[a] == argmax[a]:
         a += 1

@@ -1,8 +1,8 @@
 """What every specd gRPC server shares: an aio server with health and reflection, and its
 drain on SIGTERM (clients' channels and health checks: specd/channels.py).
 
-(DESIGN.md keeps gRPC servers out of `specd/`; this one generic bootstrap lives here so the
-three services do not each carry a copy. It knows no service.)
+(The core runs no service; this one generic bootstrap lives here so the three services do
+not each carry a copy. It knows no service.)
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ computed on its own, so a row's result is the same alone or beside others (batch
 invariance without the padded shapes that SDPA needed for it), and a prompt prefilled in
 one chunk, in several, or after a cached prefix rounds the same (specd.kvcache's prefix
 cache relies on it). Measured against SDPA for a prefill (1.5B, int4, 2 AVX2 cores):
-128 tokens 1.75 vs 1.93 s, 512 tokens 7.6 vs 6.8 s (BENCHMARKS.md section 25). Trees
+128 tokens 1.75 vs 1.93 s, 512 tokens 7.6 vs 6.8 s (docs/benchmarks-log.md section 25). Trees
 wider than MAX_ROWS and devices without the kernel use SDPA (specd.models.llama).
 
 `reference` is the same maths in plain torch, for the tests.

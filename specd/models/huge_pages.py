@@ -2,7 +2,7 @@
 
 A decode step streams every matrix once (~1 GB for the 1.5B target at 4 bits). Mapped from
 the weight cache file, that memory comes in 4 KiB pages, or in whatever folios the page
-cache happened to hold: BENCHMARKS.md section 35 found 63 MB of the target's 987 MB mapped
+cache happened to hold: docs/benchmarks-log.md section 35 found 63 MB of the target's 987 MB mapped
 in 2 MiB pages, where llama.cpp (which maps its GGUF with MAP_POPULATE after
 POSIX_FADV_SEQUENTIAL) had 991 of 1085 MB. Copied into one anonymous region advised
 MADV_HUGEPAGE, a forward took ~1-2% less time (median of paired rounds in one process).
@@ -95,7 +95,7 @@ def _drop_file_pages(t: torch.Tensor, files: list[tuple[int, int]]) -> None:
     """Once a matrix is copied, let go of its source's pages where they are a file's: the
     copy and the mapped file would otherwise both be resident until the loader drops the
     file's mapping, and the load's peak would be twice the weights (the 1.5B target:
-    2236 MB at load against 1650 MB in service, BENCHMARKS.md section 39).
+    2236 MB at load against 1650 MB in service, docs/benchmarks-log.md section 39).
     MADV_DONTNEED on a file's (unwritten) pages only unmaps them: a later read faults them
     in from the file again. Anonymous memory (weights converted in this process) is left
     alone, as DONTNEED would zero it."""

@@ -2,7 +2,7 @@
 
 A decode step feeds one or two tokens a sequence, and a quantised embedding gives up a
 row only by dequantising (the tile that holds it, at 6 and 8 bits): ~0.2 ms a forward on
-the AVX2 CPU of BENCHMARKS.md section 42, every draft and every step. Text repeats its
+the AVX2 CPU of docs/benchmarks-log.md section 42, every draft and every step. Text repeats its
 tokens, so rows kept from earlier forwards answer most lookups. The rows are the ones the
 weight would give (dequantising is element-wise), so outputs cannot change.
 """

@@ -2,7 +2,7 @@
 // all group-quantised and whose attention reads the paged pool in place (the CPU path).
 // The calls and their order are those of specd/models/llama.py's loop, so the results are
 // the same bits; what goes is the per-layer Python (1-4% of a step of the 1.5B, 3-7% of
-// the 0.5B drafter's: BENCHMARKS.md section 32). `DecoderStack` holds the weights, built
+// the 0.5B drafter's: docs/benchmarks-log.md section 32). `DecoderStack` holds the weights, built
 // once per model.
 
 #include "ops.h"

@@ -208,7 +208,7 @@ inline int64_t reach(int64_t limit, uint64_t tree) {  // one past the last key s
 // (the other heads' between), and each 4 KiB page holds a handful of them: the hardware
 // prefetchers barely start on one before it ends, and a decode row's few FMAs per key
 // wait on memory. So each key's row is fetched AHEAD keys before it is used (~4 KiB at
-// head_dim 128 in bf16; BENCHMARKS.md section 49).
+// head_dim 128 in bf16; docs/benchmarks-log.md section 49).
 constexpr int64_t AHEAD = 16;
 constexpr int64_t KEY_BLOCK = 16;  // keys widened to fp32 together (see attend)
 // accumulator vectors one (row, head) keeps in registers across a block: 8 zmm, or 4 V of

@@ -21,7 +21,7 @@
 //     y[r][n] = sum_b  sx[r][b] * (D[n][b] * sum_g s[n][g] dot_g - M[n][b] * sum_g t[n][g] sum_g(xq))
 //     y[r][n] = sum_b  sx[r][b] * D[n][b] * sum_h sc[n][h] (dot_h - 32 sum_h(xq))      (6 bits)
 // which at 7 rows, where the kernel is bound by compute, takes 17% off a call on AVX2 and
-// ~10% on AVX512 (BENCHMARKS.md sections 47, 48). Either way the float terms are
+// ~10% on AVX512 (docs/benchmarks-log.md sections 47, 48). Either way the float terms are
 // added in a fixed order for each (r, n) with the same instructions whatever the number
 // of rows, and threads split columns only: a row's result never depends on the other rows
 // (decode of 1 token and verification of k+1 round identically: batch invariance).
@@ -201,7 +201,7 @@ int64_t tile_bytes(int64_t KG, int64_t bits) { return (KG + SB - 1) / SB * HEADE
 // (as before) asked for each line ~40 ns before its use, under the memory's latency, and
 // the L1's few miss buffers held the stream back; then every row beyond the first added
 // its compute to the time of a call instead of running under the stream. Paired forwards
-// of the 1.5B on a Zen 4 (BENCHMARKS.md section 51): 3 rows 0.80-0.98x the time, 7 rows
+// of the 1.5B on a Zen 4 (docs/benchmarks-log.md section 51): 3 rows 0.80-0.98x the time, 7 rows
 // 0.83-0.93x; 1 row 0.89x while memory was slow, 1.05x while it was fast; the 0.5B
 // drafter 0.73-0.91x.
 
@@ -434,7 +434,7 @@ void tile_rows(const uint8_t* wt, int64_t KG,
     // A super-block's integer sums ai are declared within it, and the row loops that
     // touch them are unrolled, so that they stay in registers: held across for_each_group's
     // per-group callback, or indexed by a rolled row, they went to the stack, a load and a
-    // store of each row's sum every group. Paired 1.5B forwards (BENCHMARKS.md section
+    // store of each row's sum every group. Paired 1.5B forwards (docs/benchmarks-log.md section
     // 52): 4 rows ~0.94-0.96x the time, 7 rows ~0.95x, 16 rows ~0.94x; 1 row the same.
     for_each_super_block<BITS>(wt, KG, [&](const uint8_t* p, int64_t groups, int64_t g0) {
       __m512i ai[R];
@@ -459,7 +459,7 @@ void tile_rows(const uint8_t* wt, int64_t KG,
 // group's codes in vpdpbusd's operand order, which is AMX's too (a row of B holds k =
 // 4j..4j+3 for the 16 columns): 8 bits load it from the stream as it is, 4 and 6 bits
 // from the unpacked vectors. One tile operation replaces R * 8 vpdpbusd: what verification
-// rows spend beyond a decode row's (BENCHMARKS.md section 36).
+// rows spend beyond a decode row's (docs/benchmarks-log.md section 36).
 #define SPECD_AMX __attribute__((target("amx-tile,amx-int8")))
 
 constexpr int AMX_ROWS = 16;  // rows of an A tile
@@ -578,7 +578,7 @@ SPECD_AMX void tile_rows_amx(const uint8_t* wt, int64_t KG,
 
 // The tile unit, tried once on a group whose dots are known. Some hypervisors let the
 // permission be granted and still fault at the first tile instruction (SIGILL: seen on
-// an earlier machine of this project, BENCHMARKS.md section 14), so the try runs under
+// an earlier machine of this project, docs/benchmarks-log.md section 14), so the try runs under
 // a SIGILL handler that jumps back here; the process's own handler (Python's
 // faulthandler, say) is put back after. SPECD_AMX_PROBE_FAULT=1 makes the try fault on
 // purpose, for the test of that fallback.
@@ -731,7 +731,7 @@ inline void group_rows8(__m256 (*acc)[2], const uint8_t* wg, const __m256* dg, c
     // The row loops stay rolled (here and below): the codes lo[] hold 8 of the 16 ymm
     // registers, and an unrolled loop of 2-7 rows spilled them and the accumulators
     // around every row. Rolled, a row's accumulator is one load and one store per group
-    // (BENCHMARKS.md section 39); the operations per row are the same, so the results too.
+    // (docs/benchmarks-log.md section 39); the operations per row are the same, so the results too.
 #pragma GCC unroll 1
     for (int r = 0; r < R; ++r) {
       const auto* xg = reinterpret_cast<const int32_t*>(xq + r * K + g * G);
@@ -925,13 +925,13 @@ SPECD_AMX void tiles_amx(int64_t t0, int64_t t1, int64_t per_tile, int block, in
 // calls of at least this many rows take the AMX path where it is granted (0: never). Below
 // it the vector path is as fast or faster: at up to 8 rows (one register block) a group's
 // 8 R vpdpbusd cost less than the tile unit's loads, dot and store; past 8 the vector path
-// walks each tile once per block of 8 rows (BENCHMARKS.md section 36).
+// walks each tile once per block of 8 rows (docs/benchmarks-log.md section 36).
 int64_t amx_min_rows = RMAX + 1;
 
 }  // namespace
 
 // Groups per activation block for weights of `bits` (quantize_rows): 4 and 6 bits a
-// super-block's 8, which their integer sums need (+0.11% NLL on the 1.5B, BENCHMARKS.md
+// super-block's 8, which their integer sums need (+0.11% NLL on the 1.5B, docs/benchmarks-log.md
 // section 47); 8 bits one group, the finer scale, where the float terms are per group
 // anyway (the drafter's int8 lost cosine to bf16 at 8).
 int64_t act_groups(int64_t bits) { return bits != 8 ? SB : 1; }

@@ -74,6 +74,9 @@ class Preparer:
         which = request.WhichOneof("input")
         if which is None:
             raise _invalid("one of prompt, messages or token_ids is required")
+        if request.speculation not in router_pb2.SpeculationMode.values():
+            names = ", ".join(router_pb2.SpeculationMode.keys())
+            raise _invalid(f"speculation must be one of {names} (got {request.speculation})")
         params = params_from_proto(request.params)
         try:
             params.validate()

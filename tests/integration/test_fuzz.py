@@ -311,6 +311,15 @@ def test_non_finite_speculation_bounds_are_refused_by_name(cluster, field, value
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and field in err.details()
 
 
+@pytest.mark.parametrize("value", [3, 99, 2**31 - 1])
+def test_a_speculation_mode_the_enum_does_not_define_is_refused_by_name(cluster, value):
+    """An enum field is an int32 on the wire: a value it does not define must not run as
+    the default (`auto`)."""
+    request = router_pb2.GenerateRequest(prompt="hi", max_new_tokens=4, speculation=value)
+    err = refusal(cluster.router, "/specd.v1.Generation/GenerateStream", request)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "speculation" in err.details()
+
+
 def test_unknown_chat_roles_are_refused(cluster):
     request = router_pb2.GenerateRequest(max_new_tokens=4)
     request.messages.messages.add(role="wizard", content="hi")

@@ -281,13 +281,9 @@ def load_draft_model(
     vocab: int = 0,
     kv: str = "auto",
 ):
-    """The draft model, loaded once with a drafter's cuts (specd.models.draft_cuts):
-    every matrix at 4 bits under int4, and a head trimmed to the `vocab` most frequent
-    tokens; on a GPU, GEMMs of the step's own rows (a drafter's rows need not round alike
-    in every batch: it only proposes)."""
+    """The draft model, loaded once with a drafter's cuts (specd.models.loader's
+    `draft_vocab`): every matrix at 4 bits under int4, a head trimmed to the `vocab` most
+    frequent tokens, and on a GPU GEMMs of each step's own rows."""
     from specd.models.loader import load_model
 
-    model = load_model(spec, dtype, device, weights, kv, draft_vocab=vocab)
-    if model.gpu is not None:
-        model.gpu.tile = 0
-    return model
+    return load_model(spec, dtype, device, weights, kv, draft_vocab=vocab)

@@ -139,16 +139,20 @@ def speculation(model, draft, prompts, new: int, k: int, acceptance: float, serv
     def controlled(inner):
         return ControlledProposer(recorded, vocab, acceptance, inner)
 
-    def drafter():
-        if draft.gpu is not None:
-            draft.gpu.tile = 0  # as load_draft_model sets it
-        return DraftModelProposer(draft, num_blocks=4096)
-
     runs = {
         "off": plain,
         "lookup": engine_run(model, prompts, new, controlled(None), k),
-        "draft": engine_run(model, prompts, new, controlled(drafter()), k),
-        "draft-auto": engine_run(model, prompts, new, controlled(drafter()), k, auto=True),
+        "draft": engine_run(
+            model, prompts, new, controlled(DraftModelProposer(draft, num_blocks=4096)), k
+        ),
+        "draft-auto": engine_run(
+            model,
+            prompts,
+            new,
+            controlled(DraftModelProposer(draft, num_blocks=4096)),
+            k,
+            auto=True,
+        ),
     }
     out = {}
     if services is not None:
@@ -242,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     report["c32"] = {"c1_tok_per_s": c1, "c32_tok_per_s": c32, "ratio": round(c32 / c1, 2)}
     print(f"c = 32 plain: {c32} tok/s, {c32 / c1:.1f}x c = 1")
     save()
-    _, draft = build(args.draft, args.device, target.dtype, seed=1)
+    _, draft = build(args.draft, args.device, target.dtype, seed=1, draft=True)
     prompts = _prompts(4, args.prompt_tokens, vocab, 3)
     new = args.new_tokens // 2
     services = None if args.no_services else (args.target, args.draft)

@@ -43,9 +43,7 @@ def _drafter(args) -> None:
     recorded = {tuple(p): out for p, out in data["recorded"]}
     inner = None
     if args.draft_shape:
-        _, draft = build(args.draft_shape, args.device, dtype(args.device), seed=1)
-        if draft.gpu is not None:
-            draft.gpu.tile = 0  # as load_draft_model sets it
+        _, draft = build(args.draft_shape, args.device, dtype(args.device), seed=1, draft=True)
         inner = DraftModelProposer(draft, num_blocks=4096)
     proposer = ControlledProposer(recorded, data["vocab"], args.acceptance, inner)
     config = DrafterConfig(host=HOST, port=args.port)

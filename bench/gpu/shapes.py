@@ -63,8 +63,9 @@ class StateDict:
         return self.tensors[name]
 
 
-def build(shape: str, device: str, dtype: torch.dtype, seed: int = 0):
-    """(transformers model, specd model) of `shape` with the same random weights."""
+def build(shape: str, device: str, dtype: torch.dtype, seed: int = 0, draft: bool = False):
+    """(transformers model, specd model) of `shape` with the same random weights; `draft`:
+    specd's prepared as a drafter's (specd.models.loader's `draft_vocab`)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from specd.models.loader import load_model
@@ -76,7 +77,10 @@ def build(shape: str, device: str, dtype: torch.dtype, seed: int = 0):
     torch.manual_seed(seed)
     with torch.device(device):
         hf = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
-    ours = load_model(folder, dtype=dtype, device=device, dense=StateDict(hf))
+    draft_vocab = 0 if draft else None  # the whole head: random weights have no frequencies
+    ours = load_model(
+        folder, dtype=dtype, device=device, dense=StateDict(hf), draft_vocab=draft_vocab
+    )
     return hf, ours
 
 

@@ -143,8 +143,8 @@ def load_model(
     `dense`: the dense tensors by name (default: the folder's safetensors; the GPU
     benchmark passes a random model's, built on the device from the folder's config);
     `draft_vocab`: a draft model, prepared with a drafter's cuts (specd.models.draft_cuts:
-    every matrix at 4 bits under int4, its head trimmed to that many tokens, 0 = all)
-    before its weights are placed, once."""
+    every matrix at 4 bits under int4, its head trimmed to that many tokens, 0 = all;
+    on a GPU, GEMMs of each step's own rows) before its weights are placed, once."""
     folder = resolve(spec)
     config = load_config(folder)
     args = ModelArgs.from_hf(config)
@@ -168,6 +168,8 @@ def load_model(
         if fmt == "int4":
             four_bit_layers(model)
         trim_to_vocab(model, folder, draft_vocab)
+        if model.gpu is not None:  # a drafter only proposes: its rows need not round alike
+            model.gpu.tile = 0
     if fmt in QUANTISED and huge_pages.place_model(model) and model.embed is not model.lm_head:
         model.embed = map_matrix(folder, fmt, "embed_tokens.weight")  # read a row at a time
     return model

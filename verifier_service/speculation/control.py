@@ -38,6 +38,7 @@ class SpeculationControl:
         self.controller = Controller(self.tuned, config.cost_model, clock)
         self._batch_history: deque[tuple[float, int]] = deque()
         self._own: dict[int, PositionAcceptance] = {}  # each sequence's own rounds
+        self._rates: dict[str, float] | None = None  # accepted / drafted by route, as observed
 
     # -- the doors -----------------------------------------------------------------------------
     def plan(self, view: StepView) -> StepPlan:
@@ -45,13 +46,15 @@ class SpeculationControl:
         return StepPlan(tuple(decisions), self._leaves(decisions))
 
     def observe(self, report: StepReport) -> Observed:
-        for r in report.rounds:
-            if r.accepted is not None:
-                self._learn_round(r)
+        learned = [r for r in report.rounds if r.accepted is not None]
+        for r in learned:
+            self._learn_round(r)
         self._learn_costs(report)
         for seq_id in report.finished:
             self._own.pop(seq_id, None)
-        return Observed(self.controller.routes.rates(), self.controller.costs.steps.pace)
+        if self._rates is None or any(r.drafted for r in learned):  # rates move with rounds
+            self._rates = self.controller.routes.rates()
+        return Observed(self._rates, self.controller.costs.steps.pace)
 
     # -- plan ----------------------------------------------------------------------------------
     def _decide(self, view: StepView) -> list[Decision]:

@@ -48,6 +48,9 @@ class StepGraphs:
             self.staging = self.staging.pin_memory()
         HostRows([[]] * FIELDS, [], []).pack(largest, 0, self.staging.numpy())  # all padding
         self.buffer.copy_(self.staging)
+        # the RoPE table the graphs read: held here, so a later, longer table built for
+        # another cache cannot free what they point at
+        self.rope = step.model.rope_table(step.max_keys(kv))
         vocab = step.model.lm_head.shape[0]
         self.logits = torch.empty(largest, vocab, dtype=step.model.dtype, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph | None] = {}

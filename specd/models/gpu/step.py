@@ -23,7 +23,6 @@ class GpuStep:
         self.tile = tile
         self.split_keys = split_keys
         self.graphs = None  # specd.models.gpu.graphs.StepGraphs, once captured for a cache
-        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def invariant(self) -> bool:
@@ -37,12 +36,6 @@ class GpuStep:
         """Key positions a sequence can reach: the model's context, within the pool."""
         pool = kv.allocator.num_blocks * kv.allocator.block_size
         return min(self.model.args.max_position_embeddings, pool)
-
-    def rope(self, keys: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [positions, head_dim] for every position below `keys` (built once)."""
-        if self._rope is None or self._rope[0].shape[0] < keys:
-            self._rope = self.model._rope_rows(torch.arange(keys, device=self.model.device))
-        return self._rope
 
     def forward(self, kv, seqs: list[SeqInput]) -> torch.Tensor:
         """As LlamaModel.forward: fp32 logits [R, V] for each sequence's last num_logits."""
@@ -70,7 +63,7 @@ class GpuStep:
         m, a = self.model, self.model.args
         ops, eps = triton_layer_ops, a.rms_norm_eps
         keys = self.max_keys(kv)
-        cos, sin = self.rope(keys)
+        cos, sin = m.rope_table(keys)
         splits = triton_attention.splits_for(keys, self.split_keys)
         x = m.embed.index_select(0, inputs.ids)  # [padded, H]
         mlp = None  # the last layer's MLP output, not yet added to x

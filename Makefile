@@ -39,14 +39,27 @@ deploy-tools:
 	@command -v docker-compose >/dev/null || { \
 	  apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null; }
 
-# the native kernels for this CPU (a few minutes, once per source; nothing where the CPU
-# has neither AVX512-VNNI nor AVX2), built before the tests so that the first service a
-# test starts does not spend its readiness deadline compiling them
+# the native kernels: every instruction set's build compiled (a few minutes, once per
+# source), so a change that breaks the build this CPU does not run fails here too, and
+# this CPU's loaded; fails when a CPU that runs one of them cannot build it. Built before
+# the tests so that the first service a test starts does not spend its readiness
+# deadline compiling them
 kernels: setup
-	$(PY) -c "from specd.models import native; native.kernel()"
+	$(PY) -m specd.models.native
+
+# the tests that run the native kernels, run again on each other build this CPU executes
+# (an AVX512 host runs the AVX2 build too, with an AVX2 host's defaults: SPECD_ISA)
+KERNEL_TESTS := tests/unit/test_qlinear.py tests/unit/test_paged_attention.py \
+  tests/unit/test_layer_ops.py tests/unit/test_decoder_stack.py tests/unit/test_weights.py \
+  tests/unit/test_mixed_steps.py tests/unit/test_native.py tests/unit/test_prefix_cache.py \
+  tests/unit/test_huge_pages.py tests/integration/test_real_formats.py
 
 test: lint models kernels deploy-tools
 	.venv/bin/python -m pytest -q -ra --durations=20 tests
+	for isa in $$($(PY) -m specd.models.native --runnable | cut -s -d' ' -f2-); do \
+	  echo "== the kernel tests on the $$isa build"; \
+	  SPECD_ISA=$$isa $(PY) -m pytest -q -ra $(KERNEL_TESTS) || exit 1; \
+	done
 
 # on a GPU machine: the CUDA tests, then the engine and forward tests on the GPU (skipped,
 # not failed, by `make test` where torch sees no GPU)

@@ -7,6 +7,8 @@ from functools import cache
 
 import torch
 
+from specd.models.native import cpu_isa
+
 SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
 
 
@@ -70,7 +72,10 @@ def default_device() -> torch.device:
 
 @cache
 def cpu_supports_bf16() -> bool:
-    """bf16 pays on a CPU with native bf16 dot products (AVX512-BF16 or AMX)."""
+    """bf16 pays on a CPU with native bf16 dot products (AVX512-BF16 or AMX), which run
+    the AVX512 kernels (`SPECD_ISA=avx2` makes such a CPU take an AVX2 host's defaults)."""
+    if cpu_isa() != "avx512":
+        return False
     probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
     if probe is not None and probe():
         return True

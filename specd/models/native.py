@@ -56,14 +56,34 @@ def cpu_has_vnni() -> bool:
     return {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c"} <= _cpu_flags()
 
 
+def runnable_isas() -> list[str]:
+    """The instruction sets of `_ISA_FLAGS` this CPU can execute, the preferred first."""
+    flags = _cpu_flags()
+    runs = []
+    if cpu_has_vnni():
+        runs.append("avx512")
+    if {"avx2", "fma", "f16c"} <= flags:
+        runs.append("avx2")
+    return runs
+
+
 def cpu_isa() -> str | None:
     """The instruction set the kernels are built for on this CPU: "avx512" (AVX512-VNNI),
-    "avx2", or None (neither: the models run bf16)."""
-    if cpu_has_vnni():
-        return "avx512"
-    if {"avx2", "fma", "f16c"} <= _cpu_flags():
-        return "avx2"
-    return None
+    "avx2", or None (neither: the models run bf16). SPECD_ISA picks another build this
+    CPU can execute (`avx2` on an AVX512 host runs what an AVX2-only host runs, activation
+    defaults included), or `none`."""
+    runs = runnable_isas()
+    forced = os.environ.get("SPECD_ISA", "").strip().lower()
+    if not forced:
+        return runs[0] if runs else None
+    if forced == "none":
+        return None
+    if forced not in _ISA_FLAGS:
+        raise ValueError(f"SPECD_ISA={forced!r}: use one of {', '.join(_ISA_FLAGS)} or none")
+    if forced not in runs:
+        runs_text = ", ".join(runs) or "neither"
+        raise ValueError(f"SPECD_ISA={forced}: this CPU cannot execute it (it runs {runs_text})")
+    return forced
 
 
 _FLAGS = ["-O3", "-fopenmp", "-mf16c", "-mfma"]
@@ -82,7 +102,7 @@ def kernel():
     _kernel_tried = True
     isa = cpu_isa()
     if os.environ.get("SPECD_NO_QKERNEL") or isa is None:
-        log.warning("no AVX512-VNNI or AVX2 (or SPECD_NO_QKERNEL set): no int8/int4 kernel")
+        log.warning("no AVX512-VNNI or AVX2 (or SPECD_NO_QKERNEL / SPECD_ISA=none): no CPU kernels")
         return None
     try:
         _kernel = _build(isa)
@@ -157,10 +177,11 @@ def _own_ninja():
 
 def prebuild(isas=tuple(_ISA_FLAGS)) -> dict[str, bool]:
     """Build the kernels for each instruction set into the cache, whatever this CPU runs,
-    so that an image built on one machine starts at once on another. torch's loader
-    imports what it builds, and importing the AVX512 library on an AVX2-only CPU dies of
-    SIGILL, so each build runs in a child process and counts as done when its library is
-    on disk. Returns {isa: built}."""
+    so that an image built on one machine starts at once on another, and so that every
+    build is compiled on every host (a change that breaks the build this CPU does not run
+    shows here too). torch's loader imports what it builds, and importing the AVX512
+    library on an AVX2-only CPU dies of SIGILL, so each build runs in a child process and
+    counts as done when its library is on disk. Returns {isa: built}."""
     built = {}
     for isa in isas:
         code = f"from specd.models.native import _build; _build({isa!r})"
@@ -169,7 +190,26 @@ def prebuild(isas=tuple(_ISA_FLAGS)) -> dict[str, bool]:
     return built
 
 
-if __name__ == "__main__":
-    result = prebuild(sys.argv[1:] or tuple(_ISA_FLAGS))
+def main(argv: list[str]) -> int:
+    """`python -m specd.models.native` (`make kernels`): compile every instruction set's
+    build, then load the one this CPU runs. Fails when a build does not compile, unless
+    this CPU runs none of them (there the models run bf16 and nothing needs the kernels).
+    `--runnable` prints the builds this CPU can execute instead, the preferred first."""
+    if argv == ["--runnable"]:
+        print(" ".join(runnable_isas()))
+        return 0
+    result = prebuild(tuple(argv) or tuple(_ISA_FLAGS))
     print(" ".join(f"{isa}:{'built' if ok else 'FAILED'}" for isa, ok in result.items()))
-    sys.exit(0 if all(result.values()) else 1)
+    isa = cpu_isa()
+    if isa is None:
+        return 0
+    if not all(result.values()):
+        return 1
+    if kernel() is None:
+        print(f"the {isa} build compiled but does not load on this CPU", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -8,7 +8,6 @@ import pytest
 
 from drafter_service.draft_model import DraftModelProposer
 from specd.config import EngineConfig
-from specd.models import native
 from specd.models.loader import load_model
 from tests.conftest import make_tiny_pair
 from verifier_service.engine import Engine
@@ -19,8 +18,6 @@ PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6], [50, 51, 52], [60, 61, 62, 63, 64, 65, 66, 
 
 @pytest.fixture(scope="module")
 def quantised_pair(tmp_path_factory):
-    if native.kernel() is None:
-        pytest.skip("no int4 kernel on this CPU")
     target_dir, draft_dir = make_tiny_pair(tmp_path_factory, prefix="mix")
     return (
         load_model(target_dir, dtype="bf16", device="cpu", weights="int4"),

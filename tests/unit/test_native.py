@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from specd.models import native
 
 
@@ -43,3 +45,56 @@ def test_a_second_start_loads_the_build_whatever_its_path(cpu_kernels):
         env = {**os.environ, "PATH": path}
         subprocess.run([sys.executable, "-c", code], env=env, timeout=240, check=True)
     assert library.stat().st_mtime_ns == built
+
+
+def test_specd_isa_picks_a_build_this_cpu_runs_and_refuses_one_it_cannot(monkeypatch):
+    monkeypatch.setattr(native, "_cpu_flags", lambda: {"avx2", "fma", "f16c"})
+    monkeypatch.delenv("SPECD_ISA", raising=False)
+    assert native.runnable_isas() == ["avx2"] and native.cpu_isa() == "avx2"
+    monkeypatch.setenv("SPECD_ISA", "none")
+    assert native.cpu_isa() is None
+    monkeypatch.setenv("SPECD_ISA", "avx512")
+    with pytest.raises(ValueError, match="SPECD_ISA=avx512: this CPU cannot execute it"):
+        native.cpu_isa()
+    monkeypatch.setenv("SPECD_ISA", "sse2")
+    with pytest.raises(ValueError, match="use one of avx512, avx2 or none"):
+        native.cpu_isa()
+    avx512 = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
+    monkeypatch.setattr(native, "_cpu_flags", lambda: avx512)
+    monkeypatch.setenv("SPECD_ISA", "avx2")
+    assert native.runnable_isas() == ["avx512", "avx2"] and native.cpu_isa() == "avx2"
+
+
+def test_an_avx2_run_on_an_avx512_host_takes_an_avx2_hosts_defaults(cpu_kernels):
+    """In a process of its own (the choice is made once per process): fp32 activations, an
+    fp16 K/V cache, and the AVX2 build loaded."""
+    if "avx2" not in native.runnable_isas():
+        pytest.skip("this CPU does not run the AVX2 build")
+    code = (
+        "import torch\n"
+        "from specd.models import args, native, paged_kv\n"
+        "assert native.cpu_isa() == 'avx2' and native.kernel() is not None\n"
+        "dtype = args.default_dtype(torch.device('cpu'))\n"
+        "assert dtype == torch.float32, dtype\n"
+        "assert paged_kv.kv_dtype('auto', dtype) == torch.float16\n"
+        "assert native.kernel().__file__.startswith(str(native._build_dir('avx2')))\n"
+    )
+    env = {**os.environ, "SPECD_ISA": "avx2"}
+    subprocess.run([sys.executable, "-c", code], env=env, timeout=600, check=True)
+
+
+def test_the_build_command_fails_when_a_build_does_not_compile(monkeypatch, capsys):
+    """`make kernels`: every instruction set is compiled; one that fails fails the command
+    on a CPU that runs a build, and only warns on one that runs none."""
+    monkeypatch.setattr(native, "prebuild", lambda isas: {"avx512": True, "avx2": False})
+    monkeypatch.setattr(native, "kernel", lambda: object())
+    monkeypatch.setattr(native, "cpu_isa", lambda: "avx512")
+    assert native.main([]) == 1
+    assert "avx2:FAILED" in capsys.readouterr().out
+    monkeypatch.setattr(native, "cpu_isa", lambda: None)
+    assert native.main([]) == 0
+    monkeypatch.setattr(native, "cpu_isa", lambda: "avx2")
+    monkeypatch.setattr(native, "prebuild", lambda isas: {"avx512": True, "avx2": True})
+    assert native.main([]) == 0
+    monkeypatch.setattr(native, "kernel", lambda: None)  # compiled, but does not load
+    assert native.main([]) == 1

@@ -12,7 +12,6 @@ from bench.prompts import load_items
 from drafter_service.draft_model import DraftModelProposer
 from specd.config import EngineConfig
 from specd.constraint import Constraint
-from specd.models import native
 from specd.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specd.models.loader import eos_token_ids, load_config, load_model, load_tokenizer
 from tests.conftest import real_model_or_skip
@@ -31,9 +30,7 @@ def _run(engine, requests):
 
 
 @pytest.mark.real
-def test_real_pair_json_schema_greedy_identical_and_valid():
-    if native.kernel() is None:
-        pytest.skip("no int8/int4 kernel on this CPU")
+def test_real_pair_json_schema_greedy_identical_and_valid(cpu_kernels):
     target_dir = real_model_or_skip(DEFAULT_TARGET)
     draft_dir = real_model_or_skip(DEFAULT_DRAFT)
     tok = load_tokenizer(target_dir)
@@ -47,8 +44,8 @@ def test_real_pair_json_schema_greedy_identical_and_valid():
         )
         for it in items
     ]
-    target = load_model(target_dir, dtype="bf16", device="cpu", weights="int4")
-    draft = load_model(draft_dir, dtype="bf16", device="cpu", weights="int4")
+    target = load_model(target_dir, device="cpu", weights="int4")  # this CPU's activations
+    draft = load_model(draft_dir, device="cpu", weights="int4")
     off = _run(Engine(target, EngineConfig(), eos_ids=eos, tokenizer=tok), requests)
     proposer = DraftModelProposer(draft, num_blocks=256, alternatives=4)
     engine = Engine(target, EngineConfig(), proposer, eos_ids=eos, tokenizer=tok)

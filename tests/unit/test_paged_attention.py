@@ -74,9 +74,18 @@ def test_tree_rows_see_only_their_ancestors(kernel):
     assert torch.equal(before[1:], after[1:])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_row_is_the_same_alone_in_a_verification_and_in_a_batch(kernel, dtype):
-    k, v = pools(dtype)
+# every pool a default can pick: the activations' dtype, and fp16 under fp32 activations
+@pytest.mark.parametrize(
+    ("dtype", "pool_dtype"),
+    [
+        (torch.float32, torch.float32),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float32, torch.float16),
+    ],
+    ids=["fp32", "bf16", "fp32-fp16pool"],
+)
+def test_a_row_is_the_same_alone_in_a_verification_and_in_a_batch(kernel, dtype, pool_dtype):
+    k, v = pools(pool_dtype)
     table = tables(3, 8)
     q = queries(8, dtype)
     # verification: 7 new tokens after 60 cached; row 3 sees keys 0..63

@@ -156,11 +156,12 @@ def test_reference_catches_a_wrong_kernel(kernel):
     assert (ql.qlinear(x, wrong, out_dtype=torch.float32).double() - ref).abs().max() > 1e-4
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bits", [4, 6, 8])
-def test_rows_do_not_depend_on_the_other_rows(kernel, bits):
+def test_rows_do_not_depend_on_the_other_rows(kernel, bits, dtype):
     torch.manual_seed(3)
     w = ql.quantize(torch.randn(1024, 512) * 0.05, bits)
-    x = torch.randn(21, 512, dtype=torch.bfloat16) * 3
+    x = torch.randn(21, 512).to(dtype) * 3
     batched = ql.qlinear(x, w)
     for i in range(len(x)):  # alone, as a decode step
         assert torch.equal(ql.qlinear(x[i : i + 1], w), batched[i : i + 1])

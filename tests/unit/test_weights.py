@@ -5,13 +5,15 @@ import pytest
 import torch
 
 from specd.config import EngineConfig
-from specd.models import native, weights
+from specd.models import weights
 from specd.models.loader import load_model
+from specd.models.paged_kv import PagedKV
+from specd.models.seq_input import SeqInput
 from tests.conftest import make_tiny_pair, run_engine
 from tests.unit.test_drafter_cuts import PROMPT, prefill_logits
 from verifier_service.engine import Engine
 
-pytestmark = pytest.mark.skipif(native.kernel() is None, reason="no int8/int4 kernel on this CPU")
+pytestmark = pytest.mark.usefixtures("cpu_kernels")  # fails, not skips, in CI
 
 
 @pytest.fixture(scope="module")
@@ -130,23 +132,92 @@ def test_unknown_format_is_refused():
         weights.choose("int3", torch.device("cpu"))
 
 
+class LogitsByContext:
+    """While open, records every logits row `model.forward` returns (chains only), keyed by
+    its sequence's tokens up to and including the row's: the same key in two runs is the
+    same token in the same context, whichever forward computed it."""
+
+    def __init__(self, model):
+        self.model, self.rows, self.fed = model, {}, {}
+
+    def __enter__(self):
+        forward = self.model.forward
+
+        def recording(kv, seqs):
+            starts = [kv.allocator.length(s.seq_id) for s in seqs]
+            logits, row = forward(kv, seqs), 0
+            for seq, start in zip(seqs, starts, strict=True):
+                fed = self.fed.setdefault(seq.seq_id, [])
+                del fed[start:]  # what was cut (rejected drafts) is fed again
+                fed.extend(seq.tokens)
+                for i in range(len(seq.tokens) - seq.num_logits, len(seq.tokens)):
+                    self.rows[tuple(fed[: start + i + 1])] = logits[row]
+                    row += 1
+            return logits
+
+        self.model.forward = recording
+        return self
+
+    def __exit__(self, *exc):
+        del self.model.forward  # the class's method again
+
+
+# the activations (and K/V cache) each CPU class defaults to: bf16 where it has AVX512-BF16
+# or AMX; fp32 with an fp16 cache on an AVX2-only CPU (specd.models.args, paged_kv)
+DEFAULTS = [("bf16", torch.bfloat16), ("fp32", torch.float16)]
+
+
+def chunked_logits(model, ids: list[int], chunk: int) -> torch.Tensor:
+    """Logits at every position, the context fed `chunk` tokens per forward (1: decode
+    steps; k + 1: verifications)."""
+    kv = PagedKV.for_model(model, num_blocks=64, block_size=4)
+    kv.allocator.allocate(0)
+    rows = [
+        model.forward(kv, [SeqInput(0, ids[i : i + chunk], num_logits=len(ids[i : i + chunk]))])
+        for i in range(0, len(ids), chunk)
+    ]
+    return torch.cat(rows)
+
+
+@pytest.mark.parametrize("dtype,kv_dtype", DEFAULTS, ids=["bf16", "fp32-fp16kv"])
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
-def test_greedy_identical_with_and_without_speculation(pair_folders, fmt):
-    """bf16 activations, default engine config: the quantised linear rounds a row the same
-    in a 1-token decode and a (k+1)-token verification."""
+def test_a_token_rounds_the_same_decoded_alone_and_verified(pair_folders, fmt, dtype, kv_dtype):
+    """The property greedy parity rests on, bit for bit: a token's logits do not depend on
+    how many rows its forward held (decode, a verification of k + 1, a prefill chunk)."""
+    model = load_model(pair_folders[0], dtype=dtype, device="cpu", weights=fmt)
+    assert model.kv_dtype == kv_dtype and model.chunk_invariant()
+    ids = PROMPT + [60, 61, 62, 63, 64, 65, 66, 67, 68, 69]
+    alone = chunked_logits(model, ids, 1)
+    for chunk in (3, 5, len(ids)):
+        assert torch.equal(chunked_logits(model, ids, chunk), alone), chunk
+
+
+@pytest.mark.parametrize("dtype,kv_dtype", DEFAULTS, ids=["bf16", "fp32-fp16kv"])
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_greedy_identical_with_and_without_speculation(pair_folders, fmt, dtype, kv_dtype):
+    """Each default configuration: the quantised linear and the paged attention round a
+    row the same in a 1-token decode and a (k+1)-token verification."""
     from drafter_service.draft_model import DraftModelProposer
 
     target_dir, draft_dir = pair_folders
-    target = load_model(target_dir, dtype="bf16", device="cpu", weights=fmt)
-    draft = load_model(draft_dir, dtype="bf16", device="cpu", weights=fmt)
+    target = load_model(target_dir, dtype=dtype, device="cpu", weights=fmt)
+    draft = load_model(draft_dir, dtype=dtype, device="cpu", weights=fmt)
+    assert target.kv_dtype == kv_dtype and target.weights == fmt
     prompts = [PROMPT, PROMPT[4:], [7, 3, 9, 11, 60, 61, 62, 5], list(range(10, 40))]
     reqs = [dict(prompt=p, max_new_tokens=40) for p in prompts]
     cfg = EngineConfig(num_blocks=256, block_size=4)
-    off = run_engine(Engine(target, cfg), reqs)
+    with LogitsByContext(target) as plain:
+        off = run_engine(Engine(target, cfg), reqs)
     engine = Engine(target, cfg, DraftModelProposer(draft, num_blocks=256, block_size=4))
-    on = run_engine(engine, [dict(r, num_draft=4) for r in reqs])
+    with LogitsByContext(target) as verified:
+        on = run_engine(engine, [dict(r, num_draft=4) for r in reqs])
     assert list(on.values()) == list(off.values())
     assert engine.totals.accepted > 0
+    # and the logits behind each token, bit for bit: a tiny model's wide logit gaps hide a
+    # rounding difference from the argmax that a real model's near-ties would not
+    both = plain.rows.keys() & verified.rows.keys()
+    assert len(both) >= sum(map(len, off.values()))
+    assert all(torch.equal(plain.rows[c], verified.rows[c]) for c in both)
 
 
 def test_the_cache_holds_fused_matrices_and_an_older_file_is_rewritten(pair_folders, monkeypatch):

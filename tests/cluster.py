@@ -204,6 +204,8 @@ def start_cluster(
             if all(r is not None and r.drafter_available for r in reports):
                 break
             await asyncio.sleep(0.05)
+        else:
+            raise TimeoutError("a verifier never reported its drafter available")
 
     c.run(boot())
     return c

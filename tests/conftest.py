@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -109,6 +110,29 @@ def triton_ops():
     from specd.models.gpu import triton_attention, triton_layer_ops
 
     return triton_attention, triton_layer_ops
+
+
+def wait_for(condition, timeout: float = 30.0, every: float = 0.02) -> None:
+    """Poll `condition` until it holds; fail the test when `timeout` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting"
+        time.sleep(every)
+
+
+@pytest.fixture
+def aborts(cluster, monkeypatch):
+    """Sequence ids the cluster's verifier engines were told to abort (a request cut
+    short), for tests of `tests.cluster` clusters."""
+    seen = []
+    for engine in cluster.engines:
+
+        def record(seq_id, original=engine.abort):
+            seen.append(seq_id)
+            original(seq_id)
+
+        monkeypatch.setattr(engine, "abort", record)
+    return seen
 
 
 def real_model_or_skip(name: str):

@@ -18,7 +18,9 @@ import pytest
 from launcher.processes import ROUTER_READY, ServerProcess, free_port, scrape
 from router.client import SpecdClient
 from specd.channels import check_health
+from specd.telemetry import RUNNING, TOKENS_OUT
 from tests.cluster import save_tiny_cluster_model
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -48,13 +50,6 @@ def router(model, logs, *verifiers: ServerProcess) -> ServerProcess:
     return ServerProcess(
         "router", "--tokenizer", str(model), *flags, logs=logs, ready_service=ROUTER_READY
     )
-
-
-def wait_for(condition, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.1)
 
 
 def greedy(client: SpecdClient, prompt: str, max_new_tokens: int = 16, **kw):
@@ -194,17 +189,19 @@ def test_router_restart_means_unavailable_never_a_hang(model, tmp_path):
 def test_sigterm_drains_a_verifier_its_running_requests_finish(model, tmp_path):
     # the drain outlasts the four requests with room to spare on a loaded 2-core machine
     # (400 tokens each took 20-45 s to drain there, and the default 30 s cut one off)
-    a = verifier(model, tmp_path, "--drain-seconds", "120").start()
-    b = verifier(model, tmp_path).start()
+    a_metrics, b_metrics = free_port(), free_port()
+    a = verifier(model, tmp_path, "--drain-seconds", "120", metrics_port=a_metrics).start()
+    b = verifier(model, tmp_path, metrics_port=b_metrics).start()
     front = router(model, tmp_path, a, b).start()
     try:
         with SpecdClient(front.address) as client:
             streams = [client.stream(p, max_new_tokens=200, ignore_eos=True) for p in PROMPTS[:4]]
             counts = [len(next(s).token_ids) for s in streams]  # all four are running
+            assert scrape(a_metrics, RUNNING) > 0, "the drain must hit requests running on a"
             a.proc.send_signal(signal.SIGTERM)
-            time.sleep(0.3)
+            # NOT_SERVING at once: probes and peers stop sending
+            wait_for(lambda: not check_health(a.address), timeout=10)
             assert a.proc.poll() is None, "a verifier with running requests waits for them"
-            assert not check_health(a.address)  # NOT_SERVING: probes and peers stop sending
             assert all(n < 200 for n in counts)
             with ThreadPoolExecutor(4) as pool:  # read all four as their clients would
                 rest = pool.map(lambda s: sum(len(m.token_ids) for m in s), streams)
@@ -212,8 +209,10 @@ def test_sigterm_drains_a_verifier_its_running_requests_finish(model, tmp_path):
             assert counts == [200] * 4  # none was cut, on either replica
             assert a.proc.wait(30) == 0
             # new requests go to the other replica, none fails
+            served = scrape(b_metrics, TOKENS_OUT)
             for p in PROMPTS[4:8]:
                 assert len(greedy(client, p)) == 16
+            assert scrape(b_metrics, TOKENS_OUT) == served + 4 * 16
     finally:
         for p in (front, a, b):
             p.stop()

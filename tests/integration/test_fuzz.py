@@ -20,16 +20,14 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.too_slow],
     derandomize=True,  # the same examples every run: a failure is reproducible
 )
-TIMEOUT_S = 3.0
+# far past what any request the tiny models accept takes (at most their 512-token
+# context): a call that runs out of it hung, and fails the test
+TIMEOUT_S = 60.0
 # a handler that raised gives UNKNOWN (so would undecodable bytes, without
 # specd/request_decoding.py); INTERNAL is for our own failures
 NEVER = {grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
-# well-formed messages are served, refused with a reason, or run out of time
-SERVED_OR_REFUSED = {
-    grpc.StatusCode.OK,
-    grpc.StatusCode.INVALID_ARGUMENT,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-}
+# well-formed messages are served or refused with a reason
+SERVED_OR_REFUSED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}
 
 int32 = st.integers(-(2**31), 2**31 - 1)
 float32 = st.floats(width=32, allow_nan=True, allow_infinity=True)
@@ -187,7 +185,7 @@ def test_random_bytes_get_a_status(cluster, service, method, kind):
             address(cluster, service), method, kind, [payload] if kind == "bidi" else payload
         )
         seen.add(code)
-        assert code not in NEVER, (payload, code)
+        assert code not in NEVER | {grpc.StatusCode.DEADLINE_EXCEEDED}, (payload, code)
 
     check()
     settle(cluster)
@@ -309,6 +307,31 @@ def test_non_finite_speculation_bounds_are_refused_by_name(cluster, field, value
     )
     err = refusal(cluster.verifiers[0], "/specd.v1.Verifier/Generate", request)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and field in err.details()
+
+
+def enum_fields(descriptor, seen=None) -> set[str]:
+    """Every enum field reachable from a message type, by full name."""
+    from google.protobuf.descriptor import FieldDescriptor
+
+    seen = set() if seen is None else seen
+    if descriptor.full_name in seen:
+        return set()
+    seen.add(descriptor.full_name)
+    found = set()
+    for f in descriptor.fields:
+        if f.type == FieldDescriptor.TYPE_ENUM:
+            found.add(f.full_name)
+        elif f.type == FieldDescriptor.TYPE_MESSAGE:
+            found |= enum_fields(f.message_type, seen)
+    return found
+
+
+def test_every_enum_field_a_service_reads_is_covered_below():
+    """A new enum field in a request fails here until a test like the next one refuses
+    its undefined values."""
+    requests = (router_pb2.GenerateRequest, verifier_pb2.VerifyGenerateRequest)
+    found = set().union(*(enum_fields(m.DESCRIPTOR) for m in (*requests, drafter_pb2.DraftRequest)))
+    assert found == {"specd.v1.GenerateRequest.speculation"}
 
 
 @pytest.mark.parametrize("value", [3, 99, 2**31 - 1])

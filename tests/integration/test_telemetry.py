@@ -10,6 +10,8 @@ from router.client import SpecdClient
 from router.policy import Policy
 from specd.config import EngineConfig
 from tests.cluster import TINY_MODEL_ID, start_cluster
+from tests.conftest import wait_for
+from tests.integration.test_services import wait_idle
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +55,8 @@ def test_one_trace_across_three_services(traced):
             "hello world", max_new_tokens=12, ignore_eos=True, speculation="on", route=""
         )
     assert r.speculation.enabled
-    cluster.run(_settle())  # the drafter's session span ends when the close arrives
+    finished = lambda: {s.name for s in exporter.get_finished_spans()}  # noqa: E731
+    settle(cluster, lambda: "specd.drafter.session" in finished())
     spans = {s.name: s for s in exporter.get_finished_spans()}
     root = spans["specd.router.generate"]
     decide = spans["specd.router.decide"]
@@ -81,16 +84,23 @@ def test_one_trace_across_three_services(traced):
     assert any(link.context.span_id == verify.context.span_id for s in steps for link in s.links)
 
 
-async def _settle():
-    import asyncio
+def settle(cluster, condition=lambda: True) -> None:
+    """Until the engines and the drafter hold nothing and `condition` holds: what a
+    request records after its client has the reply (the router's counters, the drafter's
+    session span, ended when the close arrives)."""
+    assert wait_idle(cluster)
+    wait_for(condition, timeout=10)
 
-    await asyncio.sleep(0.3)
+
+def router_requests(cluster) -> float:
+    return total(scrape(cluster.metrics_urls["router"]), "specd:requests_total")
 
 
 def test_metrics_move_by_exactly_the_expected_amounts(traced):
     cluster, _ = traced
     urls = cluster.metrics_urls
     before = {name: scrape(url) for name, url in urls.items()}
+    requests_before = total(before["router"], "specd:requests_total")
     n, new = 3, 10
     results = []
     with SpecdClient(cluster.router) as client:
@@ -103,7 +113,7 @@ def test_metrics_move_by_exactly_the_expected_amounts(traced):
         off = client.generate(
             "xyz", max_new_tokens=new, ignore_eos=True, speculation="off", route="code"
         )
-    cluster.run(_settle())
+    settle(cluster, lambda: router_requests(cluster) == requests_before + n + 1)
     after = {name: scrape(url) for name, url in urls.items()}
 
     def moved(service, metric, **labels):
@@ -143,7 +153,7 @@ def test_a_repeated_prompt_counts_as_prefix_cache_hits(traced):
     with SpecdClient(cluster.router) as client:
         for _ in range(2):
             client.generate("the same prompt, twice", max_new_tokens=4, speculation="off")
-    cluster.run(_settle())
+    settle(cluster)
     after = scrape(url)
 
     def moved(metric):
@@ -171,7 +181,7 @@ def test_http_requests_are_traced_and_counted(traced):
             extra_headers=headers,
             extra_body={"ignore_eos": True, "speculation": "on"},
         )
-    cluster.run(_settle())
+    settle(cluster, lambda: router_requests(cluster) == total(before, "specd:requests_total") + 1)
     after = scrape(cluster.metrics_urls["router"])
     spans = {s.name: s for s in exporter.get_finished_spans()}
     root, verify = spans["specd.router.generate"], spans["specd.verifier.generate"]

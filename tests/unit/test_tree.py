@@ -115,7 +115,9 @@ def generate(target, draft, k: int, chain: str, alts: str, n: int, seed: int) ->
     return out
 
 
-N = 12_000
+# sized by power: at 3,000 sequences the planted bug below (a greedy chain verified as if
+# sampled) already puts each statistic at 4-9 times its critical value (seeds 5-7)
+N = 4_000
 
 
 @pytest.mark.parametrize(

@@ -95,20 +95,27 @@ _ISA_FLAGS = {
 
 def kernel():
     """Build (once, cached under $SPECD_CACHE/kernels) and load the kernels for this CPU
-    (`cpu_isa`); None where this CPU or toolchain cannot run them."""
+    (`cpu_isa`); None where this CPU runs neither build or the user opted out
+    (SPECD_ISA=none, SPECD_NO_QKERNEL=1): the models then run bf16, many times slower. A
+    CPU that runs a build and cannot build it (no compiler, no Python headers, a cache
+    that cannot be written) is an error, not a quiet fallback."""
     global _kernel, _kernel_tried
     if _kernel_tried:
         return _kernel
-    _kernel_tried = True
     isa = cpu_isa()
     if os.environ.get("SPECD_NO_QKERNEL") or isa is None:
+        _kernel_tried = True
         log.warning("no AVX512-VNNI or AVX2 (or SPECD_NO_QKERNEL / SPECD_ISA=none): no CPU kernels")
         return None
     try:
         _kernel = _build(isa)
-    except Exception as e:  # no compiler, no headers: the model runs bf16 (weights.choose)
-        log.warning("could not build the int8/int4 kernel (%s)", e)
-        _kernel = None
+    except Exception as e:
+        raise RuntimeError(
+            f"could not build specd's native CPU kernels for {isa} into {_build_dir(isa)}: "
+            f"{e}. They need a C++ compiler, Python's headers and a writable $SPECD_CACHE; "
+            "SPECD_ISA=none runs without them (bf16, many times slower)"
+        ) from e
+    _kernel_tried = True
     if _kernel is not None and _kernel.amx_available():
         log.info("int8/int4 kernel: AMX for calls of many rows (SPECD_NO_AMX=1 turns it off)")
     return _kernel
@@ -205,8 +212,10 @@ def main(argv: list[str]) -> int:
         return 0
     if not all(result.values()):
         return 1
-    if kernel() is None:
-        print(f"the {isa} build compiled but does not load on this CPU", file=sys.stderr)
+    try:
+        kernel()
+    except RuntimeError as e:  # compiled, but does not load
+        print(e, file=sys.stderr)
         return 1
     return 0
 

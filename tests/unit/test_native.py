@@ -96,5 +96,27 @@ def test_the_build_command_fails_when_a_build_does_not_compile(monkeypatch, caps
     monkeypatch.setattr(native, "cpu_isa", lambda: "avx2")
     monkeypatch.setattr(native, "prebuild", lambda isas: {"avx512": True, "avx2": True})
     assert native.main([]) == 0
-    monkeypatch.setattr(native, "kernel", lambda: None)  # compiled, but does not load
+
+    def fails():
+        raise RuntimeError("does not load")
+
+    monkeypatch.setattr(native, "kernel", fails)  # compiled, but does not load
     assert native.main([]) == 1
+
+
+def test_a_cpu_that_runs_a_build_and_cannot_build_it_is_an_error(monkeypatch):
+    """Not a quiet bf16 fallback many times slower; SPECD_ISA=none is the way to opt out."""
+
+    def no_compiler(isa):
+        raise OSError("c++: command not found")
+
+    monkeypatch.setattr(native, "_build", no_compiler)
+    monkeypatch.setattr(native, "_kernel_tried", False)
+    monkeypatch.setattr(native, "_kernel", None)
+    monkeypatch.setattr(native, "runnable_isas", lambda: ["avx2"])
+    monkeypatch.delenv("SPECD_ISA", raising=False)
+    monkeypatch.delenv("SPECD_NO_QKERNEL", raising=False)
+    with pytest.raises(RuntimeError, match=r"could not build .* for avx2 .*command not found"):
+        native.kernel()
+    monkeypatch.setenv("SPECD_ISA", "none")
+    assert native.kernel() is None

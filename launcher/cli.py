@@ -9,7 +9,7 @@ import sys
 
 from launcher.cli_parser import BENCHES, ROLES, build_parser
 from specd.config import from_arguments
-from specd.openmp import settle_spinning
+from specd.openmp import settle_spinning, settle_threads
 
 
 def _models(args) -> int:
@@ -30,8 +30,10 @@ def _models(args) -> int:
 
 def _serve(args) -> int:
     config = from_arguments(ROLES[args.role], args)
+    if args.role in ("drafter", "verifier"):  # before torch loads (specd/openmp.py)
+        logging.getLogger("specd").info("%s: %s", args.role, settle_threads())
     if args.role == "drafter" or (args.role == "verifier" and config.drafter):
-        settle_spinning()  # they take turns on the cores; before torch loads (specd/openmp.py)
+        settle_spinning()  # they take turns on the cores
     if args.role == "drafter":
         from drafter_service.server import serve
     elif args.role == "verifier":

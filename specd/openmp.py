@@ -1,4 +1,12 @@
-"""How long torch's idle OpenMP workers spin before they sleep, set before torch loads.
+"""How many threads a model service runs and how long its idle OpenMP workers spin before
+they sleep, both set before torch loads.
+
+Threads: torch and libgomp start a worker per core the process may run on, which in a
+pod is every core of the node, whatever the pod's CPU limit: 64 workers time-sliced onto a
+limit of 4 CPUs. `settle_threads` sets OMP_NUM_THREADS (read by both) from the cgroup's
+CPU quota, rounded up, unless the user set it.
+
+Spinning:
 
 On Linux torch runs its parallel regions on libgomp. After a region its idle workers
 busy-wait GOMP_SPINCOUNT spins (300,000 when unset, some milliseconds) before they sleep
@@ -22,8 +30,10 @@ answer: every region then pays a wake-up (a plain step went from ~31 to 47 ms, s
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import MutableMapping
+from pathlib import Path
 
 SPIN_COUNT = "30000"
 
@@ -36,3 +46,39 @@ def settle_spinning(environ: MutableMapping[str, str] = os.environ) -> bool:
         return False
     environ["GOMP_SPINCOUNT"] = SPIN_COUNT
     return True
+
+
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def cpu_limit(root: Path = CGROUP) -> float | None:
+    """The CPUs this process's cgroup may use (a container's CPU limit): cgroup v2's
+    `cpu.max` ("quota period"), or v1's `cpu.cfs_quota_us` / `cpu.cfs_period_us`; None
+    where there is no limit."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    for folder in (root / "cpu", root / "cpu,cpuacct"):
+        try:
+            quota = int((folder / "cpu.cfs_quota_us").read_text())
+            period = int((folder / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            continue
+        return None if quota <= 0 else quota / period
+    return None
+
+
+def settle_threads(environ: MutableMapping[str, str] = os.environ, root: Path = CGROUP) -> str:
+    """Set OMP_NUM_THREADS for a model service to the cores it may run on, capped by its
+    cgroup's CPU limit (rounded up), unless the user set it. Must run before torch is
+    imported. Returns a line saying what the service runs with, for its start log."""
+    if "OMP_NUM_THREADS" in environ:
+        return f"{environ['OMP_NUM_THREADS']} threads (OMP_NUM_THREADS, set by the user)"
+    cores = len(os.sched_getaffinity(0))
+    limit = cpu_limit(root)
+    threads = cores if limit is None else max(1, min(cores, math.ceil(limit)))
+    environ["OMP_NUM_THREADS"] = str(threads)
+    source = "no CPU limit" if limit is None else f"a CPU limit of {limit:g}"
+    return f"{threads} threads ({cores} cores to run on, {source})"

@@ -3,13 +3,15 @@ never over the user's own choice."""
 
 from __future__ import annotations
 
+import math
+import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from specd.openmp import SPIN_COUNT, settle_spinning
+from specd.openmp import SPIN_COUNT, cpu_limit, settle_spinning, settle_threads
 
 
 def test_a_service_environment_gets_the_short_spin():
@@ -44,7 +46,10 @@ _SERVE = textwrap.dedent(
             return None
 
         def exec_module(self, module):
-            seen.append((os.environ.get("GOMP_SPINCOUNT"), "torch" in sys.modules))
+            seen.append(
+                (os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OMP_NUM_THREADS"),
+                 "torch" in sys.modules)
+            )  # fmt: skip
 
             async def serve(config):
                 pass
@@ -68,10 +73,52 @@ _SERVE = textwrap.dedent(
         (["serve", "verifier", "--model", "small"], None),  # no drafter to take turns with
     ],
 )
-def test_serve_sets_the_spin_count_before_torch_loads(argv, spin, monkeypatch):
+def test_serve_sets_the_spin_count_and_threads_before_torch_loads(argv, spin, monkeypatch):
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     out = subprocess.run(
         [sys.executable, "-c", _SERVE, *argv], capture_output=True, text=True, check=True
     )
-    assert out.stdout.strip() == repr([(spin, False)])
+    threads = str(len(os.sched_getaffinity(0)))  # this host: no CPU limit below its cores
+    if cpu_limit() is not None:
+        threads = str(max(1, min(int(threads), math.ceil(cpu_limit()))))
+    assert out.stdout.strip() == repr([(spin, threads, False)])
+    assert f"{threads} threads" in out.stderr  # logged at start
+
+
+def _cgroup(tmp_path, v2=None, v1=None):
+    if v2 is not None:
+        (tmp_path / "cpu.max").write_text(v2)
+    if v1 is not None:
+        (tmp_path / "cpu").mkdir()
+        (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text(str(v1[0]))
+        (tmp_path / "cpu" / "cpu.cfs_period_us").write_text(str(v1[1]))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "v2,v1,limit",
+    [
+        ("250000 100000\n", None, 2.5),  # cgroup v2: a pod limited to 2500m
+        ("max 100000\n", None, None),
+        (None, (150000, 100000), 1.5),  # cgroup v1
+        (None, (-1, 100000), None),
+        (None, None, None),  # no cgroup files at all
+    ],
+)
+def test_the_cpu_limit_is_read_from_either_cgroup_version(tmp_path, v2, v1, limit):
+    assert cpu_limit(_cgroup(tmp_path, v2, v1)) == limit
+
+
+def test_threads_follow_the_limit_rounded_up_and_the_users_choice_wins(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    env = {}
+    line = settle_threads(env, _cgroup(tmp_path, v2="250000 100000"))
+    assert env == {"OMP_NUM_THREADS": "3"} and line.startswith("3 threads (64 cores")
+    env = {}
+    settle_threads(env, tmp_path / "nothing")
+    assert env == {"OMP_NUM_THREADS": "64"}  # no limit: every core it may run on
+    env = {"OMP_NUM_THREADS": "8"}
+    assert "set by the user" in settle_threads(env, tmp_path)
+    assert env == {"OMP_NUM_THREADS": "8"}

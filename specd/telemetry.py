@@ -45,6 +45,12 @@ DRAFTER_RTT = "specd:drafter_round_trip_seconds"  # verifier histogram
 DRAFTER_FALLBACKS = "specd:drafter_fallbacks"  # verifier: rounds decoded with k = 0
 DRAFTER_SESSIONS = "specd:drafter_sessions"  # drafter gauge
 DRAFTER_ROUNDS = "specd:drafter_rounds"  # drafter counter
+# the verifier's load under the names an inference gateway's endpoint picker scrapes from
+# a vLLM pod (Gateway API Inference Extension, llm-d), labelled {model_name}
+VLLM_RUNNING = "vllm:num_requests_running"  # gauge
+VLLM_WAITING = "vllm:num_requests_waiting"  # gauge
+VLLM_KV_USAGE = "vllm:kv_cache_usage_perc"  # gauge, a 0..1 fraction as vLLM's
+VLLM_CACHE_CONFIG = "vllm:cache_config_info"  # gauge = 1, {block_size, num_gpu_blocks}
 
 K_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
 GAIN_BUCKETS = (0.8, 0.9, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0)
@@ -104,10 +110,11 @@ class Telemetry:
         buckets = {SPEC_K: K_BUCKETS, SPEC_GAIN: GAIN_BUCKETS}.get(name, LATENCY_BUCKETS)
         return self._get(prometheus_client.Histogram, name, description, labels, buckets=buckets)
 
-    def gauge(self, name: str, read, description: str):
-        """A gauge whose value is `read()` at each scrape."""
-        gauge = self._get(prometheus_client.Gauge, name, description, ())
-        gauge.set_function(read)
+    def gauge(self, name: str, read, description: str, labels: dict[str, str] | None = None):
+        """A gauge whose value is `read()` at each scrape (one series: `labels`' values)."""
+        labels = labels or {}
+        gauge = self._get(prometheus_client.Gauge, name, description, tuple(labels))
+        (gauge.labels(**labels) if labels else gauge).set_function(read)
         return gauge
 
     def _get(self, kind, name, description, labels, **options):

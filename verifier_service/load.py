@@ -51,6 +51,14 @@ class VerifierMetrics:
         # totals since start, read at each scrape (rate() them as counters)
         t.gauge(names.PREFIX_QUERIES, lambda: load().prefix_queries, "Prompt tokens looked up")
         t.gauge(names.PREFIX_HITS, lambda: load().prefix_hits, "Prompt tokens found cached")
+        # the same load under vLLM's names, for an inference gateway's endpoint picker
+        model = {"model_name": servicer.model_name}
+        t.gauge(names.VLLM_RUNNING, lambda: load().running, "Requests running", model)
+        t.gauge(names.VLLM_WAITING, lambda: load().waiting, "Requests waiting", model)
+        t.gauge(names.VLLM_KV_USAGE, lambda: load().kv_utilization, "KV cache usage, 0-1", model)
+        blocks = servicer.engine.kv.allocator
+        cache = {"block_size": str(blocks.block_size), "num_gpu_blocks": str(blocks.num_blocks)}
+        t.gauge(names.VLLM_CACHE_CONFIG, lambda: 1.0, "KV cache configuration", model | cache)
 
     def step(self, route: str, out) -> None:
         self.tokens.labels(route).inc(len(out.tokens))

@@ -195,3 +195,38 @@ def test_http_requests_are_traced_and_counted(traced):
     assert moved("specd:requests_total", route="code") == 1
     assert moved("specd:generation_tokens_total", route="code") == 6
     assert moved("specd:time_to_first_token_seconds_count", route="code") == 1
+
+
+def test_the_endpoint_pickers_gauges_under_vllms_names(traced):
+    """What an inference gateway's endpoint picker scrapes from a model server pod (Gateway
+    API Inference Extension's model server protocol, vLLM's names): running and waiting
+    requests and the KV cache usage as a 0-1 fraction, gauges labelled {model_name}, and
+    the cache configuration."""
+    cluster, _ = traced
+    url = cluster.metrics_urls["verifier0"]
+
+    def families() -> dict:
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        return {f.name: f for f in text_string_to_metric_families(text)}
+
+    def value(fams, name) -> float:
+        (sample,) = fams[name].samples
+        assert fams[name].type == "gauge" and sample.labels["model_name"] == "tiny"
+        return sample.value
+
+    assert wait_idle(cluster)
+    with SpecdClient(cluster.router) as client:
+        stream = client.stream("abc", max_new_tokens=400, ignore_eos=True, speculation="off")
+        next(stream)
+        busy = families()
+        stream.cancel()
+    assert value(busy, "vllm:num_requests_running") == 1
+    assert value(busy, "vllm:num_requests_waiting") == 0
+    assert 0 < value(busy, "vllm:kv_cache_usage_perc") <= 1
+    assert wait_idle(cluster)
+    idle = families()
+    assert value(idle, "vllm:num_requests_running") == 0
+    assert value(idle, "vllm:kv_cache_usage_perc") == 0
+    (info,) = idle["vllm:cache_config_info"].samples
+    assert info.value == 1
+    assert info.labels == {"model_name": "tiny", "block_size": "4", "num_gpu_blocks": "256"}

@@ -13,6 +13,7 @@ from router.generation import Router
 from router.policy import Policy, PolicyError, PolicyFile
 from router.prepare import Prepared, RequestError
 from router.replicas import ReplicaSet
+from router.tokenizer import ChatTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +69,18 @@ async def _track_readiness(health, replicas: ReplicaSet) -> None:
 
 
 def load_tokenizer(spec: str):
-    from transformers import AutoTokenizer
-
+    """The model's tokenizer and chat template without torch in this process
+    (router/tokenizer.py); a folder without a `tokenizer.json` (a slow, sentencepiece-only
+    tokenizer) goes through transformers, which loads torch where it is installed."""
     from specd.models.resolve import resolve
 
-    return AutoTokenizer.from_pretrained(resolve(spec))
+    folder = resolve(spec)
+    if (folder / "tokenizer.json").is_file():
+        return ChatTokenizer(folder)
+    log.warning("%s has no tokenizer.json: tokenizing with transformers (loads torch)", folder)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
 
 
 async def serve(config, ready=None, tokenizer=None) -> None:

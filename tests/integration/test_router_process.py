@@ -1,0 +1,44 @@
+"""The router as its own process, as it runs beside a model server: it serves prompts and
+chat through its tokenizer with no torch library mapped, in little memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from router.client import SpecdClient
+from tests.cluster import save_tiny_cluster_model
+from tests.integration.test_faults import router, verifier
+
+pytestmark = pytest.mark.timeout(300)
+
+MAX_RSS = 150 << 20
+
+
+def mapped_libraries(pid: int) -> set[str]:
+    paths = {line.split()[-1] for line in Path(f"/proc/{pid}/maps").read_text().splitlines()}
+    return {p for p in paths if p.endswith(".so") or ".so." in p}
+
+
+def test_a_serving_router_maps_no_torch_and_stays_small(tmp_path):
+    model = save_tiny_cluster_model(tmp_path / "tiny")
+    target = verifier(model, tmp_path).start()
+    front = router(model, tmp_path, target).start()
+    try:
+        with SpecdClient(front.address) as client:
+            chat = client.generate(messages=[{"role": "user", "content": "hi"}], max_new_tokens=8)
+            raw = client.generate("abc", max_new_tokens=8, ignore_eos=True)
+            streamed = list(client.stream("abc", max_new_tokens=8, ignore_eos=True))
+        assert chat.usage.prompt_tokens == len("user: hi\nassistant: ")  # the template's
+        assert raw.usage.completion_tokens == 8 and raw.text
+        assert "".join(m.text for m in streamed) == raw.text
+        libraries = mapped_libraries(front.proc.pid)
+        assert any("libpython" in x or "grpc" in x for x in libraries)  # the maps were read
+        assert not [x for x in libraries if "torch" in x], "the router mapped torch"
+        rss = front.rss_bytes()
+        print(f"router resident memory after serving: {rss / 2**20:.0f} MiB")
+        assert rss < MAX_RSS
+    finally:
+        for p in (front, target):
+            p.stop()

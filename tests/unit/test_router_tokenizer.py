@@ -1,0 +1,98 @@
+"""The router's torch-free tokenizer (router/tokenizer.py) against transformers', token for
+token: every workload conversation through each model's chat template, prompts, decoding
+and the vocabulary's size."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from transformers import AutoTokenizer
+
+from bench.prompts import WORKLOADS, load_conversations
+from router.tokenizer import ChatTokenizer
+from specd.models.catalog import DEFAULT_TARGET
+from tests.cluster import char_tokenizer
+from tests.conftest import real_model_or_skip
+
+CONVERSATIONS = [c for path in sorted(WORKLOADS.glob("*.jsonl")) for c in load_conversations(path)]
+# roles and turns the workloads do not have: a system prompt, a multi-turn exchange
+CONVERSATIONS += [
+    [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Name a prime."},
+        {"role": "assistant", "content": "7"},
+        {"role": "user", "content": "Another, ünïcödé and all: 日本語?"},
+    ]
+]
+
+
+# what the real templates above do not lean on: block trimming, special tokens by name, loop
+# controls, `tojson` on non-ASCII, filters
+PICKY_TEMPLATE = """{{ bos_token }}
+{% for m in messages %}
+    {% if m['role'] == 'system' %}{% continue %}{% endif %}
+<{{ m['role'] }}>
+    {{ m['content'] | trim }}{{ eos_token }}
+{% endfor %}
+{% if add_generation_prompt %}<assistant>
+{% endif %}
+{{ messages[-1] | tojson }}
+"""
+
+
+@pytest.fixture(scope="module", params=["small", "default", "char", "picky"])
+def pair(request, tmp_path_factory):
+    """(ours, transformers') for the small real model, the default target, the tiny
+    models' character tokenizer with its template (tests/cluster.py), and that tokenizer
+    with special tokens and a template that tests the rendering environment."""
+    if request.param in ("char", "picky"):
+        folder = tmp_path_factory.mktemp("char-tokenizer")
+        char_tokenizer().save_pretrained(folder)
+        if request.param == "picky":
+            config = json.loads((folder / "tokenizer_config.json").read_text())
+            config |= {"bos_token": "{", "eos_token": "}"}
+            (folder / "tokenizer_config.json").write_text(json.dumps(config))
+            (folder / "chat_template.jinja").write_text(PICKY_TEMPLATE)
+    else:
+        name = "smollm2-135m-instruct" if request.param == "small" else DEFAULT_TARGET
+        folder = real_model_or_skip(name)
+    return ChatTokenizer(folder), AutoTokenizer.from_pretrained(folder)
+
+
+def test_every_workload_conversation_renders_to_transformers_tokens(pair):
+    ours, theirs = pair
+    assert len(CONVERSATIONS) > 40  # every workload read
+    for messages in CONVERSATIONS:
+        want = theirs.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        want = list(want["input_ids"] if hasattr(want, "keys") else want)
+        assert ours.apply_chat_template(messages, add_generation_prompt=True) == want, messages
+        text = theirs.apply_chat_template(messages, add_generation_prompt=False, tokenize=False)
+        assert ours.apply_chat_template(messages, False, tokenize=False) == text
+
+
+def test_prompts_decoding_and_the_vocabulary_match(pair):
+    ours, theirs = pair
+    assert len(ours) == len(theirs)
+    for messages in CONVERSATIONS[::7]:
+        text = messages[-1]["content"]
+        want = theirs(text, add_special_tokens=False)["input_ids"]
+        assert ours(text, add_special_tokens=False)["input_ids"] == want
+    rng = random.Random(0)
+    for _ in range(200):  # any ids, special ones included, split characters and all
+        ids = [rng.randrange(len(theirs)) for _ in range(rng.randrange(1, 12))]
+        for skip in (True, False):
+            assert ours.decode(ids, skip_special_tokens=skip) == theirs.decode(
+                ids, skip_special_tokens=skip
+            ), (ids, skip)
+
+
+def test_a_template_that_raises_is_an_error_and_no_template_is_refused(tmp_path):
+    char_tokenizer().save_pretrained(tmp_path)
+    (tmp_path / "chat_template.jinja").write_text("{{ raise_exception('no system role') }}")
+    with pytest.raises(Exception, match="no system role"):
+        ChatTokenizer(tmp_path).apply_chat_template([{"role": "user", "content": "hi"}])
+    (tmp_path / "chat_template.jinja").unlink()
+    with pytest.raises(ValueError, match="no chat template"):
+        ChatTokenizer(tmp_path).apply_chat_template([{"role": "user", "content": "hi"}])

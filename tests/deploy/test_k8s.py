@@ -1,5 +1,6 @@
 """The Kubernetes manifests render with kustomize and validate offline."""
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -187,3 +188,34 @@ def test_policy_configmap_parses_with_the_router_loader(rendered):
     )
     volumes = mounted["spec"]["template"]["spec"]["volumes"]
     assert {"name": "policy", "configMap": {"name": "specd-policy"}} in volumes
+
+
+def test_the_service_monitor_scrapes_every_service_with_a_metrics_port(tmp_path):
+    overlay = tmp_path / "with-monitor"
+    overlay.mkdir()
+    cpu, components = (os.path.relpath(K8S / p, overlay) for p in ("overlays/cpu", "components"))
+    (overlay / "kustomization.yaml").write_text(  # kustomize takes no absolute paths
+        f"resources: [{cpu}]\ncomponents: [{components}/service-monitor]\n"
+    )
+    out = subprocess.run(
+        [
+            shutil.which("kubectl"),
+            "kustomize",
+            str(overlay),
+            "--load-restrictor=LoadRestrictionsNone",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    kinds = by_kind([d for d in yaml.safe_load_all(out) if d])
+    monitor = kinds["ServiceMonitor"]["specd"]["spec"]
+    assert monitor["endpoints"][0]["port"] == "metrics"
+    with_metrics = [
+        s
+        for s in kinds["Service"].values()
+        if any(p["name"] == "metrics" for p in s["spec"]["ports"])
+    ]
+    assert {s["metadata"]["name"] for s in with_metrics} >= {"specd-verifier", "specd-drafter"}
+    for service in with_metrics:
+        assert monitor["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()

@@ -135,9 +135,12 @@ def _tag(isa: str) -> str:
 
 
 def _build_dir(isa: str) -> Path:
+    """$SPECD_KERNEL_CACHE/TAG, by default under $SPECD_CACHE/kernels (an image keeps its
+    builds apart from the models, so a volume mounted over the models hides none)."""
     from specd.models.catalog import cache_root
 
-    return cache_root() / "kernels" / _tag(isa)
+    root = os.environ.get("SPECD_KERNEL_CACHE")
+    return (Path(root) if root else cache_root() / "kernels") / _tag(isa)
 
 
 def _build(isa: str):

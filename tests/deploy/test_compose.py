@@ -143,3 +143,17 @@ def test_the_entrypoint_fetches_only_into_an_empty_cache(tmp_path):
     assert run(empty, "none") == ["specd serve router"]
     assert run(empty, "small") == ["specd models fetch small", "specd serve router"]
     assert run(filled, "small") == ["specd serve router"]  # a filled volume is kept
+
+
+def test_the_image_holds_every_package_the_project_installs():
+    """`pip install .` in the image finds only what was copied in: a package left out
+    (the launcher, which holds the `specd` command) installs an image that cannot start."""
+    import re
+    import tomllib
+
+    pyproject = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())
+    packages = {
+        p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    }
+    copied = set(re.findall(r"^COPY (\w+) \./\1$", (DEPLOY / "Dockerfile").read_text(), re.M))
+    assert packages and packages <= copied, packages - copied

@@ -120,3 +120,10 @@ def test_a_cpu_that_runs_a_build_and_cannot_build_it_is_an_error(monkeypatch):
         native.kernel()
     monkeypatch.setenv("SPECD_ISA", "none")
     assert native.kernel() is None
+
+
+def test_the_builds_can_live_apart_from_the_models(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECD_KERNEL_CACHE", str(tmp_path))
+    assert native._build_dir("avx2") == tmp_path / native._tag("avx2")
+    monkeypatch.delenv("SPECD_KERNEL_CACHE")
+    assert native._build_dir("avx2").parent.name == "kernels"

@@ -1,3 +1,3 @@
 """specd: speculative decoding as gRPC microservices (shared core, no servers in here)."""
 
-__version__ = "0.1.0"
+__version__ = "0.4.0"

@@ -219,3 +219,24 @@ def test_the_service_monitor_scrapes_every_service_with_a_metrics_port(tmp_path)
     assert {s["metadata"]["name"] for s in with_metrics} >= {"specd-verifier", "specd-drafter"}
     for service in with_metrics:
         assert monitor["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+
+
+def test_every_image_tag_is_the_packages_version():
+    import tomllib
+
+    import specd
+
+    version = tomllib.loads((K8S.parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    assert specd.__version__ == version
+    tags = [
+        image["newTag"]
+        for overlay in ("cpu", "gpu")
+        for image in yaml.safe_load(
+            (K8S / "overlays" / overlay / "kustomization.yaml").read_text()
+        )["images"]
+    ]
+    compose = (K8S.parent / "docker-compose.yml").read_text() + (
+        K8S.parent / "docker-compose.gpu.yml"
+    ).read_text()
+    assert tags == [version, f"{version}-cuda"]
+    assert f"specd:{version}}}" in compose and f"specd:{version}-cuda}}" in compose

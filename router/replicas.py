@@ -123,7 +123,12 @@ class ReplicaSet:
                     async for report in replica.stub.WatchLoad(verifier_pb2.WatchLoadRequest()):
                         replica.report, replica.seen = report, time.monotonic()
                 except grpc.aio.AioRpcError as exc:
-                    log.debug("load watch of %s ended: %s", replica.address, exc.code())
+                    if replica.report is not None:  # it was serving: said once, not per retry
+                        log.info(
+                            "replica %s: load stream ended (%s); not chosen until it reports",
+                            replica.address,
+                            exc.code().name,
+                        )
                 replica.report = None
                 await anyio.sleep(0.2)
 

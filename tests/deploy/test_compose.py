@@ -14,7 +14,7 @@ import yaml
 from router.client import SpecdClient
 from router.policy import Policy
 from specd.channels import check_health
-from tests.conftest import real_model_or_skip
+from tests.conftest import real_model_or_skip, wait_for
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 COMPOSE = DEPLOY / "docker-compose.yml"
@@ -83,8 +83,11 @@ def test_compose_topology_as_local_processes(tmp_path):
                 assert procs[-1].poll() is None, (tmp_path / f"{role}.log").read_text()
                 assert time.monotonic() < deadline, f"{role} not healthy"
                 time.sleep(0.3)
-        time.sleep(0.5)  # the router's first load reports
         with SpecdClient("127.0.0.1:50051") as client:
+            # until the router's load reports say the drafter is there (its handshake
+            # with the verifiers may finish after the router is ready)
+            probe = lambda: client.generate("hi", max_new_tokens=1, speculation="on")  # noqa: E731
+            wait_for(lambda: probe().speculation.reason == "on", timeout=30, every=0.2)
             r = client.generate(
                 messages=[{"role": "user", "content": "Say hi."}],
                 max_new_tokens=8,

@@ -132,7 +132,8 @@ def test_a_killed_replica_is_retried_around_then_avoided_until_healthy(model, tm
 
         # later requests go to the healthy replica only (the router saw its load stream
         # end): no failed attempt, so no retry shows up in the router's log
-        time.sleep(0.5)
+        ended = f"replica {a.address}: load stream ended"
+        wait_for(lambda: ended in front.log(tail=1 << 20), timeout=10)
         retries_before = front.log().count("trying another")
         with SpecdClient(front.address) as client:
             for p in PROMPTS[:6]:

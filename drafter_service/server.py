@@ -138,6 +138,13 @@ def build_proposer(config):
     name = folder.name
     if config.proposer == "combined":
         proposer, name = CombinedProposer(proposer), f"combined:{name}"
+    elif config.proposer == "suffix":
+        from drafter_service.suffix import SuffixProposer
+
+        proposer = SuffixProposer(
+            proposer, max_tokens=config.suffix_memory_tokens, shared=config.suffix_shared
+        )
+        name = f"suffix:{name}"
     return proposer, model.args.vocab_size, name
 
 

@@ -27,6 +27,8 @@ class Session:
     params: SamplingParams
     span: object = None  # "specd.drafter.session", child of the verifier's request span
     grammar: GrammarState | None = None  # a constrained request's, at `tokens`
+    route: str = "default"
+    prompt_length: int = 0
 
     def commit(self, tokens: list[int]) -> None:
         self.tokens.extend(tokens)
@@ -95,7 +97,9 @@ class Sessions:
             return problem
         self.close(key)
         span = self.start_span(dict(msg.trace_context))
-        self._open[key] = Session(list(msg.token_ids), params, span, grammar)
+        prompt_length = min(msg.prompt_length, len(msg.token_ids))
+        route = msg.route or "default"
+        self._open[key] = Session(list(msg.token_ids), params, span, grammar, route, prompt_length)
         return ""
 
     def close(self, key: Key) -> None:
@@ -119,9 +123,9 @@ class Sessions:
         if problem:
             return Step(key[1], None, problem)
         session.commit(list(msg.committed_ids))
-        return Step(
-            key[1], DraftState(key, session.tokens, session.params, msg.k, grammar=session.grammar)
-        )
+        state = DraftState(key, session.tokens, session.params, msg.k, grammar=session.grammar)
+        state.route, state.prompt_length = session.route, session.prompt_length
+        return Step(key[1], state)
 
     def _grammar(self, msg: drafter_pb2.Open) -> GrammarState | None:
         """The session's grammar at its committed tokens; None when unconstrained, or when

@@ -91,9 +91,13 @@ class DrafterConfig:
     host: str = "127.0.0.1"  # the address to listen on
     port: int = 50061  # the gRPC port
     model: str = "default-draft"  # catalogue name, Hugging Face folder, .gguf file or hub id
-    # draft (the small model), ngram (a lookup in the request's own text) or combined (the
-    # lookup where the text repeats, else the model)
+    # draft (the small model), ngram (a lookup in the request's own text), combined (the
+    # lookup where the text repeats, else the model) or suffix (combined's, plus a lookup in
+    # what earlier responses of the request's route said: drafter_service/suffix.py)
     proposer: str = "combined"
+    # suffix: share earlier responses within a route (off: each request's own text only)
+    suffix_shared: bool = True
+    suffix_memory_tokens: int = 1 << 20  # suffix: earlier responses kept per route, in tokens
     dtype: str = "auto"  # activations: auto (bf16 where the hardware has it), bf16, fp32, fp16
     kv_dtype: str = "auto"  # the K/V cache's dtype, as the verifier's
     device: str = ""  # cpu, cuda or cuda:N; "" = cuda if present, else cpu
@@ -120,8 +124,12 @@ class DrafterConfig:
     tls_key: str = ""  # PEM key of tls_cert
 
     def __post_init__(self):
-        if self.proposer not in ("draft", "ngram", "combined"):
-            raise ValueError(f"proposer must be draft, ngram or combined, got {self.proposer!r}")
+        if self.proposer not in ("draft", "ngram", "combined", "suffix"):
+            raise ValueError(
+                f"proposer must be draft, ngram, combined or suffix, got {self.proposer!r}"
+            )
+        if self.suffix_memory_tokens < 0:
+            raise ValueError("suffix_memory_tokens must be >= 0")
         _check_weights(self.weights)
         _check_kv_dtype(self.kv_dtype)
         _check_prefix_cache(self.prefix_cache)

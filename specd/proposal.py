@@ -27,6 +27,8 @@ class DraftState:
     # a constrained request's grammar (specd.grammar.GrammarState) at `tokens`: a proposer
     # drafts under its masks and must leave it as it found it
     grammar: object = None
+    route: str = "default"  # the request's route (a suffix drafter shares within one)
+    prompt_length: int = 0  # how many of `tokens` are the prompt
 
 
 @dataclass

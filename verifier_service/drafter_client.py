@@ -119,6 +119,8 @@ class RemoteProposer:
             cmd = request.commands.add(seq_id=s.seq_id)
             cmd.open.token_ids.extend(s.tokens)
             cmd.open.params.CopyFrom(params_to_proto(s.params))
+            cmd.open.route = s.route
+            cmd.open.prompt_length = s.prompt_length
             if s.grammar is not None:  # the drafter drafts under the same constraint
                 cmd.open.constraint.CopyFrom(constraint_to_proto(s.grammar.constraint))
                 cmd.open.prompt_length = len(s.tokens) - s.grammar.consumed

@@ -32,7 +32,16 @@ def _propose(slots: list[Slot], proposer: Proposer | None, vocab: int) -> dict[i
     if not slots or proposer is None:
         return {}
     states = [
-        DraftState(s.seq_id, s.seq.tokens, s.seq.params, s.k, s.seq.span, s.seq.grammar)
+        DraftState(
+            s.seq_id,
+            s.seq.tokens,
+            s.seq.params,
+            s.k,
+            s.seq.span,
+            s.seq.grammar,
+            s.seq.speculation.route,
+            len(s.seq.prompt),
+        )  # fmt: skip
         for s in slots
     ]
     try:

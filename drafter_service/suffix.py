@@ -1,0 +1,159 @@
+"""Suffix drafting: continue a sequence the way earlier text continued the same words, in
+the request's own context and in what earlier responses of its route said (a coding agent
+re-emitting a file it was shown, a tool call repeating the last one's arguments, a second
+user asking what the first asked).
+
+The drafts are deterministic (a lookup, no model), so the verifier treats them as one-hot
+and exactness is that of every proposer. How far to speculate follows the evidence, as
+SuffixDecoding (Oliaro et al., arXiv 2411.04975) does: a draft of at most as many tokens as
+the match is long, and each further token only while most of the earlier occurrences
+agree on it.
+
+The shared memory is per route (the policy separates routes, so text never crosses one),
+bounded in tokens with the oldest responses evicted first, and can be turned off.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+
+from drafter_service.ngram import allowed_prefix, ngram_propose
+from specd.proposal import DraftState, Proposal, Proposer
+
+KEY = 3  # tokens a lookup key holds: the index finds occurrences of the last KEY tokens
+MAX_CANDIDATES = 32  # the most recent occurrences of a key that a lookup weighs
+MAX_MATCH = 64  # how far back a match is measured
+AGREE = 0.5  # a further draft needs more than this share of the matches to agree on it
+OWN_MAX_N = 8  # the longest suffix looked up in the request's own context (as `combined`)
+
+
+@dataclass
+class Match:
+    tokens: list[int]  # the continuation proposed
+    length: int  # tokens of context the occurrences matched
+
+
+class ResponseIndex:
+    """Earlier responses of one route: their tokens, and every KEY-token window's
+    positions, at most `max_tokens` tokens in all (the oldest responses go first)."""
+
+    def __init__(self, max_tokens: int):
+        self.max_tokens = max_tokens
+        self.docs: OrderedDict[int, list[int]] = OrderedDict()
+        self.index: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+        self.tokens = 0
+        self._next = 0
+
+    def add(self, tokens: list[int]) -> None:
+        if len(tokens) <= KEY or len(tokens) > self.max_tokens:
+            return
+        doc, self._next = self._next, self._next + 1
+        self.docs[doc] = list(tokens)
+        self.tokens += len(tokens)
+        for end in range(KEY, len(tokens)):  # the window ending before `end` -> tokens[end]
+            self.index.setdefault(tuple(tokens[end - KEY : end]), []).append((doc, end))
+        while self.tokens > self.max_tokens:
+            self._evict()
+
+    def _evict(self) -> None:
+        doc, tokens = self.docs.popitem(last=False)
+        self.tokens -= len(tokens)
+        for end in range(KEY, len(tokens)):
+            key = tuple(tokens[end - KEY : end])
+            kept = [(d, e) for d, e in self.index[key] if d != doc]
+            if kept:
+                self.index[key] = kept
+            else:
+                del self.index[key]
+
+    def continuation(self, context: list[int], k: int) -> Match:
+        """The drafts the stored responses suggest after `context`: the occurrences of its
+        last KEY tokens that match furthest back vote, token by token."""
+        if k <= 0 or len(context) < KEY:
+            return Match([], 0)
+        found = self.index.get(tuple(context[-KEY:]), [])[-MAX_CANDIDATES:]
+        if not found:
+            return Match([], 0)
+        scored = [(self._matched(context, doc, end), doc, end) for doc, end in found]
+        best = max(length for length, _, _ in scored)
+        voters = [(doc, end) for length, doc, end in scored if length == best]
+        drafts: list[int] = []
+        while voters and len(drafts) < min(k, best):
+            votes = Counter(self.docs[d][e] for d, e in voters if e < len(self.docs[d]))
+            if not votes:
+                break
+            token, count = votes.most_common(1)[0]
+            if count <= AGREE * len(voters):
+                break
+            drafts.append(token)
+            voters = [(d, e + 1) for d, e in voters if e < len(self.docs[d])]
+            voters = [(d, e) for d, e in voters if self.docs[d][e - 1] == token]
+        return Match(drafts, best)
+
+    def _matched(self, context: list[int], doc: int, end: int) -> int:
+        tokens, n, limit = self.docs[doc], KEY, min(MAX_MATCH, end, len(context))
+        while n < limit and tokens[end - n - 1] == context[-n - 1]:
+            n += 1
+        return n
+
+
+class SuffixProposer:
+    """Drafts from the longer match of the request's own context and of its route's earlier
+    responses; where neither matches `min_match` tokens, the draft model's proposal (or
+    none without a model). `shared=False` keeps every request to its own context."""
+
+    def __init__(
+        self,
+        model: Proposer | None = None,
+        min_match: int = 4,
+        max_tokens: int = 1 << 20,
+        shared: bool = True,
+    ):
+        self.model, self.min_match = model, min_match
+        self.max_tokens, self.shared = max_tokens, shared
+        self.routes: dict[str, ResponseIndex] = {}
+        self._seen: dict[object, DraftState] = {}  # the last state of each open sequence
+        self.shared_rounds = 0  # rounds drafted from earlier responses (a route's)
+
+    @property
+    def available(self) -> bool:
+        return self.model is None or self.model.available
+
+    def propose(self, states: list[DraftState]) -> list[Proposal]:
+        out: list[Proposal | None] = []
+        for s in states:
+            self._seen[s.seq_id] = s
+            match = self._match(s)
+            tokens = allowed_prefix(s, match.tokens) if match.length >= self.min_match else []
+            out.append(Proposal(tokens=tokens, ngram=True) if tokens else None)
+        rest = [s for s, p in zip(states, out, strict=True) if p is None]
+        if self.model is None:
+            return [p or Proposal() for p in out]
+        drafted = iter(self.model.propose(rest) if rest else [])
+        return [p if p is not None else next(drafted) for p in out]
+
+    def _match(self, s: DraftState) -> Match:
+        own = ngram_propose(s.tokens, s.k, max_n=OWN_MAX_N, min_n=self.min_match)
+        own_match = Match(own, self.min_match if own else 0)
+        index = self.routes.get(s.route) if self.shared else None
+        if index is None:
+            return own_match
+        theirs = index.continuation(s.tokens, s.k)
+        if len(theirs.tokens) > len(own) and theirs.length >= self.min_match:
+            self.shared_rounds += 1
+            return theirs
+        return own_match
+
+    def draft_ahead(self, stop=lambda: False) -> None:
+        if self.model is not None and hasattr(self.model, "draft_ahead"):
+            self.model.draft_ahead(stop)
+
+    def close(self, seq_id) -> None:
+        """The sequence ended: its response joins its route's memory."""
+        s = self._seen.pop(seq_id, None)
+        if s is not None and self.shared:
+            index = self.routes.setdefault(s.route, ResponseIndex(self.max_tokens))
+            index.add(s.tokens[s.prompt_length :])
+        if self.model is not None:
+            self.model.close(seq_id)

@@ -1,0 +1,127 @@
+"""Suffix drafting (drafter_service/suffix.py): drafts from the request's own text and from
+earlier responses of its route, as long as the match and its agreement allow, in bounded
+memory, never across routes; and greedy output unchanged by it."""
+
+from __future__ import annotations
+
+from drafter_service.draft_model import DraftModelProposer
+from drafter_service.suffix import KEY, ResponseIndex, SuffixProposer
+from specd.config import EngineConfig
+from specd.params import SamplingParams
+from specd.proposal import DraftState
+from tests.conftest import run_engine
+from verifier_service.engine import Engine
+from verifier_service.request import Request, SpeculationBounds
+
+
+def test_a_stored_response_continues_a_context_that_ends_like_it():
+    index = ResponseIndex(max_tokens=1000)
+    index.add([50, 51, 52, 53, 54, 55, 56, 57, 58])
+    match = index.continuation([9, 9, 52, 53, 54], k=8)
+    assert match.tokens == [55, 56, 57] and match.length == 3  # no longer than the match
+    match = index.continuation([50, 51, 52, 53, 54], k=8)
+    assert match.tokens == [55, 56, 57, 58] and match.length == 5  # to the response's end
+    assert index.continuation([50, 51, 52, 53, 54], k=2).tokens == [55, 56]
+    assert index.continuation([1, 2, 3], k=4).tokens == []
+
+
+def test_the_longest_match_and_then_the_majority_decide():
+    index = ResponseIndex(max_tokens=1000)
+    index.add([1, 2, 3, 10, 11, 12, 70, 71, 72])  # matches the context 6 back
+    index.add([5, 5, 5, 10, 11, 12, 80, 81, 82])  # only 3 back
+    assert index.continuation([1, 2, 3, 10, 11, 12], k=3).tokens == [70, 71, 72]
+    split = ResponseIndex(max_tokens=1000)
+    split.add([20, 21, 22, 30, 31])
+    split.add([20, 21, 22, 40, 41])
+    assert split.continuation([20, 21, 22], k=3).tokens == []  # one each: no majority
+    split.add([20, 21, 22, 30, 31])
+    assert split.continuation([20, 21, 22], k=3).tokens == [30, 31]  # two of three
+
+
+def test_memory_stays_bounded_and_the_oldest_responses_go_first():
+    index = ResponseIndex(max_tokens=100)
+    responses = [[i] * 3 + list(range(1000 + 10 * i, 1010 + 10 * i)) for i in range(30)]
+    for r in responses:
+        index.add(r)
+        assert index.tokens <= 100
+    assert list(index.docs) == list(range(30 - len(index.docs), 30))  # the newest kept
+    kept = {d for entries in index.index.values() for d, _ in entries}
+    assert kept == set(index.docs)  # nothing indexes an evicted response
+    oldest, newest = responses[0], responses[-1]
+    assert index.continuation(oldest[: KEY + 1], k=3).tokens == []
+    assert index.continuation(newest[: KEY + 1], k=3).tokens == newest[KEY + 1 : KEY + 4]
+
+
+def state(seq_id, tokens, route="code", prompt_length=None, k=4) -> DraftState:
+    state = DraftState(seq_id, list(tokens), SamplingParams(), k)
+    state.route = route
+    state.prompt_length = len(tokens) if prompt_length is None else prompt_length
+    return state
+
+
+def test_a_response_drafts_only_for_its_own_route_and_only_when_shared():
+    response = [60, 61, 62, 63, 64, 65, 66, 67]
+    for shared, route, want in [
+        (True, "code", [64, 65, 66]),  # as long as the match (61 62 63)
+        (True, "chat", []),
+        (False, "code", []),
+    ]:
+        proposer = SuffixProposer(min_match=3, shared=shared)
+        first = state("a", [1, 2, 3] + response, route="code", prompt_length=3)
+        proposer.propose([first])
+        proposer.close("a")
+        (p,) = proposer.propose([state("b", [9, 8, 7, 61, 62, 63], route=route)])
+        assert p.tokens == want, (shared, route)
+        if want:  # deterministic: one-hot q at the verifier, priced as a free round
+            assert p.ngram and p.q_ids is None
+
+
+def test_greedy_output_is_unchanged_and_later_requests_draft_from_earlier_ones(tiny_pair):
+    target, draft = tiny_pair
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [40, 41, 42, 43], [70, 3, 9, 27, 12]]
+    bounds = SpeculationBounds(route="code")
+    reqs = [Request(p, max_new_tokens=32, num_draft=4, speculation=bounds) for p in prompts]
+    cfg = EngineConfig(num_blocks=256, block_size=4)
+
+    def run(proposer):
+        engine = Engine(target, cfg, proposer, eos_ids=set())
+        out = run_engine(engine, [vars(r) | {"num_draft": 4} for r in reqs])
+        return list(out.values()), engine
+
+    plain, _ = run(None)
+    proposer = SuffixProposer(DraftModelProposer(draft, num_blocks=128, block_size=4))
+    first, _ = run(proposer)
+    assert proposer.shared_rounds == 0  # nothing said yet on this route
+    again, engine = run(proposer)  # the same requests: their answers are in memory now
+    assert first == again == plain
+    assert proposer.shared_rounds > 0 and engine.totals.accepted > 0
+
+
+def test_the_route_and_the_prompt_length_cross_the_wire_to_a_drafters_session():
+    from drafter_service.sessions import Sessions
+    from protos.specd.v1 import drafter_pb2
+
+    sessions = Sessions(vocab_size=96, max_draft_tokens=8)
+    request = drafter_pb2.DraftRequest(round=1)
+    cmd = request.commands.add(seq_id=7)
+    cmd.open.token_ids.extend([5, 6, 7])
+    cmd.open.prompt_length, cmd.open.route = 2, "code"
+    request.commands.add(seq_id=7).step.k = 2
+    (step,) = sessions.round(0, request.commands)
+    assert (step.state.route, step.state.prompt_length) == ("code", 2)
+    unnamed = drafter_pb2.DraftRequest(round=2)
+    unnamed.commands.add(seq_id=8).open.token_ids.extend([5])
+    unnamed.commands.add(seq_id=8).step.k = 1
+    (step,) = sessions.round(0, unnamed.commands)
+    assert step.state.route == "default"
+
+
+def test_the_verifier_sends_the_route_and_the_prompt_length():
+    from protos.specd.v1 import drafter_pb2
+    from verifier_service.drafter_client import RemoteProposer
+
+    remote = RemoteProposer.__new__(RemoteProposer)  # its command building only
+    remote._sent = {}
+    request = drafter_pb2.DraftRequest(round=1)
+    remote._add_commands(request, state(3, [5, 6, 7, 8], route="code", prompt_length=3))
+    assert (request.commands[0].open.route, request.commands[0].open.prompt_length) == ("code", 3)

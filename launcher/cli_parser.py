@@ -24,6 +24,7 @@ BENCHES = {  # `specd bench KIND` -> the module whose main() runs it
     "controller": "bench.controller_sim",
     "matches": "bench.match_traces",
     "gpu": "bench.gpu.run",
+    "suffix": "bench.suffix",
 }
 
 
@@ -127,6 +128,7 @@ def _add_bench(sub) -> None:
         "doors: the OpenAI HTTP door vs gRPC, same router; "
         "structured: JSON-schema output on/off and vs unconstrained; "
         "parity: greedy output with speculation on vs off, every workload prompt; "
-        "gpu: the CUDA step on random weights of real shapes (bench/gpu/check.sh)",
+        "gpu: the CUDA step on random weights of real shapes (bench/gpu/check.sh); "
+        "suffix: the suffix drafter's shared memory, lookups at 100k tokens",
     )
     bench.add_argument("rest", nargs=argparse.REMAINDER)

@@ -15,9 +15,11 @@ from __future__ import annotations
 from drafter_service.ngram import allowed_prefix, ngram_propose
 from specd.proposal import DraftState, Proposal, Proposer
 
+MIN_MATCH, MAX_N = 3, 8  # the lookup: suffixes of 8 tokens down to 3
+
 
 class CombinedProposer:
-    def __init__(self, model: Proposer, min_match: int = 3, max_n: int = 8):
+    def __init__(self, model: Proposer, min_match: int = MIN_MATCH, max_n: int = MAX_N):
         self.model = model
         self.min_match, self.max_n = min_match, max_n
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from protos.specd.v1 import drafter_pb2
+from specd.config import PROPOSERS
 from specd.grammar import GrammarState
 from specd.params import SamplingParams
 from specd.proposal import DraftState
@@ -29,6 +30,7 @@ class Session:
     grammar: GrammarState | None = None  # a constrained request's, at `tokens`
     route: str = "default"
     prompt_length: int = 0
+    proposer: str = ""
 
     def commit(self, tokens: list[int]) -> None:
         self.tokens.extend(tokens)
@@ -87,6 +89,9 @@ class Sessions:
     def open(self, key: Key, msg: drafter_pb2.Open) -> str:
         """Start (or restart) a session -> "" or what is wrong with the command."""
         problem = self._check_ids(msg.token_ids)
+        if msg.proposer and msg.proposer not in PROPOSERS:
+            choices = ", ".join(PROPOSERS)
+            problem = f"proposer must be one of {choices} or empty, got {msg.proposer!r}"
         try:
             params = params_from_proto(msg.params)
             params.validate()
@@ -99,7 +104,9 @@ class Sessions:
         span = self.start_span(dict(msg.trace_context))
         prompt_length = min(msg.prompt_length, len(msg.token_ids))
         route = msg.route or "default"
-        self._open[key] = Session(list(msg.token_ids), params, span, grammar, route, prompt_length)
+        self._open[key] = Session(
+            list(msg.token_ids), params, span, grammar, route, prompt_length, msg.proposer
+        )
         return ""
 
     def close(self, key: Key) -> None:
@@ -125,6 +132,7 @@ class Sessions:
         session.commit(list(msg.committed_ids))
         state = DraftState(key, session.tokens, session.params, msg.k, grammar=session.grammar)
         state.route, state.prompt_length = session.route, session.prompt_length
+        state.proposer = session.proposer
         return Step(key[1], state)
 
     def _grammar(self, msg: drafter_pb2.Open) -> GrammarState | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
+from drafter_service.combined import MAX_N, MIN_MATCH
 from drafter_service.ngram import allowed_prefix, ngram_propose
 from specd.proposal import DraftState, Proposal, Proposer
 
@@ -25,7 +26,6 @@ KEY = 3  # tokens a lookup key holds: the index finds occurrences of the last KE
 MAX_CANDIDATES = 32  # the most recent occurrences of a key that a lookup weighs
 MAX_MATCH = 64  # how far back a match is measured
 AGREE = 0.5  # a further draft needs more than this share of the matches to agree on it
-OWN_MAX_N = 8  # the longest suffix looked up in the request's own context (as `combined`)
 
 
 @dataclass
@@ -101,7 +101,11 @@ class ResponseIndex:
 class SuffixProposer:
     """Drafts from the longer match of the request's own context and of its route's earlier
     responses; where neither matches `min_match` tokens, the draft model's proposal (or
-    none without a model). `shared=False` keeps every request to its own context."""
+    none without a model). `shared=False` keeps every request to its own context.
+
+    A request's route may ask for another way (DraftState.proposer): `draft` (the model
+    only), `ngram` (its own text only, as NgramProposer), `combined` (its own text, else
+    the model, as CombinedProposer), so one drafter serves routes that draft differently."""
 
     def __init__(
         self,
@@ -124,17 +128,28 @@ class SuffixProposer:
         out: list[Proposal | None] = []
         for s in states:
             self._seen[s.seq_id] = s
-            match = self._match(s)
-            tokens = allowed_prefix(s, match.tokens) if match.length >= self.min_match else []
-            out.append(Proposal(tokens=tokens, ngram=True) if tokens else None)
+            mode = s.proposer or "suffix"
+            tokens = allowed_prefix(s, self._lookup(s, mode))
+            if tokens:
+                out.append(Proposal(tokens=tokens, ngram=True))
+            else:  # the model's turn; a lookup-only route (or no model) drafts nothing
+                out.append(None if mode != "ngram" and self.model is not None else Proposal())
         rest = [s for s, p in zip(states, out, strict=True) if p is None]
-        if self.model is None:
-            return [p or Proposal() for p in out]
         drafted = iter(self.model.propose(rest) if rest else [])
         return [p if p is not None else next(drafted) for p in out]
 
+    def _lookup(self, s: DraftState, mode: str) -> list[int]:
+        if mode == "draft":
+            return []
+        if mode == "ngram":
+            return ngram_propose(s.tokens, s.k)
+        if mode == "combined":
+            return ngram_propose(s.tokens, s.k, MAX_N, MIN_MATCH)
+        match = self._match(s)
+        return match.tokens if match.length >= self.min_match else []
+
     def _match(self, s: DraftState) -> Match:
-        own = ngram_propose(s.tokens, s.k, max_n=OWN_MAX_N, min_n=self.min_match)
+        own = ngram_propose(s.tokens, s.k, max_n=MAX_N, min_n=self.min_match)
         own_match = Match(own, self.min_match if own else 0)
         index = self.routes.get(s.route) if self.shared else None
         if index is None:
@@ -152,7 +167,7 @@ class SuffixProposer:
     def close(self, seq_id) -> None:
         """The sequence ended: its response joins its route's memory."""
         s = self._seen.pop(seq_id, None)
-        if s is not None and self.shared:
+        if s is not None and self.shared and (s.proposer or "suffix") == "suffix":
             index = self.routes.setdefault(s.route, ResponseIndex(self.max_tokens))
             index.add(s.tokens[s.prompt_length :])
         if self.model is not None:

@@ -74,6 +74,9 @@ class RoutePolicy(BaseModel):
     max_kv_utilization: Fraction = 0.85
     max_temperature: Temperature = 1.0
     min_acceptance: Fraction = 0.5
+    # how the drafter drafts for the route (a drafter started with `--proposer suffix`
+    # serves each): draft, ngram, combined or suffix; "" = the drafter's own
+    proposer: Literal["", "draft", "ngram", "combined", "suffix"] = ""
 
 
 class _PolicyFile(BaseModel):

@@ -101,4 +101,5 @@ def verifier_request(prep: Prepared, decision: Decision) -> verifier_pb2.VerifyG
         draft_below_batch=policy.max_batch_size if decision.auto else 0,
         max_kv_utilization=policy.max_kv_utilization if decision.auto else 0.0,
         min_acceptance=policy.min_acceptance if decision.auto else 0.0,
+        proposer=policy.proposer,
     )

@@ -10,6 +10,9 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 
 from specd.speculation_config import SpeculationConfig
 
+# how a drafter may draft (the drafter's `--proposer`, a route's `proposer`)
+PROPOSERS = ("draft", "ngram", "combined", "suffix")
+
 DEFAULT_KV_TOKENS = 8192
 # batch-invariant mode: the rows of a dense bf16 matmul, and of a query tile of SDPA, that
 # every decode and verification forward takes (specd.models.matmul), so a row rounds the
@@ -124,10 +127,9 @@ class DrafterConfig:
     tls_key: str = ""  # PEM key of tls_cert
 
     def __post_init__(self):
-        if self.proposer not in ("draft", "ngram", "combined", "suffix"):
-            raise ValueError(
-                f"proposer must be draft, ngram, combined or suffix, got {self.proposer!r}"
-            )
+        if self.proposer not in PROPOSERS:
+            choices = ", ".join(PROPOSERS)
+            raise ValueError(f"proposer must be one of {choices}, got {self.proposer!r}")
         if self.suffix_memory_tokens < 0:
             raise ValueError("suffix_memory_tokens must be >= 0")
         _check_weights(self.weights)

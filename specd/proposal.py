@@ -29,6 +29,7 @@ class DraftState:
     grammar: object = None
     route: str = "default"  # the request's route (a suffix drafter shares within one)
     prompt_length: int = 0  # how many of `tokens` are the prompt
+    proposer: str = ""  # how to draft for it (the route's choice); "": the drafter's own
 
 
 @dataclass

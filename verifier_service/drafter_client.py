@@ -119,7 +119,7 @@ class RemoteProposer:
             cmd = request.commands.add(seq_id=s.seq_id)
             cmd.open.token_ids.extend(s.tokens)
             cmd.open.params.CopyFrom(params_to_proto(s.params))
-            cmd.open.route = s.route
+            cmd.open.route, cmd.open.proposer = s.route, s.proposer
             cmd.open.prompt_length = s.prompt_length
             if s.grammar is not None:  # the drafter drafts under the same constraint
                 cmd.open.constraint.CopyFrom(constraint_to_proto(s.grammar.constraint))

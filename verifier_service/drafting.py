@@ -41,6 +41,7 @@ def _propose(slots: list[Slot], proposer: Proposer | None, vocab: int) -> dict[i
             s.seq.grammar,
             s.seq.speculation.route,
             len(s.seq.prompt),
+            s.seq.speculation.proposer,
         )  # fmt: skip
         for s in slots
     ]

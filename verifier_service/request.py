@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from specd.config import PROPOSERS
 from specd.constraint import Constraint
 from specd.params import SamplingParams
 
@@ -19,10 +20,14 @@ class SpeculationBounds:
     draft_below_batch: int = 0  # > 0: no drafts while this many sequences run
     max_kv_utilization: float = 1.0  # no drafts while the KV pool is fuller than this
     min_acceptance: float = 0.0  # below this, off for acceptance (probing only)
+    proposer: str = ""  # how the drafter drafts for the route ("": the drafter's own)
 
     def validate(self) -> None:
         if self.draft_below_batch < 0:
             raise ValueError("draft_below_batch must be >= 0")
+        if self.proposer and self.proposer not in PROPOSERS:
+            choices = ", ".join(PROPOSERS)
+            raise ValueError(f"proposer must be one of {choices} or empty, got {self.proposer!r}")
         for name in ("max_kv_utilization", "min_acceptance"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:  # also refuses NaN

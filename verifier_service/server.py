@@ -169,6 +169,7 @@ def _request(request, route: str, k: int, constraint, span) -> Request:
         draft_below_batch=request.draft_below_batch,
         max_kv_utilization=request.max_kv_utilization if auto else 1.0,
         min_acceptance=request.min_acceptance if auto else 0.0,
+        proposer=request.proposer,
     )
     return Request(
         list(request.prompt_ids),

@@ -114,6 +114,13 @@ def test_the_route_and_the_prompt_length_cross_the_wire_to_a_drafters_session():
     unnamed.commands.add(seq_id=8).step.k = 1
     (step,) = sessions.round(0, unnamed.commands)
     assert step.state.route == "default"
+    bad = drafter_pb2.DraftRequest(round=3)
+    cmd = bad.commands.add(seq_id=9)
+    cmd.open.token_ids.extend([5])
+    cmd.open.proposer = "eagle"
+    bad.commands.add(seq_id=9).step.k = 1
+    (step,) = sessions.round(0, bad.commands)
+    assert step.state is None and "proposer must be one of" in step.problem
 
 
 def test_the_verifier_sends_the_route_and_the_prompt_length():
@@ -125,3 +132,46 @@ def test_the_verifier_sends_the_route_and_the_prompt_length():
     request = drafter_pb2.DraftRequest(round=1)
     remote._add_commands(request, state(3, [5, 6, 7, 8], route="code", prompt_length=3))
     assert (request.commands[0].open.route, request.commands[0].open.prompt_length) == ("code", 3)
+
+
+class Recording:
+    """A draft model stand-in: proposes [1] for every state and records whom it saw."""
+
+    available = True
+
+    def __init__(self):
+        self.seen, self.closed = [], []
+
+    def propose(self, states):
+        from specd.proposal import Proposal
+
+        self.seen += [s.seq_id for s in states]
+        return [Proposal(tokens=[1]) for _ in states]
+
+    def close(self, seq_id):
+        self.closed.append(seq_id)
+
+
+def test_each_route_drafts_the_way_its_policy_names():
+    import pytest
+
+    from router.policy import Policy
+    from verifier_service.request import SpeculationBounds
+
+    repeats = [7, 8, 9, 10, 11, 7, 8, 9, 10]  # its own text repeats: a lookup finds 11, 7...
+    model = Recording()
+    proposer = SuffixProposer(model)
+    states = [state(m, repeats) for m in ("draft", "ngram", "combined", "suffix", "")]
+    for s in states:
+        s.proposer = s.seq_id
+    got = {s.seq_id: p.tokens for s, p in zip(states, proposer.propose(states), strict=True)}
+    assert got["draft"] == [1] and model.seen == ["draft"]  # the model, though text repeats
+    assert got["ngram"] == got["combined"] == [11, 7, 8, 9]  # the lookup, no model
+    assert got["suffix"] == got[""] == [11, 7, 8, 9]  # "": the drafter's own way (suffix)
+    proposer.close("draft")
+    assert proposer.routes == {} and model.closed == ["draft"]  # only suffix routes share
+    policy = Policy.from_dict({"routes": {"agent": {"proposer": "suffix"}}})
+    assert policy.for_route("agent")[1].proposer == "suffix"
+    assert policy.for_route("default")[1].proposer == ""
+    with pytest.raises(ValueError, match="proposer must be one of"):
+        SpeculationBounds(proposer="eagle").validate()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from specd.config import DrafterConfig, RouterConfig, VerifierConfig, add_arguments
+from specd.config import PROPOSERS, DrafterConfig, RouterConfig, VerifierConfig, add_arguments
 
 ROLES = {"drafter": DrafterConfig, "verifier": VerifierConfig, "router": RouterConfig}
 
@@ -96,9 +96,7 @@ def _add_up(sub) -> None:
         "--http-port", type=int, default=8000, help="the OpenAI-compatible API (0 = off)"
     )
     up.add_argument("--policy-file", default="")
-    up.add_argument(
-        "--proposer", choices=["draft", "ngram", "combined"], default=DrafterConfig.proposer
-    )
+    up.add_argument("--proposer", choices=list(PROPOSERS), default=DrafterConfig.proposer)
     up.add_argument(
         "--draft-p-min",
         type=float,

@@ -31,6 +31,7 @@ TOKENS_OUT = "specd:generation_tokens"  # router and verifier, {route}
 NUM_DRAFTS = "specd:spec_decode_num_drafts"  # verifier, {route}
 NUM_DRAFT_TOKENS = "specd:spec_decode_num_draft_tokens"  # verifier, {route}
 NUM_ACCEPTED = "specd:spec_decode_num_accepted_tokens"  # verifier, {route}
+LOOKUP_DRAFTS = "specd:spec_decode_num_lookup_drafts"  # verifier, {route}: no model ran
 ACCEPTED_PER_POS = "specd:spec_decode_num_accepted_tokens_per_pos"  # {route, position}
 SPEC_K = "specd:speculation_chosen_k"  # verifier histogram {route}: k per decode step (0: plain)
 SPEC_GAIN = "specd:speculation_predicted_gain"  # verifier histogram {route}: tokens/s vs plain

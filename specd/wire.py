@@ -46,6 +46,7 @@ def speculation_to_proto(stats, k: int) -> common_pb2.SpeculationInfo:
         acceptance_rate=stats.acceptance_rate,
         mean_accepted_length=stats.mean_accepted_length,
         mean_draft_tokens=stats.drafted / stats.rounds if stats.rounds else 0.0,
+        lookup_rounds=stats.lookup_rounds,
     )
 
 

@@ -227,6 +227,7 @@ class Engine:
         if seq.finish_reason:
             self._finish(seq)
         out = StepOutput(seq.seq_id, new, seq.finish_reason, r.k, verdict.accepted)
+        out.lookup = r.proposal is not None and r.proposal.ngram
         out.decision = (r.slot.decision.reason, r.slot.decision.gain)
         if seq.finish_reason:
             out.stats = seq.stats
@@ -239,8 +240,9 @@ class Engine:
         seq, k = r.seq, r.k
         if r.slot.decode:
             seq.decided(r.slot.decision.reason, r.slot.k)
-        seq.stats.record(k, accepted)
-        self.totals.record(k, accepted)
+        lookup = r.proposal is not None and r.proposal.ngram
+        seq.stats.record(k, accepted, lookup)
+        self.totals.record(k, accepted, lookup)
         if seq.span is not None and k:
             seq.span.add_event("speculation.round", {"k": k, "accepted": accepted})
 

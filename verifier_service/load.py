@@ -33,6 +33,7 @@ class VerifierMetrics:
         self.drafts = t.counter(names.NUM_DRAFTS, "Speculation rounds", route)
         self.draft_tokens = t.counter(names.NUM_DRAFT_TOKENS, "Draft tokens proposed", route)
         self.accepted = t.counter(names.NUM_ACCEPTED, "Draft tokens accepted", route)
+        self.lookups = t.counter(names.LOOKUP_DRAFTS, "Rounds drafted by a lookup", route)
         self.per_pos = t.counter(
             names.ACCEPTED_PER_POS, "Accepted draft tokens by position", ("route", "position")
         )
@@ -69,6 +70,7 @@ class VerifierMetrics:
             self.reasons.labels(route, reason).inc()
         if out.drafted:
             self.drafts.labels(route).inc()
+            self.lookups.labels(route).inc(out.lookup)
             self.draft_tokens.labels(route).inc(out.drafted)
             self.accepted.labels(route).inc(out.accepted)
             for position in range(out.accepted):

@@ -23,14 +23,16 @@ class SpecStats:
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
+    lookup_rounds: int = 0  # rounds drafted by a lookup (no draft model ran)
     reason: str = ""  # set when the request finishes (SpeculationBounds.reason)
 
-    def record(self, k: int, a: int) -> None:
+    def record(self, k: int, a: int, lookup: bool = False) -> None:
         if k == 0:
             return
         self.rounds += 1
         self.drafted += k
         self.accepted += a
+        self.lookup_rounds += lookup
 
     @property
     def acceptance_rate(self) -> float:
@@ -136,6 +138,7 @@ class StepOutput:
     finish_reason: str | None  # "stop", "length", "abort" or None while running
     drafted: int = 0
     accepted: int = 0
+    lookup: bool = False  # its round's drafts were a lookup, not the draft model's
     stats: SpecStats | None = None  # the request's speculation totals, on its last output
     timing: tuple[int, int, int] = (0, 0, 0)  # last output: arrived, scheduled, first token (ns)
     decision: tuple[str, float] = ("", 1.0)  # the controller's reason and predicted gain

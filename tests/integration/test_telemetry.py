@@ -138,6 +138,8 @@ def test_metrics_move_by_exactly_the_expected_amounts(traced):
     assert moved(v, "specd:spec_decode_num_drafts_total", route="code") == rounds
     assert moved(v, "specd:spec_decode_num_draft_tokens_total", route="code") == drafted
     assert moved(v, "specd:spec_decode_num_accepted_tokens_total", route="code") == accepted
+    lookups = sum(r.speculation.lookup_rounds for r in results)
+    assert moved(v, "specd:spec_decode_num_lookup_drafts_total", route="code") == lookups
     assert moved(v, "specd:spec_decode_num_accepted_tokens_per_pos_total", route="code") == accepted
     assert moved(v, "specd:drafter_round_trip_seconds_count") >= rounds
     assert moved("drafter", "specd:drafter_rounds_total") >= rounds

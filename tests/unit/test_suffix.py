@@ -89,12 +89,16 @@ def test_greedy_output_is_unchanged_and_later_requests_draft_from_earlier_ones(t
         return list(out.values()), engine
 
     plain, _ = run(None)
+    model_only, engine = run(DraftModelProposer(draft, num_blocks=128, block_size=4))
+    assert engine.totals.rounds > 0 and engine.totals.lookup_rounds == 0
     proposer = SuffixProposer(DraftModelProposer(draft, num_blocks=128, block_size=4))
     first, _ = run(proposer)
     assert proposer.shared_rounds == 0  # nothing said yet on this route
     again, engine = run(proposer)  # the same requests: their answers are in memory now
-    assert first == again == plain
+    assert first == again == model_only == plain
     assert proposer.shared_rounds > 0 and engine.totals.accepted > 0
+    # the account says which rounds were lookups (every shared one is)
+    assert proposer.shared_rounds <= engine.totals.lookup_rounds < engine.totals.rounds
 
 
 def test_the_route_and_the_prompt_length_cross_the_wire_to_a_drafters_session():

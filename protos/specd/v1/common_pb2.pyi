@@ -21,7 +21,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ...) -> None: ...
 
 class SpeculationInfo(_message.Message):
-    __slots__ = ("enabled", "reason", "num_draft_tokens", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length", "mean_draft_tokens", "arrival_reason")
+    __slots__ = ("enabled", "reason", "num_draft_tokens", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length", "mean_draft_tokens", "arrival_reason", "lookup_rounds")
     ENABLED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +32,7 @@ class SpeculationInfo(_message.Message):
     MEAN_ACCEPTED_LENGTH_FIELD_NUMBER: _ClassVar[int]
     MEAN_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ARRIVAL_REASON_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     enabled: bool
     reason: str
     num_draft_tokens: int
@@ -42,7 +43,8 @@ class SpeculationInfo(_message.Message):
     mean_accepted_length: float
     mean_draft_tokens: float
     arrival_reason: str
-    def __init__(self, enabled: _Optional[bool] = ..., reason: _Optional[str] = ..., num_draft_tokens: _Optional[int] = ..., rounds: _Optional[int] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., mean_draft_tokens: _Optional[float] = ..., arrival_reason: _Optional[str] = ...) -> None: ...
+    lookup_rounds: int
+    def __init__(self, enabled: _Optional[bool] = ..., reason: _Optional[str] = ..., num_draft_tokens: _Optional[int] = ..., rounds: _Optional[int] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., mean_draft_tokens: _Optional[float] = ..., arrival_reason: _Optional[str] = ..., lookup_rounds: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens")

@@ -18,6 +18,24 @@ from specd.proposal import DraftState, Proposal, Proposer
 MIN_MATCH, MAX_N = 3, 8  # the lookup: suffixes of 8 tokens down to 3
 
 
+def lookup_then_model(
+    states: list[DraftState], found: list[list[int] | None], model: Proposer | None
+) -> list[Proposal]:
+    """Each state's lookup drafts where `found` has some; where it has None, the model's
+    proposal (one call for all of them); an empty list, or no model: no drafts."""
+    asked = [s for s, t in zip(states, found, strict=True) if t is None]
+    drafted = iter(model.propose(asked) if asked and model is not None else [])
+    out = []
+    for t in found:
+        if t:
+            out.append(Proposal(tokens=t, ngram=True))
+        elif t is None and model is not None:
+            out.append(next(drafted))
+        else:
+            out.append(Proposal())
+    return out
+
+
 class CombinedProposer:
     def __init__(self, model: Proposer, min_match: int = MIN_MATCH, max_n: int = MAX_N):
         self.model = model
@@ -28,13 +46,11 @@ class CombinedProposer:
         return self.model.available
 
     def propose(self, states: list[DraftState]) -> list[Proposal]:
-        out: list[Proposal | None] = []
-        for s in states:
-            tokens = allowed_prefix(s, ngram_propose(s.tokens, s.k, self.max_n, self.min_match))
-            out.append(Proposal(tokens=tokens, ngram=True) if tokens else None)
-        rest = [s for s, p in zip(states, out, strict=True) if p is None]
-        drafted = iter(self.model.propose(rest) if rest else [])
-        return [p if p is not None else next(drafted) for p in out]
+        found = [
+            allowed_prefix(s, ngram_propose(s.tokens, s.k, self.max_n, self.min_match)) or None
+            for s in states
+        ]
+        return lookup_then_model(states, found, self.model)
 
     def draft_ahead(self, stop=lambda: False) -> None:
         self.model.draft_ahead(stop)

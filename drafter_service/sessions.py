@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from protos.specd.v1 import drafter_pb2
-from specd.config import PROPOSERS
+from specd.config import check_proposer
 from specd.grammar import GrammarState
 from specd.params import SamplingParams
 from specd.proposal import DraftState
@@ -89,10 +89,8 @@ class Sessions:
     def open(self, key: Key, msg: drafter_pb2.Open) -> str:
         """Start (or restart) a session -> "" or what is wrong with the command."""
         problem = self._check_ids(msg.token_ids)
-        if msg.proposer and msg.proposer not in PROPOSERS:
-            choices = ", ".join(PROPOSERS)
-            problem = f"proposer must be one of {choices} or empty, got {msg.proposer!r}"
         try:
+            check_proposer(msg.proposer)
             params = params_from_proto(msg.params)
             params.validate()
             grammar = self._grammar(msg)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
-from drafter_service.combined import MAX_N, MIN_MATCH
+from drafter_service.combined import MAX_N, MIN_MATCH, lookup_then_model
 from drafter_service.ngram import allowed_prefix, ngram_propose
 from specd.proposal import DraftState, Proposal, Proposer
 
@@ -98,6 +98,11 @@ class ResponseIndex:
         return n
 
 
+def _mode(s: DraftState) -> str:
+    """How to draft for `s`: its route's choice, else this drafter's own (suffix)."""
+    return s.proposer or "suffix"
+
+
 class SuffixProposer:
     """Drafts from the longer match of the request's own context and of its route's earlier
     responses; where neither matches `min_match` tokens, the draft model's proposal (or
@@ -125,18 +130,13 @@ class SuffixProposer:
         return self.model is None or self.model.available
 
     def propose(self, states: list[DraftState]) -> list[Proposal]:
-        out: list[Proposal | None] = []
+        found = []
         for s in states:
             self._seen[s.seq_id] = s
-            mode = s.proposer or "suffix"
-            tokens = allowed_prefix(s, self._lookup(s, mode))
-            if tokens:
-                out.append(Proposal(tokens=tokens, ngram=True))
-            else:  # the model's turn; a lookup-only route (or no model) drafts nothing
-                out.append(None if mode != "ngram" and self.model is not None else Proposal())
-        rest = [s for s, p in zip(states, out, strict=True) if p is None]
-        drafted = iter(self.model.propose(rest) if rest else [])
-        return [p if p is not None else next(drafted) for p in out]
+            tokens = allowed_prefix(s, self._lookup(s, _mode(s)))
+            # nothing found: the model's turn, but a lookup-only route drafts nothing
+            found.append(tokens or ([] if _mode(s) == "ngram" else None))
+        return lookup_then_model(states, found, self.model)
 
     def _lookup(self, s: DraftState, mode: str) -> list[int]:
         if mode == "draft":
@@ -167,7 +167,7 @@ class SuffixProposer:
     def close(self, seq_id) -> None:
         """The sequence ended: its response joins its route's memory."""
         s = self._seen.pop(seq_id, None)
-        if s is not None and self.shared and (s.proposer or "suffix") == "suffix":
+        if s is not None and self.shared and _mode(s) == "suffix":
             index = self.routes.setdefault(s.route, ResponseIndex(self.max_tokens))
             index.add(s.tokens[s.prompt_length :])
         if self.model is not None:

@@ -25,6 +25,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from specd.config import PROPOSERS
+
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "on", "off")
@@ -76,7 +78,7 @@ class RoutePolicy(BaseModel):
     min_acceptance: Fraction = 0.5
     # how the drafter drafts for the route (a drafter started with `--proposer suffix`
     # serves each): draft, ngram, combined or suffix; "" = the drafter's own
-    proposer: Literal["", "draft", "ngram", "combined", "suffix"] = ""
+    proposer: Literal[("", *PROPOSERS)] = ""
 
 
 class _PolicyFile(BaseModel):

@@ -13,6 +13,14 @@ from specd.speculation_config import SpeculationConfig
 # how a drafter may draft (the drafter's `--proposer`, a route's `proposer`)
 PROPOSERS = ("draft", "ngram", "combined", "suffix")
 
+
+def check_proposer(name: str, empty_ok: bool = True) -> None:
+    """ValueError unless `name` is one of PROPOSERS (or "", the drafter's own way)."""
+    if name not in PROPOSERS and not (empty_ok and name == ""):
+        choices = ", ".join(PROPOSERS) + (" or empty" if empty_ok else "")
+        raise ValueError(f"proposer must be one of {choices}, got {name!r}")
+
+
 DEFAULT_KV_TOKENS = 8192
 # batch-invariant mode: the rows of a dense bf16 matmul, and of a query tile of SDPA, that
 # every decode and verification forward takes (specd.models.matmul), so a row rounds the
@@ -127,9 +135,7 @@ class DrafterConfig:
     tls_key: str = ""  # PEM key of tls_cert
 
     def __post_init__(self):
-        if self.proposer not in PROPOSERS:
-            choices = ", ".join(PROPOSERS)
-            raise ValueError(f"proposer must be one of {choices}, got {self.proposer!r}")
+        check_proposer(self.proposer, empty_ok=False)
         if self.suffix_memory_tokens < 0:
             raise ValueError("suffix_memory_tokens must be >= 0")
         _check_weights(self.weights)

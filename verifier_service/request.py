@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from specd.config import PROPOSERS
+from specd.config import check_proposer
 from specd.constraint import Constraint
 from specd.params import SamplingParams
 
@@ -25,9 +25,7 @@ class SpeculationBounds:
     def validate(self) -> None:
         if self.draft_below_batch < 0:
             raise ValueError("draft_below_batch must be >= 0")
-        if self.proposer and self.proposer not in PROPOSERS:
-            choices = ", ".join(PROPOSERS)
-            raise ValueError(f"proposer must be one of {choices} or empty, got {self.proposer!r}")
+        check_proposer(self.proposer)
         for name in ("max_kv_utilization", "min_acceptance"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:  # also refuses NaN

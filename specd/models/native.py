@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -43,6 +44,7 @@ _kernel = None
 _kernel_tried = False
 
 
+@functools.cache
 def _cpu_flags() -> set[str]:
     try:
         text = Path("/proc/cpuinfo").read_text()

@@ -17,31 +17,53 @@ from launcher.processes import ServerProcess, free_port
 from tests.cluster import save_tiny_cluster_model
 from tests.deploy.test_k8s import K8S, K8S_VERSION, by_kind, render
 
+
+def resource(api_version: str, spec: dict) -> dict:
+    """A custom resource of `api_version` whose spec follows `spec`."""
+    return {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {"apiVersion": {"const": api_version}, "spec": spec},
+    }
+
+
 # The fields of the Gateway API Inference Extension's InferencePool v1 and of Gateway
 # API's HTTPRoute v1 that this layout sets, with the constraints their CRDs publish
 # (required fields, one target port in 1-65535, the failure modes), written out here so
 # the check runs offline; any field not listed is refused, so a misspelt one shows
-POOL_SCHEMA = {
-    "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "inference.networking.k8s.io/v1"},
-        "spec": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["selector", "targetPorts", "endpointPickerRef"],
-            "properties": {
-                "selector": {
+POOL_SCHEMA = resource(
+    "inference.networking.k8s.io/v1",
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["selector", "targetPorts", "endpointPickerRef"],
+        "properties": {
+            "selector": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["matchLabels"],
+                "properties": {"matchLabels": {"type": "object", "minProperties": 1}},
+            },
+            "targetPorts": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 1,
+                "items": {
                     "type": "object",
                     "additionalProperties": False,
-                    "required": ["matchLabels"],
-                    "properties": {"matchLabels": {"type": "object", "minProperties": 1}},
+                    "required": ["number"],
+                    "properties": {"number": {"type": "integer", "minimum": 1, "maximum": 65535}},
                 },
-                "targetPorts": {
-                    "type": "array",
-                    "minItems": 1,
-                    "maxItems": 1,
-                    "items": {
+            },
+            "endpointPickerRef": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name", "port"],
+                "properties": {
+                    "group": {"type": "string"},
+                    "kind": {"type": "string"},
+                    "name": {"type": "string", "minLength": 1},
+                    "port": {
                         "type": "object",
                         "additionalProperties": False,
                         "required": ["number"],
@@ -49,72 +71,50 @@ POOL_SCHEMA = {
                             "number": {"type": "integer", "minimum": 1, "maximum": 65535}
                         },
                     },
-                },
-                "endpointPickerRef": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "required": ["name", "port"],
-                    "properties": {
-                        "group": {"type": "string"},
-                        "kind": {"type": "string"},
-                        "name": {"type": "string", "minLength": 1},
-                        "port": {
-                            "type": "object",
-                            "additionalProperties": False,
-                            "required": ["number"],
-                            "properties": {
-                                "number": {"type": "integer", "minimum": 1, "maximum": 65535}
-                            },
-                        },
-                        "failureMode": {"enum": ["FailOpen", "FailClose"]},
-                    },
+                    "failureMode": {"enum": ["FailOpen", "FailClose"]},
                 },
             },
         },
     },
-}
-ROUTE_SCHEMA = {
-    "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "gateway.networking.k8s.io/v1"},
-        "spec": {
-            "type": "object",
-            "required": ["parentRefs", "rules"],
-            "properties": {
-                "parentRefs": {
-                    "type": "array",
-                    "minItems": 1,
-                    "items": {"type": "object", "required": ["name"]},
-                },
-                "rules": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "properties": {
-                            "backendRefs": {
-                                "type": "array",
-                                "items": {
-                                    "type": "object",
-                                    "additionalProperties": False,
-                                    "required": ["name"],
-                                    "properties": {
-                                        "group": {"type": "string"},
-                                        "kind": {"type": "string"},
-                                        "name": {"type": "string"},
-                                        "port": {"type": "integer"},
-                                        "weight": {"type": "integer"},
-                                    },
+)
+ROUTE_SCHEMA = resource(
+    "gateway.networking.k8s.io/v1",
+    {
+        "type": "object",
+        "required": ["parentRefs", "rules"],
+        "properties": {
+            "parentRefs": {
+                "type": "array",
+                "minItems": 1,
+                "items": {"type": "object", "required": ["name"]},
+            },
+            "rules": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "backendRefs": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "required": ["name"],
+                                "properties": {
+                                    "group": {"type": "string"},
+                                    "kind": {"type": "string"},
+                                    "name": {"type": "string"},
+                                    "port": {"type": "integer"},
+                                    "weight": {"type": "integer"},
                                 },
                             },
-                            "matches": {"type": "array"},
                         },
+                        "matches": {"type": "array"},
                     },
                 },
             },
         },
     },
-}
+)
 CUSTOM = {"InferencePool": POOL_SCHEMA, "HTTPRoute": ROUTE_SCHEMA}
 
 

@@ -47,10 +47,13 @@ class OpenAIDoor:
         model: str,
         aliases: tuple[str, ...] = (),
         token: str = "",
+        registry=None,
     ):
         """`model`: the id clients name (and /v1/models lists); `aliases`: other names
-        accepted for it; `token`: the bearer token ("" = open)."""
+        accepted for it; `token`: the bearer token ("" = open); `registry`: the router's
+        Prometheus metrics, served at /metrics (as vLLM serves its own on its API port)."""
         self.router = router
+        self.registry = registry
         self.model = model
         self.names = {model, *aliases}
         self._expected = f"Bearer {token}".encode() if token else b""
@@ -69,6 +72,8 @@ class OpenAIDoor:
                 web.post("/v1/chat/completions", self.chat),
             ]
         )
+        if self.registry is not None:
+            app.add_routes([web.get("/metrics", self.metrics)])
         return app
 
     # -- middlewares -----------------------------------------------------------------------
@@ -106,6 +111,14 @@ class OpenAIDoor:
         if self.draining or not self.router.replicas.any_healthy():
             return web.Response(status=503, text="draining" if self.draining else "no replica")
         return web.Response(text="ok")
+
+    async def metrics(self, request):
+        import prometheus_client
+
+        body = prometheus_client.generate_latest(self.registry)
+        return web.Response(
+            body=body, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST}
+        )
 
     async def models(self, request):
         card = {"id": self.model, "object": "model", "created": self.created, "owned_by": "specd"}

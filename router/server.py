@@ -89,7 +89,8 @@ async def serve(config, ready=None, tokenizer=None) -> None:
     from specd.serving import serve_until_signal
     from specd.telemetry import setup
 
-    telemetry = setup("router", config.metrics_port)
+    # metrics on with a metrics port or an HTTP door (which serves them at /metrics)
+    telemetry = setup("router", config.metrics_port, metrics=bool(config.http_port) or None)
     try:
         policy = PolicyFile(config.policy_file) if config.policy_file else Policy.builtin()
     except PolicyError as exc:
@@ -111,7 +112,7 @@ async def serve(config, ready=None, tokenizer=None) -> None:
             config.max_new_tokens_cap,
             telemetry,
         )
-        server, port, health, also_stop = await _start_servers(config, router)
+        server, port, health, also_stop = await _start_servers(config, router, telemetry.registry)
         background.start_soon(_track_readiness, health, replicas)
         log.info("router serving on %s:%d -> %s", config.host, port, config.verifier)
         if ready is not None:
@@ -121,9 +122,10 @@ async def serve(config, ready=None, tokenizer=None) -> None:
         background.cancel_scope.cancel()
 
 
-async def _start_servers(config, router: Router):
+async def _start_servers(config, router: Router, registry=None):
     """The gRPC listener (bearer token and TLS as configured) and, with http_port, the
-    OpenAI-compatible door. -> server, port, health, the door's drain (or none)."""
+    OpenAI-compatible door (and the metrics in `registry`). -> server, port, health, the
+    door's drain (or none)."""
     from specd.serving import start_server
 
     servicer = GenerationServicer(router)
@@ -142,17 +144,18 @@ async def _start_servers(config, router: Router):
         tls_cert=config.tls_cert,
         tls_key=config.tls_key,
     )
-    also_stop = [await _start_http(config, router, token)] if config.http_port else []
+    also_stop = [await _start_http(config, router, token, registry)] if config.http_port else []
     return server, port, health, also_stop
 
 
-async def _start_http(config, router: Router, token: str):
-    """The OpenAI-compatible door on config.http_port; returns its drain."""
+async def _start_http(config, router: Router, token: str, registry):
+    """The OpenAI-compatible door on config.http_port, with the router's metrics
+    (`registry`) at /metrics; returns its drain."""
     from router.openai_http import OpenAIDoor, start
     from specd.models.resolve import ALIASES
 
     model = config.served_model_name or ALIASES.get(config.tokenizer, config.tokenizer)
-    door = OpenAIDoor(router, model, aliases=(config.tokenizer,), token=token)
+    door = OpenAIDoor(router, model, (config.tokenizer,), token, registry)
     runner, port = await start(
         door,
         config.host,

@@ -181,11 +181,9 @@ def start_cluster(
             c.verifier_servicers.append(servicer)
         c.replicas = ReplicaSet(c.verifiers)
         await c.replicas.start()
+        telemetry = _telemetry(c, "router", span_exporter, metrics)
         c.router_core = Router(
-            char_tokenizer(),
-            c.replicas,
-            policy or Policy.from_dict({}),
-            telemetry=_telemetry(c, "router", span_exporter, metrics),
+            char_tokenizer(), c.replicas, policy or Policy.from_dict({}), telemetry=telemetry
         )
         gen = GenerationServicer(c.router_core)
         server, port, _ = await start_server(
@@ -195,7 +193,8 @@ def start_cluster(
             [router_pb2.DESCRIPTOR.services_by_name["Generation"].full_name],
         )
         c.servers["router"], c.router = server, f"127.0.0.1:{port}"
-        door = OpenAIDoor(c.router_core, TINY_MODEL_ID, aliases=("tiny-alias",))
+        registry = telemetry.registry if telemetry is not None else None
+        door = OpenAIDoor(c.router_core, TINY_MODEL_ID, ("tiny-alias",), registry=registry)
         c.http_runner, http_port = await start_http(door, "127.0.0.1", 0)
         c.http = f"http://127.0.0.1:{http_port}"
         assert await c.replicas.wait_ready(10)

@@ -238,6 +238,11 @@ def test_a_pods_processes_serve_http_and_export_the_pickers_gauges(objects, tmp_
             assert families[name].type == "gauge" and families[name].samples[0].value == 0
         usage = families["vllm:kv_cache_usage_perc"].samples[0]
         assert usage.value == 0 and usage.labels["model_name"]
+        # the router's own metrics on its HTTP port, as vLLM serves /metrics beside /v1
+        served = urllib.request.urlopen(f"http://127.0.0.1:{ports['8000']}/metrics", timeout=5)
+        router_families = text_string_to_metric_families(served.read().decode())
+        (requests,) = [f for f in router_families if f.name == "specd:requests"]
+        assert sum(s.value for s in requests.samples if s.name.endswith("_total")) == 1
     finally:
         for p in (router, verifier):
             p.stop()

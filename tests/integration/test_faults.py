@@ -45,10 +45,10 @@ def verifier(model, logs, *flags, drafter: str = "", metrics_port: int = 0) -> S
     )
 
 
-def router(model, logs, *verifiers: ServerProcess) -> ServerProcess:
+def router(model, logs, *verifiers: ServerProcess, extra: tuple = ()) -> ServerProcess:
     flags = [x for v in verifiers for x in ("--verifier", v.address)]
     return ServerProcess(
-        "router", "--tokenizer", str(model), *flags, logs=logs, ready_service=ROUTER_READY
+        "router", "--tokenizer", str(model), *flags, *extra, logs=logs, ready_service=ROUTER_READY
     )
 
 

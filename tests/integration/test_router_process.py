@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.processes import free_port, scrape
 from router.client import SpecdClient
 from tests.cluster import save_tiny_cluster_model
 from tests.integration.test_faults import router, verifier
@@ -24,7 +25,8 @@ def mapped_libraries(pid: int) -> set[str]:
 def test_a_serving_router_maps_no_torch_and_stays_small(tmp_path):
     model = save_tiny_cluster_model(tmp_path / "tiny")
     target = verifier(model, tmp_path).start()
-    front = router(model, tmp_path, target).start()
+    http = free_port()
+    front = router(model, tmp_path, target, extra=("--http-port", str(http))).start()
     try:
         with SpecdClient(front.address) as client:
             chat = client.generate(messages=[{"role": "user", "content": "hi"}], max_new_tokens=8)
@@ -33,6 +35,8 @@ def test_a_serving_router_maps_no_torch_and_stays_small(tmp_path):
         assert chat.usage.prompt_tokens == len("user: hi\nassistant: ")  # the template's
         assert raw.usage.completion_tokens == 8 and raw.text
         assert "".join(m.text for m in streamed) == raw.text
+        # no --metrics-port: its metrics are on its HTTP port, and count what it served
+        assert scrape(http, "specd:requests") == 3
         libraries = mapped_libraries(front.proc.pid)
         assert any("libpython" in x or "grpc" in x for x in libraries)  # the maps were read
         assert not [x for x in libraries if "torch" in x], "the router mapped torch"

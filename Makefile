@@ -2,12 +2,13 @@
 PY      := .venv/bin/python
 PIP     := .venv/bin/pip
 STAMP   := .venv/.setup-done
+TMPDIR  ?= /tmp
 # torch is pinned and installed first: the CPU wheel on a machine without a GPU, so pip
 # never pulls the multi-GB CUDA set there. TORCH_PIP_ARGS lets a user add an index.
 TORCH_SPEC     ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup up test test-cuda lint format protos models kernels deploy-tools bench peer-llamacpp clean
+.PHONY: setup up test test-cuda lint format protos models kernels deploy-tools bench peer-llamacpp lock clean
 
 setup: $(STAMP)
 
@@ -71,6 +72,20 @@ test-cuda: setup
 
 protos: setup
 	$(PY) -m protos.generate
+
+# deploy/requirements.lock: every package the image installs beside torch, pinned (torch
+# comes from TORCH_SPEC on its own index), for Python 3.11 on x86-64 Linux, resolved
+# against the CPU torch wheel. Regenerate after changing pyproject.toml's dependencies;
+# needs uv (`pip install uv`) and the PyTorch CPU index (or LOCK_TORCH="--find-links DIR"
+# with the wheel in DIR).
+UV         ?= uv
+LOCK_TORCH ?= --extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match
+lock:
+	echo "$(TORCH_SPEC)+cpu" > $(TMPDIR)/specd-torch-cpu.txt
+	$(UV) pip compile pyproject.toml --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 $(LOCK_TORCH) \
+	  -c $(TMPDIR)/specd-torch-cpu.txt --no-emit-package torch \
+	  --custom-compile-command "make lock" -o deploy/requirements.lock
 
 bench: setup
 	.venv/bin/specd bench engine

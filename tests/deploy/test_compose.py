@@ -160,3 +160,35 @@ def test_the_image_holds_every_package_the_project_installs():
     }
     copied = set(re.findall(r"^COPY (\w+) \./\1$", (DEPLOY / "Dockerfile").read_text(), re.M))
     assert packages and packages <= copied, packages - copied
+
+
+def test_the_image_installs_the_locked_versions_of_what_the_project_declares():
+    """deploy/requirements.lock pins every runtime dependency at a version pyproject.toml
+    allows (a dependency added or raised without `make lock` fails here), torch and its
+    CUDA set stay out of it (they come from the torch index), and the image uses it."""
+    import re
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    lines = (DEPLOY / "requirements.lock").read_text().splitlines()
+    pins = [line for line in lines if line and not line.startswith((" ", "#"))]
+    locked = {}
+    for line in pins:
+        name, _, version = line.partition("==")
+        assert version, f"not pinned: {line}"
+        locked[canonicalize_name(name)] = version
+    assert not [n for n in locked if n == "torch" or n.startswith("nvidia")]
+    pyproject = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())
+    for spec in pyproject["project"]["dependencies"]:
+        req = Requirement(spec)
+        name = canonicalize_name(req.name)
+        if name == "torch":
+            continue
+        assert name in locked, f"{name} is not in deploy/requirements.lock: run make lock"
+        assert req.specifier.contains(locked[name]), f"{name}=={locked[name]} but {spec}"
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    assert re.search(r"^COPY deploy/requirements\.lock .*\./$", dockerfile, re.M)
+    assert re.search(r"^RUN pip install -c requirements\.lock \.$", dockerfile, re.M)
+    assert re.search(r"^RUN pip install --no-deps .*TORCH_SPEC", dockerfile, re.M)

@@ -19,21 +19,23 @@ MIN_MATCH, MAX_N = 3, 8  # the lookup: suffixes of 8 tokens down to 3
 
 
 def lookup_then_model(
-    states: list[DraftState], found: list[list[int] | None], model: Proposer | None
+    states: list[DraftState], found: list[Proposal | None], model: Proposer | None
 ) -> list[Proposal]:
-    """Each state's lookup drafts where `found` has some; where it has None, the model's
-    proposal (one call for all of them); an empty list, or no model: no drafts."""
-    asked = [s for s, t in zip(states, found, strict=True) if t is None]
+    """Each state's lookup proposal where `found` has one; where it has None, the model's
+    proposal (one call for all of them), or no drafts without a model."""
+    asked = [s for s, p in zip(states, found, strict=True) if p is None]
     drafted = iter(model.propose(asked) if asked and model is not None else [])
-    out = []
-    for t in found:
-        if t:
-            out.append(Proposal(tokens=t, ngram=True))
-        elif t is None and model is not None:
-            out.append(next(drafted))
-        else:
-            out.append(Proposal())
-    return out
+    return [p if p is not None else next(drafted, Proposal()) for p in found]
+
+
+def lookup(s: DraftState, tokens: list[int], alts=()) -> Proposal | None:
+    """A lookup's drafts as a deterministic proposal (cut where a grammar forbids; the
+    alternatives only beside drafts kept, and none under a grammar), None if none."""
+    tokens = allowed_prefix(s, tokens)
+    if not tokens:
+        return None
+    kept = [] if s.grammar is not None else [(p, t) for p, t in alts if p < len(tokens)]
+    return Proposal(tokens=tokens, alts=kept, ngram=True)
 
 
 class CombinedProposer:
@@ -47,8 +49,7 @@ class CombinedProposer:
 
     def propose(self, states: list[DraftState]) -> list[Proposal]:
         found = [
-            allowed_prefix(s, ngram_propose(s.tokens, s.k, self.max_n, self.min_match)) or None
-            for s in states
+            lookup(s, ngram_propose(s.tokens, s.k, self.max_n, self.min_match)) for s in states
         ]
         return lookup_then_model(states, found, self.model)
 

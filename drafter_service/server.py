@@ -142,7 +142,10 @@ def build_proposer(config):
         from drafter_service.suffix import SuffixProposer
 
         proposer = SuffixProposer(
-            proposer, max_tokens=config.suffix_memory_tokens, shared=config.suffix_shared
+            proposer,
+            max_tokens=config.suffix_memory_tokens,
+            shared=config.suffix_shared,
+            alternatives=config.alternatives,
         )
         name = f"suffix:{name}"
     return proposer, model.args.vocab_size, name

@@ -7,7 +7,10 @@ The drafts are deterministic (a lookup, no model), so the verifier treats them a
 and exactness is that of every proposer. How far to speculate follows the evidence, as
 SuffixDecoding (Oliaro et al., arXiv 2411.04975) does: a draft of at most as many tokens as
 the match is long, and each further token only while most of the earlier occurrences
-agree on it.
+agree on it. Where they split, the draft goes wide instead of long: the leading token
+ends the chain and the runner-up hangs beside it as an alternative leaf, and a runner-up
+with votes hangs beside every chain token too (the verifier tests both in one forward,
+verifier_service/tree.py).
 
 The shared memory is per route (the policy separates routes, so text never crosses one),
 bounded in tokens with the oldest responses evicted first, and can be turned off.
@@ -16,10 +19,10 @@ bounded in tokens with the oldest responses evicted first, and can be turned off
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from drafter_service.combined import MAX_N, MIN_MATCH, lookup_then_model
-from drafter_service.ngram import allowed_prefix, ngram_propose
+from drafter_service.combined import MAX_N, MIN_MATCH, lookup, lookup_then_model
+from drafter_service.ngram import ngram_propose
 from specd.proposal import DraftState, Proposal, Proposer
 
 KEY = 3  # tokens a lookup key holds: the index finds occurrences of the last KEY tokens
@@ -32,6 +35,7 @@ AGREE = 0.5  # a further draft needs more than this share of the matches to agre
 class Match:
     tokens: list[int]  # the continuation proposed
     length: int  # tokens of context the occurrences matched
+    alts: list[tuple[int, int]] = field(default_factory=list)  # (parent, token) leaves
 
 
 class ResponseIndex:
@@ -67,9 +71,10 @@ class ResponseIndex:
             else:
                 del self.index[key]
 
-    def continuation(self, context: list[int], k: int) -> Match:
+    def continuation(self, context: list[int], k: int, alternatives: int = 0) -> Match:
         """The drafts the stored responses suggest after `context`: the occurrences of its
-        last KEY tokens that match furthest back vote, token by token."""
+        last KEY tokens that match furthest back vote, token by token. With `alternatives`
+        > 0, up to that many runners-up as (parent, token) leaves beside the chain."""
         if k <= 0 or len(context) < KEY:
             return Match([], 0)
         found = self.index.get(tuple(context[-KEY:]), [])[-MAX_CANDIDATES:]
@@ -79,17 +84,23 @@ class ResponseIndex:
         best = max(length for length, _, _ in scored)
         voters = [(doc, end) for length, doc, end in scored if length == best]
         drafts: list[int] = []
+        alts: list[tuple[int, int]] = []
         while voters and len(drafts) < min(k, best):
             votes = Counter(self.docs[d][e] for d, e in voters if e < len(self.docs[d]))
             if not votes:
                 break
-            token, count = votes.most_common(1)[0]
-            if count <= AGREE * len(voters):
+            (token, count), *runner_up = votes.most_common(2)
+            agreed = count > AGREE * len(voters)
+            if not (agreed or (runner_up and len(alts) < alternatives)):
                 break
+            if runner_up and len(alts) < alternatives:
+                alts.append((len(drafts), runner_up[0][0]))  # a sibling of this draft
             drafts.append(token)
+            if not agreed:  # a split: both sides verified, nothing drafted past them
+                break
             voters = [(d, e + 1) for d, e in voters if e < len(self.docs[d])]
             voters = [(d, e) for d, e in voters if self.docs[d][e - 1] == token]
-        return Match(drafts, best)
+        return Match(drafts, best, alts)
 
     def _matched(self, context: list[int], doc: int, end: int) -> int:
         tokens, n, limit = self.docs[doc], KEY, min(MAX_MATCH, end, len(context))
@@ -118,8 +129,10 @@ class SuffixProposer:
         min_match: int = 4,
         max_tokens: int = 1 << 20,
         shared: bool = True,
+        alternatives: int = 0,
     ):
         self.model, self.min_match = model, min_match
+        self.alternatives = alternatives  # runner-up leaves beside a shared match's drafts
         self.max_tokens, self.shared = max_tokens, shared
         self.routes: dict[str, ResponseIndex] = {}
         self._seen: dict[object, DraftState] = {}  # the last state of each open sequence
@@ -133,20 +146,21 @@ class SuffixProposer:
         found = []
         for s in states:
             self._seen[s.seq_id] = s
-            tokens = allowed_prefix(s, self._lookup(s, _mode(s)))
+            match = self._lookup(s, _mode(s))
+            proposal = lookup(s, match.tokens, match.alts)
             # nothing found: the model's turn, but a lookup-only route drafts nothing
-            found.append(tokens or ([] if _mode(s) == "ngram" else None))
+            found.append(proposal or (Proposal() if _mode(s) == "ngram" else None))
         return lookup_then_model(states, found, self.model)
 
-    def _lookup(self, s: DraftState, mode: str) -> list[int]:
+    def _lookup(self, s: DraftState, mode: str) -> Match:
         if mode == "draft":
-            return []
+            return Match([], 0)
         if mode == "ngram":
-            return ngram_propose(s.tokens, s.k)
+            return Match(ngram_propose(s.tokens, s.k), 0)
         if mode == "combined":
-            return ngram_propose(s.tokens, s.k, MAX_N, MIN_MATCH)
+            return Match(ngram_propose(s.tokens, s.k, MAX_N, MIN_MATCH), 0)
         match = self._match(s)
-        return match.tokens if match.length >= self.min_match else []
+        return match if match.length >= self.min_match else Match([], 0)
 
     def _match(self, s: DraftState) -> Match:
         own = ngram_propose(s.tokens, s.k, max_n=MAX_N, min_n=self.min_match)
@@ -154,7 +168,7 @@ class SuffixProposer:
         index = self.routes.get(s.route) if self.shared else None
         if index is None:
             return own_match
-        theirs = index.continuation(s.tokens, s.k)
+        theirs = index.continuation(s.tokens, s.k, self.alternatives)
         if len(theirs.tokens) > len(own) and theirs.length >= self.min_match:
             self.shared_rounds += 1
             return theirs

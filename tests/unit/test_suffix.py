@@ -38,6 +38,60 @@ def test_the_longest_match_and_then_the_majority_decide():
     assert split.continuation([20, 21, 22], k=3).tokens == [30, 31]  # two of three
 
 
+def test_where_the_responses_split_the_draft_goes_wide():
+    index = ResponseIndex(max_tokens=1000)
+    index.add([20, 21, 22, 30, 31, 32])
+    index.add([20, 21, 22, 30, 31, 32])
+    index.add([20, 21, 22, 30, 35, 36])
+    # 30 agreed by all; 31 by two of three (35 its sibling); past it one voter is left
+    assert index.continuation([20, 21, 22], k=3).alts == []  # none asked for
+    match = index.continuation([20, 21, 22], k=3, alternatives=4)
+    assert match.tokens == [30, 31, 32] and match.alts == [(1, 35)]
+    even = ResponseIndex(max_tokens=1000)
+    even.add([20, 21, 22, 30, 31])
+    even.add([20, 21, 22, 40, 41])
+    # one each: without alternatives no draft; with one, both (on a tie the response
+    # stored first leads) and nothing past the split
+    assert even.continuation([20, 21, 22], k=3).tokens == []
+    split = even.continuation([20, 21, 22], k=3, alternatives=1)
+    assert split.tokens == [30] and split.alts == [(0, 40)]
+    assert index.continuation([20, 21, 22], k=3, alternatives=0).tokens == [30, 31, 32]
+
+
+def test_a_shared_match_proposes_its_alternatives_and_the_verifier_takes_them(tiny_pair):
+    """Earlier responses that split put the runner-up beside the chain; where the chain
+    is wrong the verifier takes the leaf, and greedy output stays the target's."""
+    proposer = SuffixProposer(min_match=3, alternatives=2)
+    for i, tail in enumerate(([64, 65, 66], [64, 65, 66], [64, 75, 76])):
+        proposer.propose([state(i, [1, 2, 3, 60, 61, 62, 63] + tail, prompt_length=3)])
+        proposer.close(i)
+    (p,) = proposer.propose([state("b", [9, 8, 7, 61, 62, 63], k=4)])
+    assert p.tokens == [64, 65, 66] and p.alts == [(1, 75)] and p.ngram
+    (short,) = proposer.propose([state("c", [9, 8, 7, 61, 62, 63], k=1)])
+    assert short.tokens == [64] and short.alts == []  # no leaf beside a draft not sent
+
+    target, _ = tiny_pair
+    prompt = [5, 6, 7, 8, 9, 10, 11]
+    cfg = EngineConfig(num_blocks=256, block_size=4, cost_model=False)  # leaves at any price
+    request = Request(prompt, max_new_tokens=24, speculation=SpeculationBounds(route="code"))
+
+    def run(proposer):
+        engine = Engine(target, cfg, proposer, eos_ids=set())
+        (out,) = run_engine(engine, [vars(request) | {"num_draft": 4}]).values()
+        return out, engine
+
+    plain, _ = run(None)
+    wrong = list(plain)
+    wrong[12] = (plain[12] + 1) % 64  # a response that went another way at one token
+    proposer = SuffixProposer(min_match=3, alternatives=2)
+    index = proposer.routes["code"] = ResponseIndex(1000)
+    index.add(wrong)  # stored first: it leads the tie, the right token is the leaf
+    index.add(plain)
+    out, engine = run(proposer)
+    assert out == plain
+    assert engine.tree_rounds > 0 and engine.branches_taken > 0
+
+
 def test_memory_stays_bounded_and_the_oldest_responses_go_first():
     index = ResponseIndex(max_tokens=100)
     responses = [[i] * 3 + list(range(1000 + 10 * i, 1010 + 10 * i)) for i in range(30)]

@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="specd",
         description="speculative decoding services: models, up, serve, generate, health, bench",
     )
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_models, _add_serve, _add_generate, _add_health, _add_up, _add_bench):
         add(sub)
@@ -44,7 +44,13 @@ def _add_models(sub) -> None:
     models = sub.add_parser("models", help="manage the model cache")
     models_sub = models.add_subparsers(dest="action", required=True)
     fetch = models_sub.add_parser("fetch", help="download, verify and convert a model set")
-    fetch.add_argument("set", nargs="?", default="default", choices=["default", "small"])
+    fetch.add_argument(
+        "set",
+        nargs="?",
+        default="default",
+        choices=["default", "small"],
+        help="default: the Qwen2.5-Coder 1.5B/0.5B pair; small: SmolLM2-135M-Instruct",
+    )
     fetch.add_argument(
         "--weights",
         choices=["none", "int8", "int4"],
@@ -63,14 +69,19 @@ def _add_serve(sub) -> None:
 
 def _add_generate(sub) -> None:
     gen = sub.add_parser("generate", help="send a prompt to the router")
-    gen.add_argument("prompt")
-    gen.add_argument("--address", default="127.0.0.1:50051")
-    gen.add_argument("--route", default="")
-    gen.add_argument("--stream", action="store_true")
-    gen.add_argument("--speculation", choices=["auto", "on", "off"], default="auto")
-    gen.add_argument("--max-new-tokens", type=int, default=0)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--stop", action="append")
+    gen.add_argument("prompt", help="the user's message (a raw prompt with --raw)")
+    gen.add_argument("--address", default="127.0.0.1:50051", help="the router (%(default)s)")
+    gen.add_argument("--route", default="", help='the policy route ("": the default route)')
+    gen.add_argument("--stream", action="store_true", help="print tokens as they come")
+    gen.add_argument(
+        "--speculation",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="override the route's speculation (default: %(default)s, the route decides)",
+    )
+    gen.add_argument("--max-new-tokens", type=int, default=0, help="0: the router's default (256)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    gen.add_argument("--stop", action="append", help="a stop string (repeat for several)")
     gen.add_argument("--raw", action="store_true", help="no chat template")
     gen.add_argument("--tls-ca", default="", help="PEM of the router's CA (TLS)")
     gen.add_argument("--auth-token", default="", help="bearer token, if the router wants one")
@@ -78,25 +89,43 @@ def _add_generate(sub) -> None:
 
 def _add_health(sub) -> None:
     health = sub.add_parser("health", help="grpc.health.v1 check of ADDR (exit 0 if serving)")
-    health.add_argument("address")
-    health.add_argument("--timeout", type=float, default=2.0)
+    health.add_argument("address", help="host:port of any specd service")
+    health.add_argument("--timeout", type=float, default=2.0, help="seconds (%(default)s)")
     health.add_argument("--tls-ca", default="", help="PEM of the CA, for a TLS listener")
     health.add_argument("--service", default="", help='e.g. specd.v1.Generation ("": overall)')
 
 
 def _add_up(sub) -> None:
     up = sub.add_parser("up", help="drafter + verifier + router on localhost")
-    up.add_argument("--target", default="default-target")
-    up.add_argument("--draft", default="default-draft")
-    up.add_argument("--host", default="127.0.0.1")
-    up.add_argument("--router-port", type=int, default=RouterConfig.port)
-    up.add_argument("--verifier-port", type=int, default=VerifierConfig.port)
-    up.add_argument("--drafter-port", type=int, default=DrafterConfig.port)
+    models = "catalogue name, Hugging Face folder, .gguf file or hub id (default: %(default)s)"
+    up.add_argument("--target", default="default-target", help=f"the target model: {models}")
+    up.add_argument("--draft", default="default-draft", help=f"the draft model: {models}")
+    up.add_argument("--host", default="127.0.0.1", help="where all three listen (%(default)s)")
+    up.add_argument("--router-port", type=int, default=RouterConfig.port, help="gRPC (%(default)s)")
+    up.add_argument(
+        "--verifier-port",
+        type=int,
+        default=VerifierConfig.port,
+        help="the first verifier's gRPC port; more replicas take the next (%(default)s)",
+    )
+    up.add_argument(
+        "--drafter-port", type=int, default=DrafterConfig.port, help="gRPC (%(default)s)"
+    )
     up.add_argument(
         "--http-port", type=int, default=8000, help="the OpenAI-compatible API (0 = off)"
     )
-    up.add_argument("--policy-file", default="")
-    up.add_argument("--proposer", choices=list(PROPOSERS), default=DrafterConfig.proposer)
+    up.add_argument(
+        "--policy-file",
+        default="",
+        help='the per-route policy YAML (deploy/policy.yaml shows its fields; "": built in)',
+    )
+    up.add_argument(
+        "--proposer",
+        choices=list(PROPOSERS),
+        default=DrafterConfig.proposer,
+        help="how the drafter drafts where a route does not say (default: %(default)s; "
+        "suffix serves every way a route may name)",
+    )
     up.add_argument(
         "--draft-p-min",
         type=float,
@@ -104,7 +133,13 @@ def _add_up(sub) -> None:
         help="a drafting round stops after a draft the draft model gave a probability under "
         "this (that draft is still verified; 0 = always draft k; default %(default)s)",
     )
-    up.add_argument("--ready-timeout", type=float, default=600.0)
+    up.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=600.0,
+        help="seconds for every process to be healthy, the first start's model conversion "
+        "and kernel build included (%(default)s)",
+    )
     up.add_argument(
         "--verifiers", type=int, default=1, help="verifier replicas (ports from --verifier-port)"
     )
@@ -129,4 +164,6 @@ def _add_bench(sub) -> None:
         "gpu: the CUDA step on random weights of real shapes (bench/gpu/check.sh); "
         "suffix: the suffix drafter's shared memory, lookups at 100k tokens",
     )
-    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    bench.add_argument(
+        "rest", nargs=argparse.REMAINDER, help="the benchmark's own flags (specd bench KIND -h)"
+    )

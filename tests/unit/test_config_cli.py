@@ -3,6 +3,7 @@ its default is the dataclass's, nested configs flatten, and the values come back
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 
 import pytest
@@ -107,3 +108,23 @@ def test_every_flag_says_what_it_does(role):
     if role == "verifier":  # the speculation control's tuned numbers are flags too
         assert "(1 + margin)" in flags["--margin"] and "0.08" in flags["--margin"]
         assert _config(role, "--margin=0.2").engine.speculation.margin == 0.2
+
+
+def test_every_launcher_command_says_what_each_flag_does():
+    """`specd up`, `generate`, `health`, `models fetch` and `bench`: no bare flag."""
+
+    def parsers(parser, path=()):
+        yield path, parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    yield from parsers(child, path + (name,))
+
+    bare = [
+        (" ".join(path), a.dest)
+        for path, parser in parsers(build_parser())
+        if path[:1] != ("serve",)  # the roles' flags: test_every_flag_says_what_it_does
+        for a in parser._actions
+        if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)) and not a.help
+    ]
+    assert bare == []

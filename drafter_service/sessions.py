@@ -31,6 +31,7 @@ class Session:
     route: str = "default"
     prompt_length: int = 0
     proposer: str = ""
+    suffix_private: bool = False
 
     def commit(self, tokens: list[int]) -> None:
         self.tokens.extend(tokens)
@@ -103,7 +104,14 @@ class Sessions:
         prompt_length = min(msg.prompt_length, len(msg.token_ids))
         route = msg.route or "default"
         self._open[key] = Session(
-            list(msg.token_ids), params, span, grammar, route, prompt_length, msg.proposer
+            list(msg.token_ids),
+            params,
+            span,
+            grammar,
+            route,
+            prompt_length,
+            msg.proposer,
+            msg.suffix_private,
         )
         return ""
 
@@ -130,7 +138,7 @@ class Sessions:
         session.commit(list(msg.committed_ids))
         state = DraftState(key, session.tokens, session.params, msg.k, grammar=session.grammar)
         state.route, state.prompt_length = session.route, session.prompt_length
-        state.proposer = session.proposer
+        state.proposer, state.suffix_private = session.proposer, session.suffix_private
         return Step(key[1], state)
 
     def _grammar(self, msg: drafter_pb2.Open) -> GrammarState | None:

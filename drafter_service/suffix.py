@@ -13,7 +13,8 @@ with votes hangs beside every chain token too (the verifier tests both in one fo
 verifier_service/tree.py).
 
 The shared memory is per route (the policy separates routes, so text never crosses one),
-bounded in tokens with the oldest responses evicted first, and can be turned off.
+bounded in tokens with the oldest responses evicted first, and can be turned off for the
+whole drafter or for a route (its policy's `suffix_shared: false`).
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ def _mode(s: DraftState) -> str:
 class SuffixProposer:
     """Drafts from the longer match of the request's own context and of its route's earlier
     responses; where neither matches `min_match` tokens, the draft model's proposal (or
-    none without a model). `shared=False` keeps every request to its own context.
+    none without a model). `shared=False` keeps every request to its own context, as a
+    route's `suffix_shared: false` keeps its requests (DraftState.suffix_private).
 
     A request's route may ask for another way (DraftState.proposer): `draft` (the model
     only), `ngram` (its own text only, as NgramProposer), `combined` (its own text, else
@@ -165,7 +167,7 @@ class SuffixProposer:
     def _match(self, s: DraftState) -> Match:
         own = ngram_propose(s.tokens, s.k, max_n=MAX_N, min_n=self.min_match)
         own_match = Match(own, self.min_match if own else 0)
-        index = self.routes.get(s.route) if self.shared else None
+        index = self.routes.get(s.route) if self._shares(s) else None
         if index is None:
             return own_match
         theirs = index.continuation(s.tokens, s.k, self.alternatives)
@@ -174,6 +176,10 @@ class SuffixProposer:
             return theirs
         return own_match
 
+    def _shares(self, s: DraftState) -> bool:
+        """Whether `s` drafts from, and adds to, its route's memory."""
+        return self.shared and not s.suffix_private
+
     def draft_ahead(self, stop=lambda: False) -> None:
         if self.model is not None and hasattr(self.model, "draft_ahead"):
             self.model.draft_ahead(stop)
@@ -181,7 +187,7 @@ class SuffixProposer:
     def close(self, seq_id) -> None:
         """The sequence ended: its response joins its route's memory."""
         s = self._seen.pop(seq_id, None)
-        if s is not None and self.shared and _mode(s) == "suffix":
+        if s is not None and self._shares(s) and _mode(s) == "suffix":
             index = self.routes.setdefault(s.route, ResponseIndex(self.max_tokens))
             index.add(s.tokens[s.prompt_length :])
         if self.model is not None:

@@ -79,6 +79,9 @@ class RoutePolicy(BaseModel):
     # how the drafter drafts for the route (a drafter started with `--proposer suffix`
     # serves each): draft, ngram, combined or suffix; "" = the drafter's own
     proposer: Literal[("", *PROPOSERS)] = ""
+    # suffix: whether the route's responses become drafts for its later requests (false:
+    # each request drafts from its own text only, and nothing it says is kept)
+    suffix_shared: bool = True
 
 
 class _PolicyFile(BaseModel):

@@ -30,6 +30,7 @@ class DraftState:
     route: str = "default"  # the request's route (a suffix drafter shares within one)
     prompt_length: int = 0  # how many of `tokens` are the prompt
     proposer: str = ""  # how to draft for it (the route's choice); "": the drafter's own
+    suffix_private: bool = False  # a suffix drafter neither keeps nor reads shared text
 
 
 @dataclass

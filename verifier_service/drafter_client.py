@@ -121,6 +121,7 @@ class RemoteProposer:
             cmd.open.params.CopyFrom(params_to_proto(s.params))
             cmd.open.route, cmd.open.proposer = s.route, s.proposer
             cmd.open.prompt_length = s.prompt_length
+            cmd.open.suffix_private = s.suffix_private
             if s.grammar is not None:  # the drafter drafts under the same constraint
                 cmd.open.constraint.CopyFrom(constraint_to_proto(s.grammar.constraint))
                 cmd.open.prompt_length = len(s.tokens) - s.grammar.consumed

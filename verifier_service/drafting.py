@@ -42,6 +42,7 @@ def _propose(slots: list[Slot], proposer: Proposer | None, vocab: int) -> dict[i
             s.seq.speculation.route,
             len(s.seq.prompt),
             s.seq.speculation.proposer,
+            s.seq.speculation.suffix_private,
         )  # fmt: skip
         for s in slots
     ]

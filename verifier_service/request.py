@@ -21,6 +21,7 @@ class SpeculationBounds:
     max_kv_utilization: float = 1.0  # no drafts while the KV pool is fuller than this
     min_acceptance: float = 0.0  # below this, off for acceptance (probing only)
     proposer: str = ""  # how the drafter drafts for the route ("": the drafter's own)
+    suffix_private: bool = False  # a suffix drafter shares nothing of this request
 
     def validate(self) -> None:
         if self.draft_below_batch < 0:

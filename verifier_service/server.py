@@ -170,6 +170,7 @@ def _request(request, route: str, k: int, constraint, span) -> Request:
         max_kv_utilization=request.max_kv_utilization if auto else 1.0,
         min_acceptance=request.min_acceptance if auto else 0.0,
         proposer=request.proposer,
+        suffix_private=request.suffix_private,
     )
     return Request(
         list(request.prompt_ids),

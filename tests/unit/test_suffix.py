@@ -163,15 +163,16 @@ def test_the_route_and_the_prompt_length_cross_the_wire_to_a_drafters_session():
     request = drafter_pb2.DraftRequest(round=1)
     cmd = request.commands.add(seq_id=7)
     cmd.open.token_ids.extend([5, 6, 7])
-    cmd.open.prompt_length, cmd.open.route = 2, "code"
+    cmd.open.prompt_length, cmd.open.route, cmd.open.suffix_private = 2, "code", True
     request.commands.add(seq_id=7).step.k = 2
     (step,) = sessions.round(0, request.commands)
     assert (step.state.route, step.state.prompt_length) == ("code", 2)
+    assert step.state.suffix_private
     unnamed = drafter_pb2.DraftRequest(round=2)
     unnamed.commands.add(seq_id=8).open.token_ids.extend([5])
     unnamed.commands.add(seq_id=8).step.k = 1
     (step,) = sessions.round(0, unnamed.commands)
-    assert step.state.route == "default"
+    assert step.state.route == "default" and not step.state.suffix_private
     bad = drafter_pb2.DraftRequest(round=3)
     cmd = bad.commands.add(seq_id=9)
     cmd.open.token_ids.extend([5])
@@ -233,3 +234,48 @@ def test_each_route_drafts_the_way_its_policy_names():
     assert policy.for_route("default")[1].proposer == ""
     with pytest.raises(ValueError, match="proposer must be one of"):
         SpeculationBounds(proposer="eagle").validate()
+
+
+def test_a_route_that_shares_nothing_keeps_its_responses_to_itself():
+    """`suffix_shared: false` in a route's policy crosses router -> verifier -> drafter,
+    and there its requests neither add to nor draft from the route's memory."""
+    from protos.specd.v1 import drafter_pb2, router_pb2
+    from router.decide import Decision
+    from router.policy import Policy
+    from router.prepare import Prepared
+    from router.relay import verifier_request
+    from verifier_service import server
+    from verifier_service.drafter_client import RemoteProposer
+
+    policy = Policy.from_dict({"routes": {"agent": {"suffix_shared": False}}})
+    wire = {}
+    for route in ("agent", "code"):
+        prep = Prepared(
+            router_pb2.GenerateRequest(), None, [5, 6, 7], route, [], policy.for_route(route)[1],
+            8, {}, None,
+        )  # fmt: skip
+        request = server._request(verifier_request(prep, Decision(4, True, "auto")), route, 4,
+                                  None, None)  # fmt: skip
+        assert request.speculation.suffix_private == (route == "agent")
+        remote = RemoteProposer.__new__(RemoteProposer)  # its command building only
+        remote._sent, drafted = {}, drafter_pb2.DraftRequest(round=1)
+        s = state(1, [5, 6, 7], route=route)
+        s.suffix_private = request.speculation.suffix_private
+        remote._add_commands(drafted, s)
+        wire[route] = drafted.commands[0].open.suffix_private
+    assert wire == {"agent": True, "code": False}
+
+    response = [60, 61, 62, 63, 64, 65, 66, 67]
+    proposer = SuffixProposer(min_match=3)
+    private = state("a", [1, 2, 3] + response, route="code", prompt_length=3)
+    private.suffix_private = True
+    proposer.propose([private])
+    proposer.close("a")
+    assert "code" not in proposer.routes  # its response was not kept
+    shared = state("b", [1, 2, 3] + response, route="code", prompt_length=3)
+    proposer.propose([shared])
+    proposer.close("b")
+    reader = state("c", [9, 8, 7, 61, 62, 63], route="code")
+    assert proposer.propose([reader])[0].tokens == [64, 65, 66]
+    reader.seq_id, reader.suffix_private = "d", True
+    assert proposer.propose([reader])[0].tokens == []  # nor does it read the route's

@@ -39,6 +39,8 @@ deploy-tools:
 	@command -v kubectl >/dev/null || { echo "kubectl is required (kubectl kustomize)"; exit 1; }
 	@command -v docker-compose >/dev/null || { \
 	  apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null; }
+	@echo "deploy/: kustomize is the one source, both layouts rendered and validated by"
+	@echo "  tests/deploy; no Helm chart (helm does not install from the package registries)"
 
 # the native kernels: every instruction set's build compiled (a few minutes, once per
 # source), so a change that breaks the build this CPU does not run fails here too, and

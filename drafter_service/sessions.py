@@ -136,9 +136,17 @@ class Sessions:
         if problem:
             return Step(key[1], None, problem)
         session.commit(list(msg.committed_ids))
-        state = DraftState(key, session.tokens, session.params, msg.k, grammar=session.grammar)
-        state.route, state.prompt_length = session.route, session.prompt_length
-        state.proposer, state.suffix_private = session.proposer, session.suffix_private
+        state = DraftState(
+            key,
+            session.tokens,
+            session.params,
+            msg.k,
+            grammar=session.grammar,
+            route=session.route,
+            prompt_length=session.prompt_length,
+            proposer=session.proposer,
+            suffix_private=session.suffix_private,
+        )
         return Step(key[1], state)
 
     def _grammar(self, msg: drafter_pb2.Open) -> GrammarState | None:

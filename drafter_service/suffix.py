@@ -92,9 +92,10 @@ class ResponseIndex:
                 break
             (token, count), *runner_up = votes.most_common(2)
             agreed = count > AGREE * len(voters)
-            if not (agreed or (runner_up and len(alts) < alternatives)):
+            widen = bool(runner_up) and len(alts) < alternatives
+            if not (agreed or widen):
                 break
-            if runner_up and len(alts) < alternatives:
+            if widen:
                 alts.append((len(drafts), runner_up[0][0]))  # a sibling of this draft
             drafts.append(token)
             if not agreed:  # a split: both sides verified, nothing drafted past them
@@ -148,10 +149,11 @@ class SuffixProposer:
         found = []
         for s in states:
             self._seen[s.seq_id] = s
-            match = self._lookup(s, _mode(s))
+            mode = _mode(s)
+            match = self._lookup(s, mode)
             proposal = lookup(s, match.tokens, match.alts)
             # nothing found: the model's turn, but a lookup-only route drafts nothing
-            found.append(proposal or (Proposal() if _mode(s) == "ngram" else None))
+            found.append(proposal or (Proposal() if mode == "ngram" else None))
         return lookup_then_model(states, found, self.model)
 
     def _lookup(self, s: DraftState, mode: str) -> Match:

@@ -227,7 +227,7 @@ class Engine:
         if seq.finish_reason:
             self._finish(seq)
         out = StepOutput(seq.seq_id, new, seq.finish_reason, r.k, verdict.accepted)
-        out.lookup = r.proposal is not None and r.proposal.ngram
+        out.lookup = r.lookup
         out.decision = (r.slot.decision.reason, r.slot.decision.gain)
         if seq.finish_reason:
             out.stats = seq.stats
@@ -240,9 +240,8 @@ class Engine:
         seq, k = r.seq, r.k
         if r.slot.decode:
             seq.decided(r.slot.decision.reason, r.slot.k)
-        lookup = r.proposal is not None and r.proposal.ngram
-        seq.stats.record(k, accepted, lookup)
-        self.totals.record(k, accepted, lookup)
+        seq.stats.record(k, accepted, r.lookup)
+        self.totals.record(k, accepted, r.lookup)
         if seq.span is not None and k:
             seq.span.add_event("speculation.round", {"k": k, "accepted": accepted})
 
@@ -294,7 +293,6 @@ class Engine:
 def _report(r: Round, verdict: Verdict | None) -> RoundReport:
     """A round as the speculation control learns it (read before the commit moves the
     sequence on: `behind` is what the drafter caught up on for this round)."""
-    p = r.proposal
     return RoundReport(
         seq_id=r.slot.seq_id,
         route=r.seq.speculation.route,
@@ -302,8 +300,8 @@ def _report(r: Round, verdict: Verdict | None) -> RoundReport:
         planned=r.slot.k,
         drafted=r.k,
         accepted=None if verdict is None else verdict.accepted,
-        proposed=p is not None,
-        ngram=p is not None and p.ngram,
+        proposed=r.proposal is not None,
+        ngram=r.lookup,
         rows=r.num_logits,
         behind=r.seq.drafter_behind,
     )

@@ -63,6 +63,11 @@ class Round:
         return len(self.proposal.tokens) if self.proposal is not None else 0
 
     @property
+    def lookup(self) -> bool:
+        """Its drafts were a lookup (Proposal.ngram): no draft model ran for them."""
+        return self.proposal is not None and self.proposal.ngram
+
+    @property
     def num_logits(self) -> int:
         """Rows of logits it needs: every node of a decode round (root, chain,
         alternatives); one for the last chunk of a fresh prompt; else none."""

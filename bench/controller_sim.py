@@ -172,10 +172,9 @@ def run_cell(control: SpeculationControl, texts: list, mode, machine: Machine, c
             seq.decided(reason, k)
             seq.stats.record(drafts, accepted)
             tokens += len(seq.append([7] * (accepted + 1)))
-            done = (seq.seq_id,) if seq.finish_reason else ()
             r = RoundReport(seq.seq_id, route, True, k, drafts, accepted, k > 0, False,
                             1 + drafts, behind)  # fmt: skip
-            control.observe(StepReport((r,), step_s=took, finished=done))
+            control.observe(StepReport((r,), step_s=took))
             seconds += took
     return tokens / seconds
 

@@ -42,13 +42,6 @@ class SpeculationConfig:
     # whether the device and batch could make drafting pay at all is asked at this
     # acceptance, not at the prior: a route off for cost never probes (section 40)
     good_acceptance: float = 0.9
-    # rounds a route's estimate weighs against a sequence's own: one round does not predict
-    # the next, only a mean of many tells a sequence apart from its route (section 38)
-    route_strength: float = 20.0
-    # a sequence keeps at most this many rounds of its own, fading by `sequence_decay`
-    # each step it runs plain, so a streak that stopped it fades back to its route's level
-    sequence_rounds: float = 64.0
-    sequence_decay: float = 0.9
     # a route's two memories of the same rounds, both halved every `route_half_life_s`:
     # a short one (`route_short_rounds`) that shows within a few probes that a burst
     # ended, and a long one (`route_long_rounds`) that holds the route's level through a
@@ -101,7 +94,7 @@ class SpeculationConfig:
 
     def __post_init__(self):
         shares = ("margin", "stay_margin", "prior_acceptance", "good_acceptance", "leaf_cost")
-        for name in shares + ("sequence_decay", "route_fade", "explore_window", "step_weight"):
+        for name in shares + ("route_fade", "explore_window", "step_weight"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.probe_every <= 0 or self.horizon <= 0 or self.pace_max < 1.0:

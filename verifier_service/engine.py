@@ -96,7 +96,6 @@ class Engine:
         self.scheduler = Scheduler(self.kv.allocator, self.config, chunk_invariant(model))
         self.speculation = SpeculationControl(self.config)
         self.observed = self.speculation.observe(StepReport())  # what it has learned
-        self._finished: list[int] = []  # sequences ended since the last report
         self.proposer = proposer
         self.eos_ids = frozenset(eos_ids or ())
         self._ids = itertools.count()
@@ -159,12 +158,7 @@ class Engine:
 
     # -- one step ----------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        outputs = self._apply_aborts()
-        outputs += self._scheduled_step()
-        finished, self._finished = tuple(self._finished), []
-        if finished:  # a step that ran reported them with its rounds
-            self.observed = self.speculation.observe(StepReport(finished=finished))
-        return outputs
+        return self._apply_aborts() + self._scheduled_step()
 
     def _scheduled_step(self) -> list[StepOutput]:
         ready, used = self.scheduler.ready(), self.kv.allocator.utilization()
@@ -195,8 +189,7 @@ class Engine:
         verdicts = verify_rounds(sampling, logits, self.model.args.vocab_size)
         reports = [_report(r, verdicts.get(r.slot.seq_id)) for r in rounds]  # before commit
         outputs = [self._commit(r, verdicts.get(r.slot.seq_id)) for r in rounds]
-        finished, self._finished = tuple(self._finished), []
-        report = StepReport(tuple(reports), t1 - t0, t2 - t1, time.perf_counter() - t0, finished)
+        report = StepReport(tuple(reports), t1 - t0, t2 - t1, time.perf_counter() - t0)
         self.observed = self.speculation.observe(report)
         return [out for out in outputs if out is not None]
 
@@ -256,7 +249,6 @@ class Engine:
 
     def _finish(self, seq: Sequence) -> None:
         seq.stats.reason = seq.speculation.reason(seq.decisions, seq.stats.rounds)
-        self._finished.append(seq.seq_id)
         self.scheduler.remove(seq)
         if self.proposer is not None:
             self.proposer.close(seq.seq_id)

@@ -141,7 +141,6 @@ class StepReport:
     draft_s: float = 0.0  # the drafter's round
     forward_s: float = 0.0  # the forward
     step_s: float = 0.0  # the whole step, commit included
-    finished: tuple[int, ...] = ()  # sequences that ended (done, stopped, aborted)
 
 
 @dataclass(frozen=True)

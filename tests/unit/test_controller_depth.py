@@ -7,7 +7,6 @@ import random
 import pytest
 
 from specd.speculation_config import SpeculationConfig
-from verifier_service.speculation.acceptance import PositionAcceptance
 from verifier_service.speculation.controller import Controller
 from verifier_service.speculation.step_shape import (
     Candidate,
@@ -50,13 +49,12 @@ def _run_mixed(by_drafts: bool, requests: int = 60, rounds: int = 15) -> collect
     for i in range(requests):
         route = "code" if i % 2 == 0 else "chat"
         a, goes_on, cap = MIXED[route]
-        seq = PositionAcceptance()
         for _ in range(rounds):
-            rates = c.accept_rates(c.route_rates(route), seq)
+            rates = c.route_rates(route)
             shape = c.goes_on(route) if by_drafts else []
             k = c.plan([Candidate(cap, rates, goes_on=shape)]).ks[0]
             came, accepted = _mixed_round(rnd, a, goes_on, k) if k else (0, 0)
-            c.record(route, seq, k, accepted, came)
+            c.record(route, k, accepted, came)
             c.costs.record_step([came if by_drafts else k], _mixed_step_s(came))
             if route == "code" and i >= requests // 2:
                 code_ks[k] += 1
@@ -93,7 +91,7 @@ def test_the_deepest_of_rounds_that_stop_early():
     assert deepest([[1.0, 0.5, 0.25], [1.0, 0.5]]) == pytest.approx([1.0, 0.75, 0.25])
     c = Controller()
     for came in (1, 2, 2, 3, 3, 3):  # planned at 3: c_0 = 5/6, c_1 = 3/5, over priors
-        c.record("chat", PositionAcceptance(), 3, 0, came)
+        c.record("chat", 3, 0, came)
     c0 = (5 + 2 * 1.0) / (6 + 2)  # the prior of always, weighing 2 rounds
     assert c.goes_on("chat") == pytest.approx([c0, (3 + 2 * c0) / (5 + 2)])
     assert c.goes_on("code") == []

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from specd.speculation_config import SpeculationConfig
-from verifier_service.speculation.acceptance import PositionAcceptance, expected_tokens
+from verifier_service.speculation.acceptance import expected_tokens
 from verifier_service.speculation.controller import Controller
 from verifier_service.speculation.costs import StepCosts
 from verifier_service.speculation.step_shape import Candidate
@@ -440,16 +440,16 @@ def test_a_fresh_route_under_break_even_at_the_prior_still_measures_itself():
     floor = (1 - c.config.explore_window) * (1 / true_s(0))
     assert all(expected_tokens(prior, k) / true_s(k) < floor for k in range(1, 7))
     assert best_k(true_s, [accept], 6) == 6
-    rnd, seq, off, drafted = random.Random(0), PositionAcceptance(), 0, []
+    rnd, off, drafted = random.Random(0), 0, []
     for _ in range(200):
-        accept_rates = c.accept_rates(c.route_rates("edit"), seq)
+        accept_rates = c.route_rates("edit")
         due = off + 1 >= c.config.probe_every
         k = c.plan([Candidate(6, accept_rates, due, 0.5)]).ks[0]
         took = 0
         while took < k and rnd.random() < accept:
             took += 1
         c.costs.record_step([k], true_s(k))
-        c.record("edit", seq, k, took)
+        c.record("edit", k, took)
         off = 0 if k else off + 1
         drafted.append(k)
     first = next((i for i, k in enumerate(drafted) if k), None)

@@ -25,7 +25,7 @@ from verifier_service.records import (
     StepReport,
     StepView,
 )
-from verifier_service.speculation.acceptance import PositionAcceptance, expected_tokens
+from verifier_service.speculation.acceptance import expected_tokens
 from verifier_service.speculation.controller import Controller
 from verifier_service.speculation.step_shape import Candidate, Fixed, deepest, reach
 
@@ -37,7 +37,6 @@ class SpeculationControl:
         self.clock = clock
         self.controller = Controller(self.tuned, config.cost_model, clock)
         self._batch_history: deque[tuple[float, int]] = deque()
-        self._own: dict[int, PositionAcceptance] = {}  # each sequence's own rounds
         self._rates: dict[str, float] | None = None  # accepted / drafted by route, as observed
 
     # -- the doors -----------------------------------------------------------------------------
@@ -50,8 +49,6 @@ class SpeculationControl:
         for r in learned:
             self._learn_round(r)
         self._learn_costs(report)
-        for seq_id in report.finished:
-            self._own.pop(seq_id, None)
         if self._rates is None or any(r.drafted for r in learned):  # rates move with rounds
             self._rates = self.controller.routes.rates()
         return Observed(self._rates, self.controller.costs.steps.pace)
@@ -69,7 +66,7 @@ class SpeculationControl:
             if bounds.route not in route_rates:
                 route_rates[bounds.route] = controller.route_rates(bounds.route)
                 goes_on[bounds.route] = controller.goes_on(bounds.route)
-            accept = controller.accept_rates(route_rates[bounds.route], self._rounds(seq.seq_id))
+            accept = route_rates[bounds.route]
             reason = "on" if k else "off:request"
             if k and bounds.draft_below_batch and recent >= bounds.draft_below_batch:
                 k, reason = 0, "off:batch"
@@ -120,15 +117,12 @@ class SpeculationControl:
             room = free_rows(self.controller.costs.forward, chain, room, self.tuned.leaf_cost)
         return room
 
-    def _rounds(self, seq_id: int) -> PositionAcceptance:
-        return self._own.setdefault(seq_id, PositionAcceptance())
-
     # -- observe -------------------------------------------------------------------------------
     def _learn_round(self, r: RoundReport) -> None:
         """The controller learns a round as planned (a round the drafter stopped short
         missed the position after its last draft), as its step costs are measured."""
         planned = r.planned if r.drafted else 0  # drafts come only to decode rounds of k > 0
-        self.controller.record(r.route, self._rounds(r.seq_id), planned, r.accepted, r.drafted)
+        self.controller.record(r.route, planned, r.accepted, r.drafted)
 
     def _learn_costs(self, report: StepReport) -> None:
         """The step's parts: a steady drafter round by sequences (not where the drafter

@@ -7,7 +7,7 @@ route's k) predicts
     time(k)   = sum_d P(max_s d_s = d) T(B, d) + S(k) / H
 
 with a_i the probability that draft position i is accepted once positions < i were
-(measured per route and per sequence), T(B, d) what a whole decode step of B sequences
+(measured per route), T(B, d) what a whole decode step of B sequences
 took when d drafts came for the deepest (drafter round, forward with its tree leaves,
 verification), measured online (verifier_service/speculation/costs.py), and d_s <= k_s the drafts a
 round planned at k_s brings: the drafter stops after an unsure draft, by route
@@ -83,7 +83,7 @@ class Controller:
         self._priced: dict[tuple, float] = {}
 
     def route_rates(self, route: str) -> list[float]:
-        """A route's a_i over the prior: what each of its sequences starts from (one
+        """A route's a_i over the prior: every sequence of the route drafts by it (one
         estimate per route and step serves all of them)."""
         c = self.config
         return self.routes.estimate(route, [c.prior_acceptance], c.prior_strength)
@@ -93,31 +93,21 @@ class Controller:
         counts = self._goes_on.get(route)
         return [] if counts is None else counts.rates([1.0], self.config.goes_on_prior)
 
-    def accept_rates(self, route_rates: list[float], seq: PositionAcceptance) -> list[float]:
-        """A sequence's a_i: its own rounds over its route's `route_rates`."""
-        return seq.rates(route_rates, self.config.route_strength)
-
-    def record(
-        self, route: str, seq: PositionAcceptance, k: int, accepted: int, drafted: int | None = None
-    ) -> None:
-        """One decode step's round of a sequence on `route`, planned at k drafts (k = 0: it
-        ran plain), of which `drafted` came (default k). The estimates learn the round as
-        planned: where the drafter stopped short (its p_min), the position after its last
-        draft counts as missed, so E(k) is what a round planned at k yields, as the step
-        cost it is divided by is what such rounds took (docs/benchmarks-log.md section 44)."""
-        c = self.config
-        if k:
-            seq.record(k, accepted)
-            seq.limit(c.sequence_rounds)
-            self.routes.record(route, k, accepted, drafted)
-            came = k if drafted is None else drafted
-            if k > 1 and came > 0:
-                # position i: i + 1 drafts came with room for more; a hit if another did
-                goes_on = self._goes_on.setdefault(route, PositionAcceptance())
-                goes_on.record(k - 1, came - 1)
-                goes_on.limit(c.goes_on_rounds)
-        else:
-            seq.decay(c.sequence_decay)
+    def record(self, route: str, k: int, accepted: int, drafted: int | None = None) -> None:
+        """One decode round of a sequence on `route`, planned at k drafts, of which
+        `drafted` came (default k). The estimates learn the round as planned: where the
+        drafter stopped short (its p_min), the position after its last draft counts as
+        missed, so E(k) is what a round planned at k yields, as the step cost it is
+        divided by is what such rounds took (docs/benchmarks-log.md section 44)."""
+        if k <= 0:
+            return
+        self.routes.record(route, k, accepted, drafted)
+        came = k if drafted is None else drafted
+        if k > 1 and came > 0:
+            # position i: i + 1 drafts came with room for more; a hit if another did
+            goes_on = self._goes_on.setdefault(route, PositionAcceptance())
+            goes_on.record(k - 1, came - 1)
+            goes_on.limit(self.config.goes_on_rounds)
 
     def plan(
         self, candidates: list[Candidate], fixed: Fixed = NOTHING_FIXED, dip: bool = False

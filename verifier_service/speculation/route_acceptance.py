@@ -20,18 +20,11 @@ class RouteAcceptance:
     of its standard errors. Positions a round could not reach (k and past) fade by `fade`
     a round toward the position before them.
 
-    Why two: drafting stops on a bad streak, so the rounds a short memory holds when a
-    route's sequences go plain are its worst, and with nothing drafted the estimate stays
-    there. With one memory of 16 rounds, chat at c = 1 (position 0 accepted ~0.79 at
-    fixed k) started new requests at 0.58-0.68, under break-even, and `auto` ran 45% of
-    its steps plain (docs/benchmarks-log.md section 37); the long memory holds the route's level
-    through such a streak. After a real burst (forced rounds that all fail) the long
-    memory is all burst, and the short one shows within a few probes that it ended (one
-    memory of 64 rounds kept a route off through 10 requests of probes); being short is
-    all it is for, as the long one bounds it from below. Not the higher of the two on
-    every round: six rounds of 0.8 run all accepted one time in four, and on such noise
-    chat at c = 1 flipped between k = 1, 2 and 3 (docs/benchmarks-log.md section 38).
-    """
+    Why two: drafting stops on a bad streak, so the last rounds before a route goes plain
+    are its worst; the long memory holds its level through them. After a real burst the
+    long memory is all burst, and the short one shows within a few probes that it ended.
+    Not simply the higher of the two: six accepted rounds in a row happen at 0.8, and on
+    such luck k flips (docs/benchmarks-log.md sections 37-38)."""
 
     def __init__(self, config: SpeculationConfig | None = None, clock=time.monotonic):
         c = config or SpeculationConfig()

@@ -86,13 +86,11 @@ def step_shape(
 ) -> tuple[int, list[float], float, int]:
     """A planned step as the cost model prices it: (sequences, P(its deepest round drafts
     at least j tokens) by j, the expected rows fed, the sequences drafting). Steps are
-    measured by the drafts that came (costs.py), and a round planned at k
-    comes short where the drafter stops early, more often on some routes than on others: in
-    mixed traffic at c = 1, chat's rounds planned at 3 drafted 1.7 tokens and code's 2.7,
-    so code priced k = 3 at chat's 52 ms a step where its own took 63, and `auto` ran code
-    at k = 3-4 for 0.91 of the fixed k = 6 (docs/benchmarks-log.md section 53). The deepest round
-    of independent ones: P(deepest >= j) = 1 - prod_s (1 - P(d_s >= j)); the rest of the
-    batch (`fixed`) drafts its k."""
+    measured by the drafts that came (costs.py), and a round planned at k comes short
+    where the drafter stops early, more often on some routes than on others (chat's more
+    than code's: docs/benchmarks-log.md section 53). The deepest round of independent ones:
+    P(deepest >= j) = 1 - prod_s (1 - P(d_s >= j)); the rest of the batch (`fixed`)
+    drafts its k."""
     rows, drafting = float(fixed.rows), 1 if fixed.k else 0
     reaches = [list(fixed.reach) or [1.0] * fixed.k]
     for c, k in zip(candidates, ks, strict=True):

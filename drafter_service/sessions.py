@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from protos.specd.v1 import drafter_pb2
 from specd.config import check_proposer
 from specd.grammar import GrammarState
-from specd.params import SamplingParams
 from specd.proposal import DraftState
 from specd.wire import constraint_from_proto, params_from_proto
 
@@ -24,20 +23,18 @@ Key = tuple[int, int]  # (stream, seq_id): two verifiers may use the same seq_id
 
 @dataclass
 class Session:
-    tokens: list[int]
-    params: SamplingParams
+    state: DraftState  # the request as drafted; each step sets its k and grammar
     span: object = None  # "specd.drafter.session", child of the verifier's request span
-    grammar: GrammarState | None = None  # a constrained request's, at `tokens`
-    route: str = "default"
-    prompt_length: int = 0
-    proposer: str = ""
-    suffix_private: bool = False
+    grammar: GrammarState | None = None  # a constrained request's, at the committed tokens
 
     def commit(self, tokens: list[int]) -> None:
-        self.tokens.extend(tokens)
+        self.state.tokens.extend(tokens)
         if self.grammar is not None and not self.grammar.consume(tokens):
             log.warning("committed tokens outside the session's grammar; drafting unconstrained")
             self.grammar = None
+
+    def step(self, k: int) -> DraftState:
+        return replace(self.state, k=k, grammar=self.grammar)
 
 
 @dataclass
@@ -101,18 +98,17 @@ class Sessions:
             return problem
         self.close(key)
         span = self.start_span(dict(msg.trace_context))
-        prompt_length = min(msg.prompt_length, len(msg.token_ids))
-        route = msg.route or "default"
-        self._open[key] = Session(
+        state = DraftState(
+            key,
             list(msg.token_ids),
             params,
-            span,
-            grammar,
-            route,
-            prompt_length,
-            msg.proposer,
-            msg.suffix_private,
+            0,
+            route=msg.route or "default",
+            prompt_length=min(msg.prompt_length, len(msg.token_ids)),
+            proposer=msg.proposer,
+            suffix_private=msg.suffix_private,
         )
+        self._open[key] = Session(state, span, grammar)
         return ""
 
     def close(self, key: Key) -> None:
@@ -136,18 +132,7 @@ class Sessions:
         if problem:
             return Step(key[1], None, problem)
         session.commit(list(msg.committed_ids))
-        state = DraftState(
-            key,
-            session.tokens,
-            session.params,
-            msg.k,
-            grammar=session.grammar,
-            route=session.route,
-            prompt_length=session.prompt_length,
-            proposer=session.proposer,
-            suffix_private=session.suffix_private,
-        )
-        return Step(key[1], state)
+        return Step(key[1], session.step(msg.k))
 
     def _grammar(self, msg: drafter_pb2.Open) -> GrammarState | None:
         """The session's grammar at its committed tokens; None when unconstrained, or when

@@ -92,7 +92,7 @@ def test_sessions_close_alone_or_with_their_stream():
     assert closed.closed == [(0, 1), (0, 2)]
     sessions.close_stream(0)
     assert closed.closed[-1] == (0, 2) and len(sessions) == 1
-    assert sessions.get((1, 1)).tokens == [7]
+    assert sessions.get((1, 1)).state.tokens == [7]
 
 
 def test_a_constrained_session_follows_its_grammar():

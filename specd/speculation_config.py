@@ -87,6 +87,11 @@ class SpeculationConfig:
     pace_weight: float = 0.2
     step_log_max: float = 0.05
     pace_max: float = 4.0
+    # a plain step next to a drafting one moves every drafting price against every plain
+    # one by `pair_weight` of how far the two ran from their prices apart (in the
+    # logarithm, clipped at `pair_log_max`): the pace moves both alike (section 65)
+    pair_weight: float = 0.1
+    pair_log_max: float = 0.25
     calibration_weight: float = 0.1  # EMA of measured steps over their composed estimates
     # before any drafter round is measured, a draft step is guessed at this share of a
     # forward

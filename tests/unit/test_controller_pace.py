@@ -12,6 +12,7 @@ from verifier_service.speculation.costs import StepCosts
 from verifier_service.speculation.step_shape import Candidate
 
 CODE_ACCEPT = [0.87, 0.8, 0.75, 0.7, 0.65, 0.6]
+HIGH_ACCEPT = [0.95, 0.92, 0.9, 0.88, 0.85, 0.8]
 
 
 def learned(costs: StepCosts, prices: dict[int, float], batch: int = 4, times: int = 40) -> None:
@@ -24,6 +25,8 @@ def test_a_k_not_run_is_priced_at_the_pace_of_now():
     costs = StepCosts()
     learned(costs, {0: 0.040, 1: 0.080})
     assert costs(4, 0) == pytest.approx(0.040) and costs(4, 1) == pytest.approx(0.080)
+    for _ in range(4):  # plain alone for a while (a slowdown at the very step where
+        costs.record(4, 0, 0.040)  # the regimes change would set them apart: below)
     for _ in range(40):  # the host slows by a quarter; only plain runs
         costs.record(4, 0, 0.050)
     assert costs(4, 0) == pytest.approx(0.050, rel=0.02)
@@ -31,7 +34,9 @@ def test_a_k_not_run_is_priced_at_the_pace_of_now():
     # the pace cannot tell the machine from a price at first)
     assert 0.080 * 1.2 < costs(4, 1) < 0.100
     assert 1.2 < costs.pace < 1.25
-    for _ in range(40):  # and speeds up again while k = 1 runs
+    for _ in range(4):  # k = 1 runs, slowed as plain was...
+        costs.record(4, 1, 0.100)
+    for _ in range(40):  # ...and the host speeds up again
         costs.record(4, 1, 0.080)
     assert costs(4, 0) < 0.040 * 1.08
     assert costs.measured()[(4, 1)] == pytest.approx(0.080, rel=0.02)
@@ -131,3 +136,31 @@ def test_a_slow_minute_does_not_start_drafting_where_plain_is_faster():
 
     assert plans(0.2) == [0] * 4
     assert plans(0.0) == [1] * 4  # the stale price (pace never moves) drafts
+
+
+def test_plain_and_drafting_steps_next_to_each_other_set_their_prices_apart():
+    """Batch 4 on code on the 2-core CPU (docs/benchmarks-log.md section 64): depth 3 was
+    priced at ~3.2x plain while its steps ran at ~4.1x (the drafter's process shares the
+    cores). While drafting ran, the pace took its steps' speed and priced plain by it too,
+    so plain looked slower than it ran and `auto` kept drafting at ~0.7x plain's speed.
+    Steps of the two regimes next to each other show the ratio the pace cannot."""
+
+    def run(pair_weight: float) -> tuple[float, list[int]]:
+        c = Controller(SpeculationConfig(explore_every=0, pair_weight=pair_weight))
+        costs = c.costs.steps = StepCosts(c.config)
+        learned(costs, {0: 0.040, 3: 0.128})
+        for _ in range(8):  # episodes: drafting for a while, then plain
+            for _ in range(16):
+                costs.record(4, 3, 0.150)
+            for _ in range(4):
+                costs.record(4, 0, 0.037)
+        for _ in range(16):
+            costs.record(4, 3, 0.150)
+        c.drafting = True
+        # ~3.6 tokens a step at k = 3: plain is ~12% faster at 4.05x, drafting at 3.4x
+        return costs(4, 3) / costs(4, 0), c.plan([Candidate(6, HIGH_ACCEPT)] * 4).ks
+
+    ratio, ks = run(SpeculationConfig.pair_weight)
+    assert 3.8 < ratio < 4.3 and ks == [0] * 4
+    ratio, ks = run(0.0)  # the pace alone holds the ratio learned first
+    assert ratio < 3.5 and ks == [3] * 4

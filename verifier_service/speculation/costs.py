@@ -128,6 +128,9 @@ class StepCosts:
         self._drafting: dict[int, CostCurve] = {}
         self.pace_weight = c.pace_weight
         self.pace = 1.0
+        # how drafting steps run against plain ones beyond their prices (`compare`)
+        self.drafting = 1.0
+        self._last: tuple[bool, float] | None = None  # the last step: drafting, log(s/price)
 
     def _curve(self, sequences: int, k: int) -> CostCurve | None:
         return self._plain if k == 0 else self._drafting.get(sequences)
@@ -135,17 +138,18 @@ class StepCosts:
     def record(self, sequences: int, k: int, seconds: float) -> None:
         if sequences <= 0 or k < 0 or not seconds > 0:
             return
+        self._compare(k > 0, self(sequences, k), seconds)
         held = self._settled(sequences, k)
         if held is not None:  # settled: the step moves the pace, and what is left its price
             clip, most = self.config.step_log_max, self.config.pace_max
-            off = max(-clip, min(clip, math.log(seconds / (self.pace * held))))
+            off = max(-clip, min(clip, math.log(seconds / (self._pace(k) * held))))
             before = self.pace
             self.pace = min(most, max(1 / most, before * math.exp(self.pace_weight * off)))
             self._curve(sequences, k).settle(
                 sequences if k == 0 else k, math.exp(off) * before / self.pace
             )
             return
-        seconds /= self.pace
+        seconds /= self._pace(k)
         if k == 0:
             self._plain.record(sequences, seconds)
         else:
@@ -154,13 +158,34 @@ class StepCosts:
             )
             self._drafting[sequences].record(k, seconds)
 
+    def _pace(self, k: int) -> float:
+        return self.pace * (self.drafting if k else 1.0)
+
+    def _compare(self, drafting: bool, price: float | None, seconds: float) -> None:
+        """A plain step next to a drafting one ran at one pace of the machine: how far the
+        two ran from their prices apart is what the pace, which moves both alike, cannot
+        learn (the drafter's process slows drafting steps, not plain ones, on a machine
+        whose cores both use). `drafting` moves by `pair_weight` of it, in the logarithm
+        and clipped at `pair_log_max`, within 1 / `pace_max` .. `pace_max`."""
+        last, self._last = self._last, None
+        if price is None:
+            return
+        off = math.log(seconds / price)
+        self._last = (drafting, off)
+        if last is None or last[0] == drafting:
+            return
+        c = self.config
+        apart = max(-c.pair_log_max, min(c.pair_log_max, off - last[1]))
+        moved = self.drafting * math.exp(c.pair_weight * (apart if drafting else -apart))
+        self.drafting = min(c.pace_max, max(1 / c.pace_max, moved))
+
     def samples(self, sequences: int, k: int) -> int:
         curve = self._curve(sequences, k)
         return 0 if curve is None else curve.samples(sequences if k == 0 else k)
 
     def __call__(self, sequences: int, k: int) -> float | None:
         price = self._held(sequences, k)
-        return None if price is None else self.pace * price
+        return None if price is None else self._pace(k) * price
 
     def _held(self, sequences: int, k: int) -> float | None:
         if k == 0:
@@ -185,7 +210,7 @@ class StepCosts:
         out = {(b, 0): s for b, s in self._plain.measured().items()}
         for b, curve in self._drafting.items():
             out.update({(b, k): s for k, s in curve.measured().items()})
-        return {key: self.pace * s for key, s in out.items()}
+        return {(b, k): self._pace(k) * s for (b, k), s in out.items()}
 
 
 class StepCostModel:

@@ -119,7 +119,9 @@ class StepCosts:
     its step ran from its price, in the logarithm and clipped at `step_log_max` (one
     stalled second must not move it), within 1 / `pace_max` .. `pace_max`; what the pace
     leaves of the step moves that k's price in the same measure. So a k not run for a
-    while is priced at the speed of now (sections 54, 59 and 60)."""
+    while is priced at the speed of now (sections 54, 59 and 60). The pace moves plain and
+    drafting prices alike; a plain step next to a drafting one shows how the two regimes
+    run apart (`drafting`, section 65)."""
 
     def __init__(self, config: SpeculationConfig | None = None):
         self.config = c = config or SpeculationConfig()

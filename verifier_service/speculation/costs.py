@@ -130,7 +130,7 @@ class StepCosts:
         self._drafting: dict[int, CostCurve] = {}
         self.pace_weight = c.pace_weight
         self.pace = 1.0
-        # how drafting steps run against plain ones beyond their prices (`compare`)
+        # how drafting steps run against plain ones beyond their prices (`_compare`)
         self.drafting = 1.0
         self._last: tuple[bool, float] | None = None  # the last step: drafting, log(s/price)
 

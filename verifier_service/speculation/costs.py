@@ -121,7 +121,7 @@ class StepCosts:
     leaves of the step moves that k's price in the same measure. So a k not run for a
     while is priced at the speed of now (sections 54, 59 and 60). The pace moves plain and
     drafting prices alike; a plain step next to a drafting one shows how the two regimes
-    run apart (`drafting`, section 65)."""
+    run apart (`drafting_pace`, section 65)."""
 
     def __init__(self, config: SpeculationConfig | None = None):
         self.config = c = config or SpeculationConfig()
@@ -131,7 +131,7 @@ class StepCosts:
         self.pace_weight = c.pace_weight
         self.pace = 1.0
         # how drafting steps run against plain ones beyond their prices (`_compare`)
-        self.drafting = 1.0
+        self.drafting_pace = 1.0
         self._last: tuple[bool, float] | None = None  # the last step: drafting, log(s/price)
 
     def _curve(self, sequences: int, k: int) -> CostCurve | None:
@@ -143,10 +143,9 @@ class StepCosts:
         self._compare(k > 0, self(sequences, k), seconds)
         held = self._settled(sequences, k)
         if held is not None:  # settled: the step moves the pace, and what is left its price
-            clip, most = self.config.step_log_max, self.config.pace_max
-            off = max(-clip, min(clip, math.log(seconds / (self._pace(k) * held))))
+            off = _clip(math.log(seconds / (self._pace(k) * held)), self.config.step_log_max)
             before = self.pace
-            self.pace = min(most, max(1 / most, before * math.exp(self.pace_weight * off)))
+            self.pace = _moved(before, self.pace_weight * off, self.config.pace_max)
             self._curve(sequences, k).settle(
                 sequences if k == 0 else k, math.exp(off) * before / self.pace
             )
@@ -161,14 +160,14 @@ class StepCosts:
             self._drafting[sequences].record(k, seconds)
 
     def _pace(self, k: int) -> float:
-        return self.pace * (self.drafting if k else 1.0)
+        return self.pace * (self.drafting_pace if k else 1.0)
 
     def _compare(self, drafting: bool, price: float | None, seconds: float) -> None:
         """A plain step next to a drafting one ran at one pace of the machine: how far the
         two ran from their prices apart is what the pace, which moves both alike, cannot
         learn (the drafter's process slows drafting steps, not plain ones, on a machine
-        whose cores both use). `drafting` moves by `pair_weight` of it, in the logarithm
-        and clipped at `pair_log_max`, within 1 / `pace_max` .. `pace_max`."""
+        whose cores both use). `drafting_pace` moves by `pair_weight` of it, in the
+        logarithm and clipped at `pair_log_max`, within 1 / `pace_max` .. `pace_max`."""
         last, self._last = self._last, None
         if price is None:
             return
@@ -177,9 +176,9 @@ class StepCosts:
         if last is None or last[0] == drafting:
             return
         c = self.config
-        apart = max(-c.pair_log_max, min(c.pair_log_max, off - last[1]))
-        moved = self.drafting * math.exp(c.pair_weight * (apart if drafting else -apart))
-        self.drafting = min(c.pace_max, max(1 / c.pace_max, moved))
+        apart = _clip(off - last[1], c.pair_log_max)
+        step = c.pair_weight * (apart if drafting else -apart)
+        self.drafting_pace = _moved(self.drafting_pace, step, c.pace_max)
 
     def samples(self, sequences: int, k: int) -> int:
         curve = self._curve(sequences, k)
@@ -323,6 +322,15 @@ def _affine(curve: CostCurve, k: int, fit_cap: int) -> float | None:
     var = sum(w[x] * (x - mx) ** 2 for x in points)
     slope = max(0.0, sum(w[x] * (x - mx) * (y - my) for x, y in points.items()) / var)
     return my + slope * (k - mx)
+
+
+def _clip(x: float, bound: float) -> float:
+    return max(-bound, min(bound, x))
+
+
+def _moved(factor: float, log_step: float, most: float) -> float:
+    """`factor` moved by `log_step` in the logarithm, within 1 / `most` .. `most`."""
+    return min(most, max(1 / most, factor * math.exp(log_step)))
 
 
 def _power_of_two(tokens: int) -> int:

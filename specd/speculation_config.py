@@ -38,7 +38,8 @@ class SpeculationConfig:
 
     # -- acceptance --------------------------------------------------------------------------
     prior_acceptance: float = 0.7  # a_i on a route before any round
-    prior_strength: float = 2.0  # rounds the prior weighs
+    # rounds the prior weighs, in a route's acceptance and in how deep its rounds go
+    prior_strength: float = 2.0
     # whether the device and batch could make drafting pay at all is asked at this
     # acceptance, not at the prior: a route off for cost never probes (section 40)
     good_acceptance: float = 0.9
@@ -47,17 +48,13 @@ class SpeculationConfig:
     # ended, and a long one (`route_long_rounds`) that holds the route's level through a
     # bad streak; the estimate is the long one's unless the short one is higher by
     # `route_z` standard errors. Positions a round could not reach fade by `route_fade` a
-    # round toward the one before (sections 37-38)
+    # round toward the one before (sections 37-38). How deep a route's rounds go (the
+    # drafter stops after an unsure draft) is kept over `route_long_rounds` (section 53)
     route_half_life_s: float = 30.0
     route_short_rounds: float = 6.0
     route_long_rounds: float = 64.0
     route_z: float = 2.0
     route_fade: float = 0.9
-    # how deep a round planned at k goes (the drafter stops after an unsure draft): per
-    # route, over a prior of always going on that weighs `goes_on_prior` rounds, keeping
-    # at most `goes_on_rounds` (section 53)
-    goes_on_prior: float = 2.0
-    goes_on_rounds: float = 64.0
 
     # -- probing and exploring ---------------------------------------------------------------
     probe_every: int = 16  # a sequence off for acceptance drafts one k = 1 round this often
@@ -79,8 +76,8 @@ class SpeculationConfig:
     # EMA weight of a whole step's price: a drafting step's cost varies with how deep its
     # round went, and heavier weights flipped `auto` between near-tied k (section 44)
     step_weight: float = 0.03
-    own_samples: int = 8  # steps after which a k takes its own price, not its line's
-    fit_cap: int = 16  # the most samples one k weighs in its batch size's line
+    # steps after which a k takes its own price, not the line's through the k measured
+    own_samples: int = 8
     # the machine's pace against the held prices: a settled k's step moves it by
     # `pace_weight` of its distance from its price (in the logarithm, clipped at
     # `step_log_max`), within 1 / `pace_max` .. `pace_max` (sections 51-60)
@@ -93,9 +90,6 @@ class SpeculationConfig:
     pair_weight: float = 0.1
     pair_log_max: float = 0.25
     calibration_weight: float = 0.1  # EMA of measured steps over their composed estimates
-    # before any drafter round is measured, a draft step is guessed at this share of a
-    # forward
-    draft_step_guess: float = 0.25
 
     def __post_init__(self):
         shares = ("margin", "stay_margin", "prior_acceptance", "good_acceptance", "leaf_cost")

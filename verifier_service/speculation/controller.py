@@ -91,7 +91,7 @@ class Controller:
     def goes_on(self, route: str) -> list[float]:
         """A route's c_i (`Candidate.goes_on`), over a prior of always (1.0)."""
         counts = self._goes_on.get(route)
-        return [] if counts is None else counts.rates([1.0], self.config.goes_on_prior)
+        return [] if counts is None else counts.rates([1.0], self.config.prior_strength)
 
     def record(self, route: str, k: int, accepted: int, drafted: int | None = None) -> None:
         """One decode round of a sequence on `route`, planned at k drafts, of which
@@ -107,7 +107,7 @@ class Controller:
             # position i: i + 1 drafts came with room for more; a hit if another did
             goes_on = self._goes_on.setdefault(route, PositionAcceptance())
             goes_on.record(k - 1, came - 1)
-            goes_on.limit(self.config.goes_on_rounds)
+            goes_on.limit(self.config.route_long_rounds)
 
     def plan(
         self, candidates: list[Candidate], fixed: Fixed = NOTHING_FIXED, dip: bool = False

@@ -108,8 +108,8 @@ class StepCosts:
     never interpolated from plain: k = 1 pays a drafter round's fixed part (the round
     trip, the tree leaves). Past k = 1 a step's cost is affine in k (k drafter steps, k
     more rows), so between the k measured for a batch size the curve is the least-squares
-    line through them, weighted by their samples (at most `fit_cap` each), and on along
-    it past the largest (never down); below the smallest, or with one k measured, it is
+    line through them, each weighing its samples, and on along it past the largest (never
+    down); below the smallest, or with one k measured, it is
     unknown (None) and the caller composes it. A k measured `own_samples` times takes its
     own median: steps are not affine everywhere (k = 1's fixed part, an AVX2 kernel's row
     blocks: sections 31 and 40).
@@ -194,7 +194,7 @@ class StepCosts:
         curve = self._drafting.get(sequences)
         if curve is None:
             return None
-        return self._own(sequences, k) or _affine(curve, k, self.config.fit_cap)
+        return self._own(sequences, k) or _affine(curve, k)
 
     def _own(self, sequences: int, k: int, samples: float | None = None) -> float | None:
         """The price held for (sequences, k) once measured `samples` times, else None."""
@@ -297,25 +297,24 @@ class StepCostModel:
         forward = self.forward(rows)
         if forward is None or not drafting:
             return forward
-        if not self.draft:
-            return forward * (1 + self.config.draft_step_guess * k)  # before any round
+        if not self.draft:  # before any round: its forward (the round will be measured)
+            return forward
         # the round size measured nearest: the fewest sequences at or above, else the most
         sizes = sorted(self.draft)
         size = next((n for n in sizes if n >= drafting), sizes[-1])
         return forward + self.draft[size](k)
 
 
-def _affine(curve: CostCurve, k: int, fit_cap: int) -> float | None:
-    """`curve` at k by the weighted least-squares line through its measured sizes (each
-    weighs its samples, at most `fit_cap`, so one k the controller ran for minutes does
-    not drown the rest), past the largest too; None below the smallest or where k is not
-    the one size measured."""
+def _affine(curve: CostCurve, k: int) -> float | None:
+    """`curve` at k by the least-squares line through its measured sizes, each weighing
+    its samples, past the largest too (never down); None below the smallest or where k is
+    not the one size measured."""
     points = curve.measured()
     if k not in points and (len(points) < 2 or k < min(points)):
         return None
     if len(points) < 2:
         return points[k]
-    w = {x: min(curve.samples(x), fit_cap) for x in points}
+    w = {x: curve.samples(x) for x in points}
     total = sum(w.values())
     mx = sum(w[x] * x for x in points) / total
     my = sum(w[x] * y for x, y in points.items()) / total

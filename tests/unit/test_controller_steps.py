@@ -9,7 +9,7 @@ import pytest
 from specd.speculation_config import SpeculationConfig
 from verifier_service.speculation.acceptance import expected_tokens
 from verifier_service.speculation.controller import Controller
-from verifier_service.speculation.costs import StepCosts
+from verifier_service.speculation.costs import StepCostModel, StepCosts
 from verifier_service.speculation.step_shape import Candidate
 
 # whole decode steps of the int4 1.5B target with the 0.5B drafter on the 2-core CPU, the
@@ -193,6 +193,18 @@ def test_measured_steps_decide_one_sequence_drafts_and_four_do_not():
     assert four.ks == [0] * 4 and four.reasons == ["off:cost"] * 4 and four.gain == 1.0
     rate = {k: 4 * expected_tokens(CODE_ACCEPT, k) / CODE_STEP_S[(4, k)] for k in (2, 4, 6)}
     assert max(rate.values()) < 4 / CODE_STEP_S[(4, 0)]
+
+
+def test_a_drafting_step_before_any_drafter_round_is_priced_at_its_forward():
+    """No round measured yet: the forward by rows alone (the first round measures the
+    rest), and once a round is measured, the forward plus that round."""
+    costs = StepCostModel()
+    assert costs.composed(4, 1, 3) is None  # nothing measured
+    costs.record_forward(4, 0.06)
+    assert costs.composed(4, 1, 3) == pytest.approx(0.06)
+    costs.record_draft(1, 3, 0.03)
+    assert costs.composed(4, 1, 3) == pytest.approx(0.09)
+    assert costs.composed(4, 0, 0) == pytest.approx(0.06)  # plain: the forward
 
 
 def test_measured_steps_overrule_the_composed_estimate():

@@ -109,10 +109,10 @@ class StepCosts:
     trip, the tree leaves). Past k = 1 a step's cost is affine in k (k drafter steps, k
     more rows), so between the k measured for a batch size the curve is the least-squares
     line through them, each weighing its samples, and on along it past the largest (never
-    down); below the smallest, or with one k measured, it is
-    unknown (None) and the caller composes it. A k measured `own_samples` times takes its
-    own median: steps are not affine everywhere (k = 1's fixed part, an AVX2 kernel's row
-    blocks: sections 31 and 40).
+    down); below the smallest, or with one k measured, it is unknown (None) and the
+    caller composes it. A k measured `own_samples` times takes its own median: steps are
+    not affine everywhere (k = 1's fixed part, an AVX2 kernel's row blocks: sections 31
+    and 40).
 
     Prices are held at the machine's pace of when they were learned, and read at its pace
     of now (`pace`): a k whose price has settled moves the pace by `pace_weight` of how far
@@ -293,11 +293,10 @@ class StepCostModel:
         return self.steps(sequences, k) is not None or self.forward(rows) is not None
 
     def composed(self, rows: float, drafting: int, k: int) -> float | None:
-        """The forward by rows plus the drafter round (None before any forward)."""
+        """The forward by rows plus the drafter round (None before any forward; the
+        forward alone before any round, which that step then measures)."""
         forward = self.forward(rows)
-        if forward is None or not drafting:
-            return forward
-        if not self.draft:  # before any round: its forward (the round will be measured)
+        if forward is None or not drafting or not self.draft:
             return forward
         # the round size measured nearest: the fewest sequences at or above, else the most
         sizes = sorted(self.draft)

@@ -60,12 +60,10 @@ class SpeculationConfig:
     probe_every: int = 16  # a sequence off for acceptance drafts one k = 1 round this often
     # one exploring episode of `explore_steps` steps in `explore_every` planned steps (0:
     # never) runs the least measured k predicted within `explore_window` of the best,
-    # the window narrowing as 1 / sqrt(1 + its episodes), which fade with a half-life of
-    # `explore_memory` planned steps (section 46)
+    # the window narrowing as 1 / sqrt(1 + its episodes at that batch size) (section 46)
     explore_every: int = 32
     explore_steps: int = 2
     explore_window: float = 0.15
-    explore_memory: int = 512
     # episodes and probes together may spend this share of the predicted step time: the
     # budget grows by it every step, up to `explore_cap_s` (section 40)
     explore_share: float = 0.015
@@ -89,7 +87,6 @@ class SpeculationConfig:
     # logarithm, clipped at `pair_log_max`): the pace moves both alike (section 65)
     pair_weight: float = 0.1
     pair_log_max: float = 0.25
-    calibration_weight: float = 0.1  # EMA of measured steps over their composed estimates
 
     def __post_init__(self):
         shares = ("margin", "stay_margin", "prior_acceptance", "good_acceptance", "leaf_cost")

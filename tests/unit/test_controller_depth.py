@@ -10,11 +10,8 @@ from specd.speculation_config import SpeculationConfig
 from verifier_service.speculation.controller import Controller
 from verifier_service.speculation.step_shape import (
     Candidate,
-    Fixed,
-    arm_shapes,
     deepest,
     reach,
-    step_shape,
 )
 
 
@@ -95,24 +92,3 @@ def test_the_deepest_of_rounds_that_stop_early():
     c0 = (5 + 2 * 1.0) / (6 + 2)  # the prior of always, weighing 2 rounds
     assert c.goes_on("chat") == pytest.approx([c0, (3 + 2 * c0) / (5 + 2)])
     assert c.goes_on("code") == []
-
-
-def test_every_arm_is_priced_by_the_shape_of_its_own_step():
-    """`_rates` takes every arm's step shape from one pass (`arm_shapes`); each is the
-    same numbers, bit for bit, as shaping that arm's step alone, for batches of routes
-    whose caps and depths differ, beside a fixed rest that drafts or not."""
-    rnd = random.Random(3)
-    for trial in range(200):
-        candidates = []
-        for _ in range(rnd.randint(1, 6)):
-            goes_on = [rnd.random() for _ in range(rnd.randint(0, 4))]
-            candidates.append(Candidate(rnd.randint(0, 8), [0.8], goes_on=goes_on))
-        k = rnd.randint(0, 5) if trial % 2 else 0
-        reach_fixed = tuple(sorted((rnd.random() for _ in range(k)), reverse=True))
-        fixed = Fixed(rnd.randint(0, 3), 2.5, 3.0, k, reach_fixed if trial % 4 == 1 else ())
-        top = max(c.cap for c in candidates)
-        alone = [
-            step_shape(candidates, [min(k, c.cap) for c in candidates], fixed)
-            for k in range(top + 1)
-        ]
-        assert arm_shapes(candidates, fixed, top) == alone

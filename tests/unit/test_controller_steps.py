@@ -218,10 +218,8 @@ def test_measured_steps_overrule_the_composed_estimate():
     c.costs.record_step([6], 0.5)
     c.costs.record_step([2], 0.12)
     assert c.plan([Candidate(6, CODE_ACCEPT)]).ks == [2]
-    # what was measured scales the guesses for what was not: k = 1, unmeasured, now costs
-    # what the composed guess does times how far the measured steps were above theirs
-    assert c.costs.calibration > 1.3
-    assert c.costs(1, 1, 2, 1) == pytest.approx(c.costs.calibration * c.costs.composed(2, 1, 1))
+    # k = 1, below the k measured, is priced at its parts until such a step runs
+    assert c.costs(1, 1, 2, 1) == pytest.approx(c.costs.composed(2, 1, 1))
 
 
 def simulate(c: Controller, true_s, accept, cap: int, steps: int) -> list[int]:
@@ -386,32 +384,28 @@ def big_batch_exploring(slower: float, share: float, steps: int = 2000) -> float
 def test_exploring_a_big_batch_near_a_tie_costs_its_share_of_time_not_of_steps():
     # drafting 1% slower than plain: close enough to be worth a look now and then, all
     # run long. One episode in 32 steps would have lost ~0.45 s each: ~12% of the time.
-    # Each share's budget bounds it, beside the cap it starts with
+    # The default share's budget bounds it, beside the cap it starts with, and so do the
+    # episodes narrowing the window under a larger budget
     steps, default = 2000, SpeculationConfig().explore_share
-    spent = {share: big_batch_exploring(0.99, share, steps) for share in (0.03, default)}
-    for share, seconds in spent.items():
-        assert seconds <= 1.25 * share * steps * 0.116 + SpeculationConfig().explore_cap_s
-        assert seconds > 0.1  # and it still explored
-    assert spent[default] < spent[0.03]
+    bound = 1.25 * default * steps * 0.116 + SpeculationConfig().explore_cap_s
+    for share in (default, 0.03, 0.1):
+        seconds = big_batch_exploring(0.99, share, steps)
+        assert 0.1 < seconds <= bound  # it still explored, within the default's share
 
 
-def test_the_exploring_window_narrows_by_episodes_and_widens_as_they_fade():
+def test_the_exploring_window_narrows_by_episodes_at_one_batch_size():
     c = Controller()
-    window, memory = c.config.explore_window, c.config.explore_memory
+    window = c.config.explore_window
     assert c._explore_floor(2, 3) == pytest.approx(1 - window)
     for _ in range(3):
         c._explored(2, 3)
     assert c._explore_floor(2, 3) == pytest.approx(1 - window / 2)  # 1 / sqrt(1 + 3)
     assert c._explore_floor(2, 4) == c._explore_floor(4, 3) == pytest.approx(1 - window)
-    c._planned += memory  # one half-life of planned steps: 1.5 episodes left
-    assert c._explore_floor(2, 3) == pytest.approx(1 - window / math.sqrt(2.5))
-    c._planned += 20 * memory
-    assert c._explore_floor(2, 3) == pytest.approx(1 - window, abs=1e-4)
 
 
 def test_exploring_a_k_measured_behind_plain_slows_down_whatever_the_budget():
     # drafting 8% slower: each episode narrows the window for k at this batch size, so
-    # it is explored more seldom than any budget allows (the episodes fade, so still)
+    # it is explored more seldom than any budget allows
     spent = {share: big_batch_exploring(0.92, share) for share in (0.015, 0.03, 0.1)}
     assert len(set(spent.values())) == 1
     allowed = 1.25 * 0.015 * 2000 * 0.116 + SpeculationConfig().explore_cap_s

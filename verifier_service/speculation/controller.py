@@ -25,7 +25,7 @@ under its route's `min_acceptance` is left out), with hysteresis: from plain it 
 `margin` better, once drafting it stays while `stay_margin` better (both scaled by
 (B - 1) / B: one sequence alone decides on the prediction). One episode of
 `explore_steps` in `explore_every` steps runs the least measured k among those predicted
-within `explore_window` of the best (narrowing as 1 / sqrt(1 + its recent episodes)) or
+within `explore_window` of the best (narrowing as 1 / sqrt(1 + its episodes)) or
 never measured at this batch size, so a wrong guess is corrected and exploring costs a
 bounded share of steps. The cost model is optional
 (`Controller.cost_model`, the engine's `cost_model`); without it every eligible sequence
@@ -46,7 +46,7 @@ from specd.speculation_config import SpeculationConfig
 from verifier_service.speculation.acceptance import PositionAcceptance
 from verifier_service.speculation.costs import StepCostModel
 from verifier_service.speculation.route_acceptance import RouteAcceptance
-from verifier_service.speculation.step_shape import Candidate, Fixed, arm_shapes, step_shape
+from verifier_service.speculation.step_shape import Candidate, Fixed, step_shape
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,7 @@ class Controller:
         self.drafting = True
         self._exploring: tuple[int, int, int] | None = None  # (sequences, k, steps left)
         self._since_explore = 0
-        self._planned = 0  # steps planned outside episodes (the episodes' clock)
-        self._episodes: dict[tuple[int, int], tuple[float, int]] = {}  # (B, k): (n, when)
+        self._episodes: dict[tuple[int, int], int] = {}  # (B, k): episodes run
         self.budget_s = self.config.explore_cap_s  # what exploring and probing may spend
         # a plan prices the same step shapes more than once (each candidate at a good
         # acceptance, each alone): their expected seconds, kept for one plan
@@ -211,7 +210,6 @@ class Controller:
             self._exploring = (sequences, k, left - 1) if left > 1 else None
             return min(k, len(rates) - 1)
         self._exploring = None
-        self._planned += 1
         self._since_explore += 1
         if cfg.explore_every <= 0 or self._since_explore < cfg.explore_every:
             return arm
@@ -242,17 +240,12 @@ class Controller:
 
     def _explore_floor(self, sequences: int, k: int) -> float:
         """The share of the best predicted rate that k must reach to be explored at this
-        batch size: `explore_window`, narrowing as 1 / sqrt(1 + its recent episodes), as the
-        error of a mean does. The episodes fade with a half-life of `explore_memory`
-        planned steps, so a k measured behind is looked at again, only more seldom."""
-        return 1 - self.config.explore_window / math.sqrt(1 + self._recent_episodes(sequences, k))
-
-    def _recent_episodes(self, sequences: int, k: int) -> float:
-        count, stamp = self._episodes.get((sequences, k), (0.0, self._planned))
-        return count * 0.5 ** ((self._planned - stamp) / self.config.explore_memory)
+        batch size: `explore_window`, narrowing as 1 / sqrt(1 + its episodes there), as the
+        error of a mean over them does."""
+        return 1 - self.config.explore_window / math.sqrt(1 + self._episodes.get((sequences, k), 0))
 
     def _explored(self, sequences: int, k: int) -> None:
-        self._episodes[(sequences, k)] = (self._recent_episodes(sequences, k) + 1, self._planned)
+        self._episodes[(sequences, k)] = self._episodes.get((sequences, k), 0) + 1
 
     def _episode_s(self, candidates: list[Candidate], fixed: Fixed, k: int, rate: float) -> float:
         """Seconds an episode at k is predicted to lose against running at `rate`: its
@@ -289,8 +282,9 @@ class Controller:
         """Predicted tokens/s when every candidate drafts min(k, its cap), k = 0..max cap."""
         top = max((c.cap for c in candidates), default=0)
         out = []
-        for k, shape in enumerate(arm_shapes(candidates, fixed, top)):
+        for k in range(top + 1):
             ks = [min(k, c.cap) for c in candidates]
+            shape = step_shape(candidates, ks, fixed)
             tokens = fixed.tokens + sum(c.tokens(j) for c, j in zip(candidates, ks, strict=True))
             seconds = self._expected_s(*shape) + self._switch_s(candidates, ks)
             out.append(tokens / seconds if seconds > 0 else 0.0)

@@ -216,8 +216,9 @@ class StepCosts:
 
 class StepCostModel:
     """Seconds a decode step takes: measured for its (sequences, k) where such steps ran,
-    else composed (the forward by rows plus a drafter round) and scaled by how the measured
-    steps compared with their composed estimates."""
+    else composed of its parts (the forward by rows plus a drafter round). A composed price
+    leaves out what only a whole step shows (tree leaves, verification, the round trip), so
+    it is optimistic: the controller runs such a step, and that step measures the rest."""
 
     def __init__(self, config: SpeculationConfig | None = None):
         self.config = c = config or SpeculationConfig()
@@ -227,7 +228,6 @@ class StepCostModel:
         # round: a round has a fixed part (the catch-up of accepted tokens, the round trip)
         # that a per-step average would charge to every step, and so undervalue long k
         self.draft: dict[int, CostCurve] = {}
-        self.calibration = 1.0  # measured steps / their composed estimates (an EMA)
         # what a switch adds to its step's steady cost: switching on, by the tokens the
         # drafter catches up on (a new prompt, or what it skipped while plain); switching
         # off, by the sequences stopping (the drafter is still drafting ahead for them)
@@ -253,13 +253,7 @@ class StepCostModel:
         if catch_up or stopping:
             self._record_switch(len(ks), max(ks), seconds, catch_up, stopping)
             return
-        drafting = [k for k in ks if k]
-        composed = self.composed(sum(1 + k for k in ks), len(drafting), max(ks))
         self.steps.record(len(ks), max(ks), seconds)
-        if composed is not None:
-            self.calibration += self.config.calibration_weight * (
-                seconds / composed - self.calibration
-            )
 
     def _record_switch(
         self, sequences: int, k: int, seconds: float, catch_up: int, stopping: int
@@ -286,7 +280,7 @@ class StepCostModel:
         if measured is not None:
             return measured
         composed = self.composed(rows, drafting, k)
-        return 1.0 if composed is None else self.calibration * composed  # 1.0: nothing yet
+        return 1.0 if composed is None else composed  # 1.0: nothing yet
 
     def known(self, sequences: int, k: int, rows: float) -> bool:
         """Whether a step's cost is measured or composed, not the placeholder of 1 s."""

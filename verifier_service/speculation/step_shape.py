@@ -48,11 +48,11 @@ class Candidate:
 
     def fed(self, k: int) -> float:
         """Drafts a round planned at k is expected to feed the forward: the sum of its
-        `reach`, added left to right (`running_sums`) whichever shape function asks."""
+        `reach`."""
         if k > self.cap:
-            return running_sums(reach(self.goes_on, k))[-1]
+            return sum(reach(self.goes_on, k))
         if self._fed is None:
-            self._fed = running_sums(self.reach(self.cap))
+            self._fed = list(itertools.accumulate(self.reach(self.cap), initial=0.0))
         return self._fed[k]
 
 
@@ -98,36 +98,6 @@ def step_shape(
         drafting += 1 if k else 0
         reaches.append(c.reach(k))
     return fixed.sequences + len(ks), deepest(reaches), rows, drafting
-
-
-def arm_shapes(
-    candidates: list[Candidate], fixed: Fixed, top: int
-) -> list[tuple[int, list[float], float, int]]:
-    """`step_shape` of every arm k = 0..top (each candidate at min(k, its cap)) in one pass,
-    the same numbers: below k a round's P(d >= j) does not depend on k, so the deepest
-    round's first min(k, top) entries are those of all candidates at their caps, and past
-    them only `fixed` reaches."""
-    own = list(fixed.reach) or [1.0] * fixed.k
-    reaches = [c.reach(c.cap) for c in candidates]
-    full = deepest([own, *reaches])
-    rest = [1 - (1 - p) for p in own]  # as `deepest` computes a position no candidate reaches
-    shapes = []
-    for k in range(top + 1):
-        rows, drafting = float(fixed.rows), 1 if fixed.k else 0
-        for c in candidates:
-            m = min(k, c.cap)
-            rows += 1 + c.fed(m)
-            drafting += 1 if m else 0
-        reach_max = full[:k] + rest[k:]
-        shapes.append((fixed.sequences + len(candidates), reach_max, rows, drafting))
-    return shapes
-
-
-def running_sums(values: list[float]) -> list[float]:
-    """0 and each prefix's sum, added left to right: the same numbers on every Python (from
-    3.12 the built-in `sum` of floats compensates its rounding, so its last bit can differ
-    from the prefix sums', and `step_shape` and `arm_shapes` priced an arm differently)."""
-    return list(itertools.accumulate(values, initial=0.0))
 
 
 def deepest(reaches: list[list[float]]) -> list[float]:

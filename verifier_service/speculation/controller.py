@@ -11,9 +11,9 @@ with a_i the probability that draft position i is accepted once positions < i we
 took when d drafts came for the deepest (drafter round, forward with its tree leaves,
 verification), measured online (verifier_service/speculation/costs.py), and d_s <= k_s the drafts a
 round planned at k_s brings: the drafter stops after an unsure draft, by route
-(`Candidate.goes_on`). Where T(B, d) is not measured yet it is composed:
-the forward's cost by rows plus a drafter round, scaled by how the measured steps compared
-with their composed estimates. S(k) is what switching costs, measured on the steps that
+(`Candidate.goes_on`). Where T(B, d) is not measured yet it is composed of its parts,
+the forward's cost by rows plus a drafter round: optimistic, so such a step runs and
+measures itself. S(k) is what switching costs, measured on the steps that
 switched: the drafter catching up (a new prompt, or what it skipped while plain) for
 those that start drafting, and drafting ahead for those that stop; H is the steps the
 sequences may run so (their remaining tokens / E, at most `horizon`). In a dip, where the

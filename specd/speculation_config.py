@@ -47,12 +47,14 @@ class SpeculationConfig:
     # a short one (`route_short_rounds`) that shows within a few probes that a burst
     # ended, and a long one (`route_long_rounds`) that holds the route's level through a
     # bad streak; the estimate is the long one's unless the short one is higher by
-    # `route_z` standard errors (sections 37-38). How deep a route's rounds go (the
+    # `route_z` standard errors. Positions a round could not reach fade by `route_fade` a
+    # round toward the one before (sections 37-38). How deep a route's rounds go (the
     # drafter stops after an unsure draft) is kept over `route_long_rounds` (section 53)
     route_half_life_s: float = 30.0
     route_short_rounds: float = 6.0
     route_long_rounds: float = 64.0
     route_z: float = 2.0
+    route_fade: float = 0.9
 
     # -- probing and exploring ---------------------------------------------------------------
     probe_every: int = 16  # a sequence off for acceptance drafts one k = 1 round this often
@@ -88,7 +90,7 @@ class SpeculationConfig:
 
     def __post_init__(self):
         shares = ("margin", "stay_margin", "prior_acceptance", "good_acceptance", "leaf_cost")
-        for name in shares + ("explore_window", "step_weight"):
+        for name in shares + ("route_fade", "explore_window", "step_weight"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.probe_every <= 0 or self.horizon <= 0 or self.pace_max < 1.0:

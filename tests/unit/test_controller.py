@@ -77,6 +77,9 @@ def test_position_acceptance_counts_reached_positions():
     # past the prior's end, a position's prior is the rate of the one before it
     assert rates[1] == pytest.approx((2 + 2 * rates[0]) / (2 + 2))
     assert rates[2] == pytest.approx((1 + 2 * rates[1]) / (2 + 2))
+    # positions a round of k cannot reach fade toward that prior
+    acc.record(1, 1, fade=0.5)
+    assert acc.trials == [3, 1, 1, 0.5] and acc.hits == [3, 1, 0.5, 0.5]
     acc.limit(1.0)
     assert acc.trials[0] == pytest.approx(1.0) and acc.hits[0] == pytest.approx(1.0)
 

@@ -30,10 +30,14 @@ class PositionAcceptance:
     trials: list[float] = field(default_factory=list)
     hits: list[float] = field(default_factory=list)
 
-    def record(self, k: int, accepted: int) -> None:
-        """A round of k drafts, `accepted` of them."""
+    def record(self, k: int, accepted: int, fade: float = 1.0) -> None:
+        """A round of k drafts, `accepted` of them; positions k and past (the round could
+        not reach them) fade by `fade` toward their prior."""
         if k <= 0:
             return
+        for i in range(k, len(self.trials)):
+            self.trials[i] *= fade
+            self.hits[i] *= fade
         reached = min(accepted + 1, k)  # positions 0..accepted were tried (not past k)
         grow = reached - len(self.trials)
         if grow > 0:

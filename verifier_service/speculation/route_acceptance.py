@@ -17,9 +17,8 @@ class RouteAcceptance:
     and the estimate returns to the prior: a short one, never worth more than
     `max_rounds` rounds, and a long one of `long_rounds`. A route's estimate is, per
     position, the long one's, or the short one's where that is higher by more than `z`
-    of its standard errors. A position a round could not reach (k and past) fades with
-    the rest as the short memory makes room for new rounds, toward the position before it
-    (its prior), so a position no longer drafted is not held at its old rate.
+    of its standard errors. Positions a round could not reach (k and past) fade by `fade`
+    a round toward the position before them.
 
     Why two: drafting stops on a bad streak, so the last rounds before a route goes plain
     are its worst; the long memory holds its level through them. After a real burst the
@@ -33,6 +32,7 @@ class RouteAcceptance:
         self.half_life_s = c.route_half_life_s
         self.max_rounds = c.route_short_rounds
         self.long_rounds = c.route_long_rounds
+        self.fade = c.route_fade
         self.clock = clock
         self._short: dict[str, PositionAcceptance] = {}
         self._long: dict[str, PositionAcceptance] = {}
@@ -59,7 +59,7 @@ class RouteAcceptance:
             return
         short, long = self._aged(route)
         for memory, rounds in ((short, self.max_rounds), (long, self.long_rounds)):
-            memory.record(k, accepted)
+            memory.record(k, accepted, self.fade)
             memory.limit(rounds)
         d, a = self._overall.get(route, [0.0, 0.0])
         self._overall[route] = [d + (k if drafted is None else drafted), a + accepted]

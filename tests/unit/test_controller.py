@@ -1,5 +1,7 @@
 """The speculation controller as a pure function of recorded costs and acceptance."""
 
+import random
+
 import pytest
 
 from specd.speculation_config import SpeculationConfig
@@ -264,6 +266,23 @@ def test_a_position_no_longer_drafted_returns_toward_the_one_before():
     for _ in range(30):
         routes.record("chat", 1, 1)  # k = 1, all accepted: position 1 never reached
     assert routes.estimate("chat", [0.7], 2.0)[1] > 0.8
+
+
+def test_a_position_measured_low_is_not_held_there_once_no_round_reaches_it():
+    """The long memory full of rounds where position 1 was accepted half the time, then only
+    k = 1 rounds: nothing measures position 1, and the short memory alone is not far enough
+    above the long one to be taken. It must still drift back toward position 0's rate, or
+    k stays one short for good (log section 67: `auto` sat at k = 5 on code without it)."""
+    routes = RouteAcceptance(clock=lambda: 0.0)
+    rnd = random.Random(0)
+    for _ in range(64):  # k = 2: position 0 accepted at 0.9, position 1 at 0.5
+        routes.record("code", 2, 1 + (rnd.random() < 0.5) if rnd.random() < 0.9 else 0)
+    before = routes.estimate("code", [0.7], 2.0)
+    assert before[1] < 0.45
+    for _ in range(40):
+        routes.record("code", 1, int(rnd.random() < 0.9))
+    after = routes.estimate("code", [0.7], 2.0)
+    assert after[1] > 0.7 and after[0] - after[1] < 0.1
 
 
 def test_one_rejected_round_does_not_stop_a_good_route():

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 
 from launcher.cli_parser import BENCHES, ROLES, build_parser
 from specd.config import from_arguments
-from specd.openmp import settle_spinning, settle_threads
+from specd.openmp import settle_spinning, settle_threads, too_late
 
 
 def _models(args) -> int:
@@ -30,10 +31,16 @@ def _models(args) -> int:
 
 def _serve(args) -> int:
     config = from_arguments(ROLES[args.role], args)
+    log, settled = logging.getLogger("specd"), []
     if args.role in ("drafter", "verifier"):  # before torch loads (specd/openmp.py)
-        logging.getLogger("specd").info("%s: %s", args.role, settle_threads())
+        if "OMP_NUM_THREADS" not in os.environ:
+            settled.append("OMP_NUM_THREADS")
+        log.info("%s: %s", args.role, settle_threads())
     if args.role == "drafter" or (args.role == "verifier" and config.drafter):
-        settle_spinning()  # they take turns on the cores
+        if settle_spinning():  # they take turns on the cores
+            settled.append("GOMP_SPINCOUNT")
+    if warning := too_late(settled):
+        log.warning("%s: %s", args.role, warning)
     if args.role == "drafter":
         from drafter_service.server import serve
     elif args.role == "verifier":

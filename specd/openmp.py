@@ -26,16 +26,37 @@ with it, and in some runs through the API its plain steps were 3-8% faster with 
 default (not in others; section 34). OMP_WAIT_POLICY=PASSIVE (no spinning) is no
 answer: every region then pays a wake-up (a plain step went from ~31 to 47 ms, section
 33). A user's own GOMP_SPINCOUNT or OMP_WAIT_POLICY always wins.
+
+Where torch was loaded before a service could set these (a sitecustomize, a wrapper that
+imports torch first), libgomp keeps what it read then, and the service says so at start
+(`too_late`): with the default spin, `auto` at chat c = 2 went from 1.13-1.22x `off` to
+0.95-1.0x (section 68).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import MutableMapping
+import sys
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 SPIN_COUNT = "30000"
+
+
+def too_late(settled: list[str], modules: Mapping[str, object] = sys.modules) -> str:
+    """A warning for a model service that set the `settled` variables after torch was
+    loaded (libgomp read its environment then, and keeps it); "" when torch was not
+    loaded yet or nothing was set."""
+    if not settled or "torch" not in modules:
+        return ""
+    names = " and ".join(settled)
+    return (
+        f"torch was loaded before this service set {names} (a sitecustomize or a wrapper "
+        "that imports torch first?), so OpenMP runs without them: drafting rounds and "
+        f"verification slow each other down. Set {names} in the environment, or import "
+        "nothing before `specd serve`."
+    )
 
 
 def settle_spinning(environ: MutableMapping[str, str] = os.environ) -> bool:

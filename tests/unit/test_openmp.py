@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from specd.openmp import SPIN_COUNT, cpu_limit, settle_spinning, settle_threads
+from specd.openmp import SPIN_COUNT, cpu_limit, settle_spinning, settle_threads, too_late
 
 
 def test_a_service_environment_gets_the_short_spin():
@@ -85,6 +85,35 @@ def test_serve_sets_the_spin_count_and_threads_before_torch_loads(argv, spin, mo
         threads = str(max(1, min(int(threads), math.ceil(cpu_limit()))))
     assert out.stdout.strip() == repr([(spin, threads, False)])
     assert f"{threads} threads" in out.stderr  # logged at start
+    assert "torch was loaded before" not in out.stderr
+
+
+def _serve_after_torch(env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`specd serve drafter` in an interpreter that imported torch first, as a
+    sitecustomize or a wrapper script would."""
+    argv = ["serve", "drafter", "--model", "small"]
+    return subprocess.run(
+        [sys.executable, "-c", "import torch\n" + _SERVE, *argv],
+        capture_output=True, text=True, check=True, env=env,
+    )  # fmt: skip
+
+
+def test_a_service_started_after_torch_loaded_says_its_openmp_settings_do_not_hold():
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
+    env.pop("OMP_WAIT_POLICY", None)
+    out = _serve_after_torch(env)
+    assert "torch was loaded before this service set OMP_NUM_THREADS and GOMP_SPINCOUNT" in (
+        out.stderr
+    )
+    # the user's own settings were in the environment when torch loaded: nothing to say
+    out = _serve_after_torch(dict(env, GOMP_SPINCOUNT="300000", OMP_NUM_THREADS="2"))
+    assert "torch was loaded before" not in out.stderr
+
+
+def test_too_late_only_when_torch_is_loaded_and_something_was_set():
+    assert too_late(["GOMP_SPINCOUNT"], {}) == ""
+    assert too_late([], {"torch": object()}) == ""
+    assert "GOMP_SPINCOUNT" in too_late(["GOMP_SPINCOUNT"], {"torch": object()})
 
 
 def _cgroup(tmp_path, v2=None, v1=None):

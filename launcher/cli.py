@@ -31,15 +31,12 @@ def _models(args) -> int:
 
 def _serve(args) -> int:
     config = from_arguments(ROLES[args.role], args)
-    log, settled = logging.getLogger("specd"), []
+    log, before = logging.getLogger("specd"), set(os.environ)
     if args.role in ("drafter", "verifier"):  # before torch loads (specd/openmp.py)
-        if "OMP_NUM_THREADS" not in os.environ:
-            settled.append("OMP_NUM_THREADS")
         log.info("%s: %s", args.role, settle_threads())
     if args.role == "drafter" or (args.role == "verifier" and config.drafter):
-        if settle_spinning():  # they take turns on the cores
-            settled.append("GOMP_SPINCOUNT")
-    if warning := too_late(settled):
+        settle_spinning()  # they take turns on the cores
+    if warning := too_late([name for name in os.environ if name not in before]):
         log.warning("%s: %s", args.role, warning)
     if args.role == "drafter":
         from drafter_service.server import serve

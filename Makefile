@@ -42,7 +42,7 @@ deploy-tools:
 	@echo "deploy/: kustomize is the one source, both layouts rendered and validated by"
 	@echo "  tests/deploy; no Helm chart (helm does not install from the package registries)"
 
-# the native kernels: every instruction set's build compiled (a few minutes, once per
+# the native kernels: every instruction set's build compiled (about a minute, once per
 # source), so a change that breaks the build this CPU does not run fails here too, and
 # this CPU's loaded; fails when a CPU that runs one of them cannot build it. Built before
 # the tests so that the first service a test starts does not spend its readiness

@@ -25,16 +25,17 @@ log = logging.getLogger(__name__)
 _KERNELS = Path(__file__).with_name("kernels")
 _SOURCES = [
     _KERNELS / name
-    for name in (
+    for name in (  # the slowest first, so that ninja starts them first
+        "bindings.cpp",
         "qlinear.cpp",
         "paged_attention.cpp",
         "layer_ops.cpp",
         "decoder.cpp",
-        "bindings.cpp",
     )
 ]
 _HEADERS = [
     _KERNELS / "bf16.h",
+    _KERNELS / "decoder.h",
     _KERNELS / "exp_poly.h",
     _KERNELS / "kv_dtypes.h",
     _KERNELS / "ops.h",
@@ -152,7 +153,7 @@ def _build(isa: str):
     build.mkdir(parents=True, exist_ok=True)
     name = f"specd_qlinear_{_tag(isa)}"
     if not (build / f"{name}.so").exists():
-        log.info("building the native kernels for %s into %s (once, a few minutes)", isa, build)
+        log.info("building the native kernels for %s into %s (once, about a minute)", isa, build)
     # torch's loader marks a build in progress with a `lock` file and waits, forever, for
     # it to go; a process killed while building (a readiness timeout, the OOM killer)
     # leaves it behind and every later start hangs. Builds here hold an flock, which the

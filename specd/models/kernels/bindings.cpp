@@ -1,5 +1,12 @@
 // The CPU kernels' Python module (built by specd/models/native.py::kernel).
+//
+// pybind11 with torch's casters (Tensor, dtype, optional), not torch/extension.h: that
+// adds torch's whole C++ frontend, three times this file's compile. The kernels' own
+// sources include ATen's Tensor alone.
 
+#include <torch/csrc/utils/pybind.h>
+
+#include "decoder.h"
 #include "ops.h"
 
 // The calls that run for a while (a forward's matrices and attention, the layer stack)
@@ -16,5 +23,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "x += residual (in place), then RMSNorm");
   m.def("rope_store", &rope_store, "RoPE on q and k, k and v into the paged pools; -> q");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
-  bind_decoder(m);
+  pybind11::class_<DecoderStack>(m, "DecoderStack")
+      .def(pybind11::init<int64_t, int64_t, int64_t, double>())
+      .def("add_layer", &DecoderStack::add_layer)
+      .def("forward", &DecoderStack::forward, release())
+      .def("__len__", &DecoderStack::size);
 }

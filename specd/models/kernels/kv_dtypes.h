@@ -2,7 +2,7 @@
 // dtype, or a 16-bit cache under fp32 activations (specd.models.paged_kv.kv_dtype).
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 inline void check_kv_dtypes(at::ScalarType act, const at::Tensor& k_pool, const at::Tensor& v_pool) {
   const auto kt = k_pool.scalar_type();

@@ -9,7 +9,9 @@
 // independent and are split over threads only between rows: a row's result never depends
 // on the other rows of the call (batch invariance, as for the matmul and the attention).
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/Parallel.h>
 
 #include "bf16.h"

@@ -1,7 +1,9 @@
 // The CPU kernels' entry points, shared by the Python bindings and the decoder stack.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+
+#include <vector>
 
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& records, const at::Tensor& bias,
                    int64_t bits, at::ScalarType out_dtype);
@@ -20,4 +22,3 @@ at::Tensor rope_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
                       at::Tensor k_pool, at::Tensor v_pool, const at::Tensor& slots,
                       int64_t nh, int64_t nkv);
 at::Tensor silu_mul(const at::Tensor& gate_up);
-void bind_decoder(pybind11::module& m);  // decoder.cpp: DecoderStack

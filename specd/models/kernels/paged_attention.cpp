@@ -20,7 +20,8 @@
 // order: which way a score or a sum went never changes its bits. (Before, the values'
 // accumulators took a load and a store per key, ~3x the FMAs' time at 7 rows.)
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 

@@ -39,7 +39,8 @@
 // vectors of their top two bits: vector j's at bits 2(j%4), 2(j%4)+1 of vector j/4.
 // Each tile is unpacked once and used for every row.
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 

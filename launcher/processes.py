@@ -9,6 +9,7 @@ broken server explains itself.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -29,9 +30,19 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, role: str, *flags: str, logs: Path, ready_service: str = "", port: int = 0):
+    def __init__(
+        self,
+        role: str,
+        *flags: str,
+        logs: Path,
+        ready_service: str = "",
+        port: int = 0,
+        env: dict[str, str] | None = None,
+    ):
+        """`env`: variables set for the process on top of this one's environment."""
         self.role = role
         self.flags = list(flags)
+        self.env = env
         self.port = port or free_port()
         self.ready_service = ready_service
         self.log_path = logs / f"{role}-{self.port}.log"
@@ -45,7 +56,8 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "launcher", "serve", self.role]
         cmd += ["--host", "127.0.0.1", "--port", str(self.port), *self.flags]
         with open(self.log_path, "a") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            env = {**os.environ, **self.env} if self.env else None
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

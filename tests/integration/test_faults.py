@@ -36,12 +36,14 @@ def model_flags(model) -> list[str]:
     return ["--model", str(model), "--dtype", "float32"]
 
 
-def verifier(model, logs, *flags, drafter: str = "", metrics_port: int = 0) -> ServerProcess:
+def verifier(
+    model, logs, *flags, drafter: str = "", metrics_port: int = 0, env=None
+) -> ServerProcess:
     extra = ["--drafter", drafter, "--drafter-reconnect-ms", "200"] if drafter else []
     if metrics_port:
         extra += ["--metrics-port", str(metrics_port)]
     return ServerProcess(
-        "verifier", *model_flags(model), "--batch-invariant", *extra, *flags, logs=logs
+        "verifier", *model_flags(model), "--batch-invariant", *extra, *flags, logs=logs, env=env
     )
 
 
@@ -188,26 +190,33 @@ def test_router_restart_means_unavailable_never_a_hang(model, tmp_path):
 
 
 def test_sigterm_drains_a_verifier_its_running_requests_finish(model, tmp_path):
-    # the drain outlasts the four requests with room to spare on a loaded 2-core machine
-    # (400 tokens each took 20-45 s to drain there, and the default 30 s cut one off)
+    # two replicas busy at once: one core each, as a deployment gives each its own (two
+    # OpenMP teams of two on 2 cores wait on each other's descheduled threads at every op:
+    # the tiny model's 200 tokens took 5-30 s instead of 0.3). 400 tokens (of the tiny
+    # model's 512 positions) keep a's requests running well past the health check below
     a_metrics, b_metrics = free_port(), free_port()
-    a = verifier(model, tmp_path, "--drain-seconds", "120", metrics_port=a_metrics).start()
-    b = verifier(model, tmp_path, metrics_port=b_metrics).start()
+    one_core, tokens = {"OMP_NUM_THREADS": "1"}, 400
+    a = verifier(model, tmp_path, "--drain-seconds", "120", metrics_port=a_metrics, env=one_core)
+    b = verifier(model, tmp_path, metrics_port=b_metrics, env=one_core)
+    a.start()
+    b.start()
     front = router(model, tmp_path, a, b).start()
     try:
         with SpecdClient(front.address) as client:
-            streams = [client.stream(p, max_new_tokens=200, ignore_eos=True) for p in PROMPTS[:4]]
+            streams = [
+                client.stream(p, max_new_tokens=tokens, ignore_eos=True) for p in PROMPTS[:4]
+            ]
             counts = [len(next(s).token_ids) for s in streams]  # all four are running
             assert scrape(a_metrics, RUNNING) > 0, "the drain must hit requests running on a"
             a.proc.send_signal(signal.SIGTERM)
             # NOT_SERVING at once: probes and peers stop sending
             wait_for(lambda: not check_health(a.address), timeout=10)
             assert a.proc.poll() is None, "a verifier with running requests waits for them"
-            assert all(n < 200 for n in counts)
+            assert all(n < tokens for n in counts)
             with ThreadPoolExecutor(4) as pool:  # read all four as their clients would
                 rest = pool.map(lambda s: sum(len(m.token_ids) for m in s), streams)
                 counts = [n + m for n, m in zip(counts, rest, strict=True)]
-            assert counts == [200] * 4  # none was cut, on either replica
+            assert counts == [tokens] * 4  # none was cut, on either replica
             assert a.proc.wait(30) == 0
             # new requests go to the other replica, none fails
             served = scrape(b_metrics, TOKENS_OUT)

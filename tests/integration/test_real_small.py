@@ -32,3 +32,27 @@ def test_smollm2_greedy_matches_transformers_generate():
     ref = hf.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False)
     assert len(ref[0]) - len(ids) == 32, "prompt should run past 32 tokens"
     assert ours == ref[0, len(ids) :].tolist()
+
+
+@pytest.mark.real
+def test_a_fresh_cache_converts_the_small_models_gguf(tmp_path, monkeypatch):
+    """What a first `specd models fetch` or `specd up` does on a new machine: the GGUF
+    (taken from the cache `make models` filled, else downloaded) converted through
+    transformers into a dense folder, the same tensors and config as the cache's."""
+    from safetensors.torch import load_file
+
+    from specd.models.catalog import CATALOG, cache_root
+    from specd.models.fetch import fetch_model
+
+    cached = real_model_or_skip(SMALL_MODEL)
+    gguf = cache_root() / "gguf" / CATALOG[SMALL_MODEL].gguf_name
+    monkeypatch.setenv("SPECD_CACHE", str(tmp_path))
+    if gguf.exists():
+        (tmp_path / "gguf").mkdir()
+        (tmp_path / "gguf" / gguf.name).symlink_to(gguf)
+    folder = fetch_model(SMALL_MODEL)
+    assert folder.is_relative_to(tmp_path) and (folder / ".specd-complete").exists()
+    ours, theirs = load_file(folder / "model.safetensors"), load_file(cached / "model.safetensors")
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert (folder / "config.json").read_text() == (cached / "config.json").read_text()

@@ -47,9 +47,10 @@ class SpeculationConfig:
     # a short one (`route_short_rounds`) that shows within a few probes that a burst
     # ended, and a long one (`route_long_rounds`) that holds the route's level through a
     # bad streak; the estimate is the long one's unless the short one is higher by
-    # `route_z` standard errors. Positions a round could not reach fade by `route_fade` a
-    # round toward the one before (sections 37-38). How deep a route's rounds go (the
-    # drafter stops after an unsure draft) is kept over `route_long_rounds` (section 53)
+    # `route_z` standard errors. Positions a round could not reach that read under the one
+    # before fade by `route_fade` a round toward it (sections 37-38, 70). How deep a
+    # route's rounds go (the drafter stops after an unsure draft) is kept over
+    # `route_long_rounds` (section 53)
     route_half_life_s: float = 30.0
     route_short_rounds: float = 6.0
     route_long_rounds: float = 64.0

@@ -79,9 +79,10 @@ def test_position_acceptance_counts_reached_positions():
     # past the prior's end, a position's prior is the rate of the one before it
     assert rates[1] == pytest.approx((2 + 2 * rates[0]) / (2 + 2))
     assert rates[2] == pytest.approx((1 + 2 * rates[1]) / (2 + 2))
-    # positions a round of k cannot reach fade toward that prior
+    # positions a round of k cannot reach fade toward that prior where they read under
+    # the position before (position 2, 1/2 against 2/2), and keep their counts where not
     acc.record(1, 1, fade=0.5)
-    assert acc.trials == [3, 1, 1, 0.5] and acc.hits == [3, 1, 0.5, 0.5]
+    assert acc.trials == [3, 2, 1, 1] and acc.hits == [3, 2, 0.5, 1]
     acc.limit(1.0)
     assert acc.trials[0] == pytest.approx(1.0) and acc.hits[0] == pytest.approx(1.0)
 
@@ -381,3 +382,29 @@ def test_a_sequence_kept_plain_under_its_floor_keeps_its_place_in_the_step():
     assert _switching([capped], [0]) == (0, 0)
     drafting = Candidate(4, [0.2], floor=0.5, behind=0)
     assert _switching([_capped(drafting)], [0]) == (0, 1)
+
+
+def test_a_deep_position_measured_high_is_kept_while_shallower_rounds_run():
+    """Code accepts deeper drafts more often than the third (a copied stretch, once
+    entered, goes on): positions 3-5 measured at 0.95 under a position 2 of 0.75. Rounds
+    of k = 3 cannot reach them; pulled down to position 2 they would make k = 3 look best
+    and keep it so, as nothing deeper would run to measure them again (log section 70)."""
+    routes = RouteAcceptance(clock=lambda: 0.0)
+    rnd = random.Random(1)
+
+    def run(k: int, accept: list[float]) -> int:
+        n = 0
+        while n < k and rnd.random() < accept[n]:
+            n += 1
+        return n
+
+    deep = [0.9, 0.9, 0.75, 0.95, 0.95, 0.95]
+    for _ in range(64):
+        routes.record("code", 6, run(6, deep))
+    before = routes.estimate("code", [0.7], 2.0)
+    assert min(before[3:]) > 0.88 and before[2] < 0.82
+    for _ in range(40):
+        routes.record("code", 3, run(3, deep))
+    after = routes.estimate("code", [0.7], 2.0)
+    assert min(after[3:]) > 0.88
+    assert expected_tokens(after, 6) > expected_tokens(before, 6) - 0.1

@@ -17,8 +17,8 @@ class RouteAcceptance:
     and the estimate returns to the prior: a short one, never worth more than
     `max_rounds` rounds, and a long one of `long_rounds`. A route's estimate is, per
     position, the long one's, or the short one's where that is higher by more than `z`
-    of its standard errors. Positions a round could not reach (k and past) fade by `fade`
-    a round toward the position before them.
+    of its standard errors. Positions a round could not reach (k and past) that read under
+    the position before fade by `fade` a round toward it (`PositionAcceptance.record`).
 
     Why two: drafting stops on a bad streak, so the last rounds before a route goes plain
     are its worst; the long memory holds its level through them. After a real burst the

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from specd.models.catalog import SMALL_MODEL
+from specd.models.catalog import CATALOG, SMALL_MODEL, cache_root
+from specd.models.fetch import fetch_model
 from specd.models.loader import load_model, load_tokenizer
 from specd.models.paged_kv import PagedKV
 from specd.models.seq_input import SeqInput
@@ -40,9 +41,6 @@ def test_a_fresh_cache_converts_the_small_models_gguf(tmp_path, monkeypatch):
     (taken from the cache `make models` filled, else downloaded) converted through
     transformers into a dense folder, the same tensors and config as the cache's."""
     from safetensors.torch import load_file
-
-    from specd.models.catalog import CATALOG, cache_root
-    from specd.models.fetch import fetch_model
 
     cached = real_model_or_skip(SMALL_MODEL)
     gguf = cache_root() / "gguf" / CATALOG[SMALL_MODEL].gguf_name

@@ -203,7 +203,7 @@ def test_decisions_gate_on_the_largest_recent_batch_and_on_kv():
         (0, "off:batch", 1.0),
         (0, "off:request", 1.0),
     ]
-    clock.now = 0.5  # the batch fell to 2, but a batch of 3 was seen within the last second
+    clock.now = 0.1  # the batch fell to 2, but a batch of 3 was seen within `batch_memory_s`
     assert _decide(control, [gated], batch=2, kv_used=0.1)[0].reason == "off:batch"
     clock.now = 2.0
     assert _decide(control, [gated], batch=2, kv_used=0.1)[0] == (4, "on", 1.0)

@@ -219,8 +219,10 @@ def test_decisions_tell_the_controller_of_a_dip_in_the_batch():
     auto = [_seq(i, speculation=SpeculationBounds(auto=True)) for i in range(4)]
     _decide(control, auto, batch=4, kv_used=0.1)
     _decide(control, auto[:1], batch=1, kv_used=0.1)  # three finished a moment ago
-    clock.now = 2.0
-    _decide(control, auto[:1], batch=1, kv_used=0.1)  # the batch has been one for a while
+    # the batch has stayed one for 0.6 s (a client's next request comes within ~0.4 s at
+    # c = 8 on the 2-core CPU): the last request of a load that fell drafts again
+    clock.now = 0.6
+    _decide(control, auto[:1], batch=1, kv_used=0.1)
     _decide(control, auto[:1], batch=3, kv_used=0.1)  # two more wait for their prefill
     assert dips == [False, True, False, True]
 

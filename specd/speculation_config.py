@@ -29,11 +29,10 @@ class SpeculationConfig:
     # tokens behind the drafter may still start drafting; past it the step runs plain
     # (section 55)
     dip_catch_up: int = 4
-    # the largest batch over this many seconds counts as the batch: a dip (a request
-    # finished, its client's next one not yet here: 0.1 s at c = 2, up to ~0.4 s at c = 4
-    # and 8 on the 2-core CPU) must not switch a batch to drafting, and a batch that stays
-    # smaller must not wait long to (a route's `draft_below_batch` compares it too;
-    # section 71)
+    # the largest batch over this many seconds counts as the batch (a route's
+    # `draft_below_batch` compares it too): a dip, a request finished and its client's next
+    # not yet in (0.1 s at c = 2, up to ~0.4 s at c = 4 and 8 on the 2-core CPU), must not
+    # switch a batch to drafting, while a batch that stays smaller drafts soon (section 71)
     batch_memory_s: float = 0.5
     # an alternative leaf may add at most this share of a forward's cost (it yields a
     # token only where its draft is rejected: ~1.6% a leaf on code, 5% on chat; section 9)

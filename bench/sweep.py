@@ -125,6 +125,13 @@ async def run_cell(
         return await drive(one, items, concurrency, requests, tick)
 
 
+def warm_mode(speculation: str) -> str:
+    """The speculation a mode's warm-up requests ask for: `auto` as `on`, since `auto`
+    decides a few-token request plain (its catch-up would not pay back), so the drafter
+    would meet each prompt first in the timed cell, while `on`'s cells find it cached."""
+    return "on" if speculation == "auto" else speculation
+
+
 def run_order(modes: list[str], levels: list[int], repeats: int) -> list[tuple[str, int]]:
     """The (mode, concurrency) cells in the order they run. Once each: every level of one
     mode, then the next mode. Repeated: per level, the modes forwards then backwards
@@ -167,6 +174,7 @@ def sweep(
         # and the others do not (llama-server gets the same, bench/llamacpp.py)
         warm = [WARM_UP, *conversations]
         warm_routes = None if cell_routes is None else [cell_routes[0], *cell_routes]
+        speculation = warm_mode(speculation)
         asyncio.run(
             run_cell(address, warm, speculation, 1, len(warm), WARM_UP_TOKENS, None, warm_routes)
         )

@@ -134,3 +134,26 @@ def test_sweep_starts_its_own_services_and_swaps_in_ngram(tmp_path):
             assert cell["acceptance"] is None
         else:  # the n-gram drafter really answered: rounds were drafted and verified
             assert cell["reasons"] == {"on": 2} and cell["acceptance"] is not None
+
+
+def test_warm_up_lets_the_drafter_see_every_prompt_where_the_mode_may_draft(monkeypatch):
+    # `auto` decides a few-token request plain, so its warm-up asks `on`: the drafter
+    # caches each prompt before the timed cells, as `on`'s warm-up makes it do
+    from bench import sweep as sweep_module
+    from bench.prompts import WARM_UP_TOKENS
+
+    asked = []
+
+    async def fake_cell(address, conversations, mode, concurrency, requests, max_new, *rest):
+        if max_new == WARM_UP_TOKENS:
+            asked.append(mode)
+        result = {"ttft": 0.01, "tpot": 0.01, "tokens": max_new, "reason": "on", "route": ""}
+        return [{**result, "drafted": 0, "accepted": 0, "rounds": 0}] * requests, 1.0
+
+    monkeypatch.setattr(sweep_module, "run_cell", fake_cell)
+    conversations = [[{"role": "user", "content": "abc"}]]
+    report = sweep_module.sweep(
+        "unused", conversations, ["off", "auto", "on@plain"], [1], 1, 4, progress=lambda _: None
+    )
+    assert asked == ["off", "on", "on"]
+    assert [c["mode"] for c in report["cells"]] == ["off", "auto", "on@plain"]

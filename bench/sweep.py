@@ -125,13 +125,6 @@ async def run_cell(
         return await drive(one, items, concurrency, requests, tick)
 
 
-def warm_mode(speculation: str) -> str:
-    """The speculation a mode's warm-up requests ask for: `auto` as `on`, since `auto`
-    decides a few-token request plain (its catch-up would not pay back), so the drafter
-    would meet each prompt first in the timed cell, while `on`'s cells find it cached."""
-    return "on" if speculation == "auto" else speculation
-
-
 def run_order(modes: list[str], levels: list[int], repeats: int) -> list[tuple[str, int]]:
     """The (mode, concurrency) cells in the order they run. Once each: every level of one
     mode, then the next mode. Repeated: per level, the modes forwards then backwards
@@ -171,13 +164,13 @@ def sweep(
         # kernels; then every conversation once, so each cell finds the prompts in the
         # prefix caches (the verifier's, and the drafter's where the mode drafts) as every
         # other cell does: without it the first cell to send a prompt pays its prefill
-        # and the others do not (llama-server gets the same, bench/llamacpp.py)
+        # and the others do not (llama-server gets the same, bench/llamacpp.py). `auto`
+        # warms up as `on`: it decides a few-token request plain, so its drafter would
+        # meet each prompt first in a timed cell
         warm = [WARM_UP, *conversations]
         warm_routes = None if cell_routes is None else [cell_routes[0], *cell_routes]
-        speculation = warm_mode(speculation)
-        asyncio.run(
-            run_cell(address, warm, speculation, 1, len(warm), WARM_UP_TOKENS, None, warm_routes)
-        )
+        asks = "on" if speculation == "auto" else speculation
+        asyncio.run(run_cell(address, warm, asks, 1, len(warm), WARM_UP_TOKENS, None, warm_routes))
     runs: dict[tuple[str, int], list[tuple[list[dict], float]]] = {}
     for mode, c in run_order(list(modes), list(levels), repeats):
         n = max(requests, c)

@@ -90,6 +90,38 @@ def test_a_row_is_the_same_bits_alone_in_a_batch_and_from_a_graph(triton_ops, mo
     assert torch.equal(alone, _decode_after(step, model, batch=True, graphs=True))
 
 
+def test_an_eager_step_runs_the_head_over_the_rows_it_wants_only(triton_ops, models):
+    """A prefill chunk wants its last row's logits or none: the head (the largest matrix,
+    read again for each tile of rows) runs over those rows, and a row comes out the same
+    bits as from a graph, which runs the head over every row."""
+    from specd.models.gpu.graphs import StepGraphs
+
+    model = models["qwen2"]
+    step = gpu_step(model)
+    head_rows = []
+    linear = step.linear
+
+    def counting(x, w, b=None, out=None):
+        if w is model.lm_head:
+            head_rows.append(x.shape[0])
+        return linear(x, w, b, out)
+
+    step.linear = counting
+    kv = cache(model, "a", "b")
+    chunk = step.forward(kv, [SeqInput("a", list(range(3, 23)), num_logits=0)])
+    assert chunk.shape == (0, model.lm_head.shape[0]) and head_rows == []
+    step.forward(kv, [SeqInput("b", list(range(40, 50)), 1)])
+    assert head_rows == [4]  # 10 rows in 3 tiles of 4; the head reads 1 row in 1 tile
+    # b's decode row beside a's last chunk: eager (past the graphs' 12 rows), b's row
+    # second of the head's two; then b's next row alone from a graph, where it is first
+    both = step.forward(kv, [SeqInput("a", list(range(23, 36)), 1), SeqInput("b", [7], 1)])
+    assert head_rows[-1] == 4 and both.shape[0] == 2
+    step.graphs = StepGraphs(step, kv, max_seqs=2, max_rows=12)
+    kv.allocator.truncate_to("b", 10)
+    alone = step.forward(kv, [SeqInput("b", [7], 1)])
+    assert head_rows[-1] == 4 and torch.equal(alone[0], both[1])
+
+
 def test_graph_buckets_and_what_replays(triton_ops, models):
     from specd.models.gpu.graphs import StepGraphs, buckets
     from specd.models.gpu.step_inputs import HostRows

@@ -43,23 +43,36 @@ class GpuStep:
         graphs = self.graphs
         if graphs is not None and graphs.kv is kv and graphs.fits(host):
             logits = graphs.replay(host)
+            index = torch.tensor(host.logits_rows, dtype=torch.long).to(logits.device)
+            out = logits.index_select(0, index).float()
         else:
-            logits = self.eager(kv, host)
-        index = torch.tensor(host.logits_rows, dtype=torch.long).to(logits.device)
-        out = logits.index_select(0, index).float()
+            out = self.eager(kv, host).float()
         if out.device.type == "cuda":  # the step's time is the forward's, not its reader's
             torch.cuda.current_stream().synchronize()
         return out
 
     def eager(self, kv, host: HostRows) -> torch.Tensor:
+        """The step run as it comes -> logits [len(host.logits_rows), V] of the rows
+        wanted, in their order."""
         pad, width = self.padded(host.rows), host.width
         buffer = torch.from_numpy(host.pack(pad, width)).to(self.model.device)
         inputs = StepInputs.view(buffer, pad, len(host.tables), width)
-        return self.run(kv, inputs, host.rows)
+        wanted = torch.tensor(host.logits_rows, dtype=torch.long).to(self.model.device)
+        return self.run(kv, inputs, host.rows, wanted=wanted)[: len(host.logits_rows)]
 
-    def run(self, kv, inputs: StepInputs, rows: int, out: torch.Tensor | None = None):
+    def run(
+        self,
+        kv,
+        inputs: StepInputs,
+        rows: int,
+        out: torch.Tensor | None = None,
+        wanted: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The layers over `inputs` (laid out with `padded` rows, the first `rows` real)
-        -> logits [padded, V] in the activations' dtype (into `out` where given)."""
+        -> logits [padded, V] in the activations' dtype (into `out` where given). With
+        `wanted` (row indices) the head reads only those rows, laid out as the step's are
+        -> [padded(len(wanted)), V]: a prefill chunk wants its last row or none, and the
+        head is the largest matrix, read again for each tile of rows."""
         m, a = self.model, self.model.args
         ops, eps = triton_layer_ops, a.rms_norm_eps
         keys = self.max_keys(kv)
@@ -82,6 +95,12 @@ class GpuStep:
             h = ops.add_rms_norm(x, attn, layer.mlp_norm, eps, rows)
             mlp = self.linear(ops.silu_mul(self.linear(h, layer.w_gate_up), rows), layer.w_down)
         h = ops.add_rms_norm(x, mlp, m.norm, eps, rows)
+        if wanted is not None:
+            if not len(wanted):
+                return h.new_empty(0, m.lm_head.shape[0])
+            picked = h.new_zeros(self.padded(len(wanted)), h.shape[1])
+            picked[: len(wanted)] = h.index_select(0, wanted)
+            h = picked
         return self.linear(h, m.lm_head, out=out)
 
     def linear(self, x, w, b=None, out=None):

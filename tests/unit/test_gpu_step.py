@@ -112,8 +112,8 @@ def test_an_eager_step_runs_the_head_over_the_rows_it_wants_only(triton_ops, mod
     assert chunk.shape == (0, model.lm_head.shape[0]) and head_rows == []
     step.forward(kv, [SeqInput("b", list(range(40, 50)), 1)])
     assert head_rows == [4]  # 10 rows in 3 tiles of 4; the head reads 1 row in 1 tile
-    # b's decode row beside a's last chunk: eager (past the graphs' 12 rows), b's row
-    # second of the head's two; then b's next row alone from a graph, where it is first
+    # b's decode row beside a's last chunk, eagerly: b's row is second of the head's two;
+    # then the same row again alone, replayed from a graph, where it is first
     both = step.forward(kv, [SeqInput("a", list(range(23, 36)), 1), SeqInput("b", [7], 1)])
     assert head_rows[-1] == 4 and both.shape[0] == 2
     step.graphs = StepGraphs(step, kv, max_seqs=2, max_rows=12)

@@ -41,24 +41,22 @@ class GpuStep:
         """As LlamaModel.forward: fp32 logits [R, V] for each sequence's last num_logits."""
         host = HostRows.build(kv.allocator, seqs)
         graphs = self.graphs
+        wanted = torch.tensor(host.logits_rows, dtype=torch.long).to(self.model.device)
         if graphs is not None and graphs.kv is kv and graphs.fits(host):
-            logits = graphs.replay(host)
-            index = torch.tensor(host.logits_rows, dtype=torch.long).to(logits.device)
-            out = logits.index_select(0, index).float()
+            out = graphs.replay(host).index_select(0, wanted).float()
         else:
-            out = self.eager(kv, host).float()
+            out = self.eager(kv, host, wanted).float()
         if out.device.type == "cuda":  # the step's time is the forward's, not its reader's
             torch.cuda.current_stream().synchronize()
         return out
 
-    def eager(self, kv, host: HostRows) -> torch.Tensor:
-        """The step run as it comes -> logits [len(host.logits_rows), V] of the rows
-        wanted, in their order."""
+    def eager(self, kv, host: HostRows, wanted: torch.Tensor) -> torch.Tensor:
+        """The step run as it comes -> logits [len(wanted), V] of the `wanted` rows, in
+        their order."""
         pad, width = self.padded(host.rows), host.width
         buffer = torch.from_numpy(host.pack(pad, width)).to(self.model.device)
         inputs = StepInputs.view(buffer, pad, len(host.tables), width)
-        wanted = torch.tensor(host.logits_rows, dtype=torch.long).to(self.model.device)
-        return self.run(kv, inputs, host.rows, wanted=wanted)[: len(host.logits_rows)]
+        return self.run(kv, inputs, host.rows, wanted=wanted)[: len(wanted)]
 
     def run(
         self,

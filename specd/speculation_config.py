@@ -81,20 +81,14 @@ class SpeculationConfig:
     own_samples: int = 8
     # the machine's pace against the held prices: a settled k's step moves it by
     # `pace_weight` of its distance from its price (in the logarithm, clipped at
-    # `step_log_max`), within 1 / `pace_max` .. `pace_max` (sections 51-60)
+    # `step_log_max`; sections 51-60)
     pace_weight: float = 0.2
     step_log_max: float = 0.05
-    pace_max: float = 4.0
-    # a plain step next to a drafting one moves every drafting price against every plain
-    # one by `pair_weight` of how far the two ran from their prices apart (in the
-    # logarithm, clipped at `pair_log_max`): the pace moves both alike (section 65)
-    pair_weight: float = 0.1
-    pair_log_max: float = 0.25
 
     def __post_init__(self):
         shares = ("margin", "stay_margin", "prior_acceptance", "good_acceptance", "leaf_cost")
         for name in shares + ("route_fade", "explore_window", "step_weight"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.probe_every <= 0 or self.horizon <= 0 or self.pace_max < 1.0:
-            raise ValueError("probe_every and horizon must be positive and pace_max >= 1")
+        if self.probe_every <= 0 or self.horizon <= 0:
+            raise ValueError("probe_every and horizon must be positive")

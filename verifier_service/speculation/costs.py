@@ -117,11 +117,8 @@ class StepCosts:
     Prices are held at the machine's pace of when they were learned, and read at its pace
     of now (`pace`): a k whose price has settled moves the pace by `pace_weight` of how far
     its step ran from its price, in the logarithm and clipped at `step_log_max` (one
-    stalled second must not move it), within 1 / `pace_max` .. `pace_max`; what the pace
-    leaves of the step moves that k's price in the same measure. So a k not run for a
-    while is priced at the speed of now (sections 54, 59 and 60). The pace moves plain and
-    drafting prices alike; a plain step next to a drafting one shows how the two regimes
-    run apart (`drafting_pace`, section 65)."""
+    stalled second must not move it); what the pace leaves of the step moves that k's
+    price in the same measure. So a k not run for a while is priced at the speed of now."""
 
     def __init__(self, config: SpeculationConfig | None = None):
         self.config = c = config or SpeculationConfig()
@@ -130,9 +127,6 @@ class StepCosts:
         self._drafting: dict[int, CostCurve] = {}
         self.pace_weight = c.pace_weight
         self.pace = 1.0
-        # how drafting steps run against plain ones beyond their prices (`_compare`)
-        self.drafting_pace = 1.0
-        self._last: tuple[bool, float] | None = None  # the last step: drafting, log(s/price)
 
     def _curve(self, sequences: int, k: int) -> CostCurve | None:
         return self._plain if k == 0 else self._drafting.get(sequences)
@@ -140,17 +134,15 @@ class StepCosts:
     def record(self, sequences: int, k: int, seconds: float) -> None:
         if sequences <= 0 or k < 0 or not seconds > 0:
             return
-        self._compare(k > 0, self(sequences, k), seconds)
         held = self._settled(sequences, k)
         if held is not None:  # settled: the step moves the pace, and what is left its price
-            off = _clip(math.log(seconds / (self._pace(k) * held)), self.config.step_log_max)
-            before = self.pace
-            self.pace = _moved(before, self.pace_weight * off, self.config.pace_max)
-            self._curve(sequences, k).settle(
-                sequences if k == 0 else k, math.exp(off) * before / self.pace
-            )
+            off = math.log(seconds / (self.pace * held))
+            off = max(-self.config.step_log_max, min(self.config.step_log_max, off))
+            moved = math.exp(self.pace_weight * off)
+            self.pace *= moved
+            self._curve(sequences, k).settle(sequences if k == 0 else k, math.exp(off) / moved)
             return
-        seconds /= self._pace(k)
+        seconds /= self.pace
         if k == 0:
             self._plain.record(sequences, seconds)
         else:
@@ -159,34 +151,13 @@ class StepCosts:
             )
             self._drafting[sequences].record(k, seconds)
 
-    def _pace(self, k: int) -> float:
-        return self.pace * (self.drafting_pace if k else 1.0)
-
-    def _compare(self, drafting: bool, price: float | None, seconds: float) -> None:
-        """A plain step next to a drafting one ran at one pace of the machine: how far the
-        two ran from their prices apart is what the pace, which moves both alike, cannot
-        learn (the drafter's process slows drafting steps, not plain ones, on a machine
-        whose cores both use). `drafting_pace` moves by `pair_weight` of it, in the
-        logarithm and clipped at `pair_log_max`, within 1 / `pace_max` .. `pace_max`."""
-        last, self._last = self._last, None
-        if price is None:
-            return
-        off = math.log(seconds / price)
-        self._last = (drafting, off)
-        if last is None or last[0] == drafting:
-            return
-        c = self.config
-        apart = _clip(off - last[1], c.pair_log_max)
-        step = c.pair_weight * (apart if drafting else -apart)
-        self.drafting_pace = _moved(self.drafting_pace, step, c.pace_max)
-
     def samples(self, sequences: int, k: int) -> int:
         curve = self._curve(sequences, k)
         return 0 if curve is None else curve.samples(sequences if k == 0 else k)
 
     def __call__(self, sequences: int, k: int) -> float | None:
         price = self._held(sequences, k)
-        return None if price is None else self._pace(k) * price
+        return None if price is None else self.pace * price
 
     def _held(self, sequences: int, k: int) -> float | None:
         if k == 0:
@@ -211,7 +182,7 @@ class StepCosts:
         out = {(b, 0): s for b, s in self._plain.measured().items()}
         for b, curve in self._drafting.items():
             out.update({(b, k): s for k, s in curve.measured().items()})
-        return {(b, k): self._pace(k) * s for (b, k), s in out.items()}
+        return {(b, k): self.pace * s for (b, k), s in out.items()}
 
 
 class StepCostModel:
@@ -314,15 +285,6 @@ def _affine(curve: CostCurve, k: int) -> float | None:
     var = sum(w[x] * (x - mx) ** 2 for x in points)
     slope = max(0.0, sum(w[x] * (x - mx) * (y - my) for x, y in points.items()) / var)
     return my + slope * (k - mx)
-
-
-def _clip(x: float, bound: float) -> float:
-    return max(-bound, min(bound, x))
-
-
-def _moved(factor: float, log_step: float, most: float) -> float:
-    """`factor` moved by `log_step` in the logarithm, within 1 / `most` .. `most`."""
-    return min(most, max(1 / most, factor * math.exp(log_step)))
 
 
 def _power_of_two(tokens: int) -> int:

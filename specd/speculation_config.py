@@ -15,13 +15,10 @@ class SpeculationConfig:
     """How `auto` requests decide, every step, whether and how deep to draft."""
 
     # -- the decision ------------------------------------------------------------------------
-    # plain -> drafting needs the prediction (1 + margin) x plain's: a step's small gain is
-    # lost in a run whose drafting sequences finish apart (section 19)
+    # a step drafts where the prediction beats plain's by (1 + margin x (B - 1) / B) at
+    # batch B: a step's small gain is lost in a run whose drafting sequences finish apart
+    # (section 19), and a sequence alone decides on the prediction (section 38)
     margin: float = 0.08
-    # drafting -> plain once the prediction falls under (1 + stay_margin) x plain's:
-    # switching makes the drafter catch up. Both apply (B - 1) / B at batch B, so a
-    # sequence alone decides on the prediction (section 38)
-    stay_margin: float = 0.03
     # a switch's cost (catch-up, or drafting ahead for those that stop) is spread over at
     # most this many steps of the run it starts
     horizon: int = 32
@@ -86,7 +83,7 @@ class SpeculationConfig:
     step_log_max: float = 0.05
 
     def __post_init__(self):
-        shares = ("margin", "stay_margin", "prior_acceptance", "good_acceptance", "leaf_cost")
+        shares = ("margin", "prior_acceptance", "good_acceptance", "leaf_cost")
         for name in shares + ("route_fade", "explore_window", "step_weight"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")

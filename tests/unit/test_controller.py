@@ -102,7 +102,6 @@ def test_one_sequence_on_a_cpu_drafts_as_far_as_acceptance_pays():
 def test_the_best_k_is_the_argmax_of_the_predicted_rate():
     c = recorded()
     for alpha in (0.5, 0.7, 0.9):
-        c.drafting = False  # no hysteresis: the plain argmax with the switch-on margin
         plan = c.plan([Candidate(8, [alpha])])
         forward = c.costs.forward
         rates = [
@@ -186,7 +185,6 @@ def flat_costs(sequences: int) -> Controller:
     c.costs.record_forward(sequences, 1.0)
     c.costs.record_forward(2 * sequences, 1.0)
     c.costs.record_draft(sequences, 1, 0.5)
-    c.drafting = False  # from plain decoding (the hysteresis is tested below)
     return c
 
 
@@ -349,17 +347,17 @@ def test_bounds_refuse_nan_and_out_of_range():
         SpeculationBounds(draft_below_batch=-1).validate()
 
 
-def test_hysteresis_a_drafting_batch_stays_on_while_it_predicts_a_small_gain():
+def test_a_batch_drafts_where_it_predicts_the_margin_whether_it_drafted_or_not():
+    """No band between starting and staying: what makes a drafting batch stay is what
+    stopping costs, priced (test_controller_steps: a switch pays for itself)."""
     c = flat_costs(4)
 
     def plan(accept: float) -> list[int]:
         return c.plan([Candidate(1, [accept])] * 4).ks
 
-    assert plan(0.55) == [0] * 4 and not c.drafting  # 1.033x: under 6% to switch on
-    assert plan(0.9) == [1] * 4 and c.drafting
-    assert plan(0.55) == [1] * 4  # over the 2.25% (3% x 3/4) to stay on
-    assert plan(0.5) == [0] * 4 and not c.drafting  # a tie: plain
-    assert plan(0.55) == [0] * 4  # and from plain, 3.3% is not enough to switch back
+    assert plan(0.55) == [0] * 4  # 1.033x: under the 6% (8% x 3/4)
+    assert plan(0.65) == [1] * 4  # 1.07x
+    assert plan(0.55) == [0] * 4  # drafting last step: the same 6%
 
 
 def test_without_the_cost_model_auto_drafts_its_cap_but_still_probes():

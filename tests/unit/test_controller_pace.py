@@ -128,7 +128,6 @@ def test_a_slow_minute_does_not_start_drafting_where_plain_is_faster():
         learned(c.costs.steps, {0: 0.040, 1: 0.080})
         for _ in range(200):  # where the pace does not move, plain's own price follows
             c.costs.record_step([0] * 4, 0.050)
-        c.drafting = False
         return c.plan([Candidate(6, CODE_ACCEPT)] * 4).ks
 
     assert plans(0.2) == [0] * 4

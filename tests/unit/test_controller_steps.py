@@ -149,7 +149,7 @@ def test_exploring_skips_a_k_that_the_measured_line_prices_far_behind():
         for k in (0, *ks_measured):
             for _ in range(3):
                 c.costs.record_step([k] * 4, true_s(k))
-        c.drafting, ks = False, set()
+        ks = set()
         for _ in range(64):
             ks.add(c.plan([Candidate(6, accept)] * 4).ks[0])
         return ks
@@ -166,7 +166,7 @@ def test_sequences_near_their_end_are_not_explored():
         c = Controller(SpeculationConfig(explore_every=4, explore_steps=1, explore_cap_s=100))
         for _ in range(3):
             c.costs.record_step([0] * 6, 0.065)
-        c.drafting, ks = False, set()
+        ks = set()
         for _ in range(16):
             plan = c.plan([Candidate(6, [0.6], remaining=remaining)] * 6)
             ks.add(plan.ks[0])
@@ -299,15 +299,15 @@ def test_a_switch_pays_for_itself_before_the_batch_flips():
         return c.plan([Candidate(2, accept, behind=behind, remaining=remaining)] * 4)
 
     assert batch(200, 64).ks == [2] * 4  # 24 steps to spread 0.4 s over: +10%
-    c.drafting = False  # (hysteresis: from plain)
     assert batch(200, 8).ks == [0] * 4  # 3 steps: the catch-up costs more than they gain
     assert batch(0, 8).ks == [2] * 4  # caught up already: nothing to pay
-    # a drafting batch at a tie per step stays: stopping costs the drafter's work ahead
-    tie = measured({(4, 0): plain_s, (4, 2): drafting_s * 1.18})
-    assert tie.plan([Candidate(2, accept, remaining=64)] * 4).ks == [0] * 4
-    tie.costs.record_step([0] * 4, plain_s + 0.1, stopping=4)
-    tie.drafting = True
-    assert tie.plan([Candidate(2, accept, remaining=64)] * 4).ks == [2] * 4
+    # a drafting batch at a tie per step stays where stopping costs more than the margin
+    # (the drafter's work ahead, spread over the steps left), and only there
+    for stop_s, stays in ((0.02, False), (0.2, True)):
+        tie = measured({(4, 0): plain_s, (4, 2): drafting_s * 1.18})
+        assert tie.plan([Candidate(2, accept, remaining=64)] * 4).ks == [0] * 4
+        tie.costs.record_step([0] * 4, plain_s + stop_s, stopping=4)
+        assert tie.plan([Candidate(2, accept, remaining=64)] * 4).ks == [2 * stays] * 4
 
 
 def test_in_a_dip_no_sequence_starts_catching_the_drafter_up():
@@ -377,7 +377,6 @@ def big_batch_exploring(slower: float, share: float, steps: int = 2000) -> float
 
     c = Controller(SpeculationConfig(explore_share=share))
     c.costs.record_step([0] * 8, true_s(0))
-    c.drafting = False
     return run_batch(c, accept, true_s, 0.4, steps)
 
 
@@ -416,7 +415,6 @@ def test_probes_behind_a_big_batch_are_paid_from_the_same_budget():
 
     c = Controller()
     c.costs.record_step([0] * 8, true_s(0))
-    c.drafting = False
     steps = 2000
     # below the route's floor: only probes draft, and all eight are due every 16 steps
     lost = run_batch(c, [0.3], true_s, 0.4, steps, probe_every=16)

@@ -21,9 +21,8 @@ batch was larger a moment ago or more sequences wait to join it, no sequence sta
 catching up. A tie per step is thus no reason to flip: every flip pays S (docs/benchmarks-log.md
 section 20). Plain decoding is tokens = B, time = T(B, 0) + S(0) / H. The controller
 takes the k with the best tokens/time for every sequence of the step at once (a sequence
-under its route's `min_acceptance` is left out), with hysteresis: from plain it needs
-`margin` better, once drafting it stays while `stay_margin` better (both scaled by
-(B - 1) / B: one sequence alone decides on the prediction). One episode of
+under its route's `min_acceptance` is left out) where it beats plain by `margin` x
+(B - 1) / B (one sequence alone decides on the prediction). One episode of
 `explore_steps` in `explore_every` steps runs the least measured k among those predicted
 within `explore_window` of the best (narrowing as 1 / sqrt(1 + its episodes)) or
 never measured at this batch size, so a wrong guess is corrected and exploring costs a
@@ -71,8 +70,6 @@ class Controller:
         self.costs = StepCostModel(self.config)
         self.routes = RouteAcceptance(self.config, clock)
         self._goes_on: dict[str, PositionAcceptance] = {}  # per route: c_i (`Candidate`)
-        # the last step's plan drafted (for the hysteresis); a route's `auto` starts on
-        self.drafting = True
         self._exploring: tuple[int, int, int] | None = None  # (sequences, k, steps left)
         self._since_explore = 0
         self._episodes: dict[tuple[int, int], int] = {}  # (B, k): episodes run
@@ -117,8 +114,7 @@ class Controller:
         for this smaller batch may last only a step or two: nothing explores, and where a
         candidate is more than `dip_catch_up` tokens behind the drafter the whole step
         runs plain, since catching it up would not pay back before the batch returns
-        (the batch that returns decides from plain, behind the full `margin`; sections
-        46 and 55).
+        (sections 46 and 55).
 
         A candidate left at k = 0 is `off:cost` when it would draft alone (the batch makes
         drafting too dear) or when the step would not draft even if every candidate
@@ -134,7 +130,6 @@ class Controller:
         cfg = self.config
         costs = self.cost_model
         if costs and dip and any(c.behind > cfg.dip_catch_up for c in candidates):
-            self.drafting = False  # the batch that comes back decides from plain
             return Plan([0] * len(candidates), ["off:cost"] * len(candidates), 1.0)
         if costs:
             ks, gain = self._choose(eligible, fixed, dip)
@@ -178,21 +173,17 @@ class Controller:
     def _choose(
         self, candidates: list[Candidate], fixed: Fixed, dip: bool = False
     ) -> tuple[list[int], float]:
-        """The arm (k) for this step with the hysteresis and the exploring episodes;
+        """The arm (k) for this step, or an exploring episode's;
         -> (ks per candidate, predicted gain over plain)."""
         cfg, sequences = self.config, fixed.sequences + len(candidates)
         rates = self._rates(candidates, fixed)
         best = max(range(1, len(rates)), key=lambda k: rates[k], default=0)
-        # hysteresis: a drafting batch stays on while drafting predicts `stay_margin`
-        # better than plain, and a plain one waits for `margin` better (by batch size)
-        margin = cfg.stay_margin if self.drafting else cfg.margin
-        threshold = 1 + margin * (sequences - 1) / sequences
+        threshold = 1 + cfg.margin * (sequences - 1) / sequences
         arm = best if best and rates[best] > rates[0] * threshold else 0
         earned = cfg.explore_share * self._arm_s(candidates, fixed, arm)
         self.budget_s = min(cfg.explore_cap_s, self.budget_s + earned)
         if not dip:
             arm = self._explore(sequences, candidates, fixed, rates, arm)
-        self.drafting = arm > 0
         ks = [min(arm, c.cap) for c in candidates]
         return ks, (rates[arm] / rates[0] if rates[0] > 0 else 1.0)
 

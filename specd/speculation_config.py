@@ -22,10 +22,6 @@ class SpeculationConfig:
     # a switch's cost (catch-up, or drafting ahead for those that stop) is spread over at
     # most this many steps of the run it starts
     horizon: int = 32
-    # in a dip (the batch was larger a moment ago, or requests wait) a candidate this many
-    # tokens behind the drafter may still start drafting; past it the step runs plain
-    # (section 55)
-    dip_catch_up: int = 4
     # the largest batch over this many seconds counts as the batch (a route's
     # `draft_below_batch` compares it too): a dip, a request finished and its client's next
     # not yet in (0.1 s at c = 2, up to ~0.4 s at c = 4 and 8 on the 2-core CPU), must not

@@ -106,7 +106,7 @@ def test_every_flag_says_what_it_does(role):
     bare = [flag for flag, text in flags.items() if not text or text.startswith("default:")]
     assert bare == []
     if role == "verifier":  # the speculation control's tuned numbers are flags too
-        assert "(1 + margin)" in flags["--margin"] and "0.08" in flags["--margin"]
+        assert "(1 + margin x (B - 1) / B)" in flags["--margin"] and "0.08" in flags["--margin"]
         assert _config(role, "--margin=0.2").engine.speculation.margin == 0.2
 
 

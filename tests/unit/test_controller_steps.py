@@ -324,10 +324,14 @@ def test_in_a_dip_no_sequence_starts_catching_the_drafter_up():
     assert dip.ks == [0] and dip.reasons == ["off:cost"]
     caught_up = Candidate(6, CODE_ACCEPT, remaining=64)  # it drafted last step: no switch
     assert c.plan([caught_up], dip=True).ks == c.plan([caught_up]).ks != [0]
-    # one that ran plain for its batch's last step or two is a few tokens behind: those
-    # ride in its first round, so it is not kept plain for the rest of the dip
+    # one that ran plain for its batch's last step or two is a few tokens behind: no more
+    # than its round drafts ride in its first round, so it is not kept plain in the dip
     lately = Candidate(6, CODE_ACCEPT, behind=2, remaining=64)
     assert c.plan([lately], dip=True).ks == c.plan([lately]).ks != [0]
+    for behind, drafts in ((2, True), (3, False)):
+        short = Candidate(2, CODE_ACCEPT, behind=behind, remaining=64)
+        assert c.plan([short]).ks != [0]
+        assert (c.plan([short], dip=True).ks != [0]) == drafts
     assert c.plan([lately, fresh], dip=True).ks == [0, 0]
     # beside one that would have to catch up, those that drafted go plain too: the
     # batch that comes back decides from plain

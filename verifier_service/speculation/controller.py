@@ -112,9 +112,9 @@ class Controller:
 
         `dip`: the batch was larger a moment ago, or sequences wait to join it, so a plan
         for this smaller batch may last only a step or two: nothing explores, and where a
-        candidate is more than `dip_catch_up` tokens behind the drafter the whole step
-        runs plain, since catching it up would not pay back before the batch returns
-        (sections 46 and 55).
+        candidate is more tokens behind the drafter than its round may draft (its cap) the
+        whole step runs plain, since catching it up would not pay back before the batch
+        returns (a few tokens ride in its round's first draft forward; sections 46, 55).
 
         A candidate left at k = 0 is `off:cost` when it would draft alone (the batch makes
         drafting too dear) or when the step would not draft even if every candidate
@@ -129,7 +129,7 @@ class Controller:
         eligible = [c if c.accept[0] >= c.floor else _capped(c) for c in candidates]
         cfg = self.config
         costs = self.cost_model
-        if costs and dip and any(c.behind > cfg.dip_catch_up for c in candidates):
+        if costs and dip and any(c.behind > c.cap for c in candidates):
             return Plan([0] * len(candidates), ["off:cost"] * len(candidates), 1.0)
         if costs:
             ks, gain = self._choose(eligible, fixed, dip)

@@ -1,38 +1,28 @@
-"""The speculation controller: per step, draft only when the predicted tokens/s beat plain.
+"""The speculation controller: per step, draft only where the predicted tokens/s beat plain.
 
-For the B decoding sequences of one step, drafting k tokens for sequence s (k_s <= its
-route's k) predicts
+For the B decoding sequences of one step, drafting k_s tokens for sequence s predicts
 
     tokens(k) = sum_s E_s(k_s),   E(k) = 1 + sum_{j=1..k} prod_{i=1..j} a_i
     time(k)   = sum_d P(max_s d_s = d) T(B, d) + S(k) / H
 
-with a_i the probability that draft position i is accepted once positions < i were
-(measured per route), T(B, d) what a whole decode step of B sequences
-took when d drafts came for the deepest (drafter round, forward with its tree leaves,
-verification), measured online (verifier_service/speculation/costs.py), and d_s <= k_s the drafts a
-round planned at k_s brings: the drafter stops after an unsure draft, by route
-(`Candidate.goes_on`). Where T(B, d) is not measured yet it is composed of its parts,
-the forward's cost by rows plus a drafter round: optimistic, so such a step runs and
-measures itself. S(k) is what switching costs, measured on the steps that
-switched: the drafter catching up (a new prompt, or what it skipped while plain) for
-those that start drafting, and drafting ahead for those that stop; H is the steps the
-sequences may run so (their remaining tokens / E, at most `horizon`). In a dip, where the
-batch was larger a moment ago or more sequences wait to join it, no sequence starts
-catching up. A tie per step is thus no reason to flip: every flip pays S (docs/benchmarks-log.md
-section 20). Plain decoding is tokens = B, time = T(B, 0) + S(0) / H. The controller
-takes the k with the best tokens/time for every sequence of the step at once (a sequence
-under its route's `min_acceptance` is left out) where it beats plain by `margin` x
-(B - 1) / B (one sequence alone decides on the prediction). One episode of
-`explore_steps` in `explore_every` steps runs the least measured k among those predicted
-within `explore_window` of the best (narrowing as 1 / sqrt(1 + its episodes)) or
-never measured at this batch size, so a wrong guess is corrected and exploring costs a
-bounded share of steps. The cost model is optional
-(`Controller.cost_model`, the engine's `cost_model`); without it every eligible sequence
-drafts its cap.
+a_i: the chance that draft position i is accepted once positions < i were (per route);
+d_s <= k_s: the drafts a round planned at k_s brings (the drafter stops after an unsure
+draft: `Candidate.goes_on`); T(B, d): a whole decode step of B sequences whose deepest
+round brought d drafts, measured online (costs.py), or, not measured yet, the forward by
+rows plus a drafter round (optimistic, so such a step runs and measures itself); S: what
+switching costs (the drafter catching up for those that start, drafting ahead for those
+that stop), spread over H, the steps they may run so (remaining tokens / E, at most
+`horizon`). Plain is tokens = B, time = T(B, 0) + S(0) / H: a tie per step is no reason
+to flip, as every flip pays S.
 
-Nothing latches: acceptance decays with time back toward a prior, and a sequence off for
-acceptance still probes one round in `probe_every` at k = 1, so it measures again and
-comes back by itself. Pure Python (no torch): the unit tests feed it recorded timings.
+The controller takes the k with the best tokens/time for every sequence of the step at
+once (one under its route's `min_acceptance` left out) where it beats plain by `margin`
+x (B - 1) / B. One episode of `explore_steps` in `explore_every` steps runs the least
+measured k predicted within `explore_window` of the best (narrowing as 1 / sqrt(1 + its
+episodes)) or never measured at this batch size, as a budget allows. Nothing latches:
+acceptance decays with time toward a prior, and a sequence off for acceptance probes one
+k = 1 round in `probe_every`. Without the cost model (`cost_model` False) every eligible
+sequence drafts its cap. Pure Python: the unit tests feed it recorded timings.
 """
 
 from __future__ import annotations

@@ -14,16 +14,14 @@ from specd.speculation_config import SpeculationConfig
 
 class CostCurve:
     """Seconds per event by size (rows of a forward, sequences in a drafter round, drafts
-    of a step), an EMA per size (from its second event) with its sample count. Unmeasured
-    sizes interpolate between measured neighbours. Below the smallest measured size the
-    curve is flat; past the largest it goes on along the line from the smallest size to
-    the largest, never down (flat where rows cost nothing, their cost where they do; the
-    whole span, not the last two sizes, whose difference is within their noise: section
-    54). With one size measured the curve is flat past it, or with `origin` goes on
-    through zero (a drafter round of k steps is k forwards). With `extrapolate=False` it is
-    unknown (None) outside the measured sizes. With `median`, a size's price is the median
-    of its events since the second, until its EMA would weigh each as little as
-    `weight` (a stall while a price is learned must not set it: section 62)."""
+    of a step): an EMA per size from its second event (the first may run cold), with its
+    sample count. Between measured sizes it interpolates; below the smallest it is flat;
+    past the largest it goes on along the line through the smallest and the largest, never
+    down (the whole span: the last two sizes differ within their noise, section 54). With
+    one size measured it is flat past it, or with `origin` goes on through zero (a drafter
+    round of k steps is k forwards). With `extrapolate=False` it is unknown (None) outside
+    the measured sizes. With `median`, a size's price is the median of its events since
+    the second until the EMA would weigh each as little (a stall must not set it: 62)."""
 
     def __init__(
         self,
@@ -101,18 +99,15 @@ class CostCurve:
 class StepCosts:
     """Seconds per whole decode step by (sequences in the step, most drafts that came for
     any of them), as the engine ran it: drafter round, forward with its tree leaves,
-    verification, commit. The controller compares these directly, rather than adding up
-    parts, which miss the tree leaves and the drafter's catch-up (section 19).
+    verification, commit (a sum of parts misses the leaves and the catch-up: section 19).
 
     Plain steps are one curve by sequences; drafting steps one curve by k per batch size,
-    never interpolated from plain: k = 1 pays a drafter round's fixed part (the round
-    trip, the tree leaves). Past k = 1 a step's cost is affine in k (k drafter steps, k
-    more rows), so between the k measured for a batch size the curve is the least-squares
-    line through them, each weighing its samples, and on along it past the largest (never
-    down); below the smallest, or with one k measured, it is unknown (None) and the
-    caller composes it. A k measured `own_samples` times takes its own median: steps are
-    not affine everywhere (k = 1's fixed part, an AVX2 kernel's row blocks: sections 31
-    and 40).
+    never interpolated from plain (k = 1 pays a drafter round's fixed part). A step is
+    affine in k past that (k drafter steps, k more rows), so a batch size's k are priced
+    on the least-squares line through the k measured there, each weighing its samples,
+    and on past the largest (never down); below the smallest, or with one k measured, the
+    caller composes the price. A k measured `own_samples` times takes its own price, as
+    steps are not affine everywhere (an AVX2 kernel's row blocks: sections 31 and 40).
 
     Prices are held at the machine's pace of when they were learned, and read at its pace
     of now (`pace`): a k whose price has settled moves the pace by `pace_weight` of how far
@@ -187,9 +182,8 @@ class StepCosts:
 
 class StepCostModel:
     """Seconds a decode step takes: measured for its (sequences, k) where such steps ran,
-    else composed of its parts (the forward by rows plus a drafter round). A composed price
-    leaves out what only a whole step shows (tree leaves, verification, the round trip), so
-    it is optimistic: the controller runs such a step, and that step measures the rest."""
+    else composed of its parts (the forward by rows plus a drafter round), which leaves out
+    what only a whole step shows: optimistic, so such a step runs and measures the rest."""
 
     def __init__(self, config: SpeculationConfig | None = None):
         self.config = c = config or SpeculationConfig()

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from functools import cached_property
 
-from verifier_service.speculation.acceptance import expected_table, expected_tokens
+from verifier_service.speculation.acceptance import expected_table
 
 
 @dataclass
@@ -26,33 +27,31 @@ class Candidate:
     # route's; [] = it always drafts all k). The drafter stops a round after an unsure
     # draft (`--draft-p-min`), so how deep a round planned at k goes depends on the route
     goes_on: list[float] = field(default_factory=list)
-    # E(k) and P(a round reaches j) up to `cap`, made on first use: a plan asks for them
-    # at every k of every arm it prices (~0.7 ms of a batch-4 step's schedule in service)
-    _tokens: list[float] | None = field(default=None, init=False, repr=False, compare=False)
-    _reach: list[float] | None = field(default=None, init=False, repr=False, compare=False)
-    _fed: list[float] | None = field(default=None, init=False, repr=False, compare=False)
+
+    # E(k), P(a round planned at k drafts at least j tokens) and the drafts it feeds, for
+    # k up to `cap`: a plan asks for them at every k of every arm it prices
+    @cached_property
+    def _tokens(self) -> list[float]:
+        return expected_table(self.accept, self.cap)
+
+    @cached_property
+    def _reach(self) -> list[float]:
+        return reach(self.goes_on, self.cap)
+
+    @cached_property
+    def _fed(self) -> list[float]:
+        return list(itertools.accumulate(self._reach, initial=0.0))
 
     def tokens(self, k: int) -> float:
-        """E(k) of its acceptance (`expected_tokens`)."""
-        if self._tokens is None:
-            self._tokens = expected_table(self.accept, self.cap)
-        return self._tokens[k] if k <= self.cap else expected_tokens(self.accept, k)
+        """E(k) of its acceptance (`expected_tokens`), k <= cap."""
+        return self._tokens[k]
 
     def reach(self, k: int) -> list[float]:
-        """P(a round planned at k drafts at least j tokens), j = 1..k (`reach`)."""
-        if k > self.cap:
-            return reach(self.goes_on, k)
-        if self._reach is None:
-            self._reach = reach(self.goes_on, self.cap)
+        """P(a round planned at k <= cap drafts at least j tokens), j = 1..k (`reach`)."""
         return self._reach[:k]
 
     def fed(self, k: int) -> float:
-        """Drafts a round planned at k is expected to feed the forward: the sum of its
-        `reach`."""
-        if k > self.cap:
-            return sum(reach(self.goes_on, k))
-        if self._fed is None:
-            self._fed = list(itertools.accumulate(self.reach(self.cap), initial=0.0))
+        """Drafts a round planned at k <= cap is expected to feed the forward."""
         return self._fed[k]
 
 

@@ -21,7 +21,8 @@ class CostCurve:
     one size measured it is flat past it, or with `origin` goes on through zero (a drafter
     round of k steps is k forwards). With `extrapolate=False` it is unknown (None) outside
     the measured sizes. With `median`, a size's price is the median of its events since
-    the second until the EMA would weigh each as little (a stall must not set it: 62)."""
+    the second until the EMA would weigh each as little (a stall must not set it; section
+    62)."""
 
     def __init__(
         self,

@@ -12,7 +12,6 @@ from verifier_service.speculation.costs import StepCosts
 from verifier_service.speculation.step_shape import Candidate
 
 CODE_ACCEPT = [0.87, 0.8, 0.75, 0.7, 0.65, 0.6]
-HIGH_ACCEPT = [0.95, 0.92, 0.9, 0.88, 0.85, 0.8]
 
 
 def learned(costs: StepCosts, prices: dict[int, float], batch: int = 4, times: int = 40) -> None:

@@ -398,8 +398,7 @@ def test_the_exploring_window_narrows_by_episodes_at_one_batch_size():
     c = Controller()
     window = c.config.explore_window
     assert c._explore_floor(2, 3) == pytest.approx(1 - window)
-    for _ in range(3):
-        c._explored(2, 3)
+    c._episodes[(2, 3)] = 3
     assert c._explore_floor(2, 3) == pytest.approx(1 - window / 2)  # 1 / sqrt(1 + 3)
     assert c._explore_floor(2, 4) == c._explore_floor(4, 3) == pytest.approx(1 - window)
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from specd.speculation_config import SpeculationConfig
 from verifier_service.speculation.acceptance import PositionAcceptance
@@ -46,6 +47,21 @@ class Plan:
 
 
 NOTHING_FIXED = Fixed()  # a step of candidates only
+
+
+class Arm(NamedTuple):
+    """One k for every candidate of a step (each at min(k, its cap)) beside the rest."""
+
+    shape: tuple[int, list[float], float, int]  # as `step_shape` gives it
+    tokens: float  # expected tokens of the step
+    step_s: float  # expected seconds of the step
+    switch_s: float  # what switching to it costs, whole
+    spread_s: float  # that, spread over the steps it may run
+
+    @property
+    def rate(self) -> float:
+        seconds = self.step_s + self.spread_s
+        return self.tokens / seconds if seconds > 0 else 0.0
 
 
 class Controller:
@@ -132,7 +148,7 @@ class Controller:
                 continue
             if good is None and costs:
                 good = self._drafts_at(candidates, fixed, cfg.good_acceptance)
-            if eligible[i].cap and (not costs or not good or self._alone_drafts(c)):
+            if eligible[i].cap and (not costs or not good or self._drafts_at([c])):
                 reasons.append("off:cost")
             elif c.probe and c.cap:
                 reasons.append("probe")
@@ -166,55 +182,54 @@ class Controller:
         """The arm (k) for this step, or an exploring episode's;
         -> (ks per candidate, predicted gain over plain)."""
         cfg, sequences = self.config, fixed.sequences + len(candidates)
-        rates = self._rates(candidates, fixed)
+        arms = self._arms(candidates, fixed)
+        rates = [a.rate for a in arms]
         best = max(range(1, len(rates)), key=lambda k: rates[k], default=0)
         threshold = 1 + cfg.margin * (sequences - 1) / sequences
         arm = best if best and rates[best] > rates[0] * threshold else 0
-        earned = cfg.explore_share * self._arm_s(candidates, fixed, arm)
+        earned = cfg.explore_share * arms[arm].step_s
         self.budget_s = min(cfg.explore_cap_s, self.budget_s + earned)
         if not dip:
-            arm = self._explore(sequences, candidates, fixed, rates, arm)
+            arm = self._explore(sequences, candidates, arms, arm)
         ks = [min(arm, c.cap) for c in candidates]
         return ks, (rates[arm] / rates[0] if rates[0] > 0 else 1.0)
 
     def _explore(
-        self, sequences: int, candidates: list[Candidate], fixed: Fixed, rates, arm: int
+        self, sequences: int, candidates: list[Candidate], arms: list[Arm], arm: int
     ) -> int:
         """`arm`, or the k of an exploring episode: the least measured k at this batch
         size among those predicted within `_explore_floor` of the best or that no measured
         step at this batch size prices (a guess too pessimistic would otherwise never be
         tried), once the budget pays for what the episode is predicted to lose against
-        `arm`."""
+        `arm`. Not near the sequences' ends: no steps are left to use what it finds."""
         cfg, steps = self.config, self.costs.steps
         if self._exploring is not None and self._exploring[0] == sequences:
             _, k, left = self._exploring
             self._exploring = (sequences, k, left - 1) if left > 1 else None
-            return min(k, len(rates) - 1)
+            return min(k, len(arms) - 1)
         self._exploring = None
         self._since_explore += 1
         if cfg.explore_every <= 0 or self._since_explore < cfg.explore_every:
             return arm
-        # near their end the sequences have no steps left to use what an episode finds,
-        # and what it pays (a catch-up) is dearest there
         remaining = [c.remaining for c in candidates if c.remaining]
         if remaining and sum(remaining) < cfg.horizon * len(remaining):
             return arm
         self._since_explore = 0
-        best = max(rates)
+        best = max(a.rate for a in arms)
         near = [
             k
-            for k, r in enumerate(rates)
+            for k, a in enumerate(arms)
             if k != arm
-            and (steps(sequences, k) is None or r >= self._explore_floor(sequences, k) * best)
+            and (steps(sequences, k) is None or a.rate >= self._explore_floor(sequences, k) * best)
         ]
         if not near:
             return arm
         k = min(near, key=lambda k: (steps.samples(sequences, k), k))
-        cost = self._episode_s(candidates, fixed, k, rates[arm])
+        cost = self._episode_s(arms[k], arms[arm].rate)
         if cost > self.budget_s:
             return arm
         self.budget_s -= cost
-        self._explored(sequences, k)
+        self._episodes[(sequences, k)] = self._episodes.get((sequences, k), 0) + 1
         if cfg.explore_steps > 1:
             self._exploring = (sequences, k, cfg.explore_steps - 1)
         return k
@@ -225,66 +240,46 @@ class Controller:
         error of a mean over them does."""
         return 1 - self.config.explore_window / math.sqrt(1 + self._episodes.get((sequences, k), 0))
 
-    def _explored(self, sequences: int, k: int) -> None:
-        self._episodes[(sequences, k)] = self._episodes.get((sequences, k), 0) + 1
-
-    def _episode_s(self, candidates: list[Candidate], fixed: Fixed, k: int, rate: float) -> float:
-        """Seconds an episode at k is predicted to lose against running at `rate`: its
-        steps beyond the time `rate` would take for their tokens (nothing where nothing
-        predicts them), and its switch whole (an episode is too short to spread it)."""
-        ks = [min(k, c.cap) for c in candidates]
-        shape = step_shape(candidates, ks, fixed)
-        step = self._expected_s(*shape)
-        sequences, reach_max, rows, _ = shape
-        if not self.costs.known(sequences, len(reach_max), rows):
-            rate = 0.0
-        tokens = fixed.tokens + sum(c.tokens(j) for c, j in zip(candidates, ks, strict=True))
-        loss = self.config.explore_steps * (step - tokens / rate) if rate > 0 else 0.0
-        return max(loss, 0.0) + self.costs.switch_s(*_switching(candidates, ks))
-
-    def _arm_s(self, candidates: list[Candidate], fixed: Fixed, k: int) -> float:
-        return self._step_s(candidates, [min(k, c.cap) for c in candidates], fixed)
-
-    def _alone_drafts(self, c: Candidate) -> bool:
-        """Whether `c` would draft as the step's only sequence."""
-        return self._drafts_at([c], NOTHING_FIXED)
+    def _episode_s(self, episode: Arm, rate: float) -> float:
+        """Seconds an episode is predicted to lose against running at `rate`: its steps
+        beyond the time `rate` would take for their tokens (nothing where nothing prices
+        them), and its switch whole (an episode is too short to spread it)."""
+        sequences, reach_max, rows, _ = episode.shape
+        loss = 0.0
+        if rate > 0 and self.costs.known(sequences, len(reach_max), rows):
+            loss = self.config.explore_steps * (episode.step_s - episode.tokens / rate)
+        return max(loss, 0.0) + episode.switch_s
 
     def _drafts_at(
-        self, candidates: list[Candidate], fixed: Fixed, accept: float | None = None
+        self, candidates: list[Candidate], fixed: Fixed = NOTHING_FIXED, accept: float | None = None
     ) -> bool:
         """Whether the candidates would draft beside `fixed` (each at `accept` instead of
         its own acceptance if given)."""
         if accept is not None:
             candidates = [replace(c, accept=[accept]) for c in candidates]
-        rates = self._rates(candidates, fixed)
+        rates = [a.rate for a in self._arms(candidates, fixed)]
         return max(rates[1:], default=0.0) >= rates[0] * (1 + self.config.margin)
 
-    def _rates(self, candidates: list[Candidate], fixed: Fixed) -> list[float]:
-        """Predicted tokens/s when every candidate drafts min(k, its cap), k = 0..max cap."""
-        top = max((c.cap for c in candidates), default=0)
-        out = []
-        for k in range(top + 1):
+    def _arms(self, candidates: list[Candidate], fixed: Fixed) -> list[Arm]:
+        """The step with every candidate at min(k, its cap), k = 0..the largest cap."""
+        arms = []
+        for k in range(max((c.cap for c in candidates), default=0) + 1):
             ks = [min(k, c.cap) for c in candidates]
             shape = step_shape(candidates, ks, fixed)
             tokens = fixed.tokens + sum(c.tokens(j) for c, j in zip(candidates, ks, strict=True))
-            seconds = self._expected_s(*shape) + self._switch_s(candidates, ks)
-            out.append(tokens / seconds if seconds > 0 else 0.0)
-        return out
+            switch = self.costs.switch_s(*_switching(candidates, ks))
+            spread = switch / self._horizon(candidates, ks) if switch else 0.0
+            arms.append(Arm(shape, tokens, self._expected_s(*shape), switch, spread))
+        return arms
 
-    def _switch_s(self, candidates: list[Candidate], ks: list[int]) -> float:
-        """What switching the candidates to `ks` adds per step: the drafter's catch-up for
-        those that start drafting, its drafting ahead for those that stop, spread over the
-        steps they may run so (their mean remaining tokens at this k, up to `horizon`)."""
-        extra = self.costs.switch_s(*_switching(candidates, ks))
-        if not extra:
-            return 0.0
-        steps = [
-            c.remaining / c.tokens(k) for c, k in zip(candidates, ks, strict=True) if c.remaining
-        ]
-        horizon = self.config.horizon
-        if steps:
-            horizon = min(horizon, max(1.0, sum(steps) / len(steps)))
-        return extra / horizon
+    def _horizon(self, candidates: list[Candidate], ks: list[int]) -> float:
+        """The steps a switch to `ks` is spread over: the candidates' mean remaining tokens
+        at these k, in steps, from 1 up to `horizon`."""
+        pairs = zip(candidates, ks, strict=True)
+        steps = [c.remaining / c.tokens(k) for c, k in pairs if c.remaining]
+        if not steps:
+            return self.config.horizon
+        return min(self.config.horizon, max(1.0, sum(steps) / len(steps)))
 
     def _step_s(self, candidates: list[Candidate], ks: list[int], fixed: Fixed) -> float:
         return self._expected_s(*step_shape(candidates, ks, fixed))

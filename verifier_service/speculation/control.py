@@ -25,9 +25,8 @@ from verifier_service.records import (
     StepReport,
     StepView,
 )
-from verifier_service.speculation.acceptance import expected_tokens
 from verifier_service.speculation.controller import Controller
-from verifier_service.speculation.step_shape import Candidate, Fixed, deepest, reach
+from verifier_service.speculation.step_shape import Candidate, Fixed
 
 
 class SpeculationControl:
@@ -56,43 +55,35 @@ class SpeculationControl:
     # -- plan ----------------------------------------------------------------------------------
     def _decide(self, view: StepView) -> list[Decision]:
         recent = self._recent_batch(view.batch)
-        controller, fixed = self.controller, {}
-        candidates, auto, reaches, rows, tokens, most = [], [], [], 0.0, 0.0, 0
-        route_rates: dict[str, list[float]] = {}
-        goes_on: dict[str, list[float]] = {}
+        controller = self.controller
+        routes = dict.fromkeys(seq.bounds.route for seq in view.ready)
+        accept = {route: controller.route_rates(route) for route in routes}
+        goes_on = {route: controller.goes_on(route) for route in routes}
+        decided: dict[int, Decision] = {}
+        candidates: dict[int, Candidate] = {}
         for i, seq in enumerate(view.ready):
-            bounds = seq.bounds
-            k = max(0, min(seq.asked, seq.remaining - 1))
-            if bounds.route not in route_rates:
-                route_rates[bounds.route] = controller.route_rates(bounds.route)
-                goes_on[bounds.route] = controller.goes_on(bounds.route)
-            accept = route_rates[bounds.route]
-            reason = "on" if k else "off:request"
-            if k and bounds.draft_below_batch and recent >= bounds.draft_below_batch:
-                k, reason = 0, "off:batch"
-            elif k and view.kv_used > bounds.max_kv_utilization:
-                k, reason = 0, "off:kv"
-            elif k and bounds.auto:
-                probe = seq.off_steps + 1 >= controller.config.probe_every
-                candidates.append(
-                    Candidate(
-                        k, accept, probe, bounds.min_acceptance, seq.behind, seq.remaining,
-                        goes_on[bounds.route],
-                    )
+            bounds, k = seq.bounds, max(0, min(seq.asked, seq.remaining - 1))
+            if not k:
+                decided[i] = Decision(0, "off:request", 1.0)
+            elif bounds.draft_below_batch and recent >= bounds.draft_below_batch:
+                decided[i] = Decision(0, "off:batch", 1.0)
+            elif view.kv_used > bounds.max_kv_utilization:
+                decided[i] = Decision(0, "off:kv", 1.0)
+            elif bounds.auto:
+                route, probe = bounds.route, seq.off_steps + 1 >= self.tuned.probe_every
+                candidates[i] = Candidate(
+                    k, accept[route], probe, bounds.min_acceptance, seq.behind, seq.remaining,
+                    goes_on[route],
                 )  # fmt: skip
-                auto.append(i)
-                continue
-            fixed[i] = Decision(k, reason, 1.0)
-            reaches.append(reach(goes_on[bounds.route], k))
-            rows, most = rows + 1 + sum(reaches[-1]), max(most, k)
-            tokens += expected_tokens(accept, k)
+            else:
+                decided[i] = Decision(k, "on", 1.0)
+        routed = [(view.ready[i].bounds.route, d.k) for i, d in decided.items()]
+        rest = Fixed.of([(accept[route], goes_on[route], k) for route, k in routed])
         # fewer ready than the batch had a moment ago (or than run and wait now): a dip
-        dip = recent > len(view.ready)
-        rest = Fixed(len(fixed), rows, tokens, most, tuple(deepest(reaches)))
-        plan = controller.plan(candidates, rest, dip)
-        for i, k, reason in zip(auto, plan.ks, plan.reasons, strict=True):
-            fixed[i] = Decision(k, reason, plan.gain)
-        return [fixed[i] for i in range(len(view.ready))]
+        plan = controller.plan(list(candidates.values()), rest, dip=recent > len(view.ready))
+        for i, k, reason in zip(candidates, plan.ks, plan.reasons, strict=True):
+            decided[i] = Decision(k, reason, plan.gain)
+        return [decided[i] for i in range(len(view.ready))]
 
     def _recent_batch(self, size: int) -> int:
         """The largest batch over the last `batch_memory_s`: a one-step dip (a

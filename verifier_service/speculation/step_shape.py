@@ -10,7 +10,7 @@ import itertools
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from verifier_service.speculation.acceptance import expected_table
+from verifier_service.speculation.acceptance import expected_table, expected_tokens
 
 
 @dataclass
@@ -67,6 +67,17 @@ class Fixed:
     # P(the deepest of their rounds drafts at least j tokens), j = 1..k (`deepest`);
     # () = all k come
     reach: tuple[float, ...] = ()
+
+    @classmethod
+    def of(cls, rounds: list[tuple[list[float], list[float], int]]) -> Fixed:
+        """The rest from each of its sequences' (a_i, c_i, k)."""
+        reaches = [reach(goes_on, k) for _, goes_on, k in rounds]
+        rows = 0.0
+        for r in reaches:
+            rows = rows + 1 + sum(r)
+        tokens = sum(expected_tokens(accept, k) for accept, _, k in rounds)
+        most = max((k for _, _, k in rounds), default=0)
+        return cls(len(rounds), rows, tokens, most, tuple(deepest(reaches)))
 
 
 def reach(goes_on: list[float], k: int) -> list[float]:

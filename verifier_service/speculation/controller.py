@@ -148,6 +148,7 @@ class Controller:
                 continue
             if good is None and costs:
                 good = self._drafts_at(candidates, fixed, cfg.good_acceptance)
+            # off for cost: the device or the batch (`c` alone would draft) keeps it plain
             if eligible[i].cap and (not costs or not good or self._drafts_at([c])):
                 reasons.append("off:cost")
             elif c.probe and c.cap:

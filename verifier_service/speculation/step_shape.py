@@ -72,9 +72,7 @@ class Fixed:
     def of(cls, rounds: list[tuple[list[float], list[float], int]]) -> Fixed:
         """The rest from each of its sequences' (a_i, c_i, k)."""
         reaches = [reach(goes_on, k) for _, goes_on, k in rounds]
-        rows = 0.0
-        for r in reaches:
-            rows = rows + 1 + sum(r)
+        rows = sum(1 + sum(r) for r in reaches)
         tokens = sum(expected_tokens(accept, k) for accept, _, k in rounds)
         most = max((k for _, _, k in rounds), default=0)
         return cls(len(rounds), rows, tokens, most, tuple(deepest(reaches)))

@@ -5,8 +5,10 @@ one row through `torch.mv`, up to 16 through `torch.mm`, more through `F.linear`
 parity rests on fp32 rounding never flipping an argmax. One run with speculation, as for
 every other format (test_real_formats): the draft model with its runner-up alternatives
 (tree verification), a different k per request, so that verification rows of every width
-share the batch and the forward's row count moves across all three paths. The proposers
-and each k alone are checked on the tiny pair (test_engine)."""
+share the batch and the forward's row count moves across all three paths. The draft model
+runs the drafter's default weights (int4 where the CPU kernels run): what it proposes does
+not change what parity means, and an unquantised fp32 draft took a third of the test. The
+proposers and each k alone are checked on the tiny pair (test_engine)."""
 
 import pytest
 
@@ -28,7 +30,7 @@ def test_real_pair_greedy_parity_fp32():
     tok = load_tokenizer(target_dir)
     prompts = load_workload("code", tok, limit=2) + load_workload("chat", tok, limit=2)
     target = load_model(target_dir, dtype="fp32", device="cpu")
-    draft = load_model(draft_dir, dtype="fp32", device="cpu")
+    draft = load_model(draft_dir, dtype="fp32", device="cpu", weights="auto")
     reqs = [dict(prompt=p, max_new_tokens=40, ignore_eos=True) for p in prompts]
     off = run_engine(Engine(target, EngineConfig()), reqs)
     proposer = DraftModelProposer(draft, num_blocks=256, alternatives=4)

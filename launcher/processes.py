@@ -53,11 +53,19 @@ class ServerProcess:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 90.0) -> ServerProcess:
+        """Launch the process and return once it is healthy."""
+        return self.launch().wait_ready(timeout)
+
+    def launch(self) -> ServerProcess:
+        """Start the process and return at once (`wait_ready` waits for its health)."""
         cmd = [sys.executable, "-m", "launcher", "serve", self.role]
         cmd += ["--host", "127.0.0.1", "--port", str(self.port), *self.flags]
         with open(self.log_path, "a") as log:
             env = {**os.environ, **self.env} if self.env else None
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        return self
+
+    def wait_ready(self, timeout: float = 90.0) -> ServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -91,6 +99,21 @@ class ServerProcess:
 
     def log(self, tail: int = 4000) -> str:
         return self.log_path.read_text()[-tail:] if self.log_path.exists() else ""
+
+
+def start_together(*processes: ServerProcess, timeout: float = 90.0) -> None:
+    """Launch every process at once, then wait for each to be healthy: their starts
+    (importing torch, loading a model) overlap. Each waits for what it depends on by itself
+    (a verifier for its drafter, a router for a healthy verifier)."""
+    for p in processes:
+        p.launch()
+    try:
+        for p in processes:
+            p.wait_ready(timeout)
+    except BaseException:
+        for p in processes:
+            p.stop()
+        raise
 
 
 def scrape(port: int, name: str) -> float:
@@ -128,20 +151,27 @@ def start_services(
         *("--metrics-port", str(drafter_metrics)),
         *drafter_flags,
         logs=logs,
-    ).start(timeout=300)
+    )
     verifier = ServerProcess(
         "verifier",
         *("--dtype", dtype, "--model", model, "--drafter", drafter.address),
         *("--metrics-port", str(verifier_metrics)),
         logs=logs,
-    ).start(timeout=300)
+    )
     router = ServerProcess(
         "router",
         *("--tokenizer", model, "--verifier", verifier.address),
         *router_flags,
         logs=logs,
         ready_service=ROUTER_READY,
-    ).start(timeout=120)
+    )
+    start_together(drafter, verifier, router, timeout=300)
+    try:  # a verifier serves without a drafter that takes long to load: wait for it here
+        wait_for_drafter(verifier.address)
+    except BaseException:
+        for p in (router, verifier, drafter):
+            p.stop()
+        raise
     return {
         "drafter": drafter,
         "verifier": verifier,
@@ -161,12 +191,18 @@ def replace_drafter(services: dict, draft_model: str, dtype: str, proposer: str,
         logs=logs,
         port=old.port,
     ).start(timeout=300)
-    deadline = time.monotonic() + 60
-    while not verifier_load(services["verifier"].address).drafter_available:
+    wait_for_drafter(services["verifier"].address)
+
+
+def wait_for_drafter(verifier: str, timeout: float = 60) -> None:
+    """Until the verifier's drafter stream is up (its load report says so) and the router
+    has seen that in a load report (every ~100 ms)."""
+    deadline = time.monotonic() + timeout
+    while not verifier_load(verifier).drafter_available:
         if time.monotonic() > deadline:
-            raise TimeoutError("the verifier did not reconnect to the new drafter")
+            raise TimeoutError(f"the verifier at {verifier} did not connect to its drafter")
         time.sleep(0.2)
-    time.sleep(0.5)  # and the router has seen that in a load report (every ~100 ms)
+    time.sleep(0.5)
 
 
 def verifier_load(address: str):

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import grpc
 import pytest
 
-from launcher.processes import ROUTER_READY, ServerProcess, free_port, scrape
+from launcher.processes import ROUTER_READY, ServerProcess, free_port, scrape, start_together
 from router.client import SpecdClient
 from specd.channels import check_health
 from specd.telemetry import RUNNING, TOKENS_OUT
@@ -61,10 +61,10 @@ def greedy(client: SpecdClient, prompt: str, max_new_tokens: int = 16, **kw):
 
 def test_drafter_sigkilled_and_restarted_loses_nothing(model, tmp_path):
     fallbacks_port = free_port()
-    drafter = ServerProcess("drafter", *model_flags(model), logs=tmp_path).start()
+    drafter = ServerProcess("drafter", *model_flags(model), logs=tmp_path)
     target = verifier(model, tmp_path, drafter=drafter.address, metrics_port=fallbacks_port)
-    front = router(model, tmp_path, target.start())
-    front.start()
+    front = router(model, tmp_path, target)
+    start_together(drafter, target, front)
     try:
         with SpecdClient(front.address) as client, ThreadPoolExecutor(8) as pool:
             # long enough that the drafter's restart (a few seconds) lands mid-run: at 64
@@ -94,9 +94,10 @@ def test_drafter_sigkilled_and_restarted_loses_nothing(model, tmp_path):
 
 def test_a_killed_replica_is_retried_around_then_avoided_until_healthy(model, tmp_path):
     # one running sequence per replica, so most requests wait in a queue without a token
-    a = verifier(model, tmp_path, "--max-batch-size", "1").start()
-    b = verifier(model, tmp_path, "--max-batch-size", "1").start()
-    front = router(model, tmp_path, a, b).start()
+    a = verifier(model, tmp_path, "--max-batch-size", "1")
+    b = verifier(model, tmp_path, "--max-batch-size", "1")
+    start_together(a, b)
+    front = router(model, tmp_path, a, b).start()  # both healthy: its first connections hold
     first_token: dict[int, float] = {}
     outcomes: dict[int, object] = {}
 
@@ -156,8 +157,9 @@ def test_a_killed_replica_is_retried_around_then_avoided_until_healthy(model, tm
 
 
 def test_router_restart_means_unavailable_never_a_hang(model, tmp_path):
-    target = verifier(model, tmp_path).start()
-    front = router(model, tmp_path, target).start()
+    target = verifier(model, tmp_path)
+    front = router(model, tmp_path, target)
+    start_together(target, front)
     try:
         with SpecdClient(front.address) as client:
             stream = client.stream(PROMPTS[0], max_new_tokens=400, ignore_eos=True)
@@ -198,8 +200,7 @@ def test_sigterm_drains_a_verifier_its_running_requests_finish(model, tmp_path):
     one_core, tokens = {"OMP_NUM_THREADS": "1"}, 400
     a = verifier(model, tmp_path, "--drain-seconds", "120", metrics_port=a_metrics, env=one_core)
     b = verifier(model, tmp_path, metrics_port=b_metrics, env=one_core)
-    a.start()
-    b.start()
+    start_together(a, b)
     front = router(model, tmp_path, a, b).start()
     try:
         with SpecdClient(front.address) as client:

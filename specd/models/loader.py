@@ -99,10 +99,14 @@ class _Tensors:
     def cat(self, fused: str, *names: str):
         if fused in self.quant:  # fused in the cache file (specd.models.weights.FUSED)
             return self.quant.pop(fused)
-        parts = [self.take(n) for n in names]
-        if all(isinstance(p, torch.Tensor) for p in parts):
-            return torch.cat(parts, dim=0).contiguous()
-        return fuse(parts)
+        if all(n in self.dense and n not in self.quant for n in names):
+            # dense: each part converted straight into its rows of the fused matrix
+            stored = [self.dense(n).to(self.device) for n in names]
+            rows = sum(t.shape[0] for t in stored)
+            out = torch.empty(rows, *stored[0].shape[1:], dtype=self.dtype, device=self.device)
+            torch.cat(stored, dim=0, out=out)
+            return out
+        return fuse([self.take(n) for n in names])
 
     def layer(self, i: int) -> Layer:
         p = f"layers.{i}."

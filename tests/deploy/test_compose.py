@@ -51,38 +51,53 @@ def local_command(service: dict) -> list[str]:
 
 
 @pytest.mark.real
+def start_order(spec: dict) -> list[list[str]]:
+    """ROLES in waves: each wave's `depends_on` (service_healthy) met by earlier waves."""
+    waves, done = [], set()
+    while len(done) < len(ROLES):
+        wave = [r for r in ROLES if r not in done and set(spec[r].get("depends_on", {})) <= done]
+        assert wave, "depends_on has a cycle"
+        waves.append(wave)
+        done.update(wave)
+    return waves
+
+
+def start(role: str, service: dict, logs: Path) -> subprocess.Popen:
+    env = dict(os.environ)
+    env.update(
+        {
+            k: str(v)
+            for k, v in service["environment"].items()
+            if k.startswith("SPECD_") and k != "SPECD_CACHE"
+        }
+    )
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    return subprocess.Popen(  # through the image's entrypoint, as the container runs
+        ["sh", str(DEPLOY / "entrypoint.sh"), *local_command(service)],
+        env=env,
+        stdout=open(logs / f"{role}.log", "w"),  # noqa: SIM115 (the child holds it)
+        stderr=subprocess.STDOUT,
+    )
+
+
 def test_compose_topology_as_local_processes(tmp_path):
     real_model_or_skip("smollm2-135m-instruct")
     spec = yaml.safe_load(COMPOSE.read_text())["services"]
-    procs = []
+    procs: dict[str, subprocess.Popen] = {}
     try:
-        for role in ROLES:
-            env = dict(os.environ)
-            env.update(
-                {
-                    k: str(v)
-                    for k, v in spec[role]["environment"].items()
-                    if k.startswith("SPECD_") and k != "SPECD_CACHE"
-                }
-            )
-            log = open(tmp_path / f"{role}.log", "w")
-            env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-            procs.append(
-                subprocess.Popen(  # through the image's entrypoint, as the container runs
-                    ["sh", str(DEPLOY / "entrypoint.sh"), *local_command(spec[role])],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-            test = spec[role]["healthcheck"]["test"]
-            address = test[test.index("health") + 1]
-            service = test[test.index("--service") + 1] if "--service" in test else ""
-            deadline = time.monotonic() + 120
-            while not check_health(address, timeout=0.5, service=service):
-                assert procs[-1].poll() is None, (tmp_path / f"{role}.log").read_text()
-                assert time.monotonic() < deadline, f"{role} not healthy"
-                time.sleep(0.3)
+        for wave in start_order(spec):  # as compose starts them: after their dependencies
+            for role in wave:
+                procs[role] = start(role, spec[role], tmp_path)
+            for role in wave:
+                test = spec[role]["healthcheck"]["test"]
+                address = test[test.index("health") + 1]
+                service = test[test.index("--service") + 1] if "--service" in test else ""
+                deadline = time.monotonic() + 120
+                while not check_health(address, timeout=0.5, service=service):
+                    for name, p in procs.items():
+                        assert p.poll() is None, (tmp_path / f"{name}.log").read_text()
+                    assert time.monotonic() < deadline, f"{role} not healthy"
+                    time.sleep(0.3)
         with SpecdClient("127.0.0.1:50051") as client:
             # until the router's load reports say the drafter is there (its handshake
             # with the verifiers may finish after the router is ready)
@@ -106,9 +121,9 @@ def test_compose_topology_as_local_processes(tmp_path):
             )
         assert chat.usage.completion_tokens > 0
     finally:
-        for p in procs:
+        for p in procs.values():
             p.terminate()
-        for p in procs:
+        for p in procs.values():
             p.wait(20)
 
 

@@ -3,7 +3,9 @@ rounds stopped by the drafter's p_min), once per quantised weight format: greedy
 with speculation is token for token the output without it, on code and chat prompts.
 int4 (the default format) runs at this CPU's default activations (bf16 with AVX512-BF16
 or AMX, fp32 with an fp16 K/V cache otherwise); int8 at fp32, so that an AVX512-BF16 host
-checks both activation defaults, and an AVX2 host runs no slow bf16."""
+checks both activation defaults, and an AVX2 host runs no slow bf16. One engine serves both
+runs, as a verifier serves a request with speculation off beside others with it on; the
+prefix cache (on by default in this configuration) gives the second run its prompts."""
 
 import pytest
 import torch
@@ -30,10 +32,11 @@ def test_real_pair_greedy_identical_on_and_off(cpu_kernels, fmt, dtype, tokens):
     if target.dtype == torch.float32:
         assert target.kv_dtype == torch.float16
     reqs = [dict(prompt=p, max_new_tokens=tokens, ignore_eos=True) for p in prompts]
-    off = run_engine(Engine(target, EngineConfig()), reqs)
     proposer = DraftModelProposer(draft, num_blocks=256, alternatives=4, p_min=DrafterConfig.p_min)
     engine = Engine(target, EngineConfig(), proposer)
-    on = run_engine(engine, [dict(r, num_draft=5) for r in reqs])
+    off = run_engine(engine, reqs)  # num_draft 0: plain decoding beside a drafter
+    assert engine.totals.rounds == 0 and proposer.kv.allocator.num_used == 0
+    on = run_engine(engine, [dict(r, num_draft=5) for r in reqs])  # prompts from its cache
     diverged = [i for i, (a, b) in enumerate(zip(on.values(), off.values(), strict=True)) if a != b]
     assert not diverged, f"prompts {diverged} diverged"
     assert engine.totals.accepted > 0 and proposer.cut_rounds > 0

@@ -36,7 +36,8 @@ def test_real_pair_greedy_identical_on_and_off(cpu_kernels, fmt, dtype, tokens):
     engine = Engine(target, EngineConfig(), proposer)
     off = run_engine(engine, reqs)  # num_draft 0: plain decoding beside a drafter
     assert engine.totals.rounds == 0 and proposer.kv.allocator.num_used == 0
-    on = run_engine(engine, [dict(r, num_draft=5) for r in reqs])  # prompts from its cache
+    on = run_engine(engine, [dict(r, num_draft=5) for r in reqs])
+    assert engine.kv.allocator.cached_tokens > 0  # the prompts came from the prefix cache
     diverged = [i for i, (a, b) in enumerate(zip(on.values(), off.values(), strict=True)) if a != b]
     assert not diverged, f"prompts {diverged} diverged"
     assert engine.totals.accepted > 0 and proposer.cut_rounds > 0

@@ -72,12 +72,13 @@ def start(role: str, service: dict, logs: Path) -> subprocess.Popen:
         }
     )
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    return subprocess.Popen(  # through the image's entrypoint, as the container runs
-        ["sh", str(DEPLOY / "entrypoint.sh"), *local_command(service)],
-        env=env,
-        stdout=open(logs / f"{role}.log", "w"),  # noqa: SIM115 (the child holds it)
-        stderr=subprocess.STDOUT,
-    )
+    with open(logs / f"{role}.log", "w") as log:  # the child keeps its own copy
+        return subprocess.Popen(  # through the image's entrypoint, as the container runs
+            ["sh", str(DEPLOY / "entrypoint.sh"), *local_command(service)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def test_compose_topology_as_local_processes(tmp_path):

@@ -37,6 +37,18 @@ class AsyncEngine:
         """Yield each step's new tokens for one request; the last output has
         finish_reason. ValueError (before any output) when the request cannot be served.
         Leaving early (cancel, break) aborts the request and frees its KV."""
+        batches = self.generate_batches(request)
+        try:
+            async for outputs in batches:
+                for out in outputs:
+                    yield out
+        finally:
+            await batches.aclose()
+
+    async def generate_batches(self, request: Request) -> AsyncIterator[list[StepOutput]]:
+        """As `generate`, but each time every output that has arrived for the request
+        since the caller last asked: one step's, or several where the caller fell behind
+        the steps (many streams on one event loop), so that it sends one message for them."""
         seq_id = self.engine.add_request(request)
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[seq_id] = queue
@@ -44,9 +56,11 @@ class AsyncEngine:
         finished = False
         try:
             while not finished:
-                out = await queue.get()
-                finished = out.finish_reason is not None
-                yield out
+                outputs = [await queue.get()]
+                while not queue.empty() and outputs[-1].finish_reason is None:
+                    outputs.append(queue.get_nowait())
+                finished = outputs[-1].finish_reason is not None
+                yield outputs
         finally:
             self._queues.pop(seq_id, None)
             if not finished:

@@ -71,43 +71,50 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             constraint = constraint_from_proto(request.constraint)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        stream = self.frontend.generate(_request(request, route, k, constraint, span))
+        stream = self.frontend.generate_batches(_request(request, route, k, constraint, span))
         try:
             try:
-                out = await anext(stream)
+                outputs = await anext(stream)
             except ValueError as exc:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             generated = 0
             while True:
-                if out.finish_reason == "error":
+                last = outputs[-1]
+                if last.finish_reason == "error":
                     await context.abort(
                         grpc.StatusCode.INTERNAL,
                         "the engine failed a step; "
                         "the request was dropped (see the verifier's log)",
                     )
-                generated += len(out.tokens)
-                yield self._response(request, route, k, out, generated, span)
-                if out.finish_reason:
+                generated += sum(len(out.tokens) for out in outputs)
+                yield self._response(request, route, k, outputs, generated, span)
+                if last.finish_reason:
                     return
-                out = await anext(stream)
+                outputs = await anext(stream)
         finally:
             await stream.aclose()  # a cancelled call frees the sequence's KV now
 
-    def _response(self, request, route: str, k: int, out, generated: int, span):
-        self.rate.add(len(out.tokens))
-        if self.metrics is not None:
-            self.metrics.step(route, out)
+    def _response(self, request, route: str, k: int, outputs, generated: int, span):
+        """One message for the steps' outputs that arrived together (their tokens in
+        order); the metrics count each step."""
+        tokens = []
+        for out in outputs:
+            tokens += out.tokens
+            if self.metrics is not None:
+                self.metrics.step(route, out)
+        self.rate.add(len(tokens))
+        last = outputs[-1]
         msg = verifier_pb2.VerifyGenerateResponse(
-            token_ids=out.tokens,
-            finish_reason=out.finish_reason or "",
+            token_ids=tokens,
+            finish_reason=last.finish_reason or "",
             usage=common_pb2.Usage(
                 prompt_tokens=len(request.prompt_ids), completion_tokens=generated
             ),
         )
-        if out.finish_reason and out.stats is not None:
-            msg.speculation.CopyFrom(speculation_to_proto(out.stats, k))
+        if last.finish_reason and last.stats is not None:
+            msg.speculation.CopyFrom(speculation_to_proto(last.stats, k))
             if span is not None:
-                self._phase_spans(span, out.stats, out.timing)
+                self._phase_spans(span, last.stats, last.timing)
         return msg
 
     def _phase_spans(self, span, stats, timing) -> None:

@@ -85,3 +85,69 @@ def test_a_steps_outputs_go_to_the_event_loop_where_the_next_step_leaves_python(
         assert events[i + 1] in ("draft", "forward"), events[i - 3 : i + 3]
     if drafting:  # sent before the drafter's round, which the thread waits on too
         assert sum(events[i + 1] == "draft" for i in sends[:-1]) >= 4
+
+
+def test_a_caller_behind_the_steps_gets_what_arrived_in_one_batch(tiny_pair):
+    """generate_batches hands over every output that arrived since the caller last asked:
+    a caller that falls behind (a busy event loop) gets several steps at once, in order,
+    and then the rest; one step at a time while it keeps up. The verifier sends each batch
+    as one message."""
+    reqs = [dict(prompt=PROMPTS[0], max_new_tokens=12)]
+    want = list(run_engine(_engine(tiny_pair, False), reqs).values())[0]
+    engine = _engine(tiny_pair, False)
+
+    async def main():
+        frontend = AsyncEngine(engine)
+        batches = []
+        try:
+            stream = frontend.generate_batches(Request(**reqs[0]))
+            batches.append(await anext(stream))  # the prefill's token: in step with it
+            queue = next(iter(frontend._queues.values()))
+            while queue.qsize() < 5:  # the caller is busy while five more steps arrive
+                await asyncio.sleep(0.001)
+            async for outputs in stream:
+                batches.append(outputs)
+        finally:
+            await frontend.close()
+        return batches
+
+    batches = asyncio.run(asyncio.wait_for(main(), 60))
+    assert [t for b in batches for out in b for t in out.tokens] == want
+    assert len(batches[0]) == 1 and len(batches[1]) >= 5  # the five that waited, together
+    assert all(out.finish_reason is None for b in batches for out in b[:-1])
+    assert batches[-1][-1].finish_reason == "length"
+    assert sum(len(b) for b in batches) == 12  # every step's output, none merged away
+    assert engine.kv.allocator.num_used == 0
+
+
+def test_the_verifier_sends_a_batch_as_one_message_and_counts_each_step(tiny_pair):
+    """One response for the steps that arrived together: their tokens in order, the last
+    one's finish and totals; the metrics count every step (tokens, rounds, decisions)."""
+    import prometheus_client
+    from opentelemetry import trace
+
+    from protos.specd.v1 import verifier_pb2
+    from specd import telemetry as names
+    from verifier_service.sequence import SpecStats, StepOutput
+    from verifier_service.server import VerifierServicer
+
+    registry = prometheus_client.CollectorRegistry()
+    telemetry = names.Telemetry("verifier", trace.NoOpTracer(), registry)
+    servicer = VerifierServicer(AsyncEngine(_engine(tiny_pair, False)), "tiny", telemetry=telemetry)
+    steps = [
+        StepOutput(0, [7, 8, 9], None, drafted=3, accepted=2, decision=("on", 1.5)),
+        StepOutput(0, [10], None, drafted=3, accepted=0, decision=("on", 1.2)),
+        StepOutput(0, [11, 12], "length", 3, 1, stats=SpecStats(), decision=("on", 1.1)),
+    ]
+    request = verifier_pb2.VerifyGenerateRequest(prompt_ids=[1, 2], max_new_tokens=6)
+    msg = servicer._response(request, "code", 3, steps, 6, None)
+    assert list(msg.token_ids) == [7, 8, 9, 10, 11, 12] and msg.finish_reason == "length"
+    assert msg.usage.completion_tokens == 6 and msg.HasField("speculation")
+
+    def value(name, **labels):
+        return registry.get_sample_value(name, {"route": "code", **labels})
+
+    assert value(names.TOKENS_OUT + "_total") == 6
+    assert value(names.NUM_DRAFTS + "_total") == 3
+    assert value(names.NUM_ACCEPTED + "_total") == 3
+    assert value(names.SPEC_DECISIONS + "_total", reason="on") == 3

@@ -126,10 +126,10 @@ def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return [torch.randint(10, vocab - 10, (length,), generator=g).tolist() for _ in range(n)]
 
 
-def speculation(model, draft, prompts, new: int, k: int, acceptance: float, services=None):
+def speculation(model, draft, prompts, new: int, k: int, acceptance: float, services=None, many=()):
     """Plain, then controlled drafts (free and behind the draft model), then `auto`; and
     with `services` (target and draft shape) the same through verifier and drafter
-    processes (bench.gpu.services)."""
+    processes (bench.gpu.services), and `many` prompts at once through the verifier."""
     from drafter_service.draft_model import DraftModelProposer
 
     plain = engine_run(model, prompts, new)
@@ -157,7 +157,9 @@ def speculation(model, draft, prompts, new: int, k: int, acceptance: float, serv
     out = {}
     if services is not None:
         device = str(model.device)
-        out["services"] = compare(recorded, vocab, prompts, new, k, acceptance, services, device)
+        out["services"] = compare(
+            recorded, vocab, prompts, new, k, acceptance, services, device, many
+        )
         for name in ("lookup", "draft"):  # what the processes and gRPC cost
             s = out["services"][name]
             s["on_vs_in_process"] = round(s["on_tok_per_s"] / runs[name]["tok_per_s"], 3)
@@ -251,9 +253,16 @@ def main(argv: list[str] | None = None) -> int:
     new = args.new_tokens // 2
     services = None if args.no_services else (args.target, args.draft)
     report["speculation"] = speculation(
-        target, draft, prompts, new, args.k, args.acceptance, services
+        target, draft, prompts, new, args.k, args.acceptance, services, many
     )
     report["speculation"]["setting"] = dict(k=args.k, acceptance=args.acceptance, c=1)
+    if services is not None:  # c = 32 plain through the verifier process, against in-process
+        together = report["speculation"]["services"].pop("plain_together_tok_per_s")
+        report["c32"]["services_tok_per_s"] = together
+        report["c32"]["services_vs_in_process"] = round(together / c32, 3)
+        print(
+            f"c = 32 plain through the verifier: {together} tok/s, {together / c32:.2f}x in-process"
+        )
     for name, r in report["speculation"].items():
         print(f"speculation {name}: {r}")
     del draft

@@ -59,7 +59,9 @@ def _verifier(args) -> None:
     _, target = build(args.shape, args.device, dtype(args.device))
     config = VerifierConfig(host=HOST, port=args.port, drafter=args.drafter)
     proposer = RemoteProposer(args.drafter, config.drafter_timeout_ms, 1000, None)
-    engine = Engine(target, EngineConfig(max_batch_size=4), proposer, eos_ids=set())
+    # 32 sequences of up to 512 tokens (the c = 32 run's), as the in-process engine holds
+    engine_config = EngineConfig(max_batch_size=32, num_blocks=32 * 512 // 16)
+    engine = Engine(target, engine_config, proposer, eos_ids=set())
     asyncio.run(serve(config, engine=engine, model_name=args.shape))
 
 
@@ -99,9 +101,29 @@ def generate(address: str, prompts, new: int, k: int) -> dict:
     return {"tok_per_s": round(tokens / seconds, 2), "outputs": outputs}
 
 
-def compare(recorded, vocab, prompts, new: int, k: int, acceptance: float, shapes, device):
+def generate_together(address: str, prompts, new: int) -> float:
+    """Every prompt at once (c = len(prompts)), plain, through a verifier: tok/s."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with grpc.insecure_channel(address) as channel:
+        stub = verifier_pb2_grpc.VerifierStub(channel)
+
+        def one(p) -> int:
+            request = verifier_pb2.VerifyGenerateRequest(
+                prompt_ids=p, max_new_tokens=new, ignore_eos=True
+            )
+            return sum(len(reply.token_ids) for reply in stub.Generate(request, timeout=300))
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            tokens = sum(pool.map(one, prompts))
+        return round(tokens / (time.perf_counter() - t0), 2)
+
+
+def compare(recorded, vocab, prompts, new: int, k: int, acceptance: float, shapes, device, many=()):
     """Start two (drafter, verifier) pairs, one per drafting kind; each prompt through each
-    verifier with speculation off and on. -> tok/s and whether outputs match plain."""
+    verifier with speculation off and on. -> tok/s and whether outputs match plain; with
+    `many` prompts, also their plain tok/s all at once through the first verifier."""
     target_shape, draft_shape = shapes
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"specd-services-{os.getpid()}"
     work.mkdir(parents=True, exist_ok=True)
@@ -120,6 +142,8 @@ def compare(recorded, vocab, prompts, new: int, k: int, acceptance: float, shape
         for _, v_port, _ in pairs.values():
             _wait_serving(f"{HOST}:{v_port}", 240)
         out = {}
+        if many:
+            out["plain_together_tok_per_s"] = generate_together(f"{HOST}:50762", many, new)
         for name, (_, v_port, _) in pairs.items():
             address = f"{HOST}:{v_port}"
             generate(address, prompts[:1], 8, k)  # warm

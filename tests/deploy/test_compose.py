@@ -50,7 +50,6 @@ def local_command(service: dict) -> list[str]:
     return cmd
 
 
-@pytest.mark.real
 def start_order(spec: dict) -> list[list[str]]:
     """ROLES in waves: each wave's `depends_on` (service_healthy) met by earlier waves."""
     waves, done = [], set()
@@ -81,6 +80,7 @@ def start(role: str, service: dict, logs: Path) -> subprocess.Popen:
         )
 
 
+@pytest.mark.real
 def test_compose_topology_as_local_processes(tmp_path):
     real_model_or_skip("smollm2-135m-instruct")
     spec = yaml.safe_load(COMPOSE.read_text())["services"]

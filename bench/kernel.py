@@ -2,7 +2,8 @@
 
     specd bench kernel [--shape 8960,1536] [--rows 1,4,7,16] [--copies 28]
 
-Times bf16 (`W @ X^T`), torch's int4 kernel and specd's int4/int6/int8 kernel on `--copies`
+Times bf16 (`W @ X^T`), fp32 through MKL (`W @ X^T`) and through specd's dispatch (oneDNN),
+torch's int4 kernel and specd's int4/int6/int8 kernel on `--copies`
 random matrices (enough to defeat the cache: every call reads DRAM, as a decode step does),
 and says whether a row's result is bitwise the same alone and inside the batch.
 """
@@ -16,10 +17,16 @@ import torch
 
 from specd.models import native
 from specd.models import qlinear as ql
+from specd.models.matmul import linear
+
+
+def _activations(w) -> torch.dtype:
+    """fp32 weights multiply fp32 rows; every other format bf16 rows."""
+    return torch.float32 if getattr(w, "dtype", None) == torch.float32 else torch.bfloat16
 
 
 def _time(fn, weights, rows: int, k: int) -> float:
-    x = torch.randn(rows, k, dtype=torch.bfloat16)
+    x = torch.randn(rows, k, dtype=_activations(weights[0]))
     for w in weights:
         fn(x, w)
     best = float("inf")
@@ -32,13 +39,17 @@ def _time(fn, weights, rows: int, k: int) -> float:
 
 
 def _invariant(fn, w, k: int) -> bool:
-    x = torch.randn(7, k, dtype=torch.bfloat16)
+    x = torch.randn(7, k, dtype=_activations(w))
     return torch.equal(fn(x[:1], w), fn(x, w)[:1])
 
 
 def candidates(n: int, k: int, copies: int):
     dense = [torch.randn(n, k, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
     yield "bf16", lambda x, w: torch.mm(w, x.t()).t(), dense
+    dense32 = [w.float() for w in dense]
+    yield "fp32 MKL", lambda x, w: torch.mm(w, x.t()).t(), dense32
+    yield "fp32 specd (oneDNN)", linear, dense32
+    del dense32
     packed = [
         (
             torch.ops.aten._convert_weight_to_int4pack_for_cpu(

@@ -6,6 +6,12 @@ Measured on a 2-core AMX Xeon, bf16, cold weights [17920, 1536]: `F.linear` read
 2-16 rows. Past 16 rows (prefill) the work is compute-bound and `F.linear` (oneDNN/AMX)
 wins. See docs/benchmarks-log.md.
 
+fp32 goes to oneDNN's linear (the op torch.compile's CPU backend calls), not to MKL, which
+`torch.mv`/`torch.mm`/`F.linear` use for fp32: on an AMD EPYC (Zen 4, 2 cores, AVX2 or
+AVX512) MKL reads the 1.5B's [17920, 1536] fp32 matrix at 16 GB/s for one row and 6-11 GB/s
+for 4-17 rows, oneDNN at 25 and 14-20 GB/s. Below `ONEDNN_MIN` weights its fixed cost per
+call (~10 us) outweighs that.
+
 Batch-invariant mode: every bf16/fp16 forward goes through `W @ X^T` in tiles of exactly
 `INVARIANT_TILE` rows (zero-padded), so a row's numbers never depend on how many rows
 share the forward (decode of 1 vs verification of k+1 vs other sequences). fp32 is not
@@ -25,6 +31,7 @@ from specd.config import INVARIANT_TILE
 from specd.models.qlinear import QWeight, qlinear, qlinear_parts
 
 SMALL_M = 16
+ONEDNN_MIN = 1 << 19 if torch.backends.mkldnn.is_available() else float("inf")
 
 
 def linear(
@@ -46,6 +53,8 @@ def linear(
         # reduced precision only: fp32 keeps its own path (16-row tiles would cost a decode
         # step 16x the compute where there is no bf16 hardware; fp32 parity is tested)
         y = _tiled(x, w)
+    elif x.dtype == w.dtype == torch.float32 and x.device.type == "cpu" and w.numel() >= ONEDNN_MIN:
+        y = torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
     elif m == 1 and x.device.type == "cpu":
         y = torch.mv(w, x[0]).unsqueeze(0)
     elif m <= SMALL_M and x.device.type == "cpu":

@@ -1,0 +1,24 @@
+"""The dense weight matmul (specd.models.matmul.linear): every path it dispatches to, by
+dtype, weight size and row count, computes x W^T + b."""
+
+import pytest
+import torch
+
+from specd.models import matmul
+
+
+@pytest.mark.parametrize("out_features", [64, matmul.ONEDNN_MIN // 128 + 8])  # below, above
+@pytest.mark.parametrize("rows", [1, 4, matmul.SMALL_M + 1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_is_x_times_w_transposed_plus_b(dtype, rows, out_features):
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 128, generator=g).to(dtype)
+    w = torch.randn(out_features, 128, generator=g).to(dtype)
+    b = torch.randn(out_features, generator=g).to(dtype)
+    want = x.double() @ w.double().T + b.double()
+    for invariant in (False, True):
+        got = matmul.linear(x, w, b, invariant=invariant, out_dtype=torch.float32)
+        assert got.dtype == torch.float32 and got.shape == (rows, out_features)
+        # bf16 rounds the sum of 128 products once; fp32 accumulates exactly enough for 1e-4
+        tol = 0.1 if dtype == torch.bfloat16 else 1e-4
+        torch.testing.assert_close(got.double(), want, atol=tol, rtol=0.02)

@@ -1,3 +1,4 @@
+import gguf as gguf_package
 import pytest
 import torch
 
@@ -48,9 +49,21 @@ def test_a_fresh_cache_converts_the_small_models_gguf(tmp_path, monkeypatch):
     if gguf.exists():
         (tmp_path / "gguf").mkdir()
         (tmp_path / "gguf" / gguf.name).symlink_to(gguf)
+    opened = []  # the file's header is parsed once, for config, tokenizer and weights
+    monkeypatch.setattr(gguf_package, "GGUFReader", _counted(gguf_package.GGUFReader, opened))
     folder = fetch_model(SMALL_MODEL)
+    assert len(opened) == 1
     assert folder.is_relative_to(tmp_path) and (folder / ".specd-complete").exists()
     ours, theirs = load_file(folder / "model.safetensors"), load_file(cached / "model.safetensors")
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
-    assert (folder / "config.json").read_text() == (cached / "config.json").read_text()
+    for name in ("config.json", "tokenizer.json"):
+        assert (folder / name).read_text() == (cached / name).read_text()
+
+
+def _counted(open_file, opened: list):
+    def counting(path, *args, **kwargs):
+        opened.append(path)
+        return open_file(path, *args, **kwargs)
+
+    return counting

@@ -31,7 +31,8 @@ from specd.config import INVARIANT_TILE
 from specd.models.qlinear import QWeight, qlinear, qlinear_parts
 
 SMALL_M = 16
-ONEDNN_MIN = 1 << 19 if torch.backends.mkldnn.is_available() else float("inf")
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+ONEDNN_MIN = 1 << 19 if _ONEDNN else float("inf")  # weights; without oneDNN, never
 
 
 def linear(

@@ -31,8 +31,8 @@ from specd.config import INVARIANT_TILE
 from specd.models.qlinear import QWeight, qlinear, qlinear_parts
 
 SMALL_M = 16
+ONEDNN_MIN = 1 << 19  # weights
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-ONEDNN_MIN = 1 << 19 if _ONEDNN else float("inf")  # weights; without oneDNN, never
 
 
 def linear(
@@ -54,7 +54,7 @@ def linear(
         # reduced precision only: fp32 keeps its own path (16-row tiles would cost a decode
         # step 16x the compute where there is no bf16 hardware; fp32 parity is tested)
         y = _tiled(x, w)
-    elif x.dtype == w.dtype == torch.float32 and x.device.type == "cpu" and w.numel() >= ONEDNN_MIN:
+    elif _onednn_fits(x, w):
         y = torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
     elif m == 1 and x.device.type == "cpu":
         y = torch.mv(w, x[0]).unsqueeze(0)
@@ -66,6 +66,12 @@ def linear(
     if b is not None:
         y = y + b.to(y.dtype)
     return y if out_dtype is None else y.to(out_dtype)
+
+
+def _onednn_fits(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """fp32 on the CPU, a matrix big enough to pay oneDNN's fixed cost (see above)."""
+    fp32 = x.dtype == w.dtype == torch.float32
+    return _ONEDNN and fp32 and x.device.type == "cpu" and w.numel() >= ONEDNN_MIN
 
 
 def _tiled(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

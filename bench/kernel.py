@@ -49,7 +49,7 @@ def candidates(n: int, k: int, copies: int):
     dense32 = [w.float() for w in dense]
     yield "fp32 MKL", lambda x, w: torch.mm(w, x.t()).t(), dense32
     yield "fp32 specd (oneDNN)", linear, dense32
-    del dense32
+    del dense32  # twice the bf16 copies' memory: gone before the quantised ones are built
     packed = [
         (
             torch.ops.aten._convert_weight_to_int4pack_for_cpu(

@@ -111,9 +111,13 @@ def start_together(*processes: ServerProcess, timeout: float = 90.0) -> None:
         for p in processes:
             p.wait_ready(timeout)
     except BaseException:
-        for p in processes:
-            p.stop()
+        stop_all(*processes)
         raise
+
+
+def stop_all(*processes: ServerProcess) -> None:
+    for p in processes:
+        p.stop()
 
 
 def scrape(port: int, name: str) -> float:
@@ -169,8 +173,7 @@ def start_services(
     try:  # a verifier serves without a drafter that takes long to load: wait for it here
         wait_for_drafter(verifier.address)
     except BaseException:
-        for p in (router, verifier, drafter):
-            p.stop()
+        stop_all(router, verifier, drafter)
         raise
     return {
         "drafter": drafter,

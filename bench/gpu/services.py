@@ -143,7 +143,8 @@ def compare(recorded, vocab, prompts, new: int, k: int, acceptance: float, shape
             _wait_serving(f"{HOST}:{v_port}", 240)
         out = {}
         if many:
-            out["plain_together_tok_per_s"] = generate_together(f"{HOST}:50762", many, new)
+            first = f"{HOST}:{pairs['lookup'][1]}"
+            out["plain_together_tok_per_s"] = generate_together(first, many, new)
         for name, (_, v_port, _) in pairs.items():
             address = f"{HOST}:{v_port}"
             generate(address, prompts[:1], 8, k)  # warm

@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import logging
 import threading
+from functools import partial
 
 from drafter_service.sessions import Sessions
 from protos.specd.v1 import drafter_pb2, drafter_pb2_grpc
@@ -32,12 +33,15 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         telemetry=None,
         draft_ahead: bool = False,
         name: str = "",
-        tokenizer=None,
+        load_tokenizer=None,
         eos_ids: set[int] | None = None,
     ):
         self.proposer = proposer
-        # drafting under a request's constraint needs the tokenizer (specd/grammar.py)
-        self.grammars = None if tokenizer is None else Grammars(tokenizer, vocab_size, eos_ids)
+        # drafting under a request's constraint needs the tokenizer (specd/grammar.py),
+        # loaded at the first one
+        self.grammars = (
+            None if load_tokenizer is None else Grammars(load_tokenizer, vocab_size, eos_ids)
+        )
         self.name = name  # told to each verifier in the handshake
         # between rounds, let the proposer continue as if all drafts were accepted
         self.draft_ahead = draft_ahead and hasattr(proposer, "draft_ahead")
@@ -159,12 +163,12 @@ async def serve(config, ready=None, built=None) -> None:
     from specd.serving import serve_servicer
     from specd.telemetry import setup
 
-    tokenizer, eos = None, None
+    tokenizer, eos = None, None  # a function that loads the tokenizer; end-of-sequence ids
     if built is None:
         # built on the thread that will run it (see specd/model_thread.py)
         built = await on_model_thread("drafter", build_proposer, config)
         folder = resolve(config.model)
-        tokenizer, eos = load_tokenizer(folder), eos_token_ids(folder, load_config(folder))
+        tokenizer, eos = partial(load_tokenizer, folder), eos_token_ids(folder, load_config(folder))
     proposer, vocab, name = built
     telemetry = setup("drafter", config.metrics_port)
     servicer = DrafterServicer(
@@ -174,7 +178,7 @@ async def serve(config, ready=None, built=None) -> None:
         telemetry,
         draft_ahead=config.draft_ahead,
         name=name,
-        tokenizer=tokenizer,
+        load_tokenizer=tokenizer,
         eos_ids=eos,
     )
     log.info("drafter proposer: %s", config.proposer)

@@ -65,11 +65,13 @@ class _Tokens:
 
 
 class Grammars:
-    """One tokenizer's grammar matchers; compiled grammars are cached by their text."""
+    """One tokenizer's grammar matchers; compiled grammars are cached by their text.
+    `load_tokenizer` is called at the first constraint (a service that is never sent one
+    never imports transformers for it)."""
 
-    def __init__(self, tokenizer, vocab_size: int, eos_ids: set[int] | None = None):
+    def __init__(self, load_tokenizer, vocab_size: int, eos_ids: set[int] | None = None):
         self.vocab_size = vocab_size
-        self._tokenizer, self._eos = tokenizer, set(eos_ids or ())
+        self._load_tokenizer, self._eos = load_tokenizer, set(eos_ids or ())
         self._ll = None
         self._templates: dict[str, object] = {}
         self._lock = threading.Lock()
@@ -80,8 +82,8 @@ class Grammars:
 
         grammar = constraint.grammar()
         with self._lock:
-            if self._ll is None:  # about a second for a 150k vocabulary, once
-                self._ll = _lltokenizer(self._tokenizer, self.vocab_size, self._eos)
+            if self._ll is None:  # a few seconds for a 150k vocabulary, once
+                self._ll = _lltokenizer(self._load_tokenizer(), self.vocab_size, self._eos)
             template = self._templates.get(grammar)
             if template is None:
                 template = LLMatcher(self._ll, grammar, log_level=0)

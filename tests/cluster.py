@@ -153,7 +153,7 @@ def start_cluster(
             telemetry=_telemetry(c, "drafter", span_exporter, metrics),
             draft_ahead=draft_ahead,
             name="tiny-draft",
-            tokenizer=char_tokenizer(),
+            load_tokenizer=char_tokenizer,
         )
         server, port, _ = await c._drafter_server(0)
         c.servers["drafter"], c.drafter = server, f"127.0.0.1:{port}"
@@ -166,7 +166,7 @@ def start_cluster(
                 RemoteProposer(c.drafter, drafter_timeout_ms, 200, t),
                 eos_ids=set(),
                 telemetry=t,
-                tokenizer=char_tokenizer(),
+                load_tokenizer=char_tokenizer,
             )
             servicer = VerifierServicer(AsyncEngine(engine), "tiny", telemetry=t)
             server, port, _ = await start_server(
@@ -211,9 +211,10 @@ def start_cluster(
 
 
 def save_tiny_cluster_model(folder: Path) -> Path:
-    """A tiny random Llama with the char tokenizer beside it, loadable by every service."""
+    """A tiny random Qwen2 (the default pair's architecture: plain RoPE, QKV bias, tied
+    embeddings) with the char tokenizer beside it, loadable by every service."""
     from tests.conftest import make_tiny
 
-    make_tiny("llama", folder)
+    make_tiny("qwen2", folder)
     char_tokenizer().save_pretrained(folder)
     return folder

@@ -73,12 +73,13 @@ class Engine:
         proposer: Proposer | None = None,
         eos_ids: set[int] | None = None,
         telemetry=None,
-        tokenizer=None,
+        load_tokenizer=None,
     ):
         self.model = model
-        # constrained requests need the tokenizer (llguidance reads its tokens' bytes)
+        # constrained requests need the tokenizer (llguidance reads its tokens' bytes),
+        # loaded at the first one
         vocab = model.args.vocab_size
-        self.grammars = None if tokenizer is None else Grammars(tokenizer, vocab, eos_ids)
+        self.grammars = None if load_tokenizer is None else Grammars(load_tokenizer, vocab, eos_ids)
         self.config = config or EngineConfig()
         bs, budget = self.config.block_size, self.config.kv_cache_bytes
         num_blocks = self.config.num_blocks or (

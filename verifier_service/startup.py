@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from functools import partial
 
 from protos.specd.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_service.engine import Engine
@@ -44,8 +45,9 @@ def build_engine(config, telemetry=None):
             tls_ca=config.tls_ca,
         )
     eos = eos_token_ids(folder, load_config(folder))
-    tokenizer = load_tokenizer(folder)  # for constrained requests (specd/grammar.py)
-    engine = Engine(model, config.engine, proposer, eos, telemetry=telemetry, tokenizer=tokenizer)
+    # for constrained requests (specd/grammar.py), loaded at the first
+    tokenizer = partial(load_tokenizer, folder)
+    engine = Engine(model, config.engine, proposer, eos, telemetry, load_tokenizer=tokenizer)
     return engine, folder.name
 
 

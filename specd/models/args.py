@@ -51,13 +51,15 @@ class ModelArgs:
 
 def rope_inv_freq(config) -> tuple[torch.Tensor, float]:
     """Inverse frequencies and attention scaling, from transformers' own RoPE table
-    (covers Llama 3.x `llama3` scaling, linear, dynamic, yarn, ...)."""
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    config.standardize_rope_params()
+    (covers Llama 3.x `llama3` scaling, linear, dynamic, yarn, ...). `config`: a
+    transformers config, or config.json's plain-RoPE fields (specd.models.hf_config)."""
+    if hasattr(config, "standardize_rope_params"):
+        config.standardize_rope_params()
     params = config.rope_parameters
     rope_type = params.get("rope_type", "default")
     if rope_type != "default":
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
         inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
         return inv_freq.float(), float(scaling)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

@@ -10,16 +10,11 @@ import torch
 from specd.models import huge_pages
 from specd.models.args import ModelArgs, default_device, parse_dtype, rope_inv_freq
 from specd.models.draft_cuts import four_bit_layers, trim_to_vocab
+from specd.models.hf_config import load_config
 from specd.models.llama import Layer, LlamaModel
 from specd.models.paged_kv import kv_dtype
 from specd.models.resolve import ALIASES, resolve  # noqa: F401 (re-exported)
 from specd.models.weights import QUANTISED, choose, fuse, load_quantised, map_matrix
-
-
-def load_config(folder: Path):
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(folder)
 
 
 def load_tokenizer(folder: Path):

@@ -1,7 +1,7 @@
 """Faults injected into real server processes on loopback: SIGKILL a drafter, a verifier
 replica, the router, and check that nothing is lost and nothing hangs.
 
-The processes serve a tiny random Llama (fp32, batch-invariant kernels, so a greedy output
+The processes serve a tiny random Qwen2 (fp32, batch-invariant kernels, so a greedy output
 cannot depend on which requests happened to share a step) with a character tokenizer.
 """
 

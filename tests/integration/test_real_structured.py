@@ -47,7 +47,7 @@ def test_real_pair_json_schema_greedy_identical_and_valid(cpu_kernels):
     target = load_model(target_dir, device="cpu", weights="int4")  # this CPU's activations
     draft = load_model(draft_dir, device="cpu", weights="int4")
     proposer = DraftModelProposer(draft, num_blocks=256, alternatives=4)
-    engine = Engine(target, EngineConfig(), proposer, eos_ids=eos, tokenizer=tok)
+    engine = Engine(target, EngineConfig(), proposer, eos_ids=eos, load_tokenizer=lambda: tok)
     off = _run(engine, requests)  # as test_real_formats: one engine, prompts from its cache
     assert engine.totals.rounds == 0  # plain decoding
     on = _run(engine, [dict(r, num_draft=5) for r in requests])

@@ -42,7 +42,7 @@ def text(tokens: list[int]) -> str:
 
 @pytest.fixture(scope="module")
 def grammars():
-    return Grammars(char_tokenizer(), V)
+    return Grammars(char_tokenizer, V)
 
 
 def test_allowed_follows_the_regex(grammars):
@@ -110,7 +110,7 @@ def _engine(tiny_pair, proposer_kind: str, alternatives: int = 0):
         proposer = NgramProposer()
     # leaves whatever a row costs (the cost model would price them out of a large batch)
     cfg = EngineConfig(num_blocks=1024, block_size=4, max_tree_tokens=1 << 20, cost_model=False)
-    return Engine(target, cfg, proposer, eos_ids=set(), tokenizer=char_tokenizer())
+    return Engine(target, cfg, proposer, eos_ids=set(), load_tokenizer=char_tokenizer)
 
 
 CONSTRAINTS = [
@@ -175,7 +175,7 @@ def test_outputs_keep_to_the_constraint_and_greedy_is_the_same_on_and_off(tiny_p
     assert finished > 0, "no output completed its constraint: the checks above saw nothing"
 
 
-CHECK = Grammars(char_tokenizer(), V)  # fresh states to compare with
+CHECK = Grammars(char_tokenizer, V)  # fresh states to compare with
 
 
 def test_rejected_drafts_leave_the_grammar_as_if_never_proposed(tiny_pair):
@@ -229,7 +229,7 @@ def test_sampling_follows_the_masked_target(tiny_pair, alternatives):
         cost_model=False,  # leaves whatever a row costs
         batch_invariant=False,
     )
-    engine = Engine(target, cfg, proposer, eos_ids=set(), tokenizer=char_tokenizer())
+    engine = Engine(target, cfg, proposer, eos_ids=set(), load_tokenizer=char_tokenizer)
     regex = "[a-m][a-z0-9][0-9a-f]"
     allowed = []
     for chars in ["abcdefghijklm", "abcdefghijklmnopqrstuvwxyz0123456789", "0123456789abcdef"]:

@@ -96,7 +96,7 @@ def test_sessions_close_alone_or_with_their_stream():
 
 
 def test_a_constrained_session_follows_its_grammar():
-    sessions, _ = make(Grammars(char_tokenizer(), V))
+    sessions, _ = make(Grammars(char_tokenizer, V))
     regex = common_pb2.Constraint(regex="ab[0-9]+c")
     prompt = ids("Q:")
     # committed so far: the prompt, then "a" generated under the constraint

@@ -1,0 +1,90 @@
+"""config.json read as it stands (specd.models.hf_config) gives the loader what transformers'
+AutoConfig gives it: shape, RoPE, end-of-sequence ids, the heads GGUF blocks are unpermuted
+by. Where the file leaves something to transformers (a default, a RoPE variant), AutoConfig
+reads it."""
+
+import json
+import shutil
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from specd.models.args import ModelArgs, rope_inv_freq
+from specd.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+from specd.models.loader import eos_token_ids, load_config
+from tests.conftest import make_tiny, real_model_or_skip
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+
+
+def what_the_loader_reads(folder, config):
+    inv_freq, scale = rope_inv_freq(config)
+    heads = (config.num_attention_heads, config.num_key_value_heads)
+    return ModelArgs.from_hf(config), inv_freq, scale, eos_token_ids(folder, config), heads
+
+
+def assert_as_autoconfig(folder, plain: bool):
+    config = load_config(folder)
+    assert isinstance(config, SimpleNamespace) == plain
+    ours = what_the_loader_reads(folder, config)
+    theirs = what_the_loader_reads(folder, AutoConfig.from_pretrained(folder))
+    assert ours[0] == theirs[0]
+    assert torch.equal(ours[1], theirs[1]) and ours[2:] == theirs[2:]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    out = {}
+    for kind in ("qwen2", "llama"):  # plain RoPE; llama3 RoPE (conftest.make_tiny)
+        out[kind] = tmp_path_factory.mktemp(kind)
+        make_tiny(kind, out[kind])
+    return out
+
+
+def rewritten(folders, tmp_path, kind: str, edit) -> object:
+    """A copy of a tiny folder with its config.json edited by `edit(dict)`."""
+    folder = tmp_path / f"{kind}-edited"
+    shutil.copytree(folders[kind], folder)
+    data = json.loads((folder / "config.json").read_text())
+    edit(data)
+    (folder / "config.json").write_text(json.dumps(data))
+    return folder
+
+
+def test_a_plain_rope_config_is_read_as_it_stands_and_a_variant_by_transformers(folders):
+    assert_as_autoconfig(folders["qwen2"], plain=True)
+    assert_as_autoconfig(folders["llama"], plain=False)
+
+
+def older_form(rope_scaling):
+    """The form Hugging Face hub folders written before transformers 5 have."""
+
+    def edit(data):
+        data["rope_theta"] = data.pop("rope_parameters")["rope_theta"]
+        data["rope_scaling"] = rope_scaling
+
+    return edit
+
+
+@pytest.mark.parametrize("rope_scaling,plain", [(None, True), (LLAMA3_ROPE, False)])
+def test_the_older_rope_form_is_read_alike(folders, tmp_path, rope_scaling, plain):
+    assert_as_autoconfig(rewritten(folders, tmp_path, "qwen2", older_form(rope_scaling)), plain)
+
+
+@pytest.mark.parametrize("field", ["tie_word_embeddings", "num_key_value_heads", "rms_norm_eps"])
+def test_a_field_left_to_its_default_gets_the_architectures_default(folders, tmp_path, field):
+    assert_as_autoconfig(rewritten(folders, tmp_path, "qwen2", lambda data: data.pop(field)), False)
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("name", [DEFAULT_TARGET, DEFAULT_DRAFT])
+def test_the_default_pair_is_read_without_transformers(name):
+    assert_as_autoconfig(real_model_or_skip(name), plain=True)

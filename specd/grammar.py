@@ -76,23 +76,30 @@ class Grammars:
         self._templates: dict[str, object] = {}
         self._lock = threading.Lock()
 
+    def prepare(self):
+        """The tokenizer and llguidance's view of it: a few seconds for a 150k vocabulary,
+        once (a caller on an event loop runs it in a worker thread)."""
+        with self._lock:
+            if self._ll is None:
+                self._ll = _lltokenizer(self._load_tokenizer(), self.vocab_size, self._eos)
+            return self._ll
+
     def start(self, constraint: Constraint) -> GrammarState:
         """A fresh state for `constraint`; ValueError when it is invalid or admits nothing."""
         from llguidance import LLMatcher
 
         grammar = constraint.grammar()
+        ll = self.prepare()
         with self._lock:
-            if self._ll is None:  # a few seconds for a 150k vocabulary, once
-                self._ll = _lltokenizer(self._load_tokenizer(), self.vocab_size, self._eos)
             template = self._templates.get(grammar)
             if template is None:
-                template = LLMatcher(self._ll, grammar, log_level=0)
+                template = LLMatcher(ll, grammar, log_level=0)
                 if template.is_error():
                     raise ValueError(f"invalid {constraint.kind}: {template.get_error()}")
                 if len(self._templates) >= 256:
                     self._templates.pop(next(iter(self._templates)))
                 self._templates[grammar] = template
-        words = (self._ll.vocab_size + 31) // 32  # llguidance's bitmask: one bit per token
+        words = (ll.vocab_size + 31) // 32  # llguidance's bitmask: one bit per token
         state = GrammarState(template.deep_copy(), constraint, self.vocab_size, words)
         if state.done or not state.allowed().any():  # (an empty match counts as none)
             raise ValueError(f"the {constraint.kind} constraint admits no output")

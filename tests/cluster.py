@@ -137,6 +137,7 @@ def start_cluster(
     metrics: bool = False,
     alternatives: int = 0,
     draft_ahead: bool = False,
+    load_tokenizer=char_tokenizer,
 ) -> Cluster:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -153,7 +154,7 @@ def start_cluster(
             telemetry=_telemetry(c, "drafter", span_exporter, metrics),
             draft_ahead=draft_ahead,
             name="tiny-draft",
-            load_tokenizer=char_tokenizer,
+            load_tokenizer=load_tokenizer,
         )
         server, port, _ = await c._drafter_server(0)
         c.servers["drafter"], c.drafter = server, f"127.0.0.1:{port}"
@@ -166,7 +167,7 @@ def start_cluster(
                 RemoteProposer(c.drafter, drafter_timeout_ms, 200, t),
                 eos_ids=set(),
                 telemetry=t,
-                load_tokenizer=char_tokenizer,
+                load_tokenizer=load_tokenizer,
             )
             servicer = VerifierServicer(AsyncEngine(engine), "tiny", telemetry=t)
             server, port, _ = await start_server(

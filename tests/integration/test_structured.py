@@ -5,6 +5,8 @@ library's message (tiny models on loopback)."""
 
 import json
 import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import jsonschema
@@ -13,7 +15,8 @@ import pytest
 
 from router.client import SpecdClient
 from router.policy import Policy
-from tests.cluster import TINY_MODEL_ID, start_cluster
+from tests.cluster import TINY_MODEL_ID, char_tokenizer, start_cluster
+from tests.conftest import wait_for
 from tests.integration.test_openai_http import post_json
 from tests.integration.test_services import wait_idle
 
@@ -150,3 +153,27 @@ def test_openai_bad_response_format_is_400(cluster):
     schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objec"}}}
     invalid = post_json(url, {**body, "response_format": schema})
     assert invalid.status_code == 400 and "objec" in invalid.json()["error"]["message"]
+
+
+def test_a_first_constraint_loads_the_tokenizer_while_other_streams_run(tiny_pair):
+    """The tokenizer is loaded at a verifier's first constrained request, in a worker
+    thread: streams on the same event loop go on meanwhile."""
+    called, release = threading.Event(), threading.Event()
+
+    def slow_tokenizer():
+        called.set()
+        assert release.wait(60)
+        return char_tokenizer()
+
+    c = start_cluster(*tiny_pair, policy=POLICY, load_tokenizer=slow_tokenizer)
+    try:
+        with SpecdClient(c.router) as client, ThreadPoolExecutor(1) as pool:
+            first = pool.submit(client.generate, "{", max_new_tokens=8, json_schema=SCHEMA)
+            wait_for(called.is_set)
+            plain = client.generate("def f(x):", max_new_tokens=16, ignore_eos=True, timeout=20)
+            assert len(plain.token_ids) == 16 and not first.done()
+            release.set()
+            assert len(first.result(timeout=60).token_ids) == 8
+    finally:
+        release.set()
+        c.close()

@@ -45,6 +45,15 @@ def grammars():
     return Grammars(char_tokenizer, V)
 
 
+def test_the_tokenizer_is_loaded_at_the_first_constraint_once():
+    loads = []
+    grammars = Grammars(lambda: loads.append(1) or char_tokenizer(), V)
+    assert loads == []
+    for pattern in ("ab[0-9]+c", "x+"):
+        grammars.start(Constraint("regex", pattern))
+    assert loads == [1]
+
+
 def test_allowed_follows_the_regex(grammars):
     state = grammars.start(Constraint("regex", "ab[0-9]+c"))
     assert text(state.allowed().nonzero().flatten().tolist()) == "a"

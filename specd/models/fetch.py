@@ -81,19 +81,22 @@ def convert_gguf(gguf_path: Path, folder: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from specd.models.gguf_blocks import TABLE, write_table
+
     if is_ready(folder):
         return folder
     print(f"converting {gguf_path.name} -> {folder} (once)", file=sys.stderr)
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     kwargs = {"gguf_file": gguf_path.name}
-    with _one_reader(gguf_path):
+    with _one_reader(gguf_path) as reader:
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(
             gguf_path.parent, dtype=torch.bfloat16, **kwargs
         )
     _save_dense(model, tmp)
     tokenizer.save_pretrained(tmp)
+    write_table(reader, gguf_path, tmp / TABLE)  # the quantised formats read it
     del model
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
@@ -106,7 +109,7 @@ def _one_reader(path: Path):
     """transformers opens a GGUF for its config, its tokenizer and twice for the model, and
     `gguf.GGUFReader` builds every vocabulary string in Python as it opens one (~7 s for
     Qwen's 151,936 tokens on a 2-core AMD EPYC): while converting, every open of `path`
-    gets one reader (transformers imports the class from `gguf` at each call)."""
+    gets one reader (transformers imports the class from `gguf` at each call); -> it."""
     import gguf
 
     open_file = gguf.GGUFReader
@@ -117,7 +120,7 @@ def _one_reader(path: Path):
 
     gguf.GGUFReader = opened
     try:
-        yield
+        yield reader
     finally:
         gguf.GGUFReader = open_file
 

@@ -93,9 +93,9 @@ def load_quantised(folder: Path, fmt: str, config, dense) -> dict[str, QWeight]:
     gguf = source_gguf(folder)
     log.warning("converting %s weights to %s (once) -> %s", folder.name, fmt, cache)
     if gguf is not None:
-        from specd.models.gguf_blocks import read_gguf
+        from specd.models.gguf_blocks import TABLE, read_gguf
 
-        mats = read_gguf(gguf, fmt, config)
+        mats = read_gguf(gguf, fmt, config, folder / TABLE)
     else:
         mats = {}
         for name in dense.matrix_names():

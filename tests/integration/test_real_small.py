@@ -4,7 +4,7 @@ import torch
 
 from specd.models.catalog import CATALOG, SMALL_MODEL, cache_root
 from specd.models.fetch import fetch_model
-from specd.models.loader import load_model, load_tokenizer
+from specd.models.loader import load_model, load_tokenizer, prepare_weights
 from specd.models.paged_kv import PagedKV
 from specd.models.seq_input import SeqInput
 from tests.conftest import real_model_or_skip
@@ -40,7 +40,8 @@ def test_smollm2_greedy_matches_transformers_generate():
 def test_a_fresh_cache_converts_the_small_models_gguf(tmp_path, monkeypatch):
     """What a first `specd models fetch` or `specd up` does on a new machine: the GGUF
     (taken from the cache `make models` filled, else downloaded) converted through
-    transformers into a dense folder, the same tensors and config as the cache's."""
+    transformers into a dense folder, the same tensors and config as the cache's; its
+    int4 weights then read the GGUF's blocks through the table the conversion wrote."""
     from safetensors.torch import load_file
 
     cached = real_model_or_skip(SMALL_MODEL)
@@ -52,6 +53,8 @@ def test_a_fresh_cache_converts_the_small_models_gguf(tmp_path, monkeypatch):
     opened = []  # the file's header is parsed once, for config, tokenizer and weights
     monkeypatch.setattr(gguf_package, "GGUFReader", _counted(gguf_package.GGUFReader, opened))
     folder = fetch_model(SMALL_MODEL)
+    assert len(opened) == 1
+    prepare_weights(folder, "int4")
     assert len(opened) == 1
     assert folder.is_relative_to(tmp_path) and (folder / ".specd-complete").exists()
     ours, theirs = load_file(folder / "model.safetensors"), load_file(cached / "model.safetensors")

@@ -89,3 +89,46 @@ def test_unpermute_rows_is_transformers_reverse_permute():
     proc = LlamaTensorProcessor(config={"num_attention_heads": 4, "num_key_value_heads": 4})
     expect = proc._reverse_permute_weights(w.dequantize().numpy(), 4, 4)
     assert torch.equal(gb.unpermute_rows(w, 4).dequantize(), torch.from_numpy(expect))
+
+
+def write_gguf(path, seed: int = 0):
+    """A small GGUF: a vocabulary array, a Q4_K matrix, a Q4_1 matrix and an F32 vector."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_token_list([f"token{i}" for i in range(500)])
+    for name, kind in (("blk.0.ffn_up.weight", "Q4_K"), ("blk.0.ffn_down.weight", "Q4_1")):
+        t = random_blocks(kind, rows=16, cols=512, seed=seed)
+        w.add_tensor(name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+    w.add_tensor("output_norm.weight", np.arange(512, dtype=np.float32) + seed)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_a_ggufs_tensors_are_read_through_its_table_as_the_reader_reads_them(tmp_path, monkeypatch):
+    import gguf
+
+    path, table = tmp_path / "m.gguf", tmp_path / gb.TABLE
+    write_gguf(path)
+    opened = []
+
+    def counted(p, *args, **kwargs):
+        opened.append(p)
+        return open_file(p, *args, **kwargs)
+
+    open_file = gguf.GGUFReader
+    monkeypatch.setattr(gguf, "GGUFReader", counted)
+    for _ in range(2):  # the first read writes the table, the second reads through it
+        arch, tensors = gb.tensors_of(path, table)
+        assert arch == "llama" and len(opened) == 1
+        reader = open_file(str(path))
+        assert [t.name for t in tensors] == [t.name for t in reader.tensors]
+        for ours, theirs in zip(tensors, reader.tensors, strict=True):
+            assert ours.tensor_type == theirs.tensor_type
+            assert list(ours.shape) == theirs.shape.tolist()
+            assert np.array_equal(ours.data, theirs.data.reshape(-1).view(np.uint8))
+    write_gguf(path, seed=1)  # a new file at the same path: read again, not through the table
+    _, tensors = gb.tensors_of(path, table)
+    assert len(opened) == 2 and tensors[-1].data.view(np.float32)[0] == 1

@@ -163,12 +163,12 @@ async def serve(config, ready=None, built=None) -> None:
     from specd.serving import serve_servicer
     from specd.telemetry import setup
 
-    tokenizer, eos = None, None  # a function that loads the tokenizer; end-of-sequence ids
+    load_tok, eos = None, None
     if built is None:
         # built on the thread that will run it (see specd/model_thread.py)
         built = await on_model_thread("drafter", build_proposer, config)
         folder = resolve(config.model)
-        tokenizer, eos = partial(load_tokenizer, folder), eos_token_ids(folder, load_config(folder))
+        load_tok, eos = partial(load_tokenizer, folder), eos_token_ids(folder, load_config(folder))
     proposer, vocab, name = built
     telemetry = setup("drafter", config.metrics_port)
     servicer = DrafterServicer(
@@ -178,7 +178,7 @@ async def serve(config, ready=None, built=None) -> None:
         telemetry,
         draft_ahead=config.draft_ahead,
         name=name,
-        load_tokenizer=tokenizer,
+        load_tokenizer=load_tok,
         eos_ids=eos,
     )
     log.info("drafter proposer: %s", config.proposer)

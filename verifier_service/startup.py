@@ -45,9 +45,8 @@ def build_engine(config, telemetry=None):
             tls_ca=config.tls_ca,
         )
     eos = eos_token_ids(folder, load_config(folder))
-    # for constrained requests (specd/grammar.py), loaded at the first
-    tokenizer = partial(load_tokenizer, folder)
-    engine = Engine(model, config.engine, proposer, eos, telemetry, load_tokenizer=tokenizer)
+    load_tok = partial(load_tokenizer, folder)  # at the first constraint (specd/grammar.py)
+    engine = Engine(model, config.engine, proposer, eos, telemetry, load_tokenizer=load_tok)
     return engine, folder.name
 
 

@@ -109,7 +109,7 @@ def _one_reader(path: Path):
     """transformers opens a GGUF for its config, its tokenizer and twice for the model, and
     `gguf.GGUFReader` builds every vocabulary string in Python as it opens one (~7 s for
     Qwen's 151,936 tokens on a 2-core AMD EPYC): while converting, every open of `path`
-    gets one reader (transformers imports the class from `gguf` at each call); -> it."""
+    gets one reader, yielded (transformers imports the class from `gguf` at each call)."""
     import gguf
 
     open_file = gguf.GGUFReader

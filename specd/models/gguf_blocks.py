@@ -123,7 +123,7 @@ def unpermute_rows(w: QWeight, n_head: int) -> QWeight:
 
 def read_gguf(path: Path, mode: str, config, table: Path) -> dict[str, QWeight]:
     """Every matrix of a GGUF file that fits the format, by Hugging Face name; `table`:
-    where its tensor table is kept (`tensors`)."""
+    where its tensor table is kept (`tensors_of`)."""
     arch, tensors = tensors_of(path, table)
     out = {}
     for t in tensors:

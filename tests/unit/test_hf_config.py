@@ -5,6 +5,8 @@ reads it."""
 
 import json
 import shutil
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -88,3 +90,25 @@ def test_a_field_left_to_its_default_gets_the_architectures_default(folders, tmp
 @pytest.mark.parametrize("name", [DEFAULT_TARGET, DEFAULT_DRAFT])
 def test_the_default_pair_is_read_without_transformers(name):
     assert_as_autoconfig(real_model_or_skip(name), plain=True)
+
+
+BUILD = """
+import sys
+from specd.config import VerifierConfig
+from verifier_service.startup import build_engine
+build_engine(VerifierConfig(model=sys.argv[1], dtype="float32"))
+print("transformers" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("kind,imported", [("qwen2", False), ("llama", True)])
+def test_a_verifier_builds_its_engine_without_transformers_where_the_config_allows(
+    folders, kind, imported
+):
+    """A service's start spends no time importing transformers unless its config needs it
+    (the tokenizer waits for the first constraint)."""
+    out = subprocess.run(
+        [sys.executable, "-c", BUILD, str(folders[kind])], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == str(imported)

@@ -76,6 +76,22 @@ def make_tiny(kind: str, folder, seed: int = 0):
     return model
 
 
+@pytest.fixture
+def gguf_opens(monkeypatch):
+    """Every `gguf.GGUFReader(path)` the test makes, counted: -> (the paths opened, the
+    reader class itself, to open a file uncounted)."""
+    import gguf
+
+    opened, open_file = [], gguf.GGUFReader
+
+    def counted(path, *args, **kwargs):
+        opened.append(path)
+        return open_file(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counted)
+    return opened, open_file
+
+
 @pytest.fixture(scope="session", params=["llama", "qwen2"])
 def tiny(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(f"tiny-{request.param}")

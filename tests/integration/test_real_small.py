@@ -1,4 +1,3 @@
-import gguf as gguf_package
 import pytest
 import torch
 
@@ -37,7 +36,7 @@ def test_smollm2_greedy_matches_transformers_generate():
 
 
 @pytest.mark.real
-def test_a_fresh_cache_converts_the_small_models_gguf(tmp_path, monkeypatch):
+def test_a_fresh_cache_converts_the_small_models_gguf(tmp_path, monkeypatch, gguf_opens):
     """What a first `specd models fetch` or `specd up` does on a new machine: the GGUF
     (taken from the cache `make models` filled, else downloaded) converted through
     transformers into a dense folder, the same tensors and config as the cache's; its
@@ -50,8 +49,7 @@ def test_a_fresh_cache_converts_the_small_models_gguf(tmp_path, monkeypatch):
     if gguf.exists():
         (tmp_path / "gguf").mkdir()
         (tmp_path / "gguf" / gguf.name).symlink_to(gguf)
-    opened = []  # the file's header is parsed once, for config, tokenizer and weights
-    monkeypatch.setattr(gguf_package, "GGUFReader", _counted(gguf_package.GGUFReader, opened))
+    opened, _ = gguf_opens  # the file's header is parsed once, for config, tokenizer and weights
     folder = fetch_model(SMALL_MODEL)
     assert len(opened) == 1
     prepare_weights(folder, "int4")
@@ -62,11 +60,3 @@ def test_a_fresh_cache_converts_the_small_models_gguf(tmp_path, monkeypatch):
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
     for name in ("config.json", "tokenizer.json"):
         assert (folder / name).read_text() == (cached / name).read_text()
-
-
-def _counted(open_file, opened: list):
-    def counting(path, *args, **kwargs):
-        opened.append(path)
-        return open_file(path, *args, **kwargs)
-
-    return counting

@@ -107,19 +107,10 @@ def write_gguf(path, seed: int = 0):
     w.close()
 
 
-def test_a_ggufs_tensors_are_read_through_its_table_as_the_reader_reads_them(tmp_path, monkeypatch):
-    import gguf
-
+def test_a_ggufs_tensors_are_read_through_its_table_as_the_reader_reads_them(tmp_path, gguf_opens):
     path, table = tmp_path / "m.gguf", tmp_path / gb.TABLE
     write_gguf(path)
-    opened = []
-
-    def counted(p, *args, **kwargs):
-        opened.append(p)
-        return open_file(p, *args, **kwargs)
-
-    open_file = gguf.GGUFReader
-    monkeypatch.setattr(gguf, "GGUFReader", counted)
+    opened, open_file = gguf_opens
     for _ in range(2):  # the first read writes the table, the second reads through it
         arch, tensors = gb.tensors_of(path, table)
         assert arch == "llama" and len(opened) == 1

@@ -8,7 +8,7 @@ TMPDIR  ?= /tmp
 TORCH_SPEC     ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup up test test-cuda lint format protos models kernels deploy-tools bench peer-llamacpp lock clean
+.PHONY: setup up test test-cuda lint format protos models test-models kernels deploy-tools bench peer-llamacpp lock clean
 
 setup: $(STAMP)
 
@@ -18,9 +18,15 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --disable-pip-version-check -e ".[dev]"
 	touch $(STAMP)
 
+# the real models, fetched and converted, with the int4 weights (the default format) they
+# serve from written now rather than at a first start
 models: setup
-	.venv/bin/specd models fetch small
-	.venv/bin/specd models fetch default
+	.venv/bin/specd models fetch small --weights int4
+	.venv/bin/specd models fetch default --weights int4
+
+# the pair's int8 weights too, which the tests run beside int4
+test-models: models
+	.venv/bin/specd models fetch default --weights int8
 
 up: setup
 	.venv/bin/specd up
@@ -57,7 +63,10 @@ KERNEL_TESTS := tests/unit/test_qlinear.py tests/unit/test_paged_attention.py \
   tests/unit/test_mixed_steps.py tests/unit/test_native.py tests/unit/test_prefix_cache.py \
   tests/unit/test_huge_pages.py tests/integration/test_real_formats.py
 
-test: lint models kernels deploy-tools
+# what the tests need is made side by side (a fresh machine converts the models while it
+# compiles the kernels), then the tests run
+test: setup
+	$(MAKE) --no-print-directory -j4 --output-sync=target lint test-models kernels deploy-tools
 	.venv/bin/python -m pytest -q -ra --durations=20 tests
 	for isa in $$($(PY) -m specd.models.native --runnable | cut -s -d' ' -f2-); do \
 	  echo "== the kernel tests on the $$isa build"; \

@@ -2,6 +2,7 @@
 go to the event loop."""
 
 import asyncio
+import threading
 
 import pytest
 
@@ -95,6 +96,18 @@ def test_a_caller_behind_the_steps_gets_what_arrived_in_one_batch(tiny_pair):
     reqs = [dict(prompt=PROMPTS[0], max_new_tokens=12)]
     want = list(run_engine(_engine(tiny_pair, False), reqs).values())[0]
     engine = _engine(tiny_pair, False)
+    # the steps after the prefill wait until the caller has the prefill's token: a step's
+    # outputs are handed on before the next forward, so the first batch holds one output
+    # however late the event loop wakes
+    caller_has_the_first, forward, forwards = threading.Event(), engine.model.forward, []
+
+    def held_forward(kv, seqs):
+        if forwards:
+            assert caller_has_the_first.wait(30), "the caller never got the prefill's token"
+        forwards.append(len(seqs))
+        return forward(kv, seqs)
+
+    engine.model.forward = held_forward
 
     async def main():
         frontend = AsyncEngine(engine)
@@ -102,6 +115,7 @@ def test_a_caller_behind_the_steps_gets_what_arrived_in_one_batch(tiny_pair):
         try:
             stream = frontend.generate_batches(Request(**reqs[0]))
             batches.append(await anext(stream))  # the prefill's token: in step with it
+            caller_has_the_first.set()
             queue = next(iter(frontend._queues.values()))
             while queue.qsize() < 5:  # the caller is busy while five more steps arrive
                 await asyncio.sleep(0.001)

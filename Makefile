@@ -64,10 +64,13 @@ KERNEL_TESTS := tests/unit/test_qlinear.py tests/unit/test_paged_attention.py \
   tests/unit/test_huge_pages.py tests/integration/test_real_formats.py
 
 # what the tests need is made side by side (a fresh machine converts the models while it
-# compiles the kernels), then the tests run
+# compiles the kernels), then the tests run: the unit tests in a process a core (each runs
+# on one thread; at most 8, past which the workers' start outweighs them), then the tests
+# that start services or run the real models one at a time, as their deadlines assume
 test: setup
 	$(MAKE) --no-print-directory -j4 --output-sync=target lint test-models kernels deploy-tools
-	.venv/bin/python -m pytest -q -ra --durations=20 tests
+	.venv/bin/python -m pytest -q -ra --durations=10 -n auto --maxprocesses 8 tests/unit
+	.venv/bin/python -m pytest -q -ra --durations=20 tests/integration tests/deploy tests/cuda
 	for isa in $$($(PY) -m specd.models.native --runnable | cut -s -d' ' -f2-); do \
 	  echo "== the kernel tests on the $$isa build"; \
 	  SPECD_ISA=$$isa $(PY) -m pytest -q -ra $(KERNEL_TESTS) || exit 1; \

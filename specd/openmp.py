@@ -91,15 +91,22 @@ def cpu_limit(root: Path = CGROUP) -> float | None:
     return None
 
 
+def usable_cores(root: Path = CGROUP) -> int:
+    """The cores this process may run on, capped by its cgroup's CPU limit (rounded up)."""
+    cores = len(os.sched_getaffinity(0))
+    limit = cpu_limit(root)
+    return cores if limit is None else max(1, min(cores, math.ceil(limit)))
+
+
 def settle_threads(environ: MutableMapping[str, str] = os.environ, root: Path = CGROUP) -> str:
-    """Set OMP_NUM_THREADS for a model service to the cores it may run on, capped by its
-    cgroup's CPU limit (rounded up), unless the user set it. Must run before torch is
-    imported. Returns a line saying what the service runs with, for its start log."""
+    """Set OMP_NUM_THREADS for a model service to its `usable_cores`, unless the user set
+    it. Must run before torch is imported. Returns a line saying what the service runs
+    with, for its start log."""
     if "OMP_NUM_THREADS" in environ:
         return f"{environ['OMP_NUM_THREADS']} threads (OMP_NUM_THREADS, set by the user)"
     cores = len(os.sched_getaffinity(0))
     limit = cpu_limit(root)
-    threads = cores if limit is None else max(1, min(cores, math.ceil(limit)))
+    threads = usable_cores(root)
     environ["OMP_NUM_THREADS"] = str(threads)
     source = "no CPU limit" if limit is None else f"a CPU limit of {limit:g}"
     return f"{threads} threads ({cores} cores to run on, {source})"

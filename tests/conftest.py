@@ -12,7 +12,18 @@ import time
 import pytest
 import torch
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+from specd.openmp import usable_cores
+
+# `make test` runs the unit tests in one pytest-xdist worker a core (-n auto): one torch
+# thread each there; two where the tests run one at a time in one process
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, usable_cores()))
+
+
+def pytest_xdist_auto_num_workers(config):
+    """-n auto: a worker a core this process may use (a container's CPU limit, not the
+    node's cores)."""
+    return usable_cores()
+
 
 # the GPU step's Triton kernels (specd.models.gpu) run under Triton's interpreter where
 # there is no GPU: set before anything imports triton

@@ -19,6 +19,7 @@ from specd.openmp import usable_cores
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, usable_cores()))
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: a run without it loads this too
 def pytest_xdist_auto_num_workers(config):
     """-n auto: a worker a core this process may use (a container's CPU limit, not the
     node's cores)."""

@@ -65,8 +65,8 @@ KERNEL_TESTS := tests/unit/test_qlinear.py tests/unit/test_paged_attention.py \
 
 # what the tests need is made side by side (a fresh machine converts the models while it
 # compiles the kernels), then the tests run: the unit tests in a process a core (each runs
-# on one thread; at most 8, past which the workers' start outweighs them), then the tests
-# that start services or run the real models one at a time, as their deadlines assume
+# on one thread; at most 8, as each worker imports torch), then the tests that start
+# services or run the real models one at a time, as their deadlines assume
 test: setup
 	$(MAKE) --no-print-directory -j4 --output-sync=target lint test-models kernels deploy-tools
 	.venv/bin/python -m pytest -q -ra --durations=10 -n auto --maxprocesses 8 tests/unit

@@ -93,8 +93,10 @@ def cpu_limit(root: Path = CGROUP) -> float | None:
 
 def usable_cores(root: Path = CGROUP) -> int:
     """The cores this process may run on, capped by its cgroup's CPU limit (rounded up)."""
-    cores = len(os.sched_getaffinity(0))
-    limit = cpu_limit(root)
+    return _cap_by_limit(len(os.sched_getaffinity(0)), cpu_limit(root))
+
+
+def _cap_by_limit(cores: int, limit: float | None) -> int:
     return cores if limit is None else max(1, min(cores, math.ceil(limit)))
 
 
@@ -106,7 +108,7 @@ def settle_threads(environ: MutableMapping[str, str] = os.environ, root: Path = 
         return f"{environ['OMP_NUM_THREADS']} threads (OMP_NUM_THREADS, set by the user)"
     cores = len(os.sched_getaffinity(0))
     limit = cpu_limit(root)
-    threads = usable_cores(root)
+    threads = _cap_by_limit(cores, limit)
     environ["OMP_NUM_THREADS"] = str(threads)
     source = "no CPU limit" if limit is None else f"a CPU limit of {limit:g}"
     return f"{threads} threads ({cores} cores to run on, {source})"

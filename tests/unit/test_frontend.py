@@ -99,12 +99,14 @@ def test_a_caller_behind_the_steps_gets_what_arrived_in_one_batch(tiny_pair):
     # the steps after the prefill wait until the caller has the prefill's token: a step's
     # outputs are handed on before the next forward, so the first batch holds one output
     # however late the event loop wakes
-    caller_has_the_first, forward, forwards = threading.Event(), engine.model.forward, []
+    caller_has_the_first, forward = threading.Event(), engine.model.forward
+    prefilled = False
 
     def held_forward(kv, seqs):
-        if forwards:
+        nonlocal prefilled
+        if prefilled:
             assert caller_has_the_first.wait(30), "the caller never got the prefill's token"
-        forwards.append(len(seqs))
+        prefilled = True
         return forward(kv, seqs)
 
     engine.model.forward = held_forward

@@ -8,7 +8,7 @@ TMPDIR  ?= /tmp
 TORCH_SPEC     ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup up test test-cuda lint format protos models test-models kernels deploy-tools bench peer-llamacpp lock clean
+.PHONY: setup up test test-services test-in-process test-cuda lint format protos models test-models kernels deploy-tools bench peer-llamacpp lock clean
 
 setup: $(STAMP)
 
@@ -61,20 +61,27 @@ kernels: setup
 KERNEL_TESTS := tests/unit/test_qlinear.py tests/unit/test_paged_attention.py \
   tests/unit/test_layer_ops.py tests/unit/test_decoder_stack.py tests/unit/test_weights.py \
   tests/unit/test_mixed_steps.py tests/unit/test_native.py tests/unit/test_prefix_cache.py \
-  tests/unit/test_huge_pages.py tests/integration/test_real_formats.py
+  tests/unit/test_huge_pages.py tests/real/test_real_formats.py
 
-# what the tests need is made side by side (a fresh machine converts the models while it
-# compiles the kernels), then the tests run: the unit tests in a process a core (each runs
-# on one thread; at most 8, as each worker imports torch), then the tests that start
-# services or run the real models one at a time, as their deadlines assume
+# the tests and what they need, side by side (a fresh machine converts the models while it
+# compiles the kernels), then the kernel tests again on each other build
 test: setup
-	$(MAKE) --no-print-directory -j4 --output-sync=target lint test-models kernels deploy-tools
-	.venv/bin/python -m pytest -q -ra --durations=10 -n auto --maxprocesses 8 tests/unit
-	.venv/bin/python -m pytest -q -ra --durations=20 tests/integration tests/deploy tests/cuda
+	$(MAKE) --no-print-directory -j4 --output-sync=target lint test-services test-in-process
 	for isa in $$($(PY) -m specd.models.native --runnable | cut -s -d' ' -f2-); do \
 	  echo "== the kernel tests on the $$isa build"; \
 	  SPECD_ISA=$$isa $(PY) -m pytest -q -ra $(KERNEL_TESTS) || exit 1; \
 	done
+
+# the tests that start services: one at a time, at the usual CPU priority, as their
+# deadlines assume
+test-services: models kernels deploy-tools
+	$(PY) -m pytest -q -ra --durations=20 tests/integration tests/deploy tests/cuda
+
+# the in-process tests (the real models', the unit tests): a pytest-xdist worker a core (one
+# torch thread each; at most 8, as each imports torch) at the lowest CPU priority, so that
+# beside test-services they take only the cycles the services leave
+test-in-process: test-models kernels
+	nice -n 19 $(PY) -m pytest -q -ra --durations=10 -n auto --maxprocesses 8 tests/real tests/unit
 
 # on a GPU machine: the CUDA tests, then the engine and forward tests on the GPU (skipped,
 # not failed, by `make test` where torch sees no GPU)

@@ -14,8 +14,9 @@ import torch
 
 from specd.openmp import usable_cores
 
-# `make test` runs the unit tests in one pytest-xdist worker a core (-n auto): one torch
-# thread each there; two where the tests run one at a time in one process
+# `make test` runs the in-process tests (tests/unit, tests/real) in a pytest-xdist worker a
+# core (-n auto): one torch thread each there; two where tests run one at a time in one
+# process (the services' tests)
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, usable_cores()))
 
 

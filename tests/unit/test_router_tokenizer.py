@@ -42,7 +42,15 @@ PICKY_TEMPLATE = """{{ bos_token }}
 """
 
 
-@pytest.fixture(scope="module", params=["small", "default", "char", "picky"])
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param("small", marks=pytest.mark.real),
+        pytest.param("default", marks=pytest.mark.real),
+        "char",
+        "picky",
+    ],
+)
 def pair(request, tmp_path_factory):
     """(ours, transformers') for the small real model, the default target, the tiny
     models' character tokenizer with its template (tests/cluster.py), and that tokenizer

@@ -78,18 +78,17 @@ test: setup
 test-services: models kernels deploy-tools
 	$(PY) -m pytest -q -ra --durations=20 tests/integration tests/deploy tests/cuda
 
-# the in-process tests, the unit tests on tiny models and the real models' (tests/real and
-# the unit tests marked `real`): a pytest-xdist worker a core (one torch thread each; at
-# most 8, as each imports torch) at the lowest CPU priority, so that beside the services'
-# tests and the models' conversion they take only the cycles those leave: SCHED_IDLE, which
-# a waking process preempts at once (nice 19 where chrt cannot set it)
-IDLE   := $(shell chrt --idle 0 true 2>/dev/null && echo chrt --idle 0 || echo nice -n 19)
-XDIST  := -n auto --maxprocesses 8
+# the in-process tests at the lowest CPU priority, so that beside the services' tests and
+# the models' conversion they take only the cycles those leave: SCHED_IDLE, which a waking
+# process preempts at once (nice 19 where chrt cannot set it). The unit tests on tiny
+# models in a pytest-xdist worker a core (one torch thread each; at most 8, as each imports
+# torch); the real models' (tests/real, and the unit tests marked `real`) in one process
+IDLE := $(shell chrt --idle 0 true 2>/dev/null && echo chrt --idle 0 || echo nice -n 19)
 test-unit: kernels
-	$(IDLE) $(PY) -m pytest -q -ra --durations=10 $(XDIST) -m "not real" tests/unit
+	$(IDLE) $(PY) -m pytest -q -ra --durations=10 -n auto --maxprocesses 8 -m "not real" tests/unit
 
 test-real: test-models kernels
-	$(IDLE) $(PY) -m pytest -q -ra --durations=10 $(XDIST) -m real tests/real tests/unit
+	$(IDLE) $(PY) -m pytest -q -ra --durations=10 -m real tests/real tests/unit
 
 # on a GPU machine: the CUDA tests, then the engine and forward tests on the GPU (skipped,
 # not failed, by `make test` where torch sees no GPU)

@@ -325,7 +325,7 @@ def quantize(w: torch.Tensor, bits: int) -> QWeight:
         scales = _two_level(h.abs().amax(-1) / 31, 127, 2 * SUPER, torch.int8)
         d = scales.expand()
         inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
-        q = torch.round(h * inv[..., None]).clamp(-SIX_OFFSET, 31) + SIX_OFFSET
+        q = (h * inv[..., None]).round_().clamp_(-SIX_OFFSET, 31).add_(SIX_OFFSET)
         return pack(q.view(n, k), scales, six_bit_mins(scales), bits)
     levels = (1 << bits) - 1
     g = w.float().view(n, k // GROUP, GROUP)
@@ -336,12 +336,12 @@ def quantize(w: torch.Tensor, bits: int) -> QWeight:
         scales = _two_level((hi + m) / levels, 63, SUPER, torch.uint8)
         d = scales.expand()
         inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
-        q = torch.round((g + m[..., None]) * inv[..., None]).clamp(0, levels)
+        q = (g + m[..., None]).mul_(inv[..., None]).round_().clamp_(0, levels)
         return pack(q.view(n, k), scales, mins, bits)
     lo, hi = g.amin(-1), g.amax(-1)
     d = ((hi - lo) / levels).clamp(min=1e-12).half().float()  # the scale as stored
     m = (-lo).half().float()
-    q = torch.round((g + m[..., None]) / d[..., None]).clamp(0, levels)
+    q = (g + m[..., None]).div_(d[..., None]).round_().clamp_(0, levels)
     return pack(q.view(n, k), d, m, bits)
 
 

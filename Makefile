@@ -8,7 +8,7 @@ TMPDIR  ?= /tmp
 TORCH_SPEC     ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup up test test-services test-unit test-real test-cuda lint format protos models test-models kernels deploy-tools bench peer-llamacpp lock clean
+.PHONY: setup up test test-services test-in-process test-cuda lint format protos models test-models kernels deploy-tools bench peer-llamacpp lock clean
 
 setup: $(STAMP)
 
@@ -64,10 +64,9 @@ KERNEL_TESTS := tests/unit/test_qlinear.py tests/unit/test_paged_attention.py \
   tests/unit/test_huge_pages.py tests/real/test_real_formats.py
 
 # the tests and what they need, side by side (a fresh machine converts the models while it
-# compiles the kernels and runs the unit tests), then the kernel tests again on each other
-# build
+# compiles the kernels), then the kernel tests again on each other build
 test: setup
-	$(MAKE) --no-print-directory -j4 --output-sync=target lint test-services test-unit test-real
+	$(MAKE) --no-print-directory -j4 --output-sync=target lint test-services test-in-process
 	for isa in $$($(PY) -m specd.models.native --runnable | cut -s -d' ' -f2-); do \
 	  echo "== the kernel tests on the $$isa build"; \
 	  SPECD_ISA=$$isa $(PY) -m pytest -q -ra $(KERNEL_TESTS) || exit 1; \
@@ -78,17 +77,14 @@ test: setup
 test-services: models kernels deploy-tools
 	$(PY) -m pytest -q -ra --durations=20 tests/integration tests/deploy tests/cuda
 
-# the in-process tests at the lowest CPU priority, so that beside the services' tests and
-# the models' conversion they take only the cycles those leave: SCHED_IDLE, which a waking
-# process preempts at once (nice 19 where chrt cannot set it). The unit tests on tiny
-# models in a pytest-xdist worker a core (one torch thread each; at most 8, as each imports
-# torch); the real models' (tests/real, and the unit tests marked `real`) in one process
+# the in-process tests, the real models' (tests/real: the longest, handed out first) and the
+# unit tests: a pytest-xdist worker a core (one torch thread each; at most 8, as each imports
+# torch) at the lowest CPU priority, so that beside test-services they take only the cycles
+# the services leave: SCHED_IDLE, which a waking process preempts at once (nice 19 where
+# chrt cannot set it)
 IDLE := $(shell chrt --idle 0 true 2>/dev/null && echo chrt --idle 0 || echo nice -n 19)
-test-unit: kernels
-	$(IDLE) $(PY) -m pytest -q -ra --durations=10 -n auto --maxprocesses 8 -m "not real" tests/unit
-
-test-real: test-models kernels
-	$(IDLE) $(PY) -m pytest -q -ra --durations=10 -m real tests/real tests/unit
+test-in-process: test-models kernels
+	$(IDLE) $(PY) -m pytest -q -ra --durations=10 -n auto --maxprocesses 8 tests/real tests/unit
 
 # on a GPU machine: the CUDA tests, then the engine and forward tests on the GPU (skipped,
 # not failed, by `make test` where torch sees no GPU)

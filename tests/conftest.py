@@ -29,8 +29,8 @@ def pytest_xdist_auto_num_workers(config):
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by the marks
 def pytest_collection_modifyitems(items):
-    """Every test in tests/real runs a real model: marked `real`, as `make test-real` and
-    `make test-unit` split the in-process tests by that mark."""
+    """Every test in tests/real runs a real model: marked `real` (`-m "not real"` runs
+    what needs no fetched model)."""
     for item in items:
         if item.path.parent.name == "real":
             item.add_marker(pytest.mark.real)

@@ -27,15 +27,6 @@ def pytest_xdist_auto_num_workers(config):
     return usable_cores()
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` selects by the marks
-def pytest_collection_modifyitems(items):
-    """Every test in tests/real runs a real model: marked `real` (`-m "not real"` runs
-    what needs no fetched model)."""
-    for item in items:
-        if item.path.parent.name == "real":
-            item.add_marker(pytest.mark.real)
-
-
 # the GPU step's Triton kernels (specd.models.gpu) run under Triton's interpreter where
 # there is no GPU: set before anything imports triton
 if not torch.cuda.is_available():

@@ -19,6 +19,7 @@ from tests.conftest import real_model_or_skip, run_engine
 from verifier_service.engine import Engine
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("fmt,dtype,tokens", [("int4", "auto", 64), ("int8", "fp32", 32)])
 def test_real_pair_greedy_identical_on_and_off(cpu_kernels, fmt, dtype, tokens):
     target_dir = real_model_or_skip(DEFAULT_TARGET)

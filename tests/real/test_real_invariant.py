@@ -1,6 +1,7 @@
 """bf16 batch-invariant mode on the real target: a token's logits are bitwise the same
 whether it is decoded alone or verified inside a (k+1)-token forward."""
 
+import pytest
 import torch
 
 from specd.models.catalog import DEFAULT_TARGET
@@ -10,6 +11,7 @@ from specd.models.seq_input import SeqInput
 from tests.conftest import real_model_or_skip
 
 
+@pytest.mark.real
 def test_decode_and_verification_agree_bitwise_in_bf16():
     model = load_model(real_model_or_skip(DEFAULT_TARGET), dtype="bf16", device="cpu")
     g = torch.Generator().manual_seed(0)

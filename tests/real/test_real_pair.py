@@ -10,6 +10,8 @@ runs the drafter's default weights (int4 where the CPU kernels run): what it pro
 not change what parity means, and an unquantised fp32 draft took a third of the test. The
 proposers and each k alone are checked on the tiny pair (test_engine)."""
 
+import pytest
+
 from bench.prompts import load_workload
 from drafter_service.draft_model import DraftModelProposer
 from specd.config import EngineConfig
@@ -21,6 +23,7 @@ from verifier_service.engine import Engine
 KS = (1, 5, 3, 4)  # one per request: 2 + 6 + 4 + 5 rows with no alternative
 
 
+@pytest.mark.real
 def test_real_pair_greedy_parity_fp32():
     target_dir = real_model_or_skip(DEFAULT_TARGET)
     draft_dir = real_model_or_skip(DEFAULT_DRAFT)

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from specd.models.catalog import CATALOG, SMALL_MODEL, cache_root
@@ -8,6 +9,7 @@ from specd.models.seq_input import SeqInput
 from tests.conftest import real_model_or_skip
 
 
+@pytest.mark.real
 def test_smollm2_greedy_matches_transformers_generate():
     from transformers import AutoModelForCausalLM
 
@@ -33,6 +35,7 @@ def test_smollm2_greedy_matches_transformers_generate():
     assert ours == ref[0, len(ids) :].tolist()
 
 
+@pytest.mark.real
 def test_a_fresh_cache_converts_the_small_models_gguf(tmp_path, monkeypatch, gguf_opens):
     """What a first `specd models fetch` or `specd up` does on a new machine: the GGUF
     (taken from the cache `make models` filled, else downloaded) converted through

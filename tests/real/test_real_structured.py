@@ -6,6 +6,7 @@ output without it."""
 import json
 
 import jsonschema
+import pytest
 
 from bench.prompts import load_items
 from drafter_service.draft_model import DraftModelProposer
@@ -28,6 +29,7 @@ def _run(engine, requests):
     return [(out[i], reasons[i]) for i in ids]
 
 
+@pytest.mark.real
 def test_real_pair_json_schema_greedy_identical_and_valid(cpu_kernels):
     target_dir = real_model_or_skip(DEFAULT_TARGET)
     draft_dir = real_model_or_skip(DEFAULT_DRAFT)

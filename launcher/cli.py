@@ -36,7 +36,7 @@ def _keep_freed_memory() -> None:
     gives every freed block over 32 MB back to the kernel and faults the next one in page by
     page: ~8 M page faults and twice the time writing the 1.5B's int8. This process, which
     only converts and exits, keeps freed memory in its heap instead (mallopt M_MMAP_MAX = 0,
-    M_TRIM_THRESHOLD = 2 GB) for a higher peak of resident memory. Not glibc: left as is."""
+    no trimming) for a higher peak of resident memory. Not glibc: left as is."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):

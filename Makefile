@@ -1,6 +1,7 @@
 # specd — `make up` starts the local cluster, `make test` runs every check.
 PY      := .venv/bin/python
 PIP     := .venv/bin/pip
+TORCH   := .venv/.torch-done
 STAMP   := .venv/.setup-done
 TMPDIR  ?= /tmp
 # torch is pinned and installed first: the CPU wheel on a machine without a GPU, so pip
@@ -12,21 +13,29 @@ TORCH_PIP_ARGS ?=
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# torch first, with ninja and numpy: all that the kernels' build needs, so that under
+# `make -j` it compiles them while pip installs the rest
+$(TORCH):
 	test -x $(PY) || python3 -m venv .venv
 	$(PIP) install -q --disable-pip-version-check $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(PIP) install -q --disable-pip-version-check ninja numpy
+	touch $(TORCH)
+
+$(STAMP): pyproject.toml $(TORCH)
 	$(PIP) install -q --disable-pip-version-check -e ".[dev]"
 	touch $(STAMP)
 
 # the real models, fetched and converted, with the int4 weights (the default format) they
-# serve from written now rather than at a first start
-models: setup
-	.venv/bin/specd models fetch small --weights int4
-	.venv/bin/specd models fetch default --weights int4
+# serve from written now rather than at a first start; a target a model, so that under
+# `make -j` they convert side by side (each conversion runs on one core)
+models: model-small model-default-target model-default-draft
+model-%: setup
+	.venv/bin/specd models fetch $* --weights int4
 
 # the pair's int8 weights too, which the tests run beside int4
-test-models: models
-	.venv/bin/specd models fetch default --weights int8
+test-models: int8-default-target int8-default-draft
+int8-%: model-%
+	.venv/bin/specd models fetch $* --weights int8
 
 up: setup
 	.venv/bin/specd up
@@ -52,9 +61,11 @@ deploy-tools:
 # source), so a change that breaks the build this CPU does not run fails here too, and
 # this CPU's loaded; fails when a CPU that runs one of them cannot build it. Built before
 # the tests so that the first service a test starts does not spend its readiness
-# deadline compiling them
-kernels: setup
-	$(PY) -m specd.models.native
+# deadline compiling them. Only torch is needed (specd is imported from this folder), and
+# the compilers run at a lower priority, so that beside pip and the models' conversions
+# they take the cores those leave
+kernels: $(TORCH)
+	nice -n 10 $(PY) -m specd.models.native
 
 # the tests that run the native kernels, run again on each other build this CPU executes
 # (an AVX512 host runs the AVX2 build too, with an AVX2 host's defaults: SPECD_ISA)
@@ -65,7 +76,7 @@ KERNEL_TESTS := tests/unit/test_qlinear.py tests/unit/test_paged_attention.py \
 
 # the tests and what they need, side by side (a fresh machine converts the models while it
 # compiles the kernels), then the kernel tests again on each other build
-test: setup
+test:
 	$(MAKE) --no-print-directory -j4 --output-sync=target lint test-services test-in-process
 	for isa in $$($(PY) -m specd.models.native --runnable | cut -s -d' ' -f2-); do \
 	  echo "== the kernel tests on the $$isa build"; \

@@ -15,11 +15,14 @@ from specd.openmp import settle_spinning, settle_threads, too_late
 
 
 def _models(args) -> int:
-    from specd.models.fetch import FetchError, fetch_set
+    from specd.models.catalog import MODEL_SETS
+    from specd.models.fetch import FetchError, fetch_model
+    from specd.models.resolve import ALIASES
 
     _keep_freed_memory()
     try:
-        for folder in fetch_set(args.set):
+        for name in MODEL_SETS.get(args.name) or (ALIASES.get(args.name, args.name),):
+            folder = fetch_model(name)
             if args.weights != "none":  # the quantised cache too, now (an image build)
                 from specd.models.loader import prepare_weights
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 
 from specd.config import PROPOSERS, DrafterConfig, RouterConfig, VerifierConfig, add_arguments
+from specd.models.catalog import CATALOG, MODEL_SETS
+from specd.models.resolve import ALIASES
 
 ROLES = {"drafter": DrafterConfig, "verifier": VerifierConfig, "router": RouterConfig}
 
@@ -43,13 +45,18 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_models(sub) -> None:
     models = sub.add_parser("models", help="manage the model cache")
     models_sub = models.add_subparsers(dest="action", required=True)
-    fetch = models_sub.add_parser("fetch", help="download, verify and convert a model set")
+    fetch = models_sub.add_parser(
+        "fetch", help="download, verify and convert a model set or one catalogued model"
+    )
     fetch.add_argument(
-        "set",
+        "name",
         nargs="?",
+        metavar="NAME",
         default="default",
-        choices=["default", "small"],
-        help="default: the Qwen2.5-Coder 1.5B/0.5B pair; small: SmolLM2-135M-Instruct",
+        choices=sorted({*MODEL_SETS, *ALIASES, *CATALOG}),
+        help="a set (default: the Qwen2.5-Coder 1.5B/0.5B pair; small: SmolLM2-135M-Instruct)"
+        " or one of its models, by an alias (default-target, default-draft) or its catalogue"
+        " name; one of %(choices)s",
     )
     fetch.add_argument(
         "--weights",

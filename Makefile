@@ -1,7 +1,6 @@
 # specd — `make up` starts the local cluster, `make test` runs every check.
 PY      := .venv/bin/python
 PIP     := .venv/bin/pip
-VENV    := .venv/bin/python
 TORCH   := .venv/.torch-done
 STAMP   := .venv/.setup-done
 TMPDIR  ?= /tmp
@@ -16,10 +15,10 @@ setup: $(STAMP)
 
 # torch first, with ninja and numpy: all that the kernels' build needs, so that under
 # `make -j` it compiles them while pip installs the rest
-$(VENV):
+$(PY):
 	python3 -m venv .venv
 
-$(TORCH): $(VENV)
+$(TORCH): | $(PY)
 	$(PIP) install -q --disable-pip-version-check $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
 	$(PIP) install -q --disable-pip-version-check ninja numpy
 	touch $(TORCH)
@@ -35,7 +34,7 @@ $(STAMP): pyproject.toml $(TORCH)
 models: model-small model-default-target model-default-draft
 model-%: setup gguf-%
 	.venv/bin/specd models fetch $* --weights int4
-gguf-%: $(VENV)
+gguf-%: | $(PY)
 	$(PY) -m specd.models.fetch $*
 
 # the pair's int8 weights too, which the tests run beside int4

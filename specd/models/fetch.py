@@ -146,13 +146,11 @@ def main(argv: list[str]) -> int:
     alias), unless the model is converted already."""
     from specd.models.resolve import ALIASES
 
-    if len(argv) != 1 or ALIASES.get(argv[0], argv[0]) not in CATALOG:
-        print(
-            f"usage: python -m specd.models.fetch NAME ({', '.join(sorted({*ALIASES, *CATALOG}))})",
-            file=sys.stderr,
-        )
+    name = ALIASES.get(argv[0], argv[0]) if len(argv) == 1 else None
+    if name not in CATALOG:
+        names = ", ".join(sorted({*ALIASES, *CATALOG}))
+        print(f"usage: python -m specd.models.fetch NAME ({names})", file=sys.stderr)
         return 2
-    name = ALIASES.get(argv[0], argv[0])
     try:
         print(model_dir(name) if is_ready(model_dir(name)) else fetch_gguf(name))
     except FetchError as exc:

@@ -6,8 +6,7 @@ from __future__ import annotations
 import argparse
 
 from specd.config import PROPOSERS, DrafterConfig, RouterConfig, VerifierConfig, add_arguments
-from specd.models.catalog import CATALOG, MODEL_SETS
-from specd.models.resolve import ALIASES
+from specd.models.catalog import ALIASES, CATALOG, MODEL_SETS
 
 ROLES = {"drafter": DrafterConfig, "verifier": VerifierConfig, "router": RouterConfig}
 

@@ -62,7 +62,8 @@ def _listen(host: str, port: int) -> tuple[str, ...]:
 
 
 def run_local_cluster(args) -> int:
-    from specd.models.resolve import ALIASES, resolve
+    from specd.models.catalog import ALIASES
+    from specd.models.resolve import resolve
 
     if args.verifiers < 1:
         print("specd up: --verifiers must be at least 1", file=sys.stderr)

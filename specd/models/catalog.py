@@ -70,6 +70,8 @@ MODEL_SETS: dict[str, tuple[str, ...]] = {
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 SMALL_MODEL = "smollm2-135m-instruct"
+# other names a user may pass for a catalogued model (--target, `specd models fetch NAME`)
+ALIASES = {"default-target": DEFAULT_TARGET, "default-draft": DEFAULT_DRAFT, "small": SMALL_MODEL}
 
 
 def cache_root() -> Path:

@@ -14,7 +14,14 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from specd.models.catalog import CATALOG, PackagedGGUF, cache_root, is_ready, model_dir
+from specd.models.catalog import (
+    ALIASES,
+    CATALOG,
+    PackagedGGUF,
+    cache_root,
+    is_ready,
+    model_dir,
+)
 
 
 class FetchError(RuntimeError):
@@ -144,8 +151,6 @@ def _save_dense(model, folder: Path) -> None:
 def main(argv: list[str]) -> int:
     """`python -m specd.models.fetch NAME`: NAME's GGUF file (a catalogue name or an
     alias), unless the model is converted already."""
-    from specd.models.resolve import ALIASES
-
     name = ALIASES.get(argv[0], argv[0]) if len(argv) == 1 else None
     if name not in CATALOG:
         names = ", ".join(sorted({*ALIASES, *CATALOG}))

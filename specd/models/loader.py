@@ -13,7 +13,7 @@ from specd.models.draft_cuts import four_bit_layers, trim_to_vocab
 from specd.models.hf_config import load_config
 from specd.models.llama import Layer, LlamaModel
 from specd.models.paged_kv import kv_dtype
-from specd.models.resolve import ALIASES, resolve  # noqa: F401 (re-exported)
+from specd.models.resolve import resolve  # noqa: F401 (re-exported)
 from specd.models.weights import QUANTISED, choose, fuse, load_quantised, map_matrix
 
 

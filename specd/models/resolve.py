@@ -5,13 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specd.models.catalog import CATALOG, cache_root, is_ready
-
-ALIASES = {
-    "default-target": "qwen2.5-coder-1.5b-instruct",
-    "default-draft": "qwen2.5-coder-0.5b-instruct",
-    "small": "smollm2-135m-instruct",
-}
+from specd.models.catalog import ALIASES, CATALOG, cache_root, is_ready
 
 
 def resolve(spec: str | Path) -> Path:

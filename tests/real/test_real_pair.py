@@ -1,14 +1,15 @@
 """The real default pair (Qwen2.5-Coder 0.5B drafting for 1.5B): greedy parity in fp32.
 
 fp32 is the one format whose matmul is not tiled for batch invariance (specd.models.matmul:
-one row through `torch.mv`, up to 16 through `torch.mm`, more through `F.linear`), so its
-parity rests on fp32 rounding never flipping an argmax. One run with speculation, as for
-every other format (test_real_formats): the draft model with its runner-up alternatives
-(tree verification), a different k per request, so that verification rows of every width
-share the batch and the forward's row count moves across all three paths. The draft model
-runs the drafter's default weights (int4 where the CPU kernels run): what it proposes does
-not change what parity means, and an unquantised fp32 draft took a third of the test. The
-proposers and each k alone are checked on the tiny pair (test_engine)."""
+oneDNN's linear, or for small matrices `torch.mv`, `torch.mm` or `F.linear` by row count),
+so a row may round differently with the rows beside it, and its parity rests on fp32
+rounding never flipping an argmax. One run with speculation, as for every other format
+(test_real_formats): the draft model with its runner-up alternatives (tree verification), a
+different k per request, so that verification rows of every width share the batch and the
+forward's row count moves from 4 to past 16. The draft model runs the drafter's default
+weights (int4 where the CPU kernels run): what it proposes does not change what parity
+means, and an unquantised fp32 draft took a third of the test. The proposers and each k
+alone are checked on the tiny pair (test_engine)."""
 
 import pytest
 

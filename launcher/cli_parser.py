@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import argparse
 
-from specd.config import PROPOSERS, DrafterConfig, RouterConfig, VerifierConfig, add_arguments
+from specd.config import (
+    PROPOSERS,
+    DrafterConfig,
+    RouterConfig,
+    VerifierConfig,
+    add_arguments,
+    field_docs,
+)
 from specd.models.catalog import ALIASES, CATALOG, MODEL_SETS
 
 ROLES = {"drafter": DrafterConfig, "verifier": VerifierConfig, "router": RouterConfig}
@@ -61,7 +68,8 @@ def _add_models(sub) -> None:
         "--weights",
         choices=["none", "int8", "int4"],
         default="none",
-        help="also write the quantised weights cache (the first start does it otherwise)",
+        help="int8 or int4: also write that quantised weights cache now (the first start "
+        "does it otherwise; default %(default)s)",
     )
 
 
@@ -86,7 +94,9 @@ def _add_generate(sub) -> None:
         help="override the route's speculation (default: %(default)s, the route decides)",
     )
     gen.add_argument("--max-new-tokens", type=int, default=0, help="0: the router's default (256)")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    gen.add_argument(
+        "--temperature", type=float, default=0.0, help="0 = greedy (default %(default)s)"
+    )
     gen.add_argument("--stop", action="append", help="a stop string (repeat for several)")
     gen.add_argument("--raw", action="store_true", help="no chat template")
     gen.add_argument("--tls-ca", default="", help="PEM of the router's CA (TLS)")
@@ -118,7 +128,10 @@ def _add_up(sub) -> None:
         "--drafter-port", type=int, default=DrafterConfig.port, help="gRPC (%(default)s)"
     )
     up.add_argument(
-        "--http-port", type=int, default=8000, help="the OpenAI-compatible API (0 = off)"
+        "--http-port",
+        type=int,
+        default=8000,
+        help="the OpenAI-compatible API (%(default)s; 0 = off)",
     )
     up.add_argument(
         "--policy-file",
@@ -147,10 +160,16 @@ def _add_up(sub) -> None:
         "and kernel build included (%(default)s)",
     )
     up.add_argument(
-        "--verifiers", type=int, default=1, help="verifier replicas (ports from --verifier-port)"
+        "--verifiers",
+        type=int,
+        default=1,
+        help="verifier replicas (ports from --verifier-port; %(default)s)",
     )
-    up.add_argument("--dtype", default="", help="activations of both models (default: auto)")
-    up.add_argument("--kv-dtype", default="", help="both models' K/V caches (default: auto)")
+    said = field_docs(VerifierConfig)
+    up.add_argument("--dtype", default="", help=f"both models' {said['dtype']} (default: auto)")
+    up.add_argument(
+        "--kv-dtype", default="", help=f"for both models, {said['kv_dtype']} (default: auto)"
+    )
 
 
 def _add_bench(sub) -> None:

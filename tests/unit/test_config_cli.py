@@ -111,7 +111,8 @@ def test_every_flag_says_what_it_does(role):
 
 
 def test_every_launcher_command_says_what_each_flag_does():
-    """`specd up`, `generate`, `health`, `models fetch` and `bench`: no bare flag."""
+    """`specd up`, `generate`, `health`, `models fetch` and `bench`: no bare flag, and a
+    flag that takes a value says what it is when not given."""
 
     def parsers(parser, path=()):
         yield path, parser
@@ -120,14 +121,23 @@ def test_every_launcher_command_says_what_each_flag_does():
                 for name, child in action.choices.items():
                     yield from parsers(child, path + (name,))
 
-    bare = [
-        (" ".join(path), a.dest)
+    flags = [
+        (" ".join(path), a)
         for path, parser in parsers(build_parser())
         if path[:1] != ("serve",)  # the roles' flags: test_every_flag_says_what_it_does
         for a in parser._actions
-        if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)) and not a.help
+        if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
     ]
-    assert bare == []
+    assert [(path, a.dest) for path, a in flags if not a.help] == []
+    valued = [(path, a) for path, a in flags if a.option_strings and a.nargs is None]
+    unsaid = [
+        (path, a.dest)
+        for path, a in valued
+        if a.default not in (None, "")
+        and "%(default)" not in a.help
+        and str(a.default) not in a.help
+    ]
+    assert len(valued) > 20 and unsaid == []
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,8 @@ import time
 
 import torch
 
+from bench import flags
+
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     from specd.models.resolve import resolve
 
     p = argparse.ArgumentParser(prog="bench.constraint_libs", description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="default-target")
+    p.add_argument("--model", default="default-target", help=f"its tokenizer's: {flags.MODEL}")
     args = p.parse_args(argv)
     folder = resolve(args.model)
     tok, vocab = load_tokenizer(folder), load_config(folder).vocab_size

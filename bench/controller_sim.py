@@ -223,13 +223,16 @@ def trial(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="specd bench controller", description=__doc__.split("\n")[0])
-    p.add_argument("--trials", type=int, default=24)
-    p.add_argument("--ks", default="2,3", help="fixed k to run beside auto")
+    p.add_argument("--trials", type=int, default=24, help="simulated runs a setting (%(default)s)")
+    p.add_argument("--ks", default="2,3", help="fixed k to run beside auto (%(default)s)")
     p.add_argument("--phases", action="store_true", help="the machine's speed wanders")
     p.add_argument("--workload", help="replay this workload's recorded texts (chat, code, ...)")
     p.add_argument("--step-ms", help="a step's ms by k = 0, 1, ... (default: section 40's)")
     p.add_argument(
-        "--p-min", type=float, default=DrafterConfig.p_min, help="with --workload: as the drafter's"
+        "--p-min",
+        type=float,
+        default=DrafterConfig.p_min,
+        help="with --workload: as the drafter's (%(default)s)",
     )
     args = p.parse_args(argv)
     ks = tuple(int(k) for k in args.ks.split(","))

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import grpc
 
+from bench import flags
 from bench.prompts import load_conversations
 from bench.sweep import add_service_args, drive, stream_one
 from bench.sweep_report import percentile
@@ -137,11 +138,13 @@ def _parser() -> argparse.ArgumentParser:
     add_service_args(p)
     p.add_argument("--http", default="", help="its HTTP door, e.g. http://127.0.0.1:8000")
     p.add_argument("--served-model", default="", help="the model id (default: /v1/models)")
-    p.add_argument("--workload", default="chat")
-    p.add_argument("--concurrency", default="1,8")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--requests", type=int, default=16)
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--workload", default="chat", help=flags.workload())
+    p.add_argument("--concurrency", default="1,8", help=flags.CONCURRENCY)
+    p.add_argument(
+        "--repeats", type=int, default=3, help="rounds, the doors in A B B A order (%(default)s)"
+    )
+    p.add_argument("--requests", type=int, default=16, help="requests a cell sends (%(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help=flags.MAX_NEW_TOKENS)
     p.add_argument("--json", help="also write the report here")
     return p
 

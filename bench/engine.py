@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from bench import flags
 from specd.models.loader import load_model, resolve
 from specd.models.paged_kv import PagedKV
 from specd.models.seq_input import SeqInput
@@ -81,12 +82,18 @@ def verification_curve(model, context: int, sizes, repeats: int) -> dict[int, fl
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specd bench engine", description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="default-target")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--context", type=int, default=512)
-    p.add_argument("--prompt-tokens", type=int, default=128)
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--model", default="default-target", help=flags.MODEL)
+    p.add_argument("--dtype", default="auto", help=flags.DTYPE)
+    p.add_argument(
+        "--context", type=int, default=512, help="the context a verification extends (%(default)s)"
+    )
+    p.add_argument(
+        "--prompt-tokens", type=int, default=128, help="the decode's prompt (%(default)s)"
+    )
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens decoded (%(default)s)")
+    p.add_argument(
+        "--repeats", type=int, default=5, help="runs of each, the median kept (%(default)s)"
+    )
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
     p.add_argument("--json", help="also write the results here")

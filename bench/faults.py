@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
+from bench import flags
 from launcher.processes import free_port
 from router.client import SpecdClient
 
@@ -161,10 +162,12 @@ def kill_verifier(up: Up, client: SpecdClient, n: int, tokens: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="specd bench faults", description=__doc__.split("\n")[0])
-    p.add_argument("--target", default="default-target")
-    p.add_argument("--draft", default="default-draft")
-    p.add_argument("--requests", type=int, default=8)
-    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--target", default="default-target", help=f"the target: {flags.MODEL}")
+    p.add_argument("--draft", default="default-draft", help=f"the draft model: {flags.MODEL}")
+    p.add_argument(
+        "--requests", type=int, default=8, help="concurrent requests a fault hits (%(default)s)"
+    )
+    p.add_argument("--tokens", type=int, default=128, help=flags.MAX_NEW_TOKENS)
     p.add_argument("--json", help="also write the report here")
     args = p.parse_args(argv)
     ports = {role: free_port() for role in ("router", "verifier", "drafter")}

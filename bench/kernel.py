@@ -72,9 +72,14 @@ def candidates(n: int, k: int, copies: int):
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="specd bench kernel", description=__doc__.split("\n")[0])
-    p.add_argument("--shape", default="8960,1536")
-    p.add_argument("--rows", default="1,4,7,16")
-    p.add_argument("--copies", type=int, default=28)
+    p.add_argument("--shape", default="8960,1536", help="the matrix's OUT,IN (%(default)s)")
+    p.add_argument("--rows", default="1,4,7,16", help="row counts, comma-separated (%(default)s)")
+    p.add_argument(
+        "--copies",
+        type=int,
+        default=28,
+        help="matrices, so that each call reads DRAM (%(default)s)",
+    )
     args = p.parse_args(argv)
     n, k = (int(v) for v in args.shape.split(","))
     rows = [int(r) for r in args.rows.split(",")]

@@ -22,6 +22,7 @@ import argparse
 import json
 from pathlib import Path
 
+from bench import flags
 from bench.prompts import WORKLOADS, load_workload
 
 DEFAULT_OUT = WORKLOADS / "matches.json"
@@ -73,10 +74,10 @@ def record(target_spec: str, draft_spec: str, tokens: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="specd bench matches", description=__doc__.split("\n")[0])
-    p.add_argument("--target", default="default-target")
-    p.add_argument("--draft", default="default-draft")
-    p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--target", default="default-target", help=f"the target: {flags.MODEL}")
+    p.add_argument("--draft", default="default-draft", help=f"the draft model: {flags.MODEL}")
+    p.add_argument("--tokens", type=int, default=64, help=flags.MAX_NEW_TOKENS)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the traces (%(default)s)")
     args = p.parse_args(argv)
     traces = record(args.target, args.draft, args.tokens)
     args.out.write_text(json.dumps(traces, separators=(",", ":")) + "\n")

@@ -16,6 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
+from bench import flags
 from bench.prompts import load_conversations
 from bench.sweep import add_service_args
 
@@ -66,8 +67,8 @@ def to_markdown(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="specd bench parity", description=__doc__.split("\n")[0])
     add_service_args(p)
-    p.add_argument("--workloads", default="code,chat,edit,retrieval")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--workloads", default="code,chat,edit,retrieval", help=flags.workload(True))
+    p.add_argument("--max-new-tokens", type=int, default=128, help=flags.MAX_NEW_TOKENS)
     p.add_argument("--json", help="also write the report here")
     args = p.parse_args(argv)
     workloads = args.workloads.split(",")

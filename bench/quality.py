@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from bench import flags
 from bench.prompts import load_workload
 from specd.models.loader import load_model, load_tokenizer, resolve
 from specd.models.paged_kv import PagedKV
@@ -59,11 +60,17 @@ def agreement(a: list[int], b: list[int]) -> tuple[float, int]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="specd bench quality", description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="default-target")
-    p.add_argument("--formats", default="bf16,int8,int4", help="weights[/kv dtype], ...")
-    p.add_argument("--dtype", default="bf16", help="activations (auto: the device's)")
-    p.add_argument("--tokens", type=int, default=128)
-    p.add_argument("--prompts", type=int, default=4, help="per workload (code, chat)")
+    p.add_argument("--model", default="default-target", help=flags.MODEL)
+    p.add_argument(
+        "--formats",
+        default="bf16,int8,int4",
+        help="weights[/kv dtype], comma-separated (%(default)s)",
+    )
+    p.add_argument("--dtype", default="bf16", help="activations (auto: the device's; %(default)s)")
+    p.add_argument(
+        "--tokens", type=int, default=128, help="greedy tokens compared a prompt (%(default)s)"
+    )
+    p.add_argument("--prompts", type=int, default=4, help="per workload (code, chat; %(default)s)")
     args = p.parse_args(argv)
     folder = resolve(args.model)
     tok = load_tokenizer(folder)

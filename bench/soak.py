@@ -27,6 +27,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from bench import flags
 from bench.soak_requests import EXPECTED, SoakRequest, mixed_requests, send
 from launcher.processes import scrape, start_services, verifier_load
 
@@ -114,17 +115,17 @@ def _drained(verifier: str, drafter_metrics_port: int, wait_s: float = 10) -> di
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specd bench soak", description=__doc__.split("\n")[0])
-    p.add_argument("--requests", type=int, default=1000)
-    p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--requests", type=int, default=1000, help="requests in all (%(default)s)")
+    p.add_argument("--concurrency", type=int, default=8, help="concurrent clients (%(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=32, help=flags.MAX_NEW_TOKENS)
+    p.add_argument("--seed", type=int, default=0, help="the mix's (%(default)s)")
     p.add_argument("--target", default="", help="a running router (with --verifier)")
     p.add_argument("--verifier", default="", help="its verifier, to check the KV drained")
-    p.add_argument("--model", default="default-target")
-    p.add_argument("--draft-model", default="default-draft")
-    p.add_argument("--dtype", default="auto")
+    p.add_argument("--model", default="default-target", help=f"without --target: {flags.MODEL}")
+    p.add_argument("--draft-model", default="default-draft", help=f"the draft: {flags.MODEL}")
+    p.add_argument("--dtype", default="auto", help=f"both models' {flags.DTYPE}")
     p.add_argument("--json", help="write the result here")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 

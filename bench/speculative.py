@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from bench import flags
 from bench.hf_generate import first_divergence, run_hf
 from bench.prompts import load_workload
 from drafter_service.combined import CombinedProposer
@@ -74,15 +75,27 @@ def run_engine_config(engine: Engine, prompts, k: int, max_new: int, auto=False)
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specd bench spec", description=__doc__.split("\n")[0])
-    p.add_argument("--workload", default="code")
-    p.add_argument("--target", default="default-target")
-    p.add_argument("--draft", default="default-draft")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--configs", default=DEFAULT_CONFIGS)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--limit", type=int, default=0, help="first N prompts only")
-    p.add_argument("--batch-invariant", action="store_true")
-    p.add_argument("--peer", choices=["none", "hf"], default="none")
+    p.add_argument("--workload", default="code", help=flags.workload())
+    p.add_argument("--target", default="default-target", help=f"the target: {flags.MODEL}")
+    p.add_argument("--draft", default="default-draft", help=f"the draft model: {flags.MODEL}")
+    p.add_argument("--dtype", default="auto", help=f"both models' {flags.DTYPE}")
+    p.add_argument(
+        "--configs",
+        default=DEFAULT_CONFIGS,
+        help="off, draft[-int8][-vN][-auto][-inv]:k or ngram:k, comma-separated (the "
+        "module's docstring; default: %(default)s)",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=128, help=flags.MAX_NEW_TOKENS)
+    p.add_argument(
+        "--limit", type=int, default=0, help="first N prompts only (0, the default: all)"
+    )
+    p.add_argument("--batch-invariant", action="store_true", help="every config batch-invariant")
+    p.add_argument(
+        "--peer",
+        choices=["none", "hf"],
+        default="none",
+        help="hf: also transformers' generate on the same weights (default: %(default)s)",
+    )
     p.add_argument("--json", help="write the full report here")
     return p
 

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench import flags
 from bench.prompts import load_items
 from bench.speculative import generate_one
 from router.policy import RoutePolicy
@@ -92,12 +93,12 @@ def interleaved(address: str, conversations, mode: str, max_new: int, k: int) ->
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specd bench split", description=__doc__.split("\n")[0])
-    p.add_argument("--workload", default="code")
-    p.add_argument("--limit", type=int, default=8)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--mode", choices=["on", "off"], default="on")
+    p.add_argument("--workload", default="code", help=flags.workload())
+    p.add_argument("--limit", type=int, default=8, help="its first N prompts (%(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help=flags.MAX_NEW_TOKENS)
+    p.add_argument("--mode", choices=["on", "off"], default="on", help="speculation (%(default)s)")
     p.add_argument("--address", default="", help="a running router (default: start specd up)")
-    p.add_argument("--json")
+    p.add_argument("--json", help="also write the report here")
     return p
 
 

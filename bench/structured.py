@@ -28,6 +28,7 @@ from pathlib import Path
 
 import grpc
 
+from bench import flags
 from bench.prompts import load_items
 from bench.sweep import add_service_args
 from protos.specd.v1 import router_pb2_grpc
@@ -189,10 +190,15 @@ def to_markdown(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="specd bench structured", description=__doc__.split("\n")[0])
     add_service_args(p)
-    p.add_argument("--workload", default="structured")
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--max-new-tokens", type=int, default=160)
-    p.add_argument("--peer", choices=["none", "llamacpp"], default="none")
+    p.add_argument("--workload", default="structured", help=flags.workload())
+    p.add_argument("--repeats", type=int, default=2, help="rounds, in A B B A order (%(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=160, help=flags.MAX_NEW_TOKENS)
+    p.add_argument(
+        "--peer",
+        choices=["none", "llamacpp"],
+        default="none",
+        help="also llama-server with the same schemas (default: %(default)s)",
+    )
     p.add_argument("--json", help="also write the report here")
     args = p.parse_args(argv)
     items = load_items(args.workload)

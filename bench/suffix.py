@@ -39,9 +39,9 @@ def responses(rnd: random.Random, total: int, vocab: int = 32000) -> list[list[i
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="specd bench suffix", description=__doc__.split("\n")[0])
-    p.add_argument("--tokens", type=int, default=100_000)
-    p.add_argument("--lookups", type=int, default=2000)
-    p.add_argument("--k", type=int, default=8)
+    p.add_argument("--tokens", type=int, default=100_000, help="tokens in the memory (%(default)s)")
+    p.add_argument("--lookups", type=int, default=2000, help="lookups timed (%(default)s)")
+    p.add_argument("--k", type=int, default=8, help="drafts a lookup may give (%(default)s)")
     args = p.parse_args(argv)
     rnd = random.Random(0)
     stored = responses(rnd, args.tokens)

@@ -37,6 +37,7 @@ import anyio
 import grpc
 from tqdm import tqdm
 
+from bench import flags
 from bench.prompts import WARM_UP_TOKENS, load_conversations
 from bench.sweep_peers import add_peer
 from bench.sweep_report import (
@@ -220,9 +221,13 @@ def mix(workloads: list[list], routes: list[str]) -> tuple[list, list[str]]:
 def add_service_args(p: argparse.ArgumentParser) -> None:
     """What every bench that can start its own services takes."""
     p.add_argument("--target", default="", help="a running router (default: start services)")
-    p.add_argument("--model", default="default-target")
-    p.add_argument("--draft-model", default="default-draft")
-    p.add_argument("--dtype", default="auto")
+    p.add_argument(
+        "--model", default="default-target", help=f"without --target, the target: {flags.MODEL}"
+    )
+    p.add_argument(
+        "--draft-model", default="default-draft", help=f"and the draft model: {flags.MODEL}"
+    )
+    p.add_argument("--dtype", default="auto", help=f"and both models' {flags.DTYPE}")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -233,30 +238,48 @@ def _parser() -> argparse.ArgumentParser:
         default="",
         help='extra `specd serve drafter` flags, e.g. "--weights int8"',
     )
-    p.add_argument("--workload", default="code", help="a workload, or several: code,chat")
+    p.add_argument("--workload", default="code", help=flags.workload(several=True))
     p.add_argument(
         "--route", default="", help="the requests' route (default: default); one per workload"
     )
-    p.add_argument("--concurrency", default="1,2,4,8,16")
-    p.add_argument("--modes", default="off,on,auto,ngram")
+    p.add_argument("--concurrency", default="1,2,4,8,16", help=flags.CONCURRENCY)
+    p.add_argument(
+        "--modes",
+        default="off,on,auto,ngram",
+        help="the requests' speculation (off, on, auto), ngram or combined (on, with the "
+        "drafter swapped for that proposer), or MODE@ROUTE; comma-separated (default: "
+        "%(default)s)",
+    )
     p.add_argument("--label", default="", help="name the mode column (e.g. ngram)")
-    p.add_argument("--requests-per-cell", type=int, default=16)
+    p.add_argument(
+        "--requests-per-cell", type=int, default=16, help="requests a cell sends (%(default)s)"
+    )
     p.add_argument(
         "--repeats",
         type=int,
         default=1,
         help="run each cell this many times, the modes alternating per level (A B B A); "
-        "use an even count to compare modes on a machine whose speed drifts",
+        "use an even count to compare modes on a machine whose speed drifts (%(default)s)",
     )
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--peer", choices=["none", "hf", "llamacpp"], default="none")
+    p.add_argument("--max-new-tokens", type=int, default=128, help=flags.MAX_NEW_TOKENS)
+    p.add_argument(
+        "--peer",
+        choices=["none", "hf", "llamacpp"],
+        default="none",
+        help="also run transformers' generate (hf) or llama-server (llamacpp) on the same "
+        "prompts, and give each mode's ratio to it (default: %(default)s)",
+    )
     p.add_argument(
         "--peer-variants",
         default="llamacpp,llamacpp-draft,llamacpp-ngram",
-        help="with --peer llamacpp: which llama-server set-ups (bench/llamacpp.py)",
+        help="with --peer llamacpp: which llama-server set-ups (bench/llamacpp.py; %(default)s)",
     )
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--out", default="bench/out/sweep")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--out",
+        default="bench/out/sweep",
+        help="folder for the JSON, markdown and plots (%(default)s)",
+    )
     return p
 
 

@@ -30,8 +30,13 @@ def _step_ms(model, kv, rows: int, context: int, repeats: int = 30) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.gpu.profile")
-    p.add_argument("--shape", default="llama-3.2-3b", choices=sorted(SHAPES))
-    p.add_argument("--context", type=int, default=512)
+    p.add_argument(
+        "--shape",
+        default="llama-3.2-3b",
+        choices=sorted(SHAPES),
+        help="random weights of this model's shapes (%(default)s)",
+    )
+    p.add_argument("--context", type=int, default=512, help="tokens in the cache (%(default)s)")
     args = p.parse_args(argv)
     _, model = build(args.shape, "cuda", torch.bfloat16)
     kv = PagedKV.for_model(model, -(-(args.context + 16) // 16) + 1)

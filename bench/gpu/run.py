@@ -176,14 +176,22 @@ def speculation(model, draft, prompts, new: int, k: int, acceptance: float, serv
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specd bench gpu", description=__doc__.split("\n")[0])
-    p.add_argument("--target", default="llama-3.2-3b", choices=sorted(SHAPES))
-    p.add_argument("--draft", default="llama-3.2-1b", choices=sorted(SHAPES))
-    p.add_argument("--also", default="qwen2.5-1.5b", help="more targets: plain decode, no peer")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--prompt-tokens", type=int, default=128)
-    p.add_argument("--new-tokens", type=int, default=256)
-    p.add_argument("--acceptance", type=float, default=0.8)
-    p.add_argument("-k", type=int, default=4)
+    shapes = "random weights of this model's shapes (default: %(default)s)"
+    p.add_argument("--target", default="llama-3.2-3b", choices=sorted(SHAPES), help=shapes)
+    p.add_argument("--draft", default="llama-3.2-1b", choices=sorted(SHAPES), help=shapes)
+    p.add_argument(
+        "--also", default="qwen2.5-1.5b", help="more targets: plain decode, no peer (%(default)s)"
+    )
+    p.add_argument("--device", default="cuda", help="cuda, cuda:N, or cpu for a smoke run")
+    p.add_argument("--prompt-tokens", type=int, default=128, help="a prompt (%(default)s)")
+    p.add_argument("--new-tokens", type=int, default=256, help="tokens decoded (%(default)s)")
+    p.add_argument(
+        "--acceptance",
+        type=float,
+        default=0.8,
+        help="the chance a draft is the target's own greedy token (%(default)s)",
+    )
+    p.add_argument("-k", type=int, default=4, help="drafts a round (%(default)s)")
     p.add_argument("--no-peer", action="store_true", help="skip transformers")
     p.add_argument("--no-services", action="store_true", help="skip the gRPC services")
     p.add_argument("--json", help="write the report here")

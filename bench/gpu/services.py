@@ -166,17 +166,22 @@ def compare(recorded, vocab, prompts, new: int, k: int, acceptance: float, shape
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.gpu.services")
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (%(default)s)")
     sub = p.add_subparsers(dest="role", required=True)
     d = sub.add_parser("drafter")
-    d.add_argument("--port", type=int, required=True)
-    d.add_argument("--recorded", required=True)
-    d.add_argument("--acceptance", type=float, default=0.8)
+    d.add_argument("--port", type=int, required=True, help="where it listens")
+    d.add_argument("--recorded", required=True, help="the target's greedy tokens (JSON)")
+    d.add_argument(
+        "--acceptance",
+        type=float,
+        default=0.8,
+        help="the chance a draft is the recorded token (%(default)s)",
+    )
     d.add_argument("--draft-shape", default="", help="run this draft model's forwards too")
     v = sub.add_parser("verifier")
-    v.add_argument("--port", type=int, required=True)
-    v.add_argument("--drafter", required=True)
-    v.add_argument("--shape", default="llama-3.2-3b")
+    v.add_argument("--port", type=int, required=True, help="where it listens")
+    v.add_argument("--drafter", required=True, help="the drafter's HOST:PORT")
+    v.add_argument("--shape", default="llama-3.2-3b", help="the target's (%(default)s)")
     args = p.parse_args(argv)
     {"drafter": _drafter, "verifier": _verifier}[args.role](args)
     return 0

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 
 import pytest
 import torch
 
-from launcher.cli_parser import ROLES, build_parser
+from launcher.cli_parser import BENCHES, ROLES, build_parser
 from specd.config import EngineConfig, RouterConfig, from_arguments
 from specd.models.paged_kv import kv_dtype
 
@@ -110,6 +111,20 @@ def test_every_flag_says_what_it_does(role):
         assert _config(role, "--margin=0.2").engine.speculation.margin == 0.2
 
 
+def _unsaid(parser) -> list[str]:
+    """The flags of `parser` whose help is missing, or that take a value and do not say
+    what it is when not given."""
+    out = []
+    for a in parser._actions:
+        if isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)):
+            continue
+        valued = a.option_strings and a.nargs is None and a.default not in (None, "")
+        said = a.help and (not valued or "%(default)" in a.help or str(a.default) in a.help)
+        if not said:
+            out.append(a.dest)
+    return out
+
+
 def test_every_launcher_command_says_what_each_flag_does():
     """`specd up`, `generate`, `health`, `models fetch` and `bench`: no bare flag, and a
     flag that takes a value says what it is when not given."""
@@ -121,23 +136,31 @@ def test_every_launcher_command_says_what_each_flag_does():
                 for name, child in action.choices.items():
                     yield from parsers(child, path + (name,))
 
-    flags = [
-        (" ".join(path), a)
+    commands = {
+        " ".join(path): parser
         for path, parser in parsers(build_parser())
         if path[:1] != ("serve",)  # the roles' flags: test_every_flag_says_what_it_does
-        for a in parser._actions
-        if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
-    ]
-    assert [(path, a.dest) for path, a in flags if not a.help] == []
-    valued = [(path, a) for path, a in flags if a.option_strings and a.nargs is None]
-    unsaid = [
-        (path, a.dest)
-        for path, a in valued
-        if a.default not in (None, "")
-        and "%(default)" not in a.help
-        and str(a.default) not in a.help
-    ]
-    assert len(valued) > 20 and unsaid == []
+    }
+    assert {"up", "generate", "models fetch", "bench"} <= set(commands)
+    assert {path: _unsaid(p) for path, p in commands.items() if _unsaid(p)} == {}
+
+
+def test_every_bench_says_what_each_flag_does(monkeypatch):
+    """`specd bench KIND -h` for every KIND, its parser as its main() builds it."""
+
+    class Built(Exception):
+        pass
+
+    def built(parser, *args, **kwargs):
+        raise Built(parser)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", built)
+    unsaid = {}
+    for kind, module in BENCHES.items():
+        with pytest.raises(Built) as parser:
+            importlib.import_module(module).main([])
+        unsaid[kind] = _unsaid(parser.value.args[0])
+    assert {kind: flags for kind, flags in unsaid.items() if flags} == {}
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,10 @@
 """`specd bench sweep`'s comparison of `auto` with the best other mode (bench/sweep_report.py),
-on reports made by hand: the issue's goal is read from these lines."""
+on reports made by hand: the issue's goal is read from these lines; and its plots' lines
+(bench/sweep_plot.py)."""
 
 import math
 
+from bench.sweep_plot import lines, plot
 from bench.sweep_report import against_best
 
 
@@ -47,3 +49,36 @@ def test_a_level_without_auto_or_without_another_mode_has_no_line_and_one_run_no
     }
     assert against_best(report) == ["c=1 auto/best (off) 1.500"]
     assert against_best(report, mode="off") == ["c=1 off/best (auto) 0.667"]
+
+
+def test_the_throughput_plot_draws_the_peers_of_the_same_run_beside_specd(tmp_path):
+    report = {
+        "cells": [
+            {"mode": m, "concurrency": c, "tokens_per_s": r, "tpot_p99": 0.03}
+            for m, c, r in [
+                ("off", 1, 28.0),
+                ("auto", 1, 55.0),
+                ("off", 4, 80.0),
+                ("auto", 4, 90.0),
+            ]
+        ],
+        "llamacpp": {
+            "llamacpp": [
+                {"concurrency": 1, "tokens": 960, "tokens_per_s": 30.0},
+                {"concurrency": 4, "tokens": 960, "tokens_per_s": 70.0},
+            ],
+            "llamacpp-draft": {"error": "this build has no --model-draft"},
+        },
+        "peer": {"hf:plain": {"tokens": 512, "seconds": 64.0, "tok_per_s": 8.0}},
+    }
+    assert lines(report, "tokens_per_s") == {
+        "specd off": ([1, 4], [28.0, 80.0], False),
+        "specd auto": ([1, 4], [55.0, 90.0], False),
+        "llama-server llamacpp": ([1, 4], [30.0, 70.0], True),
+        "hf:plain": ([1], [8.0], True),
+    }
+    assert set(lines(report, "tpot_p99")) == {"specd off", "specd auto"}  # peers time no tokens
+    assert [p.name for p in plot(report, tmp_path)] == [
+        "sweep_tokens_per_s.png",
+        "sweep_tpot_p99.png",
+    ]

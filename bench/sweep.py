@@ -13,7 +13,8 @@ request the time to first token, the time per output token after it, tokens, and
 speculation the router decided (reason, acceptance, mean accepted length). With
 `--repeats R` every cell runs R times, the modes taking turns at each level in A B B A
 order, and each mode's ratio to the first mode is printed per run and merged.
-Writes `sweep.json`, `sweep.md` and two PNG plots (throughput and TPOT p99 vs concurrency).
+Writes `sweep.json`, `sweep.md` (the table and the ratio lines it prints) and two PNG plots
+(throughput, with the peers of the run beside specd, and TPOT p99 vs concurrency).
 Modes "ngram" and "combined" are speculation on with the drafter swapped for that
 `--proposer` (only when the sweep starts the services; against --target, sweep such a
 cluster with `--modes on --label ngram`). `--peer hf` also runs transformers' generate
@@ -40,14 +41,7 @@ from tqdm import tqdm
 from bench import flags
 from bench.prompts import WARM_UP_TOKENS, load_conversations
 from bench.sweep_peers import add_peer
-from bench.sweep_report import (
-    against_best,
-    ms,
-    paired_ratios,
-    summarise,
-    to_markdown,
-    write_outputs,
-)
+from bench.sweep_report import ms, summarise, summary, write_outputs
 from protos.specd.v1 import router_pb2_grpc
 from router.client import build_request
 
@@ -334,10 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     add_peer(report, args, run)
     for path in write_outputs(report, Path(args.out)):
         print(path)
-    print(to_markdown(report))
-    lines = paired_ratios(report) + against_best(report) + report.get("peer_ratios", [])
-    for line in lines:
-        print(line)
+    print(summary(report), end="")
     return 0
 
 

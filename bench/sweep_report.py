@@ -126,8 +126,15 @@ def against_best(report: dict, mode: str = "auto") -> list[str]:
     return lines
 
 
+def summary(report: dict) -> str:
+    """The table, then each mode's ratio to the first, `auto` against the best other mode,
+    and each peer's ratios (measured in the same run)."""
+    lines = paired_ratios(report) + against_best(report) + report.get("peer_ratios", [])
+    return to_markdown(report) + "".join(f"\n{line}" for line in lines) + ("\n" if lines else "")
+
+
 def write_outputs(report: dict, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(report, indent=1))
-    (out / "sweep.md").write_text(to_markdown(report))
+    (out / "sweep.md").write_text(summary(report))
     return [out / "sweep.json", out / "sweep.md", *plot(report, out)]

@@ -47,8 +47,11 @@ def test_small_sweep_writes_json_markdown_and_png(cluster, tmp_path):
     off = next(c for c in data["cells"] if c["mode"] == "off")
     assert on["reasons"] == {"on": on["requests"]} and on["acceptance"] is not None
     assert off["reasons"] == {"off:client": off["requests"]} and off["acceptance"] is None
-    table = (tmp_path / "sweep.md").read_text().strip().splitlines()
+    table, ratios = [], []
+    for line in (tmp_path / "sweep.md").read_text().strip().splitlines():
+        (table if line.startswith("|") else ratios).append(line)
     assert table[0].startswith("| mode | concurrency |") and len(table) == 2 + len(data["cells"])
+    assert sorted(r.split(" ")[0] for r in ratios if "/off" in r) == ["c=1", "c=1", "c=2", "c=2"]
     pngs = [p for p in paths if p.suffix == ".png"]
     assert len(pngs) == 2
     for png in pngs:

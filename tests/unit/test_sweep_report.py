@@ -5,7 +5,7 @@ on reports made by hand: the issue's goal is read from these lines; and its plot
 import math
 
 from bench.sweep_plot import lines, plot
-from bench.sweep_report import against_best
+from bench.sweep_report import against_best, summary, to_markdown
 
 
 def cell(mode: str, c: int, runs: list[float]) -> dict:
@@ -81,4 +81,35 @@ def test_the_throughput_plot_draws_the_peers_of_the_same_run_beside_specd(tmp_pa
     assert [p.name for p in plot(report, tmp_path)] == [
         "sweep_tokens_per_s.png",
         "sweep_tpot_p99.png",
+    ]
+
+
+def test_the_markdown_holds_the_ratios_printed_with_it():
+    times = dict(ttft_p50=0.05, ttft_p99=0.08, tpot_p50=0.03, tpot_p99=0.04)
+    report = {
+        "cells": [
+            dict(
+                cell("off", 1, [28.0]),
+                acceptance=None,
+                mean_accepted_length=None,
+                **times,
+                reasons={"off:client": 16},
+            ),
+            dict(
+                cell("auto", 1, [56.0]),
+                acceptance=0.8,
+                mean_accepted_length=4.4,
+                **times,
+                reasons={"on": 16},
+            ),
+        ],  # fmt: skip
+        "peer_ratios": ["specd off (c=1, 28.0 tok/s) / llamacpp (30.0 tok/s): 0.93x"],
+    }
+    text = summary(report)
+    assert text.startswith(to_markdown(report))
+    assert text[len(to_markdown(report)) :].splitlines() == [
+        "",
+        "c=1 auto/off 2.000",
+        "c=1 auto/best (off) 2.000",
+        "specd off (c=1, 28.0 tok/s) / llamacpp (30.0 tok/s): 0.93x",
     ]

@@ -41,6 +41,8 @@ class RemoteProposer:
         self.reconnect_s = reconnect_ms / 1000
         self._stream: DraftStream | None = None
         self._next_try = 0.0
+        self._up = False  # a stream answered the handshake, and none was lost since
+        self._down_said = False  # that no stream is up was logged (once an outage)
         self._sent: dict[int, int] = {}  # seq_id -> committed tokens the drafter has
         self._rounds = itertools.count(1)
         self.fallbacks = 0  # rounds that decoded with k = 0 because of the drafter
@@ -74,15 +76,38 @@ class RemoteProposer:
                 except Exception:  # noqa: BLE001 - any failure means: no drafter this round
                     log.exception("cannot open a drafter stream to %s", self.address)
                     self._next_try = time.monotonic() + self.reconnect_s
-            return self._stream
+            stream = self._stream
+            if stream is not None and stream.ready and not self._up:
+                log.info("drafter %s connected: %s", self.address, stream.drafter)
+                self._up, self._down_said = True, False
+            return stream
 
     def _drop(self) -> None:
         with self._lock:
             if self._stream is not None:
+                self._said_ended(self._stream)
                 self._stream.close()
             self._stream = None
             self._sent.clear()  # a new stream starts with no sessions
             self._next_try = time.monotonic() + self.reconnect_s
+
+    def _said_ended(self, stream: DraftStream) -> None:
+        """A drafter that was connected and is lost is a warning, each time; one that
+        cannot be reached (starting, or gone) is said once, not at every retry."""
+        if stream.ready:
+            log.warning(
+                "drafter %s lost (%s): decoding without drafts until it is back",
+                self.address,
+                stream.ended or "its stream broke",
+            )
+        elif not self._down_said:
+            log.info(
+                "drafter %s not reachable (%s): decoding without drafts, retrying every %.1f s",
+                self.address,
+                stream.ended or "no answer",
+                self.reconnect_s,
+            )
+        self._up, self._down_said = False, True
 
     def propose(self, states: list[DraftState]) -> list[Proposal]:
         empty = [Proposal() for _ in states]

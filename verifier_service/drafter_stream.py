@@ -4,7 +4,6 @@ turns rounds into proposals on top of it)."""
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 
@@ -12,8 +11,6 @@ import grpc
 
 from protos.specd.v1 import drafter_pb2, drafter_pb2_grpc
 from specd.channels import open_channel
-
-log = logging.getLogger(__name__)
 
 
 class DraftStream:
@@ -28,6 +25,7 @@ class DraftStream:
         self.alive = True
         self.ready = False  # set when the drafter answered the handshake (an empty round 0)
         self.drafter = ""  # what the handshake said drafts
+        self.ended = ""  # why the call ended (a gRPC status; the caller says it)
         self._requests.put(drafter_pb2.DraftRequest(round=0))
         requests = iter(self._requests.get, None)
         responses = drafter_pb2_grpc.DrafterStub(self.channel).Draft(requests)
@@ -45,8 +43,9 @@ class DraftStream:
                 if waiter is not None:
                     waiter[1] = resp
                     waiter[0].set()
+            self.ended = "closed by the drafter"
         except grpc.RpcError as exc:
-            log.warning("drafter stream ended: %s", exc.code())
+            self.ended = exc.code().name
         finally:
             with self._lock:
                 self.alive = False

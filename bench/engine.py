@@ -1,9 +1,11 @@
 """`specd bench engine`: decode speed vs transformers, and the verification cost curve.
 
     specd bench engine [--model default-target] [--dtype bf16] [--context 512]
+    specd bench engine --weights auto --no-hf      # the weights the verifier serves
 
 1. Batch-1 greedy decode tokens/s of our forward vs `transformers` `generate` on the same
-   dense weights and dtype, in the same run.
+   dense weights and dtype, in the same run (`--weights`: ours at int8, int4 or the
+   verifier's choice instead, against the dense peer).
 2. Time of one forward appending n = 1, 2, 4, 6, 8, 16 tokens to a `--context`-token
    context, as a ratio to n = 1 (what a speculative verification costs).
 """
@@ -85,6 +87,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="default-target", help=flags.MODEL)
     p.add_argument("--dtype", default="auto", help=flags.DTYPE)
     p.add_argument(
+        "--weights",
+        default="bf16",
+        help="ours: bf16 (the dense weights transformers runs), int8, int4, or auto (what "
+        "`specd serve verifier` loads: int4 on a CPU with AVX2 or AVX512-VNNI; default "
+        "%(default)s)",
+    )
+    p.add_argument(
         "--context", type=int, default=512, help="the context a verification extends (%(default)s)"
     )
     p.add_argument(
@@ -128,12 +137,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     folder = resolve(args.model)
-    model = load_model(folder, dtype=args.dtype)
+    model = load_model(folder, dtype=args.dtype, weights=args.weights)
     threads = torch.get_num_threads()
-    print(f"model {folder.name} dtype {model.dtype} threads {threads}")
+    print(f"model {folder.name} weights {model.weights} dtype {model.dtype} threads {threads}")
     g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(100, 20000, (args.prompt_tokens,), generator=g).tolist()
-    report: dict = {"model": folder.name, "dtype": str(model.dtype), "threads": threads}
+    vocab = model.args.vocab_size
+    prompt = torch.randint(vocab // 8, vocab, (args.prompt_tokens,), generator=g).tolist()
+    report: dict = {
+        "model": folder.name,
+        "weights": model.weights,
+        "dtype": str(model.dtype),
+        "threads": threads,
+    }
     ours = ours_decode(model, prompt, args.new_tokens)
     report["decode_tokens_per_s"] = {"specd": round(ours[0], 3)}
     print(f"decode batch 1: specd {ours[0]:.2f} tok/s")

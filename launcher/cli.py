@@ -110,11 +110,11 @@ def _generate(args) -> int:
 
 
 def _health(args) -> int:
-    from specd.channels import check_health
+    from specd.channels import health_status
 
-    ok = check_health(args.address, timeout=args.timeout, service=args.service, tls_ca=args.tls_ca)
-    print("SERVING" if ok else "NOT_SERVING")
-    return 0 if ok else 1
+    said = health_status(args.address, args.timeout, args.service, args.tls_ca)
+    print(said)
+    return 0 if said == "SERVING" else 1
 
 
 def _up(args) -> int:

@@ -23,12 +23,19 @@ def open_channel(address: str, tls_ca: str = "", aio: bool = False, options=None
     return grpc_mod.insecure_channel(address, options=options)
 
 
-def check_health(address: str, timeout: float = 2.0, service: str = "", tls_ca: str = "") -> bool:
-    """True when `address` answers grpc.health.v1 with SERVING."""
+def health_status(address: str, timeout: float = 2.0, service: str = "", tls_ca: str = "") -> str:
+    """What `address` answers grpc.health.v1 for `service` (SERVING, NOT_SERVING, ...), or
+    where it gives no answer, the call's status and details (e.g. "UNAVAILABLE: failed to
+    connect ...", "NOT_FOUND: ..." for a service it does not know)."""
     with open_channel(address, tls_ca) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
-        except grpc.RpcError:
-            return False
-    return resp.status == health_pb2.HealthCheckResponse.SERVING
+        except grpc.RpcError as exc:
+            return f"{exc.code().name}: {exc.details()}"
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+
+def check_health(address: str, timeout: float = 2.0, service: str = "", tls_ca: str = "") -> bool:
+    """True when `address` answers grpc.health.v1 with SERVING."""
+    return health_status(address, timeout, service, tls_ca) == "SERVING"

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.prompts import WARM_UP_TOKENS
-from specd.models.catalog import CATALOG, cache_root
+from specd.models.catalog import ALIASES, CATALOG, cache_root
 
 VARIANTS = {
     "llamacpp": [],
@@ -38,8 +38,6 @@ def binary(name: str) -> Path:
 
 
 def gguf_path(model: str) -> Path:
-    from specd.models.resolve import ALIASES
-
     name = ALIASES.get(model, model)
     if name in CATALOG:
         return cache_root() / "gguf" / CATALOG[name].gguf_name

@@ -11,6 +11,7 @@ import sys
 
 from launcher.cli_parser import BENCHES, ROLES, build_parser
 from specd.config import from_arguments
+from specd.models.resolve import ModelNotFound
 from specd.openmp import settle_spinning, settle_threads, too_late
 
 
@@ -148,7 +149,11 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
-    return COMMANDS[args.command](args)
+    try:
+        return COMMANDS[args.command](args)
+    except ModelNotFound as exc:  # a mistyped --model, --target, --tokenizer: no traceback
+        print(f"specd {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -95,6 +95,7 @@ async def serve(config, ready=None, tokenizer=None) -> None:
         policy = PolicyFile(config.policy_file) if config.policy_file else Policy.builtin()
     except PolicyError as exc:
         raise SystemExit(f"specd router: {exc}") from None
+    tokenizer = tokenizer or load_tokenizer(config.tokenizer)  # a bad name: one clear error
     replicas = ReplicaSet(config.verifier or [], config.tls_ca)
     async with anyio.create_task_group() as background:
         await background.start(replicas.run)
@@ -105,7 +106,7 @@ async def serve(config, ready=None, tokenizer=None) -> None:
             discovery = DnsDiscovery(replicas, config.verifier_dns, static, config.dns_refresh_s)
             background.start_soon(discovery.run)
         router = Router(
-            tokenizer or load_tokenizer(config.tokenizer),
+            tokenizer,
             replicas,
             policy,
             config.default_max_new_tokens,
@@ -152,7 +153,7 @@ async def _start_http(config, router: Router, token: str, registry):
     """The OpenAI-compatible door on config.http_port, with the router's metrics
     (`registry`) at /metrics; returns its drain."""
     from router.openai_http import OpenAIDoor, start
-    from specd.models.resolve import ALIASES
+    from specd.models.catalog import ALIASES
 
     model = config.served_model_name or ALIASES.get(config.tokenizer, config.tokenizer)
     door = OpenAIDoor(router, model, (config.tokenizer,), token, registry)

@@ -3,9 +3,19 @@ router resolves its tokenizer with it)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from specd.models.catalog import ALIASES, CATALOG, cache_root, is_ready
+
+# a Hugging Face hub id: NAME or NAMESPACE/NAME, each of letters, digits, "_", "-", "."
+# (not leading with "." or "-": "./x" and "../x" are paths)
+HUB_ID = re.compile(r"(?:\w[\w.-]*/)?\w[\w.-]*")
+
+
+class ModelNotFound(LookupError):
+    """What a user passed for a model (--model, --target, --tokenizer) names nothing specd
+    can load."""
 
 
 def resolve(spec: str | Path) -> Path:
@@ -28,10 +38,18 @@ def resolve(spec: str | Path) -> Path:
         return folder if is_ready(folder) else convert_gguf(path, folder)
     if path.is_dir():
         return path
+    if path.exists():
+        raise ModelNotFound(f"{spec}: a file, neither a Hugging Face folder nor a .gguf file")
+    if path.suffix == ".gguf" or not HUB_ID.fullmatch(name):
+        raise ModelNotFound(f"{spec}: no such folder or .gguf file")
     from huggingface_hub import snapshot_download
 
-    return Path(
-        snapshot_download(
-            name, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
-        )
-    )
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
+    try:
+        return Path(snapshot_download(name, allow_patterns=patterns))
+    except Exception as exc:  # noqa: BLE001 - the hub's many errors, one answer for a user
+        names = ", ".join(sorted({*ALIASES, *CATALOG}))
+        raise ModelNotFound(
+            f"{spec}: not a catalogue name ({names}), a folder or a .gguf file, and the "
+            f"Hugging Face hub did not give it ({type(exc).__name__}: {exc})"
+        ) from exc

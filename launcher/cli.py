@@ -50,7 +50,11 @@ def _keep_freed_memory() -> None:
 
 
 def _serve(args) -> int:
-    config = from_arguments(ROLES[args.role], args)
+    try:
+        config = from_arguments(ROLES[args.role], args)
+    except ValueError as exc:  # a value the config refuses: said as argparse says a bad flag
+        print(f"specd serve {args.role}: {exc}", file=sys.stderr)
+        return 2
     log, before = logging.getLogger("specd"), set(os.environ)
     if args.role in ("drafter", "verifier"):  # before torch loads (specd/openmp.py)
         log.info("%s: %s", args.role, settle_threads())

@@ -12,6 +12,7 @@ from specd.config import (
     VerifierConfig,
     add_arguments,
     field_docs,
+    from_arguments,
 )
 from specd.models.catalog import ALIASES, CATALOG, MODEL_SETS
 
@@ -192,3 +193,10 @@ def _add_bench(sub) -> None:
     bench.add_argument(
         "rest", nargs=argparse.REMAINDER, help="the benchmark's own flags (specd bench KIND -h)"
     )
+
+
+def serve_config(argv: list[str]):
+    """The config `specd serve ROLE FLAGS...` (argv) runs with; ValueError names a value
+    its config refuses (`specd up` checks its children's flags so before starting them)."""
+    args = build_parser().parse_args(argv)
+    return from_arguments(ROLES[args.role], args)

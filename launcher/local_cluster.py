@@ -62,16 +62,23 @@ def _listen(host: str, port: int) -> tuple[str, ...]:
 
 
 def run_local_cluster(args) -> int:
+    from launcher.cli_parser import serve_config
     from specd.models.catalog import ALIASES
     from specd.models.resolve import resolve
 
     if args.verifiers < 1:
         print("specd up: --verifiers must be at least 1", file=sys.stderr)
         return 2
+    children = cluster_children(args)
+    for child in children:  # a value a child's config refuses: said before anything starts
+        try:
+            serve_config(child.argv[3:])
+        except ValueError as exc:
+            print(f"specd up: {child.role}: {exc}", file=sys.stderr)
+            return 2
     # fetch (and convert) missing models once, before the processes race for them
     resolve(args.target)
     resolve(args.draft)
-    children = cluster_children(args)
     router = children[-1].address
     model = ALIASES.get(args.target, args.target)
     http = (

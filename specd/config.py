@@ -138,6 +138,7 @@ class DrafterConfig:
         check_proposer(self.proposer, empty_ok=False)
         if self.suffix_memory_tokens < 0:
             raise ValueError("suffix_memory_tokens must be >= 0")
+        _check_dtype(self.dtype)
         _check_weights(self.weights)
         _check_kv_dtype(self.kv_dtype)
         _check_prefix_cache(self.prefix_cache)
@@ -145,6 +146,15 @@ class DrafterConfig:
             raise ValueError("vocab and alternatives must be >= 0")
         if not 0.0 <= self.p_min <= 1.0:
             raise ValueError(f"p_min must be in [0, 1], got {self.p_min}")
+
+
+# activations (specd.models.args.parse_dtype), with torch's spellings of the three
+DTYPES = ("auto", "bf16", "fp32", "fp16", "bfloat16", "float32", "float16")
+
+
+def _check_dtype(value: str) -> None:
+    if value not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES[:4])}, got {value!r}")
 
 
 WEIGHT_FORMATS = ("auto", "bf16", "int8", "int4")  # specd.models.weights
@@ -194,6 +204,7 @@ class VerifierConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self):
+        _check_dtype(self.dtype)
         _check_weights(self.weights)
         _check_kv_dtype(self.kv_dtype)
 

@@ -10,8 +10,10 @@ import importlib
 import pytest
 import torch
 
+from launcher.cli import main
 from launcher.cli_parser import BENCHES, ROLES, build_parser
-from specd.config import EngineConfig, RouterConfig, from_arguments
+from specd.config import DTYPES, EngineConfig, RouterConfig, from_arguments
+from specd.models.args import parse_dtype
 from specd.models.paged_kv import kv_dtype
 
 
@@ -57,6 +59,23 @@ def test_invalid_values_are_refused_by_the_dataclass():
         _config("verifier", "--max-batched-tokens=4", "--max-draft-tokens=8")
     with pytest.raises(SystemExit):  # argparse: not an int
         _config("verifier", "--port=many")
+    for role in ("verifier", "drafter"):
+        with pytest.raises(ValueError, match="dtype must be one of auto, bf16, fp32, fp16"):
+            _config(role, "--dtype=fp64")
+    device = torch.device("cpu")  # every spelling the config takes is one the loader parses
+    assert {parse_dtype(name, device) for name in DTYPES} >= {torch.float32, torch.float16}
+
+
+def test_a_refused_value_is_one_line_before_anything_starts(capsys):
+    assert main(["serve", "verifier", "--weights", "int3"]) == 2
+    said = capsys.readouterr().err
+    assert (
+        said == "specd serve verifier: weights must be one of auto, bf16, int8, int4, got 'int3'\n"
+    )
+    assert main(["up", "--draft-p-min", "2", "--http-port", "0"]) == 2
+    assert capsys.readouterr().err == "specd up: drafter: p_min must be in [0, 1], got 2.0\n"
+    assert main(["up", "--dtype", "fp64", "--verifiers", "2"]) == 2
+    assert "specd up: drafter: dtype must be one of" in capsys.readouterr().err
 
 
 def test_the_kv_cache_dtype_follows_the_activations_unless_they_are_fp32():

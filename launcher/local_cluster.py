@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 
 from launcher.supervisor import Child, Supervisor
@@ -57,6 +58,21 @@ def cluster_children(args) -> list[Child]:
     return children
 
 
+def in_use(host: str, port: int) -> bool:
+    """Whether something listens on host:port already (a port in TIME_WAIT is free)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except OSError:  # a host this machine cannot resolve: the service will say so
+        return False
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(address)
+        except OSError:
+            return True
+    return False
+
+
 def _listen(host: str, port: int) -> tuple[str, ...]:
     return ("--host", host, "--port", str(port))
 
@@ -75,6 +91,16 @@ def run_local_cluster(args) -> int:
             serve_config(child.argv[3:])
         except ValueError as exc:
             print(f"specd up: {child.role}: {exc}", file=sys.stderr)
+            return 2
+    listeners = [(c.role, int(c.address.rsplit(":", 1)[1])) for c in children]
+    listeners += [("OpenAI HTTP API", args.http_port)] if args.http_port else []
+    for role, port in listeners:
+        if in_use(args.host, port):  # its health would answer for ours: said, not restarted
+            print(
+                f"specd up: {args.host}:{port} ({role}) is in use, another specd up? Choose "
+                "others with --router-port, --verifier-port, --drafter-port, --http-port",
+                file=sys.stderr,
+            )
             return 2
     # fetch (and convert) missing models once, before the processes race for them
     resolve(args.target)

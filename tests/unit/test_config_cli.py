@@ -207,3 +207,22 @@ def test_models_fetch_refuses_a_name_it_does_not_know(capsys):
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args(["models", "fetch", "llama-7b"])
     assert exc.value.code == 2 and "invalid choice: 'llama-7b'" in capsys.readouterr().err
+
+
+def test_specd_up_refuses_ports_another_server_holds(capsys):
+    """Its children's health checks would be answered by the other server's: `up` would
+    take it for its own and restart its children forever."""
+    import socket
+
+    from launcher.local_cluster import in_use
+    from launcher.processes import free_port
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        held = other.getsockname()[1]
+        free = free_port()
+        assert in_use("127.0.0.1", held) and not in_use("127.0.0.1", free)
+        flags = ["--router-port", str(free), "--verifier-port", str(free_port())]
+        assert main(["up", *flags, "--drafter-port", str(held), "--http-port", "0"]) == 2
+    assert capsys.readouterr().err.startswith(f"specd up: 127.0.0.1:{held} (drafter) is in use")

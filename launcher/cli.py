@@ -13,6 +13,7 @@ from launcher.cli_parser import BENCHES, ROLES, build_parser
 from specd.config import from_arguments
 from specd.models.resolve import ModelNotFound
 from specd.openmp import settle_spinning, settle_threads, too_late
+from specd.serving import ListenError
 
 
 def _models(args) -> int:
@@ -155,9 +156,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return COMMANDS[args.command](args)
-    except ModelNotFound as exc:  # a mistyped --model, --target, --tokenizer: no traceback
-        print(f"specd {args.command}: {exc}", file=sys.stderr)
+    except Exception as exc:
+        said = _users_error(exc)
+        if said is None:
+            raise
+        command = f"{args.command} {args.role}" if args.command == "serve" else args.command
+        print(f"specd {command}: {said}", file=sys.stderr)
         return 2
+
+
+def _users_error(exc: BaseException) -> BaseException | None:
+    """A mistyped model or a port in use, alone or as a task group's one error: said in
+    one line, no traceback (None: anything else, raised as it is)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, (ModelNotFound, ListenError)) else None
 
 
 if __name__ == "__main__":

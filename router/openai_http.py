@@ -34,6 +34,7 @@ from router.openai_errors import error_event, error_response, request_error_resp
 from router.openai_request import to_request
 from router.prepare import RequestError
 from specd.channels import MAX_MESSAGE_BYTES
+from specd.serving import ListenError
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = MAX_MESSAGE_BYTES  # as the gRPC listener's
@@ -233,5 +234,11 @@ async def start(
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(cert, key)
     site = web.TCPSite(runner, host, port, ssl_context=context)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ListenError(
+            f"cannot listen on {host}:{port} (HTTP): in use, or not this machine's"
+        ) from exc
     return runner, runner.addresses[0][1]

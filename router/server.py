@@ -145,7 +145,11 @@ async def _start_servers(config, router: Router, registry=None):
         tls_cert=config.tls_cert,
         tls_key=config.tls_key,
     )
-    also_stop = [await _start_http(config, router, token, registry)] if config.http_port else []
+    try:
+        also_stop = [await _start_http(config, router, token, registry)] if config.http_port else []
+    except BaseException:  # the HTTP port taken: the gRPC listener goes too
+        await server.stop(0)
+        raise
     return server, port, health, also_stop
 
 

@@ -22,6 +22,10 @@ from specd.request_decoding import strict_decoding
 log = logging.getLogger(__name__)
 
 
+class ListenError(OSError):
+    """A listener that cannot take its address (in use, or not this machine's)."""
+
+
 async def start_server(
     host: str,
     port: int,
@@ -49,13 +53,16 @@ async def start_server(
         reflection.SERVICE_NAME,
     ]
     reflection.enable_server_reflection(names, server)
-    if tls_cert or tls_key:
-        creds = grpc.ssl_server_credentials([(read_file(tls_key), read_file(tls_cert))])
-        bound = server.add_secure_port(f"{host}:{port}", creds)
-    else:
-        bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        if tls_cert or tls_key:
+            creds = grpc.ssl_server_credentials([(read_file(tls_key), read_file(tls_cert))])
+            bound = server.add_secure_port(f"{host}:{port}", creds)
+        else:
+            bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # grpcio raises where it once returned 0
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot bind {host}:{port}")
+        raise ListenError(f"cannot listen on {host}:{port}: in use, or not this machine's")
     await server.start()
     for name in ["", *service_names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -1,6 +1,8 @@
-"""A model name, folder or file that names nothing specd can load: one clear line from
-every command, never a traceback (the hub's validator used to raise on a mistyped path)."""
+"""What a user gets wrong, said in one line by every command, never a traceback: a model
+name, folder or file that names nothing specd can load (the hub's validator used to raise
+on a mistyped path), and a port something else listens on."""
 
+import socket
 import subprocess
 import sys
 
@@ -50,4 +52,34 @@ def test_the_commands_say_it_in_one_line(capsys):
         timeout=60,
     )
     assert router.returncode == 2 and "Traceback" not in router.stderr
-    assert router.stderr.endswith("specd serve: /nonexistent/x: no such folder or .gguf file\n")
+    assert router.stderr.endswith(
+        "specd serve router: /nonexistent/x: no such folder or .gguf file\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from tests.cluster import save_tiny_cluster_model
+
+    return save_tiny_cluster_model(tmp_path_factory.mktemp("tiny-tokenizer"))
+
+
+def test_a_port_in_use_is_said_so_whichever_listener_it_is(tokenizer):
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        held = str(other.getsockname()[1])
+        for flags, what in [
+            (("--port", held), ""),
+            (("--port", "0", "--http-port", held), " (HTTP)"),
+        ]:
+            argv = ["serve", "router", "--tokenizer", str(tokenizer), *flags]
+            out = subprocess.run(
+                [sys.executable, "-m", "launcher", *argv],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+            said = f"specd serve router: cannot listen on 127.0.0.1:{held}{what}: in use"
+            assert out.stderr.splitlines()[-1].startswith(said)

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from launcher.cli import main
+from launcher.processes import free_port
 from specd.models.resolve import ModelNotFound, resolve
 
 
@@ -83,3 +84,19 @@ def test_a_port_in_use_is_said_so_whichever_listener_it_is(tokenizer):
             assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
             said = f"specd serve router: cannot listen on 127.0.0.1:{held}{what}: in use"
             assert out.stderr.splitlines()[-1].startswith(said)
+
+
+@pytest.mark.parametrize(
+    "bench",
+    [
+        ["parity", "--workloads", "code"],
+        # two clients fail at once: the task group's two errors, said once
+        ["sweep", "--concurrency", "2", "--modes", "off", "--requests-per-cell", "2"],
+    ],
+)
+def test_a_bench_whose_target_cannot_be_reached_says_so(capsys, tmp_path, bench):
+    nobody = f"127.0.0.1:{free_port()}"
+    out = ["--out", str(tmp_path)] if bench[0] == "sweep" else []
+    assert main(["bench", *bench, "--target", nobody, *out]) == 2
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said.startswith("specd bench: UNAVAILABLE: ") and said.count("UNAVAILABLE") == 1

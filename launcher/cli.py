@@ -167,13 +167,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _users_error(exc: BaseException) -> str | None:
     """A mistyped model, a port in use, or a server that refused or could not be reached
-    (a bench's --target), alone or as a task group's one error: said in one line, no
-    traceback (None: anything else, raised as it is)."""
+    (a bench's --target), alone or as a task group's one error (the group cancels the rest
+    at the first): said in one line, no traceback (None: anything else, raised as is)."""
     import grpc
 
-    if isinstance(exc, BaseExceptionGroup):  # said where each of its errors is one
-        said = {_users_error(e) for e in exc.exceptions}
-        return None if None in said else "; ".join(sorted(said))
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
     if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):  # sync and aio calls
         return f"{exc.code().name}: {exc.details()}"
     return str(exc) if isinstance(exc, (ModelNotFound, ListenError)) else None

@@ -90,7 +90,7 @@ def test_a_port_in_use_is_said_so_whichever_listener_it_is(tokenizer):
     "bench",
     [
         ["parity", "--workloads", "code"],
-        # two clients fail at once: the task group's two errors, said once
+        # the first client's error ends the sweep's task group: its one error
         ["sweep", "--concurrency", "2", "--modes", "off", "--requests-per-cell", "2"],
     ],
 )

@@ -190,8 +190,11 @@ def main(argv: list[str] | None = None) -> int:
 def _served_model(url: str) -> str:
     import urllib.request
 
-    with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as resp:
-        return json.loads(resp.read())["data"][0]["id"]
+    try:
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as resp:
+            return json.loads(resp.read())["data"][0]["id"]
+    except OSError as exc:  # urllib's URLError: the door is not there
+        raise SystemExit(f"specd bench doors: cannot reach {url}: {exc}") from None
 
 
 if __name__ == "__main__":

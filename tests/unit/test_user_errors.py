@@ -100,3 +100,10 @@ def test_a_bench_whose_target_cannot_be_reached_says_so(capsys, tmp_path, bench)
     assert main(["bench", *bench, "--target", nobody, *out]) == 2
     said = capsys.readouterr().err.strip().splitlines()[-1]
     assert said.startswith("specd bench: UNAVAILABLE: ") and said.count("UNAVAILABLE") == 1
+
+
+def test_the_doors_bench_says_an_http_door_it_cannot_reach():
+    door = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(SystemExit) as said:
+        main(["bench", "doors", "--target", f"127.0.0.1:{free_port()}", "--http", door])
+    assert str(said.value).startswith(f"specd bench doors: cannot reach {door}: ")

@@ -42,7 +42,12 @@ def test_a_hub_id_the_hub_does_not_give_names_the_catalogue_and_the_hubs_reason(
 
 
 def test_the_commands_say_it_in_one_line(capsys):
-    assert main(["up", "--target", "/nonexistent/folder", "--http-port", "0"]) == 2
+    # ports of its own: `specd up` says a port in use first, and the services' tests may
+    # hold the default ones meanwhile
+    flags = ["--http-port", "0"]
+    for flag in ("--router-port", "--verifier-port", "--drafter-port"):
+        flags += [flag, str(free_port())]
+    assert main(["up", "--target", "/nonexistent/folder", *flags]) == 2
     assert (
         capsys.readouterr().err == "specd up: /nonexistent/folder: no such folder or .gguf file\n"
     )

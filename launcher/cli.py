@@ -10,7 +10,7 @@ import os
 import sys
 
 from launcher.cli_parser import BENCHES, ROLES, build_parser
-from specd.config import from_arguments
+from specd.config import ConfigError, from_arguments
 from specd.models.resolve import ModelNotFound
 from specd.openmp import settle_spinning, settle_threads, too_late
 from specd.serving import ListenError
@@ -51,11 +51,7 @@ def _keep_freed_memory() -> None:
 
 
 def _serve(args) -> int:
-    try:
-        config = from_arguments(ROLES[args.role], args)
-    except ValueError as exc:  # a value the config refuses: said as argparse says a bad flag
-        print(f"specd serve {args.role}: {exc}", file=sys.stderr)
-        return 2
+    config = from_arguments(ROLES[args.role], args)
     log, before = logging.getLogger("specd"), set(os.environ)
     if args.role in ("drafter", "verifier"):  # before torch loads (specd/openmp.py)
         log.info("%s: %s", args.role, settle_threads())
@@ -166,16 +162,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _users_error(exc: BaseException) -> str | None:
-    """A mistyped model, a port in use, or a server that refused or could not be reached
-    (a bench's --target), alone or as a task group's one error (the group cancels the rest
-    at the first): said in one line, no traceback (None: anything else, raised as is)."""
+    """A mistyped model, a flag value its config refuses, a port in use, or a server that
+    refused or could not be reached (a bench's --target), alone or as a task group's one
+    error (the group cancels the rest at the first): said in one line, no traceback (None:
+    anything else, raised as is)."""
     import grpc
 
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):  # sync and aio calls
         return f"{exc.code().name}: {exc.details()}"
-    return str(exc) if isinstance(exc, (ModelNotFound, ListenError)) else None
+    return str(exc) if isinstance(exc, (ModelNotFound, ConfigError, ListenError)) else None
 
 
 if __name__ == "__main__":

@@ -196,7 +196,7 @@ def _add_bench(sub) -> None:
 
 
 def serve_config(argv: list[str]):
-    """The config `specd serve ROLE FLAGS...` (argv) runs with; ValueError names a value
+    """The config `specd serve ROLE FLAGS...` (argv) runs with; ConfigError names a value
     its config refuses (`specd up` checks its children's flags so before starting them)."""
     args = build_parser().parse_args(argv)
     return from_arguments(ROLES[args.role], args)

@@ -79,6 +79,7 @@ def _listen(host: str, port: int) -> tuple[str, ...]:
 
 def run_local_cluster(args) -> int:
     from launcher.cli_parser import serve_config
+    from specd.config import ConfigError
     from specd.models.catalog import ALIASES
     from specd.models.resolve import resolve
 
@@ -89,7 +90,7 @@ def run_local_cluster(args) -> int:
     for child in children:  # a value a child's config refuses: said before anything starts
         try:
             serve_config(child.argv[3:])
-        except ValueError as exc:
+        except ConfigError as exc:
             print(f"specd up: {child.role}: {exc}", file=sys.stderr)
             return 2
     listeners = [(c.role, int(c.address.rsplit(":", 1)[1])) for c in children]

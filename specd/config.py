@@ -290,7 +290,12 @@ def add_arguments(parser, cls, prefix: str = "", into=None) -> None:
             )
 
 
+class ConfigError(ValueError):
+    """A flag's value its config refuses (said to the user in one line)."""
+
+
 def from_arguments(cls, namespace, prefix: str = ""):
+    """The config `cls` of parsed flags; ConfigError where a value is refused."""
     hints = typing.get_type_hints(cls)
     values = {}
     for f in fields(cls):
@@ -300,4 +305,9 @@ def from_arguments(cls, namespace, prefix: str = ""):
         value = getattr(namespace, prefix + f.name, None)
         if value is not None:
             values[f.name] = value
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None

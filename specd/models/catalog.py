@@ -74,6 +74,11 @@ SMALL_MODEL = "smollm2-135m-instruct"
 ALIASES = {"default-target": DEFAULT_TARGET, "default-draft": DEFAULT_DRAFT, "small": SMALL_MODEL}
 
 
+def model_names() -> str:
+    """Every name a user may pass for a catalogued model, for messages."""
+    return ", ".join(sorted({*ALIASES, *CATALOG}))
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("SPECD_CACHE", Path.home() / ".cache" / "specd")).expanduser()
 

@@ -21,6 +21,7 @@ from specd.models.catalog import (
     cache_root,
     is_ready,
     model_dir,
+    model_names,
 )
 
 
@@ -153,8 +154,7 @@ def main(argv: list[str]) -> int:
     alias), unless the model is converted already."""
     name = ALIASES.get(argv[0], argv[0]) if len(argv) == 1 else None
     if name not in CATALOG:
-        names = ", ".join(sorted({*ALIASES, *CATALOG}))
-        print(f"usage: python -m specd.models.fetch NAME ({names})", file=sys.stderr)
+        print(f"usage: python -m specd.models.fetch NAME ({model_names()})", file=sys.stderr)
         return 2
     try:
         print(model_dir(name) if is_ready(model_dir(name)) else fetch_gguf(name))

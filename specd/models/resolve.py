@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from specd.models.catalog import ALIASES, CATALOG, cache_root, is_ready
+from specd.models.catalog import ALIASES, CATALOG, cache_root, is_ready, model_names
 
 # a Hugging Face hub id: NAME or NAMESPACE/NAME, each of letters, digits, "_", "-", "."
 # (not leading with "." or "-": "./x" and "../x" are paths)
@@ -48,8 +48,7 @@ def resolve(spec: str | Path) -> Path:
     try:
         return Path(snapshot_download(name, allow_patterns=patterns))
     except Exception as exc:  # noqa: BLE001 - the hub's many errors, one answer for a user
-        names = ", ".join(sorted({*ALIASES, *CATALOG}))
         raise ModelNotFound(
-            f"{spec}: not a catalogue name ({names}), a folder or a .gguf file, and the "
+            f"{spec}: not a catalogue name ({model_names()}), a folder or a .gguf file, and the "
             f"Hugging Face hub did not give it ({type(exc).__name__}: {exc})"
         ) from exc

@@ -9,7 +9,7 @@ no device, and its cache hook compiles each new specialisation and skips the lau
 The model has a real model's widths (bench.gpu.shapes) and one layer: the kernels'
 constants are its widths, and the GEMMs between them run on the CPU.
 
-    python -m tests.triton_compile [--shape S ...] [--dtype D ...] [--arch 80 ...]
+    python -m tests.triton_compile [SHAPE/DTYPE/ARCH ...]
 
 prints one JSON line per compiled kernel: its name, shape, dtype, architecture, warps,
 shared memory, registers and spilled bytes (ptxas's, as cuobjdump reads them). Run it
@@ -33,6 +33,13 @@ KERNELS = {  # every kernel a step launches (specd.models.gpu)
     "_add_rms_norm_kernel", "_rope_store_kernel", "_split_kernel", "_combine_kernel",
     "_silu_mul_kernel",
 }  # fmt: skip
+# the default target's and the GPU benchmark's widths in bf16 (the GPU default) for H100 and
+# H200 (sm_90), the benchmark's for A100 (sm_80) too, and the tiny test model in fp32 (the
+# GPU tests' `make test-cuda` runs)
+DEFAULT = [
+    "qwen2.5-1.5b/bfloat16/90", "llama-3.2-3b/bfloat16/90", "llama-3.2-3b/bfloat16/80",
+    "tiny/float32/90",
+]  # fmt: skip
 
 
 class CompileOnlyDriver:
@@ -73,7 +80,8 @@ def resources(cubin: bytes) -> dict[str, int]:
 def compile_step(shape: str, dtype: torch.dtype, arch: int) -> list[dict]:
     """Compile every kernel launch of a few steps of `shape`'s model (one layer) for
     sm_`arch`: a prefill chunk, a decode row, a verification beside a chunk, a tree beside
-    a decode row, eagerly and from the graph buckets -> a record per specialisation."""
+    a decode row, eagerly with GEMMs of each step's own rows (a drafter's) and of fixed
+    tiles (a verifier's), and from the graph buckets -> a record per specialisation."""
     import triton
     from triton import knobs
     from triton.backends.compiler import GPUTarget
@@ -91,10 +99,8 @@ def compile_step(shape: str, dtype: torch.dtype, arch: int) -> list[dict]:
 
     def _skip_launch(*, key, fn, compile, **_) -> bool:
         if key not in records:
-            jit = fn.jit_function
-            src = jit.ASTSource(
-                jit, compile["signature"], compile["constants"], compile["configs"][0]
-            )
+            jit, attrs = fn.jit_function, compile["configs"][0]
+            src = jit.ASTSource(jit, compile["signature"], compile["constants"], attrs)
             options = {
                 name: compile[name]
                 for name in ("num_warps", "num_ctas", "num_stages", "enable_fp_fusion")
@@ -116,18 +122,19 @@ def compile_step(shape: str, dtype: torch.dtype, arch: int) -> list[dict]:
     driver.set_active(CompileOnlyDriver(target))
     knobs.runtime.jit_cache_hook = _skip_launch
     try:
-        step = GpuStep(model)
-        kv = PagedKV.for_model(model, num_blocks=32)
-        for seq in ("a", "b"):
-            kv.allocator.allocate(seq)
         steps = [
             [SeqInput("a", list(range(3, 40)), num_logits=1)],
             [SeqInput("a", [7], 1)],
             [SeqInput("a", [11, 12, 13, 14, 15], 5), SeqInput("b", list(range(3, 20)), 1)],
             [SeqInput("a", [11, 12, 13, 14], 4, parents=[-1, 0, 0, 2]), SeqInput("b", [17], 1)],
         ]
-        for seqs in steps:
-            step.forward(kv, seqs)
+        for tile in (0, GpuStep(model).tile):  # a drafter's own rows; a verifier's tiles
+            step = GpuStep(model, tile=tile)
+            kv = PagedKV.for_model(model, num_blocks=32)
+            for seq in ("a", "b"):
+                kv.allocator.allocate(seq)
+            for seqs in steps:
+                step.forward(kv, seqs)
         graphs = StepGraphs(step, kv, max_seqs=2, max_rows=8, capture=False)
         graphs.replay(HostRows.build(kv.allocator, [SeqInput("a", [5, 6], 2)]))
     finally:  # the driver stays: this process has no other (`main` runs in its own)
@@ -140,15 +147,16 @@ def main(argv: list[str] | None = None) -> int:
         print("TRITON_INTERPRET is set: the kernels would be interpreted, not compiled")
         return 2
     p = argparse.ArgumentParser(prog="python -m tests.triton_compile")
-    p.add_argument("--shape", nargs="+", default=["tiny", "qwen2.5-1.5b", "llama-3.2-3b"])
-    p.add_argument("--dtype", nargs="+", default=["bfloat16"], help="activations' dtypes")
-    p.add_argument("--arch", nargs="+", type=int, default=[90], help="sm_XX (90: H100, H200)")
-    args = p.parse_args(argv)
-    for shape in args.shape:
-        for dtype in args.dtype:
-            for arch in args.arch:
-                for record in compile_step(shape, getattr(torch, dtype), arch):
-                    print(json.dumps(record), flush=True)
+    p.add_argument(
+        "configs",
+        nargs="*",
+        default=DEFAULT,
+        help="SHAPE/DTYPE/ARCH, e.g. llama-3.2-3b/bfloat16/90 (sm_90: H100, H200)",
+    )
+    for config in p.parse_args(argv).configs:
+        shape, dtype, arch = config.split("/")
+        for record in compile_step(shape, getattr(torch, dtype), int(arch)):
+            print(json.dumps(record), flush=True)
     return 0
 
 

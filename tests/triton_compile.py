@@ -6,8 +6,9 @@ that `GpuStep` makes, eagerly and from its graph buckets, is compiled by Triton'
 compiler to PTX and by ptxas to a cubin for a given CUDA architecture, as it would be on
 that GPU, and not run: Triton's driver is replaced by one that names the target and has
 no device, and its cache hook compiles each new specialisation and skips the launch.
-The model has a real model's widths (bench.gpu.shapes) and one layer: the kernels'
-constants are its widths, and the GEMMs between them run on the CPU.
+The model has a real model's widths (bench.gpu.shapes) and one layer, and its K/V pool
+holds its whole context: the kernels' constants are those widths and the attention's
+splits of that context; the GEMMs between them run on the CPU.
 
     python -m tests.triton_compile [SHAPE/DTYPE/ARCH ...]
 
@@ -128,9 +129,11 @@ def compile_step(shape: str, dtype: torch.dtype, arch: int) -> list[dict]:
             [SeqInput("a", [11, 12, 13, 14, 15], 5), SeqInput("b", list(range(3, 20)), 1)],
             [SeqInput("a", [11, 12, 13, 14], 4, parents=[-1, 0, 0, 2]), SeqInput("b", [17], 1)],
         ]
+        # a pool that holds the model's whole context: the attention's splits as deployed
+        blocks = -(-model.args.max_position_embeddings // 16)
         for tile in (0, GpuStep(model).tile):  # a drafter's own rows; a verifier's tiles
             step = GpuStep(model, tile=tile)
-            kv = PagedKV.for_model(model, num_blocks=32)
+            kv = PagedKV.for_model(model, num_blocks=blocks)
             for seq in ("a", "b"):
                 kv.allocator.allocate(seq)
             for seqs in steps:

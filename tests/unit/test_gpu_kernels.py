@@ -69,6 +69,18 @@ def test_attention_matches_the_reference(triton_ops, split_keys, heads, kv_heads
     assert (got.float() - want.float()).abs().max() < tol
 
 
+def test_a_long_row_is_combined_from_more_splits_than_the_combine_holds_at_once(triton_ops):
+    triton_attention, _ = triton_ops
+    split_keys = 4
+    keys = 3 * triton_attention.COMBINE_CHUNK * split_keys  # three chunks of splits a row
+    k, v = pools(keys // BS, 1, 16, torch.float32)
+    table = torch.randperm(keys // BS, generator=torch.Generator().manual_seed(6)).view(1, -1)
+    rows = PagedRows.build(table, BS, [(keys - 3, keys)], [None])  # a 3-row verification
+    q = torch.randn(3, 2, 16, generator=torch.Generator().manual_seed(7))
+    got = attend(triton_attention, q, k, v, rows, split_keys, keys)
+    assert (got - attention.reference(q, k, v, rows)).abs().max() < 1e-5
+
+
 def test_a_padding_row_reads_no_key_and_gives_zeros(triton_ops):
     triton_attention, _ = triton_ops
     k, v = pools(8, 2, 16, torch.float32)

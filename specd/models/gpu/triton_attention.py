@@ -4,7 +4,8 @@ j < limit[r] and limit[r] + i for each bit i of tree[r] (chains, trees, prefill 
 
 Each program takes one query row, one K/V head and its group of query heads (GQA: the
 group is padded to 16 rows so that q K^T and P V are tensor-core dots), over one split of
-`split_keys` key positions; a second kernel combines the splits. The dots take fp32
+`split_keys` key positions; a second kernel combines the splits the row's keys reach,
+`COMBINE_CHUNK` at a time (its registers do not grow with the context). The dots take fp32
 operands: under 16-bit activations as TF32, which holds a bf16 or fp16 value exactly
 (Triton's interpreter, which tests them on a CPU, has no 16-bit dot); under fp32 ones
 in full precision. The splits are fixed
@@ -22,6 +23,7 @@ import triton
 import triton.language as tl
 
 BLOCK_N = 32  # keys per inner iteration
+COMBINE_CHUNK = 16  # splits the combine holds at once: its registers, whatever the context
 # a finite "minus infinity": exp(NEG - m) is 0 and NEG - NEG is 0, never NaN (a constexpr:
 # the compiler reads no other global inside a kernel)
 NEG = tl.constexpr(-1.0e30)
@@ -82,7 +84,7 @@ def _split_kernel(
 @triton.jit
 def _combine_kernel(
     acc_ptr, ml_ptr, end_ptr, out_ptr, split_keys,
-    HEADS: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr, SP: tl.constexpr,
+    HEADS: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
     r = tl.program_id(0)
     h = tl.program_id(1)
@@ -91,14 +93,27 @@ def _combine_kernel(
     if end == 0:  # a padding row: zeros, so that the layers after it stay finite
         tl.store(out_ptr + (r * HEADS + h) * D + d, tl.zeros([D], out_ptr.dtype.element_ty))
     else:
-        s = tl.arange(0, SP)
-        used = s * split_keys < end  # splits past the row's last key were never written
-        part = (r * HEADS + h) * SPLITS + s
-        m = tl.load(ml_ptr + 2 * part, mask=used, other=NEG)
-        l = tl.load(ml_ptr + 2 * part + 1, mask=used, other=0.0)  # noqa: E741
-        acc = tl.load(acc_ptr + part[:, None] * D + d[None, :], mask=used[:, None], other=0.0)
-        w = tl.exp(m - tl.max(m, 0))  # [SP]
-        out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)  # [D]
+        # the splits the row's keys reach (those past them were never written), CHUNK at a
+        # time in a fixed order, each merged into a running max m, sum l and output o
+        used = tl.cdiv(end, split_keys)
+        base = (r * HEADS + h) * SPLITS
+        m_run = tl.max(tl.full([CHUNK], NEG, tl.float32), 0)
+        l_run = tl.sum(tl.zeros([CHUNK], tl.float32), 0)
+        o_run = tl.zeros([D], tl.float32)
+        for first in range(0, used, CHUNK):
+            s = first + tl.arange(0, CHUNK)
+            live = s < used
+            part = base + s
+            m = tl.load(ml_ptr + 2 * part, mask=live, other=NEG)
+            l = tl.load(ml_ptr + 2 * part + 1, mask=live, other=0.0)  # noqa: E741
+            acc = tl.load(acc_ptr + part[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
+            m_new = tl.maximum(m_run, tl.max(m, 0))
+            alpha = tl.exp(m_run - m_new)
+            w = tl.exp(m - m_new)  # [CHUNK]
+            l_run = l_run * alpha + tl.sum(l * w, 0)
+            o_run = o_run * alpha + tl.sum(acc * w[:, None], 0)
+            m_run = m_new
+        out = o_run / l_run  # [D]
         tl.store(out_ptr + (r * HEADS + h) * D + d, out.to(out_ptr.dtype.element_ty))
 
 
@@ -142,7 +157,6 @@ def paged_attention(
         D=dim, SPLITS=splits, BLOCK=BLOCK_N, DOT="ieee" if q.dtype == torch.float32 else "tf32",
     )  # fmt: skip
     _combine_kernel[(rows, heads)](
-        acc, ml, end, out, split_keys,
-        HEADS=heads, D=dim, SPLITS=splits, SP=triton.next_power_of_2(splits),
+        acc, ml, end, out, split_keys, HEADS=heads, D=dim, SPLITS=splits, CHUNK=COMBINE_CHUNK,
     )  # fmt: skip
     return out

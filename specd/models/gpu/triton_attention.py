@@ -32,9 +32,9 @@ NEG = tl.constexpr(-1.0e30)
 @triton.jit
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, table_ptr, row_seq_ptr, limit_ptr, end_ptr, tree_ptr,
-    acc_ptr, ml_ptr, table_stride, block_size, split_keys, scale,
+    acc_ptr, ml_ptr, table_stride, block_size, split_keys, splits, scale,
     HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr,
-    D: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr, DOT: tl.constexpr,
+    D: tl.constexpr, BLOCK: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     r = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -75,7 +75,7 @@ def _split_kernel(
             l = l * alpha + tl.sum(p, 1)  # noqa: E741
             acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT)
             m = m_new
-        part = (r * HEADS + heads) * SPLITS + s  # [GP]
+        part = (r * HEADS + heads) * splits + s  # [GP]
         tl.store(acc_ptr + part[:, None] * D + d[None, :], acc, mask=live[:, None])
         tl.store(ml_ptr + 2 * part, m, mask=live)
         tl.store(ml_ptr + 2 * part + 1, l, mask=live)
@@ -83,8 +83,8 @@ def _split_kernel(
 
 @triton.jit
 def _combine_kernel(
-    acc_ptr, ml_ptr, end_ptr, out_ptr, split_keys,
-    HEADS: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr, CHUNK: tl.constexpr,
+    acc_ptr, ml_ptr, end_ptr, out_ptr, split_keys, splits,
+    HEADS: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
     r = tl.program_id(0)
     h = tl.program_id(1)
@@ -96,7 +96,7 @@ def _combine_kernel(
         # the splits the row's keys reach (those past them were never written), CHUNK at a
         # time in a fixed order, each merged into a running max m, sum l and output o
         used = tl.cdiv(end, split_keys)
-        base = (r * HEADS + h) * SPLITS
+        base = (r * HEADS + h) * splits
         m_run = tl.max(tl.full([CHUNK], NEG, tl.float32), 0)
         l_run = tl.sum(tl.zeros([CHUNK], tl.float32), 0)
         o_run = tl.zeros([D], tl.float32)
@@ -117,9 +117,9 @@ def _combine_kernel(
         tl.store(out_ptr + (r * HEADS + h) * D + d, out.to(out_ptr.dtype.element_ty))
 
 
-def splits_for(max_keys: int, split_keys: int) -> int:
-    """How many key splits a row can have, for a pool of `max_keys` positions a sequence."""
-    return max(1, -(-max_keys // split_keys))
+def splits_for(keys: int, split_keys: int) -> int:
+    """How many key splits rows of up to `keys` keys reach (a graph's: a whole context)."""
+    return max(1, -(-keys // split_keys))
 
 
 def paged_attention(
@@ -139,8 +139,9 @@ def paged_attention(
     """q [T, H, D] (after RoPE) -> [T, H, D], softmax(q K^T / sqrt(D)) V for each row over
     the keys it sees. table [B, W] block tables; row_seq/limit/end/tree [T] per row (end:
     one past the last key the row sees; 0 for a padding row, whose output is 0).
-    `splits` x `split_keys` must cover every row's keys. Only the first `rows` rows (all
-    where None) are computed."""
+    `splits` x `split_keys` must cover every row's keys; the scratch is rows x heads x
+    splits x D floats, so a step passes the splits its rows reach (a graph, a whole
+    context's). Only the first `rows` rows (all where None) are computed."""
     total, heads, dim = q.shape
     rows = total if rows is None else rows
     kv_heads = k_pool.shape[1]
@@ -152,11 +153,11 @@ def paged_attention(
         return out
     _split_kernel[(rows, kv_heads, splits)](
         q, k_pool, v_pool, table, row_seq, limit, end, tree, acc, ml,
-        table.stride(0), block_size, split_keys, 1.0 / math.sqrt(dim),
+        table.stride(0), block_size, split_keys, splits, 1.0 / math.sqrt(dim),
         HEADS=heads, KV_HEADS=kv_heads, GROUP=group, GP=max(16, triton.next_power_of_2(group)),
-        D=dim, SPLITS=splits, BLOCK=BLOCK_N, DOT="ieee" if q.dtype == torch.float32 else "tf32",
+        D=dim, BLOCK=BLOCK_N, DOT="ieee" if q.dtype == torch.float32 else "tf32",
     )  # fmt: skip
     _combine_kernel[(rows, heads)](
-        acc, ml, end, out, split_keys, HEADS=heads, D=dim, SPLITS=splits, CHUNK=COMBINE_CHUNK,
+        acc, ml, end, out, split_keys, splits, HEADS=heads, D=dim, CHUNK=COMBINE_CHUNK,
     )  # fmt: skip
     return out

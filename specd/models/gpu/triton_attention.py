@@ -3,15 +3,15 @@ semantics (specd.models.attention.PagedRows): row r of sequence `row_seq[r]` see
 j < limit[r] and limit[r] + i for each bit i of tree[r] (chains, trees, prefill chunks).
 
 Each program takes one query row, one K/V head and its group of query heads (GQA: the
-group is padded to 16 rows so that q K^T and P V are tensor-core dots), over one split of
-`split_keys` key positions; a second kernel combines the splits the row's keys reach,
-`COMBINE_CHUNK` at a time (its registers do not grow with the context). The dots take fp32
-operands: under 16-bit activations as TF32, which holds a bf16 or fp16 value exactly
-(Triton's interpreter, which tests them on a CPU, has no 16-bit dot); under fp32 ones
-in full precision. The splits are fixed
-key ranges, the same in every step, and a row's result is computed from its own keys
-only: a row rounds the same alone, in a batch, in a graph or eagerly (flash-decoding's
-split-K, with the split boundaries a constant of the model rather than of the batch).
+group is padded to 16 rows so that q K^T and P V are tensor-core dots), over every
+`SPLIT_PROGRAMS`-th split of `split_keys` key positions that the row reaches, each split
+on its own; a second kernel combines the splits, `COMBINE_CHUNK` at a time (its registers
+do not grow with the context). The dots take fp32 operands: under 16-bit activations as
+TF32, which holds a bf16 or fp16 value exactly (Triton's interpreter, which tests them on
+a CPU, has no 16-bit dot); under fp32 ones in full precision. The splits are fixed key
+ranges, the same in every step, and a row's result is computed from its own keys only: a
+row rounds the same alone, in a batch, in a graph or eagerly (flash-decoding's split-K,
+with the split boundaries a constant of the model rather than of the batch).
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ import triton.language as tl
 
 BLOCK_N = 32  # keys per inner iteration
 COMBINE_CHUNK = 16  # splits the combine holds at once: its registers, whatever the context
+# programs a row and K/V head runs over its splits, each taking every SPLIT_PROGRAMS-th: a
+# pool of a long context (512 splits at 131,072 keys) launches no more programs for it
+SPLIT_PROGRAMS = 16
 # a finite "minus infinity": exp(NEG - m) is 0 and NEG - NEG is 0, never NaN (a constexpr:
 # the compiler reads no other global inside a kernel)
 NEG = tl.constexpr(-1.0e30)
@@ -38,11 +41,10 @@ def _split_kernel(
 ):  # fmt: skip
     r = tl.program_id(0)
     kvh = tl.program_id(1)
-    s = tl.program_id(2)
+    first = tl.program_id(2)  # this program's splits: first, first + programs, ...
+    programs = tl.num_programs(2)
     end = tl.load(end_ptr + r)
-    lo = s * split_keys
-    if lo < end:
-        hi = tl.minimum(lo + split_keys, end)
+    if first * split_keys < end:
         limit = tl.load(limit_ptr + r)
         tree = tl.load(tree_ptr + r)
         seq = tl.load(row_seq_ptr + r)
@@ -53,32 +55,36 @@ def _split_kernel(
         at_q = (r * HEADS + heads)[:, None] * D + d[None, :]
         q = tl.load(q_ptr + at_q, mask=live[:, None], other=0.0)
         q = q.to(tl.float32)  # [GP, D]
-        m = tl.full([GP], NEG, tl.float32)
-        l = tl.zeros([GP], tl.float32)  # noqa: E741
-        acc = tl.zeros([GP, D], tl.float32)
-        for start in range(lo, hi, BLOCK):
-            j = start + tl.arange(0, BLOCK)
-            inside = j < hi
-            block = tl.load(table_ptr + seq * table_stride + j // block_size, mask=inside, other=0)
-            slot = block * block_size + j % block_size
-            at = (slot * KV_HEADS + kvh)[:, None] * D + d[None, :]
-            k = tl.load(k_ptr + at, mask=inside[:, None], other=0.0).to(tl.float32)  # [BLOCK, D]
-            v = tl.load(v_ptr + at, mask=inside[:, None], other=0.0).to(tl.float32)
-            off = j - limit  # a tree key's bit; keys below the limit are all seen
-            bit = (tree >> tl.minimum(tl.maximum(off, 0), 63).to(tl.int64)) & 1
-            seen = inside & ((off < 0) | ((off < 64) & (bit == 1)))
-            scores = tl.dot(q, tl.trans(k), input_precision=DOT) * scale  # [GP, BLOCK]
-            scores = tl.where(seen[None, :], scores, NEG)
-            m_new = tl.maximum(m, tl.max(scores, 1))
-            alpha = tl.exp(m - m_new)
-            p = tl.where(seen[None, :], tl.exp(scores - m_new[:, None]), 0.0)
-            l = l * alpha + tl.sum(p, 1)  # noqa: E741
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT)
-            m = m_new
-        part = (r * HEADS + heads) * splits + s  # [GP]
-        tl.store(acc_ptr + part[:, None] * D + d[None, :], acc, mask=live[:, None])
-        tl.store(ml_ptr + 2 * part, m, mask=live)
-        tl.store(ml_ptr + 2 * part + 1, l, mask=live)
+        for s in range(first, tl.cdiv(end, split_keys), programs):
+            lo = s * split_keys
+            hi = tl.minimum(lo + split_keys, end)
+            m = tl.full([GP], NEG, tl.float32)
+            l = tl.zeros([GP], tl.float32)  # noqa: E741
+            acc = tl.zeros([GP, D], tl.float32)
+            for start in range(lo, hi, BLOCK):
+                j = start + tl.arange(0, BLOCK)
+                inside = j < hi
+                at_block = table_ptr + seq * table_stride + j // block_size
+                block = tl.load(at_block, mask=inside, other=0)
+                slot = block * block_size + j % block_size
+                at = (slot * KV_HEADS + kvh)[:, None] * D + d[None, :]
+                k = tl.load(k_ptr + at, mask=inside[:, None], other=0.0).to(tl.float32)
+                v = tl.load(v_ptr + at, mask=inside[:, None], other=0.0).to(tl.float32)
+                off = j - limit  # a tree key's bit; keys below the limit are all seen
+                bit = (tree >> tl.minimum(tl.maximum(off, 0), 63).to(tl.int64)) & 1
+                seen = inside & ((off < 0) | ((off < 64) & (bit == 1)))
+                scores = tl.dot(q, tl.trans(k), input_precision=DOT) * scale  # [GP, BLOCK]
+                scores = tl.where(seen[None, :], scores, NEG)
+                m_new = tl.maximum(m, tl.max(scores, 1))
+                alpha = tl.exp(m - m_new)
+                p = tl.where(seen[None, :], tl.exp(scores - m_new[:, None]), 0.0)
+                l = l * alpha + tl.sum(p, 1)  # noqa: E741
+                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT)
+                m = m_new
+            part = (r * HEADS + heads) * splits + s  # [GP]
+            tl.store(acc_ptr + part[:, None] * D + d[None, :], acc, mask=live[:, None])
+            tl.store(ml_ptr + 2 * part, m, mask=live)
+            tl.store(ml_ptr + 2 * part + 1, l, mask=live)
 
 
 @triton.jit
@@ -151,7 +157,7 @@ def paged_attention(
     out = torch.empty_like(q)
     if rows == 0:
         return out
-    _split_kernel[(rows, kv_heads, splits)](
+    _split_kernel[(rows, kv_heads, min(splits, SPLIT_PROGRAMS))](
         q, k_pool, v_pool, table, row_seq, limit, end, tree, acc, ml,
         table.stride(0), block_size, split_keys, splits, 1.0 / math.sqrt(dim),
         HEADS=heads, KV_HEADS=kv_heads, GROUP=group, GP=max(16, triton.next_power_of_2(group)),

@@ -35,11 +35,10 @@ def pools(blocks, kv_heads, dim, dtype, seed=0):
     return k, v
 
 
-def attend(triton_attention, q, k, v, rows: PagedRows, split_keys: int, keys: int = 160):
+def attend(triton_attention, q, k, v, rows: PagedRows, split_keys: int):
     f = rows_of(rows)
     args = on(q, k, v, f["table"], f["row_seq"], f["limit"], f["end"], rows.tree)
-    splits = triton_attention.splits_for(keys, split_keys)
-    return triton_attention.paged_attention(*args, BS, split_keys, splits).cpu()
+    return triton_attention.paged_attention(*args, BS, split_keys).cpu()
 
 
 def wide_tree(n: int, seed: int = 5) -> SeqInput:
@@ -69,15 +68,15 @@ def test_attention_matches_the_reference(triton_ops, split_keys, heads, kv_heads
     assert (got.float() - want.float()).abs().max() < tol
 
 
-def test_a_long_row_is_combined_from_more_splits_than_the_combine_holds_at_once(triton_ops):
+def test_a_long_row_has_more_splits_than_programs(triton_ops):
     triton_attention, _ = triton_ops
     split_keys = 4
-    keys = 3 * triton_attention.COMBINE_CHUNK * split_keys  # three chunks of splits a row
+    keys = 3 * triton_attention.PARTS * split_keys  # each program takes three splits
     k, v = pools(keys // BS, 1, 16, torch.float32)
     table = torch.randperm(keys // BS, generator=torch.Generator().manual_seed(6)).view(1, -1)
     rows = PagedRows.build(table, BS, [(keys - 3, keys)], [None])  # a 3-row verification
     q = torch.randn(3, 2, 16, generator=torch.Generator().manual_seed(7))
-    got = attend(triton_attention, q, k, v, rows, split_keys, keys)
+    got = attend(triton_attention, q, k, v, rows, split_keys)
     assert (got - attention.reference(q, k, v, rows)).abs().max() < 1e-5
 
 
@@ -90,7 +89,7 @@ def test_a_padding_row_reads_no_key_and_gives_zeros(triton_ops):
     limit = torch.tensor([5, 0, 0])
     end = torch.tensor([5, 0, 0])  # rows 1 and 2 are padding
     args = on(q, k, v, table, zeros, limit, end, zeros)
-    out = triton_attention.paged_attention(*args, BS, 8, 4).cpu()
+    out = triton_attention.paged_attention(*args, BS, 8).cpu()
     assert out[1:].abs().max() == 0
     ref = attention.reference(q[:1], k, v, PagedRows.build(table, BS, [(4, 5)], [None]))
     assert (out[:1] - ref).abs().max() < 1e-5

@@ -122,34 +122,6 @@ def test_an_eager_step_runs_the_head_over_the_rows_it_wants_only(triton_ops, mod
     assert head_rows[-1] == 4 and torch.equal(alone[0], both[1])
 
 
-def test_an_eager_step_holds_the_attention_splits_its_rows_reach(triton_ops, models, monkeypatch):
-    """The attention's scratch is rows x heads x splits x D floats: an eager step (a prefill
-    chunk of up to a step's token budget) holds the splits its rows reach, a graph a whole
-    context's."""
-    import inspect
-
-    from specd.models.gpu import triton_attention
-    from specd.models.gpu.graphs import StepGraphs
-
-    attend, splits = triton_attention.paged_attention, []
-
-    def recording(*args, **kwargs):
-        splits.append(inspect.signature(attend).bind(*args, **kwargs).arguments["splits"])
-        return attend(*args, **kwargs)
-
-    monkeypatch.setattr(triton_attention, "paged_attention", recording)
-    model = models["llama"]
-    step = gpu_step(model)  # 32 keys a split
-    kv = cache(model, "a")
-    step.forward(kv, [SeqInput("a", list(range(3, 43)), 1)])  # 40 keys: 2 splits
-    step.forward(kv, [SeqInput("a", [5], 1)])
-    assert set(splits) == {2}
-    step.graphs = StepGraphs(step, kv, max_seqs=1, max_rows=4)
-    splits.clear()
-    step.forward(kv, [SeqInput("a", [6], 1)])
-    assert set(splits) == {step.max_keys(kv) // 32} and step.max_keys(kv) // 32 > 2
-
-
 def test_graph_buckets_and_what_replays(triton_ops, models):
     from specd.models.gpu.graphs import StepGraphs, buckets
     from specd.models.gpu.step_inputs import HostRows

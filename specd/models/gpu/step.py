@@ -56,8 +56,7 @@ class GpuStep:
         pad, width = self.padded(host.rows), host.width
         buffer = torch.from_numpy(host.pack(pad, width)).to(self.model.device)
         inputs = StepInputs.view(buffer, pad, len(host.tables), width)
-        splits = triton_attention.splits_for(host.keys, self.split_keys)
-        return self.run(kv, inputs, host.rows, wanted=wanted, splits=splits)[: len(wanted)]
+        return self.run(kv, inputs, host.rows, wanted=wanted)[: len(wanted)]
 
     def run(
         self,
@@ -66,20 +65,16 @@ class GpuStep:
         rows: int,
         out: torch.Tensor | None = None,
         wanted: torch.Tensor | None = None,
-        splits: int | None = None,
     ) -> torch.Tensor:
         """The layers over `inputs` (laid out with `padded` rows, the first `rows` real)
         -> logits [padded, V] in the activations' dtype (into `out` where given). With
         `wanted` (row indices) the head reads only those rows, laid out as the step's are
         -> [padded(len(wanted)), V]: a prefill chunk wants its last row or none, and the
-        head is the largest matrix, read again for each tile of rows. `splits`: the
-        attention's key splits the rows reach (default: a whole context's, as a graph
-        holds)."""
+        head is the largest matrix, read again for each tile of rows."""
         m, a = self.model, self.model.args
         ops, eps = triton_layer_ops, a.rms_norm_eps
         keys = self.max_keys(kv)
         cos, sin = m.rope_table(keys)
-        splits = splits or triton_attention.splits_for(keys, self.split_keys)
         x = m.embed.index_select(0, inputs.ids)  # [padded, H]
         mlp = None  # the last layer's MLP output, not yet added to x
         for i, layer in enumerate(m.layers):
@@ -91,7 +86,7 @@ class GpuStep:
             )  # fmt: skip
             o = triton_attention.paged_attention(
                 q, kv.k[i], kv.v[i], inputs.table, inputs.row_seq, inputs.limit, inputs.end,
-                inputs.tree, kv.allocator.block_size, self.split_keys, splits, rows,
+                inputs.tree, kv.allocator.block_size, self.split_keys, rows,
             )  # fmt: skip
             attn = self.linear(o.view(o.shape[0], -1), layer.wo, layer.bo)
             h = ops.add_rms_norm(x, attn, layer.mlp_norm, eps, rows)

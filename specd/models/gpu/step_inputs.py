@@ -24,7 +24,6 @@ from specd.models.seq_input import SeqInput
 
 FIELDS = 7
 PAD = (0, 0, -1, 0, 0, 0, 0)  # a padding row's value of each field
-END = 5  # the field of each row's `end`: one past the last key it sees
 
 
 @dataclass
@@ -42,11 +41,6 @@ class HostRows:
     @property
     def width(self) -> int:
         return max(len(t) for t in self.tables)
-
-    @property
-    def keys(self) -> int:
-        """The most keys a row of the step sees."""
-        return max(self.fields[END], default=0)
 
     @classmethod
     def build(cls, allocator: BlockAllocator, seqs: list[SeqInput]) -> HostRows:

@@ -129,15 +129,20 @@ def compile_step(shape: str, dtype: torch.dtype, arch: int) -> list[dict]:
             [SeqInput("a", [11, 12, 13, 14, 15], 5), SeqInput("b", list(range(3, 20)), 1)],
             [SeqInput("a", [11, 12, 13, 14], 4, parents=[-1, 0, 0, 2]), SeqInput("b", [17], 1)],
         ]
-        # a pool that holds the model's whole context: the attention's splits as deployed
+        # a pool of the model's whole context, as deployed (nothing a kernel holds may grow with it)
         blocks = -(-model.args.max_position_embeddings // 16)
+        kv = PagedKV.for_model(model, num_blocks=blocks)
         for tile in (0, GpuStep(model).tile):  # a drafter's own rows; a verifier's tiles
             step = GpuStep(model, tile=tile)
-            kv = PagedKV.for_model(model, num_blocks=blocks)
             for seq in ("a", "b"):
                 kv.allocator.allocate(seq)
             for seqs in steps:
                 step.forward(kv, seqs)
+            for seq in ("a", "b"):
+                kv.allocator.free(seq)
+        for seq in ("a", "b"):
+            kv.allocator.allocate(seq)
+            step.forward(kv, [SeqInput(seq, list(range(3, 20)), 1)])
         graphs = StepGraphs(step, kv, max_seqs=2, max_rows=8, capture=False)
         graphs.replay(HostRows.build(kv.allocator, [SeqInput("a", [5, 6], 2)]))
     finally:  # the driver stays: this process has no other (`main` runs in its own)

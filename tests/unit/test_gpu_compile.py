@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.triton_compile import DEFAULT, KERNELS
 
@@ -22,7 +23,7 @@ def compile_records() -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
         [sys.executable, "-m", "tests.triton_compile"],
-        env=env, capture_output=True, text=True, timeout=600,
+        env=env, cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines()]

@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specd.models.gpu import FP_FUSION
+
 BLOCK_N = 32  # keys per inner iteration
 PARTS = 16  # programs (and partial results) a row and K/V head: see above
 # a finite "minus infinity": exp(NEG - m) is 0 and NEG - NEG is 0, never NaN (a constexpr:
@@ -140,8 +142,9 @@ def paged_attention(
         table.stride(0), block_size, split_keys, 1.0 / math.sqrt(dim),
         HEADS=heads, KV_HEADS=kv_heads, GROUP=group, GP=max(16, triton.next_power_of_2(group)),
         D=dim, BLOCK=BLOCK_N, DOT="ieee" if q.dtype == torch.float32 else "tf32", PARTS=PARTS,
+        **FP_FUSION,
     )  # fmt: skip
     _combine_kernel[(rows, heads)](
-        acc, ml, end, out, split_keys, HEADS=heads, D=dim, PARTS=PARTS,
+        acc, ml, end, out, split_keys, HEADS=heads, D=dim, PARTS=PARTS, **FP_FUSION,
     )  # fmt: skip
     return out

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specd.models.gpu import FP_FUSION
+
 
 @triton.jit
 def _add_rms_norm_kernel(
@@ -42,6 +44,7 @@ def add_rms_norm(x, residual, weight, eps: float, rows: int, out=None):
         _add_rms_norm_kernel[(rows,)](
             x, x if residual is None else residual, weight, y, eps,
             H=hidden, BLOCK=triton.next_power_of_2(hidden), ADD=residual is not None,
+            **FP_FUSION,
         )  # fmt: skip
     return y
 
@@ -98,7 +101,7 @@ def rope_store(qkv, bias, cos, sin, positions, slots, k_pool, v_pool, heads, kv_
     if rows:
         _rope_store_kernel[(rows, heads + kv_heads)](
             qkv, qkv if bias is None else bias, cos, sin, positions, slots, q, k_pool, v_pool,
-            HEADS=heads, KV_HEADS=kv_heads, D=dim, BIAS=bias is not None,
+            HEADS=heads, KV_HEADS=kv_heads, D=dim, BIAS=bias is not None, **FP_FUSION,
         )  # fmt: skip
     return q
 
@@ -121,5 +124,6 @@ def silu_mul(gate_up: torch.Tensor, rows: int) -> torch.Tensor:
     out = gate_up.new_empty(gate_up.shape[0], inner)
     if rows:
         block = min(1024, triton.next_power_of_2(inner))
-        _silu_mul_kernel[(rows, triton.cdiv(inner, block))](gate_up, out, I=inner, BLOCK=block)
+        grid = (rows, triton.cdiv(inner, block))
+        _silu_mul_kernel[grid](gate_up, out, I=inner, BLOCK=block, **FP_FUSION)
     return out

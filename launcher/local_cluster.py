@@ -8,9 +8,11 @@ import sys
 
 from launcher.supervisor import Child, Supervisor
 
+CLI = (sys.executable, "-m", "launcher")  # how a child runs `specd`
+
 
 def _serve(role: str, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "launcher", "serve", role, *flags]
+    return [*CLI, "serve", role, *flags]
 
 
 def cluster_children(args) -> list[Child]:
@@ -89,7 +91,7 @@ def run_local_cluster(args) -> int:
     children = cluster_children(args)
     for child in children:  # a value a child's config refuses: said before anything starts
         try:
-            serve_config(child.argv[3:])
+            serve_config(child.argv[len(CLI) :])
         except ConfigError as exc:
             print(f"specd up: {child.role}: {exc}", file=sys.stderr)
             return 2

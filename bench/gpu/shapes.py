@@ -63,14 +63,17 @@ class StateDict:
         return self.tensors[name]
 
 
-def build(shape: str, device: str, dtype: torch.dtype, seed: int = 0, draft: bool = False):
+def build(
+    shape: str, device: str, dtype: torch.dtype, seed: int = 0, draft: bool = False, **fields
+):
     """(transformers model, specd model) of `shape` with the same random weights; `draft`:
-    specd's prepared as a drafter's (specd.models.loader's `draft_vocab`)."""
+    specd's prepared as a drafter's (specd.models.loader's `draft_vocab`); `fields`
+    override the shape's config (e.g. num_hidden_layers=1)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from specd.models.loader import load_model
 
-    fields = dict(SHAPES[shape])
+    fields = SHAPES[shape] | fields
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     folder = Path(tempfile.mkdtemp(prefix=f"specd-{shape}-"))
     config.save_pretrained(folder)

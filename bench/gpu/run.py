@@ -12,7 +12,8 @@ models' shapes (bench.gpu.shapes), one run.
 5. Speculation at a controlled acceptance per draft (bench.gpu.controlled), k = 4, c = 1,
    against plain in the same run: drafts that cost nothing (a lookup), drafts behind the
    draft model's real forwards, and `auto` with the draft model; greedy outputs compared;
-   then the same through verifier and drafter processes (bench.gpu.services).
+   then the same through verifier and drafter processes (bench.gpu.services), and a
+   round's parts (`round_breakdown`).
 """
 
 from __future__ import annotations
@@ -98,8 +99,36 @@ def engine_run(model, prompts, new: int, proposer=None, k: int = 0, auto=False, 
     return {
         "tok_per_s": round(tokens / seconds, 2),
         "acceptance": round(t.accepted / t.drafted, 3) if t.drafted else None,
+        "tokens_per_round": round(t.mean_accepted_length, 3) if t.rounds else None,
         "outputs": list(outputs.values()),
     }
+
+
+def round_breakdown(runs: dict, services: dict | None = None) -> dict:
+    """A speculation round's parts in ms, each a round's time (tokens a round / tok/s)
+    less another's: verification (the lookup run's round: its drafts cost nothing), the
+    draft model's forwards (the draft run's round beyond that) and, with `services`, what
+    the processes add (the lookup round through them beyond in-process: the router-less
+    Generate stream and the drafter's gRPC hop). Then what a second GPU drafting ahead
+    would give: the draft forwards hidden behind verification, a round of
+    max(verification, draft forwards) plus the services' part, against plain through
+    the same services (predicted, not measured)."""
+
+    def round_ms(run: dict, tok_per_s: float | None = None) -> float:
+        return 1e3 * run["tokens_per_round"] / (tok_per_s or run["tok_per_s"])
+
+    lookup, draft = runs["lookup"], runs["draft"]
+    verify = round_ms(lookup)
+    forwards = round_ms(draft) - verify
+    plain = 1e3 / runs["off"]["tok_per_s"]
+    out = {"plain_step_ms": plain, "verify_ms": verify, "draft_forwards_ms": forwards}
+    if services is not None:
+        hop = round_ms(lookup, services["lookup"]["on_tok_per_s"]) - verify
+        ahead = 1e3 * draft["tokens_per_round"] / (max(verify, forwards) + hop)
+        out["services_ms"] = hop
+        out["second_gpu_ahead_tok_per_s"] = ahead
+        out["second_gpu_ahead_vs_off"] = ahead / services["lookup"]["off_tok_per_s"]
+    return {name: round(value, 3) for name, value in out.items()}
 
 
 def transformers_compiled(hf, prompt: list[int], new: int) -> float:
@@ -164,11 +193,13 @@ def speculation(model, draft, prompts, new: int, k: int, acceptance: float, serv
             s = out["services"][name]
             s["on_vs_in_process"] = round(s["on_tok_per_s"] / runs[name]["tok_per_s"], 3)
             s["off_vs_in_process"] = round(s["off_tok_per_s"] / plain["tok_per_s"], 3)
+    out["round_ms"] = round_breakdown(runs, out.get("services"))
     for name, run in runs.items():
         out[name] = {
             "tok_per_s": run["tok_per_s"],
             "vs_off": round(run["tok_per_s"] / plain["tok_per_s"], 3),
             "acceptance": run["acceptance"],
+            "tokens_per_round": run["tokens_per_round"],
             "identical_to_off": run["outputs"] == plain["outputs"],
         }
     return out

@@ -41,3 +41,29 @@ def test_the_bench_reports_every_part(tmp_path):
     spec = report["speculation"]
     assert all(spec[m]["identical_to_off"] for m in ("lookup", "draft", "draft-auto"))
     assert spec["lookup"]["acceptance"] > 0.3  # 0.8 a draft, until the first miss
+    parts = spec["round_ms"]
+    assert {"plain_step_ms", "verify_ms", "draft_forwards_ms"} <= parts.keys()
+    assert parts["verify_ms"] > 0 and parts["plain_step_ms"] > 0
+
+
+def test_a_round_breaks_into_its_parts():
+    """4 tokens a round: a lookup round at 100 tok/s is 40 ms of verification; the draft
+    run's at 50 tok/s 80 ms, so 40 of draft forwards; through the services the lookup's at
+    80 tok/s 50 ms, so 10 of services. Drafting ahead on a second GPU: max(40, 40) + 10 ms
+    a round of 4 tokens, 80 tok/s, 2x plain's 40 through the services."""
+    runs = {
+        "off": {"tok_per_s": 25.0, "tokens_per_round": None},
+        "lookup": {"tok_per_s": 100.0, "tokens_per_round": 4.0},
+        "draft": {"tok_per_s": 50.0, "tokens_per_round": 4.0},
+    }
+    services = {"lookup": {"on_tok_per_s": 80.0, "off_tok_per_s": 40.0}}
+    assert run.round_breakdown(runs) == {
+        "plain_step_ms": 40.0, "verify_ms": 40.0, "draft_forwards_ms": 40.0,
+    }  # fmt: skip
+    parts = run.round_breakdown(runs, services)
+    assert parts["services_ms"] == 10.0
+    assert parts["second_gpu_ahead_tok_per_s"] == 80.0
+    assert parts["second_gpu_ahead_vs_off"] == 2.0
+    # verification longer than the draft forwards: they hide behind it
+    runs["draft"]["tok_per_s"] = 4e3 / 70  # a 70 ms round: 30 ms of forwards
+    assert run.round_breakdown(runs, services)["second_gpu_ahead_tok_per_s"] == 80.0

@@ -107,8 +107,8 @@ class Engine:
         self.tree_rounds = self.branches_taken = 0  # rounds with alternatives; won by one
         self.tracer = telemetry.tracer if telemetry is not None and telemetry.tracing else None
         # called once in each step that runs the model, where the step's Python ends and
-        # the thread goes to wait (on the drafter's round where the step drafts, else on
-        # the native forward): frontend.py hands the last step's outputs on there
+        # the thread goes to wait (on the drafter's round where the drafter catches up,
+        # else on the forward: `_run_step`): frontend.py hands the last step's outputs on
         self.before_forward: Callable[[], None] | None = None
 
     # -- requests ----------------------------------------------------------------------------
@@ -177,12 +177,18 @@ class Engine:
 
     def _run_step(self, plan: tuple[Slot, ...]) -> list[StepOutput]:
         t0 = time.perf_counter()
-        drafting = any(s.decode and s.k for s in plan)
-        if drafting:  # the thread waits from here on the drafter's round
+        # the last step's outputs go to the event loop where this thread stops running
+        # Python: before the drafter's round where the drafter catches up (on a prompt,
+        # which a request's first token must not wait for), else before the forward. A
+        # steady round may be no more than a gRPC round trip (drafts made ahead, a
+        # lookup), which the event loop's work beside it slows (docs/benchmarks-log.md
+        # section 87)
+        catching_up = any(s.decode and s.k and s.seq.drafter_behind for s in plan)
+        if catching_up:
             self._leaving_python()
         rounds = draft_rounds(plan, self.proposer, self.model.args.vocab_size)
         t1 = time.perf_counter()
-        if not drafting:
+        if not catching_up:
             self._leaving_python()
         logits = self._forward(rounds)
         t2 = time.perf_counter()

@@ -6,8 +6,8 @@ The model thread runs steps back to back for as long as there is work, and hands
 step's outputs to the event loop as it goes: the next step never waits for the loop to
 wake, take the outputs and send the thread its next step. That round trip between the
 threads was ~1 ms a step at c = 1 (a k = 1 chat step is ~60 ms) on the 2-core CPU
-(BENCHMARKS.md section 50). It hands them on where the next step leaves Python, so
-that the event loop's work on them runs beside the model, not before the step's own
+(docs/benchmarks-log.md section 50). It hands them on where the next step leaves Python,
+so that the event loop's work on them runs beside the model, not before the step's own
 Python (section 56)."""
 
 from __future__ import annotations
@@ -95,11 +95,12 @@ class AsyncEngine:
     def _steps(self, loop: asyncio.AbstractEventLoop) -> None:
         """On the model thread: steps until the work runs out (or close()), each step's
         outputs sent to the event loop in order, when the next step leaves Python for its
-        drafter round or its forward (the engine's `before_forward`; at once after a step
-        that ran no model, and when the work runs out). The event loop's work on them (the
-        responses, gRPC) then runs while this thread waits outside the GIL. Sent as soon
-        as their step ended, that work held the GIL while this thread began the next step:
-        0.69 ms between steps at c = 1, against 0.20 ms so (BENCHMARKS.md section 56)."""
+        forward, or for a drafter round that catches up (the engine's `before_forward`;
+        at once after a step that ran no model, and when the work runs out). The event
+        loop's work on them (the responses, gRPC) then runs while this thread waits
+        outside the GIL. Sent as soon as their step ended, that work held the GIL while
+        this thread began the next step: 0.69 ms between steps at c = 1, against 0.20 ms
+        so (docs/benchmarks-log.md section 56)."""
         engine, pending = self.engine, []
         handed, closed = 0, False  # hand_on's calls; the event loop found closed
 

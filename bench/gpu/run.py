@@ -12,8 +12,8 @@ models' shapes (bench.gpu.shapes), one run.
 5. Speculation at a controlled acceptance per draft (bench.gpu.controlled), k = 4, c = 1,
    against plain in the same run: drafts that cost nothing (a lookup), drafts behind the
    draft model's real forwards, and `auto` with the draft model; greedy outputs compared;
-   then the same through verifier and drafter processes (bench.gpu.services), and a
-   round's parts (`round_breakdown`).
+   then the same through verifier and drafter processes, to the verifier and through a
+   router in front of it (bench.gpu.services), and a round's parts (`round_breakdown`).
 """
 
 from __future__ import annotations
@@ -108,11 +108,12 @@ def round_breakdown(runs: dict, services: dict | None = None) -> dict:
     """A speculation round's parts in ms, each a round's time (tokens a round / tok/s)
     less another's: verification (the lookup run's round: its drafts cost nothing), the
     draft model's forwards (the draft run's round beyond that) and, with `services`, what
-    the processes add (the lookup round through them beyond in-process: the router-less
-    Generate stream and the drafter's gRPC hop). Then what a second GPU drafting ahead
+    the processes add: the verifier's (the lookup round through the verifier process
+    beyond in-process: its Generate stream and the drafter's gRPC hop) and the router's
+    (through the router beyond the verifier). Then what a second GPU drafting ahead
     would give: the draft forwards hidden behind verification, a round of
-    max(verification, draft forwards) plus the services' part, against plain through
-    the same services (predicted, not measured)."""
+    max(verification, draft forwards) plus the processes' parts, against plain through
+    the router (predicted, not measured)."""
 
     def round_ms(run: dict, tok_per_s: float | None = None) -> float:
         return 1e3 * run["tokens_per_round"] / (tok_per_s or run["tok_per_s"])
@@ -123,11 +124,13 @@ def round_breakdown(runs: dict, services: dict | None = None) -> dict:
     plain = 1e3 / runs["off"]["tok_per_s"]
     out = {"plain_step_ms": plain, "verify_ms": verify, "draft_forwards_ms": forwards}
     if services is not None:
-        hop = round_ms(lookup, services["lookup"]["on_tok_per_s"]) - verify
-        ahead = 1e3 * draft["tokens_per_round"] / (max(verify, forwards) + hop)
-        out["services_ms"] = hop
+        s = services["lookup"]
+        verifier = round_ms(lookup, s["on_tok_per_s"]) - verify
+        router = round_ms(lookup, s["router_on_tok_per_s"]) - verify - verifier
+        ahead = 1e3 * draft["tokens_per_round"] / (max(verify, forwards) + verifier + router)
+        out |= {"verifier_process_ms": verifier, "router_ms": router}
         out["second_gpu_ahead_tok_per_s"] = ahead
-        out["second_gpu_ahead_vs_off"] = ahead / services["lookup"]["off_tok_per_s"]
+        out["second_gpu_ahead_vs_off"] = ahead / s["router_off_tok_per_s"]
     return {name: round(value, 3) for name, value in out.items()}
 
 

@@ -4,9 +4,11 @@ shapes, against plain decoding through the same verifier and against the same en
 in-process (bench.gpu.run measures that side in the same run).
 
 Two pairs run side by side: one drafter proposes without a model (a lookup's cost), the
-other behind the draft model's real forwards (bench.gpu.controlled). The client speaks
-to each verifier directly (token ids in, as the router sends them): there is no
-tokenizer for random weights, so the router's hop is left out.
+other behind the draft model's real forwards (bench.gpu.controlled), each with a router
+in front. The client speaks token ids to each verifier directly (as the router sends
+them) and through its router (as users do, router -> verifier -> drafter); random
+weights come with no tokenizer, so the routers read one of made-up words
+(`write_tokenizer`) to check and decode the ids.
 
     python -m bench.gpu.services drafter --port P --recorded F [--draft-shape S]
     python -m bench.gpu.services verifier --port P --drafter HOST:PORT [--shape S]
@@ -29,9 +31,11 @@ import torch
 
 from bench.gpu.controlled import ControlledProposer
 from bench.gpu.shapes import build
-from protos.specd.v1 import verifier_pb2, verifier_pb2_grpc
+from protos.specd.v1 import router_pb2, verifier_pb2, verifier_pb2_grpc
 
 HOST = "127.0.0.1"
+# the router's health service: serving once one of its verifiers is
+ROUTER_SERVICE = router_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
 
 
 def _drafter(args) -> None:
@@ -69,7 +73,19 @@ def dtype(device: str) -> torch.dtype:
     return torch.bfloat16 if device.startswith("cuda") else torch.float32
 
 
-def _wait_serving(address: str, deadline_s: float) -> None:
+def write_tokenizer(folder: Path, vocab: int) -> Path:
+    """A router's tokenizer for random weights: `vocab` made-up words ("t0", "t1", ...),
+    one per id, in `folder`/tokenizer.json; -> folder."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def _wait_serving(address: str, deadline_s: float, service: str = "") -> None:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     end = time.monotonic() + deadline_s
@@ -77,7 +93,7 @@ def _wait_serving(address: str, deadline_s: float) -> None:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < end:
             with contextlib.suppress(grpc.RpcError):
-                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return
             time.sleep(0.5)
@@ -95,6 +111,26 @@ def generate(address: str, prompts, new: int, k: int) -> dict:
                 prompt_ids=p, max_new_tokens=new, ignore_eos=True, num_draft_tokens=k
             )
             out = [t for reply in stub.Generate(request, timeout=300) for t in reply.token_ids]
+            outputs.append(out)
+            tokens += len(out)
+        seconds = time.perf_counter() - t0
+    return {"tok_per_s": round(tokens / seconds, 2), "outputs": outputs}
+
+
+def generate_routed(address: str, prompts, new: int, speculation: str) -> dict:
+    """Each prompt alone (c = 1) through a router, speculation "on" (the route's k) or
+    "off": tok/s and the outputs."""
+    from router.client import SpecdClient
+
+    outputs, tokens = [], 0
+    with SpecdClient(address) as client:
+        t0 = time.perf_counter()
+        for p in prompts:
+            stream = client.stream(
+                token_ids=p, max_new_tokens=new, ignore_eos=True, speculation=speculation,
+                timeout=300,
+            )  # fmt: skip
+            out = [t for reply in stream for t in reply.token_ids]
             outputs.append(out)
             tokens += len(out)
         seconds = time.perf_counter() - t0
@@ -121,39 +157,54 @@ def generate_together(address: str, prompts, new: int) -> float:
 
 
 def compare(recorded, vocab, prompts, new: int, k: int, acceptance: float, shapes, device, many=()):
-    """Start two (drafter, verifier) pairs, one per drafting kind; each prompt through each
-    verifier with speculation off and on. -> tok/s and whether outputs match plain; with
-    `many` prompts, also their plain tok/s all at once through the first verifier."""
+    """Start two (drafter, verifier, router) sets, one per drafting kind; each prompt
+    through each verifier and through each router with speculation off and on. -> tok/s
+    and whether outputs match plain; with `many` prompts, also their plain tok/s all at
+    once through the first verifier."""
     target_shape, draft_shape = shapes
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"specd-services-{os.getpid()}"
     work.mkdir(parents=True, exist_ok=True)
     data = {"vocab": vocab, "recorded": [[list(p), out] for p, out in recorded.items()]}
     (work / "recorded.json").write_text(json.dumps(data))
+    (work / "policy.yaml").write_text(f'default: {{speculation: "on", num_draft_tokens: {k}}}\n')
+    tokenizer = write_tokenizer(work / "tokenizer", vocab)
     base = [sys.executable, "-m", "bench.gpu.services", "--device", device]
-    pairs = {"lookup": (50761, 50762, ""), "draft": (50763, 50764, draft_shape)}
+    router = [sys.executable, "-m", "launcher", "serve", "router", "--tokenizer", str(tokenizer)]
+    router += ["--policy-file", str(work / "policy.yaml")]
+    pairs = {"lookup": (50761, 50762, 50765, ""), "draft": (50763, 50764, 50766, draft_shape)}
     procs = []
     try:
-        for d_port, v_port, inner in pairs.values():
+        for d_port, v_port, r_port, inner in pairs.values():
             drafter = [*base, "drafter", "--port", str(d_port), "--recorded"]
             drafter += [str(work / "recorded.json"), "--acceptance", str(acceptance)]
             procs.append(subprocess.Popen([*drafter, "--draft-shape", inner]))
             verifier = [*base, "verifier", "--port", str(v_port), "--shape", target_shape]
             procs.append(subprocess.Popen([*verifier, "--drafter", f"{HOST}:{d_port}"]))
-        for _, v_port, _ in pairs.values():
+            at = ["--port", str(r_port), "--verifier", f"{HOST}:{v_port}"]
+            procs.append(subprocess.Popen([*router, *at]))
+        for _, v_port, r_port, _ in pairs.values():
             _wait_serving(f"{HOST}:{v_port}", 240)
+            _wait_serving(f"{HOST}:{r_port}", 60, ROUTER_SERVICE)
         out = {}
         if many:
             first = f"{HOST}:{pairs['lookup'][1]}"
             out["plain_together_tok_per_s"] = generate_together(first, many, new)
-        for name, (_, v_port, _) in pairs.items():
-            address = f"{HOST}:{v_port}"
+        for name, (_, v_port, r_port, _) in pairs.items():
+            address, routed = f"{HOST}:{v_port}", f"{HOST}:{r_port}"
             generate(address, prompts[:1], 8, k)  # warm
+            generate_routed(routed, prompts[:1], 8, "on")
             off, on = generate(address, prompts, new, 0), generate(address, prompts, new, k)
+            r_off = generate_routed(routed, prompts, new, "off")
+            r_on = generate_routed(routed, prompts, new, "on")
             out[name] = {
                 "off_tok_per_s": off["tok_per_s"],
                 "on_tok_per_s": on["tok_per_s"],
                 "on_vs_off": round(on["tok_per_s"] / off["tok_per_s"], 3),
                 "identical": on["outputs"] == off["outputs"],
+                "router_off_tok_per_s": r_off["tok_per_s"],
+                "router_on_tok_per_s": r_on["tok_per_s"],
+                "router_on_vs_off": round(r_on["tok_per_s"] / r_off["tok_per_s"], 3),
+                "router_identical": r_on["outputs"] == r_off["outputs"] == off["outputs"],
             }
         return out
     finally:

@@ -48,22 +48,25 @@ def test_the_bench_reports_every_part(tmp_path):
 
 def test_a_round_breaks_into_its_parts():
     """4 tokens a round: a lookup round at 100 tok/s is 40 ms of verification; the draft
-    run's at 50 tok/s 80 ms, so 40 of draft forwards; through the services the lookup's at
-    80 tok/s 50 ms, so 10 of services. Drafting ahead on a second GPU: max(40, 40) + 10 ms
-    a round of 4 tokens, 80 tok/s, 2x plain's 40 through the services."""
+    run's at 50 tok/s 80 ms, so 40 of draft forwards; through the verifier process the
+    lookup's at 80 tok/s 50 ms, so 10 of it, and through the router at 4e3 / 60 tok/s 60
+    ms, so 10 more. Drafting ahead on a second GPU: max(40, 40) + 10 + 10 ms a round of 4
+    tokens, 4e3 / 60 tok/s, 2x plain's 1e3 / 30 through the router."""
     runs = {
         "off": {"tok_per_s": 25.0, "tokens_per_round": None},
         "lookup": {"tok_per_s": 100.0, "tokens_per_round": 4.0},
         "draft": {"tok_per_s": 50.0, "tokens_per_round": 4.0},
     }
-    services = {"lookup": {"on_tok_per_s": 80.0, "off_tok_per_s": 40.0}}
+    lookup = {"on_tok_per_s": 80.0, "off_tok_per_s": 40.0}
+    lookup |= {"router_on_tok_per_s": 4e3 / 60, "router_off_tok_per_s": 1e3 / 30}
+    services = {"lookup": lookup}
     assert run.round_breakdown(runs) == {
         "plain_step_ms": 40.0, "verify_ms": 40.0, "draft_forwards_ms": 40.0,
     }  # fmt: skip
     parts = run.round_breakdown(runs, services)
-    assert parts["services_ms"] == 10.0
-    assert parts["second_gpu_ahead_tok_per_s"] == 80.0
+    assert parts["verifier_process_ms"] == 10.0 and parts["router_ms"] == 10.0
+    assert parts["second_gpu_ahead_tok_per_s"] == round(4e3 / 60, 3)
     assert parts["second_gpu_ahead_vs_off"] == 2.0
     # verification longer than the draft forwards: they hide behind it
     runs["draft"]["tok_per_s"] = 4e3 / 70  # a 70 ms round: 30 ms of forwards
-    assert run.round_breakdown(runs, services)["second_gpu_ahead_tok_per_s"] == 80.0
+    assert run.round_breakdown(runs, services)["second_gpu_ahead_tok_per_s"] == round(4e3 / 60, 3)

@@ -70,3 +70,15 @@ def test_a_round_breaks_into_its_parts():
     # verification longer than the draft forwards: they hide behind it
     runs["draft"]["tok_per_s"] = 4e3 / 70  # a 70 ms round: 30 ms of forwards
     assert run.round_breakdown(runs, services)["second_gpu_ahead_tok_per_s"] == round(4e3 / 60, 3)
+
+
+def test_a_router_reads_the_tokenizer_made_for_random_weights(tmp_path):
+    """The GPU bench's routers check and decode token ids with a tokenizer of one made-up
+    word an id: as many ids as the model's vocabulary, and text that reads back the ids."""
+    from bench.gpu.services import write_tokenizer
+    from router.tokenizer import ChatTokenizer
+
+    tokenizer = ChatTokenizer(write_tokenizer(tmp_path / "tokenizer", 300))
+    assert len(tokenizer) == 300
+    ids = [0, 5, 299, 17, 5]
+    assert tokenizer(tokenizer.decode(ids), add_special_tokens=False)["input_ids"] == ids

@@ -44,7 +44,7 @@ class SpecStats:
         return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
 
 
-@dataclass
+@dataclass(eq=False)  # a request is itself: the scheduler's lists find it by identity
 class Sequence:
     seq_id: int
     prompt: list[int]

@@ -61,10 +61,19 @@ def verify_rounds(rounds: list[Round], logits: torch.Tensor, vocab: int) -> dict
         (greedy if r.seq.params.greedy else sampled).append(item)
     result = {}
     if greedy:
-        result.update(_greedy(greedy))
+        result.update(_greedy(greedy, _argmax_all(greedy, sampled, logits)))
     if sampled:
         result.update(_sampled(sampled, vocab))
     return result
+
+
+def _argmax_all(greedy, sampled, logits: torch.Tensor) -> list[int] | None:
+    """Every row's argmax in one call where every round of the step is greedy on the
+    target's own logits (the usual step): on a GPU one kernel and one copy back for the
+    step, not one of each (and a wait) a sequence. None otherwise."""
+    if sampled or any(r.seq.params.repetition_penalty != 1.0 for r, _ in greedy):
+        return None
+    return argmax_rows(logits).tolist()
 
 
 def _mask(rounds: list[Round], logits: torch.Tensor) -> None:
@@ -110,14 +119,21 @@ def _place(target: torch.Tensor, i: int, rows: torch.Tensor, k: int, k_max: int)
     target[i, k_max + 1 : k_max + 1 + len(rows) - k - 1] = rows[k + 1 :]
 
 
-def _greedy(items) -> dict:
-    result = {}
+def _greedy(items, argmax: list[int] | None = None) -> dict:
+    """`argmax`: every row's, in the items' order (`_argmax_all`), or None to take each
+    round's from its rows."""
+    result, offset = {}, 0
     for r, rows in items:
-        if r.seq.params.repetition_penalty != 1.0:
-            rows = _target_rows(r.seq, r.proposal, rows)
+        if argmax is not None:
+            best = argmax[offset : offset + len(rows)]
+            offset += len(rows)
+        else:
+            if r.seq.params.repetition_penalty != 1.0:
+                rows = _target_rows(r.seq, r.proposal, rows)
+            best = argmax_rows(rows).tolist()
         p = r.proposal
         drafts, alts = (p.tokens, p.alts) if p is not None else ([], [])
-        tokens, accepted, taken = greedy_round(argmax_rows(rows).tolist(), drafts, alts)
+        tokens, accepted, taken = greedy_round(best, drafts, alts)
         result[r.slot.seq_id] = _verdict(r, tokens, accepted, taken)
     return result
 

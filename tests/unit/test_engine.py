@@ -3,12 +3,14 @@
 import asyncio
 
 import pytest
+import torch
 
 from drafter_service.combined import CombinedProposer
 from drafter_service.draft_model import DraftModelProposer
 from drafter_service.ngram import NgramProposer, ngram_propose
 from specd.config import EngineConfig
 from specd.models.paged_kv import PagedKV
+from specd.models.seq_input import SeqInput
 from specd.params import SamplingParams
 from specd.proposal import DraftState
 from specd.speculation_config import SpeculationConfig
@@ -304,6 +306,56 @@ def _calls(obj, name: str) -> list:
 
     setattr(obj, name, spy)
     return calls
+
+
+def _penalised_greedy(model, prompt: list[int], new: int, penalty: float) -> list[int]:
+    """Greedy decoding by the model's own forward, one token at a time, each step's
+    logits penalised here for every token of the context (transformers' rule: a positive
+    logit divided by the penalty, a negative one multiplied)."""
+    kv = PagedKV.for_model(model, 64)
+    kv.allocator.allocate(0)
+    tokens, feed = list(prompt), list(prompt)
+    for _ in range(new):
+        logits = model.forward(kv, [SeqInput(0, feed)])[-1].float()
+        seen = torch.zeros(logits.shape[-1], dtype=torch.bool)
+        seen[torch.tensor(tokens)] = True
+        penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+        tokens.append(int(torch.where(seen, penalised, logits).argmax()))
+        feed = tokens[-1:]
+    return tokens[len(prompt) :]
+
+
+def test_greedy_under_a_repetition_penalty_takes_the_penalised_argmax(tiny_pair):
+    """With speculation off and on, a greedy request under a repetition penalty emits
+    the argmax of its penalised logits at every step: the reference decodes with the
+    model's forward and penalises on its own. (The penalty changes these prompts' output,
+    so a verification that skipped it would fail here.)"""
+    target, _ = tiny_pair
+    params = SamplingParams(repetition_penalty=1.3)
+    want = [_penalised_greedy(target, p, 16, 1.3) for p in PROMPTS]
+    assert want != [_penalised_greedy(target, p, 16, 1.0) for p in PROMPTS]
+    reqs = [dict(prompt=p, params=params, max_new_tokens=16) for p in PROMPTS]
+    assert list(run_engine(make_engine(tiny_pair), reqs).values()) == want
+    on = run_engine(make_engine(tiny_pair, "draft"), [dict(r, num_draft=3) for r in reqs])
+    assert list(on.values()) == want
+
+
+def test_a_greedy_step_takes_every_rows_argmax_in_one_call(tiny_pair, monkeypatch):
+    """A step of greedy rounds takes its rows' argmax in one call (on a GPU one kernel
+    and one copy back for the step, not one of each a sequence), with the same output."""
+    import verifier_service.verify as verify
+
+    calls = []
+    real = verify.argmax_rows
+    monkeypatch.setattr(verify, "argmax_rows", lambda rows: calls.append(len(rows)) or real(rows))
+    reqs = [dict(prompt=p, max_new_tokens=12, num_draft=3) for p in PROMPTS]
+    engine = make_engine(tiny_pair, "draft")
+    steps = _calls(engine, "step")
+    on = run_engine(engine, reqs)
+    assert len(calls) <= len(steps)  # at most one a step
+    assert max(calls) > 1 + 3  # more rows than one round's
+    monkeypatch.undo()
+    assert on == run_engine(make_engine(tiny_pair), [dict(r, num_draft=0) for r in reqs])
 
 
 @pytest.mark.parametrize("k,penalty", [(2, 1.0), (4, 1.0), (3, 1.3)])

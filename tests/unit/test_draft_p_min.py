@@ -5,7 +5,7 @@ to and including the first whose probability is under p_min."""
 import pytest
 import torch
 
-from drafter_service.draft_model import DraftModelProposer, greedy_pick
+from drafter_service.draft_model import DraftModelProposer, greedy_pick, greedy_picks
 from specd.params import SamplingParams
 from specd.proposal import DraftState
 from tests.unit.test_drafter_cuts import PROMPT, prefill_logits
@@ -89,3 +89,51 @@ def test_greedy_pick_is_topk_and_softmax():
         assert col == int(top[0])
         assert confidence == pytest.approx(float(row.softmax(-1).max()), rel=1e-5)
         assert other == (int(top[1]) if best[1].isfinite() else None)
+
+
+def test_greedy_picks_a_batch_as_each_row_alone():
+    """Off the CPU's fp32 (a GPU's rows; here bf16 rows on the CPU, which take the same
+    torch path) the batch's picks are each row's `greedy_pick`: the same argmax and
+    runner-up (None past the finite logits) and the same probability."""
+    g = torch.Generator().manual_seed(1)
+    rows = torch.randn(5, 300, generator=g) * torch.tensor([[1.0], [5.0], [40.0], [1.0], [1.0]])
+    rows[3, torch.randperm(300, generator=g)[:299]] = float("-inf")  # one finite logit
+    rows[4, :] = float("-inf")
+    rows[4, 7], rows[4, 9] = 2.0, 1.0
+    rows = rows.bfloat16()
+    picks = greedy_picks(rows)
+    assert [p[2] is None for p in picks] == [False, False, False, True, False]
+    for pick, row in zip(picks, rows, strict=True):
+        assert pick == greedy_pick(row)
+
+
+class _Logits:
+    """A draft model whose logits come as `dtype` rows (bf16: as a GPU's would)."""
+
+    def __init__(self, model, dtype):
+        self.model, self.dtype = model, dtype
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def forward(self, kv, inputs):
+        return self.model.forward(kv, inputs).to(self.dtype)
+
+
+def test_a_round_off_the_cpus_fp32_picks_each_draft_step_in_one_batch(tiny_pair, monkeypatch):
+    """A draft model whose logits are not the CPU's fp32 (a GPU's): each draft step's
+    greedy picks come from one `greedy_picks` call over the batch, and the drafts are
+    those of the same rows picked one at a time."""
+    import drafter_service.draft_model as dm
+
+    _, draft = tiny_pair
+    states = [DraftState(i, list(PROMPT[: 6 + 3 * i]), SamplingParams(), 5) for i in range(3)]
+    calls = []
+    batched = dm.greedy_picks
+    monkeypatch.setattr(dm, "greedy_picks", lambda rows: calls.append(len(rows)) or batched(rows))
+    proposer = DraftModelProposer(_Logits(draft, torch.bfloat16), num_blocks=64, block_size=4)
+    got = [p.tokens for p in proposer.propose(states)]
+    assert calls == [3] * 5  # five draft steps of three sequences
+    monkeypatch.setattr(DraftModelProposer, "_picks", lambda self, batch, _: [None] * len(batch))
+    proposer = DraftModelProposer(_Logits(draft, torch.bfloat16), num_blocks=64, block_size=4)
+    assert [p.tokens for p in proposer.propose(states)] == got  # each row's greedy_pick

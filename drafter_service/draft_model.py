@@ -161,12 +161,11 @@ class DraftModelProposer:
         return [done.get(id(s), Proposal()) for s in states]
 
     def _picks(self, batch: list[_Drafting], logits: torch.Tensor) -> list:
-        """`greedy_pick` of every row whose draft is its raw logits' argmax (greedy, no
-        grammar, no repetition penalty on the row), batched where the rows are on a GPU:
-        there one pick a row is a few kernels and waits; None for the other rows, and
-        for all on the CPU (numpy takes a row in microseconds)."""
+        """`greedy_picks` of the step's rows for those whose draft is their raw logits'
+        argmax (greedy, no grammar, no repetition penalty on the row); None for the
+        others, which draw on their own."""
         plain = [self._plain_greedy(d.state) for d in batch]
-        if not any(plain) or (logits.device.type == "cpu" and logits.dtype == torch.float32):
+        if not any(plain):
             return [None] * len(batch)
         return [pick if p else None for pick, p in zip(greedy_picks(logits), plain, strict=True)]
 
@@ -290,8 +289,9 @@ def greedy_pick(row: torch.Tensor) -> tuple[int, float, int | None]:
 
 
 def greedy_picks(rows: torch.Tensor) -> list[tuple[int, float, int | None]]:
-    """`greedy_pick` of each row of [B, V], the same values, off the CPU in one batch of
-    kernels and three copies back rather than several of each a row."""
+    """`greedy_pick` of each row of [B, V], the same values: numpy row by row on the
+    CPU's fp32 rows (microseconds a row), else one batch of kernels and three copies back
+    (on a GPU a pick a row is a few kernels and waits)."""
     if rows.device.type == "cpu" and rows.dtype == torch.float32:
         return [greedy_pick(row) for row in rows]
     best, top = rows.topk(min(2, rows.shape[-1]), dim=-1)

@@ -138,10 +138,14 @@ class Machine:
             self.speed.append(min(1.25, max(0.8, step)))
 
     def step(self, k: int) -> float:
-        phase = self.speed[min(int(self.clock / 10), len(self.speed) - 1)]
-        seconds = self.steps[k] * phase * math.exp(self.rnd.gauss(0, 0.08))
+        seconds = self.steps[k] * self.step_scale()
         self.clock += seconds
         return seconds
+
+    def step_scale(self) -> float:
+        """The machine's speed now, times one step's noise."""
+        phase = self.speed[min(int(self.clock / 10), len(self.speed) - 1)]
+        return phase * math.exp(self.rnd.gauss(0, 0.08))
 
 
 def run_cell(control: SpeculationControl, texts: list, mode, machine: Machine, cap: int):

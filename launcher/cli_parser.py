@@ -31,7 +31,9 @@ BENCHES = {  # `specd bench KIND` -> the module whose main() runs it
     "structured": "bench.structured",
     "parity": "bench.parity",
     "controller": "bench.controller_sim",
+    "controller-batch": "bench.controller_batch",
     "matches": "bench.match_traces",
+    "steps": "bench.step_costs",
     "gpu": "bench.gpu.run",
     "suffix": "bench.suffix",
 }

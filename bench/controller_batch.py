@@ -171,12 +171,12 @@ def _step(table: StepTable, machine: Machine, rounds: list, catch_up: float) -> 
     return StepReport(tuple(rounds), draft_s, forward_s, step_s)
 
 
-def trial(seed: int, clients: int, recorded: list, policy: RoutePolicy, ks=(0, 3), cells=2,
+def trial(seed: int, levels, recorded: list, policy: RoutePolicy, ks=(0, 3), cells=2,
           requests=16, gap_s=0.1, phases=False, table: StepTable | None = None,
-          config: SpeculationConfig | None = None) -> dict:  # fmt: skip
-    """One sweep cell's runs: `cells` rounds of every mode in alternating order on one
-    controller (one verifier serves them all), after the sweep's warm-up; -> tokens/s by
-    mode."""
+          config: SpeculationConfig | None = None) -> dict[int, dict]:  # fmt: skip
+    """One sweep on one controller (one verifier serves it all), as `specd bench sweep
+    --concurrency` runs it: the warm-up, then at each level of clients in turn `cells`
+    rounds of every mode in alternating order; -> tokens/s by mode, by level."""
     table = table or StepTable.load()
     rnd = random.Random(seed)
     start = rnd.randrange(len(recorded))
@@ -186,16 +186,21 @@ def trial(seed: int, clients: int, recorded: list, policy: RoutePolicy, ks=(0, 3
     machine = Machine(seed, phases)
     modes = (*ks, "auto")
     ids = iter(range(0, 10**9, 1000))
+
+    def run(texts, mode, clients: int) -> float:
+        return run_cell(control, texts, mode, machine, table, clients, gap_s, rnd, policy,
+                        next(ids))  # fmt: skip
+
     for mode in modes:
-        warm = [r[:WARM_UP_TOKENS] for r in recorded]
-        run_cell(control, warm, mode, machine, table, clients, gap_s, rnd, policy, next(ids))
-    rates: dict = {m: [] for m in modes}
-    for cell in range(cells):
-        for mode in modes if cell % 2 == 0 else modes[::-1]:
-            rate = run_cell(control, texts[cell], mode, machine, table, clients, gap_s, rnd,
-                            policy, next(ids))  # fmt: skip
-            rates[mode].append(rate)
-    return {m: statistics.mean(v) for m, v in rates.items()}
+        run([r[:WARM_UP_TOKENS] for r in recorded], mode, 1)
+    out = {}
+    for clients in levels:
+        rates: dict = {m: [] for m in modes}
+        for cell in range(cells):
+            for mode in modes if cell % 2 == 0 else modes[::-1]:
+                rates[mode].append(run(texts[cell], mode, clients))
+        out[clients] = {m: statistics.mean(v) for m, v in rates.items()}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,9 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     _, policy, unknown = Policy.load(args.policy).for_route(args.route or args.workload)
     if unknown:
         p.error(unknown)
-    for clients in (int(c) for c in args.concurrency.split(",")):
-        runs = [trial(s, clients, recorded, policy, ks, gap_s=args.gap_ms / 1000,
-                      phases=args.phases, table=table) for s in range(args.trials)]  # fmt: skip
+    levels = [int(c) for c in args.concurrency.split(",")]
+    sweeps = [trial(s, levels, recorded, policy, ks, gap_s=args.gap_ms / 1000,
+                    phases=args.phases, table=table) for s in range(args.trials)]  # fmt: skip
+    for clients in levels:
+        runs = [sweep[clients] for sweep in sweeps]
         best = [r["auto"] / max(r[k] for k in ks) for r in runs]
         rates = ", ".join(f"{m}: {statistics.mean(r[m] for r in runs):.1f}" for m in (*ks, "auto"))
         print(f"c = {clients}: auto / best fixed {statistics.geometric_mean(best):.3f} "

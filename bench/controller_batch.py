@@ -57,7 +57,11 @@ class StepTable:
     the forward by rows (over every measured step), the drafter round by (sequences
     drafting, depth), the rest by sequences."""
 
-    def __init__(self, measured: dict[str, dict]):
+    def __init__(self, measured: dict[str, dict], first_round_s: float | None = None):
+        # a request's first drafting round catches its drafter up on the prompt; a later
+        # one on the tokens it skipped, each at the share of that which the CPU's took
+        self.first_round_s = FIRST_ROUND_S if first_round_s is None else first_round_s
+        self.back_s = BACK_S * self.first_round_s / FIRST_ROUND_S
         by = {tuple(map(int, key.split(","))): v for key, v in measured.items()}
         rows: dict[float, list[float]] = {}
         for v in by.values():
@@ -74,7 +78,13 @@ class StepTable:
 
     @classmethod
     def load(cls, path: Path = STEPS) -> StepTable:
-        return cls(json.loads(Path(path).read_text())["steps"])
+        """`specd bench steps`' table, or the one in `specd bench gpu`'s report."""
+        data = json.loads(Path(path).read_text())
+        return cls(data["steps"], data.get("first_round_s"))
+
+    def catch_up_s(self, behind: int, first: bool) -> float:
+        """What catching the drafter up adds to a drafting round."""
+        return self.first_round_s if first else self.back_s * min(behind - 1, 10)
 
     def parts(self, sequences: int, rows: int, drafting: int, depth: int) -> tuple[float, ...]:
         """(forward, drafter round, the rest) of a decode step."""
@@ -111,7 +121,7 @@ def run_cell(control, texts, mode, machine: Machine, table: StepTable, clients: 
         decisions = control.plan(view).decisions if running else ()
         rounds, catch_up = [], 0.0
         for (seq, text), (k, reason, _) in zip(running, decisions, strict=True):
-            report, behind_s = _decode(seq, text, k, reason)
+            report, behind_s = _decode(seq, text, k, reason, table)
             rounds.append(report)
             catch_up += behind_s
         for seq, _ in joining:
@@ -139,7 +149,7 @@ def _bounds(mode, policy: RoutePolicy) -> tuple[SpeculationBounds, int]:
     return bounds, policy.num_draft_tokens
 
 
-def _decode(seq: Sequence, text: list, k: int, reason: str) -> tuple[RoundReport, float]:
+def _decode(seq: Sequence, text: list, k: int, reason: str, table: StepTable):
     """One sequence's round as its recorded text accepts it (every draft up to its
     drafter's stop, the run of matches of them); -> its report and the drafter's catch-up
     seconds."""
@@ -148,7 +158,7 @@ def _decode(seq: Sequence, text: list, k: int, reason: str) -> tuple[RoundReport
     accepted = min(run, drafts)
     behind, catch_up = seq.drafter_behind, 0.0
     if k and behind:
-        catch_up = FIRST_ROUND_S if not seq.stats.rounds else BACK_S * min(behind - 1, 10)
+        catch_up = table.catch_up_s(behind, first=not seq.stats.rounds)
     seq.decided(reason, k)
     seq.stats.record(drafts, accepted)
     seq.append([7] * (accepted + 1))
@@ -222,7 +232,11 @@ def main(argv: list[str] | None = None) -> int:
         help="a client's pause between requests, on average (%(default)s)",
     )
     p.add_argument("--phases", action="store_true", help="the machine's speed wanders")
-    p.add_argument("--steps", default=str(STEPS), help="`specd bench steps`' table (%(default)s)")
+    p.add_argument(
+        "--steps",
+        default=str(STEPS),
+        help="`specd bench steps`' table, or `specd bench gpu`'s report (%(default)s)",
+    )
     args = p.parse_args(argv)
     ks = tuple(int(k) for k in args.ks.split(","))
     recorded, table = load_traces(args.workload), StepTable.load(args.steps)

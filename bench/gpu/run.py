@@ -14,6 +14,9 @@ models' shapes (bench.gpu.shapes), one run.
    draft model's real forwards, and `auto` with the draft model; greedy outputs compared;
    then the same through verifier and drafter processes, to the verifier and through a
    router in front of it (bench.gpu.services), and a round's parts (`round_breakdown`).
+6. Whole decode steps by (sequences, k) with the draft model drafting (`steps`, as `specd
+   bench steps` measures them on a CPU), for `specd bench controller-batch --steps
+   gpu.json`: `auto` at this GPU's prices, offline.
 """
 
 from __future__ import annotations
@@ -208,6 +211,21 @@ def speculation(model, draft, prompts, new: int, k: int, acceptance: float, serv
     return out
 
 
+def controller_steps(target, draft, prompt_tokens: int) -> dict:
+    """Whole decode steps of the engine by (sequences, k), the draft model drafting every
+    round's k in-process (`bench.step_costs.measure`)."""
+    from bench.step_costs import measure
+    from drafter_service.draft_model import DraftModelProposer
+
+    sizes, ks, tokens = (1, 2, 4, 8, 16), (0, 1, 2, 4, 6), (32, 24)
+    blocks = max(sizes) * -(-(prompt_tokens + tokens[0] + 2 * max(ks) + 2) // 16)
+    config = EngineConfig(max_batch_size=max(sizes), num_blocks=blocks)
+    proposer = DraftModelProposer(draft, num_blocks=4096, prefix_cache=True)
+    engine = Engine(target, config, proposer, eos_ids=set())
+    prompts = _prompts(max(sizes), prompt_tokens, target.args.vocab_size, 4)
+    return measure(engine, prompts, sizes, ks, tokens)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specd bench gpu", description=__doc__.split("\n")[0])
     shapes = "random weights of this model's shapes (default: %(default)s)"
@@ -307,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     for name, r in report["speculation"].items():
         print(f"speculation {name}: {r}")
+    save()
+    report.update(controller_steps(target, draft, args.prompt_tokens))
     del draft
     save()
     if not args.no_peer:

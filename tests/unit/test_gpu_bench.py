@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from bench.controller_batch import StepTable
 from bench.gpu import run
 from bench.gpu.controlled import ControlledProposer
 from bench.gpu.shapes import build
@@ -44,6 +45,11 @@ def test_the_bench_reports_every_part(tmp_path):
     parts = spec["round_ms"]
     assert {"plain_step_ms", "verify_ms", "draft_forwards_ms"} <= parts.keys()
     assert parts["verify_ms"] > 0 and parts["plain_step_ms"] > 0
+    # whole steps by (sequences, k), which the offline controller reads as its table
+    assert {f"{n},{k}" for n in (1, 2, 4, 8, 16) for k in (0, 1, 2, 4, 6)} == set(report["steps"])
+    assert report["steps"]["4,2"]["rows"] == 12 and report["first_round_s"] is not None
+    table = StepTable.load(out)
+    assert table.parts(4, 12, 4, 2)[1] == report["steps"]["4,2"]["draft"] > 0
 
 
 def test_a_round_breaks_into_its_parts():

@@ -1,5 +1,8 @@
-"""`specd bench controller --concurrency 1,2,4,8,16`: the speculation controller at a batch,
-offline, the goal sweep's cells (`auto` against fixed k, c clients) on recorded texts.
+"""`specd bench controller-batch`: the speculation controller at a batch, offline: the goal
+sweep's cells (`auto` against fixed k, c = 1, 2, 4, 8, 16 clients) on recorded texts.
+
+    specd bench controller-batch [--workload code] [--ks 0,3,6] [--trials 8] [--phases]
+                                 [--steps bench/workloads/steps.json | gpu.json]
 
 c closed-loop clients share a cell's requests (16 of a workload's recorded texts): each
 sends its next request `gap` seconds after its last one ended (drawn around `--gap-ms`: a
@@ -13,8 +16,9 @@ A step's seconds come from a table of whole decode steps measured on the real pa
 (sequences, depth) (`specd bench steps`: forward, drafter round and the rest): the forward
 by the rows the step feeds, the drafter round by the sequences drafting and the deepest
 round, the rest by sequences; 8% noise, and with `--phases` the machine's slow walk. The
-drafter's catch-up costs what controller_sim.py charges. The parts are reported as the
-engine reports them, so the controller composes prices for shapes it has not run.
+drafter's catch-up costs what the table measured a first round to add (else what
+controller_sim.py charges). The parts are reported as the engine reports them, so the
+controller composes prices for shapes it has not run.
 """
 
 from __future__ import annotations

@@ -61,7 +61,12 @@ class StepTable:
     the forward by rows (over every measured step), the drafter round by (sequences
     drafting, depth), the rest by sequences."""
 
-    def __init__(self, measured: dict[str, dict], first_round_s: float | None = None):
+    def __init__(
+        self, measured: dict[str, dict], first_round_s: float | None = None, served_s: float = 0.0
+    ):
+        # what serving adds to a step a sequence, beyond the engine's own: the verifier's
+        # event loop, the router and the client streaming its tokens, on the same cores
+        self.served_s = served_s
         # a request's first drafting round catches its drafter up on the prompt; a later
         # one on the tokens it skipped, each at the share of that which the CPU's took
         self.first_round_s = FIRST_ROUND_S if first_round_s is None else first_round_s
@@ -81,10 +86,10 @@ class StepTable:
         self.rest = [(b, statistics.median(r)) for b, r in rest.items()]
 
     @classmethod
-    def load(cls, path: Path = STEPS) -> StepTable:
+    def load(cls, path: Path = STEPS, served_s: float = 0.0) -> StepTable:
         """`specd bench steps`' table, or the one in `specd bench gpu`'s report."""
         data = json.loads(Path(path).read_text())
-        return cls(data["steps"], data.get("first_round_s"))
+        return cls(data["steps"], data.get("first_round_s"), served_s)
 
     def catch_up_s(self, behind: int, first: bool) -> float:
         """What catching the drafter up adds to a drafting round."""
@@ -96,7 +101,8 @@ class StepTable:
         if drafting and depth:
             by_size = [(b, _interp(self.draft[b], depth)) for b in self.sizes]
             draft = _interp(by_size, drafting)
-        return _interp(self.forward_by_rows, rows), draft, _interp(self.rest, sequences)
+        rest = _interp(self.rest, sequences) + self.served_s * sequences
+        return _interp(self.forward_by_rows, rows), draft, rest
 
 
 def run_cell(control, texts, mode, machine: Machine, table: StepTable, clients: int, gap_s: float,
@@ -237,13 +243,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--phases", action="store_true", help="the machine's speed wanders")
     p.add_argument(
+        "--served-ms",
+        type=float,
+        default=0.0,
+        help="what serving adds to a step a sequence beyond the in-process engine's (the "
+        "router and clients on the same cores; 3 on a 2-core CPU, log section 88; %(default)s)",
+    )
+    p.add_argument(
         "--steps",
         default=str(STEPS),
         help="`specd bench steps`' table, or `specd bench gpu`'s report (%(default)s)",
     )
     args = p.parse_args(argv)
     ks = tuple(int(k) for k in args.ks.split(","))
-    recorded, table = load_traces(args.workload), StepTable.load(args.steps)
+    recorded = load_traces(args.workload)
+    table = StepTable.load(args.steps, args.served_ms / 1000)
     _, policy, unknown = Policy.load(args.policy).for_route(args.route or args.workload)
     if unknown:
         p.error(unknown)

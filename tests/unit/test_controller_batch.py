@@ -31,6 +31,9 @@ def test_a_measured_shape_is_priced_as_measured_and_others_between():
     assert rest == pytest.approx(0.010)
     # one draft deep, on the line through no round and two drafts
     assert table.parts(1, 2, 1, 1)[1] == pytest.approx(0.010)
+    # served: a step costs a sequence's share more, whatever it drafts
+    served = StepTable(TABLE, served_s=0.003)
+    assert served.parts(4, 12, 4, 2) == pytest.approx((0.070, 0.050, 0.022))
 
 
 class Plain:

@@ -1,5 +1,5 @@
 """`specd bench steps`: what whole decode steps of the real pair cost by (sequences, depth),
-for `specd bench controller --concurrency` to price the steps it simulates.
+for `specd bench controller-batch` to price the steps it simulates.
 
     specd bench steps [--sizes 1,2,3,4,6,8,12,16] [--ks 0,1,2,3,4,5,6] [--out FILE]
 

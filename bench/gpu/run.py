@@ -326,7 +326,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in report["speculation"].items():
         print(f"speculation {name}: {r}")
     save()
-    report.update(controller_steps(target, draft, args.prompt_tokens))
+    try:
+        report.update(controller_steps(target, draft, args.prompt_tokens))
+    except Exception as e:  # an offline tool's table: its failure must not cost the rest
+        report["steps_error"] = f"{type(e).__name__}: {e}"[:500]
+        print(f"steps failed: {report['steps_error']}")
     del draft
     save()
     if not args.no_peer:

@@ -31,7 +31,7 @@ import statistics
 from collections import deque
 from pathlib import Path
 
-from bench.controller_sim import BACK_S, FIRST_ROUND_S, PROMPT_TOKENS, Machine
+from bench.controller_sim import BACK_S, FIRST_ROUND_S, PROMPT_TOKENS, Machine, cell_texts
 from bench.prompts import WARM_UP_TOKENS
 from router.policy import Policy, RoutePolicy
 from specd.config import EngineConfig
@@ -199,9 +199,7 @@ def trial(seed: int, levels, recorded: list, policy: RoutePolicy, ks=(0, 3), cel
     rounds of every mode in alternating order; -> tokens/s by mode, by level."""
     table = table or StepTable.load()
     rnd = random.Random(seed)
-    start = rnd.randrange(len(recorded))
-    texts = [[recorded[(start + c * requests + i) % len(recorded)] for i in range(requests)]
-             for c in range(cells)]  # fmt: skip
+    texts = cell_texts(recorded, rnd, cells, requests)
     control = SpeculationControl(EngineConfig(speculation=config or SpeculationConfig()))
     machine = Machine(seed, phases)
     modes = (*ks, "auto")

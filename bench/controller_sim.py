@@ -183,6 +183,16 @@ def run_cell(control: SpeculationControl, texts: list, mode, machine: Machine, c
     return tokens / seconds
 
 
+def cell_texts(recorded: list, rnd: random.Random, cells: int, requests: int) -> list[list]:
+    """Each cell's `requests` texts, cycling through the recorded ones as `specd bench
+    sweep` sends its prompts, from an offset drawn by `rnd`."""
+    start = rnd.randrange(len(recorded))
+    return [
+        [recorded[(start + c * requests + i) % len(recorded)] for i in range(requests)]
+        for c in range(cells)
+    ]
+
+
 def trial(
     seed: int,
     ks=(2, 3),
@@ -207,11 +217,7 @@ def trial(
             for c in range(cells)
         ]
     else:
-        start = random.Random(seed).randrange(len(recorded))
-        texts = [
-            [recorded[(start + c * requests + i) % len(recorded)] for i in range(requests)]
-            for c in range(cells)
-        ]
+        texts = cell_texts(recorded, random.Random(seed), cells, requests)
     control = SpeculationControl(EngineConfig(speculation=config or SpeculationConfig()))
     machine = Machine(seed, phases, steps)
     modes = (*ks, "auto")

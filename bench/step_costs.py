@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from bench.controller_batch import STEPS
+from specd.models.native import cpu_isa
 
 
 def _cpu() -> str:
@@ -29,11 +30,10 @@ def _cpu() -> str:
     for line in info.splitlines():
         key, _, value = line.partition(":")
         fields.setdefault(key.strip(), value.strip())
-    flags = set(fields.get("flags", "").split())
-    isa = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other"
     cores = info.count("model name")
     return (f"{fields.get('model name', 'unknown')} (family {fields.get('cpu family', '?')}, "
-            f"model {fields.get('model', '?')}), {cores} cores, {isa}")  # fmt: skip
+            f"model {fields.get('model', '?')}), {cores} cores, kernels "
+            f"{cpu_isa() or 'none'}")  # fmt: skip
 
 
 def measure(engine, prompts: list[list[int]], sizes, ks, tokens=(96, 64)) -> dict:

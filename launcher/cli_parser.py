@@ -4,6 +4,7 @@ specd/cli.py); the services' flags are derived from their config classes."""
 from __future__ import annotations
 
 import argparse
+import shlex
 
 from specd.config import (
     PROPOSERS,
@@ -114,6 +115,13 @@ def _add_health(sub) -> None:
     health.add_argument("--service", default="", help='e.g. specd.v1.Generation ("": overall)')
 
 
+_EXAMPLE_FLAGS = {
+    "drafter": "'--top-m 16'",
+    "verifier": "'--max-batch-size 32 --margin 0.1'",
+    "router": "'--metrics-port 9090'",
+}
+
+
 def _add_up(sub) -> None:
     up = sub.add_parser("up", help="drafter + verifier + router on localhost")
     models = "catalogue name, Hugging Face folder, .gguf file or hub id (default: %(default)s)"
@@ -173,6 +181,23 @@ def _add_up(sub) -> None:
     up.add_argument(
         "--kv-dtype", default="", help=f"for both models, {said['kv_dtype']} (default: auto)"
     )
+    for role in ("drafter", "verifier", "router"):
+        up.add_argument(
+            f"--{role}-flags",
+            default=[],
+            type=_flag_string,
+            metavar="FLAGS",
+            help=f"more flags for {'every' if role == 'verifier' else 'the'} {role}, as one "
+            f"string after `=` (`specd serve {role} --help` lists them; they override what "
+            f"specd up sets), e.g. --{role}-flags={_EXAMPLE_FLAGS[role]}",
+        )
+
+
+def _flag_string(text: str) -> list[str]:
+    try:
+        return shlex.split(text)
+    except ValueError as exc:  # an unclosed quote
+        raise argparse.ArgumentTypeError(f"{exc}: {text}") from None
 
 
 def _add_bench(sub) -> None:

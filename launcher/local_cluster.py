@@ -26,6 +26,7 @@ def cluster_children(args) -> list[Child]:
     drafter_flags = (
         *("--model", args.draft, "--proposer", args.proposer, "--p-min", str(args.draft_p_min)),
         *model_flags,
+        *args.drafter_flags,
     )
     children = [
         Child(
@@ -42,12 +43,14 @@ def cluster_children(args) -> list[Child]:
             drafter,
         )
         name = "verifier" if i == 0 else f"verifier-{i + 1}"
-        children.append(Child(name, _serve("verifier", *flags, *model_flags), address))
+        flags += (*model_flags, *args.verifier_flags)
+        children.append(Child(name, _serve("verifier", *flags), address))
     router_flags = (
         *_listen(host, args.router_port),
         *[x for v in verifiers for x in ("--verifier", v)],
         *("--tokenizer", args.target, "--http-port", str(args.http_port)),
         *(["--policy-file", args.policy_file] if args.policy_file else []),
+        *args.router_flags,
     )
     children.append(
         Child(
@@ -94,6 +97,9 @@ def run_local_cluster(args) -> int:
             serve_config(child.argv[len(CLI) :])
         except ConfigError as exc:
             print(f"specd up: {child.role}: {exc}", file=sys.stderr)
+            return 2
+        except SystemExit:  # a flag `specd serve ROLE` does not take: argparse said which
+            print(f"specd up: {child.role}: see `specd serve {child.role} --help`", file=sys.stderr)
             return 2
     listeners = [(c.role, int(c.address.rsplit(":", 1)[1])) for c in children]
     listeners += [("OpenAI HTTP API", args.http_port)] if args.http_port else []

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from launcher.cli import main
-from launcher.cli_parser import BENCHES, ROLES, build_parser
+from launcher.cli_parser import BENCHES, ROLES, build_parser, serve_config
+from launcher.local_cluster import CLI, cluster_children
 from specd.config import DTYPES, EngineConfig, RouterConfig, from_arguments
 from specd.models.args import parse_dtype
 from specd.models.paged_kv import kv_dtype
@@ -76,6 +77,29 @@ def test_a_refused_value_is_one_line_before_anything_starts(capsys):
     assert capsys.readouterr().err == "specd up: drafter: p_min must be in [0, 1], got 2.0\n"
     assert main(["up", "--dtype", "fp64", "--verifiers", "2"]) == 2
     assert "specd up: drafter: dtype must be one of" in capsys.readouterr().err
+
+
+def test_specd_up_passes_each_role_its_own_flags(capsys):
+    """`--verifier-flags` reaches every verifier (after what `up` sets, so it overrides),
+    and a value or flag the role refuses is said before anything starts."""
+    up = build_parser().parse_args(
+        ["up", "--verifiers", "2", "--verifier-flags=--margin 0.1 --device cpu",
+         "--router-flags=--http-port 0"]
+    )  # fmt: skip
+    children = {c.role: c.argv for c in cluster_children(up)}
+    for role in ("verifier", "verifier-2"):
+        assert children[role][-4:] == ["--margin", "0.1", "--device", "cpu"]
+        assert serve_config(children[role][len(CLI) :]).engine.speculation.margin == 0.1
+    assert children["router"][-2:] == ["--http-port", "0"] and "--margin" not in children["drafter"]
+    assert main(["up", "--verifier-flags=--margin 2", "--http-port", "0"]) == 2
+    assert capsys.readouterr().err == "specd up: verifier: margin must be in [0, 1], got 2.0\n"
+    assert main(["up", "--drafter-flags=--margin 0.1", "--http-port", "0"]) == 2
+    assert capsys.readouterr().err.endswith(
+        "unrecognized arguments: --margin 0.1\nspecd up: drafter: see `specd serve drafter --help`\n"
+    )
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["up", "--router-flags='--http-port 0"])
+    assert "No closing quotation" in capsys.readouterr().err
 
 
 def test_the_kv_cache_dtype_follows_the_activations_unless_they_are_fp32():

@@ -59,7 +59,7 @@ class SpeculationConfig:
     # the window narrowing as 1 / sqrt(1 + its episodes at that batch size) (section 46)
     explore_every: int = 32
     explore_steps: int = 2
-    explore_window: float = 0.15
+    explore_window: float = 0.08
     # episodes and probes together may spend this share of the predicted step time: the
     # budget grows by it every step, up to `explore_cap_s` (section 40)
     explore_share: float = 0.015

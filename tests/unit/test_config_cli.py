@@ -94,9 +94,9 @@ def test_specd_up_passes_each_role_its_own_flags(capsys):
     assert main(["up", "--verifier-flags=--margin 2", "--http-port", "0"]) == 2
     assert capsys.readouterr().err == "specd up: verifier: margin must be in [0, 1], got 2.0\n"
     assert main(["up", "--drafter-flags=--margin 0.1", "--http-port", "0"]) == 2
-    assert capsys.readouterr().err.endswith(
-        "unrecognized arguments: --margin 0.1\nspecd up: drafter: see `specd serve drafter --help`\n"
-    )
+    said = capsys.readouterr().err
+    assert said.endswith("--margin 0.1\nspecd up: drafter: see `specd serve drafter --help`\n")
+    assert "unrecognized arguments" in said
     with pytest.raises(SystemExit):
         build_parser().parse_args(["up", "--router-flags='--http-port 0"])
     assert "No closing quotation" in capsys.readouterr().err

@@ -184,7 +184,7 @@ def _add_up(sub) -> None:
     for role in ("drafter", "verifier", "router"):
         up.add_argument(
             f"--{role}-flags",
-            default=[],
+            default="",  # argparse passes a string default through `type` too: []
             type=_flag_string,
             metavar="FLAGS",
             help=f"more flags for {'every' if role == 'verifier' else 'the'} {role}, as one "

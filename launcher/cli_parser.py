@@ -188,8 +188,8 @@ def _add_up(sub) -> None:
             type=_flag_string,
             metavar="FLAGS",
             help=f"more flags for {'every' if role == 'verifier' else 'the'} {role}, as one "
-            f"string after `=` (`specd serve {role} --help` lists them; they override what "
-            f"specd up sets), e.g. --{role}-flags={_EXAMPLE_FLAGS[role]}",
+            f"string after `=` (`specd serve {role} --help` lists them; not one specd up "
+            f"sets itself), e.g. --{role}-flags={_EXAMPLE_FLAGS[role]}",
         )
 
 

@@ -11,8 +11,17 @@ from launcher.supervisor import Child, Supervisor
 CLI = (sys.executable, "-m", "launcher")  # how a child runs `specd`
 
 
-def _serve(role: str, *flags: str) -> list[str]:
-    return [*CLI, "serve", role, *flags]
+def _serve(role: str, flags, extra=()) -> list[str]:
+    """`specd serve ROLE` with what `up` sets (`flags`), then the user's `extra` flags
+    for the role, none of which may be one `up` sets: a port or address changed behind
+    its back would have it wait on the wrong one (ValueError)."""
+    own = {f.split("=")[0] for f in flags if f.startswith("--")}
+    taken = [f for f in extra if f.split("=")[0] in own]
+    if taken:
+        raise ValueError(
+            f"--{role}-flags: {', '.join(taken)} is set by specd up itself (see its own flags)"
+        )
+    return [*CLI, "serve", role, *flags, *extra]
 
 
 def cluster_children(args) -> list[Child]:
@@ -26,13 +35,9 @@ def cluster_children(args) -> list[Child]:
     drafter_flags = (
         *("--model", args.draft, "--proposer", args.proposer, "--p-min", str(args.draft_p_min)),
         *model_flags,
-        *args.drafter_flags,
     )
-    children = [
-        Child(
-            "drafter", _serve("drafter", *_listen(host, args.drafter_port), *drafter_flags), drafter
-        )
-    ]
+    flags = (*_listen(host, args.drafter_port), *drafter_flags)
+    children = [Child("drafter", _serve("drafter", flags, args.drafter_flags), drafter)]
     verifiers = [f"{host}:{args.verifier_port + i}" for i in range(args.verifiers)]
     for i, address in enumerate(verifiers):
         flags = (
@@ -41,21 +46,20 @@ def cluster_children(args) -> list[Child]:
             args.target,
             "--drafter",
             drafter,
+            *model_flags,
         )
         name = "verifier" if i == 0 else f"verifier-{i + 1}"
-        flags += (*model_flags, *args.verifier_flags)
-        children.append(Child(name, _serve("verifier", *flags), address))
+        children.append(Child(name, _serve("verifier", flags, args.verifier_flags), address))
     router_flags = (
         *_listen(host, args.router_port),
         *[x for v in verifiers for x in ("--verifier", v)],
         *("--tokenizer", args.target, "--http-port", str(args.http_port)),
         *(["--policy-file", args.policy_file] if args.policy_file else []),
-        *args.router_flags,
     )
     children.append(
         Child(
             "router",
-            _serve("router", *router_flags),
+            _serve("router", router_flags, args.router_flags),
             f"{host}:{args.router_port}",
             ready_service="specd.v1.Generation",  # ready once a verifier is
         )
@@ -91,7 +95,11 @@ def run_local_cluster(args) -> int:
     if args.verifiers < 1:
         print("specd up: --verifiers must be at least 1", file=sys.stderr)
         return 2
-    children = cluster_children(args)
+    try:
+        children = cluster_children(args)
+    except ValueError as exc:
+        print(f"specd up: {exc}", file=sys.stderr)
+        return 2
     for child in children:  # a value a child's config refuses: said before anything starts
         try:
             serve_config(child.argv[len(CLI) :])

@@ -80,17 +80,22 @@ def test_a_refused_value_is_one_line_before_anything_starts(capsys):
 
 
 def test_specd_up_passes_each_role_its_own_flags(capsys):
-    """`--verifier-flags` reaches every verifier (after what `up` sets, so it overrides),
-    and a value or flag the role refuses is said before anything starts."""
+    """`--verifier-flags` reaches every verifier, and a value or flag the role refuses, or
+    one `up` sets itself (a port it would wait on), is said before anything starts."""
     up = build_parser().parse_args(
         ["up", "--verifiers", "2", "--verifier-flags=--margin 0.1 --device cpu",
-         "--router-flags=--http-port 0"]
+         "--router-flags=--metrics-port 9090"]
     )  # fmt: skip
     children = {c.role: c.argv for c in cluster_children(up)}
     for role in ("verifier", "verifier-2"):
         assert children[role][-4:] == ["--margin", "0.1", "--device", "cpu"]
         assert serve_config(children[role][len(CLI) :]).engine.speculation.margin == 0.1
-    assert children["router"][-2:] == ["--http-port", "0"] and "--margin" not in children["drafter"]
+    assert children["router"][-2:] == ["--metrics-port", "9090"]
+    assert "--margin" not in children["drafter"]
+    for taken in ("--port 50070", "--port=50070", "--drafter 127.0.0.1:1"):
+        assert main(["up", f"--verifier-flags={taken}", "--http-port", "0"]) == 2
+        said = capsys.readouterr().err
+        assert said.startswith(f"specd up: --verifier-flags: {taken.split()[0]} is set by")
     assert main(["up", "--verifier-flags=--margin 2", "--http-port", "0"]) == 2
     assert capsys.readouterr().err == "specd up: verifier: margin must be in [0, 1], got 2.0\n"
     assert main(["up", "--drafter-flags=--margin 0.1", "--http-port", "0"]) == 2

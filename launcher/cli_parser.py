@@ -117,7 +117,7 @@ def _add_health(sub) -> None:
 
 _EXAMPLE_FLAGS = {
     "drafter": "'--top-m 16'",
-    "verifier": "'--max-batch-size 32 --margin 0.1'",
+    "verifier": "'--max-batch-size 32 --horizon 16'",
     "router": "'--metrics-port 9090'",
 }
 

@@ -15,10 +15,6 @@ class SpeculationConfig:
     """How `auto` requests decide, every step, whether and how deep to draft."""
 
     # -- the decision ------------------------------------------------------------------------
-    # a step drafts where the prediction beats plain's by (1 + margin x (B - 1) / B) at
-    # batch B: a step's small gain is lost in a run whose drafting sequences finish apart
-    # (section 19), and a sequence alone decides on the prediction (section 38)
-    margin: float = 0.08
     # a switch's cost (catch-up, or drafting ahead for those that stop) is spread over at
     # most this many steps of the run it starts
     horizon: int = 32
@@ -79,7 +75,7 @@ class SpeculationConfig:
     step_log_max: float = 0.05
 
     def __post_init__(self):
-        shares = ("margin", "prior_acceptance", "good_acceptance", "leaf_cost")
+        shares = ("prior_acceptance", "good_acceptance", "leaf_cost")
         for name in shares + ("route_fade", "explore_window", "step_weight"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")

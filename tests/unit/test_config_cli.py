@@ -83,24 +83,24 @@ def test_specd_up_passes_each_role_its_own_flags(capsys):
     """`--verifier-flags` reaches every verifier, and a value or flag the role refuses, or
     one `up` sets itself (a port it would wait on), is said before anything starts."""
     up = build_parser().parse_args(
-        ["up", "--verifiers", "2", "--verifier-flags=--margin 0.1 --device cpu",
+        ["up", "--verifiers", "2", "--verifier-flags=--horizon 16 --device cpu",
          "--router-flags=--metrics-port 9090"]
     )  # fmt: skip
     children = {c.role: c.argv for c in cluster_children(up)}
     for role in ("verifier", "verifier-2"):
-        assert children[role][-4:] == ["--margin", "0.1", "--device", "cpu"]
-        assert serve_config(children[role][len(CLI) :]).engine.speculation.margin == 0.1
+        assert children[role][-4:] == ["--horizon", "16", "--device", "cpu"]
+        assert serve_config(children[role][len(CLI) :]).engine.speculation.horizon == 16
     assert children["router"][-2:] == ["--metrics-port", "9090"]
-    assert "--margin" not in children["drafter"]
+    assert "--horizon" not in children["drafter"]
     for taken in ("--port 50070", "--port=50070", "--drafter 127.0.0.1:1"):
         assert main(["up", f"--verifier-flags={taken}", "--http-port", "0"]) == 2
         said = capsys.readouterr().err
         assert said.startswith(f"specd up: --verifier-flags: {taken.split()[0]} is set by")
-    assert main(["up", "--verifier-flags=--margin 2", "--http-port", "0"]) == 2
-    assert capsys.readouterr().err == "specd up: verifier: margin must be in [0, 1], got 2.0\n"
-    assert main(["up", "--drafter-flags=--margin 0.1", "--http-port", "0"]) == 2
+    assert main(["up", "--verifier-flags=--route-fade 2", "--http-port", "0"]) == 2
+    assert capsys.readouterr().err == "specd up: verifier: route_fade must be in [0, 1], got 2.0\n"
+    assert main(["up", "--drafter-flags=--horizon 16", "--http-port", "0"]) == 2
     said = capsys.readouterr().err
-    assert said.endswith("--margin 0.1\nspecd up: drafter: see `specd serve drafter --help`\n")
+    assert said.endswith("--horizon 16\nspecd up: drafter: see `specd serve drafter --help`\n")
     assert "unrecognized arguments" in said
     with pytest.raises(SystemExit):
         build_parser().parse_args(["up", "--router-flags='--http-port 0"])
@@ -155,8 +155,9 @@ def test_every_flag_says_what_it_does(role):
     bare = [flag for flag, text in flags.items() if not text or text.startswith("default:")]
     assert bare == []
     if role == "verifier":  # the speculation control's tuned numbers are flags too
-        assert "(1 + margin x (B - 1) / B)" in flags["--margin"] and "0.08" in flags["--margin"]
-        assert _config(role, "--margin=0.2").engine.speculation.margin == 0.2
+        said = flags["--horizon"]
+        assert "spread over at most this many steps" in said and "32" in said
+        assert _config(role, "--horizon=8").engine.speculation.horizon == 8
 
 
 def _unsaid(parser) -> list[str]:

@@ -188,13 +188,12 @@ def flat_costs(sequences: int) -> Controller:
     return c
 
 
-def test_a_batch_waits_for_the_margin_and_one_sequence_alone_does_not():
-    # E(1) = 1.55 over 1.5 s: 1.033x plain, under the margin of 4 sequences (8% x 3/4)
-    assert flat_costs(4).plan([Candidate(1, [0.55])] * 4).ks == [0] * 4
-    assert flat_costs(4).plan([Candidate(1, [0.7])] * 4).ks == [1] * 4  # 1.13x
-    # one sequence has no batch to finish apart: it drafts on the predicted gain itself
-    assert flat_costs(1).plan([Candidate(1, [0.55])]).ks == [1]
-    assert flat_costs(1).plan([Candidate(1, [0.5])]).ks == [0]  # a tie: plain
+def test_a_step_drafts_where_it_predicts_more_tokens_a_second_and_a_tie_runs_plain():
+    # E(1) = 1 + a over 1.5 s against 1 token over 1 s: drafting pays above a = 0.5
+    for n in (1, 4):
+        assert flat_costs(n).plan([Candidate(1, [0.55])] * n).ks == [1] * n  # 1.033x
+        assert flat_costs(n).plan([Candidate(1, [0.5])] * n).ks == [0] * n
+        assert flat_costs(n).plan([Candidate(1, [0.45])] * n).ks == [0] * n
 
 
 def test_a_route_below_its_floor_probes_at_k1_only_when_due():
@@ -347,7 +346,7 @@ def test_bounds_refuse_nan_and_out_of_range():
         SpeculationBounds(draft_below_batch=-1).validate()
 
 
-def test_a_batch_drafts_where_it_predicts_the_margin_whether_it_drafted_or_not():
+def test_a_batch_drafts_where_it_predicts_a_gain_whether_it_drafted_or_not():
     """No band between starting and staying: what makes a drafting batch stay is what
     stopping costs, priced (test_controller_steps: a switch pays for itself)."""
     c = flat_costs(4)
@@ -355,9 +354,9 @@ def test_a_batch_drafts_where_it_predicts_the_margin_whether_it_drafted_or_not()
     def plan(accept: float) -> list[int]:
         return c.plan([Candidate(1, [accept])] * 4).ks
 
-    assert plan(0.55) == [0] * 4  # 1.033x: under the 6% (8% x 3/4)
-    assert plan(0.65) == [1] * 4  # 1.07x
-    assert plan(0.55) == [0] * 4  # drafting last step: the same 6%
+    assert plan(0.45) == [0] * 4  # 0.97x
+    assert plan(0.55) == [1] * 4  # 1.033x
+    assert plan(0.45) == [0] * 4  # drafting last step: plain as well
 
 
 def test_without_the_cost_model_auto_drafts_its_cap_but_still_probes():

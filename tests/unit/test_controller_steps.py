@@ -183,16 +183,16 @@ def measured(step_s: dict) -> Controller:
     return c
 
 
-def test_measured_steps_decide_one_sequence_drafts_and_four_do_not():
+def test_measured_steps_decide_one_sequence_drafts_and_four_go_near_plain():
     c = measured(CODE_STEP_S)
     alone = c.plan([Candidate(6, CODE_ACCEPT)])
     assert alone.reasons == ["on"] and alone.ks[0] >= 2 and alone.gain > 1.15
-    four = c.plan([Candidate(6, CODE_ACCEPT, probe=True, floor=0.5) for _ in range(4)])
-    # drafting 2 for four sequences comes within 1% of plain: a drafting batch goes plain
-    # (it stays only while drafting predicts 3% more), and nothing probes
-    assert four.ks == [0] * 4 and four.reasons == ["off:cost"] * 4 and four.gain == 1.0
-    rate = {k: 4 * expected_tokens(CODE_ACCEPT, k) / CODE_STEP_S[(4, k)] for k in (2, 4, 6)}
-    assert max(rate.values()) < 4 / CODE_STEP_S[(4, 0)]
+    # four sequences: k = 2 within 1% of plain, the deeper k 5% and more below it: the
+    # plan is one of the two, every sequence alike
+    rate = {k: 4 * expected_tokens(CODE_ACCEPT, k) / CODE_STEP_S[(4, k)] for k in (0, 2, 4, 6)}
+    assert abs(rate[2] / rate[0] - 1) < 0.01 and max(rate[4], rate[6]) < 0.95 * rate[0]
+    four = c.plan([Candidate(6, CODE_ACCEPT) for _ in range(4)])
+    assert four.ks in ([0] * 4, [2] * 4) and four.gain < 1.01
 
 
 def test_a_drafting_step_before_any_drafter_round_is_priced_at_its_forward():
@@ -301,10 +301,10 @@ def test_a_switch_pays_for_itself_before_the_batch_flips():
     assert batch(200, 64).ks == [2] * 4  # 24 steps to spread 0.4 s over: +10%
     assert batch(200, 8).ks == [0] * 4  # 3 steps: the catch-up costs more than they gain
     assert batch(0, 8).ks == [2] * 4  # caught up already: nothing to pay
-    # a drafting batch at a tie per step stays where stopping costs more than the margin
-    # (the drafter's work ahead, spread over the steps left), and only there
+    # a drafting batch 1.6% slower than plain per step stays where stopping costs more
+    # than that (the drafter's work ahead, spread over the steps left), and only there
     for stop_s, stays in ((0.02, False), (0.2, True)):
-        tie = measured({(4, 0): plain_s, (4, 2): drafting_s * 1.18})
+        tie = measured({(4, 0): plain_s, (4, 2): drafting_s * 1.22})
         assert tie.plan([Candidate(2, accept, remaining=64)] * 4).ks == [0] * 4
         tie.costs.record_step([0] * 4, plain_s + stop_s, stopping=4)
         assert tie.plan([Candidate(2, accept, remaining=64)] * 4).ks == [2 * stays] * 4

@@ -16,8 +16,8 @@ that stop), spread over H, the steps they may run so (remaining tokens / E, at m
 to flip, as every flip pays S.
 
 The controller takes the k with the best tokens/time for every sequence of the step at
-once (one under its route's `min_acceptance` left out) where it beats plain by `margin`
-x (B - 1) / B. One episode of `explore_steps` in `explore_every` steps runs the least
+once (one under its route's `min_acceptance` left out) where it beats plain (a tie runs
+plain). One episode of `explore_steps` in `explore_every` steps runs the least
 measured k predicted within `explore_window` of the best (narrowing as 1 / sqrt(1 + its
 episodes)) or never measured at this batch size, as a budget allows. Nothing latches:
 acceptance decays with time toward a prior, and a sequence off for acceptance probes one
@@ -186,8 +186,7 @@ class Controller:
         arms = self._arms(candidates, fixed)
         rates = [a.rate for a in arms]
         best = max(range(1, len(rates)), key=lambda k: rates[k], default=0)
-        threshold = 1 + cfg.margin * (sequences - 1) / sequences
-        arm = best if best and rates[best] > rates[0] * threshold else 0
+        arm = best if best and rates[best] > rates[0] else 0
         earned = cfg.explore_share * arms[arm].step_s
         self.budget_s = min(cfg.explore_cap_s, self.budget_s + earned)
         if not dip:
@@ -259,7 +258,7 @@ class Controller:
         if accept is not None:
             candidates = [replace(c, accept=[accept]) for c in candidates]
         rates = [a.rate for a in self._arms(candidates, fixed)]
-        return max(rates[1:], default=0.0) >= rates[0] * (1 + self.config.margin)
+        return max(rates[1:], default=0.0) > rates[0]
 
     def _arms(self, candidates: list[Candidate], fixed: Fixed) -> list[Arm]:
         """The step with every candidate at min(k, its cap), k = 0..the largest cap."""

@@ -185,8 +185,7 @@ class Controller:
         cfg, sequences = self.config, fixed.sequences + len(candidates)
         arms = self._arms(candidates, fixed)
         rates = [a.rate for a in arms]
-        best = max(range(1, len(rates)), key=lambda k: rates[k], default=0)
-        arm = best if best and rates[best] > rates[0] else 0
+        arm = _best(rates)
         earned = cfg.explore_share * arms[arm].step_s
         self.budget_s = min(cfg.explore_cap_s, self.budget_s + earned)
         if not dip:
@@ -257,8 +256,7 @@ class Controller:
         its own acceptance if given)."""
         if accept is not None:
             candidates = [replace(c, accept=[accept]) for c in candidates]
-        rates = [a.rate for a in self._arms(candidates, fixed)]
-        return max(rates[1:], default=0.0) > rates[0]
+        return _best([a.rate for a in self._arms(candidates, fixed)]) > 0
 
     def _arms(self, candidates: list[Candidate], fixed: Fixed) -> list[Arm]:
         """The step with every candidate at min(k, its cap), k = 0..the largest cap."""
@@ -304,6 +302,13 @@ class Controller:
                     total += p * self.costs(sequences, j, rows, drafting)
         self._priced[key] = total
         return total
+
+
+def _best(rates: list[float]) -> int:
+    """The k whose predicted tokens/s (`rates[k]`, k = 0 plain) is best among the drafting
+    ones, where it beats plain's; else 0 (a tie runs plain)."""
+    best = max(range(1, len(rates)), key=lambda k: rates[k], default=0)
+    return best if best and rates[best] > rates[0] else 0
 
 
 def _capped(c: Candidate) -> Candidate:

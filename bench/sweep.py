@@ -12,7 +12,10 @@ number of requests from `--concurrency` concurrent clients, streaming, and recor
 request the time to first token, the time per output token after it, tokens, and the
 speculation the router decided (reason, acceptance, mean accepted length). With
 `--repeats R` every cell runs R times, the modes taking turns at each level in A B B A
-order, and each mode's ratio to the first mode is printed per run and merged.
+order, and each mode's ratio to the first mode is printed per run and merged. At
+concurrency 1 the modes take turns request by request instead (each prompt sent once per
+mode, A B B A), each mode's time the sum of its own requests': one request runs alone
+either way, and a drift of the machine then falls on every mode alike within seconds.
 Writes `sweep.json`, `sweep.md` (the table and the ratio lines it prints) and two PNG plots
 (throughput, with the peers of the run beside specd, and TPOT p99 vs concurrency).
 Modes "ngram" and "combined" are speculation on with the drafter swapped for that
@@ -120,16 +123,50 @@ async def run_cell(
         return await drive(one, items, concurrency, requests, tick)
 
 
-def run_order(modes: list[str], levels: list[int], repeats: int) -> list[tuple[str, int]]:
-    """The (mode, concurrency) cells in the order they run. Once each: every level of one
-    mode, then the next mode. Repeated: per level, the modes forwards then backwards
-    (A B B A A B ...), so with an even count a drift of the machine's speed that is linear
-    in time weighs on every mode alike, which cells run one after another cannot give."""
+def run_order(modes: list[str], levels: list[int], repeats: int) -> list[tuple[list[str], int]]:
+    """The cells in the order they run: the modes that run each (one, or at concurrency 1
+    every mode, taking turns request by request) and its concurrency. Once each: every
+    level of one mode, then the next mode. Repeated: per level, the modes forwards then
+    backwards (A B B A A B ...), so with an even count a drift of the machine's speed that
+    is linear in time weighs on every mode alike, which cells run one after another cannot
+    give."""
+    turns = 1 in levels and len(modes) > 1
+    cells = [] if not turns else [(modes, 1)] * repeats
+    levels = [c for c in levels if not (turns and c == 1)]
     if repeats == 1:
-        return [(m, c) for m in modes for c in levels]
-    return [
-        (m, c) for c in levels for r in range(repeats) for m in (modes[::-1] if r % 2 else modes)
+        return cells + [([m], c) for m in modes for c in levels]
+    return cells + [
+        ([m], c) for c in levels for r in range(repeats) for m in (modes[::-1] if r % 2 else modes)
     ]
+
+
+async def run_turns(
+    address: str,
+    conversations,
+    cells: list[tuple[str, list[str] | None]],
+    requests: int,
+    max_new: int,
+    tick=None,
+) -> list[tuple[list[dict], float]]:
+    """At concurrency 1, each of `requests` prompts sent once per cell (speculation, routes)
+    in turn, forwards then backwards (A B B A): each cell's results and the sum of its
+    requests' times."""
+    results: list[list[dict]] = [[] for _ in cells]
+    walls = [0.0] * len(cells)
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = router_pb2_grpc.GenerationStub(channel)
+        for i in range(requests):
+            j = i % len(conversations)
+            for n in range(len(cells))[:: -1 if i % 2 else 1]:
+                speculation, routes = cells[n]
+                route = routes[j] if routes else ""
+                start = time.perf_counter()
+                result = await stream_one(stub, conversations[j], speculation, max_new, route)
+                walls[n] += time.perf_counter() - start
+                results[n].append({**result, "route": route})
+                if tick is not None:
+                    tick(1)
+    return list(zip(results, walls, strict=True))
 
 
 def sweep(
@@ -167,23 +204,30 @@ def sweep(
         asks = "on" if speculation == "auto" else speculation
         asyncio.run(run_cell(address, warm, asks, 1, len(warm), WARM_UP_TOKENS, None, warm_routes))
     runs: dict[tuple[str, int], list[tuple[list[dict], float]]] = {}
-    for mode, c in run_order(list(modes), list(levels), repeats):
+    for cell_modes, c in run_order(list(modes), list(levels), repeats):
         n = max(requests, c)
-        name = label or mode
-        bar = tqdm(total=n, desc=f"{name:<6} c={c:<3}", leave=False) if bars else None
-        tick = bar.update if bar is not None else None
-        speculation, cell_routes = cell_args(mode)
-        results, wall = asyncio.run(
-            run_cell(address, conversations, speculation, c, n, max_new, tick, cell_routes)
+        name = label or "+".join(cell_modes)
+        bar = (
+            tqdm(total=n * len(cell_modes), desc=f"{name:<6} c={c:<3}", leave=False)
+            if bars
+            else None
         )
+        tick = bar.update if bar is not None else None
+        args = [cell_args(mode) for mode in cell_modes]
+        if len(args) > 1:
+            done = asyncio.run(run_turns(address, conversations, args, n, max_new, tick))
+        else:
+            cell = run_cell(address, conversations, args[0][0], c, n, max_new, tick, args[0][1])
+            done = [asyncio.run(cell)]
         if bar is not None:
             bar.close()
-        runs.setdefault((mode, c), []).append((results, wall))
-        run = summarise(results, wall)
-        progress(
-            f"  {name:<6} c={c:<3} {run['tokens_per_s']:7.2f} tok/s  "
-            f"TPOT p99 {ms(run['tpot_p99'])}  reasons {run['reasons']}"
-        )
+        for mode, (results, wall) in zip(cell_modes, done, strict=True):
+            runs.setdefault((mode, c), []).append((results, wall))
+            run = summarise(results, wall)
+            progress(
+                f"  {label or mode:<6} c={c:<3} {run['tokens_per_s']:7.2f} tok/s  "
+                f"TPOT p99 {ms(run['tpot_p99'])}  reasons {run['reasons']}"
+            )
     cells = []
     for mode in modes:
         for c in levels:
@@ -252,8 +296,9 @@ def _parser() -> argparse.ArgumentParser:
         "--repeats",
         type=int,
         default=1,
-        help="run each cell this many times, the modes alternating per level (A B B A); "
-        "use an even count to compare modes on a machine whose speed drifts (%(default)s)",
+        help="run each cell this many times, the modes alternating per level (A B B A; at "
+        "concurrency 1 request by request); use an even count to compare modes on a machine "
+        "whose speed drifts (%(default)s)",
     )
     p.add_argument("--max-new-tokens", type=int, default=128, help=flags.MAX_NEW_TOKENS)
     p.add_argument(

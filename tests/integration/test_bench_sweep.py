@@ -1,5 +1,6 @@
 """A small sweep against in-process tiny-model servers: well-formed JSON, Markdown, PNG."""
 
+import asyncio
 import json
 
 import pytest
@@ -60,19 +61,21 @@ def test_small_sweep_writes_json_markdown_and_png(cluster, tmp_path):
 
 @pytest.mark.timeout(240)
 def test_repeated_cells_alternate_modes_and_merge(cluster):
-    # A B B A per level: with an even count every mode sits at the same mean position
-    order = run_order(["off", "auto"], [1, 4], 4)
-    assert order[:8] == [("off", 1), ("auto", 1), ("auto", 1), ("off", 1)] * 2
-    assert [c for _, c in order] == [1] * 8 + [4] * 8
+    # A B B A per level: with an even count every mode sits at the same mean position;
+    # at concurrency 1 one cell runs every mode, taking turns request by request
+    order = run_order(["off", "auto"], [1, 4, 8], 4)
+    assert order[:4] == [(["off", "auto"], 1)] * 4
+    assert order[4:8] == [(["off"], 4), (["auto"], 4), (["auto"], 4), (["off"], 4)]
+    assert [c for _, c in order] == [1] * 4 + [4] * 8 + [8] * 8
     for mode in ("off", "auto"):
-        positions = [i for i, (m, c) in enumerate(order) if m == mode and c == 1]
-        assert sum(positions) == 14
+        positions = [i for i, (m, c) in enumerate(order) if m == [mode] and c == 4]
+        assert sum(positions) == 4 + 7 + 8 + 11
     assert run_order(["off", "auto"], [1, 4], 1) == [
-        ("off", 1),
-        ("off", 4),
-        ("auto", 1),
-        ("auto", 4),
+        (["off", "auto"], 1),
+        (["off"], 4),
+        (["auto"], 4),
     ]
+    assert run_order(["auto"], [1, 4], 2) == [(["auto"], 1)] * 2 + [(["auto"], 4)] * 2
 
     conversations = [[{"role": "user", "content": "abcabc"}]]
     report = small_sweep(cluster, conversations, ["off", "on"], [1], repeats=2)
@@ -156,7 +159,44 @@ def test_warm_up_lets_the_drafter_see_every_prompt_where_the_mode_may_draft(monk
     monkeypatch.setattr(sweep_module, "run_cell", fake_cell)
     conversations = [[{"role": "user", "content": "abc"}]]
     report = sweep_module.sweep(
-        "unused", conversations, ["off", "auto", "on@plain"], [1], 1, 4, progress=lambda _: None
+        "unused", conversations, ["off", "auto", "on@plain"], [2], 1, 4, progress=lambda _: None
     )
     assert asked == ["off", "on", "on"]
     assert [c["mode"] for c in report["cells"]] == ["off", "auto", "on@plain"]
+
+
+def test_at_concurrency_one_the_modes_take_turns_and_each_counts_its_own_time(monkeypatch):
+    # each prompt goes to every mode in turn, A B B A by request, and a mode's tokens/s is
+    # its tokens over its own requests' time: `off` here takes 4x as long a request
+    from bench import sweep as sweep_module
+
+    sent = []
+
+    async def fake_cell(address, conversations, mode, concurrency, requests, *rest):
+        return [{"tokens": 1, "reason": mode, "route": ""}] * requests, 1.0
+
+    async def fake_stream(stub, messages, mode, max_new, route=""):
+        sent.append((mode, route, messages[0]["content"]))
+        await asyncio.sleep(0.04 if mode == "off" else 0.01)
+        result = {"ttft": 0.001, "tpot": 0.001, "tokens": max_new, "reason": mode}
+        return {**result, "drafted": 0, "accepted": 0, "rounds": 1}
+
+    monkeypatch.setattr(sweep_module, "run_cell", fake_cell)
+    monkeypatch.setattr(sweep_module, "stream_one", fake_stream)
+    conversations = [[{"role": "user", "content": x}] for x in ("a", "b")]
+    report = sweep_module.sweep(
+        "127.0.0.1:9",
+        conversations,
+        ["off", "on@plain"],
+        [1],
+        4,
+        8,
+        progress=lambda _: None,
+        repeats=2,
+    )
+    block = [("off", "", "a"), ("on", "plain", "a"), ("on", "plain", "b"), ("off", "", "b")]
+    assert sent == block * 4
+    off, on = report["cells"]
+    assert off["requests"] == on["requests"] == 8 and off["tokens"] == on["tokens"] == 64
+    assert len(off["runs_tokens_per_s"]) == len(on["runs_tokens_per_s"]) == 2
+    assert 2.5 < on["tokens_per_s"] / off["tokens_per_s"] < 4.5

@@ -131,7 +131,7 @@ def run_order(modes: list[str], levels: list[int], repeats: int) -> list[tuple[l
     is linear in time weighs on every mode alike, which cells run one after another cannot
     give."""
     turns = 1 in levels and len(modes) > 1
-    cells = [] if not turns else [(modes, 1)] * repeats
+    cells = [(modes, 1)] * repeats if turns else []
     levels = [c for c in levels if not (turns and c == 1)]
     if repeats == 1:
         return cells + [([m], c) for m in modes for c in levels]

@@ -42,6 +42,8 @@ RUNNING = "specd:num_requests_running"  # verifier gauge
 WAITING = "specd:num_requests_waiting"  # verifier gauge
 PREFIX_QUERIES = "specd:prefix_cache_queries"  # verifier: prompt tokens looked up, since start
 PREFIX_HITS = "specd:prefix_cache_hits"  # verifier: of which found cached
+STEP_SECONDS = "specd:engine_step_seconds"  # verifier: seconds in steps, since start
+CONTROL_SECONDS = "specd:speculation_control_seconds"  # verifier: in plan and observe, since start
 DRAFTER_RTT = "specd:drafter_round_trip_seconds"  # verifier histogram
 DRAFTER_FALLBACKS = "specd:drafter_fallbacks"  # verifier: rounds decoded with k = 0
 DRAFTER_SESSIONS = "specd:drafter_sessions"  # drafter gauge

@@ -59,6 +59,8 @@ class EngineLoad:
     spec_running: int  # running sequences that may draft
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache, since start
     prefix_hits: int = 0  # of which found there (their K/V not computed again)
+    step_seconds: float = 0.0  # running steps, since start
+    control_seconds: float = 0.0  # in the speculation control's plan and observe, since start
 
     @property
     def kv_utilization(self) -> float:
@@ -97,6 +99,9 @@ class Engine:
         self.scheduler = Scheduler(self.kv.allocator, self.config, chunk_invariant(model))
         self.speculation = SpeculationControl(self.config)
         self.observed = self.speculation.observe(StepReport())  # what it has learned
+        # seconds since start in steps, and in the speculation control's two doors: Python
+        # between the steps, whose share grows as a faster device shortens them
+        self.step_s, self.control_s = 0.0, 0.0
         self.proposer = proposer
         self.eos_ids = frozenset(eos_ids or ())
         self._ids = itertools.count()
@@ -152,6 +157,8 @@ class Engine:
             spec_running=sum(1 for s in running if s.num_draft > 0),
             prefix_queries=alloc.asked_tokens,
             prefix_hits=alloc.cached_tokens,
+            step_seconds=self.step_s,
+            control_seconds=self.control_s,
         )
 
     def acceptance_by_route(self) -> dict[str, float]:
@@ -164,7 +171,10 @@ class Engine:
     def _scheduled_step(self) -> list[StepOutput]:
         ready, used = self.scheduler.ready(), self.kv.allocator.utilization()
         view = StepView(tuple(SeqView.of(s) for s in ready), self.scheduler.batch, used)
-        plan = self.scheduler.schedule(ready, self.speculation.plan(view))
+        t0 = time.perf_counter()
+        decided = self.speculation.plan(view)
+        self.control_s += time.perf_counter() - t0
+        plan = self.scheduler.schedule(ready, decided)
         if not plan:
             return []
         if self.tracer is None:
@@ -196,8 +206,11 @@ class Engine:
         verdicts = verify_rounds(sampling, logits, self.model.args.vocab_size)
         reports = [_report(r, verdicts.get(r.slot.seq_id)) for r in rounds]  # before commit
         outputs = [self._commit(r, verdicts.get(r.slot.seq_id)) for r in rounds]
-        report = StepReport(tuple(reports), t1 - t0, t2 - t1, time.perf_counter() - t0)
+        t3 = time.perf_counter()
+        report = StepReport(tuple(reports), t1 - t0, t2 - t1, t3 - t0)
         self.observed = self.speculation.observe(report)
+        self.step_s += report.step_s
+        self.control_s += time.perf_counter() - t3
         return [out for out in outputs if out is not None]
 
     def _leaving_python(self) -> None:

@@ -103,6 +103,8 @@ def engine_run(model, prompts, new: int, proposer=None, k: int = 0, auto=False, 
         "tok_per_s": round(tokens / seconds, 2),
         "acceptance": round(t.accepted / t.drafted, 3) if t.drafted else None,
         "tokens_per_round": round(t.mean_accepted_length, 3) if t.rounds else None,
+        # the run's time in the speculation control's plan and observe (Python between steps)
+        "control_share": round(engine.control_s / seconds, 4),
         "outputs": list(outputs.values()),
     }
 
@@ -206,6 +208,7 @@ def speculation(model, draft, prompts, new: int, k: int, acceptance: float, serv
             "vs_off": round(run["tok_per_s"] / plain["tok_per_s"], 3),
             "acceptance": run["acceptance"],
             "tokens_per_round": run["tokens_per_round"],
+            "control_share": run["control_share"],
             "identical_to_off": run["outputs"] == plain["outputs"],
         }
     return out

@@ -42,6 +42,7 @@ def test_the_bench_reports_every_part(tmp_path):
     spec = report["speculation"]
     assert all(spec[m]["identical_to_off"] for m in ("lookup", "draft", "draft-auto"))
     assert spec["lookup"]["acceptance"] > 0.3  # 0.8 a draft, until the first miss
+    assert all(0 < spec[m]["control_share"] < 1 for m in ("off", "lookup", "draft-auto"))
     parts = spec["round_ms"]
     assert {"plain_step_ms", "verify_ms", "draft_forwards_ms"} <= parts.keys()
     assert parts["verify_ms"] > 0 and parts["plain_step_ms"] > 0

@@ -53,8 +53,7 @@ class VerifierMetrics:
         t.gauge(names.PREFIX_QUERIES, lambda: load().prefix_queries, "Prompt tokens looked up")
         t.gauge(names.PREFIX_HITS, lambda: load().prefix_hits, "Prompt tokens found cached")
         t.gauge(names.STEP_SECONDS, lambda: load().step_seconds, "Seconds running steps")
-        control = lambda: load().control_seconds  # noqa: E731
-        t.gauge(names.CONTROL_SECONDS, control, "Seconds the speculation control took")
+        t.gauge(names.CONTROL_SECONDS, lambda: load().control_seconds, "Seconds deciding k")
         # the same load under vLLM's names, for an inference gateway's endpoint picker
         model = {"model_name": servicer.model_name}
         t.gauge(names.VLLM_RUNNING, lambda: load().running, "Requests running", model)

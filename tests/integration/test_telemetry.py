@@ -146,11 +146,8 @@ def test_metrics_move_by_exactly_the_expected_amounts(traced):
     assert total(after[v], "specd:kv_cache_usage_perc") == 0.0
     assert 0.25 <= total(after[v], "specd:speculation_step_pace") <= 4.0
     # every step is planned and observed, outside the step's own time
-    control, steps = (
-        moved(v, "specd:speculation_control_seconds"),
-        moved(v, "specd:engine_step_seconds"),
-    )
-    assert 0.0 < control < steps
+    control = moved(v, "specd:speculation_control_seconds")
+    assert 0.0 < control < moved(v, "specd:engine_step_seconds")
     assert off.speculation.rounds == 0
 
 

@@ -10,8 +10,11 @@ from specd.speculation_config import SpeculationConfig
 from verifier_service.speculation.controller import Controller
 from verifier_service.speculation.step_shape import (
     Candidate,
+    Fixed,
+    arm_shapes,
     deepest,
     reach,
+    step_shape,
 )
 
 
@@ -78,6 +81,28 @@ def test_mixed_routes_price_a_round_by_how_deep_it_goes():
     new, old = _run_mixed(by_drafts=True), _run_mixed(by_drafts=False)
     assert rate(new) >= 0.99 * true_rate[best], (new, true_rate)
     assert rate(old) < 0.97 * true_rate[best], (old, true_rate)  # what it replaces
+
+
+def test_every_arm_shaped_at_once_as_each_alone():
+    """`arm_shapes` takes the deepest round's product once for all k: each arm's shape is
+    `step_shape`'s at those k to the last bit, beside a rest of the batch deeper than some
+    arms, shallower than others, or none; candidates of several caps (0 among them)."""
+    rnd = random.Random(3)
+    for _ in range(200):
+        candidates = [
+            Candidate(
+                rnd.randint(0, 6),
+                [rnd.random() for _ in range(rnd.randint(1, 4))],
+                goes_on=[rnd.random() for _ in range(rnd.randint(0, 3))],
+            )
+            for _ in range(rnd.randint(1, 9))
+        ]
+        rest = [([0.7], [rnd.random()], rnd.randint(0, 8)) for _ in range(rnd.randint(0, 3))]
+        fixed = Fixed.of(rest) if rnd.random() < 0.8 else Fixed(1, 4.0, 2.0, rnd.randint(0, 8))
+        shapes = arm_shapes(candidates, fixed)
+        assert len(shapes) == max(c.cap for c in candidates) + 1
+        for k, shape in enumerate(shapes):
+            assert shape == step_shape(candidates, [min(k, c.cap) for c in candidates], fixed)
 
 
 def test_the_deepest_of_rounds_that_stop_early():

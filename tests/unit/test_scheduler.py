@@ -5,6 +5,7 @@ short; and the plan's decisions behind each decode slot."""
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 
@@ -225,6 +226,20 @@ def test_decisions_tell_the_controller_of_a_dip_in_the_batch():
     _decide(control, auto[:1], batch=1, kv_used=0.1)
     _decide(control, auto[:1], batch=3, kv_used=0.1)  # two more wait for their prefill
     assert dips == [False, True, False, True]
+
+
+def test_the_largest_recent_batch_is_the_largest_within_the_memory():
+    """What gates drafting by batch (`_recent_batch`), against the plain maximum over
+    the batches seen within `batch_memory_s`, over steps of random sizes and gaps."""
+    clock, rnd = FakeClock(), random.Random(5)
+    control = SpeculationControl(EngineConfig(), clock)
+    memory, seen = control.tuned.batch_memory_s, []
+    for _ in range(2000):
+        clock.now += rnd.choice([0.001, 0.01, 0.05, 0.3])
+        size = rnd.randint(1, 32)
+        seen.append((clock.now, size))
+        within = [n for t, n in seen if t >= clock.now - memory]
+        assert control._recent_batch(size) == max(within)
 
 
 def test_decisions_never_draft_past_the_tokens_left():

@@ -90,10 +90,12 @@ class SpeculationControl:
         request finished, the next not yet admitted) must not switch the whole batch to
         drafting, whose catch-up forward costs more than that step gains."""
         now, history = self.clock(), self._batch_history
+        while history and history[-1][1] <= size:  # outlived by a batch as large: never the most
+            history.pop()
         history.append((now, size))
         while history[0][0] < now - self.tuned.batch_memory_s:
             history.popleft()
-        return max(n for _, n in history)
+        return history[0][1]
 
     def _leaves(self, decisions: list[Decision]) -> int:
         """Alternative leaves the step may hold: up to `max_tree_tokens` new tokens (in

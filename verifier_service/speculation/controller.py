@@ -36,7 +36,7 @@ from specd.speculation_config import SpeculationConfig
 from verifier_service.speculation.acceptance import PositionAcceptance
 from verifier_service.speculation.costs import StepCostModel
 from verifier_service.speculation.route_acceptance import RouteAcceptance
-from verifier_service.speculation.step_shape import Candidate, Fixed, step_shape
+from verifier_service.speculation.step_shape import Candidate, Fixed, arm_shapes, step_shape
 
 
 @dataclass(frozen=True)
@@ -259,13 +259,15 @@ class Controller:
         return _best([a.rate for a in self._arms(candidates, fixed)]) > 0
 
     def _arms(self, candidates: list[Candidate], fixed: Fixed) -> list[Arm]:
-        """The step with every candidate at min(k, its cap), k = 0..the largest cap."""
-        arms = []
-        for k in range(max((c.cap for c in candidates), default=0) + 1):
+        """The step with every candidate at min(k, its cap), k = 0..the largest cap. Which
+        candidates draft is the same at every k > 0, and so is what switching costs."""
+        arms, switches = [], {}
+        for k, shape in enumerate(arm_shapes(candidates, fixed)):
             ks = [min(k, c.cap) for c in candidates]
-            shape = step_shape(candidates, ks, fixed)
             tokens = fixed.tokens + sum(c.tokens(j) for c, j in zip(candidates, ks, strict=True))
-            switch = self.costs.switch_s(*_switching(candidates, ks))
+            if k <= 1:
+                switches[k] = self.costs.switch_s(*_switching(candidates, ks))
+            switch = switches[min(k, 1)]
             spread = switch / self._horizon(candidates, ks) if switch else 0.0
             arms.append(Arm(shape, tokens, self._expected_s(*shape), switch, spread))
         return arms

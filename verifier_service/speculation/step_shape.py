@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from verifier_service.speculation.acceptance import expected_table, expected_tokens
 
@@ -29,30 +29,33 @@ class Candidate:
     goes_on: list[float] = field(default_factory=list)
 
     # E(k), P(a round planned at k drafts at least j tokens) and the drafts it feeds, for
-    # k up to `cap`: a plan asks for them at every k of every arm it prices
+    # k up to `cap`: a plan asks for them at every k of every arm it prices, and the
+    # sequences of a route share them
     @cached_property
-    def _tokens(self) -> list[float]:
-        return expected_table(self.accept, self.cap)
-
-    @cached_property
-    def _reach(self) -> list[float]:
-        return reach(self.goes_on, self.cap)
-
-    @cached_property
-    def _fed(self) -> list[float]:
-        return list(itertools.accumulate(self._reach, initial=0.0))
+    def _tables(self) -> tuple[list[float], list[float], list[float]]:
+        return _tables(tuple(self.accept), tuple(self.goes_on), self.cap)
 
     def tokens(self, k: int) -> float:
         """E(k) of its acceptance (`expected_tokens`), k <= cap."""
-        return self._tokens[k]
+        return self._tables[0][k]
 
     def reach(self, k: int) -> list[float]:
         """P(a round planned at k <= cap drafts at least j tokens), j = 1..k (`reach`)."""
-        return self._reach[:k]
+        return self._tables[1][:k]
 
     def fed(self, k: int) -> float:
         """Drafts a round planned at k <= cap is expected to feed the forward."""
-        return self._fed[k]
+        return self._tables[2][k]
+
+
+@lru_cache(maxsize=256)
+def _tables(
+    accept: tuple[float, ...], goes_on: tuple[float, ...], cap: int
+) -> tuple[list[float], list[float], list[float]]:
+    """A candidate's E(k), reach and drafts fed by k (`Candidate`); read-only."""
+    reached = reach(list(goes_on), cap)
+    fed = list(itertools.accumulate(reached, initial=0.0))
+    return expected_table(list(accept), cap), reached, fed
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,30 @@ def step_shape(
         drafting += 1 if k else 0
         reaches.append(c.reach(k))
     return fixed.sequences + len(ks), deepest(reaches), rows, drafting
+
+
+def arm_shapes(
+    candidates: list[Candidate], fixed: Fixed
+) -> list[tuple[int, list[float], float, int]]:
+    """`step_shape` of every arm at once: each candidate at min(k, its cap), k = 0..the
+    largest cap. A candidate's reach at min(k, cap) is its whole reach below k, so the
+    deepest round's P(>= j) for j < k is the same at every arm: the product over the
+    candidates is taken once (in `deepest`'s order, so each arm's shape is the same)."""
+    top = max((c.cap for c in candidates), default=0)
+    rest = [1 - p for p in list(fixed.reach) or [1.0] * fixed.k]  # no round of the rest
+    miss = rest + [1.0] * (top - len(rest))  # reaches j
+    for c in candidates:
+        for j, p in enumerate(c.reach(c.cap)):
+            miss[j] *= 1 - p
+    shapes = []
+    for k in range(top + 1):
+        rows, drafting = float(fixed.rows), 1 if fixed.k else 0
+        for c in candidates:
+            rows += 1 + c.fed(min(k, c.cap))
+            drafting += 1 if k and c.cap else 0
+        reach_max = [1 - m for m in miss[:k]] + [1 - m for m in rest[k:]]
+        shapes.append((fixed.sequences + len(candidates), reach_max, rows, drafting))
+    return shapes
 
 
 def deepest(reaches: list[list[float]]) -> list[float]:

@@ -80,9 +80,11 @@ class Controller:
         self._since_explore = 0
         self._episodes: dict[tuple[int, int], int] = {}  # (B, k): episodes run
         self.budget_s = self.config.explore_cap_s  # what exploring and probing may spend
-        # a plan prices the same step shapes more than once (each candidate at a good
-        # acceptance, each alone): their expected seconds, kept for one plan
+        # a plan prices the same steps more than once (each candidate at a good
+        # acceptance, each alone): their expected seconds by shape, and the arms' steps by
+        # candidates (`_arm_steps`), kept for one plan
         self._priced: dict[tuple, float] = {}
+        self._stepped: dict[tuple, list] = {}
 
     def route_rates(self, route: str) -> list[float]:
         """A route's a_i over the prior: every sequence of the route drafts by it (one
@@ -131,7 +133,7 @@ class Controller:
         probes (a probe would catch up too)."""
         if not candidates:
             return Plan([], [], 1.0)
-        self._priced = {}  # this plan's steps by shape: the prices hold while it plans
+        self._priced, self._stepped = {}, {}  # the prices hold while it plans
         eligible = [c if c.accept[0] >= c.floor else _capped(c) for c in candidates]
         cfg = self.config
         costs = self.cost_model
@@ -259,18 +261,32 @@ class Controller:
         return _best([a.rate for a in self._arms(candidates, fixed)]) > 0
 
     def _arms(self, candidates: list[Candidate], fixed: Fixed) -> list[Arm]:
-        """The step with every candidate at min(k, its cap), k = 0..the largest cap. Which
-        candidates draft is the same at every k > 0, and so is what switching costs."""
-        arms, switches = [], {}
+        """The step with every candidate at min(k, its cap), k = 0..the largest cap."""
+        arms = []
+        for ks, shape, step_s, switch in self._arm_steps(candidates, fixed):
+            tokens = fixed.tokens + sum(c.tokens(j) for c, j in zip(candidates, ks, strict=True))
+            spread = switch / self._horizon(candidates, ks) if switch else 0.0
+            arms.append(Arm(shape, tokens, step_s, switch, spread))
+        return arms
+
+    def _arm_steps(
+        self, candidates: list[Candidate], fixed: Fixed
+    ) -> list[tuple[list[int], tuple, float, float]]:
+        """Each arm's (ks, shape, expected seconds, switch price): nothing of them depends
+        on acceptance, so a plan that prices its step again at another (the reasons) takes
+        them as they are. Which candidates draft is the same at every k > 0, and so is
+        what switching costs."""
+        key = (fixed, tuple((c.cap, tuple(c.goes_on), c.behind) for c in candidates))
+        if key in self._stepped:
+            return self._stepped[key]
+        steps, switches = [], {}
         for k, shape in enumerate(arm_shapes(candidates, fixed)):
             ks = [min(k, c.cap) for c in candidates]
-            tokens = fixed.tokens + sum(c.tokens(j) for c, j in zip(candidates, ks, strict=True))
             if k <= 1:
                 switches[k] = self.costs.switch_s(*_switching(candidates, ks))
-            switch = switches[min(k, 1)]
-            spread = switch / self._horizon(candidates, ks) if switch else 0.0
-            arms.append(Arm(shape, tokens, self._expected_s(*shape), switch, spread))
-        return arms
+            steps.append((ks, shape, self._expected_s(*shape), switches[min(k, 1)]))
+        self._stepped[key] = steps
+        return steps
 
     def _horizon(self, candidates: list[Candidate], ks: list[int]) -> float:
         """The steps a switch to `ks` is spread over: the candidates' mean remaining tokens

@@ -123,6 +123,9 @@ class StepCosts:
         self._drafting: dict[int, CostCurve] = {}
         self.pace_weight = c.pace_weight
         self.pace = 1.0
+        # `_held`'s prices as plans ask for them, until a step of their curve is recorded:
+        # plain's by sequences under None, a batch size's drafting ones by k under it
+        self._prices: dict[int | None, dict[int, float | None]] = {}
 
     def _curve(self, sequences: int, k: int) -> CostCurve | None:
         return self._plain if k == 0 else self._drafting.get(sequences)
@@ -130,6 +133,7 @@ class StepCosts:
     def record(self, sequences: int, k: int, seconds: float) -> None:
         if sequences <= 0 or k < 0 or not seconds > 0:
             return
+        self._prices.pop(None if k == 0 else sequences, None)
         held = self._settled(sequences, k)
         if held is not None:  # settled: the step moves the pace, and what is left its price
             off = math.log(seconds / (self.pace * held))
@@ -152,7 +156,11 @@ class StepCosts:
         return 0 if curve is None else curve.samples(sequences if k == 0 else k)
 
     def __call__(self, sequences: int, k: int) -> float | None:
-        price = self._held(sequences, k)
+        prices = self._prices.setdefault(None if k == 0 else sequences, {})
+        key = sequences if k == 0 else k
+        if key not in prices:
+            prices[key] = self._held(sequences, k)
+        price = prices[key]
         return None if price is None else self.pace * price
 
     def _held(self, sequences: int, k: int) -> float | None:

@@ -33,7 +33,7 @@ class Candidate:
     # sequences of a route share them
     @cached_property
     def _tables(self) -> tuple[list[float], list[float], list[float]]:
-        return _tables(tuple(self.accept), tuple(self.goes_on), self.cap)
+        return _route_tables(tuple(self.accept), tuple(self.goes_on), self.cap)
 
     def tokens(self, k: int) -> float:
         """E(k) of its acceptance (`expected_tokens`), k <= cap."""
@@ -49,7 +49,7 @@ class Candidate:
 
 
 @lru_cache(maxsize=256)
-def _tables(
+def _route_tables(
     accept: tuple[float, ...], goes_on: tuple[float, ...], cap: int
 ) -> tuple[list[float], list[float], list[float]]:
     """A candidate's E(k), reach and drafts fed by k (`Candidate`); read-only."""
@@ -119,8 +119,8 @@ def arm_shapes(
     deepest round's P(>= j) for j < k is the same at every arm: the product over the
     candidates is taken once (in `deepest`'s order, so each arm's shape is the same)."""
     top = max((c.cap for c in candidates), default=0)
-    rest = [1 - p for p in list(fixed.reach) or [1.0] * fixed.k]  # no round of the rest
-    miss = rest + [1.0] * (top - len(rest))  # reaches j
+    rest = [1 - p for p in list(fixed.reach) or [1.0] * fixed.k]  # P(none of the rest >= j)
+    miss = rest + [1.0] * (top - len(rest))  # then P(no round >= j), each at its cap
     for c in candidates:
         for j, p in enumerate(c.reach(c.cap)):
             miss[j] *= 1 - p

@@ -32,7 +32,7 @@ import torch
 from bench.engine import ours_decode
 from bench.gpu.controlled import ControlledProposer
 from bench.gpu.services import compare
-from bench.gpu.shapes import SHAPES, build, bytes_per_token
+from bench.gpu.shapes import SHAPES, build, bytes_per_token, emulated
 from specd.config import EngineConfig
 from specd.models.paged_kv import PagedKV
 from specd.models.seq_input import SeqInput
@@ -163,7 +163,10 @@ def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return [torch.randint(10, vocab - 10, (length,), generator=g).tolist() for _ in range(n)]
 
 
-def speculation(model, draft, prompts, new: int, k: int, acceptance: float, services=None, many=()):
+def speculation(
+    model, draft, prompts, new: int, k: int, acceptance: float, services=None, many=(),
+    emulate_ms=(),
+):  # fmt: skip
     """Plain, then controlled drafts (free and behind the draft model), then `auto`; and
     with `services` (target and draft shape) the same through verifier and drafter
     processes (bench.gpu.services), and `many` prompts at once through the verifier."""
@@ -195,7 +198,7 @@ def speculation(model, draft, prompts, new: int, k: int, acceptance: float, serv
     if services is not None:
         device = str(model.device)
         out["services"] = compare(
-            recorded, vocab, prompts, new, k, acceptance, services, device, many
+            recorded, vocab, prompts, new, k, acceptance, services, device, many, emulate_ms
         )
         for name in ("lookup", "draft"):  # what the processes and gRPC cost
             s = out["services"][name]
@@ -250,6 +253,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-peer", action="store_true", help="skip transformers")
     p.add_argument("--no-services", action="store_true", help="skip the gRPC services")
     p.add_argument("--json", help="write the report here")
+    p.add_argument(
+        "--emulate-ms",
+        type=float,
+        nargs=2,
+        default=(0.0, 0.0),
+        metavar=("TARGET", "DRAFT"),
+        help="on a CPU: sleep this many ms before each target and each draft model "
+        "forward (in-process and in the services), a GPU step's pace for the tiny shape",
+    )
     return p
 
 
@@ -257,6 +269,7 @@ def _decode(report: dict, shape: str, args):
     """Plain decode of `shape` at c = 1 against its limit; -> (transformers model, ours)."""
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     hf, ours = build(shape, args.device, dtype)
+    emulated(ours, args.emulate_ms[0] / 1e3)
     prompt = _prompts(1, args.prompt_tokens, ours.args.vocab_size, 0)[0]
     loop, _ = ours_decode(ours, prompt, args.new_tokens)  # model.forward alone
     engine = engine_run(ours, [prompt], args.new_tokens)["tok_per_s"]
@@ -287,8 +300,13 @@ def _peer(report: dict, shape: str, hf, prompt, new: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if any(args.emulate_ms) and args.device != "cpu":
+        parser.error("--emulate-ms is for a CPU: a GPU runs at its own pace")
     report: dict = {"device": args.device, "torch": torch.__version__, "decode": {}}
+    if any(args.emulate_ms):
+        report["emulated_forward_ms"] = dict(zip(("target", "draft"), args.emulate_ms, strict=True))
 
     def save():  # after every part: a run cut short keeps what it measured
         if args.json:
@@ -312,11 +330,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"c = 32 plain: {c32} tok/s, {c32 / c1:.1f}x c = 1")
     save()
     _, draft = build(args.draft, args.device, target.dtype, seed=1, draft=True)
+    emulated(draft, args.emulate_ms[1] / 1e3)
     prompts = _prompts(4, args.prompt_tokens, vocab, 3)
     new = args.new_tokens // 2
     services = None if args.no_services else (args.target, args.draft)
     report["speculation"] = speculation(
-        target, draft, prompts, new, args.k, args.acceptance, services, many
+        target, draft, prompts, new, args.k, args.acceptance, services, many, args.emulate_ms
     )
     report["speculation"]["setting"] = dict(k=args.k, acceptance=args.acceptance, c=1)
     if services is not None:  # c = 32 plain through the verifier process, against in-process
@@ -336,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"steps failed: {report['steps_error']}")
     del draft
     save()
-    if not args.no_peer:
+    if not args.no_peer and not any(args.emulate_ms):  # transformers runs at its own pace
         _peer(report, args.target, hf, prompt, args.new_tokens)
         save()
     del hf, target

@@ -30,7 +30,7 @@ import grpc
 import torch
 
 from bench.gpu.controlled import ControlledProposer
-from bench.gpu.shapes import build
+from bench.gpu.shapes import build, emulated
 from protos.specd.v1 import router_pb2, verifier_pb2, verifier_pb2_grpc
 
 HOST = "127.0.0.1"
@@ -48,7 +48,7 @@ def _drafter(args) -> None:
     inner = None
     if args.draft_shape:
         _, draft = build(args.draft_shape, args.device, dtype(args.device), seed=1, draft=True)
-        inner = DraftModelProposer(draft, num_blocks=4096)
+        inner = DraftModelProposer(emulated(draft, args.emulate_ms / 1e3), num_blocks=4096)
     proposer = ControlledProposer(recorded, data["vocab"], args.acceptance, inner)
     config = DrafterConfig(host=HOST, port=args.port)
     asyncio.run(serve(config, built=(proposer, data["vocab"], "controlled")))
@@ -61,6 +61,7 @@ def _verifier(args) -> None:
     from verifier_service.startup import serve
 
     _, target = build(args.shape, args.device, dtype(args.device))
+    emulated(target, args.emulate_ms / 1e3)
     config = VerifierConfig(host=HOST, port=args.port, drafter=args.drafter)
     proposer = RemoteProposer(args.drafter, config.drafter_timeout_ms, 1000, None)
     # 32 sequences of up to 512 tokens (the c = 32 run's), as the in-process engine holds
@@ -156,11 +157,15 @@ def generate_together(address: str, prompts, new: int) -> float:
         return round(tokens / (time.perf_counter() - t0), 2)
 
 
-def compare(recorded, vocab, prompts, new: int, k: int, acceptance: float, shapes, device, many=()):
+def compare(
+    recorded, vocab, prompts, new: int, k: int, acceptance: float, shapes, device, many=(),
+    emulate_ms=(),
+):  # fmt: skip
     """Start two (drafter, verifier, router) sets, one per drafting kind; each prompt
     through each verifier and through each router with speculation off and on. -> tok/s
     and whether outputs match plain; with `many` prompts, also their plain tok/s all at
-    once through the first verifier."""
+    once through the first verifier. `emulate_ms`: (target, draft) ms each model's forward
+    sleeps first (`emulated`)."""
     target_shape, draft_shape = shapes
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"specd-services-{os.getpid()}"
     work.mkdir(parents=True, exist_ok=True)
@@ -169,6 +174,7 @@ def compare(recorded, vocab, prompts, new: int, k: int, acceptance: float, shape
     (work / "policy.yaml").write_text(f'default: {{speculation: "on", num_draft_tokens: {k}}}\n')
     tokenizer = write_tokenizer(work / "tokenizer", vocab)
     base = [sys.executable, "-m", "bench.gpu.services", "--device", device]
+    target_ms, draft_ms = emulate_ms or (0.0, 0.0)
     router = [sys.executable, "-m", "launcher", "serve", "router", "--tokenizer", str(tokenizer)]
     router += ["--policy-file", str(work / "policy.yaml")]
     pairs = {"lookup": (50761, 50762, 50765, ""), "draft": (50763, 50764, 50766, draft_shape)}
@@ -177,8 +183,10 @@ def compare(recorded, vocab, prompts, new: int, k: int, acceptance: float, shape
         for d_port, v_port, r_port, inner in pairs.values():
             drafter = [*base, "drafter", "--port", str(d_port), "--recorded"]
             drafter += [str(work / "recorded.json"), "--acceptance", str(acceptance)]
+            drafter += ["--emulate-ms", str(draft_ms)]
             procs.append(subprocess.Popen([*drafter, "--draft-shape", inner]))
             verifier = [*base, "verifier", "--port", str(v_port), "--shape", target_shape]
+            verifier += ["--emulate-ms", str(target_ms)]
             procs.append(subprocess.Popen([*verifier, "--drafter", f"{HOST}:{d_port}"]))
             at = ["--port", str(r_port), "--verifier", f"{HOST}:{v_port}"]
             procs.append(subprocess.Popen([*router, *at]))
@@ -229,10 +237,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the chance a draft is the recorded token (%(default)s)",
     )
     d.add_argument("--draft-shape", default="", help="run this draft model's forwards too")
+    d.add_argument("--emulate-ms", type=float, default=0.0, help="sleep before each forward")
     v = sub.add_parser("verifier")
     v.add_argument("--port", type=int, required=True, help="where it listens")
     v.add_argument("--drafter", required=True, help="the drafter's HOST:PORT")
     v.add_argument("--shape", default="llama-3.2-3b", help="the target's (%(default)s)")
+    v.add_argument("--emulate-ms", type=float, default=0.0, help="sleep before each forward")
     args = p.parse_args(argv)
     {"drafter": _drafter, "verifier": _verifier}[args.role](args)
     return 0

@@ -7,6 +7,7 @@ token agreement between two models says nothing; speed and exactness do."""
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -94,3 +95,18 @@ def bytes_per_token(model) -> int:
     for layer in model.layers:
         tensors += [t for t in vars(layer).values() if isinstance(t, torch.Tensor)]
     return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def emulated(model, seconds: float):
+    """`model`, each forward first sleeping `seconds` (the GIL released): on a CPU, the tiny
+    shape at a GPU step's pace, so that the Python around the steps (the speculation
+    control's, the services') weighs as beside a GPU's step. A GPU runs at its own."""
+    if seconds > 0:
+        forward = model.forward
+
+        def slowed(*args, **kwargs):
+            time.sleep(seconds)
+            return forward(*args, **kwargs)
+
+        model.forward = slowed
+    return model

@@ -31,13 +31,17 @@ def test_controlled_drafts_are_accepted_as_set(tiny, acceptance):
 
 
 def test_the_bench_reports_every_part(tmp_path):
+    """At an emulated GPU step of 1 ms (`--emulate-ms`): every forward sleeps that long
+    first, so no step of one sequence makes more than 1,000 tokens a second."""
     out = tmp_path / "gpu.json"
     argv = ["--device", "cpu", "--target", "tiny", "--draft", "tiny", "--also", ""]
-    argv += ["--no-peer", "--no-services"]
+    argv += ["--no-peer", "--no-services", "--emulate-ms", "1", "0.5"]
     assert run.main([*argv, "--new-tokens", "24", "--prompt-tokens", "12", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     decode = report["decode"]["tiny"]
-    assert 0 < decode["engine_tok_per_s"] and decode["limit_tok_per_s"] > 0
+    assert 0 < decode["engine_tok_per_s"] <= 1000 and decode["limit_tok_per_s"] > 0
+    assert report["emulated_forward_ms"] == {"target": 1.0, "draft": 0.5}
+    assert 0 < report["speculation"]["off"]["tok_per_s"] <= 1000
     assert report["verification_ratio"]["1"] == 1.0 and report["c32"]["c32_tok_per_s"] > 0
     spec = report["speculation"]
     assert all(spec[m]["identical_to_off"] for m in ("lookup", "draft", "draft-auto"))
@@ -51,6 +55,11 @@ def test_the_bench_reports_every_part(tmp_path):
     assert report["steps"]["4,2"]["rows"] == 12 and report["first_round_s"] is not None
     table = StepTable.load(out)
     assert table.parts(4, 12, 4, 2)[1] == report["steps"]["4,2"]["draft"] > 0
+
+
+def test_a_gpu_is_not_emulated():
+    with pytest.raises(SystemExit):
+        run.main(["--device", "cuda", "--emulate-ms", "2", "0"])
 
 
 def test_a_round_breaks_into_its_parts():

@@ -77,6 +77,8 @@ class SpeculationControl:
                 )  # fmt: skip
             else:
                 decided[i] = Decision(k, "on", 1.0)
+        if not candidates:  # nothing for the controller to plan
+            return [decided[i] for i in range(len(view.ready))]
         routed = [(view.ready[i].bounds.route, d.k) for i, d in decided.items()]
         rest = Fixed.of([(accept[route], goes_on[route], k) for route, k in routed])
         # fewer ready than the batch had a moment ago (or than run and wait now): a dip

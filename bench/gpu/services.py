@@ -12,6 +12,8 @@ weights come with no tokenizer, so the routers read one of made-up words
 
     python -m bench.gpu.services drafter --port P --recorded F [--draft-shape S]
     python -m bench.gpu.services verifier --port P --drafter HOST:PORT [--shape S]
+
+(each with `--emulate-ms MS` on a CPU: its model's forwards at a GPU step's pace)
 """
 
 from __future__ import annotations

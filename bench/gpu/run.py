@@ -3,8 +3,9 @@ transformers with a static cache and `torch.compile`, on random weights with rea
 models' shapes (bench.gpu.shapes), one run.
 
     specd bench gpu [--target llama-3.2-3b] [--draft llama-3.2-1b] [--json F]
-    specd bench gpu --device cpu --target tiny --draft tiny --also "" --no-peer \
-        --emulate-ms 2 0.7  # on a CPU, at a GPU step's pace
+    specd bench gpu --device cpu --target tiny --draft tiny --also "" --emulate-ms 2 0.7
+
+(the last on a CPU: the tiny shape at a GPU step's pace, `--emulate-ms`)
 
 1. The device's copy bandwidth, and the bytes a decode step reads: the limit in tok/s.
 2. Plain greedy decode at c = 1: specd's forward loop, specd's engine, and transformers

@@ -279,11 +279,11 @@ class Controller:
         key = (fixed, tuple((c.cap, tuple(c.goes_on), c.behind) for c in candidates))
         if key in self._stepped:
             return self._stepped[key]
-        steps, switches = [], {}
+        plain, drafting = [0] * len(candidates), [c.cap for c in candidates]
+        switches = [self.costs.switch_s(*_switching(candidates, ks)) for ks in (plain, drafting)]
+        steps = []
         for k, shape in enumerate(arm_shapes(candidates, fixed)):
             ks = [min(k, c.cap) for c in candidates]
-            if k <= 1:
-                switches[k] = self.costs.switch_s(*_switching(candidates, ks))
             steps.append((ks, shape, self._expected_s(*shape), switches[min(k, 1)]))
         self._stepped[key] = steps
         return steps

@@ -156,8 +156,10 @@ class StepCosts:
         return 0 if curve is None else curve.samples(sequences if k == 0 else k)
 
     def __call__(self, sequences: int, k: int) -> float | None:
-        prices = self._prices.setdefault(None if k == 0 else sequences, {})
-        key = sequences if k == 0 else k
+        curve, key = (None, sequences) if k == 0 else (sequences, k)
+        prices = self._prices.get(curve)
+        if prices is None:
+            prices = self._prices[curve] = {}
         if key not in prices:
             prices[key] = self._held(sequences, k)
         price = prices[key]

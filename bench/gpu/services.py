@@ -34,6 +34,7 @@ import torch
 from bench.gpu.controlled import ControlledProposer
 from bench.gpu.shapes import build, emulated
 from protos.specd.v1 import router_pb2, verifier_pb2, verifier_pb2_grpc
+from specd.openmp import settle_spinning, settle_threads
 
 HOST = "127.0.0.1"
 # the router's health service: serving once one of its verifiers is
@@ -70,6 +71,16 @@ def _verifier(args) -> None:
     engine_config = EngineConfig(max_batch_size=32, num_blocks=32 * 512 // 16)
     engine = Engine(target, engine_config, proposer, eos_ids=set())
     asyncio.run(serve(config, engine=engine, model_name=args.shape))
+
+
+def model_service_env() -> dict[str, str]:
+    """The environment `specd serve` gives a drafter and a verifier that has one
+    (specd/openmp.py): OpenMP threads by the CPU limit, and short spinning, as the two take
+    turns on the cores. Set here, before their torch loads."""
+    env = dict(os.environ)
+    settle_threads(env)
+    settle_spinning(env)
+    return env
 
 
 def dtype(device: str) -> torch.dtype:
@@ -179,6 +190,7 @@ def compare(
     target_ms, draft_ms = emulate_ms or (0.0, 0.0)
     router = [sys.executable, "-m", "launcher", "serve", "router", "--tokenizer", str(tokenizer)]
     router += ["--policy-file", str(work / "policy.yaml")]
+    env = model_service_env()
     pairs = {"lookup": (50761, 50762, 50765, ""), "draft": (50763, 50764, 50766, draft_shape)}
     procs = []
     try:
@@ -186,10 +198,10 @@ def compare(
             drafter = [*base, "drafter", "--port", str(d_port), "--recorded"]
             drafter += [str(work / "recorded.json"), "--acceptance", str(acceptance)]
             drafter += ["--emulate-ms", str(draft_ms)]
-            procs.append(subprocess.Popen([*drafter, "--draft-shape", inner]))
+            procs.append(subprocess.Popen([*drafter, "--draft-shape", inner], env=env))
             verifier = [*base, "verifier", "--port", str(v_port), "--shape", target_shape]
             verifier += ["--emulate-ms", str(target_ms)]
-            procs.append(subprocess.Popen([*verifier, "--drafter", f"{HOST}:{d_port}"]))
+            procs.append(subprocess.Popen([*verifier, "--drafter", f"{HOST}:{d_port}"], env=env))
             at = ["--port", str(r_port), "--verifier", f"{HOST}:{v_port}"]
             procs.append(subprocess.Popen([*router, *at]))
         for _, v_port, r_port, _ in pairs.values():

@@ -9,6 +9,8 @@ the marker with INVALID_ARGUMENT and the parser's message.
 
 from __future__ import annotations
 
+import inspect
+
 import grpc
 from google.protobuf.message import DecodeError
 
@@ -56,6 +58,9 @@ def _stream_unary(inner):
 
 
 def _stream_stream(inner):
+    if not inspect.isasyncgenfunction(inner):  # a handler that writes with context.write
+        return _stream_unary(inner)
+
     async def handle(requests, context):
         async for response in inner(_checked(requests, context), context):
             yield response

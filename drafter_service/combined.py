@@ -53,8 +53,8 @@ class CombinedProposer:
         ]
         return lookup_then_model(states, found, self.model)
 
-    def draft_ahead(self, stop=lambda: False) -> None:
-        self.model.draft_ahead(stop)
+    def draft_ahead(self, stop=lambda: False) -> list[tuple[DraftState, Proposal]]:
+        return self.model.draft_ahead(stop)
 
     def close(self, seq_id) -> None:
         self.model.close(seq_id)

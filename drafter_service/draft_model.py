@@ -19,7 +19,7 @@ from specd.kvcache import NoFreeBlocks
 from specd.logits import apply_repetition_penalty, logits_to_probs, presence_rows
 from specd.models.paged_kv import PagedKV
 from specd.models.seq_input import SeqInput
-from specd.proposal import DraftState, Proposal
+from specd.proposal import DraftState, Proposal, continuable
 
 # on a GPU, draft steps of up to GRAPH_SEQS sequences and catch-ups of up to GRAPH_ROWS
 # tokens replay CUDA graphs (specd.models.gpu.graphs); larger ones run eagerly
@@ -76,7 +76,7 @@ class DraftModelProposer:
         self._cached: dict[object, list[int]] = {}  # tokens whose K/V the drafter holds
         self._gens: dict[object, torch.Generator] = {}
         self._last: list = []  # (state, proposal) of the last round, for draft_ahead
-        self._ahead: dict = {}  # seq_id -> (committed tokens it assumes, proposal)
+        self._ahead: dict = {}  # seq_id -> [(committed tokens it assumes, proposal)], a chain
         self.ahead_hits = 0  # rounds answered from draft_ahead's work
         self.cut_rounds = 0  # rounds that p_min stopped before their k
 
@@ -99,32 +99,29 @@ class DraftModelProposer:
         ahead, self._ahead = self._ahead, {}
         ready: dict[int, Proposal] = {}
         for s in states:
-            hit = ahead.get(s.seq_id)
-            if hit is not None and hit[0] == s.tokens and len(hit[1].tokens) >= s.k > 0:
-                ready[id(s)] = hit[1].first(s.k)
+            hit = next((p for tokens, p in ahead.get(s.seq_id, ()) if tokens == s.tokens), None)
+            if hit is not None and len(hit.tokens) >= s.k > 0:
+                ready[id(s)] = hit.first(s.k)
         self.ahead_hits += len(ready)
         rest = [s for s in states if id(s) not in ready]
         drafted = iter(self._propose(rest))
         out = [ready[id(s)] if id(s) in ready else next(drafted) for s in states]
-        # what draft_ahead may continue: sequences that got every draft they asked for
-        # (references, no copies: a later hit compares the tokens it assumed, in full)
-        # (constrained sequences are left out: their grammar follows the committed tokens)
-        self._last = [
-            (s, p)
-            for s, p in zip(states, out, strict=True)
-            if s.k > 0 and len(p.tokens) == s.k and s.grammar is None
-        ]
+        self._last = continuable(zip(states, out, strict=True))
         return out
 
-    def draft_ahead(self, stop=lambda: False) -> None:
+    def draft_ahead(self, stop=lambda: False) -> list[tuple[DraftState, Proposal]]:
         """Between rounds (the verifier is busy verifying): continue the last round's
         sequences as if every draft will be accepted, guessing the target's bonus token
         with the drafter's own next token. The next round's propose returns that work at
         once when the committed tokens match exactly; otherwise it only cost spare time
-        (and the cache rolls back as usual). `stop()` is polled between forwards."""
+        (and the cache rolls back as usual). `stop()` is polled between forwards.
+        Called again, it continues from what it made (the next round's drafts, also
+        assumed all accepted). -> each sequence's assumed state (its tokens those the
+        drafts follow) and drafts, for the server to push to a verifier that takes them
+        without asking."""
         last, self._last = self._last, []
         if not last:
-            return
+            return []
         chains = [DraftState(s.seq_id, s.tokens + p.tokens, s.params, 1) for s, p in last]
         guesses = self._propose(chains, stop)  # feeds the last drafts; 1 token: the bonus
         hyp = [
@@ -133,9 +130,12 @@ class DraftModelProposer:
             if g.tokens
         ]
         if not hyp or stop():
-            return
-        for s, p in zip(hyp, self._propose(hyp, stop), strict=True):
-            self._ahead[s.seq_id] = (s.tokens, p)
+            return []
+        made = list(zip(hyp, self._propose(hyp, stop), strict=True))
+        for s, p in made:
+            self._ahead.setdefault(s.seq_id, []).append((s.tokens, p))
+        self._last = continuable(made)
+        return made
 
     def _propose(self, states: list[DraftState], stop=None) -> list[Proposal]:
         active = [

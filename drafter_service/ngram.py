@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specd.proposal import DraftState, Proposal
+from specd.proposal import DraftState, Proposal, continuable
 
 
 def ngram_propose(tokens: list[int], k: int, max_n: int = 4, min_n: int = 1) -> list[int]:
@@ -36,18 +36,37 @@ def allowed_prefix(s: DraftState, tokens: list[int]) -> list[int]:
 
 class NgramProposer:
     available = True
+    lookup_only = True  # no model forward: microseconds a round, drafted ahead on any host
 
     def __init__(self, max_n: int = 4, min_n: int = 1):
         self.max_n, self.min_n = max_n, min_n
+        self._last: list[tuple[DraftState, Proposal]] = []  # for draft_ahead
 
     def propose(self, states: list[DraftState]) -> list[Proposal]:
-        return [
-            Proposal(
-                tokens=allowed_prefix(s, ngram_propose(s.tokens, s.k, self.max_n, self.min_n)),
-                ngram=True,
-            )
-            for s in states
-        ]
+        out = [self._lookup(s) for s in states]
+        self._last = continuable(zip(states, out, strict=True))
+        return out
 
-    def close(self, seq_id) -> None:  # stateless
-        pass
+    def draft_ahead(self, stop=lambda: False) -> list[tuple[DraftState, Proposal]]:
+        """The next round's lookup for each sequence of the last round, as if every draft
+        will be accepted and the target's next token is the one the lookup continues with;
+        called again, the round after (see DraftModelProposer.draft_ahead)."""
+        last, self._last = self._last, []
+        made = []
+        for s, p in last:
+            drafted = s.tokens + p.tokens
+            guess = ngram_propose(drafted, 1, self.max_n, self.min_n)
+            if guess:
+                assumed = DraftState(s.seq_id, drafted + guess, s.params, s.k)
+                made.append((assumed, self._lookup(assumed)))
+        self._last = continuable(made)
+        return made
+
+    def _lookup(self, s: DraftState) -> Proposal:
+        return Proposal(
+            tokens=allowed_prefix(s, ngram_propose(s.tokens, s.k, self.max_n, self.min_n)),
+            ngram=True,
+        )
+
+    def close(self, seq_id) -> None:
+        self._last = [(s, p) for s, p in self._last if s.seq_id != seq_id]

@@ -23,6 +23,10 @@ from specd.wire_proposals import proposal_to_proto
 
 log = logging.getLogger(__name__)
 
+# how many rounds past the last one answered the drafter drafts ahead: each assumes the one
+# before it accepted whole, and the first request to arrive stops them
+AHEAD_ROUNDS = 4
+
 
 class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
     def __init__(
@@ -43,8 +47,11 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             None if load_tokenizer is None else Grammars(load_tokenizer, vocab_size, eos_ids)
         )
         self.name = name  # told to each verifier in the handshake
-        # between rounds, let the proposer continue as if all drafts were accepted
-        self.draft_ahead = draft_ahead and hasattr(proposer, "draft_ahead")
+        # between rounds, let the proposer continue as if all drafts were accepted (always
+        # where that costs no model forward), and push that work to verifiers that ask
+        self.draft_ahead = (draft_ahead or getattr(proposer, "lookup_only", False)) and hasattr(
+            proposer, "draft_ahead"
+        )
         self.vocab_size = vocab_size
         self.max_draft_tokens = max_draft_tokens
         self.sessions = Sessions(
@@ -64,23 +71,56 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
 
     async def Draft(self, request_iterator, context):
         stream = next(self._streams)
-        stop, ahead = threading.Event(), None
+        stop, ahead, push = threading.Event(), None, False
         try:
+            # answered with context.write, so that a push can go out between two answers
             async for request in request_iterator:
                 if ahead is not None:  # a round is waiting: the work ahead stops at once
                     stop.set()
                     await ahead
                     stop.clear()
-                yield await on_model_thread("drafter", self._round, stream, request)
+                push = push or (request.round == 0 and request.push_ahead)
+                await context.write(await on_model_thread("drafter", self._round, stream, request))
                 if self.draft_ahead:
                     ahead = asyncio.ensure_future(
-                        on_model_thread("drafter", self.proposer.draft_ahead, stop.is_set)
+                        self._ahead(stream, request.round, stop, context if push else None)
                     )
         finally:
             if ahead is not None:
                 stop.set()
                 await asyncio.gather(ahead, return_exceptions=True)
             await on_model_thread("drafter", self._close_stream, stream)
+
+    async def _ahead(self, stream: int, after: int, stop: threading.Event, context) -> None:
+        """Draft ahead until the next request: one round, or for a verifier that asked for
+        pushes (`context`) up to AHEAD_ROUNDS rounds deep (each as if the one before is
+        accepted whole), each pushed as it is made unless that request came first (it then
+        asks anyway)."""
+        try:
+            for _ in range(AHEAD_ROUNDS if context is not None else 1):
+                made = await on_model_thread(
+                    "drafter", self._made_ahead, stream, after, stop.is_set
+                )
+                if not made.proposals or stop.is_set():
+                    return
+                if context is not None:
+                    await context.write(made)
+        except Exception:  # noqa: BLE001 - work ahead is spare: the next round drafts anew
+            log.exception("drafting ahead failed")
+
+    def _made_ahead(self, stream: int, after: int, stop) -> drafter_pb2.DraftResponse:
+        made = self.proposer.draft_ahead(stop)
+        out = drafter_pb2.DraftResponse(round=after, ahead=True)
+        with self._lock:
+            for state, p in made:
+                session = self.sessions.get(state.seq_id)
+                if state.seq_id[0] != stream or session is None or not p.tokens:
+                    continue  # another stream's sequence, or one closed since
+                sent = len(session.state.tokens)  # what the verifier sent; the rest assumed
+                msg = out.proposals.add(seq_id=state.seq_id[1], follows=len(state.tokens))
+                msg.assumed.extend(state.tokens[sent:])
+                proposal_to_proto(p, msg)
+        return out
 
     def _round(self, stream: int, request: drafter_pb2.DraftRequest) -> drafter_pb2.DraftResponse:
         with self._lock:

@@ -182,9 +182,10 @@ class SuffixProposer:
         """Whether `s` drafts from, and adds to, its route's memory."""
         return self.shared and not s.suffix_private
 
-    def draft_ahead(self, stop=lambda: False) -> None:
+    def draft_ahead(self, stop=lambda: False) -> list[tuple[DraftState, Proposal]]:
         if self.model is not None and hasattr(self.model, "draft_ahead"):
-            self.model.draft_ahead(stop)
+            return self.model.draft_ahead(stop)
+        return []
 
     def close(self, seq_id) -> None:
         """The sequence ended: its response joins its route's memory."""

@@ -118,8 +118,9 @@ class DrafterConfig:
     # the runner-up token as an alternative leaf beside each of the first `alternatives`
     # drafts, verified in the same forward (0 = a plain chain)
     alternatives: int = 8
-    # between rounds, draft the next round as if every draft will be accepted (pays where
-    # the drafter has cores or a device of its own)
+    # between rounds, draft the next rounds as if every draft will be accepted, and push
+    # them to the verifier, which takes them without asking where they hold (pays where the
+    # drafter has cores or a device of its own; an n-gram drafter always does)
     draft_ahead: bool = False
     weights: str = "auto"  # bf16 | int8 | int4 | auto, as the verifier's
     prefix_cache: str = "auto"  # auto | on | off, as the verifier's

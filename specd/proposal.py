@@ -54,6 +54,14 @@ class Proposal:
         return Proposal(list(self.tokens[:k]), q_ids, q_probs, alts, self.ngram)
 
 
+def continuable(rounds) -> list[tuple[DraftState, Proposal]]:
+    """Of (state, proposal) rounds, those a proposer may draft ahead from (as if accepted
+    whole): those that got every draft they asked for, unconstrained (a grammar follows
+    the committed tokens). References, no copies: a later hit compares the tokens it
+    assumed, in full."""
+    return [(s, p) for s, p in rounds if s.k > 0 and len(p.tokens) == s.k and s.grammar is None]
+
+
 class Proposer(Protocol):
     available: bool  # False while a remote drafter cannot be reached
 

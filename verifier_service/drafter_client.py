@@ -44,6 +44,11 @@ class RemoteProposer:
         self._up = False  # a stream answered the handshake, and none was lost since
         self._down_said = False  # that no stream is up was logged (once an outage)
         self._sent: dict[int, int] = {}  # seq_id -> committed tokens the drafter has
+        self._asked: dict[int, int] = {}  # seq_id -> k of its last round asked
+        # seq_id -> {tokens they follow: drafts the drafter pushed ahead (a SeqProposal)}:
+        # set on the stream's reader thread, taken on the engine's
+        self._ahead: dict[int, dict[int, drafter_pb2.SeqProposal]] = {}
+        self.ahead_taken = 0  # sequences' rounds drafted from a push, with no round trip
         self._rounds = itertools.count(1)
         self.fallbacks = 0  # rounds that decoded with k = 0 because of the drafter
         self._lock = threading.RLock()  # the engine thread and load reports both connect
@@ -72,7 +77,7 @@ class RemoteProposer:
                 self._drop()
             if self._stream is None and time.monotonic() >= self._next_try:
                 try:
-                    self._stream = DraftStream(self.address, self.tls_ca)
+                    self._stream = DraftStream(self.address, self.tls_ca, self._pushed)
                 except Exception:  # noqa: BLE001 - any failure means: no drafter this round
                     log.exception("cannot open a drafter stream to %s", self.address)
                     self._next_try = time.monotonic() + self.reconnect_s
@@ -89,6 +94,8 @@ class RemoteProposer:
                 self._stream.close()
             self._stream = None
             self._sent.clear()  # a new stream starts with no sessions
+            self._asked.clear()
+            self._ahead.clear()
             self._next_try = time.monotonic() + self.reconnect_s
 
     def _said_ended(self, stream: DraftStream) -> None:
@@ -110,10 +117,19 @@ class RemoteProposer:
         self._up, self._down_said = False, True
 
     def propose(self, states: list[DraftState]) -> list[Proposal]:
+        """Each state's drafts: pushed ahead where the drafter guessed its tokens, else
+        asked for in one round."""
+        taken = {s.seq_id: p for s in states if (p := self._take_ahead(s)) is not None}
+        asked = iter(self._ask([s for s in states if s.seq_id not in taken]))
+        return [taken[s.seq_id] if s.seq_id in taken else next(asked) for s in states]
+
+    def _ask(self, states: list[DraftState]) -> list[Proposal]:
+        if not states:
+            return []
         empty = [Proposal() for _ in states]
         stream = self._connect()
-        if stream is None or not states:
-            self._fell_back(bool(states))
+        if stream is None:
+            self._fell_back()
             return empty
         request = drafter_pb2.DraftRequest(round=next(self._rounds))
         for s in states:
@@ -133,6 +149,33 @@ class RemoteProposer:
             self._rtt.observe(time.perf_counter() - started)
         by_seq = {p.seq_id: p for p in response.proposals}
         return [proposal_from_proto(by_seq.get(s.seq_id), s.k) for s in states]
+
+    def _pushed(self, response) -> None:
+        """Drafts the drafter made ahead (on the stream's reader thread), kept by the
+        tokens they follow for a sequence still open."""
+        for p in response.proposals:
+            if p.seq_id in self._sent:
+                self._ahead.setdefault(p.seq_id, {})[p.follows] = p
+                if p.seq_id not in self._sent:  # closed meanwhile (close pops this second)
+                    self._ahead.pop(p.seq_id, None)
+
+    def _take_ahead(self, s: DraftState) -> Proposal | None:
+        """The drafts pushed for `s` if they follow exactly its tokens (the drafter's
+        guess of the last round held) and are the k asked, or all the drafter had when
+        asked for as many; else None. Pushes for fewer tokens are dropped: never used."""
+        pushed, n = self._ahead.get(s.seq_id), len(s.tokens)
+        if not pushed:
+            return None
+        msg = pushed.pop(n, None)
+        for follows in list(pushed):  # (a copy: the reader thread adds to it)
+            if follows < n:
+                pushed.pop(follows, None)
+        if msg is None or not msg.assumed or s.tokens[n - len(msg.assumed) :] != msg.assumed:
+            return None
+        if len(msg.tokens) < s.k and self._asked.get(s.seq_id, 0) < s.k:
+            return None
+        self.ahead_taken += 1
+        return proposal_from_proto(msg, s.k)
 
     def _add_commands(self, request, s: DraftState) -> None:
         """A round's commands for one sequence: open its session (the first time on this
@@ -157,6 +200,7 @@ class RemoteProposer:
         cmd.step.committed_ids.extend(step)
         cmd.step.k = s.k
         self._sent[s.seq_id] = len(s.tokens)
+        self._asked[s.seq_id] = s.k
 
     def _fell_back(self, happened: bool = True) -> None:
         if happened:
@@ -165,7 +209,10 @@ class RemoteProposer:
                 self._fallback_counter.inc()
 
     def close(self, seq_id) -> None:
-        if self._sent.pop(seq_id, None) is None or not self.available:
+        sent = self._sent.pop(seq_id, None)
+        self._asked.pop(seq_id, None)
+        self._ahead.pop(seq_id, None)  # after `_sent`: see `_pushed`
+        if sent is None or not self.available:
             return
         request = drafter_pb2.DraftRequest(round=next(self._rounds))
         request.commands.add(seq_id=seq_id).close.SetInParent()

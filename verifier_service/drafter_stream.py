@@ -1,6 +1,7 @@
 """One open `Draft` call to a drafter, synchronous: requests go through a queue and a reader
-thread pairs each response with the round waiting for it (verifier_service/drafter_client.py
-turns rounds into proposals on top of it)."""
+thread pairs each response with the round waiting for it, and hands drafts the drafter
+pushed ahead to `on_ahead` (verifier_service/drafter_client.py turns rounds into proposals
+on top of it)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,11 @@ class DraftStream:
     """One open `Draft` call: requests go through a queue, a reader thread pairs responses
     with waiting rounds."""
 
-    def __init__(self, address: str, tls_ca: str = ""):
+    def __init__(self, address: str, tls_ca: str = "", on_ahead=None):
         self.channel = open_channel(address, tls_ca)
+        # called on the reader thread with each response pushed ahead (the handshake asks
+        # for them when it is set)
+        self.on_ahead = on_ahead
         self._requests: queue.Queue = queue.Queue()
         self._waiters: dict[int, list] = {}
         self._lock = threading.Lock()
@@ -26,7 +30,7 @@ class DraftStream:
         self.ready = False  # set when the drafter answered the handshake (an empty round 0)
         self.drafter = ""  # what the handshake said drafts
         self.ended = ""  # why the call ended (a gRPC status; the caller says it)
-        self._requests.put(drafter_pb2.DraftRequest(round=0))
+        self._requests.put(drafter_pb2.DraftRequest(round=0, push_ahead=on_ahead is not None))
         requests = iter(self._requests.get, None)
         responses = drafter_pb2_grpc.DrafterStub(self.channel).Draft(requests)
         self._reader = threading.Thread(target=self._read, args=(responses,), daemon=True)
@@ -35,6 +39,10 @@ class DraftStream:
     def _read(self, responses) -> None:
         try:
             for resp in responses:
+                if resp.ahead:
+                    if self.on_ahead is not None:
+                        self.on_ahead(resp)
+                    continue
                 if resp.round == 0:
                     self.drafter = resp.drafter
                 self.ready = True

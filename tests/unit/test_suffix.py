@@ -187,7 +187,7 @@ def test_the_verifier_sends_the_route_and_the_prompt_length():
     from verifier_service.drafter_client import RemoteProposer
 
     remote = RemoteProposer.__new__(RemoteProposer)  # its command building only
-    remote._sent = {}
+    remote._sent, remote._asked = {}, {}
     request = drafter_pb2.DraftRequest(round=1)
     remote._add_commands(request, state(3, [5, 6, 7, 8], route="code", prompt_length=3))
     assert (request.commands[0].open.route, request.commands[0].open.prompt_length) == ("code", 3)
@@ -258,7 +258,7 @@ def test_a_route_that_shares_nothing_keeps_its_responses_to_itself():
                                   None, None)  # fmt: skip
         assert request.speculation.suffix_private == (route == "agent")
         remote = RemoteProposer.__new__(RemoteProposer)  # its command building only
-        remote._sent, drafted = {}, drafter_pb2.DraftRequest(round=1)
+        remote._sent, remote._asked, drafted = {}, {}, drafter_pb2.DraftRequest(round=1)
         s = state(1, [5, 6, 7], route=route)
         s.suffix_private = request.speculation.suffix_private
         remote._add_commands(drafted, s)

@@ -8,12 +8,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DraftRequest(_message.Message):
-    __slots__ = ("round", "commands")
+    __slots__ = ("round", "commands", "push_ahead")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    PUSH_AHEAD_FIELD_NUMBER: _ClassVar[int]
     round: int
     commands: _containers.RepeatedCompositeFieldContainer[SeqCommand]
-    def __init__(self, round: _Optional[int] = ..., commands: _Optional[_Iterable[_Union[SeqCommand, _Mapping]]] = ...) -> None: ...
+    push_ahead: bool
+    def __init__(self, round: _Optional[int] = ..., commands: _Optional[_Iterable[_Union[SeqCommand, _Mapping]]] = ..., push_ahead: _Optional[bool] = ...) -> None: ...
 
 class SeqCommand(_message.Message):
     __slots__ = ("seq_id", "open", "step", "close")
@@ -67,30 +69,36 @@ class Close(_message.Message):
     def __init__(self) -> None: ...
 
 class DraftResponse(_message.Message):
-    __slots__ = ("round", "proposals", "drafter")
+    __slots__ = ("round", "proposals", "drafter", "ahead")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     PROPOSALS_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_FIELD_NUMBER: _ClassVar[int]
     round: int
     proposals: _containers.RepeatedCompositeFieldContainer[SeqProposal]
     drafter: str
-    def __init__(self, round: _Optional[int] = ..., proposals: _Optional[_Iterable[_Union[SeqProposal, _Mapping]]] = ..., drafter: _Optional[str] = ...) -> None: ...
+    ahead: bool
+    def __init__(self, round: _Optional[int] = ..., proposals: _Optional[_Iterable[_Union[SeqProposal, _Mapping]]] = ..., drafter: _Optional[str] = ..., ahead: _Optional[bool] = ...) -> None: ...
 
 class SeqProposal(_message.Message):
-    __slots__ = ("seq_id", "tokens", "q", "error", "alternatives", "ngram")
+    __slots__ = ("seq_id", "tokens", "q", "error", "alternatives", "ngram", "follows", "assumed")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     Q_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
     NGRAM_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWS_FIELD_NUMBER: _ClassVar[int]
+    ASSUMED_FIELD_NUMBER: _ClassVar[int]
     seq_id: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
     q: _containers.RepeatedCompositeFieldContainer[SparseDistribution]
     error: str
     alternatives: _containers.RepeatedCompositeFieldContainer[Alternative]
     ngram: bool
-    def __init__(self, seq_id: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., q: _Optional[_Iterable[_Union[SparseDistribution, _Mapping]]] = ..., error: _Optional[str] = ..., alternatives: _Optional[_Iterable[_Union[Alternative, _Mapping]]] = ..., ngram: _Optional[bool] = ...) -> None: ...
+    follows: int
+    assumed: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, seq_id: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., q: _Optional[_Iterable[_Union[SparseDistribution, _Mapping]]] = ..., error: _Optional[str] = ..., alternatives: _Optional[_Iterable[_Union[Alternative, _Mapping]]] = ..., ngram: _Optional[bool] = ..., follows: _Optional[int] = ..., assumed: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Alternative(_message.Message):
     __slots__ = ("parent", "token")

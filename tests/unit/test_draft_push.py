@@ -1,0 +1,184 @@
+"""Drafts pushed ahead: between rounds the drafter drafts the next ones as if each round
+before is accepted whole (the target's next token guessed), and pushes them; the verifier
+takes a push without a round trip only where its committed tokens are exactly the ones the
+push assumed."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from drafter_service.draft_model import DraftModelProposer
+from drafter_service.ngram import NgramProposer, ngram_propose
+from drafter_service.server import AHEAD_ROUNDS, DrafterServicer
+from protos.specd.v1 import drafter_pb2, drafter_pb2_grpc
+from specd.config import EngineConfig
+from specd.models.loader import load_model
+from specd.params import SamplingParams
+from specd.proposal import DraftState
+from specd.serving import start_server
+from tests.conftest import TEST_DEVICE, make_tiny_pair, run_engine
+from verifier_service.drafter_client import RemoteProposer
+from verifier_service.engine import Engine
+from verifier_service.request import Request
+
+CYCLE = [11, 12, 13, 14, 15]  # a text that repeats: a lookup continues it
+
+
+def state(tokens: list[int], k: int, seq_id=1) -> DraftState:
+    return DraftState(seq_id, list(tokens), SamplingParams(), k)
+
+
+def test_a_lookup_drafts_the_rounds_after_as_if_each_is_accepted():
+    proposer = NgramProposer()
+    tokens = CYCLE + CYCLE[:3]
+    [p] = proposer.propose([state(tokens, 2)])
+    assert p.tokens == [14, 15]
+    [(first, ahead)] = proposer.draft_ahead()
+    # the drafts accepted, then the lookup's own next token as the target's
+    assert first.tokens == tokens + [14, 15, 11] and ahead.tokens == [12, 13]
+    [(second, further)] = proposer.draft_ahead()  # the round after that one
+    assert second.tokens == first.tokens + [12, 13, 14] and further.tokens == [15, 11]
+    assert further.tokens == ngram_propose(second.tokens, 2)
+
+
+def test_only_a_round_drafted_whole_and_free_is_continued():
+    proposer = NgramProposer()
+    proposer.propose([state([1, 2, 3], 2)])  # nothing repeats: no drafts
+    assert proposer.draft_ahead() == []
+    proposer.propose([state(CYCLE + CYCLE[:3], 2)])
+    proposer.close(1)  # ended: nothing to draft ahead for
+    assert proposer.draft_ahead() == []
+
+
+def serve(servicer):
+    """Serve `servicer` on an event loop of its own thread: yields its address, then
+    stops it."""
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    def add(server):
+        drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, server)
+
+    names = [drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name]
+    server, port, _ = asyncio.run_coroutine_threadsafe(
+        start_server("127.0.0.1", 0, add, names), loop
+    ).result(10)
+    yield f"127.0.0.1:{port}"
+    asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+
+
+@pytest.fixture
+def drafter():
+    """A lookup drafter, served -> its address and servicer."""
+    servicer = DrafterServicer(NgramProposer(), vocab_size=100)
+    served = serve(servicer)
+    yield next(served), servicer
+    next(served, None)
+
+
+def connected(address: str) -> RemoteProposer:
+    remote = RemoteProposer(address)
+    deadline = time.monotonic() + 10
+    while not remote.available:
+        assert time.monotonic() < deadline, "no handshake"
+        time.sleep(0.01)
+    return remote
+
+
+def pushed(remote: RemoteProposer, seq_id: int, rounds: int) -> None:
+    """Wait until `rounds` pushes for the sequence have arrived."""
+    deadline = time.monotonic() + 10
+    while len(remote._ahead.get(seq_id, {})) < rounds:
+        assert time.monotonic() < deadline, "no push arrived"
+        time.sleep(0.01)
+
+
+def test_the_verifier_takes_pushed_drafts_without_asking(drafter):
+    address, servicer = drafter
+    remote = connected(address)
+    asked = []
+    ask = remote._ask
+    remote._ask = lambda states: asked.append(len(states)) or ask(states)
+    try:
+        tokens = CYCLE + CYCLE[:3]
+        [p] = remote.propose([state(tokens, 2)])
+        assert p.tokens == [14, 15] and asked == [1]
+        pushed(remote, 1, AHEAD_ROUNDS)
+        for accepted in ([14, 15, 11], [12, 13, 14], [15, 11, 12]):
+            tokens = tokens + accepted  # every draft accepted, the guess right
+            [p] = remote.propose([state(tokens, 2)])
+            assert p.tokens == ngram_propose(tokens, 2) and p.ngram
+        assert asked == [1, 0, 0, 0] and remote.ahead_taken == 3  # no request sent
+        assert servicer.num_sessions == 1
+    finally:
+        remote.shutdown()
+
+
+@pytest.mark.parametrize("commit", [[14, 15, 99], [14, 99], [14, 15, 11, 12]])
+def test_pushed_drafts_for_other_tokens_are_not_taken(drafter, commit):
+    """A draft rejected, the target's next token not the one guessed, or one token more
+    than assumed: the verifier asks, and the drafter drafts from its real tokens."""
+    address, _ = drafter
+    remote = connected(address)
+    try:
+        tokens = CYCLE + CYCLE[:3]
+        remote.propose([state(tokens, 2)])
+        pushed(remote, 1, 1)
+        tokens = tokens + commit
+        [p] = remote.propose([state(tokens, 2)])
+        assert remote.ahead_taken == 0
+        assert p.tokens == ngram_propose(tokens, 2)
+    finally:
+        remote.shutdown()
+
+
+def test_pushes_end_with_their_sequence(drafter):
+    address, _ = drafter
+    remote = connected(address)
+    try:
+        remote.propose([state(CYCLE + CYCLE[:3], 2)])
+        pushed(remote, 1, 1)
+        remote.close(1)
+        assert 1 not in remote._ahead
+    finally:
+        remote.shutdown()
+
+
+def test_pushed_drafts_keep_the_targets_greedy_output(tmp_path_factory):
+    """The draft model a copy of the target: every round is accepted whole and every guess
+    right, so each step after the first can draft from a push (the test waits for it);
+    the output is plain decoding's, token for token, and no KV block is left."""
+    folder, _ = make_tiny_pair(tmp_path_factory, "push")
+    target, twin = (load_model(folder, dtype="fp32", device=TEST_DEVICE) for _ in range(2))
+    proposer = DraftModelProposer(twin, num_blocks=256, block_size=4)
+    served = serve(DrafterServicer(proposer, twin.args.vocab_size, draft_ahead=True))
+    address = next(served)
+    remote = connected(address)
+    config = EngineConfig(num_blocks=256, block_size=4)
+    try:
+        requests = [dict(prompt=p, max_new_tokens=20) for p in ([5, 6, 7], list(range(30, 50)))]
+        plain = run_engine(Engine(target, config, None, eos_ids=set()), requests)
+        engine = Engine(target, config, remote, eos_ids=set())
+        ids = [engine.add_request(Request(**r, num_draft=3)) for r in requests]
+        out = {i: [] for i in ids}
+        while engine.has_work():
+            for o in engine.step():
+                out[o.seq_id].extend(o.tokens)
+            for i in ids:  # the drafter's push for the tokens now committed
+                seq = engine.sequence(i)
+                if seq is not None and seq.stats.rounds:
+                    deadline = time.monotonic() + 10
+                    while len(seq.tokens) not in remote._ahead.get(i, {}):
+                        assert time.monotonic() < deadline, "no push for the committed tokens"
+                        time.sleep(0.005)
+        assert list(out.values()) == list(plain.values())
+        assert remote.ahead_taken >= engine.totals.rounds // 2 > 0
+        assert engine.kv.allocator.num_used == 0
+    finally:
+        remote.shutdown()
+        next(served, None)

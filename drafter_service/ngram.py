@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from specd.proposal import DraftState, Proposal, continuable
 
 
@@ -34,6 +36,23 @@ def allowed_prefix(s: DraftState, tokens: list[int]) -> list[int]:
     return tokens if s.grammar is None else tokens[: s.grammar.valid_prefix(tokens)]
 
 
+def lookup_ahead(
+    rounds, look: Callable[[DraftState], Proposal | None], max_n: int, min_n: int
+) -> list[tuple[DraftState, Proposal]]:
+    """Drafting ahead by lookup (see DraftModelProposer.draft_ahead): for each (state,
+    proposal) round, the state it leads to if every draft is accepted and the target's next
+    token is the one the lookup continues with, and `look`'s drafts there (None: none)."""
+    made = []
+    for s, p in rounds:
+        drafted = s.tokens + p.tokens
+        guess = ngram_propose(drafted, 1, max_n, min_n)
+        if guess:
+            assumed = DraftState(s.seq_id, drafted + guess, s.params, s.k)
+            if (ahead := look(assumed)) is not None:
+                made.append((assumed, ahead))
+    return made
+
+
 class NgramProposer:
     available = True
     lookup_only = True  # no model forward: microseconds a round, drafted ahead on any host
@@ -48,17 +67,9 @@ class NgramProposer:
         return out
 
     def draft_ahead(self, stop=lambda: False) -> list[tuple[DraftState, Proposal]]:
-        """The next round's lookup for each sequence of the last round, as if every draft
-        will be accepted and the target's next token is the one the lookup continues with;
-        called again, the round after (see DraftModelProposer.draft_ahead)."""
-        last, self._last = self._last, []
-        made = []
-        for s, p in last:
-            drafted = s.tokens + p.tokens
-            guess = ngram_propose(drafted, 1, self.max_n, self.min_n)
-            if guess:
-                assumed = DraftState(s.seq_id, drafted + guess, s.params, s.k)
-                made.append((assumed, self._lookup(assumed)))
+        """The next round's lookup for each sequence of the last round (`lookup_ahead`);
+        called again, the round after."""
+        made = lookup_ahead(self._last, self._lookup, self.max_n, self.min_n)
         self._last = continuable(made)
         return made
 

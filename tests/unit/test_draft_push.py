@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from drafter_service.combined import CombinedProposer
 from drafter_service.draft_model import DraftModelProposer
 from drafter_service.ngram import NgramProposer, ngram_propose
 from drafter_service.server import AHEAD_ROUNDS, DrafterServicer
@@ -18,7 +19,7 @@ from protos.specd.v1 import drafter_pb2, drafter_pb2_grpc
 from specd.config import EngineConfig
 from specd.models.loader import load_model
 from specd.params import SamplingParams
-from specd.proposal import DraftState
+from specd.proposal import DraftState, Proposal
 from specd.serving import start_server
 from tests.conftest import TEST_DEVICE, make_tiny_pair, run_engine
 from verifier_service.drafter_client import RemoteProposer
@@ -43,6 +44,33 @@ def test_a_lookup_drafts_the_rounds_after_as_if_each_is_accepted():
     [(second, further)] = proposer.draft_ahead()  # the round after that one
     assert second.tokens == first.tokens + [12, 13, 14] and further.tokens == [15, 11]
     assert further.tokens == ngram_propose(second.tokens, 2)
+
+
+class _ModelAhead:
+    """A draft model's part of a combined drafter: no drafts, one round made ahead."""
+
+    available = True
+
+    def propose(self, states):
+        return [Proposal() for _ in states]
+
+    def draft_ahead(self, stop=lambda: False):
+        return [(state([1, 2, 3], 2, seq_id=9), Proposal([4, 5]))]
+
+    def close(self, seq_id):
+        pass
+
+
+def test_a_combined_drafter_drafts_its_lookups_ahead_beside_the_models():
+    proposer = CombinedProposer(_ModelAhead())
+    tokens = CYCLE * 2 + CYCLE[:3]
+    [p] = proposer.propose([state(tokens, 2)])
+    assert p.tokens == [14, 15] and p.ngram
+    model, (looked, ahead) = proposer.draft_ahead()
+    assert model[0].seq_id == 9
+    assert looked.tokens == tokens + [14, 15, 11] and ahead.tokens == [12, 13] and ahead.ngram
+    [_, (further, _)] = proposer.draft_ahead()
+    assert further.tokens == looked.tokens + [12, 13, 14]
 
 
 def test_only_a_round_drafted_whole_and_free_is_continued():

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -192,9 +193,9 @@ def compare(
     router += ["--policy-file", str(work / "policy.yaml")]
     env = model_service_env()
     pairs = {"lookup": (50761, 50762, 50765, ""), "draft": (50763, 50764, 50766, draft_shape)}
-    procs = []
+    procs, sets = [], {}
     try:
-        for d_port, v_port, r_port, inner in pairs.values():
+        for name, (d_port, v_port, r_port, inner) in pairs.items():
             drafter = [*base, "drafter", "--port", str(d_port), "--recorded"]
             drafter += [str(work / "recorded.json"), "--acceptance", str(acceptance)]
             drafter += ["--emulate-ms", str(draft_ms)]
@@ -204,37 +205,69 @@ def compare(
             procs.append(subprocess.Popen([*verifier, "--drafter", f"{HOST}:{d_port}"], env=env))
             at = ["--port", str(r_port), "--verifier", f"{HOST}:{v_port}"]
             procs.append(subprocess.Popen([*router, *at]))
+            sets[name] = procs[-3:]
         for _, v_port, r_port, _ in pairs.values():
             _wait_serving(f"{HOST}:{v_port}", 240)
             _wait_serving(f"{HOST}:{r_port}", 60, ROUTER_SERVICE)
         out = {}
         if many:
             first = f"{HOST}:{pairs['lookup'][1]}"
-            out["plain_together_tok_per_s"] = generate_together(first, many, new)
+            with _alone(sets, "lookup"):
+                out["plain_together_tok_per_s"] = generate_together(first, many, new)
         for name, (_, v_port, r_port, _) in pairs.items():
-            address, routed = f"{HOST}:{v_port}", f"{HOST}:{r_port}"
-            generate(address, prompts[:1], 8, k)  # warm
-            generate_routed(routed, prompts[:1], 8, "on")
-            off, on = generate(address, prompts, new, 0), generate(address, prompts, new, k)
-            r_off = generate_routed(routed, prompts, new, "off")
-            r_on = generate_routed(routed, prompts, new, "on")
-            out[name] = {
-                "off_tok_per_s": off["tok_per_s"],
-                "on_tok_per_s": on["tok_per_s"],
-                "on_vs_off": round(on["tok_per_s"] / off["tok_per_s"], 3),
-                "identical": on["outputs"] == off["outputs"],
-                "router_off_tok_per_s": r_off["tok_per_s"],
-                "router_on_tok_per_s": r_on["tok_per_s"],
-                "router_on_vs_off": round(r_on["tok_per_s"] / r_off["tok_per_s"], 3),
-                "router_identical": r_on["outputs"] == r_off["outputs"] == off["outputs"],
-            }
+            with _alone(sets, name):
+                out[name] = _through(f"{HOST}:{v_port}", f"{HOST}:{r_port}", prompts, new, k)
         return out
     finally:
+        _continue(procs)
         for p in procs:
             p.terminate()
         for p in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(20)
+
+
+def _through(address: str, routed: str, prompts, new: int, k: int) -> dict:
+    """Each prompt through a verifier and through its router, speculation off and on."""
+    generate(address, prompts[:1], 8, k)  # warm
+    generate_routed(routed, prompts[:1], 8, "on")
+    off, on = generate(address, prompts, new, 0), generate(address, prompts, new, k)
+    r_off = generate_routed(routed, prompts, new, "off")
+    r_on = generate_routed(routed, prompts, new, "on")
+    return {
+        "off_tok_per_s": off["tok_per_s"],
+        "on_tok_per_s": on["tok_per_s"],
+        "on_vs_off": round(on["tok_per_s"] / off["tok_per_s"], 3),
+        "identical": on["outputs"] == off["outputs"],
+        "router_off_tok_per_s": r_off["tok_per_s"],
+        "router_on_tok_per_s": r_on["tok_per_s"],
+        "router_on_vs_off": round(r_on["tok_per_s"] / r_off["tok_per_s"], 3),
+        "router_identical": r_on["outputs"] == r_off["outputs"] == off["outputs"],
+    }
+
+
+def _pause(procs) -> None:
+    """Stop the other set's processes while one set is measured: idle, each still wakes
+    (load reports, gRPC's timers) on the cores the measured set runs on."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGSTOP)
+
+
+def _continue(procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGCONT)
+
+
+@contextlib.contextmanager
+def _alone(sets: dict, name: str):
+    others = [p for other, ps in sets.items() if other != name for p in ps]
+    _pause(others)
+    try:
+        yield
+    finally:
+        _continue(others)
 
 
 def main(argv: list[str] | None = None) -> int:

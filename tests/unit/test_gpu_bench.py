@@ -3,6 +3,9 @@ controlled acceptance gives the acceptance it is set to, keeps the target's outp
 `specd bench gpu` reports every part it measures."""
 
 import json
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +14,8 @@ from bench.controller_batch import StepTable
 from bench.gpu import run
 from bench.gpu.controlled import ControlledProposer
 from bench.gpu.shapes import build
+from specd.params import SamplingParams
+from specd.proposal import DraftState
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +33,17 @@ def test_controlled_drafts_are_accepted_as_set(tiny, acceptance):
     spec = run.engine_run(tiny, prompts, 20, proposer, k=4)
     assert spec["outputs"] == plain["outputs"]
     assert spec["acceptance"] == acceptance
+
+
+def test_controlled_drafts_made_ahead_follow_the_recorded_tokens():
+    prompt, out = (1, 2, 3), list(range(10, 30))
+    proposer = ControlledProposer({prompt: out}, vocab=100, acceptance=1.0)
+    [p] = proposer.propose([DraftState(1, list(prompt), SamplingParams(), 3)])
+    assert p.tokens == out[:3]
+    [(assumed, ahead)] = proposer.draft_ahead()  # the target's next token guessed right
+    assert assumed.tokens == [*prompt, *out[:4]] and ahead.tokens == out[4:7]
+    [(further, _)] = proposer.draft_ahead()
+    assert further.tokens == [*prompt, *out[:8]]
 
 
 def test_the_bench_reports_every_part(tmp_path):
@@ -98,3 +114,31 @@ def test_a_router_reads_the_tokenizer_made_for_random_weights(tmp_path):
     assert len(tokenizer) == 300
     ids = [0, 5, 299, 17, 5]
     assert tokenizer(tokenizer.decode(ids), add_special_tokens=False)["input_ids"] == ids
+
+
+def _state(p: subprocess.Popen) -> str:
+    return Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _until(condition) -> bool:
+    deadline = time.monotonic() + 5
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_set_of_services_is_measured_with_the_others_paused():
+    from bench.gpu.services import _alone
+
+    sets = {name: [subprocess.Popen(["sleep", "60"]) for _ in range(2)] for name in "ab"}
+    try:
+        with _alone(sets, "a"):
+            assert _until(lambda: all(_state(p) == "T" for p in sets["b"]))
+            assert all(_state(p) != "T" for p in sets["a"])
+        assert _until(lambda: all(_state(p) != "T" for p in sets["b"]))
+    finally:
+        for p in sets["a"] + sets["b"]:
+            p.kill()
+            p.wait()

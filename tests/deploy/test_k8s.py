@@ -72,6 +72,18 @@ def test_topology(rendered):
         assert (gpus == 1) == wants_gpu, workload["metadata"]["name"]
         assert container["image"] == ("specd:0.4.0-cuda" if overlay == "gpu" else "specd:0.4.0")
         assert container["imagePullPolicy"] == "IfNotPresent"  # a local image works
+    drafter = kinds["Deployment"]["specd-drafter"]["spec"]["template"]["spec"]["containers"][0]
+    base = by_kind(render("cpu"))["Deployment"]["specd-drafter"]["spec"]["template"]["spec"]
+    # on a GPU of its own the drafter drafts ahead, its other flags as everywhere
+    ahead = ["--draft-ahead"] if overlay == "gpu" else []
+    assert drafter["args"] == base["containers"][0]["args"] + ahead
+
+
+def test_the_gpu_compose_drafter_drafts_ahead_with_the_same_flags():
+    base = yaml.safe_load((K8S.parent / "docker-compose.yml").read_text())
+    gpu = yaml.safe_load((K8S.parent / "docker-compose.gpu.yml").read_text())
+    drafter = base["services"]["drafter"]["command"]
+    assert gpu["services"]["drafter"]["command"] == [*drafter, "--draft-ahead"]
 
 
 def test_no_pod_downloads_models(rendered):

@@ -46,6 +46,7 @@ STEP_SECONDS = "specd:engine_step_seconds"  # verifier: seconds in steps, since 
 CONTROL_SECONDS = "specd:speculation_control_seconds"  # verifier: in plan and observe, since start
 DRAFTER_RTT = "specd:drafter_round_trip_seconds"  # verifier histogram
 DRAFTER_FALLBACKS = "specd:drafter_fallbacks"  # verifier: rounds decoded with k = 0
+DRAFTER_PUSHED = "specd:drafter_pushed_rounds"  # verifier: drafted from a push, no round trip
 DRAFTER_SESSIONS = "specd:drafter_sessions"  # drafter gauge
 DRAFTER_ROUNDS = "specd:drafter_rounds"  # drafter counter
 # the verifier's load under the names an inference gateway's endpoint picker scrapes from

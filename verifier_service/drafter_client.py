@@ -18,7 +18,7 @@ from opentelemetry import trace
 
 from protos.specd.v1 import drafter_pb2
 from specd.proposal import DraftState, Proposal
-from specd.telemetry import DRAFTER_FALLBACKS, DRAFTER_RTT, inject_metadata
+from specd.telemetry import DRAFTER_FALLBACKS, DRAFTER_PUSHED, DRAFTER_RTT, inject_metadata
 from specd.wire import constraint_to_proto, params_to_proto
 from specd.wire_proposals import proposal_from_proto
 from verifier_service.drafter_stream import DraftStream
@@ -52,11 +52,14 @@ class RemoteProposer:
         self._rounds = itertools.count(1)
         self.fallbacks = 0  # rounds that decoded with k = 0 because of the drafter
         self._lock = threading.RLock()  # the engine thread and load reports both connect
-        self._rtt = self._fallback_counter = None
+        self._rtt = self._fallback_counter = self._pushed_counter = None
         if telemetry is not None:
             self._rtt = telemetry.histogram(DRAFTER_RTT, "Draft round trip")
             self._fallback_counter = telemetry.counter(
                 DRAFTER_FALLBACKS, "Rounds decoded without drafts because of the drafter"
+            )
+            self._pushed_counter = telemetry.counter(
+                DRAFTER_PUSHED, "Sequences' rounds drafted from the drafter's pushes, unasked"
             )
 
     @property
@@ -175,6 +178,8 @@ class RemoteProposer:
         if len(msg.tokens) < s.k and self._asked.get(s.seq_id, 0) < s.k:
             return None
         self.ahead_taken += 1
+        if self._pushed_counter is not None:
+            self._pushed_counter.inc()
         return proposal_from_proto(msg, s.k)
 
     def _add_commands(self, request, s: DraftState) -> None:

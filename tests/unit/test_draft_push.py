@@ -21,6 +21,7 @@ from specd.models.loader import load_model
 from specd.params import SamplingParams
 from specd.proposal import DraftState, Proposal
 from specd.serving import start_server
+from specd.telemetry import DRAFTER_PUSHED, setup
 from tests.conftest import TEST_DEVICE, make_tiny_pair, run_engine
 from verifier_service.drafter_client import RemoteProposer
 from verifier_service.engine import Engine
@@ -109,8 +110,8 @@ def drafter():
     next(served, None)
 
 
-def connected(address: str) -> RemoteProposer:
-    remote = RemoteProposer(address)
+def connected(address: str, telemetry=None) -> RemoteProposer:
+    remote = RemoteProposer(address, telemetry=telemetry)
     deadline = time.monotonic() + 10
     while not remote.available:
         assert time.monotonic() < deadline, "no handshake"
@@ -128,7 +129,8 @@ def pushed(remote: RemoteProposer, seq_id: int, rounds: int) -> None:
 
 def test_the_verifier_takes_pushed_drafts_without_asking(drafter):
     address, servicer = drafter
-    remote = connected(address)
+    telemetry = setup("verifier", metrics=True)
+    remote = connected(address, telemetry)
     asked = []
     ask = remote._ask
     remote._ask = lambda states: asked.append(len(states)) or ask(states)
@@ -142,6 +144,7 @@ def test_the_verifier_takes_pushed_drafts_without_asking(drafter):
             [p] = remote.propose([state(tokens, 2)])
             assert p.tokens == ngram_propose(tokens, 2) and p.ngram
         assert asked == [1, 0, 0, 0] and remote.ahead_taken == 3  # no request sent
+        assert telemetry.registry.get_sample_value(f"{DRAFTER_PUSHED}_total") == 3
         assert servicer.num_sessions == 1
     finally:
         remote.shutdown()

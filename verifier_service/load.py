@@ -30,6 +30,7 @@ class VerifierMetrics:
         from specd import telemetry as names
 
         t, self.servicer, route = telemetry, servicer, ("route",)
+        self._routes: dict[str, _RouteSeries] = {}
         self.drafts = t.counter(names.NUM_DRAFTS, "Speculation rounds", route)
         self.draft_tokens = t.counter(names.NUM_DRAFT_TOKENS, "Draft tokens proposed", route)
         self.accepted = t.counter(names.NUM_ACCEPTED, "Draft tokens accepted", route)
@@ -64,16 +65,48 @@ class VerifierMetrics:
         t.gauge(names.VLLM_CACHE_CONFIG, lambda: 1.0, "KV cache configuration", model | cache)
 
     def step(self, route: str, out) -> None:
-        self.tokens.labels(route).inc(len(out.tokens))
+        """One sequence's step (every step of every stream: its route's series are bound
+        once, not looked up by label each time)."""
+        m = self._routes.get(route) or self._bind(route)
+        m.tokens.inc(len(out.tokens))
         reason, gain = out.decision
         if reason:  # a decode step (prefill chunks decide nothing)
-            self.k.labels(route).observe(out.drafted)
-            self.gain.labels(route).observe(gain)
-            self.reasons.labels(route, reason).inc()
+            m.k.observe(out.drafted)
+            m.gain.observe(gain)
+            m.reason(reason).inc()
         if out.drafted:
-            self.drafts.labels(route).inc()
-            self.lookups.labels(route).inc(out.lookup)
-            self.draft_tokens.labels(route).inc(out.drafted)
-            self.accepted.labels(route).inc(out.accepted)
+            m.drafts.inc()
+            m.lookups.inc(out.lookup)
+            m.draft_tokens.inc(out.drafted)
+            m.accepted.inc(out.accepted)
             for position in range(out.accepted):
-                self.per_pos.labels(route, str(position)).inc()
+                m.position(position).inc()
+
+    def _bind(self, route: str) -> _RouteSeries:
+        self._routes[route] = series = _RouteSeries(self, route)
+        return series
+
+
+class _RouteSeries:
+    """One route's series of VerifierMetrics."""
+
+    def __init__(self, metrics: VerifierMetrics, route: str):
+        self.tokens = metrics.tokens.labels(route)
+        self.k, self.gain = metrics.k.labels(route), metrics.gain.labels(route)
+        self.drafts, self.lookups = metrics.drafts.labels(route), metrics.lookups.labels(route)
+        self.draft_tokens = metrics.draft_tokens.labels(route)
+        self.accepted = metrics.accepted.labels(route)
+        self._metrics, self._route = metrics, route
+        self._reasons: dict[str, object] = {}
+        self._positions: list = []
+
+    def reason(self, reason: str):
+        if reason not in self._reasons:
+            self._reasons[reason] = self._metrics.reasons.labels(self._route, reason)
+        return self._reasons[reason]
+
+    def position(self, position: int):
+        while len(self._positions) <= position:
+            n = str(len(self._positions))
+            self._positions.append(self._metrics.per_pos.labels(self._route, n))
+        return self._positions[position]

@@ -182,3 +182,18 @@ def test_the_verifier_sends_a_batch_as_one_message_and_counts_each_step(tiny_pai
     assert value(names.NUM_DRAFTS + "_total") == 3
     assert value(names.NUM_ACCEPTED + "_total") == 3
     assert value(names.SPEC_DECISIONS + "_total", reason="on") == 3
+    per_pos = names.ACCEPTED_PER_POS + "_total"
+    assert [value(per_pos, position=str(j)) for j in range(2)] == [2, 1]  # accepted 2, 0, 1
+    # another reason, and another route: their own series
+    other = [StepOutput(1, [5], None, drafted=0, accepted=0, decision=("off:batch", 1.0))]
+    servicer._response(request, "code", 0, other, 1, None)
+    servicer._response(request, "chat", 0, other, 1, None)
+    assert value(names.SPEC_DECISIONS + "_total", reason="on") == 3
+    assert value(names.SPEC_DECISIONS + "_total", reason="off:batch") == 1
+    assert (
+        registry.get_sample_value(
+            names.SPEC_DECISIONS + "_total", {"route": "chat", "reason": "off:batch"}
+        )
+        == 1
+    )
+    assert value(names.TOKENS_OUT + "_total") == 7

@@ -57,7 +57,7 @@ class CombinedProposer:
     def draft_ahead(self, stop=lambda: False) -> list[tuple[DraftState, Proposal]]:
         """The model's rounds ahead and the lookup's (`lookup_ahead`), each from the
         sequences it drafted last."""
-        looked = lookup_ahead(self._looked, self._lookup, self.max_n, self.min_match)
+        looked = lookup_ahead(self._looked, self._lookup)
         self._looked = continuable(looked)
         return self.model.draft_ahead(stop) + looked
 

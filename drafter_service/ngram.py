@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from specd.proposal import DraftState, Proposal, continuable
 
@@ -37,18 +38,18 @@ def allowed_prefix(s: DraftState, tokens: list[int]) -> list[int]:
 
 
 def lookup_ahead(
-    rounds, look: Callable[[DraftState], Proposal | None], max_n: int, min_n: int
+    rounds, look: Callable[[DraftState], Proposal | None]
 ) -> list[tuple[DraftState, Proposal]]:
     """Drafting ahead by lookup (see DraftModelProposer.draft_ahead): for each (state,
     proposal) round, the state it leads to if every draft is accepted and the target's next
-    token is the one the lookup continues with, and `look`'s drafts there (None: none)."""
+    token is the one `look` continues with, and `look`'s drafts there (None: none)."""
     made = []
     for s, p in rounds:
-        drafted = s.tokens + p.tokens
-        guess = ngram_propose(drafted, 1, max_n, min_n)
-        if guess:
-            assumed = DraftState(s.seq_id, drafted + guess, s.params, s.k)
-            if (ahead := look(assumed)) is not None:
+        drafted = replace(s, tokens=s.tokens + p.tokens, k=1)
+        guess = look(drafted)
+        if guess is not None and guess.tokens:
+            assumed = replace(s, tokens=drafted.tokens + guess.tokens[:1])
+            if (ahead := look(assumed)) is not None and ahead.tokens:
                 made.append((assumed, ahead))
     return made
 
@@ -69,7 +70,7 @@ class NgramProposer:
     def draft_ahead(self, stop=lambda: False) -> list[tuple[DraftState, Proposal]]:
         """The next round's lookup for each sequence of the last round (`lookup_ahead`);
         called again, the round after."""
-        made = lookup_ahead(self._last, self._lookup, self.max_n, self.min_n)
+        made = lookup_ahead(self._last, self._lookup)
         self._last = continuable(made)
         return made
 

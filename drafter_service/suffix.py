@@ -23,8 +23,8 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 from drafter_service.combined import MAX_N, MIN_MATCH, lookup, lookup_then_model
-from drafter_service.ngram import ngram_propose
-from specd.proposal import DraftState, Proposal, Proposer
+from drafter_service.ngram import lookup_ahead, ngram_propose
+from specd.proposal import DraftState, Proposal, Proposer, continuable
 
 KEY = 3  # tokens a lookup key holds: the index finds occurrences of the last KEY tokens
 MAX_CANDIDATES = 32  # the most recent occurrences of a key that a lookup weighs
@@ -140,6 +140,7 @@ class SuffixProposer:
         self.routes: dict[str, ResponseIndex] = {}
         self._seen: dict[object, DraftState] = {}  # the last state of each open sequence
         self.shared_rounds = 0  # rounds drafted from earlier responses (a route's)
+        self._looked: list[tuple[DraftState, Proposal]] = []  # lookup rounds, to draft ahead
 
     @property
     def available(self) -> bool:
@@ -149,24 +150,30 @@ class SuffixProposer:
         found = []
         for s in states:
             self._seen[s.seq_id] = s
-            mode = _mode(s)
-            match = self._lookup(s, mode)
-            proposal = lookup(s, match.tokens, match.alts)
+            proposal = self._look(s, count=True)
             # nothing found: the model's turn, but a lookup-only route drafts nothing
-            found.append(proposal or (Proposal() if mode == "ngram" else None))
+            found.append(proposal or (Proposal() if _mode(s) == "ngram" else None))
+        looked = [(s, p) for s, p in zip(states, found, strict=True) if p is not None]
+        self._looked = continuable(looked)
         return lookup_then_model(states, found, self.model)
 
-    def _lookup(self, s: DraftState, mode: str) -> Match:
+    def _look(self, s: DraftState, count: bool = False) -> Proposal | None:
+        match = self._lookup(s, _mode(s), count)
+        return lookup(s, match.tokens, match.alts)
+
+    def _lookup(self, s: DraftState, mode: str, count: bool = False) -> Match:
         if mode == "draft":
             return Match([], 0)
         if mode == "ngram":
             return Match(ngram_propose(s.tokens, s.k), 0)
         if mode == "combined":
             return Match(ngram_propose(s.tokens, s.k, MAX_N, MIN_MATCH), 0)
-        match = self._match(s)
+        match = self._match(s, count)
         return match if match.length >= self.min_match else Match([], 0)
 
-    def _match(self, s: DraftState) -> Match:
+    def _match(self, s: DraftState, count: bool = False) -> Match:
+        """The longer of the own and the route's match (`count`: a round drafted from the
+        route's counts in shared_rounds)."""
         own = ngram_propose(s.tokens, s.k, max_n=MAX_N, min_n=self.min_match)
         own_match = Match(own, self.min_match if own else 0)
         index = self.routes.get(s.route) if self._shares(s) else None
@@ -174,7 +181,7 @@ class SuffixProposer:
             return own_match
         theirs = index.continuation(s.tokens, s.k, self.alternatives)
         if len(theirs.tokens) > len(own) and theirs.length >= self.min_match:
-            self.shared_rounds += 1
+            self.shared_rounds += 1 if count else 0
             return theirs
         return own_match
 
@@ -183,12 +190,17 @@ class SuffixProposer:
         return self.shared and not s.suffix_private
 
     def draft_ahead(self, stop=lambda: False) -> list[tuple[DraftState, Proposal]]:
+        """The lookup's rounds ahead (`lookup_ahead`: the route's memory as the request's
+        own text), beside the model's."""
+        looked = lookup_ahead(self._looked, self._look)
+        self._looked = continuable(looked)
         if self.model is not None and hasattr(self.model, "draft_ahead"):
-            return self.model.draft_ahead(stop)
-        return []
+            return self.model.draft_ahead(stop) + looked
+        return looked
 
     def close(self, seq_id) -> None:
         """The sequence ended: its response joins its route's memory."""
+        self._looked = [(s, p) for s, p in self._looked if s.seq_id != seq_id]
         s = self._seen.pop(seq_id, None)
         if s is not None and self._shares(s) and _mode(s) == "suffix":
             index = self.routes.setdefault(s.route, ResponseIndex(self.max_tokens))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -15,6 +16,7 @@ from drafter_service.combined import CombinedProposer
 from drafter_service.draft_model import DraftModelProposer
 from drafter_service.ngram import NgramProposer, ngram_propose
 from drafter_service.server import AHEAD_ROUNDS, DrafterServicer
+from drafter_service.suffix import SuffixProposer
 from protos.specd.v1 import drafter_pb2, drafter_pb2_grpc
 from specd.config import EngineConfig
 from specd.models.loader import load_model
@@ -72,6 +74,21 @@ def test_a_combined_drafter_drafts_its_lookups_ahead_beside_the_models():
     assert looked.tokens == tokens + [14, 15, 11] and ahead.tokens == [12, 13] and ahead.ngram
     [_, (further, _)] = proposer.draft_ahead()
     assert further.tokens == looked.tokens + [12, 13, 14]
+
+
+def test_a_suffix_drafter_drafts_ahead_from_its_routes_memory():
+    proposer = SuffixProposer(None, min_match=4)
+    earlier = list(range(100, 140))
+    first = replace(state([1, 2, 3] + earlier, 2), route="r", prompt_length=3)
+    proposer.propose([first])
+    proposer.close(1)  # its response joins the route's memory
+    tokens = [7, 8, 9] + earlier[:6]  # a new request repeating it
+    s = replace(state(tokens, 3, seq_id=2), route="r", prompt_length=3)
+    [p] = proposer.propose([s])
+    assert p.tokens == earlier[6:9] and proposer.shared_rounds == 1
+    [(assumed, ahead)] = proposer.draft_ahead()
+    assert assumed.tokens == tokens + earlier[6:10] and ahead.tokens == earlier[10:13]
+    assert assumed.route == "r" and proposer.shared_rounds == 1  # made ahead: not counted
 
 
 def test_only_a_round_drafted_whole_and_free_is_continued():

@@ -12,8 +12,8 @@ the verifier treats it as one-hot, like any deterministic draft.
 
 from __future__ import annotations
 
-from drafter_service.ngram import allowed_prefix, lookup_ahead, ngram_propose
-from specd.proposal import DraftState, Proposal, Proposer, continuable
+from drafter_service.ngram import LookupAhead, allowed_prefix, ngram_propose
+from specd.proposal import DraftState, Proposal, Proposer
 
 MIN_MATCH, MAX_N = 3, 8  # the lookup: suffixes of 8 tokens down to 3
 
@@ -42,7 +42,7 @@ class CombinedProposer:
     def __init__(self, model: Proposer, min_match: int = MIN_MATCH, max_n: int = MAX_N):
         self.model = model
         self.min_match, self.max_n = min_match, max_n
-        self._looked: list[tuple[DraftState, Proposal]] = []  # lookup rounds, to draft ahead
+        self._ahead = LookupAhead(self._lookup)
 
     @property
     def available(self) -> bool:
@@ -50,20 +50,17 @@ class CombinedProposer:
 
     def propose(self, states: list[DraftState]) -> list[Proposal]:
         found = [self._lookup(s) for s in states]
-        looked = [(s, p) for s, p in zip(states, found, strict=True) if p is not None]
-        self._looked = continuable(looked)
+        self._ahead.record((s, p) for s, p in zip(states, found, strict=True) if p is not None)
         return lookup_then_model(states, found, self.model)
 
     def draft_ahead(self, stop=lambda: False) -> list[tuple[DraftState, Proposal]]:
-        """The model's rounds ahead and the lookup's (`lookup_ahead`), each from the
+        """The model's rounds ahead and the lookup's (LookupAhead), each from the
         sequences it drafted last."""
-        looked = lookup_ahead(self._looked, self._lookup)
-        self._looked = continuable(looked)
-        return self.model.draft_ahead(stop) + looked
+        return self.model.draft_ahead(stop) + self._ahead.draft()
 
     def _lookup(self, s: DraftState) -> Proposal | None:
         return lookup(s, ngram_propose(s.tokens, s.k, self.max_n, self.min_match))
 
     def close(self, seq_id) -> None:
-        self._looked = [(s, p) for s, p in self._looked if s.seq_id != seq_id]
+        self._ahead.close(seq_id)
         self.model.close(seq_id)

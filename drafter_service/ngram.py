@@ -37,21 +37,34 @@ def allowed_prefix(s: DraftState, tokens: list[int]) -> list[int]:
     return tokens if s.grammar is None else tokens[: s.grammar.valid_prefix(tokens)]
 
 
-def lookup_ahead(
-    rounds, look: Callable[[DraftState], Proposal | None]
-) -> list[tuple[DraftState, Proposal]]:
-    """Drafting ahead by lookup (see DraftModelProposer.draft_ahead): for each (state,
-    proposal) round, the state it leads to if every draft is accepted and the target's next
-    token is the one `look` continues with, and `look`'s drafts there (None: none)."""
-    made = []
-    for s, p in rounds:
-        drafted = replace(s, tokens=s.tokens + p.tokens, k=1)
-        guess = look(drafted)
-        if guess is not None and guess.tokens:
-            assumed = replace(s, tokens=drafted.tokens + guess.tokens[:1])
-            if (ahead := look(assumed)) is not None and ahead.tokens:
-                made.append((assumed, ahead))
-    return made
+class LookupAhead:
+    """A lookup's drafting ahead (see DraftModelProposer.draft_ahead), for a proposer
+    that drafts by `look`: from the rounds it last drafted whole (`record`), each the
+    state it leads to if every draft is accepted and the target's next token is the one
+    `look` continues with, and `look`'s drafts there; called again, the round after."""
+
+    def __init__(self, look: Callable[[DraftState], Proposal | None]):
+        self.look = look
+        self._last: list[tuple[DraftState, Proposal]] = []
+
+    def record(self, rounds) -> None:
+        """The (state, proposal) rounds just drafted by `look` (continuable ones kept)."""
+        self._last = continuable(rounds)
+
+    def draft(self) -> list[tuple[DraftState, Proposal]]:
+        made = []
+        for s, p in self._last:
+            drafted = replace(s, tokens=s.tokens + p.tokens, k=1)
+            guess = self.look(drafted)
+            if guess is not None and guess.tokens:
+                assumed = replace(s, tokens=drafted.tokens + guess.tokens[:1])
+                if (ahead := self.look(assumed)) is not None and ahead.tokens:
+                    made.append((assumed, ahead))
+        self.record(made)
+        return made
+
+    def close(self, seq_id) -> None:
+        self._last = [(s, p) for s, p in self._last if s.seq_id != seq_id]
 
 
 class NgramProposer:
@@ -60,19 +73,15 @@ class NgramProposer:
 
     def __init__(self, max_n: int = 4, min_n: int = 1):
         self.max_n, self.min_n = max_n, min_n
-        self._last: list[tuple[DraftState, Proposal]] = []  # for draft_ahead
+        self._ahead = LookupAhead(self._lookup)
 
     def propose(self, states: list[DraftState]) -> list[Proposal]:
         out = [self._lookup(s) for s in states]
-        self._last = continuable(zip(states, out, strict=True))
+        self._ahead.record(zip(states, out, strict=True))
         return out
 
     def draft_ahead(self, stop=lambda: False) -> list[tuple[DraftState, Proposal]]:
-        """The next round's lookup for each sequence of the last round (`lookup_ahead`);
-        called again, the round after."""
-        made = lookup_ahead(self._last, self._lookup)
-        self._last = continuable(made)
-        return made
+        return self._ahead.draft()
 
     def _lookup(self, s: DraftState) -> Proposal:
         return Proposal(
@@ -81,4 +90,4 @@ class NgramProposer:
         )
 
     def close(self, seq_id) -> None:
-        self._last = [(s, p) for s, p in self._last if s.seq_id != seq_id]
+        self._ahead.close(seq_id)

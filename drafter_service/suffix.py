@@ -23,8 +23,8 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 from drafter_service.combined import MAX_N, MIN_MATCH, lookup, lookup_then_model
-from drafter_service.ngram import lookup_ahead, ngram_propose
-from specd.proposal import DraftState, Proposal, Proposer, continuable
+from drafter_service.ngram import LookupAhead, ngram_propose
+from specd.proposal import DraftState, Proposal, Proposer
 
 KEY = 3  # tokens a lookup key holds: the index finds occurrences of the last KEY tokens
 MAX_CANDIDATES = 32  # the most recent occurrences of a key that a lookup weighs
@@ -140,7 +140,7 @@ class SuffixProposer:
         self.routes: dict[str, ResponseIndex] = {}
         self._seen: dict[object, DraftState] = {}  # the last state of each open sequence
         self.shared_rounds = 0  # rounds drafted from earlier responses (a route's)
-        self._looked: list[tuple[DraftState, Proposal]] = []  # lookup rounds, to draft ahead
+        self._ahead = LookupAhead(self._look)
 
     @property
     def available(self) -> bool:
@@ -153,8 +153,7 @@ class SuffixProposer:
             proposal = self._look(s, count=True)
             # nothing found: the model's turn, but a lookup-only route drafts nothing
             found.append(proposal or (Proposal() if _mode(s) == "ngram" else None))
-        looked = [(s, p) for s, p in zip(states, found, strict=True) if p is not None]
-        self._looked = continuable(looked)
+        self._ahead.record((s, p) for s, p in zip(states, found, strict=True) if p is not None)
         return lookup_then_model(states, found, self.model)
 
     def _look(self, s: DraftState, count: bool = False) -> Proposal | None:
@@ -181,7 +180,8 @@ class SuffixProposer:
             return own_match
         theirs = index.continuation(s.tokens, s.k, self.alternatives)
         if len(theirs.tokens) > len(own) and theirs.length >= self.min_match:
-            self.shared_rounds += 1 if count else 0
+            if count:
+                self.shared_rounds += 1
             return theirs
         return own_match
 
@@ -190,17 +190,16 @@ class SuffixProposer:
         return self.shared and not s.suffix_private
 
     def draft_ahead(self, stop=lambda: False) -> list[tuple[DraftState, Proposal]]:
-        """The lookup's rounds ahead (`lookup_ahead`: the route's memory as the request's
-        own text), beside the model's."""
-        looked = lookup_ahead(self._looked, self._look)
-        self._looked = continuable(looked)
+        """The lookup's rounds ahead (LookupAhead: the route's memory as the request's own
+        text), beside the model's."""
+        looked = self._ahead.draft()
         if self.model is not None and hasattr(self.model, "draft_ahead"):
             return self.model.draft_ahead(stop) + looked
         return looked
 
     def close(self, seq_id) -> None:
         """The sequence ended: its response joins its route's memory."""
-        self._looked = [(s, p) for s, p in self._looked if s.seq_id != seq_id]
+        self._ahead.close(seq_id)
         s = self._seen.pop(seq_id, None)
         if s is not None and self._shares(s) and _mode(s) == "suffix":
             index = self.routes.setdefault(s.route, ResponseIndex(self.max_tokens))

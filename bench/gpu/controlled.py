@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import random
 
-from specd.proposal import DraftState, Proposal, continuable
+from drafter_service.ngram import LookupAhead
+from specd.proposal import DraftState, Proposal
 
 
 class ControlledProposer:
@@ -27,7 +28,7 @@ class ControlledProposer:
         self.acceptance = acceptance
         self.inner = inner
         self.rng = random.Random(seed)
-        self._last: list[tuple[DraftState, Proposal]] = []  # for draft_ahead
+        self._ahead = LookupAhead(self._drafts)
 
     @property
     def lookup_only(self) -> bool:
@@ -37,25 +38,16 @@ class ControlledProposer:
         if self.inner is not None:
             self.inner.propose(states)  # the draft model's forwards, for their cost
         out = [self._drafts(s) for s in states]
-        self._last = continuable(zip(states, out, strict=True))
+        self._ahead.record(zip(states, out, strict=True))
         return out
 
     def draft_ahead(self, stop=lambda: False) -> list[tuple[DraftState, Proposal]]:
-        """The next round as if every draft will be accepted, the target's next token
-        guessed right with the same chance as a draft (after the draft model's own work
-        ahead, for its cost)."""
+        """The next rounds as a lookup drafts them ahead, the target's next token guessed
+        right with the same chance as a draft (after the draft model's own work ahead, for
+        its cost)."""
         if self.inner is not None and hasattr(self.inner, "draft_ahead"):
             self.inner.draft_ahead(stop)
-        last, self._last = self._last, []
-        made = []
-        for s, p in last:
-            drafted = s.tokens + p.tokens
-            guess = self._drafts(DraftState(s.seq_id, drafted, s.params, 1)).tokens
-            if guess and not stop():
-                assumed = DraftState(s.seq_id, drafted + guess, s.params, s.k)
-                made.append((assumed, self._drafts(assumed)))
-        self._last = continuable(made)
-        return made
+        return self._ahead.draft()
 
     def _drafts(self, state: DraftState) -> Proposal:
         prompt = tuple(state.tokens[: self.prompt_len])

@@ -11,11 +11,12 @@ starts itself (`--model`, `--draft-model`). Each cell (mode x concurrency) sends
 number of requests from `--concurrency` concurrent clients, streaming, and records per
 request the time to first token, the time per output token after it, tokens, and the
 speculation the router decided (reason, acceptance, mean accepted length). With
-`--repeats R` every cell runs R times, the modes taking turns at each level in A B B A
-order, and each mode's ratio to the first mode is printed per run and merged. At
-concurrency 1 the modes take turns request by request instead (each prompt sent once per
-mode, A B B A), each mode's time the sum of its own requests': one request runs alone
-either way, and a drift of the machine then falls on every mode alike within seconds.
+With several modes they take turns at every level, wave by wave: `--concurrency` requests
+at once (one a client) in one mode, the same requests in the next, A B B A, each mode's time
+the sum of its own waves' (at concurrency 1 a wave is one request): a drift of the
+machine's speed then falls on every mode alike within seconds, which cells run one after
+another cannot give. `--repeats R` runs each level R times (the modes' order reversed every
+other run) and prints each mode's ratio to the first mode per run and merged.
 Writes `sweep.json`, `sweep.md` (the table and the ratio lines it prints) and two PNG plots
 (throughput, with the peers of the run beside specd, and TPOT p99 vs concurrency).
 Modes "ngram" and "combined" are speculation on with the drafter swapped for that
@@ -124,48 +125,43 @@ async def run_cell(
 
 
 def run_order(modes: list[str], levels: list[int], repeats: int) -> list[tuple[list[str], int]]:
-    """The cells in the order they run: the modes that run each (one, or at concurrency 1
-    every mode, taking turns request by request) and its concurrency. Once each: every
-    level of one mode, then the next mode. Repeated: per level, the modes forwards then
-    backwards (A B B A A B ...), so with an even count a drift of the machine's speed that
-    is linear in time weighs on every mode alike, which cells run one after another cannot
-    give."""
-    turns = 1 in levels and len(modes) > 1
-    cells = [(modes, 1)] * repeats if turns else []
-    levels = [c for c in levels if not (turns and c == 1)]
-    if repeats == 1:
-        return cells + [([m], c) for m in modes for c in levels]
-    return cells + [
-        ([m], c) for c in levels for r in range(repeats) for m in (modes[::-1] if r % 2 else modes)
-    ]
+    """The cells in the order they run: the modes that run each and its concurrency. With
+    several modes every cell runs all of them, taking turns wave by wave (`run_turns`),
+    their order reversed every other repeat; one mode runs its levels in turn."""
+    return [(modes[::-1] if r % 2 else modes, c) for c in levels for r in range(repeats)]
 
 
 async def run_turns(
     address: str,
     conversations,
     cells: list[tuple[str, list[str] | None]],
+    concurrency: int,
     requests: int,
     max_new: int,
     tick=None,
 ) -> list[tuple[list[dict], float]]:
-    """At concurrency 1, each of `requests` prompts sent once per cell (speculation, routes)
-    in turn, forwards then backwards (A B B A): each cell's results and the sum of its
-    requests' times."""
+    """`requests` requests for each cell (speculation, routes), sent in waves of
+    `concurrency` at once (one a client), each wave once per cell in turn, forwards then
+    backwards (A B B A): each cell's results and the sum of its waves' wall times."""
     results: list[list[dict]] = [[] for _ in cells]
     walls = [0.0] * len(cells)
     async with grpc.aio.insecure_channel(address) as channel:
         stub = router_pb2_grpc.GenerationStub(channel)
-        for i in range(requests):
-            j = i % len(conversations)
-            for n in range(len(cells))[:: -1 if i % 2 else 1]:
+        for w, first in enumerate(range(0, requests, concurrency)):
+            wave = [
+                i % len(conversations) for i in range(first, min(first + concurrency, requests))
+            ]
+            for n in range(len(cells))[:: -1 if w % 2 else 1]:
                 speculation, routes = cells[n]
-                route = routes[j] if routes else ""
-                start = time.perf_counter()
-                result = await stream_one(stub, conversations[j], speculation, max_new, route)
-                walls[n] += time.perf_counter() - start
-                results[n].append({**result, "route": route})
-                if tick is not None:
-                    tick(1)
+
+                async def one(j, speculation=speculation, routes=routes):
+                    route = routes[j] if routes else ""
+                    result = await stream_one(stub, conversations[j], speculation, max_new, route)
+                    return {**result, "route": route}
+
+                done, wall = await drive(one, wave, concurrency, len(wave), tick)
+                results[n] += done
+                walls[n] += wall
     return list(zip(results, walls, strict=True))
 
 
@@ -215,7 +211,8 @@ def sweep(
         tick = bar.update if bar is not None else None
         args = [cell_args(mode) for mode in cell_modes]
         if len(args) > 1:
-            done = asyncio.run(run_turns(address, conversations, args, n, max_new, tick))
+            turns = run_turns(address, conversations, args, c, n, max_new, tick)
+            done = asyncio.run(turns)
         else:
             cell = run_cell(address, conversations, args[0][0], c, n, max_new, tick, args[0][1])
             done = [asyncio.run(cell)]

@@ -61,20 +61,19 @@ def test_small_sweep_writes_json_markdown_and_png(cluster, tmp_path):
 
 @pytest.mark.timeout(240)
 def test_repeated_cells_alternate_modes_and_merge(cluster):
-    # A B B A per level: with an even count every mode sits at the same mean position;
-    # at concurrency 1 one cell runs every mode, taking turns request by request
-    order = run_order(["off", "auto"], [1, 4, 8], 4)
-    assert order[:4] == [(["off", "auto"], 1)] * 4
-    assert order[4:8] == [(["off"], 4), (["auto"], 4), (["auto"], 4), (["off"], 4)]
-    assert [c for _, c in order] == [1] * 4 + [4] * 8 + [8] * 8
-    for mode in ("off", "auto"):
-        positions = [i for i, (m, c) in enumerate(order) if m == [mode] and c == 4]
-        assert sum(positions) == 4 + 7 + 8 + 11
-    assert run_order(["off", "auto"], [1, 4], 1) == [
-        (["off", "auto"], 1),
-        (["off"], 4),
-        (["auto"], 4),
-    ]
+    # with several modes every cell runs them all, taking turns; the order reversed every
+    # other repeat, so with an even count every mode sits at the same mean position
+    order = run_order(["off", "auto"], [1, 4], 4)
+    assert (
+        order
+        == [(["off", "auto"], 1), (["auto", "off"], 1)] * 2
+        + [
+            (["off", "auto"], 4),
+            (["auto", "off"], 4),
+        ]
+        * 2
+    )
+    assert run_order(["off", "auto"], [1, 4], 1) == [(["off", "auto"], 1), (["off", "auto"], 4)]
     assert run_order(["auto"], [1, 4], 2) == [(["auto"], 1)] * 2 + [(["auto"], 4)] * 2
 
     conversations = [[{"role": "user", "content": "abcabc"}]]
@@ -156,47 +155,78 @@ def test_warm_up_lets_the_drafter_see_every_prompt_where_the_mode_may_draft(monk
         result = {"ttft": 0.01, "tpot": 0.01, "tokens": max_new, "reason": "on", "route": ""}
         return [{**result, "drafted": 0, "accepted": 0, "rounds": 0}] * requests, 1.0
 
+    async def fake_stream(stub, messages, mode, max_new, route=""):  # the timed turns
+        result = {"ttft": 0.01, "tpot": 0.01, "tokens": max_new, "reason": mode}
+        return {**result, "drafted": 0, "accepted": 0, "rounds": 0}
+
     monkeypatch.setattr(sweep_module, "run_cell", fake_cell)
+    monkeypatch.setattr(sweep_module, "stream_one", fake_stream)
     conversations = [[{"role": "user", "content": "abc"}]]
     report = sweep_module.sweep(
-        "unused", conversations, ["off", "auto", "on@plain"], [2], 1, 4, progress=lambda _: None
+        "127.0.0.1:9", conversations, ["off", "auto", "on@plain"], [2], 1, 4, progress=lambda _: None
     )
     assert asked == ["off", "on", "on"]
     assert [c["mode"] for c in report["cells"]] == ["off", "auto", "on@plain"]
 
 
-def test_at_concurrency_one_the_modes_take_turns_and_each_counts_its_own_time(monkeypatch):
-    # each prompt goes to every mode in turn, A B B A by request, and a mode's tokens/s is
-    # its tokens over its own requests' time: `off` here takes 4x as long a request
+def test_the_modes_take_turns_wave_by_wave_and_each_counts_its_own_time(monkeypatch):
+    # each wave of `concurrency` requests goes to every mode in turn, A B B A by wave, all
+    # of a wave at once, and a mode's tokens/s is its tokens over its own waves' time:
+    # `off` here takes 4x as long a request
     from bench import sweep as sweep_module
 
-    sent = []
+    sent, running, most = [], [0], [0]
 
     async def fake_cell(address, conversations, mode, concurrency, requests, *rest):
         return [{"tokens": 1, "reason": mode, "route": ""}] * requests, 1.0
 
     async def fake_stream(stub, messages, mode, max_new, route=""):
         sent.append((mode, route, messages[0]["content"]))
+        running[0] += 1
+        most[0] = max(most[0], running[0])
         await asyncio.sleep(0.04 if mode == "off" else 0.01)
+        running[0] -= 1
         result = {"ttft": 0.001, "tpot": 0.001, "tokens": max_new, "reason": mode}
         return {**result, "drafted": 0, "accepted": 0, "rounds": 1}
 
     monkeypatch.setattr(sweep_module, "run_cell", fake_cell)
     monkeypatch.setattr(sweep_module, "stream_one", fake_stream)
-    conversations = [[{"role": "user", "content": x}] for x in ("a", "b")]
-    report = sweep_module.sweep(
-        "127.0.0.1:9",
-        conversations,
-        ["off", "on@plain"],
-        [1],
-        4,
-        8,
-        progress=lambda _: None,
-        repeats=2,
-    )
-    block = [("off", "", "a"), ("on", "plain", "a"), ("on", "plain", "b"), ("off", "", "b")]
-    assert sent == block * 4
-    off, on = report["cells"]
-    assert off["requests"] == on["requests"] == 8 and off["tokens"] == on["tokens"] == 64
-    assert len(off["runs_tokens_per_s"]) == len(on["runs_tokens_per_s"]) == 2
-    assert 2.5 < on["tokens_per_s"] / off["tokens_per_s"] < 4.5
+    conversations = [[{"role": "user", "content": x}] for x in "abc"]
+
+    def turns(levels, requests):
+        sent.clear()
+        most[0] = 0
+        return sweep_module.sweep(
+            "127.0.0.1:9",
+            conversations,
+            ["off", "on@plain"],
+            levels,
+            requests,
+            8,
+            progress=lambda _: None,
+            repeats=2,
+        )
+
+    report = turns([1], 4)  # one request a wave
+    off, on = ("off", "", "a"), ("on", "plain", "a")
+    b = [(m, r, "b") for m, r, _ in (off, on)]
+    c = [(m, r, "c") for m, r, _ in (off, on)]
+    a2 = [(m, r, "a") for m, r, _ in (off, on)]
+    first = [off, on, b[1], b[0], c[0], c[1], a2[1], a2[0]]
+    assert sent == first + [on, off, b[0], b[1], c[1], c[0], a2[0], a2[1]]
+    assert most[0] == 1
+    off_cell, on_cell = report["cells"]
+    assert off_cell["requests"] == on_cell["requests"] == 8
+    assert off_cell["tokens"] == on_cell["tokens"] == 64
+    assert len(off_cell["runs_tokens_per_s"]) == len(on_cell["runs_tokens_per_s"]) == 2
+    assert 2.5 < on_cell["tokens_per_s"] / off_cell["tokens_per_s"] < 4.5
+
+    report = turns([2], 5)  # waves of 2 prompts at once: (a b), (c a), (b)
+    waves = [sorted(sent[i : i + 2]) for i in range(0, 8, 2)] + [sent[8:9], sent[9:10]]
+    assert waves[:2] == [sorted([off, b[0]]), sorted([on, b[1]])]
+    assert waves[2:4] == [sorted([c[1], a2[1]]), sorted([c[0], a2[0]])]
+    assert waves[4:] == [[b[0]], [b[1]]]
+    assert len(sent) == 20 and most[0] == 2
+    off_cell, on_cell = report["cells"]
+    assert off_cell["requests"] == on_cell["requests"] == 10
+    assert 2.5 < on_cell["tokens_per_s"] / off_cell["tokens_per_s"] < 4.5

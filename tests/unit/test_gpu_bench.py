@@ -35,6 +35,27 @@ def test_controlled_drafts_are_accepted_as_set(tiny, acceptance):
     assert spec["acceptance"] == acceptance
 
 
+def test_a_warm_run_reports_its_second_pass_alone(tiny):
+    # every draft accepted in the first pass, none in the second: the figures are the
+    # second's (acceptance 0, one token a round), the outputs the target's either way
+    prompts = run._prompts(2, 12, tiny.args.vocab_size, 0)
+    plain = run.engine_run(tiny, prompts, 20)
+    recorded = {tuple(p): out for p, out in zip(prompts, plain["outputs"], strict=True)}
+
+    class SecondPassRejects(ControlledProposer):
+        seen: set = set()
+
+        def propose(self, states):
+            self.seen.update(state.seq_id for state in states)  # a request: a sequence
+            self.acceptance = 1.0 if len(self.seen) <= len(prompts) else 0.0
+            return super().propose(states)
+
+    spec = run.engine_run(tiny, prompts, 20, SecondPassRejects(recorded, 1000, 1.0), 4, warm=True)
+    assert spec["outputs"] == plain["outputs"]
+    assert spec["acceptance"] == 0.0 and spec["tokens_per_round"] == 1.0
+    assert spec["first_pass_tok_per_s"] > 0 and 0 < spec["control_share"] < 1
+
+
 def test_controlled_drafts_made_ahead_follow_the_recorded_tokens():
     prompt, out = (1, 2, 3), list(range(10, 30))
     proposer = ControlledProposer({prompt: out}, vocab=100, acceptance=1.0)
@@ -63,6 +84,8 @@ def test_the_bench_reports_every_part(tmp_path):
     assert all(spec[m]["identical_to_off"] for m in ("lookup", "draft", "draft-auto"))
     assert spec["lookup"]["acceptance"] > 0.3  # 0.8 a draft, until the first miss
     assert all(0 < spec[m]["control_share"] < 1 for m in ("off", "lookup", "draft-auto"))
+    auto = spec["draft-auto"]  # against the better of fixed k and plain, and its cold start
+    assert auto["vs_better_of_on_off"] > 0 and auto["first_pass_vs_off"] > 0
     parts = spec["round_ms"]
     assert {"plain_step_ms", "verify_ms", "draft_forwards_ms"} <= parts.keys()
     assert parts["verify_ms"] > 0 and parts["plain_step_ms"] > 0

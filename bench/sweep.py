@@ -293,9 +293,9 @@ def _parser() -> argparse.ArgumentParser:
         "--repeats",
         type=int,
         default=1,
-        help="run each cell this many times, the modes alternating per level (A B B A; at "
-        "concurrency 1 request by request); use an even count to compare modes on a machine "
-        "whose speed drifts (%(default)s)",
+        help="run each cell this many times, the modes' order reversed every other time (the "
+        "modes always take turns wave by wave: c requests at once in each, A B B A); use an "
+        "even count to compare modes on a machine whose speed drifts (%(default)s)",
     )
     p.add_argument("--max-new-tokens", type=int, default=128, help=flags.MAX_NEW_TOKENS)
     p.add_argument(

@@ -163,7 +163,13 @@ def test_warm_up_lets_the_drafter_see_every_prompt_where_the_mode_may_draft(monk
     monkeypatch.setattr(sweep_module, "stream_one", fake_stream)
     conversations = [[{"role": "user", "content": "abc"}]]
     report = sweep_module.sweep(
-        "127.0.0.1:9", conversations, ["off", "auto", "on@plain"], [2], 1, 4, progress=lambda _: None
+        "127.0.0.1:9",
+        conversations,
+        ["off", "auto", "on@plain"],
+        [2],
+        1,
+        4,
+        progress=lambda _: None,
     )
     assert asked == ["off", "on", "on"]
     assert [c["mode"] for c in report["cells"]] == ["off", "auto", "on@plain"]

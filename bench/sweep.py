@@ -80,17 +80,17 @@ async def stream_one(stub, messages, mode: str, max_new: int, route: str = "") -
     }
 
 
-async def drive(one, conversations, concurrency: int, requests: int, tick=None):
-    """`requests` calls of `one(messages)` from `concurrency` concurrent clients (one anyio
-    task group: a client that fails cancels the others), cycling through the
-    conversations; returns their results and the wall time. `tick(1)` after each (a tqdm
-    bar's `update`)."""
-    pending = iter([conversations[i % len(conversations)] for i in range(requests)])
+async def drive(one, items, concurrency: int, requests: int, tick=None):
+    """`requests` calls of `one(item)` from `concurrency` concurrent clients (one anyio
+    task group: a client that fails cancels the others), cycling through the items (the
+    conversations, or their indices); returns their results and the wall time. `tick(1)`
+    after each (a tqdm bar's `update`)."""
+    pending = iter([items[i % len(items)] for i in range(requests)])
     results: list[dict] = []
 
     async def client():
-        for messages in pending:  # shared: each conversation goes to one client
-            results.append(await one(messages))
+        for item in pending:  # shared: each item goes to one client
+            results.append(await one(item))
             if tick is not None:
                 tick(1)
 
@@ -113,15 +113,21 @@ async def run_cell(
 ) -> tuple[list[dict], float]:
     """One cell's per-request results and its wall time (bench/sweep_report.py sums up).
     `routes[i]`: conversation i's route (None: the default route for all)."""
-    items = list(zip(conversations, routes or [""] * len(conversations), strict=True))
-
-    async def one(item):
-        messages, route = item
-        return {**await stream_one(stub, messages, mode, max_new, route), "route": route}
-
     async with grpc.aio.insecure_channel(address) as channel:
-        stub = router_pb2_grpc.GenerationStub(channel)
-        return await drive(one, items, concurrency, requests, tick)
+        one = _sender(router_pb2_grpc.GenerationStub(channel), conversations, mode, routes, max_new)
+        return await drive(one, range(len(conversations)), concurrency, requests, tick)
+
+
+def _sender(stub, conversations, speculation: str, routes: list[str] | None, max_new: int):
+    """`one(i)`: conversation i streamed on its route (`routes[i]`, else the default), its
+    result tagged with the route."""
+
+    async def one(i: int) -> dict:
+        route = routes[i] if routes else ""
+        result = await stream_one(stub, conversations[i], speculation, max_new, route)
+        return {**result, "route": route}
+
+    return one
 
 
 def run_order(modes: list[str], levels: list[int], repeats: int) -> list[tuple[list[str], int]]:
@@ -152,13 +158,7 @@ async def run_turns(
                 i % len(conversations) for i in range(first, min(first + concurrency, requests))
             ]
             for n in range(len(cells))[:: -1 if w % 2 else 1]:
-                speculation, routes = cells[n]
-
-                async def one(j, speculation=speculation, routes=routes):
-                    route = routes[j] if routes else ""
-                    result = await stream_one(stub, conversations[j], speculation, max_new, route)
-                    return {**result, "route": route}
-
+                one = _sender(stub, conversations, *cells[n], max_new)
                 done, wall = await drive(one, wave, concurrency, len(wave), tick)
                 results[n] += done
                 walls[n] += wall

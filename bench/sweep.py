@@ -2,6 +2,7 @@
 
     specd bench sweep [--target HOST:PORT] [--workload code] [--concurrency 1,2,4,8,16]
                       [--modes off,on,auto,ngram] [--requests-per-cell 16] [--repeats 1]
+                      [--waves 1]
                       [--peer hf] [--out bench/out/sweep]
     specd bench sweep --workload code,chat,retrieval --route code,chat,default ...  # mixed
     specd bench sweep --route code --modes off,auto,on@code_k2 ...  # a mode on another route
@@ -177,10 +178,12 @@ def sweep(
     bars: bool = False,
     routes: list[str] | None = None,
     repeats: int = 1,
+    waves: int = 1,
 ) -> dict:
-    """Every (mode, concurrency) cell, each run `repeats` times in `run_order`; a cell's
-    runs merge into one summary (tokens over wall time) that lists each run's tok/s, and
-    with several routes each route's own summary over the same wall time."""
+    """Every (mode, concurrency) cell, each run `repeats` times in `run_order`, sending
+    `requests` requests or `waves` waves of `c`, whichever is more; a cell's runs merge
+    into one summary (tokens over wall time) that lists each run's tok/s, and with several
+    routes each route's own summary over the same wall time."""
 
     def cell_args(mode: str) -> tuple[str, list[str] | None]:
         speculation, _, route = mode.partition("@")  # "on@code_k2": that mode on that route
@@ -201,7 +204,7 @@ def sweep(
         asyncio.run(run_cell(address, warm, asks, 1, len(warm), WARM_UP_TOKENS, None, warm_routes))
     runs: dict[tuple[str, int], list[tuple[list[dict], float]]] = {}
     for cell_modes, c in run_order(list(modes), list(levels), repeats):
-        n = max(requests, c)
+        n = max(requests, waves * c)
         name = label or "+".join(cell_modes)
         bar = (
             tqdm(total=n * len(cell_modes), desc=f"{name:<6} c={c:<3}", leave=False)
@@ -290,6 +293,15 @@ def _parser() -> argparse.ArgumentParser:
         "--requests-per-cell", type=int, default=16, help="requests a cell sends (%(default)s)"
     )
     p.add_argument(
+        "--waves",
+        type=int,
+        default=1,
+        help="at least this many waves a cell (a wave: one request from each of the c "
+        "clients), so that a cell at a high concurrency sends more than "
+        "--requests-per-cell; a run of one or two waves reads the machine's speed over a few "
+        "seconds only (%(default)s)",
+    )
+    p.add_argument(
         "--repeats",
         type=int,
         default=1,
@@ -363,9 +375,10 @@ def main(argv: list[str] | None = None) -> int:
         bars=not args.no_progress,
         routes=routes if any(routes) else None,
         repeats=args.repeats,
+        waves=args.waves,
     )
-    if args.repeats < 1:
-        p.error("--repeats must be at least 1")
+    if args.repeats < 1 or args.waves < 1:
+        p.error("--repeats and --waves must be at least 1")
     report = _specd_cells(args, modes, run)
     add_peer(report, args, run)
     for path in write_outputs(report, Path(args.out)):

@@ -199,7 +199,7 @@ def test_the_modes_take_turns_wave_by_wave_and_each_counts_its_own_time(monkeypa
     monkeypatch.setattr(sweep_module, "stream_one", fake_stream)
     conversations = [[{"role": "user", "content": x}] for x in "abc"]
 
-    def turns(levels, requests):
+    def turns(levels, requests, waves=1):
         sent.clear()
         most[0] = 0
         return sweep_module.sweep(
@@ -211,6 +211,7 @@ def test_the_modes_take_turns_wave_by_wave_and_each_counts_its_own_time(monkeypa
             8,
             progress=lambda _: None,
             repeats=2,
+            waves=waves,
         )
 
     report = turns([1], 4)  # one request a wave
@@ -236,3 +237,7 @@ def test_the_modes_take_turns_wave_by_wave_and_each_counts_its_own_time(monkeypa
     off_cell, on_cell = report["cells"]
     assert off_cell["requests"] == on_cell["requests"] == 10
     assert 2.5 < on_cell["tokens_per_s"] / off_cell["tokens_per_s"] < 4.5
+
+    report = turns([2, 4], 1, waves=3)  # at least 3 waves a cell: 6 and 12 requests a run
+    assert [c["requests"] for c in report["cells"]] == [12, 24, 12, 24]
+    assert len(sent) == 72 and most[0] == 4

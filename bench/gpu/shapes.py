@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
@@ -76,15 +75,15 @@ def build(
 
     fields = SHAPES[shape] | fields
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
-    folder = Path(tempfile.mkdtemp(prefix=f"specd-{shape}-"))
-    config.save_pretrained(folder)
     torch.manual_seed(seed)
     with torch.device(device):
         hf = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
     draft_vocab = 0 if draft else None  # the whole head: random weights have no frequencies
-    ours = load_model(
-        folder, dtype=dtype, device=device, dense=StateDict(hf), draft_vocab=draft_vocab
-    )
+    with tempfile.TemporaryDirectory(prefix=f"specd-{shape}-") as folder:  # its config only
+        config.save_pretrained(folder)
+        ours = load_model(
+            folder, dtype=dtype, device=device, dense=StateDict(hf), draft_vocab=draft_vocab
+        )
     return hf, ours
 
 

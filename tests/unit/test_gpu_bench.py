@@ -4,6 +4,7 @@ controlled acceptance gives the acceptance it is set to, keeps the target's outp
 
 import json
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +23,15 @@ from specd.proposal import DraftState
 def tiny():
     _, model = build("tiny", "cpu", torch.float32)
     return model
+
+
+def test_a_random_model_leaves_no_folder_behind(tmp_path, monkeypatch):
+    # its config.json is written only for the loader to read: every `specd bench gpu` run
+    # (and every `make test`) built several
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    _, model = build("tiny", "cpu", torch.float32, draft=True)
+    assert model.args.num_layers == 2
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("specd-")] == []
 
 
 @pytest.mark.parametrize("acceptance", [0.0, 1.0])

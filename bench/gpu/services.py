@@ -23,9 +23,11 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -181,20 +183,20 @@ def compare(
     once through the first verifier. `emulate_ms`: (target, draft) ms each model's forward
     sleeps first (`emulated`)."""
     target_shape, draft_shape = shapes
-    work = Path(os.environ.get("TMPDIR", "/tmp")) / f"specd-services-{os.getpid()}"
-    work.mkdir(parents=True, exist_ok=True)
-    data = {"vocab": vocab, "recorded": [[list(p), out] for p, out in recorded.items()]}
-    (work / "recorded.json").write_text(json.dumps(data))
-    (work / "policy.yaml").write_text(f'default: {{speculation: "on", num_draft_tokens: {k}}}\n')
-    tokenizer = write_tokenizer(work / "tokenizer", vocab)
     base = [sys.executable, "-m", "bench.gpu.services", "--device", device]
     target_ms, draft_ms = emulate_ms or (0.0, 0.0)
-    router = [sys.executable, "-m", "launcher", "serve", "router", "--tokenizer", str(tokenizer)]
-    router += ["--policy-file", str(work / "policy.yaml")]
     env = model_service_env()
     pairs = {"lookup": (50761, 50762, 50765, ""), "draft": (50763, 50764, 50766, draft_shape)}
+    work = Path(tempfile.mkdtemp(prefix="specd-services-"))  # the services' inputs
     procs, sets = [], {}
     try:
+        data = {"vocab": vocab, "recorded": [[list(p), out] for p, out in recorded.items()]}
+        (work / "recorded.json").write_text(json.dumps(data))
+        policy = work / "policy.yaml"
+        policy.write_text(f'default: {{speculation: "on", num_draft_tokens: {k}}}\n')
+        tokenizer = write_tokenizer(work / "tokenizer", vocab)
+        router = [sys.executable, "-m", "launcher", "serve", "router"]
+        router += ["--tokenizer", str(tokenizer), "--policy-file", str(policy)]
         for name, (d_port, v_port, r_port, inner) in pairs.items():
             drafter = [*base, "drafter", "--port", str(d_port), "--recorded"]
             drafter += [str(work / "recorded.json"), "--acceptance", str(acceptance)]
@@ -225,6 +227,7 @@ def compare(
         for p in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(20)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _through(address: str, routed: str, prompts, new: int, k: int) -> dict:

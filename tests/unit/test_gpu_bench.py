@@ -28,9 +28,26 @@ def tiny():
 def test_a_random_model_leaves_no_folder_behind(tmp_path, monkeypatch):
     # its config.json is written only for the loader to read: every `specd bench gpu` run
     # (and every `make test`) built several
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read from TMPDIR again
     _, model = build("tiny", "cpu", torch.float32, draft=True)
     assert model.args.num_layers == 2
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("specd-")] == []
+
+
+def test_the_services_run_leaves_no_folder_behind(tmp_path, monkeypatch):
+    # its recorded drafts, policy and tokenizer, however the run ends (here: no process
+    # starts)
+    from bench.gpu import services
+
+    def no_process(*args, **kwargs):
+        raise OSError("no process today")
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read from TMPDIR again
+    monkeypatch.setattr(services.subprocess, "Popen", no_process)
+    with pytest.raises(OSError, match="no process today"):
+        services.compare({(1, 2): [3]}, 96, [[1, 2]], 4, 2, 0.8, ("tiny", "tiny"), "cpu")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("specd-")] == []
 
 

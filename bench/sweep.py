@@ -351,6 +351,7 @@ def _specd_cells(args, modes: list[str], run: dict) -> dict:
     finally:
         for role in ("router", "verifier", "drafter"):
             services[role].stop()
+        print(f"service logs: {logs}")
     return report
 
 

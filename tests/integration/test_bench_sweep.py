@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 
@@ -130,6 +131,10 @@ def test_sweep_starts_its_own_services_and_swaps_in_ngram(tmp_path):
     cmd += ["--no-progress", "--out", str(tmp_path / "out")]
     proc = run_specd(cmd, timeout=220)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    logs = [line.split(": ", 1)[1] for line in proc.stdout.splitlines() if "service logs" in line]
+    assert len(logs) == 1  # said, where each service's log is
+    names = sorted(p.name.split("-")[0] for p in Path(logs[0]).iterdir())
+    assert names == ["drafter", "router", "verifier"]
     cells = json.loads((tmp_path / "out" / "sweep.json").read_text())["cells"]
     assert [(c["mode"], c["concurrency"]) for c in cells] == [
         (m, c) for m in ("off", "on", "ngram") for c in (1, 2)

@@ -25,6 +25,7 @@ models' shapes (bench.gpu.shapes), one run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -41,6 +42,7 @@ from specd.models.paged_kv import PagedKV
 from specd.models.seq_input import SeqInput
 from verifier_service.engine import Engine
 from verifier_service.request import Request, SpeculationBounds
+from verifier_service.sequence import SpecStats
 
 
 def sync(device) -> None:
@@ -99,8 +101,7 @@ def engine_run(
 
 
 def _pass(engine, prompts, new: int, k: int, auto: bool, batch: int) -> dict:
-    t, control_s = engine.totals, engine.control_s
-    rounds, drafted, accepted = t.rounds, t.drafted, t.accepted  # before this pass
+    before, control_s = dataclasses.replace(engine.totals), engine.control_s
     outputs: dict[int, list[int]] = {}
     tokens = 0
     t0 = time.perf_counter()
@@ -117,11 +118,14 @@ def _pass(engine, prompts, new: int, k: int, auto: bool, batch: int) -> dict:
                 outputs[o.seq_id].extend(o.tokens)
                 tokens += len(o.tokens)
     seconds = time.perf_counter() - t0
-    rounds, drafted, accepted = t.rounds - rounds, t.drafted - drafted, t.accepted - accepted
+    t = engine.totals  # this pass's rounds alone
+    this = SpecStats(
+        t.rounds - before.rounds, t.drafted - before.drafted, t.accepted - before.accepted
+    )
     return {
         "tok_per_s": round(tokens / seconds, 2),
-        "acceptance": round(accepted / drafted, 3) if drafted else None,
-        "tokens_per_round": round((accepted + rounds) / rounds, 3) if rounds else None,
+        "acceptance": round(this.acceptance_rate, 3) if this.drafted else None,
+        "tokens_per_round": round(this.mean_accepted_length, 3) if this.rounds else None,
         # the pass's time in the speculation control's plan and observe (Python between steps)
         "control_share": round((engine.control_s - control_s) / seconds, 4),
         "outputs": list(outputs.values()),

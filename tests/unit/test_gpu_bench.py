@@ -25,17 +25,27 @@ def tiny():
     return model
 
 
-def test_a_random_model_leaves_no_folder_behind(tmp_path, monkeypatch):
-    # its config.json is written only for the loader to read: every `specd bench gpu` run
-    # (and every `make test`) built several
+@pytest.fixture
+def own_tmp(tmp_path, monkeypatch):
+    """The test's folder as every temporary folder's parent."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", None)  # read from TMPDIR again
+    return tmp_path
+
+
+def left_behind(folder: Path) -> list[str]:
+    return [p.name for p in folder.iterdir() if p.name.startswith("specd-")]
+
+
+def test_a_random_model_leaves_no_folder_behind(own_tmp):
+    # its config.json is written only for the loader to read: every `specd bench gpu` run
+    # (and every `make test`) built several
     _, model = build("tiny", "cpu", torch.float32, draft=True)
     assert model.args.num_layers == 2
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("specd-")] == []
+    assert left_behind(own_tmp) == []
 
 
-def test_the_services_run_leaves_no_folder_behind(tmp_path, monkeypatch):
+def test_the_services_run_leaves_no_folder_behind(own_tmp, monkeypatch):
     # its recorded drafts, policy and tokenizer, however the run ends (here: no process
     # starts)
     from bench.gpu import services
@@ -43,12 +53,10 @@ def test_the_services_run_leaves_no_folder_behind(tmp_path, monkeypatch):
     def no_process(*args, **kwargs):
         raise OSError("no process today")
 
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setattr(tempfile, "tempdir", None)  # read from TMPDIR again
     monkeypatch.setattr(services.subprocess, "Popen", no_process)
     with pytest.raises(OSError, match="no process today"):
         services.compare({(1, 2): [3]}, 96, [[1, 2]], 4, 2, 0.8, ("tiny", "tiny"), "cpu")
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("specd-")] == []
+    assert left_behind(own_tmp) == []
 
 
 @pytest.mark.parametrize("acceptance", [0.0, 1.0])

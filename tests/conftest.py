@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -220,12 +221,20 @@ def run_engine(engine, requests: list[dict]) -> dict[int, list[int]]:
     return {i: out[i] for i in ids}
 
 
-def run_specd(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+def run_specd(args: list[str], timeout: float, tmp: Path) -> subprocess.CompletedProcess:
     """`python -m launcher *args` in a process group of its own, killed whole at the end:
-    a run past `timeout` fails the test without leaving the services it started behind."""
+    a run past `timeout` fails the test without leaving the services it started behind.
+    Its temporary folders (the services' logs a bench keeps) go under `tmp`, the test's
+    own, which pytest clears: never one more in /tmp a run."""
     cmd = [sys.executable, "-m", "launcher", *args]
+    env = {**os.environ, "TMPDIR": str(tmp)}
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
     )
     try:
         out, err = proc.communicate(timeout=timeout)

@@ -129,10 +129,11 @@ def test_sweep_starts_its_own_services_and_swaps_in_ngram(tmp_path):
     cmd += ["--draft-model", str(model), "--dtype", "float32", "--concurrency", "1,2"]
     cmd += ["--modes", "off,on,ngram", "--requests-per-cell", "2", "--max-new-tokens", "6"]
     cmd += ["--no-progress", "--out", str(tmp_path / "out")]
-    proc = run_specd(cmd, timeout=220)
+    proc = run_specd(cmd, timeout=220, tmp=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     logs = [line.split(": ", 1)[1] for line in proc.stdout.splitlines() if "service logs" in line]
     assert len(logs) == 1  # said, where each service's log is
+    assert Path(logs[0]).parent == tmp_path  # under the temporary folder it was given
     names = sorted(p.name.split("-")[0] for p in Path(logs[0]).iterdir())
     assert names == ["drafter", "router", "verifier"]
     cells = json.loads((tmp_path / "out" / "sweep.json").read_text())["cells"]

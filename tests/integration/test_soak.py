@@ -4,6 +4,7 @@ mixed requests -> no unexpected error, KV and drafter sessions back to 0, RSS gr
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -18,8 +19,10 @@ def test_soak_small(tmp_path):
     cmd = ["bench", "--soak", "--requests", "1000"]
     cmd += ["--concurrency", "8", "--model", str(model), "--draft-model", str(model)]
     cmd += ["--dtype", "float32", "--no-progress", "--json", str(out)]
-    proc = run_specd(cmd, timeout=280)
+    proc = run_specd(cmd, timeout=280, tmp=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    logs = [line.split(": ", 1)[1] for line in proc.stdout.splitlines() if "service logs" in line]
+    assert [Path(p).parent for p in logs] == [tmp_path]  # kept, under the folder it was given
     result = json.loads(out.read_text())
     assert result["ok"] and result["unexpected"] == 0
     assert result["drained"] == {

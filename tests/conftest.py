@@ -221,6 +221,11 @@ def run_engine(engine, requests: list[dict]) -> dict[int, list[int]]:
     return {i: out[i] for i in ids}
 
 
+def said_logs(stdout: str) -> list[Path]:
+    """The folders a bench said it kept its services' logs in ("service logs: DIR")."""
+    return [Path(line.split(": ", 1)[1]) for line in stdout.splitlines() if "service logs" in line]
+
+
 def run_specd(args: list[str], timeout: float, tmp: Path) -> subprocess.CompletedProcess:
     """`python -m launcher *args` in a process group of its own, killed whole at the end:
     a run past `timeout` fails the test without leaving the services it started behind.

@@ -2,7 +2,6 @@
 
 import asyncio
 import json
-from pathlib import Path
 
 import pytest
 
@@ -122,7 +121,7 @@ def test_a_mode_at_a_route_sends_that_modes_cells_on_it(cluster):
 
 def test_sweep_starts_its_own_services_and_swaps_in_ngram(tmp_path):
     from tests.cluster import save_tiny_cluster_model
-    from tests.conftest import run_specd
+    from tests.conftest import run_specd, said_logs
 
     model = save_tiny_cluster_model(tmp_path / "tiny")
     cmd = ["bench", "sweep", "--model", str(model)]
@@ -131,10 +130,10 @@ def test_sweep_starts_its_own_services_and_swaps_in_ngram(tmp_path):
     cmd += ["--no-progress", "--out", str(tmp_path / "out")]
     proc = run_specd(cmd, timeout=220, tmp=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    logs = [line.split(": ", 1)[1] for line in proc.stdout.splitlines() if "service logs" in line]
+    logs = said_logs(proc.stdout)
     assert len(logs) == 1  # said, where each service's log is
-    assert Path(logs[0]).parent == tmp_path  # under the temporary folder it was given
-    names = sorted(p.name.split("-")[0] for p in Path(logs[0]).iterdir())
+    assert logs[0].parent == tmp_path  # under the temporary folder it was given
+    names = sorted(p.name.split("-")[0] for p in logs[0].iterdir())
     assert names == ["drafter", "router", "verifier"]
     cells = json.loads((tmp_path / "out" / "sweep.json").read_text())["cells"]
     assert [(c["mode"], c["concurrency"]) for c in cells] == [

@@ -4,12 +4,11 @@ mixed requests -> no unexpected error, KV and drafter sessions back to 0, RSS gr
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from tests.cluster import save_tiny_cluster_model
-from tests.conftest import run_specd
+from tests.conftest import run_specd, said_logs
 
 
 @pytest.mark.timeout(300)
@@ -21,8 +20,8 @@ def test_soak_small(tmp_path):
     cmd += ["--dtype", "float32", "--no-progress", "--json", str(out)]
     proc = run_specd(cmd, timeout=280, tmp=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    logs = [line.split(": ", 1)[1] for line in proc.stdout.splitlines() if "service logs" in line]
-    assert [Path(p).parent for p in logs] == [tmp_path]  # kept, under the folder it was given
+    logs = said_logs(proc.stdout)
+    assert [p.parent for p in logs] == [tmp_path]  # kept, under the folder it was given
     result = json.loads(out.read_text())
     assert result["ok"] and result["unexpected"] == 0
     assert result["drained"] == {

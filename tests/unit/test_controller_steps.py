@@ -47,6 +47,70 @@ def test_step_costs_average_and_follow_a_line_in_k_from_the_smallest_measured():
     assert steps.samples(2, 2) == 0
 
 
+def knee_forward_s(rows: float) -> float:
+    """The int4 1.5B's forward on the 2-core Zen 5 by rows: flat to 8 (its kernel's block
+    of rows), then ~6.5 ms a row (docs/benchmarks-log.md section 97)."""
+    return 0.033 + 0.0065 * max(0.0, rows - 8)
+
+
+def test_a_drafting_step_is_priced_at_the_rows_its_forward_feeds():
+    """Batch 2, deepest round 4: the other sequence's drafter stopped 2 short in half the
+    steps (8 rows, under the knee) and not in the rest (10 rows). A price by (sequences,
+    k) alone is their mean at any rows; the forward part follows the rows."""
+    steps = StepCosts(SpeculationConfig(pace_weight=0.0))
+    rest_s = 0.030  # the drafter round, verification and commit
+    for _ in range(40):
+        for rows in (8, 10):
+            steps.record(2, 4, rest_s + knee_forward_s(rows), rows, knee_forward_s(rows))
+    for rows in (8, 9, 10):
+        assert steps(2, 4, rows) == pytest.approx(rest_s + knee_forward_s(rows), rel=1e-3)
+    assert steps.measured()[(2, 4)] == pytest.approx(rest_s)  # the rest, held apart
+
+
+def test_a_settled_drafting_step_moves_the_pace_by_its_whole_and_each_part_by_its_own():
+    steps = StepCosts()
+    for _ in range(40):
+        steps.record(2, 3, 0.030 + 0.033, 8, 0.033)
+    assert steps.pace == 1.0 and steps(2, 3, 8) == pytest.approx(0.063)
+    steps.record(2, 3, 100 * 0.063, 8, 0.033)  # a stall outside the forward: one step...
+    assert steps.pace == pytest.approx(math.exp(0.2 * 0.05))  # ...moves the pace 1%, no more
+    # the forward ran at its price: what the pace moved is taken back from it, in its
+    # weight's measure; the rest moved by what was left of its clipped distance
+    assert steps(2, 3, 8) - steps.measured()[(2, 3)] == pytest.approx(
+        0.033 * math.exp(0.2 * 0.05) ** (1 - 0.03), rel=1e-6
+    )
+    assert 0.030 < steps.measured()[(2, 3)] < 0.030 * math.exp(0.05)
+
+
+def test_at_batch_2_the_forwards_knee_keeps_rounds_at_3():
+    """Section 97's code c = 2: the forward is flat to 8 rows, so two rounds of 3 ride in
+    one block, and a fourth draft a sequence buys less than half a token for a second
+    block. The forward by rows, learned at any batch size, prices k = 3 where only k = 2
+    and k = 6 ran at batch 2 (their rests on a line in k); a line through those two whole
+    steps would not see the knee (k = 3 and k = 4 priced within 0.1% of each other)."""
+    accept = CODE_ACCEPT
+
+    def rest_s(k):
+        return 0.030 + 0.001 * k
+
+    c = Controller(SpeculationConfig(explore_every=0))
+    # (batch, k) that ran: their rows 7, 8, 9 at batch 1, 4 and 3, and 6 and 14 at batch 2
+    for sequences, k in ((1, 6), (4, 1), (3, 2), (2, 2), (2, 6)):
+        rows = sequences * (1 + k)
+        for _ in range(8):
+            forward_s = knee_forward_s(rows)
+            c.costs.record_step(
+                [k] * sequences, rest_s(k) + forward_s, rows=rows, forward_s=forward_s
+            )
+        c.costs.record_step([0] * sequences, knee_forward_s(sequences) + 0.002)
+
+    def true_s(k):
+        return rest_s(k) + knee_forward_s(2 * (1 + k)) if k else knee_forward_s(2) + 0.002
+
+    assert best_k(true_s, accept, 6) == 3
+    assert c.plan([Candidate(6, accept)] * 2).ks == [3, 3]
+
+
 def test_a_step_cost_that_varies_by_round_settles_on_its_mean():
     """Steps planned at k = 6 whose drafter stops short cost 65-160 ms by where it
     stopped: the price starts as the mean of the samples since the second (no slow start)

@@ -454,14 +454,17 @@ def test_whole_decode_steps_are_measured_by_their_plan_and_switches_apart(tiny_p
     reqs = [dict(prompt=p, max_new_tokens=20, num_draft=3, speculation=auto) for p in PROMPTS[:2]]
     run_engine(engine, reqs)
     steps = [args for name, args in events if name == "record_step"]
-    assert steps and all(len(ks) <= 2 and max(ks) <= 3 and s > 0 for ks, s, _, _ in steps)
+    assert steps and all(len(ks) <= 2 and max(ks) <= 3 and s > 0 for ks, s, *_ in steps)
+    # each with its forward: the rows it fed (one a sequence, and its drafts) and a part of
+    # its seconds
+    assert all(rows >= len(ks) and 0 < forward_s < s for ks, s, _, _, rows, forward_s in steps)
     # the first decode step is both sequences' first round: the drafter prefills their
     # whole contexts (prompt + first token), which is a switch's cost, not a step's
     first = next(i for i, (name, _) in enumerate(events) if name == "record_step")
-    ks, _, catch_up, stopping = events[first][1]
+    ks, _, catch_up, stopping, _, _ = events[first][1]
     assert ks == [3, 3] and stopping == 0
     assert catch_up == sum(len(p) + 1 for p in PROMPTS[:2])
-    steady = {(len(ks), max(ks)) for ks, _, behind, stop in steps if not behind and not stop}
+    steady = {(len(ks), max(ks)) for ks, _, behind, stop, *_ in steps if not behind and not stop}
     assert steady and any(k for _, k in steady)
     assert set(costs.steps.measured()) == steady
     # a drafter round is a steady one, for the round curve, only where the drafter did not
@@ -470,7 +473,7 @@ def test_whole_decode_steps_are_measured_by_their_plan_and_switches_apart(tiny_p
     for name, args in events:
         group.append((name, args))
         if name == "record_step":
-            ks, _, catch_up, _ = args
+            ks, _, catch_up, *_ = args
             drafted = [a for n, a in group if n == "record_draft" and a[0] > 0]
             rounds.append((max(ks) > 0 and not catch_up, bool(drafted)))
             group = []

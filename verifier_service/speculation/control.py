@@ -124,7 +124,7 @@ class SpeculationControl:
         caught up first, on a new prompt or tokens decoded plain, which the switch curve
         prices; nor where every round was an n-gram lookup), the forward by rows where the
         step was decode and verification only (prefill apart), and the whole step by the
-        drafts that came (`_step_shape`)."""
+        drafts that came (`_step_shape`), its forward apart."""
         rounds = report.rounds
         if not rounds:
             return
@@ -134,12 +134,13 @@ class SpeculationControl:
         drafted = [r.drafted for r in rounds if r.proposed]
         if not (catch_up or lookup):
             costs.record_draft(len(drafted), max(drafted, default=0), report.draft_s)
+        rows = sum(r.rows for r in rounds)
         if all(r.decode for r in rounds):
-            costs.record_forward(sum(r.rows for r in rounds), report.forward_s)
+            costs.record_forward(rows, report.forward_s)
         shape = None if lookup else _step_shape(rounds, catch_up)
         if shape is not None:
             ks, stopping = shape
-            costs.record_step(ks, report.step_s, catch_up, stopping)
+            costs.record_step(ks, report.step_s, catch_up, stopping, rows, report.forward_s)
 
 
 def free_rows(forward, rows: int, extra: int, leaf_cost: float) -> int:

@@ -1,7 +1,8 @@
 """What steps cost, measured online, for the speculation controller (controller.py):
-whole decode steps by (sequences, k), the parts a step is composed of where no such step
-was measured yet (a forward by rows, a drafter round by sequences and steps), and what
-switching between drafting and plain adds. Sections: docs/benchmarks-log.md's."""
+whole decode steps by (sequences, k), a drafting one's forward apart by rows; the parts a
+step is composed of where no such step was measured yet (a forward by rows, a drafter
+round by sequences and steps); and what switching between drafting and plain adds.
+Sections: docs/benchmarks-log.md's."""
 
 from __future__ import annotations
 
@@ -102,60 +103,81 @@ class StepCosts:
     any of them), as the engine ran it: drafter round, forward with its tree leaves,
     verification, commit (a sum of parts misses the leaves and the catch-up: section 19).
 
-    Plain steps are one curve by sequences; drafting steps one curve by k per batch size,
-    never interpolated from plain (k = 1 pays a drafter round's fixed part). A step is
-    affine in k past that (k drafter steps, k more rows), so a batch size's k are priced
-    on the least-squares line through the k measured there, each weighing its samples,
-    and on past the largest (never down); below the smallest, or with one k measured, the
-    caller composes the price. A k measured `own_samples` times takes its own price, as
-    steps are not affine everywhere (an AVX2 kernel's row blocks: sections 31 and 40).
+    Plain steps are one curve by sequences. A drafting step is its forward, by the rows it
+    feeds, plus the rest of it (drafter round, verification, commit) by batch size and k:
+    a price by (sequences, k) alone averages over the rows its rounds fed (a deepest round
+    of 4 in a batch of 2 feeds 6 to 10 rows), and a forward is not affine in rows (a CPU
+    kernel's blocks of 8 rows: docs/benchmarks-log.md section 97). The rest is never
+    interpolated from plain (k = 1 pays a drafter round's fixed part) and is affine in k
+    past that (k drafter steps), so a batch size's k are priced on the least-squares line
+    through the k measured there, each weighing its samples, and on past the largest
+    (never down); below the smallest, or with one k measured, the caller composes the
+    price. A k measured `own_samples` times takes its own price.
 
     Prices are held at the machine's pace of when they were learned, and read at its pace
-    of now (`pace`): a k whose price has settled moves the pace by `pace_weight` of how far
-    its step ran from its price, in the logarithm and clipped at `step_log_max` (one
-    stalled second must not move it); what the pace leaves of the step moves that k's
-    price in the same measure. So a k not run for a while is priced at the speed of now."""
+    of now (`pace`): a step whose price has settled moves the pace by `pace_weight` of how
+    far it ran from its price, in the logarithm and clipped at `step_log_max` (one stalled
+    second must not move it); what the pace leaves of each part moves that part's price in
+    the same measure. So a k not run for a while is priced at the speed of now."""
 
     def __init__(self, config: SpeculationConfig | None = None):
         self.config = c = config or SpeculationConfig()
         self.weight = weight = c.step_weight
         self._plain = CostCurve(weight, extrapolate=False, median=True)
-        self._drafting: dict[int, CostCurve] = {}
+        self._drafting: dict[int, CostCurve] = {}  # the rest of a step, by k per batch size
+        self._forward = CostCurve(weight, median=True)  # a drafting step's forward, by rows
         self.pace_weight = c.pace_weight
         self.pace = 1.0
         # `_held`'s prices as plans ask for them, until a step of their curve is recorded:
-        # plain's by sequences under None, a batch size's drafting ones by k under it
+        # plain's by sequences under None, a batch size's drafting rests by k under it
         self._prices: dict[int | None, dict[int, float | None]] = {}
 
     def _curve(self, sequences: int, k: int) -> CostCurve | None:
         return self._plain if k == 0 else self._drafting.get(sequences)
 
-    def record(self, sequences: int, k: int, seconds: float) -> None:
+    def record(
+        self, sequences: int, k: int, seconds: float, rows: int = 0, forward_s: float = 0.0
+    ) -> None:
+        """A steady step; a drafting one with its forward's `rows` and seconds where they
+        were measured (without them the step is all rest)."""
         if sequences <= 0 or k < 0 or not seconds > 0:
             return
         self._prices.pop(None if k == 0 else sequences, None)
-        held = self._settled(sequences, k)
-        if held is not None:  # settled: the step moves the pace, and what is left its price
-            off = math.log(seconds / (self.pace * held))
-            off = max(-self.config.step_log_max, min(self.config.step_log_max, off))
-            moved = math.exp(self.pace_weight * off)
-            self.pace *= moved
-            self._curve(sequences, k).settle(sequences if k == 0 else k, math.exp(off) / moved)
-            return
-        seconds /= self.pace
-        if k == 0:
-            self._plain.record(sequences, seconds)
-        else:
-            self._drafting.setdefault(
-                sequences, CostCurve(self.weight, extrapolate=False, median=True)
-            )
-            self._drafting[sequences].record(k, seconds)
+        forward_s = forward_s if k and rows > 0 and 0 < forward_s < seconds else 0.0
+        parts = [(self._curve_for(sequences, k), sequences if k == 0 else k, seconds - forward_s)]
+        if forward_s:
+            parts.append((self._forward, rows, forward_s))
+        held = [curve(size) if curve.samples(size) >= self._settling else None
+                for curve, size, _ in parts]  # fmt: skip
+        moved = 1.0
+        if None not in held:  # settled: the step moves the pace
+            moved = math.exp(self.pace_weight * self._off(seconds, sum(held)))
+        for (curve, size, part_s), price in zip(parts, held, strict=True):
+            if price is None:  # learning: at the pace of now
+                curve.record(size, part_s / self.pace)
+            else:  # what the pace leaves moves its price
+                curve.settle(size, math.exp(self._off(part_s, price)) / moved)
+        self.pace *= moved
+
+    def _off(self, seconds: float, held: float) -> float:
+        """How far `seconds` ran from a held price at the pace of now, in the logarithm
+        and clipped at `step_log_max`."""
+        limit = self.config.step_log_max
+        return max(-limit, min(limit, math.log(seconds / (self.pace * held))))
+
+    def _curve_for(self, sequences: int, k: int) -> CostCurve:
+        """`_curve`, a batch size's first drafting one made."""
+        if k and sequences not in self._drafting:
+            self._drafting[sequences] = CostCurve(self.weight, extrapolate=False, median=True)
+        return self._curve(sequences, k)
 
     def samples(self, sequences: int, k: int) -> int:
         curve = self._curve(sequences, k)
         return 0 if curve is None else curve.samples(sequences if k == 0 else k)
 
-    def __call__(self, sequences: int, k: int) -> float | None:
+    def __call__(self, sequences: int, k: int, rows: float = 0.0) -> float | None:
+        """A step's price; a drafting one's at the `rows` its forward feeds (its rest alone
+        where no forward was measured with such steps)."""
         curve, key = (None, sequences) if k == 0 else (sequences, k)
         prices = self._prices.get(curve)
         if prices is None:
@@ -163,7 +185,11 @@ class StepCosts:
         if key not in prices:
             prices[key] = self._held(sequences, k)
         price = prices[key]
-        return None if price is None else self.pace * price
+        if price is None:
+            return None
+        if k:
+            price += self._forward(rows) or 0.0
+        return self.pace * price
 
     def _held(self, sequences: int, k: int) -> float | None:
         if k == 0:
@@ -173,18 +199,22 @@ class StepCosts:
             return None
         return self._own(sequences, k) or _affine(curve, k)
 
-    def _own(self, sequences: int, k: int, samples: float | None = None) -> float | None:
-        """The price held for (sequences, k) once measured `samples` times, else None."""
+    def _own(self, sequences: int, k: int) -> float | None:
+        """The price held for (sequences, k) once measured `own_samples` times, else None."""
         curve, size = self._curve(sequences, k), sequences if k == 0 else k
-        samples = self.config.own_samples if samples is None else samples
-        if curve is None or curve.samples(size) < samples:
+        if curve is None or curve.samples(size) < self.config.own_samples:
             return None
         return curve(size)  # a measured size: its own price (no copy of the curve)
 
-    def _settled(self, sequences: int, k: int) -> float | None:
-        return self._own(sequences, k, max(self.config.own_samples, 1 / self.weight))
+    @property
+    def _settling(self) -> float:
+        """Samples after which a size's price has settled (its mean weighs each as little
+        as the EMA does)."""
+        return max(self.config.own_samples, 1 / self.weight)
 
     def measured(self) -> dict[tuple[int, int], float]:
+        """Held prices at the pace of now: plain steps by (sequences, 0), the rest of
+        drafting ones by (sequences, k)."""
         out = {(b, 0): s for b, s in self._plain.measured().items()}
         for b, curve in self._drafting.items():
             out.update({(b, k): s for k, s in curve.measured().items()})
@@ -192,7 +222,8 @@ class StepCosts:
 
 
 class StepCostModel:
-    """Seconds a decode step takes: measured for its (sequences, k) where such steps ran,
+    """Seconds a decode step takes: measured for its (sequences, k) where such steps ran
+    (a drafting one's forward at its rows),
     else composed of its parts (the forward by rows plus a drafter round), which leaves out
     what only a whole step shows: optimistic, so such a step runs and measures the rest."""
 
@@ -219,22 +250,29 @@ class StepCostModel:
             self.draft.setdefault(sequences, curve).record(steps, seconds)
 
     def record_step(
-        self, ks: list[int], seconds: float, catch_up: int = 0, stopping: int = 0
+        self,
+        ks: list[int],
+        seconds: float,
+        catch_up: int = 0,
+        stopping: int = 0,
+        rows: int = 0,
+        forward_s: float = 0.0,
     ) -> None:
-        """A whole decode step, by the drafts that came for each of its sequences; with
-        `catch_up` tokens for the drafter (sequences switching on) or `stopping` sequences
-        (switching off), what it took over the steady step is the switch's cost."""
+        """A whole decode step, by the drafts that came for each of its sequences, with
+        its forward's `rows` and seconds where measured; with `catch_up` tokens for the
+        drafter (sequences switching on) or `stopping` sequences (switching off), what it
+        took over the steady step is the switch's cost."""
         if not ks or not seconds > 0:
             return
         if catch_up or stopping:
-            self._record_switch(len(ks), max(ks), seconds, catch_up, stopping)
+            self._record_switch(len(ks), max(ks), seconds, catch_up, stopping, rows)
             return
-        self.steps.record(len(ks), max(ks), seconds)
+        self.steps.record(len(ks), max(ks), seconds, rows, forward_s)
 
     def _record_switch(
-        self, sequences: int, k: int, seconds: float, catch_up: int, stopping: int
+        self, sequences: int, k: int, seconds: float, catch_up: int, stopping: int, rows: int
     ) -> None:
-        steady = self.steps(sequences, k)
+        steady = self.steps(sequences, k, rows)
         if steady is None or (catch_up and stopping):  # nothing to compare, or two causes
             return
         extra = max(seconds - steady, 1e-6)  # a switch adds nothing, or something
@@ -252,7 +290,7 @@ class StepCostModel:
     def __call__(self, sequences: int, k: int, rows: float, drafting: int) -> float:
         """A step of `sequences` (`drafting` of them, the most drafts `k`) feeding `rows`
         (an expected count may be a fraction)."""
-        measured = self.steps(sequences, k)
+        measured = self.steps(sequences, k, rows)
         if measured is not None:
             return measured
         composed = self.composed(rows, drafting, k)
@@ -260,7 +298,7 @@ class StepCostModel:
 
     def known(self, sequences: int, k: int, rows: float) -> bool:
         """Whether a step's cost is measured or composed, not the placeholder of 1 s."""
-        return self.steps(sequences, k) is not None or self.forward(rows) is not None
+        return self.steps(sequences, k, rows) is not None or self.forward(rows) is not None
 
     def composed(self, rows: float, drafting: int, k: int) -> float | None:
         """The forward by rows plus the drafter round (None before any forward; the

@@ -28,6 +28,7 @@ VARIANTS = {
     "llamacpp-draft": ["--spec-type", "draft-simple", "--spec-draft-n-max", "3"],  # + "-md"
     "llamacpp-ngram": ["--spec-type", "ngram-simple", "--spec-draft-n-max", "8"],
 }
+EXIT_WAIT_S = 30  # after SIGTERM, before a llama-server is killed
 
 
 def binary(name: str) -> Path:
@@ -98,7 +99,11 @@ def server(name: str, model: str, draft_model: str, slots: int, log_dir):
         yield port
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:  # a llama-server may hang on its way out
+            proc.kill()
+            proc.wait()
         log.close()
 
 

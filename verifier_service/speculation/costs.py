@@ -222,10 +222,10 @@ class StepCosts:
 
 
 class StepCostModel:
-    """Seconds a decode step takes: measured for its (sequences, k) where such steps ran
-    (a drafting one's forward at its rows),
-    else composed of its parts (the forward by rows plus a drafter round), which leaves out
-    what only a whole step shows: optimistic, so such a step runs and measures the rest."""
+    """Seconds a decode step takes: measured for its (sequences, k) where such steps ran (a
+    drafting one's forward at its rows), else composed of its parts (the forward by rows
+    plus a drafter round), which leaves out what only a whole step shows: optimistic, so
+    such a step runs and measures the rest."""
 
     def __init__(self, config: SpeculationConfig | None = None):
         self.config = c = config or SpeculationConfig()

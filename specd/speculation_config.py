@@ -48,12 +48,18 @@ class SpeculationConfig:
     route_z: float = 2.0
     route_fade: float = 0.9
 
-    # -- probing ---------------------------------------------------------------------------
-    probe_every: int = 8  # a sequence off for acceptance drafts one k = 1 round this often
-    # probes may spend this share of the predicted step time: the budget grows by it every
-    # step, up to `probe_cap_s` (section 40)
-    probe_share: float = 0.015
-    probe_cap_s: float = 1.0
+    # -- probing and exploring ---------------------------------------------------------------
+    probe_every: int = 16  # a sequence off for acceptance drafts one k = 1 round this often
+    # one exploring episode of `explore_steps` steps in `explore_every` planned steps (0:
+    # never) runs the least measured k predicted within `explore_window` of the best,
+    # the window narrowing as 1 / sqrt(1 + its episodes at that batch size) (section 46)
+    explore_every: int = 32
+    explore_steps: int = 2
+    explore_window: float = 0.08
+    # episodes and probes together may spend this share of the predicted step time: the
+    # budget grows by it every step, up to `explore_cap_s` (section 40)
+    explore_share: float = 0.015
+    explore_cap_s: float = 1.0
 
     # -- step costs (verifier_service/speculation/costs.py) ---------------------------------
     curve_weight: float = 0.3  # EMA weight of the part curves (forward, drafter round, switch)
@@ -70,7 +76,7 @@ class SpeculationConfig:
 
     def __post_init__(self):
         shares = ("prior_acceptance", "good_acceptance", "leaf_cost")
-        for name in shares + ("route_fade", "step_weight"):
+        for name in shares + ("route_fade", "explore_window", "step_weight"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.probe_every <= 0 or self.horizon <= 0:

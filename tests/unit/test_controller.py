@@ -25,8 +25,8 @@ def draft_round(sequences: int, k: int) -> float:
 
 
 def recorded() -> Controller:
-    """Composed costs only (no whole step measured)."""
-    c = Controller()
+    """Composed costs only (no whole step measured), no exploring episodes."""
+    c = Controller(SpeculationConfig(explore_every=0))
     for rows, s in FORWARD_S.items():
         c.costs.record_forward(rows, s)
     for seqs in DRAFT_STEP_S:
@@ -127,7 +127,7 @@ def test_a_device_where_rows_cost_goes_off_for_cost_even_alone():
     # the AVX2 CPU (docs/benchmarks-log.md section 21): 7 rows cost 3x one and the drafter shares
     # the cores, so even one sequence at a code route's acceptance decodes faster plain.
     # Its reason is the cost, not its acceptance, and it does not probe for acceptance.
-    c = Controller()
+    c = Controller(SpeculationConfig(explore_every=0))
     for rows, s in {1: 0.064, 4: 0.13, 7: 0.19, 9: 0.24}.items():
         c.costs.record_forward(rows, s)
     for k in (1, 2, 4, 8):
@@ -144,7 +144,7 @@ def test_a_fresh_verifier_on_this_cpu_prices_a_bigger_batch_past_what_it_measure
     # sequence) and plain batches of up to 4 (docs/benchmarks-log.md section 28): a batch of 4
     # drafting 6 feeds 28 rows, never measured. Priced flat, as the 7-row forward, it
     # looked 2x plain and the batch drafted; along the measured line it is not
-    c = Controller()
+    c = Controller(SpeculationConfig(explore_every=0))
     for rows, s in {1: 0.056, 2: 0.067, 3: 0.086, 4: 0.099, 5: 0.111, 7: 0.134}.items():
         c.costs.record_forward(rows, s)
     for k in (1, 2, 4, 6):
@@ -157,7 +157,7 @@ def test_a_fresh_verifier_on_this_cpu_prices_a_bigger_batch_past_what_it_measure
 def test_a_sequence_below_its_routes_floor_is_left_out_of_a_good_round():
     # a device where up to 16 rows cost one (bf16 on AMX, a GPU), more cost more, and
     # drafts are cheap: the poor sequence's 6 rows would cost and bring nothing
-    c = Controller()
+    c = Controller(SpeculationConfig(explore_every=0))
     c.costs.record_forward(1, 0.1)
     c.costs.record_forward(16, 0.1)
     c.costs.record_forward(32, 0.2)
@@ -181,7 +181,7 @@ def test_a_batch_on_this_cpu_drafts_less_than_one_sequence():
 
 def flat_costs(sequences: int) -> Controller:
     """A step of `sequences` costs 1 s plain and 1.5 s at k = 1, from plain decoding."""
-    c = Controller()
+    c = Controller(SpeculationConfig(explore_every=0))
     c.costs.record_forward(sequences, 1.0)
     c.costs.record_forward(2 * sequences, 1.0)
     c.costs.record_draft(sequences, 1, 0.5)
@@ -298,7 +298,7 @@ def test_one_rejected_round_does_not_stop_a_good_route():
 
 def test_recovery_after_a_bad_burst_within_a_few_probes():
     """The latch of issue 15: a burst of 0% rounds on a route, then normal traffic.
-    Probing at k = 1 every `probe_every` steps must bring the route back to drafting, with no time
+    Probing at k = 1 every 16 steps must bring the route back to drafting, with no time
     passing at all (the time decay is the second, independent way back)."""
     c = recorded()
     c.routes.clock = lambda: 0.0
@@ -316,7 +316,7 @@ def test_recovery_after_a_bad_burst_within_a_few_probes():
         c.record("chat", k, k)  # the new traffic accepts what it drafts
     assert on_at is not None and on_at <= 10 * c.config.probe_every
     probes = on_at // c.config.probe_every
-    assert probes <= 10  # the probing cost: one k = 1 round in `probe_every` steps, bounded
+    assert probes <= 10  # the probing cost: at most one k = 1 round in 16 steps, bounded
 
 
 @pytest.mark.parametrize(

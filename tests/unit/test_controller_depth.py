@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from specd.speculation_config import SpeculationConfig
 from verifier_service.speculation.controller import Controller
 from verifier_service.speculation.step_shape import (
     Candidate,
@@ -43,7 +44,7 @@ def _run_mixed(by_drafts: bool, requests: int = 60, rounds: int = 15) -> collect
     deep a route's rounds go); else by the k planned, as before (docs/benchmarks-log.md section
     53). -> the k planned for code's rounds in the second half."""
     rnd = random.Random(7)
-    c = Controller()
+    c = Controller(SpeculationConfig(explore_every=0))
     code_ks = collections.Counter()
     for i in range(requests):
         route = "code" if i % 2 == 0 else "chat"

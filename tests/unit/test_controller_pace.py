@@ -122,7 +122,7 @@ def test_a_slow_minute_does_not_start_drafting_where_plain_is_faster():
     6% behind."""
 
     def plans(pace_weight: float) -> list[int]:
-        c = Controller()
+        c = Controller(SpeculationConfig(explore_every=0))
         c.costs.steps = StepCosts(SpeculationConfig(pace_weight=pace_weight))
         learned(c.costs.steps, {0: 0.040, 1: 0.080})
         for _ in range(200):  # where the pace does not move, plain's own price follows

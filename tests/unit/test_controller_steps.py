@@ -1,9 +1,11 @@
-"""The controller deciding from whole measured steps, and what its probes may spend."""
+"""The controller deciding from whole measured steps, and its bounded exploring."""
 
+import collections
 import random
 
 import pytest
 
+from specd.speculation_config import SpeculationConfig
 from verifier_service.speculation.acceptance import expected_tokens
 from verifier_service.speculation.controller import Controller
 from verifier_service.speculation.costs import StepCostModel
@@ -20,8 +22,51 @@ CODE_ACCEPT = [0.9, 0.86, 0.8, 0.75, 0.7, 0.65]  # a_i by position on those prom
 AVX2_STEP_S = {0: 0.0348, 1: 0.0586, 2: 0.0789, 3: 0.0987, 4: 0.1276, 5: 0.153, 6: 0.1614}
 
 
+def test_exploring_skips_a_k_that_the_measured_line_prices_far_behind():
+    """Batch 4 on the CPU: plain and k = 1, 2 measured, k = 3-6 sit on their line far
+    behind plain and are never explored (the composed guess had priced k = 5 at a third of
+    what it took); with only k = 1 measured, k = 2 is unpriced and explored first."""
+    accept = [0.8, 0.7, 0.6, 0.5, 0.4, 0.3]
+
+    def true_s(k):
+        return 0.09 if k == 0 else 0.15 + 0.09 * k
+
+    def explored(ks_measured) -> set[int]:
+        c = Controller(SpeculationConfig(explore_every=4, explore_steps=1, explore_cap_s=100))
+        c.costs.record_forward(4, 0.09)  # the composed guess: drafting looks cheap
+        c.costs.record_draft(4, 1, 0.01)
+        for k in (0, *ks_measured):
+            for _ in range(3):
+                c.costs.record_step([k] * 4, true_s(k))
+        ks = set()
+        for _ in range(64):
+            ks.add(c.plan([Candidate(6, accept)] * 4).ks[0])
+        return ks
+
+    assert explored((1, 2)) <= {0, 1, 2}
+    assert 2 in explored((1,))
+
+
+def test_sequences_near_their_end_are_not_explored():
+    """Batch 6 at the end of a mixed c = 8 cell: drafting is unpriced there, so it is due
+    an episode, but with a few tokens left the sequences have no steps to use it."""
+
+    def explored(remaining: int) -> set[int]:
+        c = Controller(SpeculationConfig(explore_every=4, explore_steps=1, explore_cap_s=100))
+        for _ in range(3):
+            c.costs.record_step([0] * 6, 0.065)
+        ks = set()
+        for _ in range(16):
+            plan = c.plan([Candidate(6, [0.6], remaining=remaining)] * 6)
+            ks.add(plan.ks[0])
+        return ks
+
+    assert explored(9) == {0}
+    assert explored(9) != explored(64)
+
+
 def measured(step_s: dict) -> Controller:
-    c = Controller()
+    c = Controller(SpeculationConfig(explore_every=0))
     for (sequences, k), seconds in step_s.items():
         c.costs.record_step([k] * sequences, seconds)
     return c
@@ -53,7 +98,7 @@ def test_a_drafting_step_before_any_drafter_round_is_priced_at_its_forward():
 
 def test_measured_steps_overrule_the_composed_estimate():
     # composed: rows cost nothing and a draft step is cheap, so k = 6 looks best...
-    c = Controller()
+    c = Controller(SpeculationConfig(explore_every=0))
     for rows in (1, 7, 28):
         c.costs.record_forward(rows, 0.06)
     c.costs.record_draft(1, 6, 0.03)
@@ -80,69 +125,43 @@ def best_k(true_s, accept, cap: int) -> int:
     return max(range(cap + 1), key=lambda k: expected_tokens(accept, k) / true_s(k))
 
 
-def engine_steps(c: Controller, parts, accept, cap: int, steps: int) -> list[int]:
-    """Plan `steps` decode steps of one sequence, each recorded as the engine records it:
-    its forward by rows, its drafter round, the whole step. `parts(k)`: the true (forward,
-    drafter round, the rest) of a step at k."""
-    ks = []
-    for _ in range(steps):
-        k = c.plan([Candidate(cap, accept)]).ks[0]
-        forward_s, round_s, rest_s = parts(k)
-        c.costs.record_forward(1 + k, forward_s)
-        if k:
-            c.costs.record_draft(1, k, round_s)
-        c.costs.record_step([k], forward_s + round_s + rest_s, rows=1 + k, forward_s=forward_s)
-        ks.append(k)
-    return ks
-
-
 @pytest.mark.parametrize(
-    "name,parts",
+    "name,true_s",
     [
-        # drafting a step costs 90% of a forward, and nothing pays: plain wins
-        ("plain pays", lambda k: (0.06, 0.045 * k, 0.009 * k)),
+        # a fresh verifier guesses every step costs the same, so it drafts its cap; the
+        # truth: drafting a step costs 90% of a forward, and nothing pays (plain wins)
+        ("plain pays", lambda k: 0.06 * (1 + 0.9 * k)),
         # a fixed part per round and a cost per draft: a middle k wins
-        (
-            "a middle k",
-            lambda k: (0.06, (0.03 + 0.015 * k) * (k > 0), (0.01 + 0.005 * k) * (k > 0)),
-        ),
+        ("a middle k", lambda k: 0.06 + (0.04 + 0.02 * k if k else 0.0)),
     ],
 )
-def test_a_fresh_verifier_finds_the_best_k_by_running_what_it_has_not_measured(name, parts):
-    """Nothing measured: each k is priced at its parts, which leave out the rest of a step
-    (verification, commit), so each looks as cheap as it may be, runs and measures
-    itself, and the best then runs every step."""
+def test_exploring_finds_the_best_k_and_costs_a_bounded_share(name, true_s):
+    accept, cap = [0.8], 6
+    c = Controller()  # nothing measured: every guess is the same
+    ks = simulate(c, true_s, accept, cap, 40 * c.config.explore_every)
+    best = best_k(true_s, accept, cap)
+    late = ks[len(ks) // 2 :]
+    assert collections.Counter(late).most_common(1)[0][0] == best, name
+    # exploring: at most one episode of explore_steps in explore_every steps
+    share = sum(k != best for k in late) / len(late)
+    assert share <= c.config.explore_steps / c.config.explore_every + 0.01, name
+
+
+def test_without_exploring_a_pessimistic_guess_stays_wrong():
+    """Why the episodes exist: with only the composed guess, plain (never measured while
+    drafting) keeps the cost of the measured drafting forwards and is never tried."""
+    c = Controller(SpeculationConfig(explore_every=0))
+    c.costs.record_forward(7, 0.2)  # only drafting forwards measured: plain looks as dear
 
     def true_s(k):
-        return sum(parts(k))
+        return 0.06 * (1 + 0.9 * k)
 
-    accept, cap = [0.8], 6
-    c = Controller()
-    ks = engine_steps(c, parts, accept, cap, 200)
-    best = best_k(true_s, accept, cap)
-    assert set(ks[100:]) == {best}, name
-    assert len(set(ks)) > 1, name  # it did run others first
-
-
-def test_a_pessimistic_plain_price_is_mended_by_one_plain_forward():
-    """Only drafting forwards measured (7 rows, dear on a CPU where each row costs): plain,
-    priced at the forward below its fewest rows, looks as dear and is not tried; the one
-    plain forward of a request's last token (decoded plain: no draft can be verified)
-    prices it, and plain then runs."""
-    c = Controller()
-
-    def parts(k):
-        return 0.06 * (1 + k / 2), 0.03 * k, 0.0  # plain pays, by 10% over k = 1
-
-    c.costs.record_forward(7, parts(6)[0])
-    ks = engine_steps(c, parts, [0.8], 6, 50)
-    assert best_k(lambda k: sum(parts(k)), [0.8], 6) == 0 and 0 not in ks
-    c.costs.record_forward(1, parts(0)[0])  # the last token's step
-    assert set(engine_steps(c, parts, [0.8], 6, 10)) == {0}
+    ks = simulate(c, true_s, [0.8], 6, 200)
+    assert best_k(true_s, [0.8], 6) == 0 and 0 not in ks
 
 
 def test_a_switch_costs_what_its_step_took_over_the_steady_one():
-    c = Controller()
+    c = Controller(SpeculationConfig(explore_every=0))
     c.costs.record_step([2, 2], 0.5, catch_up=200)  # no steady (2, 2) step yet: unknown
     assert c.costs.switch_s(200, 0) == 0.0 and c.costs.steps(2, 2) is None
     c.costs.record_step([2, 2], 0.2)
@@ -213,6 +232,16 @@ def test_in_a_dip_no_sequence_starts_catching_the_drafter_up():
     assert c.plan([due]).reasons == ["probe"]
 
 
+def test_nothing_explores_in_a_dip():
+    c = measured(CODE_STEP_S)
+    c.config.explore_every = 1  # an episode due at every step, and the budget to pay it
+    c.config.explore_cap_s = c.budget_s = 100.0
+    caught_up = [Candidate(6, CODE_ACCEPT, remaining=64)] * 2
+    arm = c.plan(caught_up, dip=True).ks
+    assert all(c.plan(caught_up, dip=True).ks == arm for _ in range(8))
+    assert any(c.plan(caught_up).ks != arm for _ in range(8))
+
+
 def run_batch(c: Controller, accept, true_s, switch_s, steps: int, probe_every: int = 0):
     """`steps` decode steps of a batch of 8 that never changes; each is recorded at its
     true cost plus what its switches cost. -> seconds spent beyond plain decoding."""
@@ -230,24 +259,66 @@ def run_batch(c: Controller, accept, true_s, switch_s, steps: int, probe_every: 
     return lost
 
 
-def test_probes_behind_a_big_batch_are_paid_from_their_budget():
+def big_batch_exploring(slower: float, share: float, steps: int = 2000) -> float:
+    """Seconds lost to exploring by eight sequences on the CPU where a drafting step makes
+    `slower` x plain's tokens/s, and the drafter's catch-up for all eight costs 0.4 s, ~3.5
+    plain steps (section 20)."""
+    accept = [0.8, 0.7, 0.6]
+
+    def true_s(k):
+        return 0.116 if not k else 0.116 * expected_tokens(accept, k) / slower
+
+    c = Controller(SpeculationConfig(explore_share=share))
+    c.costs.record_step([0] * 8, true_s(0))
+    return run_batch(c, accept, true_s, 0.4, steps)
+
+
+def test_exploring_a_big_batch_near_a_tie_costs_its_share_of_time_not_of_steps():
+    # drafting 1% slower than plain: close enough to be worth a look now and then, all
+    # run long. One episode in 32 steps would have lost ~0.45 s each: ~12% of the time.
+    # The budget's share bounds it, beside the cap it starts with
+    steps, cap = 2000, SpeculationConfig().explore_cap_s
+    for share in (SpeculationConfig().explore_share, 0.03, 0.1):
+        seconds = big_batch_exploring(0.99, share, steps)
+        assert 0.1 < seconds <= 1.25 * share * steps * 0.116 + cap  # it still explored
+
+
+def test_the_exploring_window_narrows_by_episodes_at_one_batch_size():
+    c = Controller()
+    window = c.config.explore_window
+    assert c._explore_floor(2, 3) == pytest.approx(1 - window)
+    c._episodes[(2, 3)] = 3
+    assert c._explore_floor(2, 3) == pytest.approx(1 - window / 2)  # 1 / sqrt(1 + 3)
+    assert c._explore_floor(2, 4) == c._explore_floor(4, 3) == pytest.approx(1 - window)
+
+
+def test_exploring_a_k_measured_behind_plain_slows_down_whatever_the_budget():
+    # drafting 8% slower: each episode narrows the window for k at this batch size, so
+    # it is explored more seldom than any budget allows
+    spent = {share: big_batch_exploring(0.92, share) for share in (0.015, 0.03, 0.1)}
+    assert len(set(spent.values())) == 1
+    allowed = 1.25 * 0.015 * 2000 * 0.116 + SpeculationConfig().explore_cap_s
+    assert 0.1 < spent[0.1] < 0.6 * allowed
+
+
+def test_probes_behind_a_big_batch_are_paid_from_the_same_budget():
     def true_s(k):
         return 0.116 if not k else 0.25
 
     c = Controller()
     c.costs.record_step([0] * 8, true_s(0))
     steps = 2000
-    # below the route's floor: only probes draft, and all eight are due every 8 steps
-    lost = run_batch(c, [0.3], true_s, 0.4, steps, probe_every=c.config.probe_every)
-    assert lost <= 1.2 * c.config.probe_share * steps * true_s(0) + c.config.probe_cap_s
+    # below the route's floor: only probes draft, and all eight are due every 16 steps
+    lost = run_batch(c, [0.3], true_s, 0.4, steps, probe_every=16)
+    assert lost <= 1.2 * c.config.explore_share * steps * true_s(0) + c.config.explore_cap_s
     assert lost > 0  # some probes still ran: a route off for acceptance still recovers
 
 
 def test_a_fresh_route_under_break_even_at_the_prior_still_measures_itself():
     """A route that has never drafted starts from the prior (0.7). On a device where a
-    drafting round has a dear fixed part, every k at 0.7 is predicted behind plain. The
-    route's sequences are then kept plain by their (prior) acceptance, not by the
-    device: at 0.95, k = 6 makes
+    drafting round has a dear fixed part, every k at 0.7 is predicted more than
+    `explore_window` behind plain, so no episode explores it. The route's sequences are
+    then kept plain by their (prior) acceptance, not by the device: at 0.95, k = 6 makes
     ~1.5x plain here. So they probe, measure, and draft; they must not stay plain for good
     (issue 15's latch, for a route that never drafted)."""
 
@@ -256,9 +327,11 @@ def test_a_fresh_route_under_break_even_at_the_prior_still_measures_itself():
 
     accept = 0.95
     c = measured({(1, k): true_s(k) for k in range(7)})
+    c.config.explore_every = 32  # exploring on, as by default
     c.routes.clock = lambda: 0.0
     prior = [c.config.prior_acceptance]
-    assert all(expected_tokens(prior, k) / true_s(k) < 1 / true_s(0) for k in range(1, 7))
+    floor = (1 - c.config.explore_window) * (1 / true_s(0))
+    assert all(expected_tokens(prior, k) / true_s(k) < floor for k in range(1, 7))
     assert best_k(true_s, [accept], 6) == 6
     rnd, off, drafted = random.Random(0), 0, []
     for _ in range(200):

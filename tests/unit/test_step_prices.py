@@ -84,7 +84,7 @@ def test_at_batch_2_the_forwards_knee_keeps_rounds_at_3():
     def rest_s(k):
         return 0.030 + 0.001 * k
 
-    c = Controller()
+    c = Controller(SpeculationConfig(explore_every=0))
     # (batch, k) that ran: their rows 7, 8, 9 at batch 1, 4 and 3, and 6 and 14 at batch 2
     for sequences, k in ((1, 6), (4, 1), (3, 2), (2, 2), (2, 6)):
         rows = sequences * (1 + k)
@@ -158,7 +158,7 @@ def test_every_k_measured_often_takes_its_own_price():
     k measured often, the line through them would price k = 3 at 102 ms (it takes 99) and
     pick k = 2 at a flat 0.9; each k's own price picks k = 3, the better by ~1.4%."""
     accept = [0.9]
-    c = Controller()
+    c = Controller(SpeculationConfig(explore_every=0))
     for k, seconds in AVX2_STEP_S.items():
         for _ in range(16):
             c.costs.record_step([k], seconds)
@@ -177,7 +177,7 @@ def test_a_k_measured_dear_a_few_times_takes_the_price_of_its_neighbours():
     def true_s(k):
         return 0.05 if k == 0 else 0.052 + 0.03 * k
 
-    c = Controller()
+    c = Controller(SpeculationConfig(explore_every=0))
     for k, n in ((0, 20), (1, 20), (3, 20)):
         for _ in range(n):
             c.costs.record_step([k], true_s(k))

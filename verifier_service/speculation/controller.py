@@ -17,14 +17,17 @@ to flip, as every flip pays S.
 
 The controller takes the k with the best tokens/time for every sequence of the step at
 once (one under its route's `min_acceptance` left out) where it beats plain (a tie runs
-plain). Nothing latches: acceptance decays with time toward a prior, and a sequence off
-for acceptance probes one k = 1 round in `probe_every`, as a budget allows. Without the
-cost model (`cost_model` False) every eligible sequence drafts its cap. Pure Python: the
-unit tests feed it recorded timings.
+plain). One episode of `explore_steps` in `explore_every` steps runs the least
+measured k predicted within `explore_window` of the best (narrowing as 1 / sqrt(1 + its
+episodes)) or never measured at this batch size, as a budget allows. Nothing latches:
+acceptance decays with time toward a prior, and a sequence off for acceptance probes one
+k = 1 round in `probe_every`. Without the cost model (`cost_model` False) every eligible
+sequence drafts its cap. Pure Python: the unit tests feed it recorded timings.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -49,9 +52,11 @@ NOTHING_FIXED = Fixed()  # a step of candidates only
 class Arm(NamedTuple):
     """One k for every candidate of a step (each at min(k, its cap)) beside the rest."""
 
+    shape: tuple[int, list[float], float, int]  # as `step_shape` gives it
     tokens: float  # expected tokens of the step
     step_s: float  # expected seconds of the step
-    spread_s: float  # what switching to it costs, spread over the steps it may run
+    switch_s: float  # what switching to it costs, whole
+    spread_s: float  # that, spread over the steps it may run
 
     @property
     def rate(self) -> float:
@@ -71,7 +76,10 @@ class Controller:
         self.costs = StepCostModel(self.config)
         self.routes = RouteAcceptance(self.config, clock)
         self._goes_on: dict[str, PositionAcceptance] = {}  # per route: c_i (`Candidate`)
-        self.budget_s = self.config.probe_cap_s  # what probing may spend
+        self._exploring: tuple[int, int, int] | None = None  # (sequences, k, steps left)
+        self._since_explore = 0
+        self._episodes: dict[tuple[int, int], int] = {}  # (B, k): episodes run
+        self.budget_s = self.config.explore_cap_s  # what exploring and probing may spend
         # a plan prices the same steps more than once (each candidate at a good
         # acceptance, each alone): their expected seconds by shape, and the arms' steps by
         # candidates (`_arm_steps`), kept for one plan
@@ -111,10 +119,10 @@ class Controller:
         """Drafts per candidate for one step, beside the `fixed` rest of the batch.
 
         `dip`: the batch was larger a moment ago, or sequences wait to join it, so a plan
-        for this smaller batch may last only a step or two: where a candidate is more
-        tokens behind the drafter than its round may draft (its cap) the whole step runs
-        plain, since catching it up would not pay back before the batch returns (a few
-        tokens ride in its round's first draft forward; sections 46, 55).
+        for this smaller batch may last only a step or two: nothing explores, and where a
+        candidate is more tokens behind the drafter than its round may draft (its cap) the
+        whole step runs plain, since catching it up would not pay back before the batch
+        returns (a few tokens ride in its round's first draft forward; sections 46, 55).
 
         A candidate left at k = 0 is `off:cost` when it would draft alone (the batch makes
         drafting too dear) or when the step would not draft even if every candidate
@@ -132,7 +140,7 @@ class Controller:
         if costs and dip and any(c.behind > c.cap for c in candidates):
             return Plan([0] * len(candidates), ["off:cost"] * len(candidates), 1.0)
         if costs:
-            ks, gain = self._choose(eligible, fixed)
+            ks, gain = self._choose(eligible, fixed, dip)
         else:
             ks, gain = [c.cap for c in eligible], 1.0
         reasons, good = [], None
@@ -171,16 +179,77 @@ class Controller:
         self.budget_s -= max(cost, 0.0)
         return True
 
-    def _choose(self, candidates: list[Candidate], fixed: Fixed) -> tuple[list[int], float]:
-        """The arm (k) for this step -> (ks per candidate, predicted gain over plain); the
-        probes' budget grows by `probe_share` of the step's predicted seconds."""
+    def _choose(
+        self, candidates: list[Candidate], fixed: Fixed, dip: bool = False
+    ) -> tuple[list[int], float]:
+        """The arm (k) for this step, or an exploring episode's;
+        -> (ks per candidate, predicted gain over plain)."""
+        cfg, sequences = self.config, fixed.sequences + len(candidates)
         arms = self._arms(candidates, fixed)
         rates = [a.rate for a in arms]
         arm = _best(rates)
-        earned = self.config.probe_share * arms[arm].step_s
-        self.budget_s = min(self.config.probe_cap_s, self.budget_s + earned)
+        earned = cfg.explore_share * arms[arm].step_s
+        self.budget_s = min(cfg.explore_cap_s, self.budget_s + earned)
+        if not dip:
+            arm = self._explore(sequences, candidates, arms, arm)
         ks = [min(arm, c.cap) for c in candidates]
         return ks, (rates[arm] / rates[0] if rates[0] > 0 else 1.0)
+
+    def _explore(
+        self, sequences: int, candidates: list[Candidate], arms: list[Arm], arm: int
+    ) -> int:
+        """`arm`, or the k of an exploring episode: the least measured k at this batch
+        size among those predicted within `_explore_floor` of the best or that no measured
+        step at this batch size prices (a guess too pessimistic would otherwise never be
+        tried), once the budget pays for what the episode is predicted to lose against
+        `arm`. Not near the sequences' ends: no steps are left to use what it finds."""
+        cfg, steps = self.config, self.costs.steps
+        if self._exploring is not None and self._exploring[0] == sequences:
+            _, k, left = self._exploring
+            self._exploring = (sequences, k, left - 1) if left > 1 else None
+            return min(k, len(arms) - 1)
+        self._exploring = None
+        self._since_explore += 1
+        if cfg.explore_every <= 0 or self._since_explore < cfg.explore_every:
+            return arm
+        remaining = [c.remaining for c in candidates if c.remaining]
+        if remaining and sum(remaining) < cfg.horizon * len(remaining):
+            return arm
+        self._since_explore = 0
+        best = max(a.rate for a in arms)
+        near = [
+            k
+            for k, a in enumerate(arms)
+            if k != arm
+            and (steps(sequences, k) is None or a.rate >= self._explore_floor(sequences, k) * best)
+        ]
+        if not near:
+            return arm
+        k = min(near, key=lambda k: (steps.samples(sequences, k), k))
+        cost = self._episode_s(arms[k], arms[arm].rate)
+        if cost > self.budget_s:
+            return arm
+        self.budget_s -= cost
+        self._episodes[(sequences, k)] = self._episodes.get((sequences, k), 0) + 1
+        if cfg.explore_steps > 1:
+            self._exploring = (sequences, k, cfg.explore_steps - 1)
+        return k
+
+    def _explore_floor(self, sequences: int, k: int) -> float:
+        """The share of the best predicted rate that k must reach to be explored at this
+        batch size: `explore_window`, narrowing as 1 / sqrt(1 + its episodes there), as the
+        error of a mean over them does."""
+        return 1 - self.config.explore_window / math.sqrt(1 + self._episodes.get((sequences, k), 0))
+
+    def _episode_s(self, episode: Arm, rate: float) -> float:
+        """Seconds an episode is predicted to lose against running at `rate`: its steps
+        beyond the time `rate` would take for their tokens (nothing where nothing prices
+        them), and its switch whole (an episode is too short to spread it)."""
+        sequences, reach_max, rows, _ = episode.shape
+        loss = 0.0
+        if rate > 0 and self.costs.known(sequences, len(reach_max), rows):
+            loss = self.config.explore_steps * (episode.step_s - episode.tokens / rate)
+        return max(loss, 0.0) + episode.switch_s
 
     def _drafts_at(
         self, candidates: list[Candidate], fixed: Fixed = NOTHING_FIXED, accept: float | None = None
@@ -194,16 +263,16 @@ class Controller:
     def _arms(self, candidates: list[Candidate], fixed: Fixed) -> list[Arm]:
         """The step with every candidate at min(k, its cap), k = 0..the largest cap."""
         arms = []
-        for ks, step_s, switch in self._arm_steps(candidates, fixed):
+        for ks, shape, step_s, switch in self._arm_steps(candidates, fixed):
             tokens = fixed.tokens + sum(c.tokens(j) for c, j in zip(candidates, ks, strict=True))
             spread = switch / self._horizon(candidates, ks) if switch else 0.0
-            arms.append(Arm(tokens, step_s, spread))
+            arms.append(Arm(shape, tokens, step_s, switch, spread))
         return arms
 
     def _arm_steps(
         self, candidates: list[Candidate], fixed: Fixed
-    ) -> list[tuple[list[int], float, float]]:
-        """Each arm's (ks, expected seconds, switch price): nothing of them depends
+    ) -> list[tuple[list[int], tuple, float, float]]:
+        """Each arm's (ks, shape, expected seconds, switch price): nothing of them depends
         on acceptance, so a plan that prices its step again at another (the reasons) takes
         them as they are. Which candidates draft is the same at every k > 0, and so is
         what switching costs."""
@@ -215,7 +284,7 @@ class Controller:
         steps = []
         for k, shape in enumerate(arm_shapes(candidates, fixed)):
             ks = [min(k, c.cap) for c in candidates]
-            steps.append((ks, self._expected_s(*shape), switches[min(k, 1)]))
+            steps.append((ks, shape, self._expected_s(*shape), switches[min(k, 1)]))
         self._stepped[key] = steps
         return steps
 

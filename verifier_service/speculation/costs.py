@@ -296,6 +296,10 @@ class StepCostModel:
         composed = self.composed(rows, drafting, k)
         return 1.0 if composed is None else composed  # 1.0: nothing yet
 
+    def known(self, sequences: int, k: int, rows: float) -> bool:
+        """Whether a step's cost is measured or composed, not the placeholder of 1 s."""
+        return self.steps(sequences, k, rows) is not None or self.forward(rows) is not None
+
     def composed(self, rows: float, drafting: int, k: int) -> float | None:
         """The forward by rows plus the drafter round (None before any forward; the
         forward alone before any round, which that step then measures)."""

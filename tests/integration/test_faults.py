@@ -195,7 +195,11 @@ def test_sigterm_drains_a_verifier_its_running_requests_finish(model, tmp_path):
     # two replicas busy at once: one core each, as a deployment gives each its own (two
     # OpenMP teams of two on 2 cores wait on each other's descheduled threads at every op:
     # the tiny model's 200 tokens took 5-30 s instead of 0.3). 400 tokens (of the tiny
-    # model's 512 positions) keep a running ~1.3 s after SIGTERM; NOT_SERVING shows in ~10 ms
+    # model's 512 positions) keep a running ~1.3 s after SIGTERM; NOT_SERVING shows in ~10 ms.
+    # Whether `a` is still up once NOT_SERVING shows depends on that margin (a loaded host
+    # took longer to see it): the drain shows in the four streams instead. Each had sent a
+    # message, so none can be retried elsewhere (router/generation.py): all four end whole
+    # only if `a` served its running ones to the end
     a_metrics, b_metrics = free_port(), free_port()
     one_core, tokens = {"OMP_NUM_THREADS": "1"}, 400
     a = verifier(model, tmp_path, "--drain-seconds", "120", metrics_port=a_metrics, env=one_core)
@@ -211,8 +215,7 @@ def test_sigterm_drains_a_verifier_its_running_requests_finish(model, tmp_path):
             assert scrape(a_metrics, RUNNING) > 0, "the drain must hit requests running on a"
             a.proc.send_signal(signal.SIGTERM)
             # NOT_SERVING at once: probes and peers stop sending
-            wait_for(lambda: not check_health(a.address), timeout=10)
-            assert a.proc.poll() is None, "a verifier with running requests waits for them"
+            wait_for(lambda: a.proc.poll() is not None or not check_health(a.address), timeout=10)
             assert all(n < tokens for n in counts)
             with ThreadPoolExecutor(4) as pool:  # read all four as their clients would
                 rest = pool.map(lambda s: sum(len(m.token_ids) for m in s), streams)

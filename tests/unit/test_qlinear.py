@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from specd.models import native
 from specd.models import qlinear as ql
 
 
@@ -194,8 +195,10 @@ def test_parts_side_by_side_are_the_separate_calls(kernel, dtype):
 @pytest.fixture
 def amx(kernel):
     """The AMX path for every call of at least 1 row while the test runs."""
+    if native.cpu_isa() != "avx512":
+        pytest.skip(f"the {native.cpu_isa()} build has no AMX path (only the AVX512 build has)")
     if not kernel.amx_available():
-        pytest.skip("this CPU (or its OS) grants no AMX: the AMX path is not built to run here")
+        pytest.skip("this CPU (or its OS) grants no AMX: the AMX path cannot run here")
     old = kernel.set_amx_min_rows(1)
     yield kernel
     kernel.set_amx_min_rows(old)
@@ -223,6 +226,7 @@ def test_amx_path_gives_the_same_bits_as_the_vector_path(amx, bits):
 
 _FAULTING_TILE_UNIT = """
 import torch
+from specd.models import native
 from specd.models import qlinear as ql
 from specd.models.native import kernel
 k = kernel()

@@ -226,7 +226,6 @@ def test_amx_path_gives_the_same_bits_as_the_vector_path(amx, bits):
 
 _FAULTING_TILE_UNIT = """
 import torch
-from specd.models import native
 from specd.models import qlinear as ql
 from specd.models.native import kernel
 k = kernel()

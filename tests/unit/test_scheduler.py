@@ -118,12 +118,64 @@ def test_decode_slots_get_k_and_one_leaf_per_draft_within_the_tree_room():
 def test_leaves_are_only_as_many_as_the_measured_forward_prices_near_free(forward_ms, leaves):
     sched = _scheduler(max_tree_tokens=16, batch_invariant=False)
     for rows, ms in forward_ms.items():
-        sched.control.controller.costs.record_forward(rows, ms / 1e3)
+        sched.control.controller.costs.steps.forward.record(rows, ms / 1e3)
     a, b = _seq(0, num_draft=4), _seq(1, num_draft=4)
     _decoding(sched, a, b)
     first, second = sched.schedule()
     assert (first.k, second.k) == (4, 4)  # the chain is the controller's, never cut here
     assert (first.alts, second.alts) == leaves
+
+
+def test_leaves_are_priced_at_the_rows_they_can_feed_not_past_them():
+    """Two sequences at k = 1 feed 4 rows and can take 2 leaves (one beside each draft).
+    Two leaves add 30% to the forward: none. A cheap price read at 16 rows, a size such a
+    step can never feed, must not buy them (it did: each leaf then cost ~14% of a 4-row
+    step on the AMX host, docs/benchmarks-log.md section 101)."""
+    sched = _scheduler(max_tree_tokens=16, batch_invariant=False)
+    for rows, ms in {4: 100.0, 6: 130.0, 16: 105.0}.items():
+        sched.control.controller.costs.steps.forward.record(rows, ms / 1e3)
+    a, b = _seq(0, num_draft=1), _seq(1, num_draft=1)
+    _decoding(sched, a, b)
+    first, second = sched.schedule()
+    assert (first.k, second.k) == (1, 1)
+    assert (first.alts, second.alts) == (0, 0)
+
+
+def test_leaves_dear_while_the_machine_ran_fast_stay_dear_once_it_runs_slow():
+    """Four sequences at k = 1 feed 8 rows; 4 leaves (12 rows) cost 50% more, measured
+    while the machine ran fast. It slows by 40% and only 8-row steps run: their forward
+    now costs about what 12 rows did. Priced at one pace the leaves are as dear as
+    before: none. (Two sizes of an EMA learned at different speeds read them free, and
+    the leaf steps then never measured the chain alone again: section 101.)"""
+    sched = _scheduler(max_tree_tokens=16, batch_invariant=False)
+    costs = sched.control.controller.costs
+
+    def step(rows: int, scale: float) -> None:  # as SpeculationControl._learn_costs records
+        forward_s, rest_s = scale * 0.1 * rows / 8, scale * 0.03
+        costs.record_forward(rows, forward_s)
+        costs.record_step([1, 1, 1, 1], forward_s + rest_s, rows=rows, forward_s=forward_s)
+
+    for _ in range(40):
+        step(8, 1.0)
+        step(12, 1.0)
+    for _ in range(60):
+        step(8, 1.4)
+    seqs = [_seq(i, num_draft=1) for i in range(4)]
+    _decoding(sched, *seqs)
+    slots = sched.schedule()
+    assert [s.k for s in slots] == [1, 1, 1, 1]
+    assert [s.alts for s in slots] == [0, 0, 0, 0]
+
+
+def test_a_chain_shorter_than_every_forward_measured_takes_no_leaves_and_measures_itself():
+    """Only leaf-laden forwards measured (12 rows, as the first drafting steps run, every
+    leaf taken while nothing was measured): a chain of 8 rows is priced flat below them,
+    which reads every leaf free. It takes none, so that its step measures the chain."""
+    sched = _scheduler(max_tree_tokens=16, batch_invariant=False)
+    sched.control.controller.costs.steps.forward.record(12, 0.15)
+    seqs = [_seq(i, num_draft=1) for i in range(4)]
+    _decoding(sched, *seqs)
+    assert [s.alts for s in sched.schedule()] == [0, 0, 0, 0]
 
 
 def test_without_the_cost_model_the_leaves_fill_the_tree_room_whatever_rows_cost():

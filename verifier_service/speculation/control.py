@@ -26,6 +26,7 @@ from verifier_service.records import (
     StepView,
 )
 from verifier_service.speculation.controller import Controller
+from verifier_service.speculation.costs import CostCurve
 from verifier_service.speculation.step_shape import Candidate, Fixed
 
 
@@ -100,16 +101,19 @@ class SpeculationControl:
         return history[0][1]
 
     def _leaves(self, decisions: list[Decision]) -> int:
-        """Alternative leaves the step may hold: up to `max_tree_tokens` new tokens (in
-        batch-invariant mode a sequence's tree then fits its one query tile), and with the
-        cost model only as many as the measured forward says come nearly free."""
+        """Alternative leaves the step may hold: one beside each draft, up to
+        `max_tree_tokens` new tokens (in batch-invariant mode a sequence's tree then fits
+        its one query tile), and with the cost model only as many as the measured forward
+        says come nearly free."""
         limit = self.config.max_tree_tokens
         if self.config.batch_invariant:
             limit = min(limit, INVARIANT_TILE)
         chain = sum(1 + d.k for d in decisions)
-        room = max(0, limit - chain)
+        # at most one leaf beside each draft (Scheduler._schedule_decode): rows past those
+        # are never fed, and a price read there must not buy the leaves that are
+        room = max(0, min(limit - chain, chain - len(decisions)))
         if self.config.cost_model:
-            room = free_rows(self.controller.costs.forward, chain, room, self.tuned.leaf_cost)
+            room = free_rows(self.controller.costs.steps.forward, chain, room, self.tuned.leaf_cost)
         return room
 
     # -- observe -------------------------------------------------------------------------------
@@ -143,16 +147,22 @@ class SpeculationControl:
             costs.record_step(ks, report.step_s, catch_up, stopping, rows, report.forward_s)
 
 
-def free_rows(forward, rows: int, extra: int, leaf_cost: float) -> int:
+def free_rows(forward: CostCurve, rows: int, extra: int, leaf_cost: float) -> int:
     """How many of `extra` leaf rows beside `rows` are worth their cost. A leaf yields a
     token only where its draft is rejected and it is not: ~1.6% more tokens a round per leaf
     on code, 5% on chat, so a leaf may add `leaf_cost` of the forward, no more. Where rows
     are flat (a GPU, AMX) every leaf passes; on an AVX2 CPU a row costs ~0.38 of a one-row
-    step. `forward` is the measured cost by rows (a CostCurve): unmeasured, every leaf is
-    taken, and the first such forward measures what they cost."""
-    base = forward(rows)
-    if base is None:
+    step. `forward` is a drafting step's forward by rows (StepCosts.forward), every size
+    held at one pace: two sizes learned while the machine ran at different speeds must
+    not price a leaf (a slow spell's chain beside a fast one's leaves reads them free).
+    Nothing measured, every leaf is taken, and the first such forward measures what they
+    cost; a chain shorter than every size measured takes none, and measures itself."""
+    measured = forward.measured()
+    if not measured:
         return extra
+    if rows < min(measured):
+        return 0
+    base = forward(rows)
     while extra and forward(rows + extra) > base * (1 + leaf_cost * extra):
         extra -= 1
     return extra

@@ -125,7 +125,8 @@ class StepCosts:
         self.weight = weight = c.step_weight
         self._plain = CostCurve(weight, extrapolate=False, median=True)
         self._drafting: dict[int, CostCurve] = {}  # the rest of a step, by k per batch size
-        self._forward = CostCurve(weight, median=True)  # a drafting step's forward, by rows
+        # a drafting step's forward, by rows, every size at the one pace (what leaves cost)
+        self.forward = CostCurve(weight, median=True)
         self.pace_weight = c.pace_weight
         self.pace = 1.0
         # `_held`'s prices as plans ask for them, until a step of their curve is recorded:
@@ -146,7 +147,7 @@ class StepCosts:
         forward_s = forward_s if k and rows > 0 and 0 < forward_s < seconds else 0.0
         parts = [(self._curve_for(sequences, k), sequences if k == 0 else k, seconds - forward_s)]
         if forward_s:
-            parts.append((self._forward, rows, forward_s))
+            parts.append((self.forward, rows, forward_s))
         held = [curve(size) if curve.samples(size) >= self._settling else None
                 for curve, size, _ in parts]  # fmt: skip
         moved = 1.0
@@ -188,7 +189,7 @@ class StepCosts:
         if price is None:
             return None
         if k:
-            price += self._forward(rows) or 0.0
+            price += self.forward(rows) or 0.0
         return self.pace * price
 
     def _held(self, sequences: int, k: int) -> float | None:

@@ -108,10 +108,11 @@ class SpeculationControl:
         limit = self.config.max_tree_tokens
         if self.config.batch_invariant:
             limit = min(limit, INVARIANT_TILE)
-        chain = sum(1 + d.k for d in decisions)
+        drafts = sum(d.k for d in decisions)
+        chain = len(decisions) + drafts
         # at most one leaf beside each draft (Scheduler._schedule_decode): rows past those
         # are never fed, and a price read there must not buy the leaves that are
-        room = max(0, min(limit - chain, chain - len(decisions)))
+        room = max(0, min(limit - chain, drafts))
         if self.config.cost_model:
             room = free_rows(self.controller.costs.steps.forward, chain, room, self.tuned.leaf_cost)
         return room
@@ -157,10 +158,10 @@ def free_rows(forward: CostCurve, rows: int, extra: int, leaf_cost: float) -> in
     not price a leaf (a slow spell's chain beside a fast one's leaves reads them free).
     Nothing measured, every leaf is taken, and the first such forward measures what they
     cost; a chain shorter than every size measured takes none, and measures itself."""
-    measured = forward.measured()
-    if not measured:
+    smallest = forward.smallest
+    if smallest is None:
         return extra
-    if rows < min(measured):
+    if rows < smallest:
         return 0
     base = forward(rows)
     while extra and forward(rows + extra) > base * (1 + leaf_cost * extra):

@@ -73,6 +73,11 @@ class CostCurve:
     def samples(self, size: int) -> int:
         return self._counts.get(size, 0)
 
+    @property
+    def smallest(self) -> int | None:
+        """The smallest size measured (None before any)."""
+        return self._sizes[0] if self._sizes else None
+
     def __call__(self, size: int) -> float | None:
         sizes = self._sizes
         if not sizes:

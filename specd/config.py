@@ -33,9 +33,9 @@ class EngineConfig:
     """The verifier's engine: KV pool, batching, speculation."""
 
     # the KV pool's size in bytes of K/V, where > 0 (else `num_blocks`, else room for
-    # DEFAULT_KV_TOKENS tokens, as llama.cpp's `-c` counts tokens: 224 MiB for the 1.5B
-    # target in a 16-bit cache, 896 MiB for a Llama-3.2-3B); a request that cannot fit
-    # is refused
+    # 8,192 tokens (DEFAULT_KV_TOKENS), as llama.cpp's `-c` counts tokens: 224 MiB for the
+    # 1.5B target in a 16-bit cache, 896 MiB for a Llama-3.2-3B); a request that cannot
+    # fit is refused
     kv_cache_bytes: int = 0
     num_blocks: int = 0  # the KV pool's size in blocks, where > 0
     block_size: int = 16  # tokens per KV block
@@ -239,31 +239,41 @@ class RouterConfig:
 # -- the CLI is derived from these dataclasses, so defaults live in one place -------------
 def field_docs(cls) -> dict[str, str]:
     """Each field's comment in the class's source, as one line: the one after it on its
-    line, else the comment lines right above it (a `# --` section heading apart), else
-    that of the field right above it where that came from such lines (the fields under
-    one comment share it). The flags' help is
-    made of them, as vLLM makes its help of its configs' docstrings."""
-    docs, above, last = {}, [], ""
+    line, else the comment lines right above it (a `# --` section heading, and a comment
+    set apart by a blank line, are not a field's). The flags' help is made of them, as
+    vLLM makes its help of its configs' docstrings."""
+    docs, above = {}, []
     for line in inspect.getsource(cls).splitlines()[1:]:
         text = line.strip()
         if not text or text.startswith("# --"):
-            above, last = [], ""
+            above = []
         elif text.startswith("#"):
             above.append(text.lstrip("#").strip())
         elif (match := re.match(r"    (\w+): ", line)) is not None:
             after = line.split("  # ", 1)[1].strip() if "  # " in line else ""
-            block = " ".join(above) or (last if not after else "")
-            docs[match.group(1)] = after or block
-            above, last = [], block
+            docs[match.group(1)] = after or " ".join(above)
+            above = []
         else:
             above = []
     return docs
 
 
+def flag_docs(cls) -> dict[str, str]:
+    """`field_docs` as the flags' help says them: a field of `cls` named in another's
+    comment (`tls_key`, or `model` in backquotes) is named as its flag (--tls-key)."""
+    names = [f.name for f in fields(cls)]
+    joined, plain = "|".join(names), "|".join(n for n in names if "_" in n)
+    named = re.compile(rf"`({joined})`|\b({plain})\b")
+    return {
+        name: named.sub(lambda m: "--" + (m.group(1) or m.group(2)).replace("_", "-"), doc)
+        for name, doc in field_docs(cls).items()
+    }
+
+
 def add_arguments(parser, cls, prefix: str = "", into=None) -> None:
     """One flag per field (into the group `into` where given); a nested dataclass's in a
     group of its own, headed by its docstring."""
-    hints, docs = typing.get_type_hints(cls), field_docs(cls)
+    hints, docs = typing.get_type_hints(cls), flag_docs(cls)
     into = parser if into is None else into
     for f in fields(cls):
         kind = hints[f.name]

@@ -12,67 +12,71 @@ from dataclasses import dataclass
 
 @dataclass
 class SpeculationConfig:
-    """How `auto` requests decide, every step, whether and how deep to draft."""
+    """How `auto` requests decide, every step, whether and how deep to draft: the k whose
+    predicted tokens per second (acceptance learned per route, step costs measured online)
+    beat plain decoding, with what switching costs spread over the steps it serves."""
 
     # -- the decision ------------------------------------------------------------------------
-    # a switch's cost (catch-up, or drafting ahead for those that stop) is spread over at
-    # most this many steps of the run it starts
+    # A dip in the batch (a request finished, its client's next not yet in: 0.1 s at c = 2,
+    # up to ~0.4 s at c = 4 and 8 on the 2-core CPU) must not switch it to drafting, while a
+    # batch that stays smaller drafts soon (docs/benchmarks-log.md section 71). A leaf
+    # yields a token only where its draft is rejected: ~1.6% more a leaf on code, 5% on
+    # chat (section 9).
+
+    # the most steps a switch's cost (the drafter's catch-up, or drafting ahead for those
+    # that stop) is spread over; fewer where the sequences end sooner (a count, > 0)
     horizon: int = 32
-    # the largest batch over this many seconds counts as the batch (a route's
-    # `draft_below_batch` compares it too): a dip, a request finished and its client's next
-    # not yet in (0.1 s at c = 2, up to ~0.4 s at c = 4 and 8 on the 2-core CPU), must not
-    # switch a batch to drafting, while a batch that stays smaller drafts soon (section 71)
+    # seconds over which the largest batch counts as the batch (a route's
+    # `draft_below_batch` compares it too), so a one-step dip does not switch to drafting
     batch_memory_s: float = 0.5
-    # an alternative leaf may add at most this share of a forward's cost (it yields a
-    # token only where its draft is rejected: ~1.6% a leaf on code, 5% on chat; section 9)
+    # the most an alternative tree leaf may add to a forward, as a share of its cost (0-1)
     leaf_cost: float = 0.03
 
     # -- acceptance --------------------------------------------------------------------------
-    prior_acceptance: float = 0.7  # a_i on a route before any round
-    # rounds the prior weighs, in a route's acceptance and in how deep its rounds go
-    prior_strength: float = 2.0
-    # whether the device and batch could make drafting pay at all is asked at this
-    # acceptance, not at the prior: a route off for cost never probes (section 40)
+    # Each route keeps two memories of the same rounds, both halved with wall-clock time:
+    # drafting stops on a bad streak, so a route's last rounds before it goes plain are its
+    # worst; the long memory holds its level through them, and after a real burst the short
+    # one shows within a few probes that it ended (docs/benchmarks-log.md sections 37-38, 53,
+    # 70). A route off for cost never probes: that is asked at `good_acceptance` (section 40).
+
+    prior_acceptance: float = 0.7  # a draft's acceptance on a route before any round (0-1)
+    prior_strength: float = 2.0  # rounds the prior weighs in a route's estimates
+    # the acceptance (0-1) at which the control asks whether the device and batch could
+    # make drafting pay at all; where they could not, a route stays off without probing
     good_acceptance: float = 0.9
-    # a route's two memories of the same rounds, both halved every `route_half_life_s`:
-    # a short one (`route_short_rounds`) that shows within a few probes that a burst
-    # ended, and a long one (`route_long_rounds`) that holds the route's level through a
-    # bad streak; the estimate is the long one's unless the short one is higher by
-    # `route_z` standard errors. Positions a round could not reach that read under the one
-    # before fade by `route_fade` a round toward it (sections 37-38, 70). How deep a
-    # route's rounds go (the drafter stops after an unsure draft) is kept over
-    # `route_long_rounds` (section 53)
-    route_half_life_s: float = 30.0
-    route_short_rounds: float = 6.0
+    route_half_life_s: float = 30.0  # seconds in which a route's counted rounds halve
+    route_short_rounds: float = 6.0  # rounds the short memory holds at most
+    # rounds the long memory holds at most (also how deep a route's rounds go, as counted)
     route_long_rounds: float = 64.0
+    # standard errors by which the short memory must read above the long one to be taken
     route_z: float = 2.0
+    # a round's fade (0-1) of a draft position it could not reach, where that reads under
+    # the position before it, toward it: so one measured low is drafted again
     route_fade: float = 0.9
 
-    # -- probing and exploring ---------------------------------------------------------------
-    probe_every: int = 16  # a sequence off for acceptance drafts one k = 1 round this often
-    # one exploring episode of `explore_steps` steps in `explore_every` planned steps (0:
-    # never) runs the least measured k predicted within `explore_window` of the best,
-    # the window narrowing as 1 / sqrt(1 + its episodes at that batch size) (section 46)
+    # -- probing and exploring (docs/benchmarks-log.md sections 40, 46) ----------------------
+    probe_every: int = 16  # steps between a k = 1 probe of a sequence off for acceptance
+    # planned steps between exploring episodes, each of which runs a little-measured k
+    # predicted near the best (0 = never)
     explore_every: int = 32
-    explore_steps: int = 2
+    explore_steps: int = 2  # steps an exploring episode runs
+    # how near the best predicted rate (a share, 0-1) a k must be to be explored; the
+    # window narrows as 1 / sqrt(1 + the episodes it had at that batch size)
     explore_window: float = 0.08
-    # episodes and probes together may spend this share of the predicted step time: the
-    # budget grows by it every step, up to `explore_cap_s` (section 40)
+    # the share of each step's predicted time that episodes and probes earn to spend
     explore_share: float = 0.015
-    explore_cap_s: float = 1.0
+    explore_cap_s: float = 1.0  # the most seconds episodes and probes may have to spend
 
-    # -- step costs (verifier_service/speculation/costs.py) ---------------------------------
-    curve_weight: float = 0.3  # EMA weight of the part curves (forward, drafter round, switch)
-    # EMA weight of a whole step's price: a drafting step's cost varies with how deep its
-    # round went, and heavier weights flipped `auto` between near-tied k (section 44)
+    # -- step costs (verifier_service/speculation/costs.py; log sections 44, 51-60) ----------
+    curve_weight: float = 0.3  # EMA weight (0-1) of the part curves: forward, round, switch
+    # EMA weight (0-1) of a whole step's price (a drafting step's cost varies with how deep
+    # its round went: heavier weights flip between near-tied k)
     step_weight: float = 0.03
-    # steps after which a k takes its own price, not the line's through the k measured
-    own_samples: int = 8
-    # the machine's pace against the held prices: a settled k's step moves it by
-    # `pace_weight` of its distance from its price (in the logarithm, clipped at
-    # `step_log_max`; sections 51-60)
+    own_samples: int = 8  # steps after which a k takes its own price, not the line's
+    # how far (0-1) a settled step moves the machine's pace toward its own, in the
+    # logarithm: prices are held at one pace and read at the pace of now
     pace_weight: float = 0.2
-    step_log_max: float = 0.05
+    step_log_max: float = 0.05  # the most one step may move the pace, in the logarithm
 
     def __post_init__(self):
         shares = ("prior_acceptance", "good_acceptance", "leaf_cost")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import re
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ import torch
 from launcher.cli import main
 from launcher.cli_parser import BENCHES, ROLES, build_parser, serve_config
 from launcher.local_cluster import CLI, cluster_children
-from specd.config import DTYPES, EngineConfig, RouterConfig, from_arguments
+from specd.config import DEFAULT_KV_TOKENS, DTYPES, EngineConfig, RouterConfig, from_arguments
 from specd.models.args import parse_dtype
 from specd.models.paged_kv import kv_dtype
 
@@ -154,10 +155,23 @@ def test_every_flag_says_what_it_does(role):
     assert flags, role
     bare = [flag for flag, text in flags.items() if not text or text.startswith("default:")]
     assert bare == []
+    # each flag says what it alone does: no two share one text, and a flag named in
+    # another's text is named as the user types it (--tls-key, not tls_key)
+    texts = {}
+    for flag, text in flags.items():
+        texts.setdefault(text.rsplit(" (default:", 1)[0], []).append(flag)
+    assert [same for same in texts.values() if len(same) > 1] == []
+    fields = {flag[2:].replace("-", "_") for flag in flags}
+    named = {
+        f: [w for w in re.findall(r"[a-z]+_[a-z_]+", t) if w in fields] for f, t in flags.items()
+    }
+    assert {f: words for f, words in named.items() if words} == {}
     if role == "verifier":  # the speculation control's tuned numbers are flags too
         said = flags["--horizon"]
-        assert "spread over at most this many steps" in said and "32" in said
+        assert "steps a switch's cost" in said and "32" in said
         assert _config(role, "--horizon=8").engine.speculation.horizon == 8
+        assert f"room for {DEFAULT_KV_TOKENS:,} tokens" in flags["--kv-cache-bytes"]
+        assert "with --tls-key," in flags["--tls-cert"]
 
 
 def _unsaid(parser) -> list[str]:

@@ -45,6 +45,7 @@ def ours_decode(model, prompt: list[int], new_tokens: int) -> tuple[float, list[
     for _ in range(new_tokens):
         out.append(int(logits[-1].argmax()))
         logits = model.forward(kv, [SeqInput(0, [out[-1]])])
+        model.synchronize()  # a GPU's forward returns queued (LlamaModel.queued)
     return new_tokens / (time.perf_counter() - t0), out
 
 
@@ -76,6 +77,7 @@ def verification_curve(model, context: int, sizes, repeats: int) -> dict[int, fl
 
         def step(tokens=tokens, n=n):
             model.forward(kv, [SeqInput(0, tokens, num_logits=n)])
+            model.synchronize()
             kv.allocator.truncate_to(0, context)
 
         result[n] = _median_time(step, repeats)

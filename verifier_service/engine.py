@@ -192,15 +192,19 @@ class Engine:
         # which a request's first token must not wait for), else before the forward. A
         # steady round may be no more than a gRPC round trip (drafts made ahead, a
         # lookup), which the event loop's work beside it slows (docs/benchmarks-log.md
-        # section 87)
+        # section 87). A GPU's forward returns with its kernels queued (`model.queued`):
+        # there they go after it, to run while the device computes
         catching_up = any(s.decode and s.k and s.seq.drafter_behind for s in plan)
         if catching_up:
             self._leaving_python()
         rounds = draft_rounds(plan, self.proposer, self.model.args.vocab_size)
         t1 = time.perf_counter()
-        if not catching_up:
+        if not (catching_up or self.model.queued):
             self._leaving_python()
         logits = self._forward(rounds)
+        if self.model.queued and not catching_up:
+            self._leaving_python()
+        self.model.synchronize()
         t2 = time.perf_counter()
         sampling = [r for r in rounds if r.num_logits > 0]
         verdicts = verify_rounds(sampling, logits, self.model.args.vocab_size)

@@ -23,6 +23,7 @@ def _step_ms(model, kv, rows: int, context: int, repeats: int = 30) -> float:
     for _ in range(repeats):
         t0 = time.perf_counter()
         model.forward(kv, [SeqInput(0, [7] * rows, num_logits=rows)])
+        model.synchronize()
         samples.append(time.perf_counter() - t0)
         kv.allocator.truncate_to(0, context)
     return statistics.median(samples[3:]) * 1e3

@@ -75,6 +75,7 @@ def verification_ratios(model, context: int, sizes, repeats: int = 20) -> dict[i
         for i in range(repeats + 2):
             t0 = time.perf_counter()
             model.forward(kv, [SeqInput(0, list(range(10, 10 + n)), num_logits=n)])
+            model.synchronize()
             if i >= 2:
                 samples.append(time.perf_counter() - t0)
             kv.allocator.truncate_to(0, context)
@@ -304,7 +305,7 @@ def _decode(report: dict, shape: str, args):
     """Plain decode of `shape` at c = 1 against its limit; -> (transformers model, ours)."""
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     hf, ours = build(shape, args.device, dtype)
-    emulated(ours, args.emulate_ms[0] / 1e3)
+    emulated(ours, args.emulate_ms[0] / 1e3, queued=True)
     prompt = _prompts(1, args.prompt_tokens, ours.args.vocab_size, 0)[0]
     loop, _ = ours_decode(ours, prompt, args.new_tokens)  # model.forward alone
     engine = engine_run(ours, [prompt], args.new_tokens)["tok_per_s"]

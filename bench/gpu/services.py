@@ -67,7 +67,7 @@ def _verifier(args) -> None:
     from verifier_service.startup import serve
 
     _, target = build(args.shape, args.device, dtype(args.device))
-    emulated(target, args.emulate_ms / 1e3)
+    emulated(target, args.emulate_ms / 1e3, queued=True)
     config = VerifierConfig(host=HOST, port=args.port, drafter=args.drafter)
     proposer = RemoteProposer(args.drafter, config.drafter_timeout_ms, 1000, None)
     # 32 sequences of up to 512 tokens (the c = 32 run's), as the in-process engine holds

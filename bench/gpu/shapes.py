@@ -96,16 +96,34 @@ def bytes_per_token(model) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def emulated(model, seconds: float):
-    """`model`, each forward first sleeping `seconds` (the GIL released): on a CPU, the tiny
-    shape at a GPU step's pace, so that the Python around the steps (the speculation
-    control's, the services') weighs as beside a GPU's step. A GPU runs at its own."""
-    if seconds > 0:
-        forward = model.forward
+def emulated(model, seconds: float, queued: bool = False):
+    """`model`, each forward taking `seconds` more (asleep, the GIL released): on a CPU, the
+    tiny shape at a GPU step's pace, so that the Python around the steps (the speculation
+    control's, the services') weighs as beside a GPU's step. A GPU runs at its own.
+
+    `queued`: as a GPU's forward, it returns once computed and its `seconds` pass from
+    then on, until `synchronize` (the verifier's target: `LlamaModel.queued`); else it
+    sleeps first (a drafter reads each forward's logits at once)."""
+    if seconds <= 0:
+        return model
+    forward = model.forward
+    if not queued:
 
         def slowed(*args, **kwargs):
             time.sleep(seconds)
             return forward(*args, **kwargs)
 
         model.forward = slowed
+        return model
+    done = [0.0]  # when the device would have run what was queued
+
+    def queue(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        done[0] = time.perf_counter() + seconds
+        return out
+
+    def synchronize():
+        time.sleep(max(0.0, done[0] - time.perf_counter()))
+
+    model.forward, model.synchronize, model.queued = queue, synchronize, True
     return model

@@ -85,6 +85,10 @@ class LlamaModel:
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin by position
         # on CUDA, the step of specd.models.gpu (Triton kernels, graphs once prepared)
         self.gpu = gpu_step(self) if device.type == "cuda" else None
+        # does `forward` return with its kernels queued, the device still at them (a
+        # GPU's)? Then its logits are ready after `synchronize`, and the caller's
+        # Python may run while the device computes
+        self.queued = device.type == "cuda"
 
     def _linear(self, x, w, b=None):
         return linear(x, w, b, invariant=self.batch_invariant)
@@ -105,6 +109,11 @@ class LlamaModel:
             width = self.args.vocab_size if self.head_ids is None else len(self.head_ids)
             return hidden.new_zeros((0, width), dtype=torch.float32)
         return self.logits(hidden.index_select(0, plan.logits_index))
+
+    def synchronize(self) -> None:
+        """Wait, the GIL released, until the device has run what `forward` queued."""
+        if self.queued:
+            torch.cuda.current_stream(self.device).synchronize()
 
     def chunk_invariant(self) -> bool:
         """Does every number of a token come out the same however its context was split

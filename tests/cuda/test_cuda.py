@@ -120,3 +120,33 @@ def test_the_default_step_is_graphs_over_triton_kernels(cuda_pair, caplog):
     for batch, graphs in ((True, False), (False, True), (True, True)):
         assert torch.equal(alone, decode_b(batch, graphs)), (batch, graphs)
     assert any("CUDA graphs" in r.getMessage() for r in caplog.records)
+
+
+def test_queued_forwards_from_graphs_give_what_waited_ones_give(cuda_pair):
+    """A GPU's forward returns with its step queued (the engine hands the last step's
+    outputs on while it runs, then waits): steps queued back to back from the graphs, each
+    packing its inputs into the staging rows the one before copies from, give the logits
+    that steps waited for one at a time give."""
+    from specd.models.gpu.graphs import StepGraphs
+
+    target, _ = cuda_pair
+    assert target.queued
+
+    def decode(wait: bool) -> list[torch.Tensor]:
+        kv = PagedKV.for_model(target, num_blocks=64, block_size=4)
+        for s in ("a", "b"):
+            kv.allocator.allocate(s)
+        target.forward(kv, [SeqInput("a", list(range(5, 25)), 1), SeqInput("b", [3] * 9, 1)])
+        target.gpu.graphs = StepGraphs(target.gpu, kv, max_seqs=2, max_rows=8)
+        outs = []
+        for i in range(12):  # fixed tokens: no step reads the one before's logits
+            seqs = [SeqInput("a", [30 + i], 1), SeqInput("b", [40 + i, 41 + i], 2)]
+            outs.append(target.forward(kv, seqs))
+            if wait:
+                target.synchronize()
+        target.synchronize()
+        target.gpu.graphs = None
+        return [o.cpu() for o in outs]
+
+    waited, queued = decode(True), decode(False)
+    assert all(torch.equal(a, b) for a, b in zip(waited, queued, strict=True))

@@ -22,23 +22,27 @@ def _engine(tiny_pair, drafting: bool) -> Engine:
     return Engine(target, EngineConfig(num_blocks=256, block_size=4), proposer, eos_ids=set())
 
 
+@pytest.mark.parametrize("queued", [False, True])
 @pytest.mark.parametrize("drafting", [False, True])
 def test_a_steps_outputs_go_to_the_event_loop_where_the_next_step_leaves_python(
-    tiny_pair, drafting
+    tiny_pair, drafting, queued
 ):
     """Each step's outputs are sent once the next step has planned and drafted, just
     before the thread waits on the forward, so the event loop's work on them runs beside
     the model, not in the GIL while the next step plans or while its drafter round trip
-    runs; except where the step's drafter first catches up on a sequence's prompt: they
-    go before that round, so a first token does not wait for it. Sent as their step
-    ends, they came before its planning. Every request still gets all its tokens, in
-    order, and what it gets stepping the engine directly."""
+    runs; on a device whose forward returns queued (a GPU's), once it is queued and
+    before the wait for it, so that work runs while the device computes. Except where
+    the step's drafter first catches up on a sequence's prompt: they go before that
+    round, so a first token does not wait for it. Sent as their step ends, they came
+    before its planning. Every request still gets all its tokens, in order, and what it
+    gets stepping the engine directly."""
     k = 2 if drafting else 0
     reqs = [dict(prompt=p, max_new_tokens=16, num_draft=k) for p in PROMPTS]
     want = list(run_engine(_engine(tiny_pair, drafting), reqs).values())
     engine = _engine(tiny_pair, drafting)
     events = []
     schedule, forward = engine.scheduler.schedule, engine.model.forward
+    was_queued = engine.model.queued
 
     def traced_schedule(*args):
         events.append("plan")
@@ -50,6 +54,8 @@ def test_a_steps_outputs_go_to_the_event_loop_where_the_next_step_leaves_python(
 
     engine.scheduler.schedule = traced_schedule
     engine.model.forward = traced_forward
+    engine.model.synchronize = lambda: events.append("sync")
+    engine.model.queued = queued
     if drafting:
         propose, seen = engine.proposer.propose, set()
 
@@ -83,7 +89,8 @@ def test_a_steps_outputs_go_to_the_event_loop_where_the_next_step_leaves_python(
     try:
         got = asyncio.run(asyncio.wait_for(main(), 60))
     finally:
-        del engine.model.forward  # back to the class's method (the model is shared)
+        del engine.model.forward, engine.model.synchronize  # the class's (a shared model)
+        engine.model.queued = was_queued
     assert got == want
     assert engine.kv.allocator.num_used == 0
     sends = [i for i, e in enumerate(events) if e == "send"]
@@ -94,12 +101,16 @@ def test_a_steps_outputs_go_to_the_event_loop_where_the_next_step_leaves_python(
         around = events[i - 3 : i + 3]
         if events[i + 1] == "draft first":  # before a catch-up round
             assert events[i - 1] == "plan", around
+        elif queued:  # after the forward is queued, before waiting for it
+            assert events[i - 1] == "forward" and events[i + 1] == "sync", around
+            assert events[i - 2] in ("plan", "draft"), around
         else:  # before the forward, after the step's planning and drafts
             assert events[i + 1] == "forward", around
             assert events[i - 1] in ("plan", "draft"), around
+    assert events.count("sync") == events.count("forward")  # every forward waited for
     if drafting:
         before_catch_up = sum(events[i + 1] == "draft first" for i in sends[:-1])
-        after_drafts = sum(events[i - 1] == "draft" for i in sends[:-1])
+        after_drafts = sum(events[i - 1 - queued] == "draft" for i in sends[:-1])
         assert 1 <= before_catch_up <= len(PROMPTS) and after_drafts >= 4
 
 

@@ -44,6 +44,7 @@ class StepGraphs:
             StepInputs.size(largest, max_seqs, self.width), dtype=torch.int64, device=device
         )
         self.staging = torch.zeros_like(self.buffer, device="cpu")
+        self._copied: torch.cuda.Event | None = None  # recorded after a step's copy
         if device.type == "cuda":
             self.staging = self.staging.pin_memory()
         HostRows([[]] * FIELDS, [], []).pack(largest, 0, self.staging.numpy())  # all padding
@@ -71,8 +72,13 @@ class StepGraphs:
         """Run the step in its bucket -> logits [padded, V] (a view of the static buffer)."""
         size = self.bucket(host.rows)
         pad = self.step.padded(size)
-        n = host.pack(pad, self.width, self.staging.numpy()).size  # the last step has read it
+        if self._copied is not None:  # the last step's copy has read the staging rows
+            self._copied.synchronize()
+        n = host.pack(pad, self.width, self.staging.numpy()).size
         self.buffer[:n].copy_(self.staging[:n], non_blocking=True)
+        if self.buffer.device.type == "cuda":  # the forward returns before the copy ran
+            self._copied = torch.cuda.Event()
+            self._copied.record()
         graph = self.graphs[size]
         if graph is None:  # not captured (no CUDA): the same kernels over the same views
             self._run(size)

@@ -43,12 +43,8 @@ class GpuStep:
         graphs = self.graphs
         wanted = torch.tensor(host.logits_rows, dtype=torch.long).to(self.model.device)
         if graphs is not None and graphs.kv is kv and graphs.fits(host):
-            out = graphs.replay(host).index_select(0, wanted).float()
-        else:
-            out = self.eager(kv, host, wanted).float()
-        if out.device.type == "cuda":  # the step's time is the forward's, not its reader's
-            torch.cuda.current_stream().synchronize()
-        return out
+            return graphs.replay(host).index_select(0, wanted).float()
+        return self.eager(kv, host, wanted).float()
 
     def eager(self, kv, host: HostRows, wanted: torch.Tensor) -> torch.Tensor:
         """The step run as it comes -> logits [len(wanted), V] of the `wanted` rows, in

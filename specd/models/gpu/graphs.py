@@ -44,9 +44,11 @@ class StepGraphs:
             StepInputs.size(largest, max_seqs, self.width), dtype=torch.int64, device=device
         )
         self.staging = torch.zeros_like(self.buffer, device="cpu")
-        self._copied: torch.cuda.Event | None = None  # recorded after a step's copy
+        # on CUDA, recorded after each step's copy: the forward returns before it ran
+        self._copied = None
         if device.type == "cuda":
             self.staging = self.staging.pin_memory()
+            self._copied = torch.cuda.Event()
         HostRows([[]] * FIELDS, [], []).pack(largest, 0, self.staging.numpy())  # all padding
         self.buffer.copy_(self.staging)
         # the RoPE table the graphs read: held here, so a later, longer table built for
@@ -76,8 +78,7 @@ class StepGraphs:
             self._copied.synchronize()
         n = host.pack(pad, self.width, self.staging.numpy()).size
         self.buffer[:n].copy_(self.staging[:n], non_blocking=True)
-        if self.buffer.device.type == "cuda":  # the forward returns before the copy ran
-            self._copied = torch.cuda.Event()
+        if self._copied is not None:
             self._copied.record()
         graph = self.graphs[size]
         if graph is None:  # not captured (no CUDA): the same kernels over the same views

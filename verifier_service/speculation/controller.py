@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
+from operator import getitem
 from typing import NamedTuple
 
 from specd.speculation_config import SpeculationConfig
@@ -257,14 +258,14 @@ class Controller:
         """Whether the candidates would draft beside `fixed` (each at `accept` instead of
         its own acceptance if given)."""
         if accept is not None:
-            candidates = [replace(c, accept=[accept]) for c in candidates]
+            candidates = [c.at(accept) for c in candidates]
         return _best([a.rate for a in self._arms(candidates, fixed)]) > 0
 
     def _arms(self, candidates: list[Candidate], fixed: Fixed) -> list[Arm]:
         """The step with every candidate at min(k, its cap), k = 0..the largest cap."""
-        arms = []
+        arms, expected = [], [c.expected for c in candidates]
         for ks, shape, step_s, switch in self._arm_steps(candidates, fixed):
-            tokens = fixed.tokens + sum(c.tokens(j) for c, j in zip(candidates, ks, strict=True))
+            tokens = fixed.tokens + sum(map(getitem, expected, ks))
             spread = switch / self._horizon(candidates, ks) if switch else 0.0
             arms.append(Arm(shape, tokens, step_s, switch, spread))
         return arms
@@ -276,7 +277,7 @@ class Controller:
         on acceptance, so a plan that prices its step again at another (the reasons) takes
         them as they are. Which candidates draft is the same at every k > 0, and so is
         what switching costs."""
-        key = (fixed, tuple((c.cap, tuple(c.goes_on), c.behind) for c in candidates))
+        key = (fixed, tuple(c.step_key for c in candidates))
         if key in self._stepped:
             return self._stepped[key]
         plain, drafting = [0] * len(candidates), [c.cap for c in candidates]
@@ -292,7 +293,7 @@ class Controller:
         """The steps a switch to `ks` is spread over: the candidates' mean remaining tokens
         at these k, in steps, from 1 up to `horizon`."""
         pairs = zip(candidates, ks, strict=True)
-        steps = [c.remaining / c.tokens(k) for c, k in pairs if c.remaining]
+        steps = [c.remaining / c.expected[k] for c, k in pairs if c.remaining]
         if not steps:
             return self.config.horizon
         return min(self.config.horizon, max(1.0, sum(steps) / len(steps)))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import lru_cache
 
 from verifier_service.speculation.acceptance import expected_table, expected_tokens
 
@@ -28,24 +28,33 @@ class Candidate:
     # draft (`--draft-p-min`), so how deep a round planned at k goes depends on the route
     goes_on: list[float] = field(default_factory=list)
 
-    # E(k), P(a round planned at k drafts at least j tokens) and the drafts it feeds, for
-    # k up to `cap`: a plan asks for them at every k of every arm it prices, and the
-    # sequences of a route share them
-    @cached_property
-    def _tables(self) -> tuple[list[float], list[float], list[float]]:
-        return _route_tables(tuple(self.accept), tuple(self.goes_on), self.cap)
+    def __post_init__(self):
+        # by k up to `cap`: E(k), P(a round planned at k drafts at least j tokens) and the
+        # drafts it feeds. A plan reads them at every k of every arm it prices (read as
+        # lists in its loops), and the sequences of a route share them
+        goes_on = tuple(self.goes_on)
+        self.expected, self.reached, self.fed_by_k = _route_tables(
+            tuple(self.accept), goes_on, self.cap
+        )
+        self.step_key = (self.cap, goes_on, self.behind)  # what its arms' steps depend on
+
+    def at(self, accept: float) -> Candidate:
+        """The same sequence at an acceptance of `accept` at every position."""
+        return Candidate(
+            self.cap, [accept], self.probe, self.floor, self.behind, self.remaining, self.goes_on
+        )
 
     def tokens(self, k: int) -> float:
         """E(k) of its acceptance (`expected_tokens`), k <= cap."""
-        return self._tables[0][k]
+        return self.expected[k]
 
     def reach(self, k: int) -> list[float]:
         """P(a round planned at k <= cap drafts at least j tokens), j = 1..k (`reach`)."""
-        return self._tables[1][:k]
+        return self.reached[:k]
 
     def fed(self, k: int) -> float:
         """Drafts a round planned at k <= cap is expected to feed the forward."""
-        return self._tables[2][k]
+        return self.fed_by_k[k]
 
 
 @lru_cache(maxsize=256)
@@ -122,16 +131,19 @@ def arm_shapes(
     rest = [1 - p for p in list(fixed.reach) or [1.0] * fixed.k]  # P(none of the rest >= j)
     miss = rest + [1.0] * (top - len(rest))  # then P(no round >= j), each at its cap
     for c in candidates:
-        for j, p in enumerate(c.reach(c.cap)):
+        for j, p in enumerate(c.reached):
             miss[j] *= 1 - p
-    shapes = []
+    shapes, fed = [], [(c.fed_by_k, c.cap) for c in candidates]
+    plain = 1 if fixed.k else 0
+    drafting = plain + sum(1 for c in candidates if c.cap)  # at every k > 0
     for k in range(top + 1):
-        rows, drafting = float(fixed.rows), 1 if fixed.k else 0
-        for c in candidates:
-            rows += 1 + c.fed(min(k, c.cap))
-            drafting += 1 if k and c.cap else 0
+        rows = float(fixed.rows)
+        for by_k, cap in fed:
+            rows += 1 + by_k[min(k, cap)]
         reach_max = [1 - m for m in miss[:k]] + [1 - m for m in rest[k:]]
-        shapes.append((fixed.sequences + len(candidates), reach_max, rows, drafting))
+        shapes.append(
+            (fixed.sequences + len(candidates), reach_max, rows, drafting if k else plain)
+        )
     return shapes
 
 

@@ -200,8 +200,12 @@ def trial(seed: int, levels, recorded: list, policy: RoutePolicy, ks=(0, 3), cel
     table = table or StepTable.load()
     rnd = random.Random(seed)
     texts = cell_texts(recorded, rnd, cells, requests)
-    control = SpeculationControl(EngineConfig(speculation=config or SpeculationConfig()))
     machine = Machine(seed, phases)
+    # the control's clock is the machine's: its batch memory and the routes' half-life
+    # count simulated seconds, as a verifier's count its own
+    control = SpeculationControl(
+        EngineConfig(speculation=config or SpeculationConfig()), clock=lambda: machine.clock
+    )
     modes = (*ks, "auto")
     ids = iter(range(0, 10**9, 1000))
 

@@ -169,10 +169,10 @@ def run_cell(control: SpeculationControl, texts: list, mode, machine: Machine, c
             accepted = min(run, drafts)
             took = machine.step(drafts)
             behind = seq.drafter_behind
-            if k and behind and not seq.stats.rounds:
-                took += FIRST_ROUND_S
-            elif k and behind:
-                took += BACK_S * min(behind - 1, 10)
+            if k and behind:  # the drafter's catch-up, on the machine's clock too
+                catch_up = FIRST_ROUND_S if not seq.stats.rounds else BACK_S * min(behind - 1, 10)
+                machine.clock += catch_up
+                took += catch_up
             seq.decided(reason, k)
             seq.stats.record(drafts, accepted)
             tokens += len(seq.append([7] * (accepted + 1)))
@@ -218,8 +218,11 @@ def trial(
         ]
     else:
         texts = cell_texts(recorded, random.Random(seed), cells, requests)
-    control = SpeculationControl(EngineConfig(speculation=config or SpeculationConfig()))
     machine = Machine(seed, phases, steps)
+    # the control's clock is the machine's (the routes' half-life counts simulated seconds)
+    control = SpeculationControl(
+        EngineConfig(speculation=config or SpeculationConfig()), clock=lambda: machine.clock
+    )
     modes = (*ks, "auto")
     if recorded is not None:
         for mode in modes:

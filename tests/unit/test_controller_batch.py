@@ -2,15 +2,18 @@
 prices, its closed-loop clients, and `auto` against the fixed settings of the goal sweep's
 cells on the recorded texts and the measured step table."""
 
+import itertools
 import random
 import statistics
 
 import pytest
 
+from bench import controller_batch, controller_sim
 from bench.controller_batch import POLICY, StepTable, run_cell, trial
 from bench.controller_sim import Machine, load_traces
 from router.policy import Policy
 from verifier_service.records import StepPlan
+from verifier_service.speculation import SpeculationControl
 
 TABLE = {
     "1,0": {"rows": 1, "forward": 0.020, "draft": 0.0, "step": 0.025},
@@ -83,3 +86,28 @@ def test_auto_keeps_up_with_the_best_fixed_setting_at_every_batch(workload, ks):
         runs = [sweep[clients] for sweep in sweeps]
         ratio = statistics.geometric_mean([r["auto"] / max(r[k] for k in ks) for r in runs])
         assert ratio > 0.97, (clients, ratio, runs)
+
+
+@pytest.mark.parametrize("simulator", ["batch", "c=1"])
+def test_the_control_counts_the_simulated_machines_seconds(monkeypatch, simulator):
+    """The batch memory and the routes' half-life are seconds: in a simulator the
+    simulated machine's, as a verifier's are its own (on the wall clock a simulated sweep
+    of minutes passes in a second, and a route's memory never fades). Each step's seconds
+    have passed on the control's clock by the time it observes the next."""
+    seen = []
+
+    class Watched(SpeculationControl):
+        def observe(self, report):
+            seen.append((self.clock(), report.step_s))
+            return super().observe(report)
+
+    if simulator == "batch":
+        monkeypatch.setattr(controller_batch, "SpeculationControl", Watched)
+        policy = Policy.load(str(POLICY)).for_route("code")[1]
+        trial(0, (2,), load_traces("code")[:4], policy, (0,), cells=1, requests=4)
+    else:
+        monkeypatch.setattr(controller_sim, "SpeculationControl", Watched)
+        controller_sim.trial(0, ks=(2,), cells=1, requests=4, tokens=16)
+    assert len(seen) > 50
+    for (before, _), (after, step_s) in itertools.pairwise(seen):
+        assert after - before >= step_s * (1 - 1e-9)

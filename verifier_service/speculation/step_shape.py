@@ -29,32 +29,20 @@ class Candidate:
     goes_on: list[float] = field(default_factory=list)
 
     def __post_init__(self):
-        # by k up to `cap`: E(k), P(a round planned at k drafts at least j tokens) and the
-        # drafts it feeds. A plan reads them at every k of every arm it prices (read as
-        # lists in its loops), and the sequences of a route share them
+        # by k up to `cap`: E(k) (`expected_tokens`), P(a round planned at k drafts at
+        # least j tokens) for j = 1..cap (`reach`; a round at k reaches the first k), and
+        # the drafts a round planned at k is expected to feed the forward. A plan reads
+        # them at every k of every arm it prices, and the sequences of a route share them
         goes_on = tuple(self.goes_on)
-        self.expected, self.reached, self.fed_by_k = _route_tables(
-            tuple(self.accept), goes_on, self.cap
-        )
+        self.expected, self.reached, self.fed = _route_tables(tuple(self.accept), goes_on, self.cap)
         self.step_key = (self.cap, goes_on, self.behind)  # what its arms' steps depend on
 
     def at(self, accept: float) -> Candidate:
-        """The same sequence at an acceptance of `accept` at every position."""
+        """The same sequence at an acceptance of `accept` at every position (built
+        directly: `dataclasses.replace` costs a plan at a large batch a tenth of its time)."""
         return Candidate(
             self.cap, [accept], self.probe, self.floor, self.behind, self.remaining, self.goes_on
         )
-
-    def tokens(self, k: int) -> float:
-        """E(k) of its acceptance (`expected_tokens`), k <= cap."""
-        return self.expected[k]
-
-    def reach(self, k: int) -> list[float]:
-        """P(a round planned at k <= cap drafts at least j tokens), j = 1..k (`reach`)."""
-        return self.reached[:k]
-
-    def fed(self, k: int) -> float:
-        """Drafts a round planned at k <= cap is expected to feed the forward."""
-        return self.fed_by_k[k]
 
 
 @lru_cache(maxsize=256)
@@ -114,9 +102,9 @@ def step_shape(
     rows, drafting = float(fixed.rows), 1 if fixed.k else 0
     reaches = [list(fixed.reach) or [1.0] * fixed.k]
     for c, k in zip(candidates, ks, strict=True):
-        rows += 1 + c.fed(k)
+        rows += 1 + c.fed[k]
         drafting += 1 if k else 0
-        reaches.append(c.reach(k))
+        reaches.append(c.reached[:k])
     return fixed.sequences + len(ks), deepest(reaches), rows, drafting
 
 
@@ -133,7 +121,7 @@ def arm_shapes(
     for c in candidates:
         for j, p in enumerate(c.reached):
             miss[j] *= 1 - p
-    shapes, fed = [], [(c.fed_by_k, c.cap) for c in candidates]
+    shapes, fed = [], [(c.fed, c.cap) for c in candidates]
     plain = 1 if fixed.k else 0
     drafting = plain + sum(1 for c in candidates if c.cap)  # at every k > 0
     for k in range(top + 1):

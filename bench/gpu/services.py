@@ -233,7 +233,7 @@ def compare(
 def _through(address: str, routed: str, prompts, new: int, k: int) -> dict:
     """Each prompt through a verifier and through its router, speculation off and on."""
     generate(address, prompts[:1], 8, k)  # warm
-    generate_routed(routed, prompts[:1], 8, "on")
+    _warm_routed(routed, prompts[:1])
     off, on = generate(address, prompts, new, 0), generate(address, prompts, new, k)
     r_off = generate_routed(routed, prompts, new, "off")
     r_on = generate_routed(routed, prompts, new, "on")
@@ -247,6 +247,21 @@ def _through(address: str, routed: str, prompts, new: int, k: int) -> dict:
         "router_on_vs_off": round(r_on["tok_per_s"] / r_off["tok_per_s"], 3),
         "router_identical": r_on["outputs"] == r_off["outputs"] == off["outputs"],
     }
+
+
+def _warm_routed(routed: str, prompts, deadline_s: float = 30.0) -> None:
+    """One short request through a router, retried while it says no verifier is healthy:
+    a router paused with its set (`_alone`) holds a load report older than it trusts
+    until the next one arrives."""
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            generate_routed(routed, prompts, 8, "on")
+            return
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > end:
+                raise
+            time.sleep(0.2)
 
 
 def _pause(procs) -> None:

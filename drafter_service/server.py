@@ -132,6 +132,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             out = drafter_pb2.DraftResponse(round=request.round)
             if request.round == 0:
                 out.drafter = self.name
+                out.lookup_only = bool(getattr(self.proposer, "lookup_only", False))
             for step in steps:
                 msg = out.proposals.add(seq_id=step.seq_id, error=step.problem)
                 if step.state is None:

@@ -195,6 +195,10 @@ class VerifierConfig:
     drafter_timeout_ms: int = 3000  # per round; past it the round decodes with k = 0
     drafter_reconnect_ms: int = 1000  # between attempts to reach a drafter that went away
     drafter_startup_wait_ms: int = 30000  # at start, wait this long for the drafter to answer
+    # ask an n-gram drafter (one whose rounds run no model) for a sequence's next round as
+    # soon as its step's tokens are committed: the round trip runs beside the rest of the
+    # step and the next plan
+    drafter_prefetch: bool = True
     max_queue: int = 256  # waiting requests past which Generate is RESOURCE_EXHAUSTED
     metrics_port: int = 0  # the Prometheus endpoint's port; 0 = none
     # on SIGTERM: NOT_SERVING, new calls refused, running requests get this long to finish

@@ -13,6 +13,7 @@ import itertools
 import logging
 import threading
 import time
+from typing import NamedTuple
 
 from opentelemetry import trace
 
@@ -26,6 +27,15 @@ from verifier_service.drafter_stream import DraftStream
 log = logging.getLogger(__name__)
 
 
+class Sent(NamedTuple):
+    """A round sent on the stream, its answer not yet read."""
+
+    stream: DraftStream
+    round: int
+    waiter: list  # DraftStream.start's
+    at: float  # perf_counter when it went (the round trip's histogram)
+
+
 class RemoteProposer:
     def __init__(
         self,
@@ -34,8 +44,10 @@ class RemoteProposer:
         reconnect_ms: int = 1000,
         telemetry=None,
         tls_ca: str = "",
+        prefetch: bool = True,
     ):
         self.address = address
+        self.prefetching = prefetch  # `prefetch` asks (else it does nothing)
         self.tls_ca = tls_ca
         self.timeout_s = timeout_ms / 1000
         self.reconnect_s = reconnect_ms / 1000
@@ -49,6 +61,9 @@ class RemoteProposer:
         # set on the stream's reader thread, taken on the engine's
         self._ahead: dict[int, dict[int, drafter_pb2.SeqProposal]] = {}
         self.ahead_taken = 0  # sequences' rounds drafted from a push, with no round trip
+        # seq_id -> (its tokens, k, the round `_send` sent) of a round asked as its step ended
+        self._fetching: dict[int, tuple[int, int, Sent]] = {}
+        self.prefetched = 0  # sequences' rounds drafted from a round asked so (`prefetch`)
         self._rounds = itertools.count(1)
         self.fallbacks = 0  # rounds that decoded with k = 0 because of the drafter
         self._lock = threading.RLock()  # the engine thread and load reports both connect
@@ -99,6 +114,7 @@ class RemoteProposer:
             self._sent.clear()  # a new stream starts with no sessions
             self._asked.clear()
             self._ahead.clear()
+            self._fetching.clear()
             self._next_try = time.monotonic() + self.reconnect_s
 
     def _said_ended(self, stream: DraftStream) -> None:
@@ -121,37 +137,87 @@ class RemoteProposer:
 
     def propose(self, states: list[DraftState]) -> list[Proposal]:
         """Each state's drafts: pushed ahead where the drafter guessed its tokens, else
-        asked for in one round."""
+        the answer to the round `prefetch` asked for them, else asked for in one round."""
         taken = {s.seq_id: p for s in states if (p := self._take_ahead(s)) is not None}
+        taken |= self._take_fetched([s for s in states if s.seq_id not in taken])
         asked = iter(self._ask([s for s in states if s.seq_id not in taken]))
         return [taken[s.seq_id] if s.seq_id in taken else next(asked) for s in states]
+
+    def prefetch(self, states: list[DraftState]) -> None:
+        """Ask now, without waiting, for these sequences' next rounds (their tokens just
+        committed, k as this step's): the round trip runs while the engine ends its step
+        and plans the next, and `propose` takes the answer where the plan asks no more
+        drafts of the same tokens. For rounds that cost the drafter no model forward (a
+        lookup, as the drafter's handshake says): an answer the plan does not take wasted
+        nothing, where a draft model's would hold the next round up behind it. A sequence
+        whose push already holds its tokens is not asked."""
+        states = [s for s in states if not self._has_push(s)]
+        stream = self._stream
+        up = stream is not None and stream.alive and stream.ready
+        if not (self.prefetching and states and up and stream.lookup_only):
+            return
+        sent = self._send(states)
+        if sent is not None:
+            for s in states:
+                self._fetching[s.seq_id] = (len(s.tokens), s.k, sent)
+
+    def _take_fetched(self, states: list[DraftState]) -> dict[int, Proposal]:
+        """The prefetched answers for `states` that follow their tokens and hold as many
+        drafts as asked (every sequence's prefetch is spent: stale ones are dropped)."""
+        out, answers = {}, {}
+        for s in states:
+            fetched = self._fetching.pop(s.seq_id, None)
+            if fetched is None:
+                continue
+            follows, k, sent = fetched
+            if follows != len(s.tokens) or k < s.k:
+                continue
+            if sent.round not in answers:
+                answers[sent.round] = self._answer(sent)
+            out[s.seq_id] = proposal_from_proto(answers[sent.round].get(s.seq_id), s.k)
+            self.prefetched += 1
+        return out
 
     def _ask(self, states: list[DraftState]) -> list[Proposal]:
         if not states:
             return []
-        empty = [Proposal() for _ in states]
+        sent = self._send(states)
+        by_seq = {} if sent is None else self._answer(sent)
+        return [proposal_from_proto(by_seq.get(s.seq_id), s.k) for s in states]
+
+    def _send(self, states: list[DraftState]) -> Sent | None:
+        """One round for `states`, sent; None (a fallback) where no stream is up."""
         stream = self._connect()
         if stream is None:
             self._fell_back()
-            return empty
+            return None
         request = drafter_pb2.DraftRequest(round=next(self._rounds))
         for s in states:
             self._add_commands(request, s)
-        started = time.perf_counter()
         try:
-            response = stream.call(request, self.timeout_s)
-        except TimeoutError as exc:
-            log.warning("%s; decoding without drafts this round", exc)
-            self._fell_back()
-            return empty
+            waiter = stream.start(request)
         except ConnectionError:
             self._drop()
             self._fell_back()
-            return empty
+            return None
+        return Sent(stream, request.round, waiter, time.perf_counter())
+
+    def _answer(self, sent: Sent) -> dict:
+        """A sent round's proposals by sequence ({} where it failed: no drafts)."""
+        try:
+            response = sent.stream.wait(sent.round, sent.waiter, self.timeout_s)
+        except TimeoutError as exc:
+            log.warning("%s; decoding without drafts this round", exc)
+            self._fell_back()
+            return {}
+        except ConnectionError:
+            if self._stream is sent.stream:  # not one opened since
+                self._drop()
+            self._fell_back()
+            return {}
         if self._rtt is not None:
-            self._rtt.observe(time.perf_counter() - started)
-        by_seq = {p.seq_id: p for p in response.proposals}
-        return [proposal_from_proto(by_seq.get(s.seq_id), s.k) for s in states]
+            self._rtt.observe(time.perf_counter() - sent.at)
+        return {p.seq_id: p for p in response.proposals}
 
     def _pushed(self, response) -> None:
         """Drafts the drafter made ahead (on the stream's reader thread), kept by the
@@ -161,6 +227,10 @@ class RemoteProposer:
                 self._ahead.setdefault(p.seq_id, {})[p.follows] = p
                 if p.seq_id not in self._sent:  # closed meanwhile (close pops this second)
                     self._ahead.pop(p.seq_id, None)
+
+    def _has_push(self, s: DraftState) -> bool:
+        """Whether a push follows exactly `s`'s tokens (`_take_ahead` would look at it)."""
+        return _follows(self._ahead.get(s.seq_id, {}).get(len(s.tokens)), s.tokens)
 
     def _take_ahead(self, s: DraftState) -> Proposal | None:
         """The drafts pushed for `s` if they follow exactly its tokens (the drafter's
@@ -173,7 +243,7 @@ class RemoteProposer:
         for follows in list(pushed):  # (a copy: the reader thread adds to it)
             if follows < n:
                 pushed.pop(follows, None)
-        if msg is None or not msg.assumed or s.tokens[n - len(msg.assumed) :] != msg.assumed:
+        if not _follows(msg, s.tokens):
             return None
         if len(msg.tokens) < s.k and self._asked.get(s.seq_id, 0) < s.k:
             return None
@@ -216,6 +286,7 @@ class RemoteProposer:
     def close(self, seq_id) -> None:
         sent = self._sent.pop(seq_id, None)
         self._asked.pop(seq_id, None)
+        self._fetching.pop(seq_id, None)
         self._ahead.pop(seq_id, None)  # after `_sent`: see `_pushed`
         if sent is None or not self.available:
             return
@@ -227,3 +298,8 @@ class RemoteProposer:
         if self._stream is not None:
             self._stream.close()
             self._stream = None
+
+
+def _follows(msg: drafter_pb2.SeqProposal | None, tokens: list[int]) -> bool:
+    """Whether a push was made for exactly these tokens (the ones it assumed end them)."""
+    return msg is not None and bool(msg.assumed) and tokens[-len(msg.assumed) :] == msg.assumed

@@ -29,6 +29,7 @@ class DraftStream:
         self.alive = True
         self.ready = False  # set when the drafter answered the handshake (an empty round 0)
         self.drafter = ""  # what the handshake said drafts
+        self.lookup_only = False  # the handshake said no round costs the drafter a forward
         self.ended = ""  # why the call ended (a gRPC status; the caller says it)
         self._requests.put(drafter_pb2.DraftRequest(round=0, push_ahead=on_ahead is not None))
         requests = iter(self._requests.get, None)
@@ -44,7 +45,7 @@ class DraftStream:
                         self.on_ahead(resp)
                     continue
                 if resp.round == 0:
-                    self.drafter = resp.drafter
+                    self.drafter, self.lookup_only = resp.drafter, resp.lookup_only
                 self.ready = True
                 with self._lock:
                     waiter = self._waiters.pop(resp.round, None)
@@ -62,6 +63,11 @@ class DraftStream:
                 event.set()
 
     def call(self, request, timeout_s: float):
+        return self.wait(request.round, self.start(request), timeout_s)
+
+    def start(self, request) -> list:
+        """Send a round without waiting for it: -> its waiter, for `wait` (a waiter never
+        waited for is dropped when its response comes)."""
         waiter = [threading.Event(), None]
         with self._lock:
             # checked under the lock the reader ends under: a waiter added after the reader
@@ -71,10 +77,14 @@ class DraftStream:
                 raise ConnectionError("drafter stream closed")
             self._waiters[request.round] = waiter
         self._requests.put(request)
+        return waiter
+
+    def wait(self, round_: int, waiter: list, timeout_s: float):
+        """The response to a round `start` sent."""
         if not waiter[0].wait(timeout_s):
             with self._lock:
-                self._waiters.pop(request.round, None)
-            raise TimeoutError(f"drafter round {request.round} took over {timeout_s:.3f}s")
+                self._waiters.pop(round_, None)
+            raise TimeoutError(f"drafter round {round_} took over {timeout_s:.3f}s")
         if waiter[1] is None:
             raise ConnectionError("drafter stream closed")
         return waiter[1]

@@ -28,24 +28,20 @@ def draft_rounds(slots: tuple[Slot, ...], proposer: Proposer | None, vocab: int)
     return rounds
 
 
+def draft_state(slot: Slot) -> DraftState:
+    """What the proposer is told of a slot's sequence: its committed tokens, k, and how to
+    draft for it."""
+    seq, speculation = slot.seq, slot.seq.speculation
+    return DraftState(
+        slot.seq_id, seq.tokens, seq.params, slot.k, seq.span, seq.grammar, speculation.route,
+        len(seq.prompt), speculation.proposer, speculation.suffix_private,
+    )  # fmt: skip
+
+
 def _propose(slots: list[Slot], proposer: Proposer | None, vocab: int) -> dict[int, Proposal]:
     if not slots or proposer is None:
         return {}
-    states = [
-        DraftState(
-            s.seq_id,
-            s.seq.tokens,
-            s.seq.params,
-            s.k,
-            s.seq.span,
-            s.seq.grammar,
-            s.seq.speculation.route,
-            len(s.seq.prompt),
-            s.seq.speculation.proposer,
-            s.seq.speculation.suffix_private,
-        )  # fmt: skip
-        for s in slots
-    ]
+    states = [draft_state(s) for s in slots]
     try:
         proposals = proposer.propose(states)
     except Exception:  # a failed drafter costs speculation, never the request

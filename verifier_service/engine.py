@@ -29,7 +29,7 @@ from specd.config import DEFAULT_KV_TOKENS, EngineConfig, chunk_invariant, prefi
 from specd.grammar import Grammars
 from specd.models.paged_kv import PagedKV
 from specd.proposal import Proposer
-from verifier_service.drafting import draft_rounds
+from verifier_service.drafting import draft_rounds, draft_state
 from verifier_service.records import Round, RoundReport, SeqView, Slot, StepReport, StepView
 from verifier_service.request import Request
 from verifier_service.scheduler import Scheduler
@@ -210,12 +210,25 @@ class Engine:
         verdicts = verify_rounds(sampling, logits, self.model.args.vocab_size)
         reports = [_report(r, verdicts.get(r.slot.seq_id)) for r in rounds]  # before commit
         outputs = [self._commit(r, verdicts.get(r.slot.seq_id)) for r in rounds]
+        self._prefetch(rounds)
         t3 = time.perf_counter()
         report = StepReport(tuple(reports), t1 - t0, t2 - t1, t3 - t0)
         self.observed = self.speculation.observe(report)
         self.step_s += report.step_s
         self.control_s += time.perf_counter() - t3
         return [out for out in outputs if out is not None]
+
+    def _prefetch(self, rounds: list[Round]) -> None:
+        """A remote n-gram drafter is asked for the next round of each sequence that
+        drafted by a lookup and goes on, as soon as its tokens are committed
+        (RemoteProposer.prefetch): the round trip then runs beside the rest of this step
+        and the next one's plan."""
+        prefetch = getattr(self.proposer, "prefetch", None)
+        if prefetch is None:
+            return
+        going = [draft_state(r.slot) for r in rounds if r.lookup and r.seq.finish_reason is None]
+        if going:
+            prefetch(going)
 
     def _leaving_python(self) -> None:
         if self.before_forward is not None:

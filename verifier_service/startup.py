@@ -43,6 +43,7 @@ def build_engine(config, telemetry=None):
             config.drafter_reconnect_ms,
             telemetry,
             tls_ca=config.tls_ca,
+            prefetch=config.drafter_prefetch,
         )
     eos = eos_token_ids(folder, load_config(folder))
     load_tok = partial(load_tokenizer, folder)  # at the first constraint (specd/grammar.py)

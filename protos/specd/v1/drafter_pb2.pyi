@@ -69,16 +69,18 @@ class Close(_message.Message):
     def __init__(self) -> None: ...
 
 class DraftResponse(_message.Message):
-    __slots__ = ("round", "proposals", "drafter", "ahead")
+    __slots__ = ("round", "proposals", "drafter", "ahead", "lookup_only")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     PROPOSALS_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
     AHEAD_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_ONLY_FIELD_NUMBER: _ClassVar[int]
     round: int
     proposals: _containers.RepeatedCompositeFieldContainer[SeqProposal]
     drafter: str
     ahead: bool
-    def __init__(self, round: _Optional[int] = ..., proposals: _Optional[_Iterable[_Union[SeqProposal, _Mapping]]] = ..., drafter: _Optional[str] = ..., ahead: _Optional[bool] = ...) -> None: ...
+    lookup_only: bool
+    def __init__(self, round: _Optional[int] = ..., proposals: _Optional[_Iterable[_Union[SeqProposal, _Mapping]]] = ..., drafter: _Optional[str] = ..., ahead: _Optional[bool] = ..., lookup_only: _Optional[bool] = ...) -> None: ...
 
 class SeqProposal(_message.Message):
     __slots__ = ("seq_id", "tokens", "q", "error", "alternatives", "ngram", "follows", "assumed")

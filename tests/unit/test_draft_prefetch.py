@@ -14,7 +14,6 @@ from specd.proposal import Proposal
 from tests.conftest import TEST_DEVICE, make_tiny_pair, run_engine
 from tests.unit.test_draft_push import CYCLE, connected, serve, state
 from verifier_service.engine import Engine
-from verifier_service.request import Request
 
 
 @pytest.fixture
@@ -82,12 +81,8 @@ def test_prefetching_keeps_the_targets_greedy_output(tmp_path_factory, remote):
     ]
     plain = run_engine(Engine(target, config, None, eos_ids=set()), requests)
     engine = Engine(target, config, remote, eos_ids=set())
-    ids = [engine.add_request(Request(**r, num_draft=3)) for r in requests]
-    out = {i: [] for i in ids}
-    while engine.has_work():
-        for o in engine.step():
-            out[o.seq_id].extend(o.tokens)
-    assert list(out.values()) == list(plain.values())
+    drafted = run_engine(engine, [dict(r, num_draft=3) for r in requests])
+    assert list(drafted.values()) == list(plain.values())
     assert remote.prefetched > 0
     assert remote._fetching == {} and engine.kv.allocator.num_used == 0
 

@@ -47,6 +47,8 @@ CONTROL_SECONDS = "specd:speculation_control_seconds"  # verifier: in plan and o
 DRAFTER_RTT = "specd:drafter_round_trip_seconds"  # verifier histogram
 DRAFTER_FALLBACKS = "specd:drafter_fallbacks"  # verifier: rounds decoded with k = 0
 DRAFTER_PUSHED = "specd:drafter_pushed_rounds"  # verifier: drafted from a push, no round trip
+# verifier: drafted from a round asked as the step before ended (RemoteProposer.prefetch)
+DRAFTER_PREFETCHED = "specd:drafter_prefetched_rounds"
 DRAFTER_SESSIONS = "specd:drafter_sessions"  # drafter gauge
 DRAFTER_ROUNDS = "specd:drafter_rounds"  # drafter counter
 # the verifier's load under the names an inference gateway's endpoint picker scrapes from

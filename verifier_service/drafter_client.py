@@ -19,7 +19,13 @@ from opentelemetry import trace
 
 from protos.specd.v1 import drafter_pb2
 from specd.proposal import DraftState, Proposal
-from specd.telemetry import DRAFTER_FALLBACKS, DRAFTER_PUSHED, DRAFTER_RTT, inject_metadata
+from specd.telemetry import (
+    DRAFTER_FALLBACKS,
+    DRAFTER_PREFETCHED,
+    DRAFTER_PUSHED,
+    DRAFTER_RTT,
+    inject_metadata,
+)
 from specd.wire import constraint_to_proto, params_to_proto
 from specd.wire_proposals import proposal_from_proto
 from verifier_service.drafter_stream import DraftStream
@@ -67,7 +73,7 @@ class RemoteProposer:
         self._rounds = itertools.count(1)
         self.fallbacks = 0  # rounds that decoded with k = 0 because of the drafter
         self._lock = threading.RLock()  # the engine thread and load reports both connect
-        self._rtt = self._fallback_counter = self._pushed_counter = None
+        self._rtt = self._fallback_counter = self._pushed_counter = self._prefetched = None
         if telemetry is not None:
             self._rtt = telemetry.histogram(DRAFTER_RTT, "Draft round trip")
             self._fallback_counter = telemetry.counter(
@@ -75,6 +81,9 @@ class RemoteProposer:
             )
             self._pushed_counter = telemetry.counter(
                 DRAFTER_PUSHED, "Sequences' rounds drafted from the drafter's pushes, unasked"
+            )
+            self._prefetched = telemetry.counter(
+                DRAFTER_PREFETCHED, "Sequences' rounds drafted from a round asked the step before"
             )
 
     @property
@@ -176,6 +185,8 @@ class RemoteProposer:
                 answers[sent.round] = self._answer(sent)
             out[s.seq_id] = proposal_from_proto(answers[sent.round].get(s.seq_id), s.k)
             self.prefetched += 1
+            if self._prefetched is not None:
+                self._prefetched.inc()
         return out
 
     def _ask(self, states: list[DraftState]) -> list[Proposal]:

@@ -11,6 +11,7 @@ from drafter_service.server import DrafterServicer
 from specd.config import EngineConfig
 from specd.models.loader import load_model
 from specd.proposal import Proposal
+from specd.telemetry import DRAFTER_PREFETCHED, setup
 from tests.conftest import TEST_DEVICE, make_tiny_pair, run_engine
 from tests.unit.test_draft_push import CYCLE, connected, serve, state
 from verifier_service.engine import Engine
@@ -19,12 +20,14 @@ from verifier_service.engine import Engine
 @pytest.fixture
 def remote():
     """A RemoteProposer connected to a served lookup drafter that never pushes (so every
-    round after the first is asked, or prefetched); its asks counted in `asked`."""
+    round after the first is asked, or prefetched); its asks counted in `asked`, its
+    metrics in `telemetry`."""
     servicer = DrafterServicer(NgramProposer(), vocab_size=100)
     servicer.draft_ahead = False
     served = serve(servicer)
-    proposer = connected(next(served))
-    proposer.asked = []
+    telemetry = setup("verifier", metrics=True)
+    proposer = connected(next(served), telemetry)
+    proposer.telemetry, proposer.asked = telemetry, []
     ask = proposer._ask
     proposer._ask = lambda states: proposer.asked.append(len(states)) or ask(states)
     yield proposer
@@ -45,6 +48,8 @@ def test_a_prefetched_round_is_taken_without_asking(remote):
     remote.prefetch([state(tokens, 3)])
     [p] = remote.propose([state(tokens, 1)])
     assert p.tokens == ngram_propose(tokens, 1) and remote.asked == [1, 0, 0]
+    metrics = remote.telemetry.registry
+    assert metrics.get_sample_value(f"{DRAFTER_PREFETCHED}_total") == 2
 
 
 @pytest.mark.parametrize("later", ["more tokens", "more drafts"])

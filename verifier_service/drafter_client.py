@@ -182,7 +182,7 @@ class RemoteProposer:
             if follows != len(s.tokens) or k < s.k:
                 continue
             if sent.round not in answers:
-                answers[sent.round] = self._answer(sent)
+                answers[sent.round] = self._answer(sent, timed=False)
             out[s.seq_id] = proposal_from_proto(answers[sent.round].get(s.seq_id), s.k)
             self.prefetched += 1
             if self._prefetched is not None:
@@ -213,8 +213,9 @@ class RemoteProposer:
             return None
         return Sent(stream, request.round, waiter, time.perf_counter())
 
-    def _answer(self, sent: Sent) -> dict:
-        """A sent round's proposals by sequence ({} where it failed: no drafts)."""
+    def _answer(self, sent: Sent, timed: bool = True) -> dict:
+        """A sent round's proposals by sequence ({} where it failed: no drafts); `timed`:
+        its round trip observed (a prefetched one's also spans the engine's work)."""
         try:
             response = sent.stream.wait(sent.round, sent.waiter, self.timeout_s)
         except TimeoutError as exc:
@@ -226,7 +227,7 @@ class RemoteProposer:
                 self._drop()
             self._fell_back()
             return {}
-        if self._rtt is not None:
+        if timed and self._rtt is not None:
             self._rtt.observe(time.perf_counter() - sent.at)
         return {p.seq_id: p for p in response.proposals}
 

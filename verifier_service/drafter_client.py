@@ -152,6 +152,13 @@ class RemoteProposer:
         asked = iter(self._ask([s for s in states if s.seq_id not in taken]))
         return [taken[s.seq_id] if s.seq_id in taken else next(asked) for s in states]
 
+    @property
+    def prefetches(self) -> bool:
+        """Whether `prefetch` asks: it is on, and a lookup-only drafter's stream is up."""
+        stream = self._stream
+        up = stream is not None and stream.alive and stream.ready
+        return self.prefetching and up and stream.lookup_only
+
     def prefetch(self, states: list[DraftState]) -> None:
         """Ask now, without waiting, for these sequences' next rounds (their tokens just
         committed, k as this step's): the round trip runs while the engine ends its step
@@ -160,12 +167,10 @@ class RemoteProposer:
         lookup, as the drafter's handshake says): an answer the plan does not take wasted
         nothing, where a draft model's would hold the next round up behind it. A sequence
         whose push already holds its tokens is not asked."""
-        states = [s for s in states if not self._has_push(s)]
-        stream = self._stream
-        up = stream is not None and stream.alive and stream.ready
-        if not (self.prefetching and states and up and stream.lookup_only):
+        if not self.prefetches:
             return
-        sent = self._send(states)
+        states = [s for s in states if not self._has_push(s)]
+        sent = self._send(states) if states else None
         if sent is not None:
             for s in states:
                 self._fetching[s.seq_id] = (len(s.tokens), s.k, sent)

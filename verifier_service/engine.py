@@ -223,12 +223,11 @@ class Engine:
         drafted by a lookup and goes on, as soon as its tokens are committed
         (RemoteProposer.prefetch): the round trip then runs beside the rest of this step
         and the next one's plan."""
-        prefetch = getattr(self.proposer, "prefetch", None)
-        if prefetch is None:
+        if not getattr(self.proposer, "prefetches", False):  # checked first: every step
             return
         going = [draft_state(r.slot) for r in rounds if r.lookup and r.seq.finish_reason is None]
         if going:
-            prefetch(going)
+            self.proposer.prefetch(going)
 
     def _leaving_python(self) -> None:
         if self.before_forward is not None:

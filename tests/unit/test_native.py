@@ -1,5 +1,6 @@
 """Building and loading the native kernels (specd/models/native.py)."""
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -13,11 +14,16 @@ from specd.models import native
 def test_a_build_killed_midway_does_not_hang_the_next_start(cpu_kernels):
     # what torch's loader leaves when its process is killed while building: a `lock` file
     # it would wait on forever
-    stale = native._build_dir(native.cpu_isa()) / "lock"
+    build = native._build_dir(native.cpu_isa())
+    stale = build / "lock"
     stale.touch()
     code = "from specd.models.native import kernel; assert kernel() is not None"
     subprocess.run([sys.executable, "-c", code], timeout=240, check=True)
-    assert not stale.exists()
+    # read under the builds' flock: another worker's start, loading the build, holds a
+    # `lock` of its own (a live one) while it checks it
+    with open(build / "specd.flock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert not stale.exists()
 
 
 def test_the_build_tag_covers_the_headers_and_the_instruction_set():

@@ -2,7 +2,8 @@
 
 Sessions are keyed by (stream, seq_id), so several verifiers can connect at once; all of a
 stream's sessions close when it ends. The proposer runs on a worker thread, one round at a
-time (a lock), so the event loop keeps answering health checks.
+time (a lock), so the event loop keeps answering health checks; a proposer that runs no
+model (a lookup) runs on the event loop, where its rounds take microseconds.
 """
 
 from __future__ import annotations
@@ -49,9 +50,8 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         self.name = name  # told to each verifier in the handshake
         # between rounds, let the proposer continue as if all drafts were accepted (always
         # where that costs no model forward), and push that work to verifiers that ask
-        self.draft_ahead = (draft_ahead or getattr(proposer, "lookup_only", False)) and hasattr(
-            proposer, "draft_ahead"
-        )
+        self.lookup_only = bool(getattr(proposer, "lookup_only", False))
+        self.draft_ahead = (draft_ahead or self.lookup_only) and hasattr(proposer, "draft_ahead")
         self.vocab_size = vocab_size
         self.max_draft_tokens = max_draft_tokens
         self.sessions = Sessions(
@@ -80,7 +80,10 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                     await ahead
                     stop.clear()
                 push = push or (request.round == 0 and request.push_ahead)
-                await context.write(await on_model_thread("drafter", self._round, stream, request))
+                compiles = any(_opens_constraint(cmd) for cmd in request.commands)
+                await context.write(
+                    await self._call(self._round, stream, request, loop=not compiles)
+                )
                 if self.draft_ahead:
                     ahead = asyncio.ensure_future(
                         self._ahead(stream, request.round, stop, context if push else None)
@@ -89,7 +92,17 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             if ahead is not None:
                 stop.set()
                 await asyncio.gather(ahead, return_exceptions=True)
-            await on_model_thread("drafter", self._close_stream, stream)
+            await self._call(self._close_stream, stream)
+
+    async def _call(self, fn, *args, loop: bool = True):
+        """fn(*args) on the model thread; on the event loop instead where the proposer runs
+        no model and `loop` (nothing that may take long, such as compiling a grammar) and
+        no other work holds the sessions: a lookup's round takes microseconds, the hop to
+        the thread and back took ~0.1 ms of a 0.9 ms round trip (docs/benchmarks-log.md
+        section 106)."""
+        if loop and self.lookup_only and not self._lock.locked():
+            return fn(*args)
+        return await on_model_thread("drafter", fn, *args)
 
     async def _ahead(self, stream: int, after: int, stop: threading.Event, context) -> None:
         """Draft ahead until the next request: one round, or for a verifier that asked for
@@ -98,9 +111,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         asks anyway)."""
         try:
             for _ in range(AHEAD_ROUNDS if context is not None else 1):
-                made = await on_model_thread(
-                    "drafter", self._made_ahead, stream, after, stop.is_set
-                )
+                made = await self._call(self._made_ahead, stream, after, stop.is_set)
                 if not made.proposals or stop.is_set():
                     return
                 if context is not None:
@@ -132,7 +143,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             out = drafter_pb2.DraftResponse(round=request.round)
             if request.round == 0:
                 out.drafter = self.name
-                out.lookup_only = bool(getattr(self.proposer, "lookup_only", False))
+                out.lookup_only = self.lookup_only
             for step in steps:
                 msg = out.proposals.add(seq_id=step.seq_id, error=step.problem)
                 if step.state is None:
@@ -153,6 +164,10 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
     def _close_stream(self, stream: int) -> None:
         with self._lock:
             self.sessions.close_stream(stream)
+
+
+def _opens_constraint(cmd) -> bool:
+    return cmd.WhichOneof("command") == "open" and cmd.open.HasField("constraint")
 
 
 def build_proposer(config):

@@ -10,6 +10,7 @@ import threading
 import time
 from dataclasses import replace
 
+import grpc
 import pytest
 
 from drafter_service.combined import CombinedProposer
@@ -17,8 +18,9 @@ from drafter_service.draft_model import DraftModelProposer
 from drafter_service.ngram import NgramProposer, ngram_propose
 from drafter_service.server import AHEAD_ROUNDS, DrafterServicer
 from drafter_service.suffix import SuffixProposer
-from protos.specd.v1 import drafter_pb2, drafter_pb2_grpc
+from protos.specd.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 from specd.config import EngineConfig
+from specd.model_thread import model_thread
 from specd.models.loader import load_model
 from specd.params import SamplingParams
 from specd.proposal import DraftState, Proposal
@@ -236,3 +238,51 @@ def test_pushed_drafts_keep_the_targets_greedy_output(tmp_path_factory):
     finally:
         remote.shutdown()
         next(served, None)
+
+
+def _round(seq_id: int, tokens: list[int], k: int, constraint=None) -> drafter_pb2.DraftRequest:
+    """A first round: open the sequence at `tokens` and draft k."""
+    request = drafter_pb2.DraftRequest(round=0)
+    cmd = request.commands.add(seq_id=seq_id)
+    cmd.open.token_ids.extend(tokens)
+    if constraint is not None:
+        cmd.open.constraint.CopyFrom(constraint)
+    request.commands.add(seq_id=seq_id).step.k = k
+    return request
+
+
+@pytest.fixture
+def busy_model_thread():
+    """The drafter's model thread held by other work until the test lets it go."""
+    release = threading.Event()
+    held = model_thread("drafter").submit(release.wait, 30)
+    yield release
+    release.set()
+    held.result(10)
+
+
+def test_a_lookups_round_is_answered_while_the_model_thread_is_busy(drafter, busy_model_thread):
+    """A lookup runs no model: its round is answered on the event loop, without the hop to
+    the model thread and back."""
+    address, _ = drafter
+    with grpc.insecure_channel(address) as channel:
+        replies = drafter_pb2_grpc.DrafterStub(channel).Draft(
+            iter([_round(1, CYCLE + CYCLE[:3], 2)]), timeout=10
+        )
+        first = next(replies)  # DEADLINE_EXCEEDED if it waited for the thread
+        assert list(first.proposals[0].tokens) == [14, 15] and first.lookup_only
+
+
+def test_a_round_that_compiles_a_constraint_waits_for_the_model_thread(drafter, busy_model_thread):
+    """Compiling a grammar may take long: that round runs on the model thread, not on the
+    event loop that answers health checks."""
+    address, _ = drafter
+    with grpc.insecure_channel(address) as channel:
+        request = _round(1, CYCLE + CYCLE[:3], 2, common_pb2.Constraint(json_object=True))
+        replies = drafter_pb2_grpc.DrafterStub(channel).Draft(iter([request]), timeout=10)
+        answered = threading.Event()
+        reader = threading.Thread(target=lambda: next(replies) and answered.set(), daemon=True)
+        reader.start()
+        assert not answered.wait(0.5)
+        busy_model_thread.set()
+        assert answered.wait(10)

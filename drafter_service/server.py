@@ -96,10 +96,9 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
 
     async def _call(self, fn, *args, loop: bool = True):
         """fn(*args) on the model thread; on the event loop instead where the proposer runs
-        no model and `loop` (nothing that may take long, such as compiling a grammar) and
-        no other work holds the sessions: a lookup's round takes microseconds, the hop to
-        the thread and back took ~0.1 ms of a 0.9 ms round trip (docs/benchmarks-log.md
-        section 106)."""
+        no model, `loop` (nothing that may take long, such as compiling a grammar) and no
+        other work holds the sessions: a lookup's round takes less than the hop to the
+        thread and back."""
         if loop and self.lookup_only and not self._lock.locked():
             return fn(*args)
         return await on_model_thread("drafter", fn, *args)

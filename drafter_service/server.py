@@ -80,10 +80,9 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                     await ahead
                     stop.clear()
                 push = push or (request.round == 0 and request.push_ahead)
-                compiles = any(_opens_constraint(cmd) for cmd in request.commands)
-                await context.write(
-                    await self._call(self._round, stream, request, loop=not compiles)
-                )
+                # a lookup's round runs on the event loop unless it opens a grammar to compile
+                loop = self.lookup_only and not any(map(_opens_constraint, request.commands))
+                await context.write(await self._call(self._round, stream, request, loop=loop))
                 if self.draft_ahead:
                     ahead = asyncio.ensure_future(
                         self._ahead(stream, request.round, stop, context if push else None)

@@ -66,6 +66,10 @@ class SpeculationConfig:
     # the share of each step's predicted time that episodes and probes earn to spend
     explore_share: float = 0.015
     explore_cap_s: float = 1.0  # the most seconds episodes and probes may have to spend
+    # the most steps' worth (of the step planned) episodes and probes may have to spend:
+    # on a device whose steps take milliseconds, a second is hundreds of steps, spent
+    # probing at every start
+    explore_cap_steps: int = 64
 
     # -- step costs (verifier_service/speculation/costs.py; log sections 44, 51-60) ----------
     curve_weight: float = 0.3  # EMA weight (0-1) of the part curves: forward, round, switch
@@ -83,5 +87,5 @@ class SpeculationConfig:
         for name in shares + ("route_fade", "explore_window", "step_weight"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.probe_every <= 0 or self.horizon <= 0:
-            raise ValueError("probe_every and horizon must be positive")
+        if self.probe_every <= 0 or self.horizon <= 0 or self.explore_cap_steps <= 0:
+            raise ValueError("probe_every, horizon and explore_cap_steps must be positive")

@@ -242,10 +242,12 @@ def test_nothing_explores_in_a_dip():
     assert any(c.plan(caught_up).ks != arm for _ in range(8))
 
 
-def run_batch(c: Controller, accept, true_s, switch_s, steps: int, probe_every: int = 0):
-    """`steps` decode steps of a batch of 8 that never changes; each is recorded at its
-    true cost plus what its switches cost. -> seconds spent beyond plain decoding."""
-    behind, lost = [100] * 8, 0.0
+def run_batch(
+    c: Controller, accept, true_s, switch_s, steps: int, probe_every: int = 0, batch: int = 8
+):
+    """`steps` decode steps of a batch of `batch` that never changes; each is recorded at
+    its true cost plus what its switches cost. -> seconds spent beyond plain decoding."""
+    behind, lost = [100] * batch, 0.0
     for step in range(steps):
         due = bool(probe_every) and step % probe_every == probe_every - 1
         plan = c.plan([Candidate(3, accept, due, 0.5, b, 64) for b in behind])
@@ -254,7 +256,7 @@ def run_batch(c: Controller, accept, true_s, switch_s, steps: int, probe_every: 
         seconds = true_s(max(plan.ks)) + (switch_s if catch_up else 0.0)
         c.costs.record_step(plan.ks, seconds, catch_up, stopping)
         tokens = sum(expected_tokens(accept, k) for k in plan.ks)
-        lost += seconds - tokens * true_s(0) / 8  # over plain, for the same tokens
+        lost += seconds - tokens * true_s(0) / batch  # over plain, for the same tokens
         behind = [0 if k else b + 1 for b, k in zip(behind, plan.ks, strict=True)]
     return lost
 
@@ -312,6 +314,22 @@ def test_probes_behind_a_big_batch_are_paid_from_the_same_budget():
     lost = run_batch(c, [0.3], true_s, 0.4, steps, probe_every=16)
     assert lost <= 1.2 * c.config.explore_share * steps * true_s(0) + c.config.explore_cap_s
     assert lost > 0  # some probes still ran: a route off for acceptance still recovers
+
+
+def test_the_budget_holds_a_seconds_worth_or_its_steps_worth_whichever_is_less():
+    # on a device whose steps take 3 ms a second is ~330 steps, all of them spent in
+    # probes and episodes at every start; on the CPU's 0.116 s steps the second binds
+    def budget(step_s: float, batch: int) -> float:
+        c = Controller()
+        c.costs.record_step([0] * batch, step_s)
+        c.costs.record_forward(batch, step_s)
+        for _ in range(4):  # under the route's floor: the plain arm is planned
+            c.plan([Candidate(3, [0.3], floor=0.5)] * batch)
+        return c.budget_s
+
+    cfg = SpeculationConfig()
+    assert budget(0.003, 1) == pytest.approx(cfg.explore_cap_steps * 0.003)
+    assert budget(0.116, 8) == pytest.approx(cfg.explore_cap_s)
 
 
 def test_a_fresh_route_under_break_even_at_the_prior_still_measures_itself():

@@ -189,8 +189,9 @@ class Controller:
         arms = self._arms(candidates, fixed)
         rates = [a.rate for a in arms]
         arm = _best(rates)
-        earned = cfg.explore_share * arms[arm].step_s
-        self.budget_s = min(cfg.explore_cap_s, self.budget_s + earned)
+        step_s = arms[arm].step_s
+        cap = min(cfg.explore_cap_s, cfg.explore_cap_steps * step_s)
+        self.budget_s = min(cap, self.budget_s + cfg.explore_share * step_s)
         if not dip:
             arm = self._explore(sequences, candidates, arms, arm)
         ks = [min(arm, c.cap) for c in candidates]

@@ -193,7 +193,8 @@ def compare(
         data = {"vocab": vocab, "recorded": [[list(p), out] for p, out in recorded.items()]}
         (work / "recorded.json").write_text(json.dumps(data))
         policy = work / "policy.yaml"
-        policy.write_text(f'default: {{speculation: "on", num_draft_tokens: {k}}}\n')
+        # `auto` by default: a request's "on" and "off" override it (router/decide.py)
+        policy.write_text(f'default: {{speculation: "auto", num_draft_tokens: {k}}}\n')
         tokenizer = write_tokenizer(work / "tokenizer", vocab)
         router = [sys.executable, "-m", "launcher", "serve", "router"]
         router += ["--tokenizer", str(tokenizer), "--policy-file", str(policy)]
@@ -231,12 +232,16 @@ def compare(
 
 
 def _through(address: str, routed: str, prompts, new: int, k: int) -> dict:
-    """Each prompt through a verifier and through its router, speculation off and on."""
+    """Each prompt through a verifier and through its router, speculation off and on, and
+    `auto` through the router (the verifier's control deciding every step, on the prices
+    and acceptance it learned in the passes before)."""
     generate(address, prompts[:1], 8, k)  # warm
     _warm_routed(routed, prompts[:1])
     off, on = generate(address, prompts, new, 0), generate(address, prompts, new, k)
     r_off = generate_routed(routed, prompts, new, "off")
     r_on = generate_routed(routed, prompts, new, "on")
+    r_auto = generate_routed(routed, prompts, new, "auto")
+    better = max(r_on["tok_per_s"], r_off["tok_per_s"])
     return {
         "off_tok_per_s": off["tok_per_s"],
         "on_tok_per_s": on["tok_per_s"],
@@ -246,6 +251,9 @@ def _through(address: str, routed: str, prompts, new: int, k: int) -> dict:
         "router_on_tok_per_s": r_on["tok_per_s"],
         "router_on_vs_off": round(r_on["tok_per_s"] / r_off["tok_per_s"], 3),
         "router_identical": r_on["outputs"] == r_off["outputs"] == off["outputs"],
+        "router_auto_tok_per_s": r_auto["tok_per_s"],
+        "router_auto_vs_better_of_on_off": round(r_auto["tok_per_s"] / better, 3),
+        "router_auto_identical": r_auto["outputs"] == off["outputs"],
     }
 
 

@@ -242,12 +242,10 @@ def test_nothing_explores_in_a_dip():
     assert any(c.plan(caught_up).ks != arm for _ in range(8))
 
 
-def run_batch(
-    c: Controller, accept, true_s, switch_s, steps: int, probe_every: int = 0, batch: int = 8
-):
-    """`steps` decode steps of a batch of `batch` that never changes; each is recorded at
-    its true cost plus what its switches cost. -> seconds spent beyond plain decoding."""
-    behind, lost = [100] * batch, 0.0
+def run_batch(c: Controller, accept, true_s, switch_s, steps: int, probe_every: int = 0):
+    """`steps` decode steps of a batch of 8 that never changes; each is recorded at its
+    true cost plus what its switches cost. -> seconds spent beyond plain decoding."""
+    behind, lost = [100] * 8, 0.0
     for step in range(steps):
         due = bool(probe_every) and step % probe_every == probe_every - 1
         plan = c.plan([Candidate(3, accept, due, 0.5, b, 64) for b in behind])
@@ -256,7 +254,7 @@ def run_batch(
         seconds = true_s(max(plan.ks)) + (switch_s if catch_up else 0.0)
         c.costs.record_step(plan.ks, seconds, catch_up, stopping)
         tokens = sum(expected_tokens(accept, k) for k in plan.ks)
-        lost += seconds - tokens * true_s(0) / batch  # over plain, for the same tokens
+        lost += seconds - tokens * true_s(0) / 8  # over plain, for the same tokens
         behind = [0 if k else b + 1 for b, k in zip(behind, plan.ks, strict=True)]
     return lost
 

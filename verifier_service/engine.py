@@ -9,8 +9,10 @@ One step, each phase handing the next what it made and nothing going back:
   -> verify (verify.py: a Verdict per sequence)
   -> commit (KV kept up to the accepted drafts; tokens and stop checks on the Sequence)
   -> observe (speculation: what the step did, through its `observe` door).
-The records they hand on are in records.py. The engine is synchronous; frontend.py runs
-its steps for asyncio callers.
+The records they hand on are in records.py. On a device whose forward returns queued (a
+GPU's), the two speculation doors run while it computes: observe for the step before, and
+the next step's plan ahead (`_while_computing`). The engine is synchronous; frontend.py
+runs its steps for asyncio callers.
 """
 
 from __future__ import annotations
@@ -99,6 +101,7 @@ class Engine:
         self.scheduler = Scheduler(self.kv.allocator, self.config, chunk_invariant(model))
         self.speculation = SpeculationControl(self.config)
         self.observed = self.speculation.observe(StepReport())  # what it has learned
+        self._unobserved: StepReport | None = None  # a queued device's last step, to learn
         # seconds since start in steps, and in the speculation control's two doors: Python
         # between the steps, whose share grows as a faster device shortens them
         self.step_s, self.control_s = 0.0, 0.0
@@ -204,6 +207,8 @@ class Engine:
         logits = self._forward(rounds)
         if self.model.queued and not catching_up:
             self._leaving_python()
+        if self.model.queued:
+            self._while_computing(plan)
         self.model.synchronize()
         t2 = time.perf_counter()
         sampling = [r for r in rounds if r.num_logits > 0]
@@ -213,10 +218,30 @@ class Engine:
         self._prefetch(rounds)
         t3 = time.perf_counter()
         report = StepReport(tuple(reports), t1 - t0, t2 - t1, t3 - t0)
-        self.observed = self.speculation.observe(report)
+        if self.model.queued and self.scheduler.has_work():  # learned while the next computes
+            self._unobserved = report
+        else:
+            self.observed = self.speculation.observe(report)
         self.step_s += report.step_s
         self.control_s += time.perf_counter() - t3
         return [out for out in outputs if out is not None]
+
+    def _while_computing(self, plan: tuple[Slot, ...]) -> None:
+        """A queued device's step computes: meanwhile the speculation control learns the
+        step before it and plans the one after it, as this step's decoding sequences
+        should then stand (those its tokens cannot finish, in order; the batch without
+        those they will). The step's Python then has neither door to wait for."""
+        t0 = time.perf_counter()
+        if self._unobserved is not None:
+            self.observed = self.speculation.observe(self._unobserved)
+            self._unobserved = None
+        decoding = [s for s in plan if s.decode]
+        going = [s for s in decoding if s.seq.max_new_tokens - s.seq.num_generated > 1]
+        ready = tuple(SeqView.of(s.seq).after(s.k) for s in going)
+        batch = self.scheduler.batch - (len(decoding) - len(going))
+        used = self.kv.allocator.utilization()
+        self.speculation.plan_ahead(StepView(ready, batch, used))
+        self.control_s += time.perf_counter() - t0
 
     def _prefetch(self, rounds: list[Round]) -> None:
         """A remote n-gram drafter is asked for the next round of each sequence that

@@ -7,7 +7,7 @@ scheduler no speculation control)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -104,6 +104,19 @@ class SeqView:
             seq.seq_id, seq.speculation, seq.num_draft, remaining, seq.off_steps,
             seq.drafter_behind,
         )  # fmt: skip
+
+    def after(self, k: int) -> SeqView:
+        """This view one decode step on, the step having run k drafts, as planned ahead
+        (SpeculationControl.plan_ahead): a token fewer left (at least one comes), and the
+        steps off and the drafter's lag as `Sequence.decided` and `.drafter_behind` move
+        them: a drafting round catches the drafter up, a plain step puts it one more
+        behind (two after a round: the token decoded and the one it will feed)."""
+        if k:
+            return replace(self, remaining=self.remaining - 1, off_steps=0, behind=0)
+        behind = self.behind + 1 if self.behind else 2
+        return replace(
+            self, remaining=self.remaining - 1, off_steps=self.off_steps + 1, behind=behind
+        )
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from verifier_service.records import (
     Decision,
     Observed,
     RoundReport,
+    SeqView,
     StepPlan,
     StepReport,
     StepView,
@@ -38,11 +39,34 @@ class SpeculationControl:
         self.controller = Controller(self.tuned, config.cost_model, clock)
         self._batch_history: deque[tuple[float, int]] = deque()
         self._rates: dict[str, float] | None = None  # accepted / drafted by route, as observed
+        # the next step planned ahead: (the view it expects, its plan, the controller's
+        # planning state before it), and how many plans were taken from there
+        self._ahead: tuple[StepView, StepPlan, tuple] | None = None
+        self.planned_ahead = 0
 
     # -- the doors -----------------------------------------------------------------------------
     def plan(self, view: StepView) -> StepPlan:
+        """The step's plan: the one planned ahead where `view` is the view it expected, else
+        planned now (what planning ahead spent, the exploring and probing budget, given
+        back first)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            expected, plan, state = ahead
+            if _as_expected(expected, view):
+                self.planned_ahead += 1
+                return plan
+            self.controller.restore(state)
         decisions = self._decide(view)
         return StepPlan(tuple(decisions), self._leaves(decisions))
+
+    def plan_ahead(self, view: StepView) -> None:
+        """The plan door a step early: on a device whose forward returns queued (a GPU's),
+        the next step is planned while this one computes, from the view this step should
+        leave (`SeqView.after`), so that the next `plan` costs nothing where it does. What
+        it reads of the learned state is then a step older, as what it plans is."""
+        state = self.controller.state()
+        decisions = self._decide(view)
+        self._ahead = (view, StepPlan(tuple(decisions), self._leaves(decisions)), state)
 
     def observe(self, report: StepReport) -> Observed:
         learned = [r for r in report.rounds if r.accepted is not None]
@@ -63,7 +87,7 @@ class SpeculationControl:
         decided: dict[int, Decision] = {}
         candidates: dict[int, Candidate] = {}
         for i, seq in enumerate(view.ready):
-            bounds, k = seq.bounds, max(0, min(seq.asked, seq.remaining - 1))
+            bounds, k = seq.bounds, _most(seq)
             if not k:
                 decided[i] = Decision(0, "off:request", 1.0)
             elif bounds.draft_below_batch and recent >= bounds.draft_below_batch:
@@ -146,6 +170,30 @@ class SpeculationControl:
         if shape is not None:
             ks, stopping = shape
             costs.record_step(ks, report.step_s, catch_up, stopping, rows, report.forward_s)
+
+
+def _most(seq: SeqView) -> int:
+    """The most drafts a sequence may verify: what it asked, within its tokens left (the
+    token after the last draft is always sampled)."""
+    return max(0, min(seq.asked, seq.remaining - 1))
+
+
+def _as_expected(expected: StepView, view: StepView) -> bool:
+    """Whether a step planned ahead is this one: the same sequences in the same order and
+    batch, each with the bounds, k, steps off and drafter's lag expected, and on the same
+    side of its KV and tokens-left bounds. Tokens left and what was learned may move a
+    step's worth; anything else is a step not planned for."""
+    if expected.batch != view.batch or len(expected.ready) != len(view.ready):
+        return False
+    for e, v in zip(expected.ready, view.ready, strict=True):
+        if (e.seq_id, e.asked, e.off_steps, e.behind, _most(e)) != (
+            v.seq_id, v.asked, v.off_steps, v.behind, _most(v)
+        ):  # fmt: skip
+            return False
+        kv = e.bounds.max_kv_utilization
+        if e.bounds != v.bounds or (expected.kv_used > kv) != (view.kv_used > kv):
+            return False
+    return True
 
 
 def free_rows(forward: CostCurve, rows: int, extra: int, leaf_cost: float) -> int:

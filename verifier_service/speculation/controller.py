@@ -114,6 +114,14 @@ class Controller:
             goes_on.record(k - 1, came - 1)
             goes_on.limit(self.config.route_long_rounds)
 
+    def state(self) -> tuple:
+        """What planning changes (the budget, the exploring episode and its count), for
+        `restore`: a plan made ahead and not used gives it back."""
+        return self.budget_s, self._exploring, self._since_explore, dict(self._episodes)
+
+    def restore(self, state: tuple) -> None:
+        self.budget_s, self._exploring, self._since_explore, self._episodes = state
+
     def plan(
         self, candidates: list[Candidate], fixed: Fixed = NOTHING_FIXED, dip: bool = False
     ) -> Plan:

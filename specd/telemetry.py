@@ -43,7 +43,7 @@ WAITING = "specd:num_requests_waiting"  # verifier gauge
 PREFIX_QUERIES = "specd:prefix_cache_queries"  # verifier: prompt tokens looked up, since start
 PREFIX_HITS = "specd:prefix_cache_hits"  # verifier: of which found cached
 STEP_SECONDS = "specd:engine_step_seconds"  # verifier: seconds in steps, since start
-CONTROL_SECONDS = "specd:speculation_control_seconds"  # verifier: in plan and observe, since start
+CONTROL_SECONDS = "specd:speculation_control_seconds"  # verifier: steps waiting on plan/observe
 DRAFTER_RTT = "specd:drafter_round_trip_seconds"  # verifier histogram
 DRAFTER_FALLBACKS = "specd:drafter_fallbacks"  # verifier: rounds decoded with k = 0
 DRAFTER_PUSHED = "specd:drafter_pushed_rounds"  # verifier: drafted from a push, no round trip

@@ -62,7 +62,9 @@ class EngineLoad:
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache, since start
     prefix_hits: int = 0  # of which found there (their K/V not computed again)
     step_seconds: float = 0.0  # running steps, since start
-    control_seconds: float = 0.0  # in the speculation control's plan and observe, since start
+    # in the speculation control's plan and observe where the step waits for them (not
+    # while a queued device computes), since start
+    control_seconds: float = 0.0
 
     @property
     def kv_utilization(self) -> float:
@@ -102,8 +104,9 @@ class Engine:
         self.speculation = SpeculationControl(self.config)
         self.observed = self.speculation.observe(StepReport())  # what it has learned
         self._unobserved: StepReport | None = None  # a queued device's last step, to learn
-        # seconds since start in steps, and in the speculation control's two doors: Python
-        # between the steps, whose share grows as a faster device shortens them
+        # seconds since start in steps, and in the speculation control's two doors where
+        # the step waits for them: Python between the steps, whose share grows as a faster
+        # device shortens them
         self.step_s, self.control_s = 0.0, 0.0
         self.proposer = proposer
         self.eos_ids = frozenset(eos_ids or ())
@@ -230,8 +233,8 @@ class Engine:
         """A queued device's step computes: meanwhile the speculation control learns the
         step before it and plans the one after it, as this step's decoding sequences
         should then stand (those its tokens cannot finish, in order; the batch without
-        those they will). The step's Python then has neither door to wait for."""
-        t0 = time.perf_counter()
+        those they will). The step's Python then has neither door to wait for (and
+        `control_s` counts neither)."""
         if self._unobserved is not None:
             self.observed = self.speculation.observe(self._unobserved)
             self._unobserved = None
@@ -241,7 +244,6 @@ class Engine:
         batch = self.scheduler.batch - (len(decoding) - len(going))
         used = self.kv.allocator.utilization()
         self.speculation.plan_ahead(StepView(ready, batch, used))
-        self.control_s += time.perf_counter() - t0
 
     def _prefetch(self, rounds: list[Round]) -> None:
         """A remote n-gram drafter is asked for the next round of each sequence that

@@ -65,6 +65,18 @@ def test_sequences_near_their_end_are_not_explored():
     assert explored(9) != explored(64)
 
 
+def test_a_k_whose_episode_measured_nothing_is_not_explored_again_for_it():
+    """Steps whose drafts were all lookups price no whole step (a lookup's round is no draft
+    model's): an episode there leaves its k unmeasured. Such a k is tried once at a batch
+    size, and after that explored only where it is predicted near the best."""
+    c = Controller(SpeculationConfig(explore_every=4, explore_steps=1, explore_cap_s=100))
+    c.costs.record_forward(1, 0.003)  # the forward flat in rows, as on a GPU
+    c.costs.record_forward(5, 0.003)
+    ks = collections.Counter(c.plan([Candidate(4, [0.8])]).ks[0] for _ in range(400))
+    assert ks[4] >= 390
+    assert ks[1] == 1 and ks[2] <= 1 and ks[3] <= 1
+
+
 def measured(step_s: dict) -> Controller:
     c = Controller(SpeculationConfig(explore_every=0))
     for (sequences, k), seconds in step_s.items():

@@ -209,8 +209,8 @@ class Controller:
         self, sequences: int, candidates: list[Candidate], arms: list[Arm], arm: int
     ) -> int:
         """`arm`, or the k of an exploring episode: the least measured k at this batch
-        size among those predicted within `_explore_floor` of the best or that no measured
-        step at this batch size prices (a guess too pessimistic would otherwise never be
+        size among those predicted within `_explore_floor` of the best or never measured
+        nor tried there (`_untried`: a guess too pessimistic would otherwise never be
         tried), once the budget pays for what the episode is predicted to lose against
         `arm`. Not near the sequences' ends: no steps are left to use what it finds."""
         cfg, steps = self.config, self.costs.steps
@@ -231,7 +231,7 @@ class Controller:
             k
             for k, a in enumerate(arms)
             if k != arm
-            and (steps(sequences, k) is None or a.rate >= self._explore_floor(sequences, k) * best)
+            and (self._untried(sequences, k) or a.rate >= self._explore_floor(sequences, k) * best)
         ]
         if not near:
             return arm
@@ -244,6 +244,12 @@ class Controller:
         if cfg.explore_steps > 1:
             self._exploring = (sequences, k, cfg.explore_steps - 1)
         return k
+
+    def _untried(self, sequences: int, k: int) -> bool:
+        """Whether no measured step prices k at this batch size and no episode has tried
+        it: an episode whose steps measure nothing (a lookup's drafts price no step) is not
+        run again for that."""
+        return self.costs.steps(sequences, k) is None and not self._episodes.get((sequences, k))
 
     def _explore_floor(self, sequences: int, k: int) -> float:
         """The share of the best predicted rate that k must reach to be explored at this

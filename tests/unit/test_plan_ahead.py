@@ -5,6 +5,7 @@ the budget given back, where it is not; and in the engine, the tokens every requ
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 
@@ -162,3 +163,45 @@ def test_a_queued_devices_steps_are_planned_ahead_give_the_same_tokens_and_learn
     assert engine.speculation.planned_ahead >= 0.75 * decoding
     accepted = engine.acceptance_by_route()[AUTO.route]
     assert accepted == pytest.approx(engine.totals.accepted / engine.totals.drafted, rel=1e-6)
+
+
+def test_a_queued_device_with_requests_arriving_under_kv_pressure_keeps_every_output(
+    tiny_pair, monkeypatch
+):
+    """Steps not planned for, on a queued device: requests arrive between steps, finish
+    at random lengths, run `auto`, fixed k or plain, and a small KV pool preempts. Every
+    greedy output is plain decoding's, and every block is free at the end."""
+    rnd = random.Random(3)
+    reqs = []
+    for _ in range(10):
+        mode = rnd.choice(["auto", "on", "off"])
+        reqs.append(
+            dict(
+                prompt=[rnd.randrange(1, 96) for _ in range(rnd.randint(3, 14))],
+                max_new_tokens=rnd.randint(2, 40),
+                num_draft=0 if mode == "off" else rnd.randint(1, 4),
+                speculation=AUTO if mode == "auto" else SpeculationBounds(),
+            )
+        )
+    want = run_engine(_engine(tiny_pair, False, monkeypatch), [dict(r, num_draft=0) for r in reqs])
+    target, draft = tiny_pair
+    engine = Engine(
+        target,
+        EngineConfig(num_blocks=24, block_size=4, max_batch_size=4),
+        DraftModelProposer(draft, num_blocks=128, block_size=4),
+        eos_ids=set(),
+    )
+    monkeypatch.setattr(engine.model, "queued", True)
+    monkeypatch.setattr(engine.model, "synchronize", lambda: None)
+    ids, got, waiting = [], {}, list(reqs)
+    for _ in range(2000):
+        if waiting and (not ids or rnd.random() < 0.3):
+            ids.append(engine.add_request(Request(**waiting.pop(0))))
+            got[ids[-1]] = []
+        if not (waiting or engine.has_work()):
+            break
+        for out in engine.step():
+            got[out.seq_id].extend(out.tokens)
+    assert [got[i] for i in ids] == list(want.values())
+    assert engine.speculation.planned_ahead > 0
+    assert engine.kv.allocator.num_used == 0 and engine.proposer.kv.allocator.num_used == 0

@@ -17,6 +17,8 @@ from verifier_service.request import Request, SpeculationBounds
 from verifier_service.scheduler import Scheduler
 from verifier_service.sequence import Sequence
 from verifier_service.speculation import SpeculationControl
+from verifier_service.speculation.control import free_rows
+from verifier_service.speculation.costs import CostCurve
 
 BLOCK = 4
 
@@ -176,6 +178,26 @@ def test_a_chain_shorter_than_every_forward_measured_takes_no_leaves_and_measure
     seqs = [_seq(i, num_draft=1) for i in range(4)]
     _decoding(sched, *seqs)
     assert [s.alts for s in sched.schedule()] == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize(
+    "forward_ms,leaves",
+    [
+        # a Zen 4 host's forward as measured at c = 1 (section 110): ~3 ms a row on ~40 ms,
+        # with 5 rows read cheaper than 4. Neither chain takes a leaf: the dip read alone
+        # gave k = 3's chain of 4 its two leaves and k = 2's chain of 3 none
+        ({2: 32.4, 3: 30.0, 4: 42.1, 5: 38.7, 6: 43.4, 7: 46.8}, (0, 0)),
+        # rows flat within their noise (AMX, a GPU): both chains take every leaf
+        ({2: 30.0, 3: 31.0, 4: 29.5, 5: 30.5, 6: 30.2, 7: 30.8}, (2, 3)),
+    ],
+)
+def test_a_noisy_forward_gives_chains_of_neighbouring_k_the_same_leaves(forward_ms, leaves):
+    """One sequence at k = 2 (3 rows, room for 2 leaves) and at k = 3 (4 rows, 3)."""
+    forward = CostCurve(median=True)
+    for rows, ms in forward_ms.items():
+        for _ in range(4):
+            forward.record(rows, ms / 1e3)
+    assert (free_rows(forward, 3, 2, 0.03), free_rows(forward, 4, 3, 0.03)) == leaves
 
 
 def test_without_the_cost_model_the_leaves_fill_the_tree_room_whatever_rows_cost():

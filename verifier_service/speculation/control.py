@@ -199,20 +199,25 @@ def _as_expected(expected: StepView, view: StepView) -> bool:
 def free_rows(forward: CostCurve, rows: int, extra: int, leaf_cost: float) -> int:
     """How many of `extra` leaf rows beside `rows` are worth their cost. A leaf yields a
     token only where its draft is rejected and it is not: ~1.6% more tokens a round per leaf
-    on code, 5% on chat, so a leaf may add `leaf_cost` of the forward, no more. Where rows
-    are flat (a GPU, AMX) every leaf passes; on an AVX2 CPU a row costs ~0.38 of a one-row
-    step. `forward` is a drafting step's forward by rows (StepCosts.forward), every size
-    held at one pace: two sizes learned while the machine ran at different speeds must
-    not price a leaf (a slow spell's chain beside a fast one's leaves reads them free).
-    Nothing measured, every leaf is taken, and the first such forward measures what they
-    cost; a chain shorter than every size measured takes none, and measures itself."""
+    on code, 5% on chat, so a leaf may add `leaf_cost` of the forward, no more. What a row
+    adds is the slope of the least-squares line through the measured sizes up to the
+    leaves' (one size's price is as noisy as what a leaf is worth, and a dip read there
+    would give one k its leaves and not the next: docs/benchmarks-log.md section 110).
+    Where rows are flat (a GPU, AMX) every leaf passes; on an AVX2 CPU a row costs ~0.38
+    of a one-row step. `forward` is a drafting step's forward by rows (StepCosts.forward),
+    every size held at one pace: two sizes learned while the machine ran at different
+    speeds must not price a leaf. Nothing measured, or one size alone up to the leaves'
+    rows, every leaf is taken, and the forward measures what they cost; a chain shorter
+    than every size measured takes none, and measures itself."""
     smallest = forward.smallest
     if smallest is None:
         return extra
     if rows < smallest:
         return 0
-    base = forward(rows)
-    while extra and forward(rows + extra) > base * (1 + leaf_cost * extra):
+    while extra:
+        mx, my, slope = forward.line(rows + extra)
+        if slope <= leaf_cost * (my + slope * (rows - mx)):
+            break
         extra -= 1
     return extra
 

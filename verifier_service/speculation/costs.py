@@ -102,6 +102,24 @@ class CostCurve:
     def measured(self) -> dict[int, float]:
         return dict(self._by_size)
 
+    def line(self, upto: int | None = None) -> tuple[float, float, float]:
+        """The least-squares line through the measured sizes, each weighing its samples
+        (with `upto`, those up to the first measured at or past it): (mean size, mean
+        seconds, seconds per size, never below 0); flat through one size, (0, 0, 0)
+        through none."""
+        i = len(self._sizes) if upto is None else bisect_left(self._sizes, upto) + 1
+        points = {x: self._by_size[x] for x in self._sizes[:i]}
+        w = {x: self._counts[x] for x in points}
+        total = sum(w.values())
+        if not total:
+            return 0.0, 0.0, 0.0
+        mx = sum(w[x] * x for x in points) / total
+        my = sum(w[x] * y for x, y in points.items()) / total
+        var = sum(w[x] * (x - mx) ** 2 for x in points)
+        if var <= 0:
+            return mx, my, 0.0
+        return mx, my, max(0.0, sum(w[x] * (x - mx) * (y - my) for x, y in points.items()) / var)
+
 
 class StepCosts:
     """Seconds per whole decode step by (sequences in the step, most drafts that came for
@@ -327,12 +345,7 @@ def _affine(curve: CostCurve, k: int) -> float | None:
         return None
     if len(points) < 2:
         return points[k]
-    w = {x: curve.samples(x) for x in points}
-    total = sum(w.values())
-    mx = sum(w[x] * x for x in points) / total
-    my = sum(w[x] * y for x, y in points.items()) / total
-    var = sum(w[x] * (x - mx) ** 2 for x in points)
-    slope = max(0.0, sum(w[x] * (x - mx) * (y - my) for x, y in points.items()) / var)
+    mx, my, slope = curve.line()
     return my + slope * (k - mx)
 
 

@@ -183,7 +183,7 @@ def test_a_chain_shorter_than_every_forward_measured_takes_no_leaves_and_measure
 @pytest.mark.parametrize(
     "forward_ms,leaves",
     [
-        # a Zen 4 host's forward as measured at c = 1 (section 110): ~3 ms a row on ~40 ms,
+        # a Zen 4 host's forward as measured in-process at c = 1 (section 109): ~3 ms a row,
         # with 5 rows read cheaper than 4. Neither chain takes a leaf: the dip read alone
         # gave k = 3's chain of 4 its two leaves and k = 2's chain of 3 none
         ({2: 32.4, 3: 30.0, 4: 42.1, 5: 38.7, 6: 43.4, 7: 46.8}, (0, 0)),

@@ -44,6 +44,12 @@ PREFIX_QUERIES = "specd:prefix_cache_queries"  # verifier: prompt tokens looked 
 PREFIX_HITS = "specd:prefix_cache_hits"  # verifier: of which found cached
 STEP_SECONDS = "specd:engine_step_seconds"  # verifier: seconds in steps, since start
 CONTROL_SECONDS = "specd:speculation_control_seconds"  # verifier: steps waiting on plan/observe
+# verifier, since start: decode steps the control priced, what it expected of them, what they did
+SPEC_PRICED_STEPS = "specd:speculation_priced_steps"
+SPEC_EXPECTED_TOKENS = "specd:speculation_priced_expected_tokens"
+SPEC_PRICED_TOKENS = "specd:speculation_priced_tokens"
+SPEC_EXPECTED_SECONDS = "specd:speculation_priced_expected_seconds"
+SPEC_PRICED_SECONDS = "specd:speculation_priced_seconds"
 DRAFTER_RTT = "specd:drafter_round_trip_seconds"  # verifier histogram
 DRAFTER_FALLBACKS = "specd:drafter_fallbacks"  # verifier: rounds decoded with k = 0
 DRAFTER_PUSHED = "specd:drafter_pushed_rounds"  # verifier: drafted from a push, no round trip

@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from opentelemetry import trace
@@ -32,7 +32,15 @@ from specd.grammar import Grammars
 from specd.models.paged_kv import PagedKV
 from specd.proposal import Proposer
 from verifier_service.drafting import draft_rounds, draft_state
-from verifier_service.records import Round, RoundReport, SeqView, Slot, StepReport, StepView
+from verifier_service.records import (
+    Round,
+    RoundReport,
+    SeqView,
+    Slot,
+    StepPlan,
+    StepReport,
+    StepView,
+)
 from verifier_service.request import Request
 from verifier_service.scheduler import Scheduler
 from verifier_service.sequence import Sequence, SpecStats, StepOutput
@@ -50,6 +58,26 @@ def graph_rows(config: EngineConfig) -> int:
     return min(rows, config.max_batched_tokens)
 
 
+@dataclass
+class Priced:
+    """Decode steps the speculation control priced and that ran as planned: the tokens and
+    seconds it expected of them (tree leaves left out) and what they emitted and took.
+    Their ratio is how far its prices and acceptance are from the machine's."""
+
+    steps: int = 0
+    expected_tokens: float = 0.0
+    tokens: int = 0
+    expected_seconds: float = 0.0
+    seconds: float = 0.0
+
+    def add(self, expected: tuple[float, float], tokens: int, seconds: float) -> None:
+        self.steps += 1
+        self.expected_tokens += expected[0]
+        self.tokens += tokens
+        self.expected_seconds += expected[1]
+        self.seconds += seconds
+
+
 @dataclass(frozen=True)
 class EngineLoad:
     """What the engine carries right now (for load reports, metrics, admission)."""
@@ -65,6 +93,9 @@ class EngineLoad:
     # in the speculation control's plan and observe where the step waits for them (not
     # while a queued device computes), since start
     control_seconds: float = 0.0
+    # decode steps the speculation control priced, since start: what it expected of them
+    # and what they did (`Priced`)
+    priced: Priced = field(default_factory=Priced)
 
     @property
     def kv_utilization(self) -> float:
@@ -108,6 +139,8 @@ class Engine:
         # the step waits for them: Python between the steps, whose share grows as a faster
         # device shortens them
         self.step_s, self.control_s = 0.0, 0.0
+        self.priced: dict[int, Priced] = {}  # by the most drafts the step planned
+        self._priced_total = Priced()
         self.proposer = proposer
         self.eos_ids = frozenset(eos_ids or ())
         self._ids = itertools.count()
@@ -165,6 +198,7 @@ class Engine:
             prefix_hits=alloc.cached_tokens,
             step_seconds=self.step_s,
             control_seconds=self.control_s,
+            priced=replace(self._priced_total),
         )
 
     def acceptance_by_route(self) -> dict[str, float]:
@@ -183,13 +217,28 @@ class Engine:
         plan = self.scheduler.schedule(ready, decided)
         if not plan:
             return []
+        before = self.step_s
         if self.tracer is None:
-            return self._run_step(plan)
-        # one batch serves many requests: link the step span to theirs, never parent it
-        links = [trace.Link(s.seq.span.get_span_context()) for s in plan if s.seq.span]
-        with self.tracer.start_as_current_span("specd.engine.step", links=links) as span:
-            span.set_attribute("specd.batch_size", len(plan))
-            return self._run_step(plan)
+            outputs = self._run_step(plan)
+        else:
+            # one batch serves many requests: link the step span to theirs, never parent it
+            links = [trace.Link(s.seq.span.get_span_context()) for s in plan if s.seq.span]
+            with self.tracer.start_as_current_span("specd.engine.step", links=links) as span:
+                span.set_attribute("specd.batch_size", len(plan))
+                outputs = self._run_step(plan)
+        if decided.expected is not None:
+            self._count_priced(decided, plan, outputs, self.step_s - before)
+        return outputs
+
+    def _count_priced(self, decided: StepPlan, plan, outputs, seconds: float) -> None:
+        """A priced step against what it did, where it ran as planned: every sequence
+        decoding at the k planned (not cut for KV or tokens, no prefill beside it)."""
+        ks = [d.k for d in decided.decisions]
+        if [s.k for s in plan] != ks or not all(s.decode for s in plan):
+            return
+        tokens = sum(len(out.tokens) for out in outputs)
+        for priced in (self.priced.setdefault(max(ks), Priced()), self._priced_total):
+            priced.add(decided.expected, tokens, seconds)
 
     def _run_step(self, plan: tuple[Slot, ...]) -> list[StepOutput]:
         t0 = time.perf_counter()

@@ -55,6 +55,12 @@ class VerifierMetrics:
         t.gauge(names.PREFIX_HITS, lambda: load().prefix_hits, "Prompt tokens found cached")
         t.gauge(names.STEP_SECONDS, lambda: load().step_seconds, "Seconds running steps")
         t.gauge(names.CONTROL_SECONDS, lambda: load().control_seconds, "Seconds deciding k")
+        priced = lambda: load().priced  # noqa: E731  (steps the control priced)
+        t.gauge(names.SPEC_PRICED_STEPS, lambda: priced().steps, "Decode steps priced")
+        t.gauge(names.SPEC_EXPECTED_TOKENS, lambda: priced().expected_tokens, "Tokens expected")
+        t.gauge(names.SPEC_PRICED_TOKENS, lambda: priced().tokens, "Tokens they emitted")
+        t.gauge(names.SPEC_EXPECTED_SECONDS, lambda: priced().expected_seconds, "Seconds expected")
+        t.gauge(names.SPEC_PRICED_SECONDS, lambda: priced().seconds, "Seconds they took")
         # the same load under vLLM's names, for an inference gateway's endpoint picker
         model = {"model_name": servicer.model_name}
         t.gauge(names.VLLM_RUNNING, lambda: load().running, "Requests running", model)

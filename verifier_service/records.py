@@ -130,6 +130,9 @@ class StepView:
 class StepPlan:
     decisions: tuple[Decision, ...]  # per ready sequence, in its order
     leaves: int  # alternative leaves the step may verify beside the chains
+    # (tokens, seconds) the controller expects of the step, its leaves left out (None where
+    # it did not price the step: no `auto` sequence, a probe, no cost model)
+    expected: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)

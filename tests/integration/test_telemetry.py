@@ -151,6 +151,28 @@ def test_metrics_move_by_exactly_the_expected_amounts(traced):
     assert off.speculation.rounds == 0
 
 
+def test_the_steps_auto_priced_are_exported_with_what_they_did(traced):
+    """The speculation control's priced steps (Engine.priced) as the verifier's metrics:
+    an `auto` request's decode steps, what the control expected of them and what they
+    emitted and took (no more than the request's tokens, no longer than the steps)."""
+    cluster, _ = traced
+    url = cluster.metrics_urls["verifier0"]
+    before = scrape(url)
+    with SpecdClient(cluster.router) as client:
+        client.generate("priced", max_new_tokens=16, ignore_eos=True, speculation="auto")
+    settle(cluster)
+    after = scrape(url)
+
+    def moved(metric):
+        return total(after, metric) - total(before, metric)
+
+    steps = moved("specd:speculation_priced_steps")
+    assert 0 < steps <= moved("specd:speculation_priced_tokens") <= 16
+    assert moved("specd:speculation_priced_expected_tokens") >= steps
+    assert 0 < moved("specd:speculation_priced_seconds") <= moved("specd:engine_step_seconds")
+    assert moved("specd:speculation_priced_expected_seconds") > 0
+
+
 def test_a_repeated_prompt_counts_as_prefix_cache_hits(traced):
     cluster, _ = traced
     url = cluster.metrics_urls["verifier0"]

@@ -111,6 +111,11 @@ def test_the_best_k_is_the_argmax_of_the_predicted_rate():
         best = max(range(9), key=lambda k: rates[k])
         assert plan.ks[0] == best
         assert plan.gain == pytest.approx(rates[best] / rates[0])
+        # what it expects of the step it chose (Engine.priced holds it against the step)
+        assert plan.tokens == pytest.approx(expected_tokens([alpha], best))
+        assert plan.seconds == pytest.approx(
+            forward(1 + best) + (draft_round(1, best) if best else 0)
+        )
 
 
 def test_a_loaded_batch_goes_off_for_cost_not_for_acceptance():
@@ -202,6 +207,7 @@ def test_a_route_below_its_floor_probes_at_k1_only_when_due():
     assert c.plan([Candidate(6, low, probe=False, floor=0.5)]).reasons == ["off:acceptance"]
     plan = c.plan([Candidate(6, low, probe=True, floor=0.5)])
     assert plan.ks == [1] and plan.reasons == ["probe"]
+    assert plan.seconds == 0.0  # a probe is not the step the plan priced
     # a good route above its floor never "probes": it drafts
     assert c.plan([Candidate(6, [0.9], probe=True, floor=0.5)]).reasons == ["on"]
     # a loaded batch (off for cost) does not probe either, above its floor or without one

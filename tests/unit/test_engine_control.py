@@ -123,3 +123,38 @@ def test_a_request_asking_past_the_engines_bound_drafts_within_it(tiny_pair):
     while engine.has_work():
         most = max([most] + [o.drafted for o in engine.step()])
     assert most == 2
+
+
+def test_the_steps_the_control_priced_are_counted_with_what_they_did(tiny_pair):
+    """Engine.priced: each decode step the speculation control priced and that ran as
+    planned, by the most drafts planned, with the tokens and seconds it expected and what
+    the step emitted and took (the verifier's metrics show their sums). No dip memory: a
+    plan it keeps plain for a dip is not priced, and how long a dip lasts is wall-clock."""
+    engine = make_engine(tiny_pair, "draft", speculation=SpeculationConfig(batch_memory_s=0.0))
+    auto = SpeculationBounds(auto=True)
+    for p in PROMPTS[:2]:
+        engine.add_request(
+            Request(p, max_new_tokens=24, num_draft=3, speculation=auto, ignore_eos=True)
+        )
+    counted, late, steps, first_of_late = 0, None, 0, True
+    while engine.has_work():
+        steps += 1
+        if steps == 6:  # a request comes while they decode: its prefill is no priced step
+            late = engine.add_request(Request(PROMPTS[2], max_new_tokens=4, speculation=auto))
+        before, step_s = engine.load().priced, engine.step_s
+        outputs = engine.step()
+        emitted = sum(len(out.tokens) for out in outputs)
+        after = engine.load().priced
+        if late is not None and any(out.seq_id == late for out in outputs):
+            if first_of_late:
+                assert after.steps == before.steps
+            first_of_late = False
+        if after.steps > before.steps:  # this step was priced: what it emitted and took
+            counted += 1
+            assert after.tokens - before.tokens == emitted
+            assert after.seconds - before.seconds == pytest.approx(engine.step_s - step_s)
+            assert after.expected_seconds > before.expected_seconds
+    priced, total = engine.priced, engine.load().priced
+    assert total.steps == sum(p.steps for p in priced.values()) == counted > 10
+    # a plain step emits a token a sequence, as the plan expects
+    assert priced[0].tokens == priced[0].expected_tokens >= priced[0].steps

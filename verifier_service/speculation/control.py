@@ -56,8 +56,7 @@ class SpeculationControl:
                 self.planned_ahead += 1
                 return plan
             self.controller.restore(state)
-        decisions = self._decide(view)
-        return StepPlan(tuple(decisions), self._leaves(decisions))
+        return self._plan(view)
 
     def plan_ahead(self, view: StepView) -> None:
         """The plan door a step early: on a device whose forward returns queued (a GPU's),
@@ -65,8 +64,7 @@ class SpeculationControl:
         leave (`SeqView.after`), so that the next `plan` costs nothing where it does. What
         it reads of the learned state is then a step older, as what it plans is."""
         state = self.controller.state()
-        decisions = self._decide(view)
-        self._ahead = (view, StepPlan(tuple(decisions), self._leaves(decisions)), state)
+        self._ahead = (view, self._plan(view), state)
 
     def observe(self, report: StepReport) -> Observed:
         learned = [r for r in report.rounds if r.accepted is not None]
@@ -78,7 +76,13 @@ class SpeculationControl:
         return Observed(self._rates, self.controller.costs.steps.pace)
 
     # -- plan ----------------------------------------------------------------------------------
-    def _decide(self, view: StepView) -> list[Decision]:
+    def _plan(self, view: StepView) -> StepPlan:
+        decisions, expected = self._decide(view)
+        return StepPlan(tuple(decisions), self._leaves(decisions), expected)
+
+    def _decide(self, view: StepView) -> tuple[list[Decision], tuple[float, float] | None]:
+        """Each ready sequence's decision, and the (tokens, seconds) the controller expects
+        of the step where it priced it."""
         recent = self._recent_batch(view.batch)
         controller = self.controller
         routes = dict.fromkeys(seq.bounds.route for seq in view.ready)
@@ -103,14 +107,15 @@ class SpeculationControl:
             else:
                 decided[i] = Decision(k, "on", 1.0)
         if not candidates:  # nothing for the controller to plan
-            return [decided[i] for i in range(len(view.ready))]
+            return [decided[i] for i in range(len(view.ready))], None
         routed = [(view.ready[i].bounds.route, d.k) for i, d in decided.items()]
         rest = Fixed.of([(accept[route], goes_on[route], k) for route, k in routed])
         # fewer ready than the batch had a moment ago (or than run and wait now): a dip
         plan = controller.plan(list(candidates.values()), rest, dip=recent > len(view.ready))
         for i, k, reason in zip(candidates, plan.ks, plan.reasons, strict=True):
             decided[i] = Decision(k, reason, plan.gain)
-        return [decided[i] for i in range(len(view.ready))]
+        expected = (plan.tokens, plan.seconds) if plan.seconds else None
+        return [decided[i] for i in range(len(view.ready))], expected
 
     def _recent_batch(self, size: int) -> int:
         """The largest batch over the last `batch_memory_s`: a one-step dip (a

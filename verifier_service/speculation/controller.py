@@ -45,6 +45,9 @@ class Plan:
     ks: list[int]  # drafts per candidate, in order
     reasons: list[str]  # per candidate: "on", "probe", "off:cost", "off:acceptance"
     gain: float  # predicted tokens/s of the plan over plain decoding (1.0: plain)
+    # what the step is expected to emit and take, a switch included (0.0: not priced)
+    tokens: float = 0.0
+    seconds: float = 0.0
 
 
 NOTHING_FIXED = Fixed()  # a step of candidates only
@@ -148,8 +151,9 @@ class Controller:
         costs = self.cost_model
         if costs and dip and any(c.behind > c.cap for c in candidates):
             return Plan([0] * len(candidates), ["off:cost"] * len(candidates), 1.0)
+        arm = None
         if costs:
-            ks, gain = self._choose(eligible, fixed, dip)
+            ks, gain, arm = self._choose(eligible, fixed, dip)
         else:
             ks, gain = [c.cap for c in eligible], 1.0
         reasons, good = [], None
@@ -170,9 +174,12 @@ class Controller:
         if probes and (not costs or self._pay_probes(candidates, ks, probes, fixed)):
             for i in probes:
                 ks[i] = 1
+            arm = None  # not the step it priced
         else:
             reasons = ["off:acceptance" if r == "probe" else r for r in reasons]
-        return Plan(ks, reasons, gain)
+        if arm is None or not self._known(arm):
+            return Plan(ks, reasons, gain)  # not priced, or priced at a placeholder
+        return Plan(ks, reasons, gain, arm.tokens, arm.step_s + arm.switch_s)
 
     def _pay_probes(
         self, candidates: list[Candidate], ks: list[int], probes: list[int], fixed: Fixed
@@ -190,9 +197,9 @@ class Controller:
 
     def _choose(
         self, candidates: list[Candidate], fixed: Fixed, dip: bool = False
-    ) -> tuple[list[int], float]:
+    ) -> tuple[list[int], float, Arm]:
         """The arm (k) for this step, or an exploring episode's;
-        -> (ks per candidate, predicted gain over plain)."""
+        -> (ks per candidate, predicted gain over plain, the arm)."""
         cfg, sequences = self.config, fixed.sequences + len(candidates)
         arms = self._arms(candidates, fixed)
         rates = [a.rate for a in arms]
@@ -203,7 +210,7 @@ class Controller:
         if not dip:
             arm = self._explore(sequences, candidates, arms, arm)
         ks = [min(arm, c.cap) for c in candidates]
-        return ks, (rates[arm] / rates[0] if rates[0] > 0 else 1.0)
+        return ks, (rates[arm] / rates[0] if rates[0] > 0 else 1.0), arms[arm]
 
     def _explore(
         self, sequences: int, candidates: list[Candidate], arms: list[Arm], arm: int
@@ -261,11 +268,15 @@ class Controller:
         """Seconds an episode is predicted to lose against running at `rate`: its steps
         beyond the time `rate` would take for their tokens (nothing where nothing prices
         them), and its switch whole (an episode is too short to spread it)."""
-        sequences, reach_max, rows, _ = episode.shape
         loss = 0.0
-        if rate > 0 and self.costs.known(sequences, len(reach_max), rows):
+        if rate > 0 and self._known(episode):
             loss = self.config.explore_steps * (episode.step_s - episode.tokens / rate)
         return max(loss, 0.0) + episode.switch_s
+
+    def _known(self, arm: Arm) -> bool:
+        """Whether the arm's step is measured or composed, not the placeholder price."""
+        sequences, reach_max, rows, _ = arm.shape
+        return self.costs.known(sequences, len(reach_max), rows)
 
     def _drafts_at(
         self, candidates: list[Candidate], fixed: Fixed = NOTHING_FIXED, accept: float | None = None

@@ -40,7 +40,7 @@ from bench.gpu.shapes import SHAPES, build, bytes_per_token, emulated
 from specd.config import EngineConfig
 from specd.models.paged_kv import PagedKV
 from specd.models.seq_input import SeqInput
-from verifier_service.engine import Engine
+from verifier_service.engine import Engine, Priced
 from verifier_service.request import Request, SpeculationBounds
 from verifier_service.sequence import SpecStats
 
@@ -103,6 +103,7 @@ def engine_run(
 
 def _pass(engine, prompts, new: int, k: int, auto: bool, batch: int) -> dict:
     before, control_s = dataclasses.replace(engine.totals), engine.control_s
+    priced = {k: dataclasses.replace(p) for k, p in engine.priced.items()}
     outputs: dict[int, list[int]] = {}
     tokens = 0
     t0 = time.perf_counter()
@@ -129,8 +130,28 @@ def _pass(engine, prompts, new: int, k: int, auto: bool, batch: int) -> dict:
         "tokens_per_round": round(this.mean_accepted_length, 3) if this.rounds else None,
         # the pass's time in the speculation control's plan and observe (Python between steps)
         "control_share": round((engine.control_s - control_s) / seconds, 4),
+        "priced": _priced(engine.priced, priced),
         "outputs": list(outputs.values()),
     }
+
+
+def _priced(now: dict[int, Priced], before: dict[int, Priced]) -> dict[str, dict]:
+    """The pass's steps the speculation control priced, by the most drafts planned: how
+    many, and their tokens and seconds over what it expected of them (Engine.priced)."""
+    out = {}
+    for k, p in sorted(now.items()):
+        b = before.get(k, Priced())
+        if p.steps > b.steps:
+            out[str(k)] = {
+                "steps": p.steps - b.steps,
+                "tokens_vs_expected": round(
+                    (p.tokens - b.tokens) / (p.expected_tokens - b.expected_tokens), 3
+                ),
+                "seconds_vs_expected": round(
+                    (p.seconds - b.seconds) / (p.expected_seconds - b.expected_seconds), 3
+                ),
+            }
+    return out
 
 
 def round_breakdown(runs: dict, services: dict | None = None) -> dict:
@@ -243,6 +264,7 @@ def speculation(
             "acceptance": run["acceptance"],
             "tokens_per_round": run["tokens_per_round"],
             "control_share": run["control_share"],
+            "priced": run["priced"],
             "identical_to_off": run["outputs"] == plain["outputs"],
         }
     auto, better = out["draft-auto"], max(runs["draft"]["tok_per_s"], plain["tok_per_s"])

@@ -121,6 +121,11 @@ def test_the_bench_reports_every_part(tmp_path):
     assert all(0 < spec[m]["control_share"] < 1 for m in ("off", "lookup", "draft-auto"))
     auto = spec["draft-auto"]  # against the better of fixed k and plain, and its cold start
     assert auto["vs_better_of_on_off"] > 0 and auto["first_pass_vs_off"] > 0
+    # what its control expected of the steps it priced against what they did; fixed k
+    # and plain are not priced
+    assert auto["priced"] and all(p["steps"] > 0 for p in auto["priced"].values())
+    assert all(p["seconds_vs_expected"] > 0 for p in auto["priced"].values())
+    assert not spec["off"]["priced"] and not spec["draft"]["priced"]
     parts = spec["round_ms"]
     assert {"plain_step_ms", "verify_ms", "draft_forwards_ms"} <= parts.keys()
     assert parts["verify_ms"] > 0 and parts["plain_step_ms"] > 0

@@ -13,19 +13,23 @@ from verifier_service.request import Request, SpeculationBounds
 @pytest.mark.parametrize("kind", ["ngram", "draft"])
 def test_steps_of_ngram_drafts_alone_stay_out_of_the_step_costs(tiny_pair, kind):
     """A step whose every round was an n-gram continuation ran no draft model: it must
-    not price a drafting step or a drafter round (the forward by rows it still measures).
-    The same requests drafted by the model price both."""
+    not price a drafting step or a drafter round (the forward by rows it still measures),
+    but a lookup step, and its route's share of such rounds. The same requests drafted by
+    the model price both and no lookup."""
     engine = make_engine(tiny_pair, kind)
     reqs = [dict(prompt=PROMPTS[0] * 3, max_new_tokens=24, num_draft=3)]
     run_engine(engine, reqs)
     assert engine.totals.drafted > 0  # drafts came either way
-    costs = engine.speculation.controller.costs
+    controller = engine.speculation.controller
+    costs = controller.costs
     drafting_steps = [key for key in costs.steps.measured() if key[1] > 0]
     assert costs.forward.measured()
     if kind == "ngram":
         assert drafting_steps == [] and costs.draft == {}
+        assert costs.lookup.measured() and controller.lookups("default") > 0.5
     else:
         assert drafting_steps and costs.draft
+        assert not costs.lookup.measured() and controller.lookups("default") == 0.0
 
 
 def test_draft_below_batch_speculates_only_while_the_batch_is_small(tiny_pair):

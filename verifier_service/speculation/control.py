@@ -88,6 +88,7 @@ class SpeculationControl:
         routes = dict.fromkeys(seq.bounds.route for seq in view.ready)
         accept = {route: controller.route_rates(route) for route in routes}
         goes_on = {route: controller.goes_on(route) for route in routes}
+        lookups = {route: controller.lookups(route) for route in routes}
         decided: dict[int, Decision] = {}
         candidates: dict[int, Candidate] = {}
         for i, seq in enumerate(view.ready):
@@ -102,7 +103,7 @@ class SpeculationControl:
                 route, probe = bounds.route, seq.off_steps + 1 >= self.tuned.probe_every
                 candidates[i] = Candidate(
                     k, accept[route], probe, bounds.min_acceptance, seq.behind, seq.remaining,
-                    goes_on[route],
+                    goes_on[route], lookups[route],
                 )  # fmt: skip
             else:
                 decided[i] = Decision(k, "on", 1.0)
@@ -151,14 +152,15 @@ class SpeculationControl:
         """The controller learns a round as planned (a round the drafter stopped short
         missed the position after its last draft), as its step costs are measured."""
         planned = r.planned if r.drafted else 0  # drafts come only to decode rounds of k > 0
-        self.controller.record(r.route, planned, r.accepted, r.drafted)
+        self.controller.record(r.route, planned, r.accepted, r.drafted, r.ngram)
 
     def _learn_costs(self, report: StepReport) -> None:
         """The step's parts: a steady drafter round by sequences (not where the drafter
         caught up first, on a new prompt or tokens decoded plain, which the switch curve
         prices; nor where every round was an n-gram lookup), the forward by rows where the
         step was decode and verification only (prefill apart), and the whole step by the
-        drafts that came (`_step_shape`), its forward apart."""
+        drafts that came (`_step_shape`), its forward apart; one whose every round was a
+        lookup by its sequences alone (what no draft model running costs)."""
         rounds = report.rounds
         if not rounds:
             return
@@ -171,10 +173,14 @@ class SpeculationControl:
         rows = sum(r.rows for r in rounds)
         if all(r.decode for r in rounds):
             costs.record_forward(rows, report.forward_s)
-        shape = None if lookup else _step_shape(rounds, catch_up)
-        if shape is not None:
+        shape = _step_shape(rounds, catch_up)
+        if shape is None:
+            return
+        if not lookup:
             ks, stopping = shape
             costs.record_step(ks, report.step_s, catch_up, stopping, rows, report.forward_s)
+        elif not catch_up:
+            costs.record_lookup(len(rounds), report.step_s, report.forward_s)
 
 
 def _most(seq: SeqView) -> int:

@@ -9,7 +9,9 @@ a_i: the chance that draft position i is accepted once positions < i were (per r
 d_s <= k_s: the drafts a round planned at k_s brings (the drafter stops after an unsure
 draft: `Candidate.goes_on`); T(B, d): a whole decode step of B sequences whose deepest
 round brought d drafts, measured online (costs.py), or, not measured yet, the forward by
-rows plus a drafter round (optimistic, so such a step runs and measures itself); S: what
+rows plus a drafter round (optimistic, so such a step runs and measures itself), and where
+every round may be an n-gram lookup (each route's share L_s of rounds), prod_s L_s of it a
+lookup step's price instead (the forward and what no draft model running leaves); S: what
 switching costs (the drafter catching up for those that start, drafting ahead for those
 that stop), spread over H, the steps they may run so (remaining tokens / E, at most
 `horizon`). Plain is tokens = B, time = T(B, 0) + S(0) / H: a tie per step is no reason
@@ -56,7 +58,7 @@ NOTHING_FIXED = Fixed()  # a step of candidates only
 class Arm(NamedTuple):
     """One k for every candidate of a step (each at min(k, its cap)) beside the rest."""
 
-    shape: tuple[int, list[float], float, int]  # as `step_shape` gives it
+    shape: tuple[int, list[float], float, int, float]  # as `step_shape` gives it
     tokens: float  # expected tokens of the step
     step_s: float  # expected seconds of the step
     switch_s: float  # what switching to it costs, whole
@@ -80,6 +82,7 @@ class Controller:
         self.costs = StepCostModel(self.config)
         self.routes = RouteAcceptance(self.config, clock)
         self._goes_on: dict[str, PositionAcceptance] = {}  # per route: c_i (`Candidate`)
+        self._lookups: dict[str, PositionAcceptance] = {}  # per route: rounds a lookup drafted
         self._exploring: tuple[int, int, int] | None = None  # (sequences, k, steps left)
         self._since_explore = 0
         self._episodes: dict[tuple[int, int], int] = {}  # (B, k): episodes run
@@ -101,16 +104,29 @@ class Controller:
         counts = self._goes_on.get(route)
         return [] if counts is None else counts.rates([1.0], self.config.prior_strength)
 
-    def record(self, route: str, k: int, accepted: int, drafted: int | None = None) -> None:
+    def lookups(self, route: str) -> float:
+        """A route's share of drafted rounds an n-gram lookup drafted (`Candidate.lookup`),
+        over a prior of none."""
+        counts = self._lookups.get(route)
+        return 0.0 if counts is None else counts.rates([0.0], self.config.prior_strength)[0]
+
+    def record(
+        self, route: str, k: int, accepted: int, drafted: int | None = None, lookup: bool = False
+    ) -> None:
         """One decode round of a sequence on `route`, planned at k drafts, of which
-        `drafted` came (default k). The estimates learn the round as planned: where the
-        drafter stopped short (its p_min), the position after its last draft counts as
-        missed, so E(k) is what a round planned at k yields, as the step cost it is
-        divided by is what such rounds took (docs/benchmarks-log.md section 44)."""
+        `drafted` came (default k), by a `lookup` or the draft model. The estimates learn
+        the round as planned: where the drafter stopped short (its p_min), the position
+        after its last draft counts as missed, so E(k) is what a round planned at k
+        yields, as the step cost it is divided by is what such rounds took
+        (docs/benchmarks-log.md section 44)."""
         if k <= 0:
             return
         self.routes.record(route, k, accepted, drafted)
         came = k if drafted is None else drafted
+        if came > 0:  # a Bernoulli count: one position, hit where a lookup drafted
+            lookups = self._lookups.setdefault(route, PositionAcceptance())
+            lookups.record(1, int(lookup))
+            lookups.limit(self.config.route_long_rounds)
         if k > 1 and came > 0:
             # position i: i + 1 drafts came with room for more; a hit if another did
             goes_on = self._goes_on.setdefault(route, PositionAcceptance())
@@ -275,7 +291,7 @@ class Controller:
 
     def _known(self, arm: Arm) -> bool:
         """Whether the arm's step is measured or composed, not the placeholder price."""
-        sequences, reach_max, rows, _ = arm.shape
+        sequences, reach_max, rows, *_ = arm.shape
         return self.costs.known(sequences, len(reach_max), rows)
 
     def _drafts_at(
@@ -328,12 +344,13 @@ class Controller:
         return self._expected_s(*step_shape(candidates, ks, fixed))
 
     def _expected_s(
-        self, sequences: int, reach_max: list[float], rows: float, drafting: int
+        self, sequences: int, reach_max: list[float], rows: float, drafting: int, lookups: float
     ) -> float:
         """The expected step: its price at each depth its deepest round may reach, by the
         chance of that depth (steps are not affine in the drafts: k = 1 pays a round's
-        fixed part)."""
-        key = (sequences, tuple(reach_max), rows, drafting)
+        fixed part), and where every round may be a lookup (no draft model runs), a
+        lookup step's price by that chance."""
+        key = (sequences, tuple(reach_max), rows, drafting, lookups)
         if key in self._priced:
             return self._priced[key]
         if not reach_max:
@@ -345,6 +362,9 @@ class Controller:
                 p_next = reach_max[j - 1]
                 if p > 1e-9:
                     total += p * self.costs(sequences, j, rows, drafting)
+            lookup_s = self.costs.lookup_s(sequences, rows) if lookups else None
+            if lookup_s is not None:
+                total += lookups * (lookup_s - total)
         self._priced[key] = total
         return total
 

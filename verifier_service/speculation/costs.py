@@ -1,7 +1,8 @@
 """What steps cost, measured online, for the speculation controller (controller.py):
 whole decode steps by (sequences, k), a drafting one's forward apart by rows; the parts a
 step is composed of where no such step was measured yet (a forward by rows, a drafter
-round by sequences and steps); and what switching between drafting and plain adds.
+round by sequences and steps); a step whose rounds a lookup drafted (no draft model ran);
+and what switching between drafting and plain adds.
 Sections: docs/benchmarks-log.md's."""
 
 from __future__ import annotations
@@ -264,6 +265,9 @@ class StepCostModel:
         # off, by the sequences stopping (the drafter is still drafting ahead for them)
         self.switch_on = CostCurve(c.curve_weight)
         self.switch_off = CostCurve(c.curve_weight)
+        # a step whose every round an n-gram lookup drafted, less its forward, by sequences
+        # (no draft model ran: what its route's share of such rounds saves, `lookup_s`)
+        self.lookup = CostCurve(c.curve_weight)
 
     def record_forward(self, rows: int, seconds: float) -> None:
         self.forward.record(rows, seconds)
@@ -292,6 +296,16 @@ class StepCostModel:
             self._record_switch(len(ks), max(ks), seconds, catch_up, stopping, rows)
             return
         self.steps.record(len(ks), max(ks), seconds, rows, forward_s)
+
+    def record_lookup(self, sequences: int, seconds: float, forward_s: float) -> None:
+        """A steady decode step whose every round a lookup drafted: its rest, by sequences."""
+        if 0 < forward_s < seconds:
+            self.lookup.record(sequences, seconds - forward_s)
+
+    def lookup_s(self, sequences: int, rows: float) -> float | None:
+        """A lookup step's price: the forward by rows and the rest (None before both)."""
+        forward, rest = self.forward(rows), self.lookup(sequences)
+        return None if forward is None or rest is None else forward + rest
 
     def _record_switch(
         self, sequences: int, k: int, seconds: float, catch_up: int, stopping: int, rows: int

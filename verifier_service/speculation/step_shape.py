@@ -2,11 +2,13 @@
 (`Candidate`) beside the rest of the batch (`Fixed`), how deep each round is expected to go
 (`reach`, `deepest`), and the step's shape for verifier_service/speculation/costs.py: (sequences,
 P(its deepest round drafts at least j tokens) by j, the expected rows fed, the sequences
-drafting). Pure Python, like the controller (verifier_service/speculation/controller.py)."""
+drafting, P(every round is a lookup)). Pure Python, like the controller
+(verifier_service/speculation/controller.py)."""
 
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -27,6 +29,8 @@ class Candidate:
     # route's; [] = it always drafts all k). The drafter stops a round after an unsure
     # draft (`--draft-p-min`), so how deep a round planned at k goes depends on the route
     goes_on: list[float] = field(default_factory=list)
+    # P(its round is an n-gram lookup, no draft model run: its route's share of rounds)
+    lookup: float = 0.0
 
     def __post_init__(self):
         # by k up to `cap`: E(k) (`expected_tokens`), P(a round planned at k drafts at
@@ -35,14 +39,16 @@ class Candidate:
         # them at every k of every arm it prices, and the sequences of a route share them
         goes_on = tuple(self.goes_on)
         self.expected, self.reached, self.fed = _route_tables(tuple(self.accept), goes_on, self.cap)
-        self.step_key = (self.cap, goes_on, self.behind)  # what its arms' steps depend on
+        # what its arms' steps depend on
+        self.step_key = (self.cap, goes_on, self.behind, self.lookup)
 
     def at(self, accept: float) -> Candidate:
         """The same sequence at an acceptance of `accept` at every position (built
         directly: `dataclasses.replace` costs a plan at a large batch a tenth of its time)."""
         return Candidate(
-            self.cap, [accept], self.probe, self.floor, self.behind, self.remaining, self.goes_on
-        )
+            self.cap, [accept], self.probe, self.floor, self.behind, self.remaining,
+            self.goes_on, self.lookup,
+        )  # fmt: skip
 
 
 @lru_cache(maxsize=256)
@@ -91,9 +97,10 @@ def reach(goes_on: list[float], k: int) -> list[float]:
 
 def step_shape(
     candidates: list[Candidate], ks: list[int], fixed: Fixed
-) -> tuple[int, list[float], float, int]:
+) -> tuple[int, list[float], float, int, float]:
     """A planned step as the cost model prices it: (sequences, P(its deepest round drafts
-    at least j tokens) by j, the expected rows fed, the sequences drafting). Steps are
+    at least j tokens) by j, the expected rows fed, the sequences drafting, P(every round
+    is a lookup: `all_lookups`)). Steps are
     measured by the drafts that came (costs.py), and a round planned at k comes short
     where the drafter stops early, more often on some routes than on others (chat's more
     than code's: docs/benchmarks-log.md section 53). The deepest round of independent ones:
@@ -105,12 +112,23 @@ def step_shape(
         rows += 1 + c.fed[k]
         drafting += 1 if k else 0
         reaches.append(c.reached[:k])
-    return fixed.sequences + len(ks), deepest(reaches), rows, drafting
+    drafters = [c for c, k in zip(candidates, ks, strict=True) if k]
+    lookups = all_lookups(drafters, fixed)
+    return fixed.sequences + len(ks), deepest(reaches), rows, drafting, lookups
+
+
+def all_lookups(drafters: list[Candidate], fixed: Fixed) -> float:
+    """P(every round of a step is an n-gram lookup, so that no draft model runs), its
+    drafting candidates' rounds independent; 0 where nothing drafts or the rest of the
+    batch drafts (its route's share is not the plan's)."""
+    if not drafters or fixed.k:
+        return 0.0
+    return math.prod(c.lookup for c in drafters)
 
 
 def arm_shapes(
     candidates: list[Candidate], fixed: Fixed
-) -> list[tuple[int, list[float], float, int]]:
+) -> list[tuple[int, list[float], float, int, float]]:
     """`step_shape` of every arm at once: each candidate at min(k, its cap), k = 0..the
     largest cap. A candidate's reach at min(k, cap) is its whole reach below k, so the
     deepest round's P(>= j) for j < k is the same at every arm: the product over the
@@ -122,16 +140,16 @@ def arm_shapes(
         for j, p in enumerate(c.reached):
             miss[j] *= 1 - p
     shapes, fed = [], [(c.fed, c.cap) for c in candidates]
-    plain = 1 if fixed.k else 0
-    drafting = plain + sum(1 for c in candidates if c.cap)  # at every k > 0
+    plain = (1 if fixed.k else 0), 0.0  # sequences drafting, P(all lookups) at k = 0
+    drafters = [c for c in candidates if c.cap]  # at every k > 0
+    drafting = plain[0] + len(drafters), all_lookups(drafters, fixed)
+    sequences = fixed.sequences + len(candidates)
     for k in range(top + 1):
         rows = float(fixed.rows)
         for by_k, cap in fed:
             rows += 1 + by_k[min(k, cap)]
         reach_max = [1 - m for m in miss[:k]] + [1 - m for m in rest[k:]]
-        shapes.append(
-            (fixed.sequences + len(candidates), reach_max, rows, drafting if k else plain)
-        )
+        shapes.append((sequences, reach_max, rows, *(drafting if k else plain)))
     return shapes
 
 

@@ -285,6 +285,24 @@ def test_decisions_gate_on_the_largest_recent_batch_and_on_kv():
     assert _decide(control, [gated], batch=2, kv_used=0.6)[0].reason == "off:kv"
 
 
+def test_the_tightest_batch_bound_holds_every_bounded_sequence_plain():
+    """A drafting step is slower for every sequence in it: a chat request bounded at 4
+    beside code ones bounded at 8 holds them plain at 4, while an explicit k drafts."""
+    clock = FakeClock()
+    control = SpeculationControl(EngineConfig(cost_model=False), clock)
+
+    def auto(seq_id: int, bound: int) -> Sequence:
+        return _seq(seq_id, speculation=SpeculationBounds(auto=True, draft_below_batch=bound))
+
+    code, chat, explicit = [auto(i, 8) for i in (0, 1, 4, 5)], [auto(2, 4)], _seq(3)
+    decided = _decide(control, [*code[:2], *chat, explicit], batch=4)
+    assert [d.reason for d in decided] == ["off:batch"] * 3 + ["on"]
+    clock.now = 2.0  # the batch fell to 3 long enough ago: every one drafts again
+    assert [d.reason for d in _decide(control, [*code[:2], *chat], batch=3)] == ["on"] * 3
+    clock.now = 4.0  # without the chat request, code's own bound allows 4
+    assert [d.reason for d in _decide(control, code, batch=4)] == ["on"] * 4
+
+
 def test_decisions_tell_the_controller_of_a_dip_in_the_batch():
     clock = FakeClock()
     control = SpeculationControl(EngineConfig(), clock)

@@ -4,7 +4,8 @@ draft, at which k, why, and how many alternative leaves the step may verify), an
 took). Nothing else of it is reached from outside, and nothing else writes what it has
 learned.
 
-Per decoding sequence, in order: past its route's batch or KV bound it runs plain;
+Per decoding sequence, in order: a bounded one runs plain where the batch is past the
+smallest batch bound in it (`_tightest`) or the KV pool past its route's bound;
 an `auto` request's k comes from the controller (verifier_service/speculation/
 controller.py), which prices the step from measured costs and acceptance; any other
 drafts what it asked. The request's k comes bounded by the engine's `max_draft_tokens`
@@ -13,6 +14,7 @@ drafts what it asked. The request's k comes bounded by the engine's `max_draft_t
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 
@@ -89,13 +91,14 @@ class SpeculationControl:
         accept = {route: controller.route_rates(route) for route in routes}
         goes_on = {route: controller.goes_on(route) for route in routes}
         lookups = {route: controller.lookups(route) for route in routes}
+        held = recent >= _tightest(view.ready)  # past a bound in the batch: bounded ones plain
         decided: dict[int, Decision] = {}
         candidates: dict[int, Candidate] = {}
         for i, seq in enumerate(view.ready):
             bounds, k = seq.bounds, _most(seq)
             if not k:
                 decided[i] = Decision(0, "off:request", 1.0)
-            elif bounds.draft_below_batch and recent >= bounds.draft_below_batch:
+            elif held and (bounds.auto or bounds.draft_below_batch):
                 decided[i] = Decision(0, "off:batch", 1.0)
             elif view.kv_used > bounds.max_kv_utilization:
                 decided[i] = Decision(0, "off:kv", 1.0)
@@ -181,6 +184,16 @@ class SpeculationControl:
             costs.record_step(ks, report.step_s, catch_up, stopping, rows, report.forward_s)
         elif not catch_up:
             costs.record_lookup(len(rounds), report.step_s, report.forward_s)
+
+
+def _tightest(ready: tuple[SeqView, ...]) -> float:
+    """The smallest batch bound of the ready sequences' routes (none: no bound). A drafting
+    step is slower for every sequence in it, so a route's bound holds the whole batch
+    plain, not only its own sequences: a route held plain beside drafting ones would run
+    slower than plain decoding (as vLLM's `disable_by_batch_size` holds every sequence)."""
+    return min(
+        (s.bounds.draft_below_batch for s in ready if s.bounds.draft_below_batch), default=math.inf
+    )
 
 
 def _most(seq: SeqView) -> int:

@@ -3,6 +3,7 @@ sweep's cells (`auto` against fixed k, c = 1, 2, 4, 8, 16 clients) on recorded t
 
     specd bench controller-batch [--workload code] [--ks 0,3,6] [--trials 8] [--phases]
                                  [--steps bench/workloads/steps.json | gpu.json]
+                                 [--explore-every 0 ...: the verifier's control flags]
 
 c closed-loop clients share a cell's requests (16 of a workload's recorded texts): each
 sends its next request `gap` seconds after its last one ended (drawn around `--gap-ms`: a
@@ -34,7 +35,7 @@ from pathlib import Path
 from bench.controller_sim import BACK_S, FIRST_ROUND_S, PROMPT_TOKENS, Machine, cell_texts
 from bench.prompts import WARM_UP_TOKENS
 from router.policy import Policy, RoutePolicy
-from specd.config import EngineConfig
+from specd.config import ConfigError, EngineConfig, add_arguments, from_arguments
 from specd.speculation_config import SpeculationConfig
 from verifier_service.records import RoundReport, SeqView, StepReport, StepView
 from verifier_service.request import Request, SpeculationBounds
@@ -256,7 +257,13 @@ def main(argv: list[str] | None = None) -> int:
         default=str(STEPS),
         help="`specd bench steps`' table, or `specd bench gpu`'s report (%(default)s)",
     )
+    control = p.add_argument_group("the control", "as `specd serve verifier` takes them")
+    add_arguments(p, SpeculationConfig, into=control)
     args = p.parse_args(argv)
+    try:
+        config = from_arguments(SpeculationConfig, args)
+    except ConfigError as exc:
+        p.error(str(exc))
     ks = tuple(int(k) for k in args.ks.split(","))
     recorded = load_traces(args.workload)
     table = StepTable.load(args.steps, args.served_ms / 1000)
@@ -265,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(unknown)
     levels = [int(c) for c in args.concurrency.split(",")]
     sweeps = [trial(s, levels, recorded, policy, ks, gap_s=args.gap_ms / 1000,
-                    phases=args.phases, table=table) for s in range(args.trials)]  # fmt: skip
+                    phases=args.phases, table=table, config=config)
+              for s in range(args.trials)]  # fmt: skip
     for clients in levels:
         runs = [sweep[clients] for sweep in sweeps]
         best = [r["auto"] / max(r[k] for k in ks) for r in runs]

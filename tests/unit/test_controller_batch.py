@@ -111,3 +111,22 @@ def test_the_control_counts_the_simulated_machines_seconds(monkeypatch, simulato
     assert len(seen) > 50
     for (before, _), (after, step_s) in itertools.pairwise(seen):
         assert after - before >= step_s * (1 - 1e-9)
+
+
+def test_the_verifiers_control_flags_reach_every_simulated_sweep(monkeypatch, capsys):
+    """`specd bench controller-batch --route-fade 1` runs its sweeps with the control the
+    verifier's own flag would give it (a mechanism switched off offline, as served); a
+    value the config refuses is a usage error."""
+    configs = []
+
+    def recorded(*args, config=None, **kwargs):
+        configs.append(config)
+        return {1: {0: 1.0, "auto": 1.0}}
+
+    monkeypatch.setattr(controller_batch, "trial", recorded)
+    argv = ["--trials", "2", "--concurrency", "1", "--ks", "0"]
+    assert controller_batch.main([*argv, "--route-fade", "1", "--explore-every", "0"]) == 0
+    assert [(c.route_fade, c.explore_every, c.horizon) for c in configs] == [(1.0, 0, 32)] * 2
+    with pytest.raises(SystemExit):
+        controller_batch.main([*argv, "--route-fade", "2"])
+    assert "route_fade must be in [0, 1]" in capsys.readouterr().err

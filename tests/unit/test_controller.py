@@ -411,3 +411,39 @@ def test_a_deep_position_measured_high_is_kept_while_shallower_rounds_run():
     after = routes.estimate("code", [0.7], 2.0)
     assert min(after[3:]) > 0.88
     assert expected_tokens(after, 6) > expected_tokens(before, 6) - 0.1
+
+
+def cheap_rows() -> Controller:
+    """A batch of 4 whose forward costs 3 ms a row past 4, and a drafter round 15 ms a
+    draft: deep rounds pay for a route accepting 95%, not for one accepting 50%."""
+    c = Controller(SpeculationConfig(explore_every=0))
+    c.costs.record_forward(4, 0.1)
+    c.costs.record_forward(28, 0.1 + 24 * 0.003)
+    for k in (1, 6):
+        c.costs.record_draft(4, k, 0.015 * k)
+    return c
+
+
+def step_s(c: Controller, k: int) -> float:
+    return c.costs.forward(4 * (1 + k)) + (0.015 * k if k else 0.0)
+
+
+def test_a_step_of_two_routes_slows_neither_below_plain():
+    code, chat = [Candidate(6, [0.95])] * 2, [Candidate(6, [0.5])] * 2
+    c = cheap_rows()
+
+    def rate(accept: float, k: int) -> float:  # one sequence's predicted tokens/s
+        return expected_tokens([accept], k) / step_s(c, k)
+
+    def total(k: int) -> float:
+        return 2 * rate(0.95, k) + 2 * rate(0.5, k)
+
+    best_total = max(range(7), key=total)
+    assert best_total == 4 and rate(0.5, 4) < rate(0.5, 0)  # chat would pay for code's k
+    fair = [k for k in range(1, 7) if rate(0.5, k) >= rate(0.5, 0)]
+    plan = c.plan(code + chat)
+    assert plan.ks == [max(fair, key=total)] * 4 == [3] * 4
+    assert c.plan(code * 2).ks[0] >= best_total  # code alone: as deep as the best total
+    # chat's last tokens, which end in this round (its cap is what is left), hold nothing
+    ending = c.plan(code + [Candidate(4, [0.5], remaining=5)] * 2).ks
+    assert ending[0] > 3 and ending[2:] == [4, 4] and rate(0.5, ending[0]) < rate(0.5, 0)

@@ -19,9 +19,12 @@ to flip, as every flip pays S.
 
 The controller takes the k with the best tokens/time for every sequence of the step at
 once (one under its route's `min_acceptance` left out) where it beats plain (a tie runs
-plain). One episode of `explore_steps` in `explore_every` steps runs the least
-measured k predicted within `explore_window` of the best (narrowing as 1 / sqrt(1 + its
-episodes)) or never measured at this batch size, as a budget allows. Nothing latches:
+plain) and leaves none of the sequences it lets draft slower than plain:
+E_s(k_s) / time(k) >= 1 / time(0) for each (`_fair`), so one route's high acceptance
+does not buy a deep step that another route's requests pay for. One episode of
+`explore_steps` in `explore_every` steps runs the least measured k predicted within
+`explore_window` of the best (narrowing as 1 / sqrt(1 + its episodes)) or never measured
+at this batch size, as a budget allows. Nothing latches:
 acceptance decays with time toward a prior, and a sequence off for acceptance probes one
 k = 1 round in `probe_every`. Without the cost model (`cost_model` False) every eligible
 sequence drafts its cap. Pure Python: the unit tests feed it recorded timings.
@@ -218,8 +221,8 @@ class Controller:
         -> (ks per candidate, predicted gain over plain, the arm)."""
         cfg, sequences = self.config, fixed.sequences + len(candidates)
         arms = self._arms(candidates, fixed)
-        rates = [a.rate for a in arms]
-        arm = _best(rates)
+        rates, fair = [a.rate for a in arms], _fair(candidates, arms)
+        arm = _best(rates, fair)
         step_s = arms[arm].step_s
         cap = min(cfg.explore_cap_s, cfg.explore_cap_steps * step_s)
         self.budget_s = min(cap, self.budget_s + cfg.explore_share * step_s)
@@ -301,7 +304,8 @@ class Controller:
         its own acceptance if given)."""
         if accept is not None:
             candidates = [c.at(accept) for c in candidates]
-        return _best([a.rate for a in self._arms(candidates, fixed)]) > 0
+        arms = self._arms(candidates, fixed)
+        return _best([a.rate for a in arms], _fair(candidates, arms)) > 0
 
     def _arms(self, candidates: list[Candidate], fixed: Fixed) -> list[Arm]:
         """The step with every candidate at min(k, its cap), k = 0..the largest cap."""
@@ -369,11 +373,26 @@ class Controller:
         return total
 
 
-def _best(rates: list[float]) -> int:
-    """The k whose predicted tokens/s (`rates[k]`, k = 0 plain) is best among the drafting
-    ones, where it beats plain's; else 0 (a tie runs plain)."""
-    best = max(range(1, len(rates)), key=lambda k: rates[k], default=0)
+def _best(rates: list[float], fair: list[bool]) -> int:
+    """The k whose predicted tokens/s (`rates[k]`, k = 0 plain) is best among the `fair`
+    drafting ones, where it beats plain's; else 0 (a tie runs plain)."""
+    best = max((k for k in range(1, len(rates)) if fair[k]), key=lambda k: rates[k], default=0)
     return best if best and rates[best] > rates[0] else 0
+
+
+def _fair(candidates: list[Candidate], arms: list[Arm]) -> list[bool]:
+    """Per arm, whether every candidate it lets draft is predicted at least the tokens/s it
+    would have plain: E_s(min(k, cap_s)) / seconds(k) >= 1 / seconds(0), switches spread as
+    in `Arm.rate`. Sequences of one route share its estimates, so a step of one route that
+    beats plain passes; a step of routes apart may not (code drafting deep beside chat). A
+    candidate whose tokens left end in this round is not held to it: its last step."""
+    plain = arms[0].step_s + arms[0].spread_s
+    held = [c for c in candidates if c.cap and not (c.remaining and c.remaining <= c.cap + 1)]
+    fair = [True]  # plain
+    for k, arm in enumerate(arms[1:], start=1):
+        seconds = arm.step_s + arm.spread_s
+        fair.append(all(c.expected[min(k, c.cap)] * plain >= seconds for c in held))
+    return fair
 
 
 def _capped(c: Candidate) -> Candidate:

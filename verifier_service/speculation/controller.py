@@ -24,10 +24,10 @@ E_s(k_s) / time(k) >= 1 / time(0) for each (`_fair`), so one route's high accept
 does not buy a deep step that another route's requests pay for. One episode of
 `explore_steps` in `explore_every` steps runs the least measured k predicted within
 `explore_window` of the best (narrowing as 1 / sqrt(1 + its episodes)) or never measured
-at this batch size, as a budget allows. Nothing latches:
-acceptance decays with time toward a prior, and a sequence off for acceptance probes one
-k = 1 round in `probe_every`. Without the cost model (`cost_model` False) every eligible
-sequence drafts its cap. Pure Python: the unit tests feed it recorded timings.
+at this batch size, as a budget allows. Nothing latches: acceptance decays with time toward
+a prior, and a sequence off for acceptance probes one k = 1 round in `probe_every`. Without
+the cost model (`cost_model` False) every eligible sequence drafts its cap. Pure Python:
+the unit tests feed it recorded timings.
 """
 
 from __future__ import annotations
@@ -68,9 +68,13 @@ class Arm(NamedTuple):
     spread_s: float  # that, spread over the steps it may run
 
     @property
+    def seconds(self) -> float:
+        """The step and its share of the switch."""
+        return self.step_s + self.spread_s
+
+    @property
     def rate(self) -> float:
-        seconds = self.step_s + self.spread_s
-        return self.tokens / seconds if seconds > 0 else 0.0
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
 class Controller:
@@ -382,17 +386,16 @@ def _best(rates: list[float], fair: list[bool]) -> int:
 
 def _fair(candidates: list[Candidate], arms: list[Arm]) -> list[bool]:
     """Per arm, whether every candidate it lets draft is predicted at least the tokens/s it
-    would have plain: E_s(min(k, cap_s)) / seconds(k) >= 1 / seconds(0), switches spread as
-    in `Arm.rate`. Sequences of one route share its estimates, so a step of one route that
+    would have plain: E_s(min(k, cap_s)) / seconds(k) >= 1 / seconds(0) (`Arm.seconds`).
+    Sequences of one route share its estimates, so a step of one route that
     beats plain passes; a step of routes apart may not (code drafting deep beside chat). A
     candidate whose tokens left end in this round is not held to it: its last step."""
-    plain = arms[0].step_s + arms[0].spread_s
+    plain = arms[0].seconds
     held = [c for c in candidates if c.cap and not (c.remaining and c.remaining <= c.cap + 1)]
-    fair = [True]  # plain
-    for k, arm in enumerate(arms[1:], start=1):
-        seconds = arm.step_s + arm.spread_s
-        fair.append(all(c.expected[min(k, c.cap)] * plain >= seconds for c in held))
-    return fair
+    return [
+        not k or all(c.expected[min(k, c.cap)] * plain >= arm.seconds for c in held)
+        for k, arm in enumerate(arms)
+    ]
 
 
 def _capped(c: Candidate) -> Candidate:

@@ -50,9 +50,6 @@ class SpeculationConfig:
     route_long_rounds: float = 64.0
     # standard errors by which the short memory must read above the long one to be taken
     route_z: float = 2.0
-    # a round's fade (0-1) of a draft position it could not reach, where that reads under
-    # the position before it, toward it: so one measured low is drafted again
-    route_fade: float = 0.9
 
     # -- probing and exploring (docs/benchmarks-log.md sections 40, 46) ----------------------
     probe_every: int = 16  # steps between a k = 1 probe of a sequence off for acceptance
@@ -83,8 +80,8 @@ class SpeculationConfig:
     step_log_max: float = 0.05  # the most one step may move the pace, in the logarithm
 
     def __post_init__(self):
-        shares = ("prior_acceptance", "good_acceptance", "leaf_cost")
-        for name in shares + ("route_fade", "explore_window", "step_weight"):
+        shares = ("prior_acceptance", "good_acceptance", "leaf_cost", "explore_window")
+        for name in shares + ("step_weight",):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.probe_every <= 0 or self.horizon <= 0 or self.explore_cap_steps <= 0:

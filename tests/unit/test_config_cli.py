@@ -97,8 +97,9 @@ def test_specd_up_passes_each_role_its_own_flags(capsys):
         assert main(["up", f"--verifier-flags={taken}", "--http-port", "0"]) == 2
         said = capsys.readouterr().err
         assert said.startswith(f"specd up: --verifier-flags: {taken.split()[0]} is set by")
-    assert main(["up", "--verifier-flags=--route-fade 2", "--http-port", "0"]) == 2
-    assert capsys.readouterr().err == "specd up: verifier: route_fade must be in [0, 1], got 2.0\n"
+    assert main(["up", "--verifier-flags=--explore-window 2", "--http-port", "0"]) == 2
+    said = capsys.readouterr().err
+    assert said == "specd up: verifier: explore_window must be in [0, 1], got 2.0\n"
     assert main(["up", "--drafter-flags=--horizon 16", "--http-port", "0"]) == 2
     said = capsys.readouterr().err
     assert said.endswith("--horizon 16\nspecd up: drafter: see `specd serve drafter --help`\n")

@@ -114,7 +114,7 @@ def test_the_control_counts_the_simulated_machines_seconds(monkeypatch, simulato
 
 
 def test_the_verifiers_control_flags_reach_every_simulated_sweep(monkeypatch, capsys):
-    """`specd bench controller-batch --route-fade 1` runs its sweeps with the control the
+    """`specd bench controller-batch --explore-every 0` runs its sweeps with the control the
     verifier's own flag would give it (a mechanism switched off offline, as served); a
     value the config refuses is a usage error."""
     configs = []
@@ -125,8 +125,8 @@ def test_the_verifiers_control_flags_reach_every_simulated_sweep(monkeypatch, ca
 
     monkeypatch.setattr(controller_batch, "trial", recorded)
     argv = ["--trials", "2", "--concurrency", "1", "--ks", "0"]
-    assert controller_batch.main([*argv, "--route-fade", "1", "--explore-every", "0"]) == 0
-    assert [(c.route_fade, c.explore_every, c.horizon) for c in configs] == [(1.0, 0, 32)] * 2
+    assert controller_batch.main([*argv, "--explore-window", "0.2", "--explore-every", "0"]) == 0
+    assert [(c.explore_window, c.explore_every, c.horizon) for c in configs] == [(0.2, 0, 32)] * 2
     with pytest.raises(SystemExit):
-        controller_batch.main([*argv, "--route-fade", "2"])
-    assert "route_fade must be in [0, 1]" in capsys.readouterr().err
+        controller_batch.main([*argv, "--explore-window", "2"])
+    assert "explore_window must be in [0, 1]" in capsys.readouterr().err

@@ -30,17 +30,11 @@ class PositionAcceptance:
     trials: list[float] = field(default_factory=list)
     hits: list[float] = field(default_factory=list)
 
-    def record(self, k: int, accepted: int, fade: float = 1.0) -> None:
-        """A round of k drafts, `accepted` of them. Positions k and past (the round could
-        not reach them) that read under the position before fade by `fade` toward it,
-        so one measured low returns to be drafted again; one that reads higher keeps
-        its rate, as drafting that deep again is what measures it."""
+    def record(self, k: int, accepted: int) -> None:
+        """A round of k drafts, `accepted` of them: positions up to the first rejected
+        one were tried (none past k)."""
         if k <= 0:
             return
-        for i in range(k, len(self.trials)):
-            if self.hits[i] * self.trials[i - 1] < self.hits[i - 1] * self.trials[i]:
-                self.trials[i] *= fade
-                self.hits[i] *= fade
         reached = min(accepted + 1, k)  # positions 0..accepted were tried (not past k)
         grow = reached - len(self.trials)
         if grow > 0:

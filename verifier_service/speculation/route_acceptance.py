@@ -17,8 +17,10 @@ class RouteAcceptance:
     and the estimate returns to the prior: a short one, never worth more than
     `max_rounds` rounds, and a long one of `long_rounds`. A route's estimate is, per
     position, the long one's, or the short one's where that is higher by more than `z`
-    of its standard errors. Positions a round could not reach (k and past) that read under
-    the position before fade by `fade` a round toward it (`PositionAcceptance.record`).
+    of its standard errors. A position no round reaches any more returns toward the one
+    before it (its prior): its counts halve with time and shrink as each round past a
+    memory's bound scales every position down, while the rounds that go on add to those
+    before it.
 
     Why two: drafting stops on a bad streak, so the last rounds before a route goes plain
     are its worst; the long memory holds its level through them. After a real burst the
@@ -32,7 +34,6 @@ class RouteAcceptance:
         self.half_life_s = c.route_half_life_s
         self.max_rounds = c.route_short_rounds
         self.long_rounds = c.route_long_rounds
-        self.fade = c.route_fade
         self.clock = clock
         self._short: dict[str, PositionAcceptance] = {}
         self._long: dict[str, PositionAcceptance] = {}
@@ -59,7 +60,7 @@ class RouteAcceptance:
             return
         short, long = self._aged(route)
         for memory, rounds in ((short, self.max_rounds), (long, self.long_rounds)):
-            memory.record(k, accepted, self.fade)
+            memory.record(k, accepted)
             memory.limit(rounds)
         d, a = self._overall.get(route, [0.0, 0.0])
         self._overall[route] = [d + (k if drafted is None else drafted), a + accepted]

@@ -137,9 +137,27 @@ def triton_ops():
         if os.environ.get("CI"):
             pytest.fail("Triton is not installed: the GPU step's kernels go untested")
         pytest.skip("Triton is not installed")
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        _interpret_without_overflow_checks()
     from specd.models.gpu import triton_attention, triton_layer_ops
 
     return triton_attention, triton_layer_ops
+
+
+def _interpret_without_overflow_checks() -> None:
+    """Triton's interpreter checks every int32 add, subtract and multiply for overflow by
+    doing it again in int64 (a third of its time on these tests); at the tests' shapes no
+    int32 index comes near 2^31, and the kernels' K/V slots, the indices that grow with the
+    pool, are int64 (specd.models.gpu.step_inputs). A compiled kernel checks nothing."""
+    import dataclasses
+
+    try:  # Triton's internals: where they differ, the interpreter keeps its checks
+        from triton.runtime.interpreter import interpreter_builder as builder
+    except ImportError:
+        return
+    options = getattr(builder, "options", None)
+    if dataclasses.is_dataclass(options) and hasattr(options, "sanitize_overflow"):
+        builder.options = dataclasses.replace(options, sanitize_overflow=False)
 
 
 def wait_for(condition, timeout: float = 30.0, every: float = 0.02) -> None:

@@ -92,18 +92,23 @@ def make_tiny(kind: str, folder, seed: int = 0):
 
 @pytest.fixture
 def gguf_opens(monkeypatch):
-    """Every `gguf.GGUFReader(path)` the test makes, counted: -> (the paths opened, the
-    reader class itself, to open a file uncounted)."""
+    """Every `gguf.GGUFReader` (or subclass) the test opens, counted: -> (the paths
+    opened, a function that opens a file uncounted)."""
     import gguf
 
-    opened, open_file = [], gguf.GGUFReader
+    opened, init = [], gguf.GGUFReader.__init__
 
-    def counted(path, *args, **kwargs):
+    def counted(self, path, *args, **kwargs):
         opened.append(path)
-        return open_file(path, *args, **kwargs)
+        init(self, path, *args, **kwargs)
 
-    monkeypatch.setattr(gguf, "GGUFReader", counted)
-    return opened, open_file
+    def uncounted(path):
+        reader = object.__new__(gguf.GGUFReader)
+        init(reader, path)
+        return reader
+
+    monkeypatch.setattr(gguf.GGUFReader, "__init__", counted)
+    return opened, uncounted
 
 
 @pytest.fixture(scope="session", params=["llama", "qwen2"])

@@ -110,13 +110,15 @@ def convert_gguf(gguf_path: Path, folder: Path) -> Path:
 @contextlib.contextmanager
 def _one_reader(path: Path):
     """transformers opens a GGUF for its config, its tokenizer and twice for the model, and
-    `gguf.GGUFReader` builds every vocabulary string in Python as it opens one (~7 s for
-    Qwen's 151,936 tokens on a 2-core AMD EPYC): while converting, every open of `path`
-    gets one reader, yielded (transformers imports the class from `gguf` at each call)."""
+    a reader builds every vocabulary string in Python as it opens one (`open_gguf`):
+    while converting, every open of `path` gets one reader, yielded (transformers imports
+    the class from `gguf` at each call)."""
     import gguf
 
+    from specd.models.gguf_blocks import open_gguf
+
     open_file = gguf.GGUFReader
-    reader = open_file(path)
+    reader = open_gguf(path)
 
     def opened(p, *args, **kwargs):
         return reader if Path(p).resolve() == path.resolve() else open_file(p, *args, **kwargs)

@@ -123,3 +123,24 @@ def test_a_ggufs_tensors_are_read_through_its_table_as_the_reader_reads_them(tmp
     write_gguf(path, seed=1)  # a new file at the same path: read again, not through the table
     _, tensors = gb.tensors_of(path, table)
     assert len(opened) == 2 and tensors[-1].data.view(np.float32)[0] == 1
+
+
+def test_the_plain_array_reader_reads_what_the_gguf_package_reads(tmp_path):
+    """open_gguf: every metadata field (its parts, types and value indices) and every
+    tensor (type, shape, offset, bytes) as `gguf.GGUFReader` parses them from the map."""
+    import gguf
+
+    path = tmp_path / "m.gguf"
+    write_gguf(path)
+    ours, theirs = gb.open_gguf(path), gguf.GGUFReader(str(path))
+    assert type(ours.data) is np.ndarray and isinstance(theirs.data, np.memmap)
+    assert list(ours.fields) == list(theirs.fields) and "tokenizer.ggml.tokens" in ours.fields
+    for name, field in ours.fields.items():
+        other = theirs.fields[name]
+        assert (field.offset, field.types, field.data) == (other.offset, other.types, other.data)
+        assert len(field.parts) == len(other.parts)
+        assert all(np.array_equal(a, b) for a, b in zip(field.parts, other.parts, strict=True))
+    assert len(ours.tensors) == len(theirs.tensors) == 3
+    for a, b in zip(ours.tensors, theirs.tensors, strict=True):
+        assert (a.name, a.tensor_type, a.data_offset) == (b.name, b.tensor_type, b.data_offset)
+        assert np.array_equal(a.shape, b.shape) and np.array_equal(a.data, b.data)

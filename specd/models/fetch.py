@@ -6,6 +6,7 @@ needs pip and the standard library, so `make` runs it while it installs the rest
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import shutil
 import subprocess
@@ -92,7 +93,7 @@ def convert_gguf(gguf_path: Path, folder: Path) -> Path:
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     kwargs = {"gguf_file": gguf_path.name}
-    with _one_reader(gguf_path) as reader:
+    with _parsed_once(gguf_path) as reader:
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(
             gguf_path.parent, dtype=torch.bfloat16, **kwargs
@@ -108,26 +109,28 @@ def convert_gguf(gguf_path: Path, folder: Path) -> Path:
 
 
 @contextlib.contextmanager
-def _one_reader(path: Path):
+def _parsed_once(path: Path):
     """transformers opens a GGUF for its config, its tokenizer and twice for the model, and
-    a reader builds every vocabulary string in Python as it opens one (`open_gguf`):
-    while converting, every open of `path` gets one reader, yielded (transformers imports
-    the class from `gguf` at each call)."""
+    a reader builds every vocabulary string in Python as it opens one (`open_gguf`); it
+    also builds `gguf`'s table of tensor names again for each of the model's ~400
+    modules. While converting, every open of `path` gets one reader, yielded, and each
+    architecture and depth one table (transformers imports both from `gguf` at each
+    call; a table is only read)."""
     import gguf
 
     from specd.models.gguf_blocks import open_gguf
 
-    open_file = gguf.GGUFReader
+    open_file, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
     reader = open_gguf(path)
 
     def opened(p, *args, **kwargs):
         return reader if Path(p).resolve() == path.resolve() else open_file(p, *args, **kwargs)
 
-    gguf.GGUFReader = opened
+    gguf.GGUFReader, gguf.get_tensor_name_map = opened, functools.cache(name_map)
     try:
         yield reader
     finally:
-        gguf.GGUFReader = open_file
+        gguf.GGUFReader, gguf.get_tensor_name_map = open_file, name_map
 
 
 def _save_dense(model, folder: Path) -> None:

@@ -15,12 +15,12 @@ store q/k rows permuted for llama.cpp's RoPE, undone here on whole rows (exact).
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
 
+import gguf
 import numpy as np
 import torch
 
@@ -91,8 +91,6 @@ _EXACT = {"Q4_K": (144, q4_k, 4), "Q6_K": (210, q6_k, 6)}
 def to_qweight(tensor, mode: str) -> QWeight | None:
     """One GGUFReader tensor -> QWeight in `mode` ('int4' or 'int8'); None when its shape
     does not fit the kernel's tiles (it then stays dense)."""
-    import gguf
-
     kind = tensor.tensor_type.name
     rows, cols = int(tensor.shape[1]), int(tensor.shape[0])  # GGUF lists shape inner-first
     if not fits((rows, cols)):
@@ -141,30 +139,25 @@ def read_gguf(path: Path, mode: str, config, table: Path) -> dict[str, QWeight]:
     return out
 
 
-def open_gguf(path: Path):
-    """A `gguf.GGUFReader` of `path` over a plain ndarray view of its map. The reader
-    slices its map a few times for each metadata value it parses, and every slice of an
-    `np.memmap` runs the subclass's Python hooks: with Qwen's 151,936 vocabulary strings
-    and merges that was most of an open (7.5 s of 12 on a 2-core Xeon), and of the
-    `gguf` package's dequantising, which splits each tensor into rows. The view reads
-    the same bytes from the same map, which it keeps open."""
-    return _plain_reader()(str(path))
+def open_gguf(path: Path) -> PlainReader:
+    """A `gguf.GGUFReader` of `path` over a plain ndarray view of its map (`PlainReader`)."""
+    return PlainReader(str(path))
 
 
-@functools.cache
-def _plain_reader():
-    import gguf
+class PlainReader(gguf.GGUFReader):
+    """The reader slices its map a few times for each metadata value it parses, and every
+    slice of an `np.memmap` runs the subclass's Python hooks: with Qwen's 151,936
+    vocabulary strings and merges that was most of an open (7.5 s of 12 on a 2-core
+    Xeon), and of the `gguf` package's dequantising, which splits each tensor into rows.
+    The view reads the same bytes from the same map, which it keeps open."""
 
-    class PlainReader(gguf.GGUFReader):
-        @property
-        def data(self) -> np.ndarray:
-            return self._plain
+    @property
+    def data(self) -> np.ndarray:
+        return self._plain
 
-        @data.setter
-        def data(self, mapped: np.ndarray) -> None:
-            self._plain = mapped.view(np.ndarray)
-
-    return PlainReader
+    @data.setter
+    def data(self, mapped: np.ndarray) -> None:
+        self._plain = mapped.view(np.ndarray)
 
 
 def write_table(reader, path: Path, table: Path) -> dict:
@@ -190,8 +183,6 @@ def tensors_of(path: Path, table: Path) -> tuple[str, list[SimpleNamespace]]:
     A reader parses every metadata value in Python as it opens a file (`open_gguf`): it
     opens the file once, for the table kept at `table`; the tensors are then read through
     the table while the file's size and time are the ones it names."""
-    import gguf
-
     stat = path.stat()
     entry = json.loads(table.read_text()) if table.exists() else None
     if entry is None or entry["file"] != [stat.st_size, stat.st_mtime_ns]:

@@ -77,7 +77,7 @@ kernels: $(TORCH)
 KERNEL_TESTS := tests/unit/test_qlinear.py tests/unit/test_paged_attention.py \
   tests/unit/test_layer_ops.py tests/unit/test_decoder_stack.py tests/unit/test_weights.py \
   tests/unit/test_mixed_steps.py tests/unit/test_native.py tests/unit/test_prefix_cache.py \
-  tests/unit/test_huge_pages.py tests/real/test_real_formats.py
+  tests/unit/test_huge_pages.py tests/unit/test_matmul.py tests/real/test_real_formats.py
 
 # the tests and what they need, side by side (a fresh machine converts the models while it
 # compiles the kernels), then the kernel tests again on each other build

@@ -12,11 +12,14 @@ AVX512) MKL reads the 1.5B's [17920, 1536] fp32 matrix at 16 GB/s for one row an
 for 4-17 rows, oneDNN at 25 and 14-20 GB/s. Below `ONEDNN_MIN` weights its fixed cost per
 call (~10 us) outweighs that.
 
-Batch-invariant mode: every bf16/fp16 forward goes through `W @ X^T` in tiles of exactly
-`INVARIANT_TILE` rows (zero-padded), so a row's numbers never depend on how many rows
-share the forward (decode of 1 vs verification of k+1 vs other sequences). fp32 is not
-tiled (on a CPU without bf16 that would cost 16x the decode compute); its greedy parity
-is tested on the real pair.
+Batch-invariant mode (decode and verification steps): a row's numbers never depend on
+how many rows share the forward (decode of 1 vs verification of k+1 vs other sequences).
+bf16/fp16 go through `W @ X^T` in tiles of exactly `INVARIANT_TILE` rows (zero-padded);
+fp32 on a CPU through the native kernel (kernels/dense_linear.cpp: each row summed in one
+order, no padding, where tiles would cost a decode step 16x its compute; at 2-16 rows it
+also reads the weights faster than oneDNN). fp32 where the kernel does not run (no AVX2,
+a GPU) keeps the paths below, and its greedy parity rests on rounding not flipping an
+argmax.
 
 Quantised weights (specd.models.qlinear) go to their own kernel, batch-invariant for any
 row count; matrices that could not be fused (q/k/v of different bit widths) are a list.
@@ -28,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from specd.config import INVARIANT_TILE
+from specd.models.native import kernel
 from specd.models.qlinear import QWeight, qlinear, qlinear_parts
 
 SMALL_M = 16
@@ -51,9 +55,9 @@ def linear(
     elif isinstance(w, list):
         y = torch.cat([linear(x, part, invariant=invariant) for part in w], dim=-1)
     elif invariant and x.dtype != torch.float32:
-        # reduced precision only: fp32 keeps its own path (16-row tiles would cost a decode
-        # step 16x the compute where there is no bf16 hardware; fp32 parity is tested)
         y = _tiled(x, w)
+    elif invariant and _dense_kernel_fits(x, w):
+        y = kernel().dense_linear(x.contiguous(), w)
     elif _onednn_fits(x, w):
         y = torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
     elif m == 1 and x.device.type == "cpu":
@@ -72,6 +76,12 @@ def _onednn_fits(x: torch.Tensor, w: torch.Tensor) -> bool:
     """fp32 on the CPU, a matrix big enough to pay oneDNN's fixed cost (see above)."""
     fp32 = x.dtype == w.dtype == torch.float32
     return _ONEDNN and fp32 and x.device.type == "cpu" and w.numel() >= ONEDNN_MIN
+
+
+def _dense_kernel_fits(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """fp32 on the CPU, where the native kernels run."""
+    fp32 = x.dtype == w.dtype == torch.float32 and w.is_contiguous()
+    return fp32 and x.device.type == "cpu" and kernel() is not None
 
 
 def _tiled(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,7 @@ _SOURCES = [
         "bindings.cpp",
         "qlinear.cpp",
         "paged_attention.cpp",
+        "dense_linear.cpp",
         "layer_ops.cpp",
         "decoder.cpp",
     )

@@ -22,3 +22,19 @@ def test_linear_is_x_times_w_transposed_plus_b(dtype, rows, out_features):
         # a bf16 result is rounded to bf16's 8 bits; fp32 sums 128 products to within 1e-4
         tol = 0.1 if dtype == torch.bfloat16 else 1e-4
         torch.testing.assert_close(got.double(), want, atol=tol, rtol=0.02)
+
+
+@pytest.mark.parametrize(("inputs", "outputs"), [(1536, 64), (1541, 7), (8, 1)])  # K % 8, N % 3
+def test_fp32_rows_round_the_same_whatever_rows_share_the_call(cpu_kernels, inputs, outputs):
+    """Batch-invariant fp32 on a CPU (the native kernel): each row's bits are those it has
+    alone, at every row count and place in the register blocks, and x W^T to fp32's
+    precision."""
+    g = torch.Generator().manual_seed(inputs)
+    x = torch.randn(21, inputs, generator=g)
+    w = torch.randn(outputs, inputs, generator=g)
+    alone = torch.cat([matmul.linear(x[r : r + 1], w, invariant=True) for r in range(len(x))])
+    torch.testing.assert_close(alone.double(), x.double() @ w.double().T, atol=1e-3, rtol=1e-5)
+    for rows in (2, 3, 4, 5, 8, 17, 21):
+        assert torch.equal(matmul.linear(x[:rows], w, invariant=True), alone[:rows]), rows
+    order = torch.randperm(len(x), generator=g)
+    assert torch.equal(matmul.linear(x[order], w, invariant=True), alone[order])

@@ -1,5 +1,6 @@
-"""bf16 batch-invariant mode on the real target: a token's logits are bitwise the same
-whether it is decoded alone or verified inside a (k+1)-token forward."""
+"""Batch-invariant mode on the real target's dense weights: a token's logits are bitwise
+the same whether it is decoded alone or verified inside a (k+1)-token forward, in bf16
+(16-row tiles) and in fp32 with an fp16 K/V cache (the dense fp32 kernel)."""
 
 import dataclasses
 
@@ -14,8 +15,12 @@ from tests.conftest import real_model_or_skip
 
 
 @pytest.mark.real
-def test_decode_and_verification_agree_bitwise_in_bf16():
-    model = load_model(real_model_or_skip(DEFAULT_TARGET), dtype="bf16", device="cpu")
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_decode_and_verification_agree_bitwise(request, dtype):
+    if dtype == "fp32":
+        request.getfixturevalue("cpu_kernels")  # fp32's invariant matmul is native
+    model = load_model(real_model_or_skip(DEFAULT_TARGET), dtype=dtype, device="cpu")
+    assert model.kv_dtype == (torch.float16 if dtype == "fp32" else torch.bfloat16)
     # Its first 4 of 28 layers, and the head: the layers have one shape and run one code
     # path, so a row that rounds differently beside others does so in the first, and the
     # residual stream carries that to the logits. A forward of all 28 costs ~6 s in 16-row

@@ -1,15 +1,16 @@
-"""The real default pair (Qwen2.5-Coder 0.5B drafting for 1.5B): greedy parity in fp32.
+"""The real default pair (Qwen2.5-Coder 0.5B drafting for 1.5B): greedy parity in fp32
+with the target's dense weights (`--weights bf16` where the CPU has no bf16 arithmetic).
 
-fp32 is the one format whose matmul is not tiled for batch invariance (specd.models.matmul:
-oneDNN's linear, or for small matrices `torch.mv`, `torch.mm` or `F.linear` by row count),
-so a row may round differently with the rows beside it, and its parity rests on fp32
-rounding never flipping an argmax. One run with speculation, as for every other format
-(test_real_formats): the draft model with its runner-up alternatives (tree verification), a
-different k per request, so that verification rows of every width share the batch and the
-forward's row count moves from 4 to past 16; the leaves forced, not priced. The draft model
-runs the drafter's default weights (int4 where the CPU kernels run): what it proposes does
-not change what parity means, and an unquantised fp32 draft took a third of the test. The
-proposers and each k alone are checked on the tiny pair (test_engine)."""
+Its decode and verification steps run the dense fp32 kernel (specd.models.matmul,
+kernels/dense_linear.cpp), which sums each row in one order whatever rows share the call;
+tests/unit/test_matmul.py checks that bit for bit. One run with speculation, as for every
+other format (test_real_formats): the draft model with its runner-up alternatives (tree
+verification), a different k per request, so that verification rows of every width share
+the batch and the forward's row count moves from 4 to past 16; the leaves forced, not
+priced. The draft model runs the drafter's default weights (int4 where the CPU kernels
+run): what it proposes does not change what parity means, and an unquantised fp32 draft
+took a third of the test. The proposers and each k alone are checked on the tiny pair
+(test_engine)."""
 
 import pytest
 

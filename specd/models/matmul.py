@@ -17,9 +17,9 @@ how many rows share the forward (decode of 1 vs verification of k+1 vs other seq
 bf16/fp16 go through `W @ X^T` in tiles of exactly `INVARIANT_TILE` rows (zero-padded);
 fp32 on a CPU through the native kernel (kernels/dense_linear.cpp: each row summed in one
 order, no padding, where tiles would cost a decode step 16x its compute; at 2-16 rows it
-also reads the weights faster than oneDNN). fp32 where the kernel does not run (no AVX2,
-a GPU) keeps the paths below, and its greedy parity rests on rounding not flipping an
-argmax.
+also reads the weights faster than oneDNN). fp32 where the kernel does not run (a CPU
+without AVX2; CUDA without specd.models.gpu's step) keeps the paths below, and its greedy
+parity rests on rounding not flipping an argmax.
 
 Quantised weights (specd.models.qlinear) go to their own kernel, batch-invariant for any
 row count; matrices that could not be fused (q/k/v of different bit widths) are a list.

@@ -21,6 +21,12 @@ also reads the weights faster than oneDNN). fp32 where the kernel does not run (
 without AVX2; CUDA without specd.models.gpu's step) keeps the paths below, and its greedy
 parity rests on rounding not flipping an argmax.
 
+fp32 activations over a 16-bit checkpoint's matrices, kept 16-bit in memory (the loader,
+where the kernel runs): decode and verification, and any call of up to 64 rows, in the
+kernel, which widens each weight in a register (the bits of their fp32 copy from half the
+bytes); prefill in slabs widened to fp32, within ~10% of fp32 weights' time on one AVX2
+core (docs/benchmarks-log.md).
+
 Quantised weights (specd.models.qlinear) go to their own kernel, batch-invariant for any
 row count; matrices that could not be fused (q/k/v of different bit widths) are a list.
 """
@@ -35,6 +41,8 @@ from specd.models.native import kernel
 from specd.models.qlinear import QWeight, qlinear, qlinear_parts
 
 SMALL_M = 16
+DENSE_KERNEL_WEIGHTS = (torch.float32, torch.bfloat16, torch.float16)
+WIDEN_ROWS, SLAB = 64, 256  # fp32 x over a 16-bit w: see `_widened`
 ONEDNN_MIN = 1 << 19  # weights
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
@@ -58,6 +66,8 @@ def linear(
         y = _tiled(x, w)
     elif invariant and _dense_kernel_fits(x, w):
         y = kernel().dense_linear(x.contiguous(), w)
+    elif w.dtype != x.dtype:
+        y = _widened(x, w)
     elif _onednn_fits(x, w):
         y = torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
     elif m == 1 and x.device.type == "cpu":
@@ -79,9 +89,30 @@ def _onednn_fits(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 
 def _dense_kernel_fits(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """fp32 on the CPU, where the native kernels run."""
-    fp32 = x.dtype == w.dtype == torch.float32 and w.is_contiguous()
+    """fp32 activations on the CPU, where the native kernels run; weights fp32 or 16-bit."""
+    fp32 = x.dtype == torch.float32 and w.dtype in DENSE_KERNEL_WEIGHTS and w.is_contiguous()
     return fp32 and x.device.type == "cpu" and kernel() is not None
+
+
+def _widened(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """fp32 x over a 16-bit w: the native kernel up to `WIDEN_ROWS` rows (there it reads
+    half the bytes of an fp32 w); past them, where the product is compute-bound and the
+    kernel's register blocks reload x from cache, slabs of `SLAB` rows of w widened in
+    turn into one fp32 buffer, each multiplied as an fp32 w would be."""
+    if x.shape[0] <= WIDEN_ROWS and _dense_kernel_fits(x, w):
+        return kernel().dense_linear(x.contiguous(), w)
+    out = x.new_empty(x.shape[0], w.shape[0])
+    slab = x.new_empty(min(SLAB, w.shape[0]), w.shape[1])
+    for n in range(0, w.shape[0], SLAB):
+        part = slab[: min(SLAB, w.shape[0] - n)]
+        part.copy_(w[n : n + SLAB])
+        if _ONEDNN and x.device.type == "cpu":
+            out[:, n : n + part.shape[0]] = torch.ops.mkldnn._linear_pointwise(
+                x, part, None, "none", [], ""
+            )
+        else:
+            out[:, n : n + part.shape[0]] = F.linear(x, part)
+    return out
 
 
 def _tiled(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

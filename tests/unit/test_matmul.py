@@ -38,3 +38,27 @@ def test_fp32_rows_round_the_same_whatever_rows_share_the_call(cpu_kernels, inpu
         assert torch.equal(matmul.linear(x[:rows], w, invariant=True), alone[:rows]), rows
     order = torch.randperm(len(x), generator=g)
     assert torch.equal(matmul.linear(x[order], w, invariant=True), alone[order])
+
+
+@pytest.mark.parametrize("wdtype", [torch.bfloat16, torch.float16])
+def test_fp32_rows_over_16bit_weights_have_the_bits_of_their_fp32_copy(cpu_kernels, wdtype):
+    """fp32 activations over a 16-bit matrix (a 16-bit checkpoint read under fp32): the
+    kernel widens each weight in a register, so every row count up to `WIDEN_ROWS`, and
+    every invariant call, gives exactly what the fp32 copy of the matrix gives; past
+    `WIDEN_ROWS` (prefill) the matrix is widened a slab at a time, across a partial last
+    slab, to fp32's precision."""
+    g = torch.Generator().manual_seed(7)
+    inputs, outputs = 1541, matmul.SLAB + 5  # K % 8 and a partial slab
+    w16 = torch.randn(outputs, inputs, generator=g).to(wdtype)
+    w32 = w16.float()
+    b = torch.randn(outputs, generator=g)
+    x = torch.randn(matmul.WIDEN_ROWS + 3, inputs, generator=g)
+    for rows in (1, 4, 17, matmul.WIDEN_ROWS, len(x)):
+        want = matmul.linear(x[:rows], w32, b, invariant=True)
+        assert torch.equal(matmul.linear(x[:rows], w16, b, invariant=True), want), rows
+        if rows <= matmul.WIDEN_ROWS:
+            assert torch.equal(matmul.linear(x[:rows], w16, b), want), rows
+    prefill = matmul.linear(x, w16, b)
+    assert prefill.dtype == torch.float32 and prefill.shape == (len(x), outputs)
+    want = x.double() @ w32.double().T + b.double()
+    torch.testing.assert_close(prefill.double(), want, atol=1e-3, rtol=1e-5)

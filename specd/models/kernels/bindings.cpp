@@ -16,7 +16,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using release = pybind11::call_guard<pybind11::gil_scoped_release>;
   m.def("qlinear", &qlinear, "group-quantised linear (AVX512-VNNI or AVX2)", release());
   m.def("qlinear_parts", &qlinear_parts, "qlinear of matrices side by side, x quantised once", release());
-  m.def("dense_linear", &dense_linear, "fp32 linear, a row's sums in one order whatever the rows (AVX2)", release());
+  m.def("dense_linear", &dense_linear, "fp32 linear over fp32, bf16 or fp16 weights, a row's sums in one order whatever the rows (AVX2)", release());
   m.def("activation_block", &activation_block, "the block along K of one activation scale, for weights of this width");
   m.def("amx_available", &amx_available, "whether qlinear may use AMX in this process");
   m.def("set_amx_min_rows", &set_amx_min_rows, "qlinear calls of this many rows use AMX (0: never); -> the old value");

@@ -11,7 +11,8 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& records, const at::Ten
 at::Tensor qlinear_parts(const at::Tensor& x, const std::vector<at::Tensor>& records,
                          const std::vector<int64_t>& bits, const at::Tensor& bias,
                          at::ScalarType out_dtype);
-// fp32 x [M, K] @ w [N, K]^T, each row summed in one order whatever M (dense_linear.cpp)
+// fp32 x [M, K] @ w [N, K]^T (w fp32, bf16 or fp16), each row summed in one order
+// whatever M (dense_linear.cpp)
 at::Tensor dense_linear(const at::Tensor& x, const at::Tensor& w);
 int64_t activation_block(int64_t bits);   // qlinear.cpp: activations' block along K for a width
 bool amx_available();                      // qlinear.cpp: AMX granted to this process

@@ -170,7 +170,7 @@ class LlamaModel:
                 self._embed_rows = RowCache(self.embed, self.dtype)  # built again if replaced
             x = self._embed_rows(plan.input_ids)  # [T, H]
         else:
-            x = self.embed.index_select(0, plan.input_ids)
+            x = self.embed.index_select(0, plan.input_ids).to(self.dtype)  # (16-bit: fp32)
         cos, sin = self._rope(plan.positions, plan.end)
         if plan.paged is not None:  # every layer in one native call where it can
             if self._stack is None:

@@ -12,6 +12,7 @@ from specd.models.args import ModelArgs, default_device, parse_dtype, rope_inv_f
 from specd.models.draft_cuts import four_bit_layers, trim_to_vocab
 from specd.models.hf_config import load_config
 from specd.models.llama import Layer, LlamaModel
+from specd.models.native import kernel
 from specd.models.paged_kv import kv_dtype
 from specd.models.resolve import resolve  # noqa: F401 (re-exported)
 from specd.models.weights import QUANTISED, choose, fuse, load_quantised, map_matrix
@@ -76,20 +77,27 @@ def prepare_weights(folder: Path, fmt: str) -> Path:
 
 class _Tensors:
     """Every weight of one model in its serving form: quantised matrices where `fmt` has
-    them, the rest dense in `dtype` on `device`; q/k/v and gate/up fused."""
+    them, the rest dense in `dtype` on `device`; q/k/v and gate/up fused. fp32 on a CPU
+    that runs the dense kernel (specd.models.matmul) keeps a 16-bit checkpoint's matrices
+    16-bit: the kernel widens each weight in a register, the same products from half the
+    memory; norms and biases are fp32."""
 
     def __init__(self, folder: Path, dense: DenseTensors, quant: dict, dtype, device):
         self.folder, self.dense, self.quant = folder, dense, quant
         self.dtype, self.device = dtype, device
+        fp32_cpu = dtype == torch.float32 and device.type == "cpu"
+        self.keep_16bit = fp32_cpu and kernel() is not None
 
-    def take(self, name: str, required: bool = True):
+    def take(self, name: str, required: bool = True, matrix: bool = False):
         if name in self.quant:
             return self.quant.pop(name)
         if name not in self.dense:
             if required:
                 raise KeyError(f"{self.folder}: weight {name!r} missing")
             return None
-        return self.dense(name).to(device=self.device, dtype=self.dtype).contiguous()
+        stored = self.dense(name)
+        dtype = self._matrix_dtype(stored.dtype) if matrix else self.dtype
+        return stored.to(device=self.device, dtype=dtype).contiguous()
 
     def cat(self, fused: str, *names: str):
         if fused in self.quant:  # fused in the cache file (specd.models.weights.FUSED)
@@ -98,10 +106,17 @@ class _Tensors:
             # dense: each part converted straight into its rows of the fused matrix
             stored = [self.dense(n).to(self.device) for n in names]
             rows = sum(t.shape[0] for t in stored)
-            out = torch.empty(rows, *stored[0].shape[1:], dtype=self.dtype, device=self.device)
+            dtypes = {t.dtype for t in stored}
+            dtype = self._matrix_dtype(dtypes.pop()) if len(dtypes) == 1 else self.dtype
+            out = torch.empty(rows, *stored[0].shape[1:], dtype=dtype, device=self.device)
             torch.cat(stored, dim=0, out=out)
             return out
-        return fuse([self.take(n) for n in names])
+        return fuse([self.take(n, matrix=True) for n in names])
+
+    def _matrix_dtype(self, stored: torch.dtype) -> torch.dtype:
+        return (
+            stored if self.keep_16bit and stored in (torch.bfloat16, torch.float16) else self.dtype
+        )
 
     def layer(self, i: int) -> Layer:
         p = f"layers.{i}."
@@ -118,13 +133,13 @@ class _Tensors:
             attn_norm=self.take(p + "input_layernorm.weight"),
             wqkv=wqkv,
             bqkv=None if bqkv is None else bqkv.contiguous(),
-            wo=self.take(a + "o_proj.weight"),
+            wo=self.take(a + "o_proj.weight", matrix=True),
             bo=self.take(a + "o_proj.bias", required=False),
             mlp_norm=self.take(p + "post_attention_layernorm.weight"),
             w_gate_up=self.cat(
                 p + "mlp.gate_up_proj.weight", p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"
             ),
-            w_down=self.take(p + "mlp.down_proj.weight"),
+            w_down=self.take(p + "mlp.down_proj.weight", matrix=True),
         )
 
 
@@ -155,8 +170,8 @@ def load_model(
     quant = load_quantised(folder, fmt, config, dense) if fmt in QUANTISED else {}
     tensors = _Tensors(folder, dense, quant, dt, dev)
     layers = [tensors.layer(i) for i in range(args.num_layers)]
-    embed = tensors.take("embed_tokens.weight")
-    lm_head = tensors.take("lm_head.weight", required=not args.tie_word_embeddings)
+    embed = tensors.take("embed_tokens.weight", matrix=True)
+    lm_head = tensors.take("lm_head.weight", required=not args.tie_word_embeddings, matrix=True)
     inv_freq, scale = rope_inv_freq(config)
     norm = tensors.take("norm.weight")
     head = embed if lm_head is None else lm_head

@@ -2,7 +2,8 @@
 with the target's dense weights (`--weights bf16` where the CPU has no bf16 arithmetic).
 
 Its decode and verification steps run the dense fp32 kernel (specd.models.matmul,
-kernels/dense_linear.cpp), which sums each row in one order whatever rows share the call;
+kernels/dense_linear.cpp) over the checkpoint's bf16 matrices, kept bf16 in memory and
+widened in registers; it sums each row in one order whatever rows share the call, and
 tests/unit/test_matmul.py checks that bit for bit. One run with speculation, as for every
 other format (test_real_formats): the draft model with its runner-up alternatives (tree
 verification), a different k per request, so that verification rows of every width share
@@ -13,6 +14,7 @@ took a third of the test. The proposers and each k alone are checked on the tiny
 (test_engine)."""
 
 import pytest
+import torch
 
 from bench.prompts import load_workload
 from drafter_service.draft_model import DraftModelProposer
@@ -32,6 +34,7 @@ def test_real_pair_greedy_parity_fp32():
     tok = load_tokenizer(target_dir)
     prompts = load_workload("code", tok, limit=2) + load_workload("chat", tok, limit=2)
     target = load_model(target_dir, dtype="fp32", device="cpu")
+    assert target.lm_head.dtype == target.layers[0].w_down.dtype == torch.bfloat16
     draft = load_model(draft_dir, dtype="fp32", device="cpu", weights="auto")
     reqs = [dict(prompt=p, max_new_tokens=40, ignore_eos=True) for p in prompts]
     off = run_engine(Engine(target, EngineConfig()), reqs)

@@ -1,6 +1,8 @@
 """Our paged forward against transformers on tiny random models, fp32 (the K/V cache too:
 a 16-bit cache, the default under fp32 activations, is held to its own rounding below)."""
 
+import copy
+
 import torch
 
 from specd.models.loader import load_model
@@ -102,3 +104,30 @@ def test_rope_rows_come_from_a_table_that_holds_what_each_step_would_compute(tin
             assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
             sizes.append(model._rope_table[0].shape[0])
         assert sizes[0] == sizes[1] < sizes[2] < sizes[3] and sizes[3] >= 3000
+
+
+def test_a_16bit_checkpoint_under_fp32_keeps_its_matrices_16bit(tiny, cpu_kernels, tmp_path):
+    """fp32 activations over a bf16 checkpoint on a CPU with the kernels: the matrices stay
+    bf16 in memory (half the bytes), norms and biases fp32, and the logits are those of
+    transformers in fp32 over the same bf16 weights, in prefill (70 rows: the widened
+    slabs) and decode (the native kernel)."""
+    folder, hf = tiny
+    copy.deepcopy(hf).to(torch.bfloat16).save_pretrained(tmp_path)
+    ref = copy.deepcopy(hf)  # the bf16 weights, exactly, in fp32 (its rope tables fp32)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.copy_(p.bfloat16().float())
+    model = load_model(tmp_path, dtype="fp32", device="cpu", kv="fp32")
+    layer = model.layers[0]
+    for w in (model.embed, model.lm_head, layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
+        assert w.dtype == torch.bfloat16
+    assert layer.attn_norm.dtype == model.norm.dtype == torch.float32
+    assert layer.bqkv is None or layer.bqkv.dtype == torch.float32
+    kv = PagedKV.for_model(model, num_blocks=64, block_size=4)
+    ids = torch.randint(3, 96, (73,), generator=torch.Generator().manual_seed(2)).tolist()
+    kv.allocator.allocate("a")
+    got = model.forward(kv, [SeqInput("a", ids[:70], num_logits=70)])
+    assert (got - hf_logits(ref, ids[:70]).cpu()).abs().max() <= TOL
+    for n in range(70, len(ids)):
+        got = model.forward(kv, [SeqInput("a", [ids[n]])])
+        assert (got - hf_logits(ref, ids[: n + 1]).cpu()[-1:]).abs().max() <= TOL

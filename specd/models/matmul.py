@@ -24,8 +24,8 @@ parity rests on rounding not flipping an argmax.
 fp32 activations over a 16-bit checkpoint's matrices, kept 16-bit in memory (the loader,
 where the kernel runs): decode and verification, and any call of up to 64 rows, in the
 kernel, which widens each weight in a register (the bits of their fp32 copy from half the
-bytes); prefill in slabs widened to fp32, within ~10% of fp32 weights' time on one AVX2
-core (docs/benchmarks-log.md).
+bytes); prefill in slabs widened to fp32, within ~15% of fp32 weights' time on one AVX2
+core (docs/benchmarks-log.md section 122).
 
 Quantised weights (specd.models.qlinear) go to their own kernel, batch-invariant for any
 row count; matrices that could not be fused (q/k/v of different bit widths) are a list.
@@ -66,7 +66,7 @@ def linear(
         y = _tiled(x, w)
     elif invariant and _dense_kernel_fits(x, w):
         y = kernel().dense_linear(x.contiguous(), w)
-    elif w.dtype != x.dtype:
+    elif x.dtype == torch.float32 and w.dtype != x.dtype:
         y = _widened(x, w)
     elif _onednn_fits(x, w):
         y = torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")

@@ -69,7 +69,7 @@ def linear(
     elif x.dtype == torch.float32 and w.dtype != x.dtype:
         y = _widened(x, w)
     elif _onednn_fits(x, w):
-        y = torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+        y = _onednn(x, w)
     elif m == 1 and x.device.type == "cpu":
         y = torch.mv(w, x[0]).unsqueeze(0)
     elif m <= SMALL_M and x.device.type == "cpu":
@@ -101,18 +101,18 @@ def _widened(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     turn into one fp32 buffer, each multiplied as an fp32 w would be."""
     if x.shape[0] <= WIDEN_ROWS and _dense_kernel_fits(x, w):
         return kernel().dense_linear(x.contiguous(), w)
+    product = _onednn if _ONEDNN and x.device.type == "cpu" else F.linear
     out = x.new_empty(x.shape[0], w.shape[0])
     slab = x.new_empty(min(SLAB, w.shape[0]), w.shape[1])
     for n in range(0, w.shape[0], SLAB):
         part = slab[: min(SLAB, w.shape[0] - n)]
         part.copy_(w[n : n + SLAB])
-        if _ONEDNN and x.device.type == "cpu":
-            out[:, n : n + part.shape[0]] = torch.ops.mkldnn._linear_pointwise(
-                x, part, None, "none", [], ""
-            )
-        else:
-            out[:, n : n + part.shape[0]] = F.linear(x, part)
+        out[:, n : n + part.shape[0]] = product(x, part)
     return out
+
+
+def _onednn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
 
 
 def _tiled(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

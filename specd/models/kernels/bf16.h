@@ -1,4 +1,5 @@
-// bf16 <-> fp32 in registers, shared by the int8/int4 matmul and paged attention.
+// bf16 <-> fp32 in registers, shared by the int8/int4 matmul, the dense matmul and paged
+// attention.
 // fp32 -> bf16 rounds to nearest even, as torch's .to(bfloat16) does for finite values:
 // add 0x7FFF plus the lowest kept bit, then keep the high 16 bits.
 #pragma once
@@ -29,6 +30,16 @@ inline __m128i bf16_from_floats8(__m256 v) {
 }
 inline __m256 floats_from_bf16_8(__m128i h) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// 8 16-bit values at p widened to fp32, exactly: bf16 (its bits the top half of the
+// fp32's) or fp16 (F16C); shared by paged attention's 16-bit caches and the dense matmul's
+// 16-bit weights
+inline __m256 load8_bf16(const void* p) {
+  return floats_from_bf16_8(_mm_loadu_si128(static_cast<const __m128i*>(p)));
+}
+inline __m256 load8_half(const void* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i*>(p)));
 }
 
 // one value, by its bits, with the same rounding as the vectors above: plain integer

@@ -18,6 +18,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include "bf16.h"
 #include "reduce.h"
 
 #include <algorithm>
@@ -29,16 +30,10 @@ namespace {
 constexpr int RB = 4;  // rows per register block
 constexpr int CB = 3;  // columns per register block: RB x CB accumulators, CB weights, 1 row
 
-// 8 consecutive weights as fp32: as stored, or widened from bf16 (its bits are the top
-// half of the fp32's) or fp16 (F16C)
+// 8 consecutive weights as fp32: as stored, or widened (bf16.h)
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const at::BFloat16* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-inline __m256 load8(const at::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
+inline __m256 load8(const at::BFloat16* p) { return load8_bf16(p); }
+inline __m256 load8(const at::Half* p) { return load8_half(p); }
 
 // the first `n` (< 8) values, the rest zeros
 template <typename T>

@@ -152,9 +152,6 @@ inline V vkeep(V v, int64_t live) {
   return {_mm256_and_ps(v.lo, lanes8(live)), _mm256_and_ps(v.hi, lanes8(live - 8))};
 }
 
-inline __m256 load8_bf16(const at::BFloat16* p) {
-  return floats_from_bf16_8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
 inline void store8_bf16(at::BFloat16* p, __m256 v) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bf16_from_floats8(v));
 }
@@ -165,9 +162,6 @@ template <>
 inline V load16<float>(const float* p) { return vload(p); }
 template <>
 inline V load16<at::BFloat16>(const at::BFloat16* p) { return {load8_bf16(p), load8_bf16(p + 8)}; }
-inline __m256 load8_half(const at::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
 template <>
 inline V load16<at::Half>(const at::Half* p) { return {load8_half(p), load8_half(p + 8)}; }
 

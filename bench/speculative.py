@@ -30,10 +30,11 @@ from verifier_service.engine import Engine
 from verifier_service.request import Request, SpeculationBounds
 
 DEFAULT_CONFIGS = "off,draft:2,draft:3,draft:4,draft:6,ngram:3,ngram:5"
-# draft[-int8][-vN][-auto]:k  e.g. draft-int8-v32768:4 = int8 draft weights, a 32768-token
-# head, k=4; -auto: the speculation controller picks up to k per step;
+# draft[-int8|-int4][-vN][-auto]:k  e.g. draft-int8-v32768:4 = int8 draft weights, a
+# 32768-token head, k=4 (the draft's weights dense without -int8/-int4); -auto: the
+# speculation controller picks up to k per step;
 # -inv (also off-inv): batch-invariant mode;
-# combo[-int8][-vN]:k = n-gram where the text repeats, else that draft model;
+# combo[-int8|-int4][-vN]:k = n-gram where the text repeats, else that draft model;
 # -aN (draft, combo): the runner-up as an alternative leaf beside the first N drafts
 
 
@@ -82,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--configs",
         default=DEFAULT_CONFIGS,
-        help="off, draft[-int8][-vN][-auto][-inv]:k or ngram:k, comma-separated (the "
+        help="off, draft[-int8|-int4][-vN][-auto][-inv]:k or ngram:k, comma-separated (the "
         "module's docstring; default: %(default)s)",
     )
     p.add_argument("--max-new-tokens", type=int, default=128, help=flags.MAX_NEW_TOKENS)
@@ -107,9 +108,10 @@ class DraftModels:
         self.folder, self.dtype, self.loaded = folder, dtype, {}
 
     def __call__(self, kind: str):
-        """draft[-int8][-vN]: the draft model, int8 weights and/or an N-token head."""
+        """draft[-int8|-int4][-vN]: the draft model, int8 or int4 weights and/or an N-token
+        head."""
         mods = kind.split("-")[1:]
-        weights = "int8" if "int8" in mods else "bf16"
+        weights = next((m for m in mods if m in ("int8", "int4")), "bf16")
         vocab = next((int(m[1:]) for m in mods if m.startswith("v")), 0)
         if (weights, vocab) not in self.loaded:
             self.loaded[weights, vocab] = load_draft_model(

@@ -23,8 +23,13 @@ $(TORCH): | $(PY)
 	$(PIP) install -q --disable-pip-version-check ninja numpy
 	touch $(TORCH)
 
+# the rest with uv (from PyPI, into the virtualenv): it resolves and unpacks in a tenth of
+# pip's CPU time, the largest share of a fresh machine's setup. uv reads no pip
+# configuration: where it cannot install (an index only pip is configured for), pip does
 $(STAMP): pyproject.toml $(TORCH)
-	$(PIP) install -q --disable-pip-version-check -e ".[dev]"
+	{ $(PIP) install -q --disable-pip-version-check uv && \
+	  .venv/bin/uv pip install -q --python $(PY) --compile-bytecode -e ".[dev]"; } || \
+	  $(PIP) install -q --disable-pip-version-check -e ".[dev]"
 	touch $(STAMP)
 
 # the real models, fetched and converted, with the int4 weights (the default format) they

@@ -123,11 +123,11 @@ protos: setup
 # deploy/requirements.lock: every package the image installs beside torch, pinned (torch
 # comes from TORCH_SPEC on its own index), for Python 3.11 on x86-64 Linux, resolved
 # against the CPU torch wheel. Regenerate after changing pyproject.toml's dependencies;
-# needs uv (`pip install uv`) and the PyTorch CPU index (or LOCK_TORCH="--find-links DIR"
-# with the wheel in DIR).
-UV         ?= uv
+# needs uv (`make setup` puts it in .venv) and the PyTorch CPU index (or
+# LOCK_TORCH="--find-links DIR" with the wheel in DIR).
+UV         ?= .venv/bin/uv
 LOCK_TORCH ?= --extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match
-lock:
+lock: setup
 	echo "$(TORCH_SPEC)+cpu" > $(TMPDIR)/specd-torch-cpu.txt
 	$(UV) pip compile pyproject.toml --python-version 3.11 \
 	  --python-platform x86_64-manylinux_2_28 $(LOCK_TORCH) \

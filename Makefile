@@ -128,6 +128,7 @@ protos: setup
 UV         ?= .venv/bin/uv
 LOCK_TORCH ?= --extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match
 lock: setup
+	test -x $(UV) || $(PIP) install -q --disable-pip-version-check uv
 	echo "$(TORCH_SPEC)+cpu" > $(TMPDIR)/specd-torch-cpu.txt
 	$(UV) pip compile pyproject.toml --python-version 3.11 \
 	  --python-platform x86_64-manylinux_2_28 $(LOCK_TORCH) \

@@ -1,6 +1,10 @@
 # specd — `make up` starts the local cluster, `make test` runs every check.
 PY      := .venv/bin/python
 PIP     := .venv/bin/pip
+PIP_INSTALL := $(PIP) install -q --disable-pip-version-check
+# uv, from PyPI into the virtualenv where it is not there yet (`make setup`, `make lock`)
+VENV_UV := .venv/bin/uv
+UV_INTO_VENV := test -x $(VENV_UV) || $(PIP_INSTALL) uv
 TORCH   := .venv/.torch-done
 STAMP   := .venv/.setup-done
 TMPDIR  ?= /tmp
@@ -19,17 +23,16 @@ $(PY):
 	python3 -m venv .venv
 
 $(TORCH): | $(PY)
-	$(PIP) install -q --disable-pip-version-check $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(PIP) install -q --disable-pip-version-check ninja numpy
+	$(PIP_INSTALL) $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(PIP_INSTALL) ninja numpy
 	touch $(TORCH)
 
 # the rest with uv (from PyPI, into the virtualenv): it resolves and unpacks in a tenth of
 # pip's CPU time, the largest share of a fresh machine's setup. uv reads no pip
 # configuration: where it cannot install (an index only pip is configured for), pip does
 $(STAMP): pyproject.toml $(TORCH)
-	{ $(PIP) install -q --disable-pip-version-check uv && \
-	  .venv/bin/uv pip install -q --python $(PY) --compile-bytecode -e ".[dev]"; } || \
-	  $(PIP) install -q --disable-pip-version-check -e ".[dev]"
+	{ $(UV_INTO_VENV) && $(VENV_UV) pip install -q --python $(PY) --compile-bytecode -e ".[dev]"; } \
+	  || $(PIP_INSTALL) -e ".[dev]"
 	touch $(STAMP)
 
 # the real models, fetched and converted, with the int4 weights (the default format) they
@@ -125,10 +128,10 @@ protos: setup
 # against the CPU torch wheel. Regenerate after changing pyproject.toml's dependencies;
 # needs uv (`make setup` puts it in .venv) and the PyTorch CPU index (or
 # LOCK_TORCH="--find-links DIR" with the wheel in DIR).
-UV         ?= .venv/bin/uv
+UV         ?= $(VENV_UV)
 LOCK_TORCH ?= --extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match
 lock: setup
-	test -x $(UV) || $(PIP) install -q --disable-pip-version-check uv
+	$(UV_INTO_VENV)
 	echo "$(TORCH_SPEC)+cpu" > $(TMPDIR)/specd-torch-cpu.txt
 	$(UV) pip compile pyproject.toml --python-version 3.11 \
 	  --python-platform x86_64-manylinux_2_28 $(LOCK_TORCH) \

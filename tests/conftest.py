@@ -144,6 +144,7 @@ def triton_ops():
         pytest.skip("Triton is not installed")
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         _interpret_without_overflow_checks()
+        _interpret_device_calls_without_patching_again()
     from specd.models.gpu import triton_attention, triton_layer_ops
 
     return triton_attention, triton_layer_ops
@@ -163,6 +164,43 @@ def _interpret_without_overflow_checks() -> None:
     options = getattr(builder, "options", None)
     if dataclasses.is_dataclass(options) and hasattr(options, "sanitize_overflow"):
         builder.options = dataclasses.replace(options, sanitize_overflow=False)
+
+
+def _interpret_device_calls_without_patching_again() -> None:
+    """Triton's interpreter points the language's builtins at its own at each launch and
+    at each call of a `@triton.jit` function inside it (`_patch_lang`: `inspect.getmembers`
+    over `triton.language`, ~1 ms), `tl.sum` and `tl.max` included, though after the first
+    they already point there (nearly a third of its time on these tests). Within a launch, a
+    function whose language modules were patched earlier in it runs without; the first
+    call for each module patches as before."""
+    try:  # Triton's internals: where they differ, the interpreter keeps its own way
+        import triton.language as tl
+        from triton.runtime import interpreter
+
+        patch, launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
+        empty_scope = interpreter._LangPatchScope
+    except (ImportError, AttributeError):
+        return
+    launches = []  # per launch in progress: the language modules patched so far in it
+
+    def patch_once(fn):
+        modules = {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}
+        if launches and modules and modules <= launches[-1]:
+            return empty_scope()
+        scope = patch(fn)
+        if launches:
+            launches[-1] |= modules
+        return scope
+
+    def launch_patching_once(self, *args, **kwargs):
+        launches.append(set())
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            launches.pop()
+
+    interpreter._patch_lang = patch_once
+    interpreter.GridExecutor.__call__ = launch_patching_once
 
 
 def wait_for(condition, timeout: float = 30.0, every: float = 0.02) -> None:

@@ -183,11 +183,11 @@ def _interpret_device_calls_without_patching_again() -> None:
         return
     launches = []  # per launch in progress: the language modules patched so far in it
 
-    def patch_once(fn):
+    def patch_once(fn, *args, **kwargs):
         modules = {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}
         if launches and modules and modules <= launches[-1]:
             return empty_scope()
-        scope = patch(fn)
+        scope = patch(fn, *args, **kwargs)
         if launches:
             launches[-1] |= modules
         return scope

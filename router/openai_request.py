@@ -20,7 +20,7 @@ def to_request(body: Body, speculation_header: str = "") -> router_pb2.GenerateR
     params = common_pb2.SamplingParams(
         temperature=temperature,
         top_p=body.top_p or 0.0,
-        top_k=body.top_k or 0,
+        top_k=max(body.top_k or 0, 0),  # vLLM's -1 is gRPC's 0: off
         min_p=body.min_p or 0.0,
     )
     if body.seed is not None:

@@ -10,7 +10,11 @@ Where this differs from the OpenAI API, on purpose:
   endpoints, as vLLM allows; so do vLLM's `guided_json`, `guided_regex` and
   `guided_grammar` (a Lark grammar, llguidance's dialect), one constraint per request;
 - extensions, as vLLM names them: `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
-  `return_token_ids`; and specd's `route` and `speculation` ("auto", "on", "off").
+  `return_token_ids`; and specd's `route` and `speculation` ("auto", "on", "off");
+- as in vLLM, `top_p` is in (0, 1] (0 is refused: temperature 0 is greedy) and `top_k: -1`
+  is off, as 0 is;
+- a string with a lone UTF-16 surrogate (a `\\ud800` escape, valid JSON but not text) is
+  refused, naming its field.
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ class Body(_Strict):
     stream_options: StreamOptions | None = None
     max_tokens: Positive | None = None
     temperature: float | None = None
-    top_p: float | None = None
+    top_p: Annotated[float, Field(gt=0)] | None = None  # 0 is unset on gRPC, refused here
     seed: Annotated[int, Field(ge=0, lt=1 << 64)] | None = None
     stop: str | list[str] | None = None
     n: int | None = None
@@ -90,7 +94,7 @@ class Body(_Strict):
     presence_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     # extensions (vLLM's names) and specd's per-request speculation
-    top_k: int | None = None
+    top_k: Annotated[int, Field(ge=-1)] | None = None  # -1: off, as vLLM spells it
     min_p: float | None = None
     repetition_penalty: float | None = None
     ignore_eos: bool = False
@@ -188,10 +192,17 @@ def parse(raw: bytes, kind: type[Body]) -> Body:
         data = json.loads(raw, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BodyError(f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BodyError("the body is not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise BodyError("the body must be a JSON object")
+    where = _not_unicode(data)
+    if where is not None:
+        raise BodyError(f"{where}: a lone UTF-16 surrogate (\\ud800-\\udfff) is not text", where)
     try:
         body = kind.model_validate(data)
+    except RecursionError:
+        raise BodyError("the body is nested too deeply") from None
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"]) or None
@@ -202,6 +213,29 @@ def parse(raw: bytes, kind: type[Body]) -> Body:
         if refused:
             raise BodyError(f"{field!r} is not supported by specd", field)
     return body
+
+
+def _not_unicode(data: dict) -> str | None:
+    """Where the body holds a string UTF-8 cannot encode (a lone surrogate, which JSON's
+    `\\u` escapes can spell), as a field path; None if nowhere. Iterative: a body may nest
+    as deep as the JSON parser allows."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                where = f"{path}.{key}" if path else key
+                stack.append((where, key))
+                stack.append((where, item))
+        elif isinstance(value, list):
+            nested = (str, list, dict)  # a list of token ids holds none
+            stack.extend((f"{path}.{i}", x) for i, x in enumerate(value) if isinstance(x, nested))
+        elif isinstance(value, str):
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                return path
+    return None
 
 
 def _no_constant(name: str):

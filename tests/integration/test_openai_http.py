@@ -230,7 +230,7 @@ def test_stop_strings_cut_as_grpc_does(client, grpc_client):
 
 
 def test_seed_reproduces_and_matches_grpc(client, grpc_client):
-    def once():
+    def once(**extra):
         return (
             client.chat.completions.create(
                 model=TINY_MODEL_ID,
@@ -238,7 +238,7 @@ def test_seed_reproduces_and_matches_grpc(client, grpc_client):
                 temperature=1.0,
                 seed=1234,
                 max_tokens=16,
-                extra_body={"ignore_eos": True, "speculation": "on"},
+                extra_body={"ignore_eos": True, "speculation": "on", **extra},
             )
             .choices[0]
             .message.content
@@ -257,6 +257,7 @@ def test_seed_reproduces_and_matches_grpc(client, grpc_client):
         speculation="on",
     )
     assert a == b == g.text
+    assert once(top_k=-1) == a  # vLLM's "off"
 
 
 def test_route_and_speculation_by_header_and_body(client):
@@ -420,6 +421,12 @@ BAD_BODIES = [
     (json.dumps({"prompt": "x"}).encode(), "model"),
     (json.dumps({"model": "tiny", "prompt": [500]}).encode(), "token ids"),
     (json.dumps({"model": "tiny", "prompt": ""}).encode(), "empty"),
+    (json.dumps({"model": "tiny", "prompt": "x", "top_p": 0}).encode(), "top_p"),
+    (json.dumps({"model": "tiny", "prompt": "x", "top_k": -2}).encode(), "top_k"),
+    # valid JSON, not text: json.dumps spells the lone surrogate as its \u escape
+    (json.dumps({"model": "tiny", "prompt": "a\ud800"}).encode(), "prompt: a lone UTF-16"),
+    (json.dumps({"model": "tiny", "prompt": "x", "stop": ["\udfff"]}).encode(), "stop.0: a lone"),
+    (b'{"model": "tiny", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "too deeply"),
 ]
 
 

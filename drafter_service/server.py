@@ -213,7 +213,8 @@ async def serve(config, ready=None, built=None) -> None:
     """Load the drafter's model (or n-gram), serve until a signal. `built`: a proposer
     built already, as (proposer, vocab size, name), served without a tokenizer (the GPU
     benchmark's, on random weights)."""
-    from specd.models.loader import eos_token_ids, load_config, load_tokenizer, resolve
+    from specd.grammar import grammar_tokenizer
+    from specd.models.loader import eos_token_ids, load_config, resolve
     from specd.serving import serve_servicer
     from specd.telemetry import setup
 
@@ -222,7 +223,8 @@ async def serve(config, ready=None, built=None) -> None:
         # built on the thread that will run it (see specd/model_thread.py)
         built = await on_model_thread("drafter", build_proposer, config)
         folder = resolve(config.model)
-        load_tok, eos = partial(load_tokenizer, folder), eos_token_ids(folder, load_config(folder))
+        load_tok = partial(grammar_tokenizer, folder)  # at the first constraint
+        eos = eos_token_ids(folder, load_config(folder))
     proposer, vocab, name = built
     telemetry = setup("drafter", config.metrics_port)
     servicer = DrafterServicer(

@@ -19,6 +19,7 @@ draw an allowed token drew it from q' = norm(q * allowed), so q' is what the tes
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import torch
 
@@ -28,22 +29,50 @@ from specd.proposal import Proposal
 _BITS = torch.arange(32, dtype=torch.int32)
 
 
+def grammar_tokenizer(folder: Path):
+    """The tokenizer `Grammars` builds llguidance's view from: the folder's
+    `tokenizer.json` through `tokenizers` alone (llguidance reads its JSON as it is, so a
+    service imports no transformers for it), else transformers'."""
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        from specd.models.loader import load_tokenizer
+
+        return load_tokenizer(folder)
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
+
+
 def _lltokenizer(tokenizer, vocab_size: int, eos_ids: set[int]):
-    """llguidance's view of the tokenizer, `vocab_size` wide (the model's logits). A model
-    without an end-of-sequence token gets a virtual one past its vocabulary: the grammar
-    then "stops" instead of asking for it."""
+    """llguidance's view of the tokenizer (a `tokenizers.Tokenizer` or transformers'),
+    `vocab_size` wide (the model's logits). A model without an end-of-sequence token gets
+    a virtual one past its vocabulary: the grammar then "stops" instead of asking for it."""
     import llguidance
-    import llguidance.hf
 
     n_vocab, eos = vocab_size, sorted(eos_ids)
     if not eos:
         n_vocab, eos = vocab_size + 1, [vocab_size]
     try:
+        if hasattr(tokenizer, "to_str"):  # tokenizers' own: its JSON, as llguidance.hf hands it
+            return llguidance.LLTokenizer(tokenizer.to_str(), n_vocab=n_vocab, eos_token=eos)
+        import llguidance.hf
+
         return llguidance.hf.from_tokenizer(tokenizer, n_vocab=n_vocab, eos_token=eos)
     except ValueError:  # a decoder llguidance cannot read: give it each token's bytes
-        tokens = [tokenizer.decode([i]).encode() for i in range(len(tokenizer))]
+        tokens = [text.encode() for text in _each_token(tokenizer)]
         tokens += [b""] * (n_vocab - len(tokens))
         return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Tokens(tokens, eos[0])))
+
+
+def _each_token(tokenizer) -> list[str]:
+    """Every token's text alone, special tokens included."""
+    if hasattr(tokenizer, "to_str"):
+        n = tokenizer.get_vocab_size(with_added_tokens=True)
+        return [tokenizer.decode([i], skip_special_tokens=False) for i in range(n)]
+    return [tokenizer.decode([i]) for i in range(len(tokenizer))]
 
 
 class _Tokens:
@@ -67,7 +96,7 @@ class _Tokens:
 class Grammars:
     """One tokenizer's grammar matchers; compiled grammars are cached by their text.
     `load_tokenizer` is called at the first constraint (a service that is never sent one
-    never imports transformers for it)."""
+    never reads its tokenizer)."""
 
     def __init__(self, load_tokenizer, vocab_size: int, eos_ids: set[int] | None = None):
         self.vocab_size = vocab_size
@@ -77,8 +106,8 @@ class Grammars:
         self._lock = threading.Lock()
 
     def prepare(self):
-        """The tokenizer and llguidance's view of it: a few seconds for a 150k vocabulary,
-        once (a caller on an event loop runs it in a worker thread)."""
+        """The tokenizer and llguidance's view of it: ~2 s for a 150k vocabulary from its
+        tokenizer.json, once (a caller on an event loop runs it in a worker thread)."""
         with self._lock:
             if self._ll is None:
                 self._ll = _lltokenizer(self._load_tokenizer(), self.vocab_size, self._eos)

@@ -18,11 +18,11 @@ log = logging.getLogger(__name__)
 
 def build_engine(config, telemetry=None):
     """The target model, its engine and (if configured) the remote drafter."""
+    from specd.grammar import grammar_tokenizer
     from specd.models.loader import (
         eos_token_ids,
         load_config,
         load_model,
-        load_tokenizer,
         resolve,
     )
     from verifier_service.drafter_client import RemoteProposer
@@ -46,7 +46,7 @@ def build_engine(config, telemetry=None):
             prefetch=config.drafter_prefetch,
         )
     eos = eos_token_ids(folder, load_config(folder))
-    load_tok = partial(load_tokenizer, folder)  # at the first constraint (specd/grammar.py)
+    load_tok = partial(grammar_tokenizer, folder)  # at the first constraint
     engine = Engine(model, config.engine, proposer, eos, telemetry, load_tokenizer=load_tok)
     return engine, folder.name
 

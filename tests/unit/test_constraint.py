@@ -6,19 +6,24 @@ test_engine_exactness.py, with a mask at every position)."""
 
 import json
 import re
+import subprocess
+import sys
 
 import jsonschema
 import pytest
 import torch
+from tokenizers import decoders
 
 from drafter_service.draft_model import DraftModelProposer
 from drafter_service.ngram import NgramProposer
 from specd.config import EngineConfig
 from specd.constraint import Constraint
-from specd.grammar import Grammars, mask_q
+from specd.grammar import Grammars, _lltokenizer, grammar_tokenizer, mask_q
+from specd.models.catalog import DEFAULT_TARGET
 from specd.params import SamplingParams
 from specd.proposal import Proposal
 from tests.cluster import char_tokenizer
+from tests.conftest import real_model_or_skip
 from tests.unit.test_engine_exactness import chi_square_ok
 from verifier_service.engine import Engine
 from verifier_service.request import Request
@@ -52,6 +57,46 @@ def test_the_tokenizer_is_loaded_at_the_first_constraint_once():
     for pattern in ("ab[0-9]+c", "x+"):
         grammars.start(Constraint("regex", pattern))
     assert loads == [1]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "char",
+        "char-wordpiece",  # a decoder llguidance cannot read: each token's bytes instead
+        pytest.param("smollm2-135m-instruct", marks=pytest.mark.real),
+        pytest.param(DEFAULT_TARGET, marks=pytest.mark.real),
+    ],
+)
+def test_grammars_read_a_folders_tokenizer_json_as_transformers_tokenizer_reads(name, tmp_path):
+    """The services' grammars see a folder's tokenizer.json, read without transformers, as
+    llguidance.hf sees transformers' tokenizer of it: every token's bytes, and which are
+    special (a grammar never allows those)."""
+    from transformers import AutoTokenizer
+
+    if name.startswith("char"):
+        tokenizer = char_tokenizer()
+        if name == "char-wordpiece":
+            tokenizer.backend_tokenizer.decoder = decoders.WordPiece()
+        tokenizer.save_pretrained(tmp_path)
+        folder = tmp_path
+    else:
+        folder = real_model_or_skip(name)
+    theirs = AutoTokenizer.from_pretrained(folder)
+    vocab, eos = len(theirs) + 3, {theirs.eos_token_id or 0}  # as wide as a model's logits
+    ours, want = (_lltokenizer(t, vocab, eos) for t in (grammar_tokenizer(folder), theirs))
+    assert ours.vocab_size == want.vocab_size == vocab
+    for i in range(vocab):
+        assert ours.decode_bytes([i]) == want.decode_bytes([i]), i
+        assert ours.is_special_token(i) == want.is_special_token(i), i
+    if name == "char":  # and a service's first constraint imports no transformers for it
+        code = (
+            "import sys; from specd.grammar import Grammars, grammar_tokenizer; "
+            f"Grammars(lambda: grammar_tokenizer({str(folder)!r}), {vocab}).prepare(); "
+            "print('transformers' in sys.modules)"
+        )
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert run.stdout.strip() == "False", run.stderr
 
 
 def test_allowed_follows_the_regex(grammars):

@@ -34,10 +34,10 @@ def grammar_tokenizer(folder: Path):
     `tokenizer.json` through `tokenizers` alone (llguidance reads its JSON as it is, so a
     service imports no transformers for it), else transformers'."""
     path = Path(folder) / "tokenizer.json"
-    if not path.is_file():
-        from specd.models.loader import load_tokenizer
+    if not path.is_file():  # a slow tokenizer's files only
+        from transformers import AutoTokenizer
 
-        return load_tokenizer(folder)
+        return AutoTokenizer.from_pretrained(folder)
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(path))

@@ -64,6 +64,7 @@ def test_the_tokenizer_is_loaded_at_the_first_constraint_once():
     [
         "char",
         "char-wordpiece",  # a decoder llguidance cannot read: each token's bytes instead
+        "no-tokenizer-json",  # a byte-level BPE's vocab.json and merges.txt only
         pytest.param("smollm2-135m-instruct", marks=pytest.mark.real),
         pytest.param(DEFAULT_TARGET, marks=pytest.mark.real),
     ],
@@ -79,6 +80,13 @@ def test_grammars_read_a_folders_tokenizer_json_as_transformers_tokenizer_reads(
         if name == "char-wordpiece":
             tokenizer.backend_tokenizer.decoder = decoders.WordPiece()
         tokenizer.save_pretrained(tmp_path)
+        folder = tmp_path
+    elif name == "no-tokenizer-json":
+        vocab = {c: i for i, c in enumerate([*"Ġabcdefgh{}:", "Ġa"])}
+        (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+        (tmp_path / "merges.txt").write_text("#version: 0.2\nĠ a\n")
+        config = {"tokenizer_class": "GPT2Tokenizer", "eos_token": "}"}
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
         folder = tmp_path
     else:
         folder = real_model_or_skip(name)

@@ -146,7 +146,8 @@ class Policy:
             return "default", self.default, None
         if name in self.routes:
             return name, self.routes[name], None
-        return "default", self.default, f"unknown route {name!r}; used 'default'"
+        shown = name if len(name) <= 64 else name[:64] + "..."  # a warning, not an echo
+        return "default", self.default, f"unknown route {shown!r}; used 'default'"
 
 
 class PolicyFile:

@@ -56,6 +56,13 @@ def test_the_shipped_policy_files_are_the_builtin_policy(path):
     assert Policy.builtin().for_route("edit")[1].num_draft_tokens == 8
 
 
+def test_an_unknown_route_is_served_by_default_with_a_warning_of_bounded_size():
+    route, _, warning = Policy.builtin().for_route("nope")
+    assert route == "default" and warning == "unknown route 'nope'; used 'default'"
+    route, _, warning = Policy.builtin().for_route("r" * 1_000_000)
+    assert route == "default" and "r" * 64 + "..." in warning and len(warning) < 120
+
+
 @pytest.mark.parametrize(
     "text,field",
     [

@@ -4,6 +4,8 @@ unhandled exception; never a hang), and afterwards the services are healthy and 
 
 from __future__ import annotations
 
+import json
+
 import grpc
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -11,7 +13,8 @@ from hypothesis import strategies as st
 
 from protos.specd.v1 import common_pb2, drafter_pb2, router_pb2, verifier_pb2
 from specd.channels import check_health
-from tests.cluster import start_cluster
+from tests.cluster import TINY_MODEL_ID, start_cluster
+from tests.integration.test_openai_http import post_json
 from tests.integration.test_services import wait_idle
 
 FUZZ = settings(
@@ -245,6 +248,55 @@ def test_extreme_draft_rounds_are_answered_per_sequence(cluster, requests):
     # the drafter refuses bad commands per sequence (an error in that proposal) and keeps
     # the stream: a well-formed round is always answered
     assert code == grpc.StatusCode.OK, (requests, code)
+
+
+# strings as a JSON body may spell them: lone UTF-16 surrogates too (a "\ud800" escape)
+json_text = st.one_of(
+    text, st.tuples(text, st.sampled_from(["\ud800", "\udfff", "\udc00\ud800"])).map("".join)
+)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | json_text,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(json_text, inner, max_size=4),
+    max_leaves=12,
+)
+# most fields take a string or a list of them: those come often
+field_values = st.one_of(json_text, st.lists(json_text, max_size=3), json_values)
+# and a body valid but for its text: the prompt (a chat's message), stop strings, route
+text_fields = st.fixed_dictionaries(
+    {"prompt": json_text},
+    optional={"stop": st.lists(json_text, max_size=3), "route": json_text, "user": json_text},
+)
+# what the OpenAI door reads, and a few it refuses
+BODY_FIELDS = [
+    *("model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature"),
+    *("top_p", "top_k", "min_p", "seed", "stop", "stream", "stream_options", "n", "logprobs"),
+    *("response_format", "guided_json", "guided_regex", "guided_grammar", "speculation"),
+    *("route", "ignore_eos", "repetition_penalty", "tools", "bogus"),
+]
+
+
+@pytest.mark.timeout(600)
+@settings(FUZZ, max_examples=300)  # a refusal takes a millisecond
+@given(
+    chat=st.booleans(),
+    fields=st.one_of(
+        st.dictionaries(st.sampled_from(BODY_FIELDS), field_values, max_size=3), text_fields
+    ),
+)
+def test_any_json_body_is_served_or_refused_in_the_openai_shape(cluster, chat, fields):
+    """A served body with up to three fields set to any JSON value, or with any text where
+    it takes text: 200, or a 4xx in the OpenAI error shape, never a 500 (an exception the
+    door did not expect)."""
+    body, fields = {"model": TINY_MODEL_ID, "max_tokens": 4, "prompt": "def f(x):"}, dict(fields)
+    if chat:
+        prompt = fields.pop("prompt", body.pop("prompt"))
+        body["messages"] = [{"role": "user", "content": prompt}]
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    reply = post_json(cluster.http + path, json.dumps(body | fields).encode())
+    assert reply.status_code == 200 or 400 <= reply.status_code < 500, (fields, reply.text)
+    if reply.status_code != 200:
+        error = reply.json()["error"]
+        assert error["message"] and error["type"].endswith("_error"), (fields, error)
 
 
 def test_services_are_healthy_and_idle_after_the_fuzzing(cluster):

@@ -266,6 +266,7 @@ text_fields = st.fixed_dictionaries(
     {"prompt": json_text},
     optional={"stop": st.lists(json_text, max_size=3), "route": json_text, "user": json_text},
 )
+HEADERS = ["x-route", "x-speculation", "x-request-timeout", "traceparent", "authorization"]
 # what the OpenAI door reads, and a few it refuses
 BODY_FIELDS = [
     *("model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature"),
@@ -279,21 +280,26 @@ BODY_FIELDS = [
 @settings(FUZZ, max_examples=300)  # a refusal takes a millisecond
 @given(
     chat=st.booleans(),
+    headers=st.dictionaries(
+        st.sampled_from(HEADERS),
+        st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=60),
+        max_size=2,
+    ),
     fields=st.one_of(
         st.dictionaries(st.sampled_from(BODY_FIELDS), field_values, max_size=3), text_fields
     ),
 )
-def test_any_json_body_is_served_or_refused_in_the_openai_shape(cluster, chat, fields):
+def test_any_json_body_is_served_or_refused_in_the_openai_shape(cluster, chat, headers, fields):
     """A served body with up to three fields set to any JSON value, or with any text where
-    it takes text: 200, or a 4xx in the OpenAI error shape, never a 500 (an exception the
-    door did not expect)."""
+    it takes text, and any of the headers the door reads: 200, or a 4xx in the OpenAI
+    error shape, never a 500 (an exception the door did not expect)."""
     body, fields = {"model": TINY_MODEL_ID, "max_tokens": 4, "prompt": "def f(x):"}, dict(fields)
     if chat:
         prompt = fields.pop("prompt", body.pop("prompt"))
         body["messages"] = [{"role": "user", "content": prompt}]
     path = "/v1/chat/completions" if chat else "/v1/completions"
-    reply = post_json(cluster.http + path, json.dumps(body | fields).encode())
-    assert reply.status_code == 200 or 400 <= reply.status_code < 500, (fields, reply.text)
+    reply = post_json(cluster.http + path, json.dumps(body | fields).encode(), headers)
+    assert reply.status_code == 200 or 400 <= reply.status_code < 500, (headers, fields, reply.text)
     if reply.status_code != 200:
         error = reply.json()["error"]
         assert error["message"] and error["type"].endswith("_error"), (fields, error)

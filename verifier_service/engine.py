@@ -175,6 +175,13 @@ class Engine:
             self.scheduler.add(seq)
         return seq.seq_id
 
+    def max_context(self) -> int:
+        """The longest prompt + generation a request may ask for: the model's context, or
+        what the KV pool holds (less the one slot admission adds) where that is less."""
+        alloc = self.kv.allocator
+        pool = alloc.num_blocks * alloc.block_size - 1
+        return min(self.model.args.max_position_embeddings, pool)
+
     def abort(self, seq_id: int) -> None:
         """Stop a request; its KV blocks (both caches) are freed before the next step."""
         with self._lock:

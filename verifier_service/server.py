@@ -161,7 +161,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         return verifier_pb2.InfoResponse(
             model=self.model_name,
             vocab_size=args.vocab_size,
-            max_context=args.max_position_embeddings,
+            max_context=self.engine.max_context(),
             eos_ids=sorted(self.engine.eos_ids),
             max_draft_tokens=self.engine.config.max_draft_tokens,
             drafter=getattr(self.engine.proposer, "drafter", ""),

@@ -36,7 +36,7 @@ class Router:
         replicas: ReplicaSet,
         policy: Policy,
         default_max_new_tokens: int = 256,
-        max_new_tokens_cap: int = 4096,
+        max_new_tokens_cap: int = 0,
         telemetry=None,
     ):
         self.metrics = RouterMetrics(telemetry) if telemetry is not None else None

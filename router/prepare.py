@@ -86,8 +86,13 @@ class Preparer:
         except ValueError as exc:
             raise _invalid(str(exc)) from None
         max_new = request.max_new_tokens or self.default_max_new_tokens
-        if max_new < 0 or max_new > self.max_new_tokens_cap:
-            raise _invalid(f"max_new_tokens must be in [1, {self.max_new_tokens_cap}]")
+        cap = self.max_new_tokens_cap  # 0: only the verifier's context and KV pool bound it
+        if max_new < 0 or (cap and max_new > cap):
+            raise _invalid(
+                f"max_new_tokens must be in [1, {cap}]"
+                if cap
+                else "max_new_tokens must be positive"
+            )
         ids = self._tokenize(request, which)
         if not ids:
             raise _invalid("the prompt is empty")

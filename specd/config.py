@@ -226,7 +226,7 @@ class RouterConfig:
     tokenizer: str = "default-target"  # model name or folder with the tokenizer files
     policy_file: str = ""  # per-route YAML; "" = built-in default policy
     default_max_new_tokens: int = 256  # a request that names no limit
-    max_new_tokens_cap: int = 4096  # the most any request may ask for
+    max_new_tokens_cap: int = 0  # the most any request may ask for; 0 = what verifiers take
     auth_token_file: str = ""  # clients must send "authorization: Bearer <token>"
     tls_cert: str = ""  # PEM certificate; with tls_key, this listener speaks TLS only
     tls_key: str = ""  # PEM key of tls_cert

@@ -55,24 +55,18 @@ def _lltokenizer(tokenizer, vocab_size: int, eos_ids: set[int]):
     n_vocab, eos = vocab_size, sorted(eos_ids)
     if not eos:
         n_vocab, eos = vocab_size + 1, [vocab_size]
+    plain = hasattr(tokenizer, "to_str")  # tokenizers' own, not transformers'
     try:
-        if hasattr(tokenizer, "to_str"):  # tokenizers' own: its JSON, as llguidance.hf hands it
+        if plain:  # its JSON, as llguidance.hf hands it transformers' backend
             return llguidance.LLTokenizer(tokenizer.to_str(), n_vocab=n_vocab, eos_token=eos)
         import llguidance.hf
 
         return llguidance.hf.from_tokenizer(tokenizer, n_vocab=n_vocab, eos_token=eos)
     except ValueError:  # a decoder llguidance cannot read: give it each token's bytes
-        tokens = [text.encode() for text in _each_token(tokenizer)]
+        size = tokenizer.get_vocab_size(with_added_tokens=True) if plain else len(tokenizer)
+        tokens = [tokenizer.decode([i], skip_special_tokens=False).encode() for i in range(size)]
         tokens += [b""] * (n_vocab - len(tokens))
         return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Tokens(tokens, eos[0])))
-
-
-def _each_token(tokenizer) -> list[str]:
-    """Every token's text alone, special tokens included."""
-    if hasattr(tokenizer, "to_str"):
-        n = tokenizer.get_vocab_size(with_added_tokens=True)
-        return [tokenizer.decode([i], skip_special_tokens=False) for i in range(n)]
-    return [tokenizer.decode([i]) for i in range(len(tokenizer))]
 
 
 class _Tokens:

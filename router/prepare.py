@@ -18,6 +18,9 @@ from specd.wire import constraint_from_proto, params_from_proto
 # the roles of the chat format every HF chat template is written for; a template that
 # cannot render one of them raises, and that is refused too (see _tokenize)
 ROLES = frozenset({"system", "user", "assistant", "tool"})
+# OpenAI's name for the system role of its newer models, which its clients send: rendered
+# as "system" by a template that does not name it (as llama.cpp does), as itself otherwise
+DEVELOPER = "developer"
 
 
 class RequestError(Exception):
@@ -115,11 +118,14 @@ class Preparer:
         messages = [{"role": m.role, "content": m.content} for m in request.messages.messages]
         if not messages:
             return []
+        template = str(self.tokenizer.chat_template or "")  # transformers may hold several
+        developer = DEVELOPER if DEVELOPER in template else "system"
         for i, m in enumerate(messages):
-            if m["role"] not in ROLES:
-                raise _invalid(
-                    f"messages[{i}].role {m['role']!r} is not one of {', '.join(sorted(ROLES))}"
-                )
+            if m["role"] == DEVELOPER:
+                m["role"] = developer
+            elif m["role"] not in ROLES:
+                roles = ", ".join(sorted(ROLES | {DEVELOPER}))
+                raise _invalid(f"messages[{i}].role {m['role']!r} is not one of {roles}")
         try:
             enc = self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=True

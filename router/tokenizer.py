@@ -76,6 +76,7 @@ class ChatTokenizer:
         self._special_ids = {i for i in named if i is not None}
         self._clean_up = bool(config.get("clean_up_tokenization_spaces", False))
         source = _template_source(folder, config)
+        self.chat_template = source  # its text, as transformers' tokenizers name it
         self._template = None if source is None else _environment().from_string(source)
 
     def __len__(self) -> int:

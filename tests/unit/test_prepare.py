@@ -8,7 +8,8 @@ import pytest
 from protos.specd.v1.router_pb2 import GenerateRequest
 from router.policy import Policy
 from router.prepare import Preparer, RequestError
-from tests.cluster import char_tokenizer
+from router.tokenizer import ChatTokenizer
+from tests.cluster import CHAT_TEMPLATE, char_tokenizer
 
 
 def test_max_new_tokens_is_capped_only_where_the_operator_says():
@@ -24,3 +25,30 @@ def test_max_new_tokens_is_capped_only_where_the_operator_says():
             preparer.prepare(GenerateRequest(prompt="ab", max_new_tokens=over), {})
         assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
         assert "max_new_tokens" in str(err.value)
+
+
+@pytest.mark.parametrize("kind", ["transformers", "router"])
+def test_a_developer_message_is_a_system_message_where_the_template_has_no_developer(
+    tmp_path, kind
+):
+    """OpenAI's clients send their newer models' system prompt as role "developer"."""
+    tok = char_tokenizer()
+    if kind == "router":  # the router process's own tokenizer, read from a saved folder
+        tok.save_pretrained(tmp_path)
+        tok = ChatTokenizer(tmp_path)
+    request = GenerateRequest()
+    request.messages.messages.add(role="developer", content="Be brief.")
+    request.messages.messages.add(role="user", content="hi")
+    preparer = Preparer(tok, Policy.builtin(), 16, 0)
+    text = tok.decode(preparer.prepare(request, {}).prompt_ids)
+    assert text == "system: Be brief.?user: hi?assistant: "  # "?": a newline, not in the vocabulary
+    tok.chat_template = "{# developer #}" + CHAT_TEMPLATE  # a template that names it
+    if kind == "router":
+        (tmp_path / "chat_template.jinja").write_text(tok.chat_template)
+        tok = preparer.tokenizer = ChatTokenizer(tmp_path)
+    text = tok.decode(preparer.prepare(request, {}).prompt_ids)
+    assert text == "developer: Be brief.?user: hi?assistant: "
+    request.messages.messages.add(role="wizard", content="x")
+    with pytest.raises(RequestError) as err:
+        preparer.prepare(request, {})
+    assert "wizard" in str(err.value) and "developer" in str(err.value)

@@ -97,7 +97,12 @@ def _add_generate(sub) -> None:
         default="auto",
         help="override the route's speculation (default: %(default)s, the route decides)",
     )
-    gen.add_argument("--max-new-tokens", type=int, default=0, help="0: the router's default (256)")
+    gen.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=0,
+        help="0: the router's default (256); -1: what the context leaves",
+    )
     gen.add_argument(
         "--temperature", type=float, default=0.0, help="0 = greedy (default %(default)s)"
     )

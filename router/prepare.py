@@ -13,7 +13,7 @@ import grpc
 from protos.specd.v1 import router_pb2
 from router.policy import Policy, PolicyFile
 from specd.params import SamplingParams
-from specd.wire import constraint_from_proto, params_from_proto
+from specd.wire import UNTIL_CONTEXT, constraint_from_proto, params_from_proto
 
 # the roles of the chat format every HF chat template is written for; a template that
 # cannot render one of them raises, and that is refused too (see _tokenize)
@@ -90,12 +90,11 @@ class Preparer:
             raise _invalid(str(exc)) from None
         max_new = request.max_new_tokens or self.default_max_new_tokens
         cap = self.max_new_tokens_cap  # 0: only the verifier's context and KV pool bound it
-        if max_new < 0 or (cap and max_new > cap):
-            raise _invalid(
-                f"max_new_tokens must be in [1, {cap}]"
-                if cap
-                else "max_new_tokens must be positive"
-            )
+        if max_new == UNTIL_CONTEXT and cap:
+            max_new = cap
+        elif max_new < UNTIL_CONTEXT or (cap and max_new > cap):
+            limit = f"in [1, {cap}]" if cap else "positive"
+            raise _invalid(f"max_new_tokens must be {limit}, or -1: what the context leaves")
         ids = self._tokenize(request, which)
         if not ids:
             raise _invalid("the prompt is empty")

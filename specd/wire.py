@@ -10,6 +10,11 @@ from protos.specd.v1 import common_pb2
 from specd.constraint import Constraint
 from specd.params import SamplingParams
 
+# max_new_tokens on the wire (router and verifier requests): as many tokens as the model's
+# context leaves after the prompt (llama.cpp's n_predict -1; what vLLM and the OpenAI API
+# do for a chat request that names no limit)
+UNTIL_CONTEXT = -1
+
 
 def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
     """Proto3 zeros mean "unset": top_p 0 -> 1 (off); repetition_penalty unset -> 1."""

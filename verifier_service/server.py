@@ -10,7 +10,12 @@ from opentelemetry import trace
 
 from protos.specd.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from specd.telemetry import extract_metadata
-from specd.wire import constraint_from_proto, params_from_proto, speculation_to_proto
+from specd.wire import (
+    UNTIL_CONTEXT,
+    constraint_from_proto,
+    params_from_proto,
+    speculation_to_proto,
+)
 from verifier_service.load import TokenRate, VerifierMetrics
 from verifier_service.request import Request, SpeculationBounds
 
@@ -71,7 +76,12 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             constraint = constraint_from_proto(request.constraint)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        stream = self.frontend.generate_batches(_request(request, route, k, constraint, span))
+        max_new = request.max_new_tokens
+        if max_new == UNTIL_CONTEXT:  # at least 1: a prompt that fills the context is refused
+            max_new = max(self.engine.max_context() - len(request.prompt_ids), 1)
+        stream = self.frontend.generate_batches(
+            _request(request, route, k, max_new, constraint, span)
+        )
         try:
             try:
                 outputs = await anext(stream)
@@ -168,7 +178,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         )
 
 
-def _request(request, route: str, k: int, constraint, span) -> Request:
+def _request(request, route: str, k: int, max_new: int, constraint, span) -> Request:
     auto = request.auto  # the route's bounds bind `auto` requests (a forced k drafts anyway)
     bounds = SpeculationBounds(
         auto=auto,
@@ -182,7 +192,7 @@ def _request(request, route: str, k: int, constraint, span) -> Request:
     return Request(
         list(request.prompt_ids),
         params_from_proto(request.params),
-        max_new_tokens=request.max_new_tokens,
+        max_new_tokens=max_new,
         num_draft=k,
         stop_ids=frozenset(request.stop_ids),
         ignore_eos=request.ignore_eos,

@@ -20,7 +20,7 @@ def test_max_new_tokens_is_capped_only_where_the_operator_says():
     capped = Preparer(char_tokenizer(), Policy.builtin(), 256, 100)
     at_cap = GenerateRequest(prompt="ab", max_new_tokens=100)
     assert capped.prepare(at_cap, {}).max_new_tokens == 100
-    for preparer, over in ((capped, 101), (uncapped, -1)):
+    for preparer, over in ((capped, 101), (uncapped, -2)):
         with pytest.raises(RequestError) as err:
             preparer.prepare(GenerateRequest(prompt="ab", max_new_tokens=over), {})
         assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
@@ -52,3 +52,17 @@ def test_a_developer_message_is_a_system_message_where_the_template_has_no_devel
     with pytest.raises(RequestError) as err:
         preparer.prepare(request, {})
     assert "wizard" in str(err.value) and "developer" in str(err.value)
+
+
+def test_minus_one_asks_for_what_the_context_leaves_or_the_operators_cap():
+    """-1 (llama.cpp's n_predict -1; the OpenAI door's chat without a limit) travels to the
+    verifier, which alone knows its context (test_openai_http); a cap, where set, binds it."""
+    until = GenerateRequest(prompt="ab", max_new_tokens=-1)
+    assert (
+        Preparer(char_tokenizer(), Policy.builtin(), 256, 0).prepare(until, {}).max_new_tokens == -1
+    )
+    capped = Preparer(char_tokenizer(), Policy.builtin(), 256, 100)
+    assert capped.prepare(until, {}).max_new_tokens == 100
+    with pytest.raises(RequestError) as err:
+        capped.prepare(GenerateRequest(prompt="ab", max_new_tokens=-2), {})
+    assert "-1" in str(err.value)

@@ -11,6 +11,9 @@ Where this differs from the OpenAI API, on purpose:
   `guided_grammar` (a Lark grammar, llguidance's dialect), one constraint per request;
 - extensions, as vLLM names them: `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
   `return_token_ids`; and specd's `route` and `speculation` ("auto", "on", "off");
+- a completion that names no `max_tokens` gets the router's default (256; OpenAI's is 16),
+  while a chat that names none runs until the model stops or its context is full, as in
+  vLLM and the OpenAI API;
 - as in vLLM, `top_p` is in (0, 1] (0 is refused: temperature 0 is greedy) and `top_k: -1`
   is off, as 0 is;
 - a string with a lone UTF-16 surrogate (a `\\ud800` escape, valid JSON but not text) is
@@ -26,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from protos.specd.v1 import common_pb2
 from specd.constraint import named
-from specd.wire import constraint_to_proto
+from specd.wire import UNTIL_CONTEXT, constraint_to_proto
 
 
 class BodyError(ValueError):
@@ -183,7 +186,9 @@ class ChatBody(Body):
         }
 
     def max_new_tokens(self) -> int:
-        return self.max_completion_tokens or self.max_tokens or 0
+        """Named none: until the model stops or its context is full, as vLLM and the OpenAI
+        API answer a chat (a completion without one gets the router's default)."""
+        return self.max_completion_tokens or self.max_tokens or UNTIL_CONTEXT
 
 
 def parse(raw: bytes, kind: type[Body]) -> Body:

@@ -111,6 +111,28 @@ def test_models_lists_the_target_and_its_draft(client):
     assert card["draft"]["available"] is True
 
 
+def test_a_chat_that_names_no_limit_runs_until_the_context_is_full(client):
+    """As vLLM and the OpenAI API answer it: until the model stops or its context (the
+    card's max_model_len) is full; a completion that names none gets the router's default
+    (256), and a chat whose prompt fills the context is refused."""
+    context = client.models.list().data[0].model_dump()["max_model_len"]
+    extra = {"ignore_eos": True}
+    chat = client.chat.completions.create(
+        model=TINY_MODEL_ID, messages=CHAT, temperature=0, extra_body=extra
+    )
+    assert chat.choices[0].finish_reason == "length"
+    assert chat.usage.total_tokens == context > chat.usage.prompt_tokens + 256
+    completion = client.completions.create(
+        model=TINY_MODEL_ID, prompt="def f(x):", temperature=0, extra_body=extra
+    )
+    assert completion.usage.completion_tokens == 256
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model=TINY_MODEL_ID, messages=[{"role": "user", "content": "x" * context}]
+        )
+    assert "context" in err.value.message
+
+
 @pytest.mark.parametrize("speculation", ["on", "off"])
 def test_chat_equals_grpc_token_for_token(client, grpc_client, speculation):
     r = client.chat.completions.create(

@@ -255,7 +255,7 @@ def test_a_route_that_shares_nothing_keeps_its_responses_to_itself():
             8, {}, None,
         )  # fmt: skip
         request = server._request(verifier_request(prep, Decision(4, True, "auto")), route, 4,
-                                  None, None)  # fmt: skip
+                                  8, None, None)  # fmt: skip
         assert request.speculation.suffix_private == (route == "agent")
         remote = RemoteProposer.__new__(RemoteProposer)  # its command building only
         remote._sent, remote._asked, drafted = {}, {}, drafter_pb2.DraftRequest(round=1)

@@ -19,8 +19,10 @@ from specd.wire import UNTIL_CONTEXT, constraint_from_proto, params_from_proto
 # cannot render one of them raises, and that is refused too (see _tokenize)
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 # OpenAI's name for the system role of its newer models, which its clients send: rendered
-# as "system" by a template that does not name it (as llama.cpp does), as itself otherwise
+# as "system" by a template that does not compare a role with it (as llama.cpp does), as
+# itself otherwise; a template that only says the word in its text does not name the role
 DEVELOPER = "developer"
+_NAMED = (f"'{DEVELOPER}'", f'"{DEVELOPER}"')
 
 
 class RequestError(Exception):
@@ -118,7 +120,7 @@ class Preparer:
         if not messages:
             return []
         template = str(self.tokenizer.chat_template or "")  # transformers may hold several
-        developer = DEVELOPER if DEVELOPER in template else "system"
+        developer = DEVELOPER if any(q in template for q in _NAMED) else "system"
         for i, m in enumerate(messages):
             if m["role"] == DEVELOPER:
                 m["role"] = developer

@@ -42,7 +42,9 @@ def test_a_developer_message_is_a_system_message_where_the_template_has_no_devel
     preparer = Preparer(tok, Policy.builtin(), 16, 0)
     text = tok.decode(preparer.prepare(request, {}).prompt_ids)
     assert text == "system: Be brief.?user: hi?assistant: "  # "?": a newline, not in the vocabulary
-    tok.chat_template = "{# developer #}" + CHAT_TEMPLATE  # a template that names it
+    tok.chat_template = "{# developer #}" + CHAT_TEMPLATE  # the word alone: not the role
+    assert tok.decode(preparer.prepare(request, {}).prompt_ids).startswith("system: ")
+    tok.chat_template = "{# m.role == 'developer' #}" + CHAT_TEMPLATE  # it names the role
     if kind == "router":
         (tmp_path / "chat_template.jinja").write_text(tok.chat_template)
         tok = preparer.tokenizer = ChatTokenizer(tmp_path)

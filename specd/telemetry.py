@@ -20,6 +20,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from prometheus_client.core import CounterMetricFamily
 
 # -- metric names (vLLM's where they exist) --------------------------------------------------
 REQUESTS = "specd:requests"  # router, {route, finish_reason}
@@ -42,6 +43,7 @@ RUNNING = "specd:num_requests_running"  # verifier gauge
 WAITING = "specd:num_requests_waiting"  # verifier gauge
 PREFIX_QUERIES = "specd:prefix_cache_queries"  # verifier: prompt tokens looked up, since start
 PREFIX_HITS = "specd:prefix_cache_hits"  # verifier: of which found cached
+PREEMPTIONS = "specd:num_preemptions"  # verifier counter: sequences preempted for KV room
 STEP_SECONDS = "specd:engine_step_seconds"  # verifier: seconds in steps, since start
 CONTROL_SECONDS = "specd:speculation_control_seconds"  # verifier: steps waiting on plan/observe
 # verifier, since start: decode steps the control priced, what it expected of them, what they did
@@ -63,6 +65,7 @@ VLLM_RUNNING = "vllm:num_requests_running"  # gauge
 VLLM_WAITING = "vllm:num_requests_waiting"  # gauge
 VLLM_KV_USAGE = "vllm:kv_cache_usage_perc"  # gauge, a 0..1 fraction as vLLM's
 VLLM_CACHE_CONFIG = "vllm:cache_config_info"  # gauge = 1, {block_size, num_gpu_blocks}
+VLLM_PREEMPTIONS = "vllm:num_preemptions"  # counter (served as ..._total)
 
 K_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
 GAIN_BUCKETS = (0.8, 0.9, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0)
@@ -129,10 +132,35 @@ class Telemetry:
         (gauge.labels(**labels) if labels else gauge).set_function(read)
         return gauge
 
+    def total(self, name: str, read, description: str, labels: dict[str, str] | None = None):
+        """A counter whose value is `read()` at each scrape: a total the service keeps
+        itself (served as NAME_total, one series: `labels`' values)."""
+        if self.registry is not None and name not in self._metrics:
+            self._metrics[name] = _ReadTotal(name, read, description, labels or {})
+            self.registry.register(self._metrics[name])
+
     def _get(self, kind, name, description, labels, **options):
         if name not in self._metrics:
             self._metrics[name] = kind(name, description, labels, registry=self.registry, **options)
         return self._metrics[name]
+
+
+class _ReadTotal:
+    """A prometheus_client collector serving one counter read from its owner."""
+
+    def __init__(self, name: str, read, description: str, labels: dict[str, str]):
+        self.name, self.read, self.description, self.labels = name, read, description, labels
+
+    def _family(self):
+        return CounterMetricFamily(self.name, self.description, labels=tuple(self.labels))
+
+    def describe(self):  # what the registry checks names against: no read at registration
+        yield self._family()
+
+    def collect(self):
+        family = self._family()
+        family.add_metric(tuple(self.labels.values()), self.read())
+        yield family
 
 
 def setup(

@@ -89,6 +89,7 @@ class EngineLoad:
     spec_running: int  # running sequences that may draft
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache, since start
     prefix_hits: int = 0  # of which found there (their K/V not computed again)
+    preemptions: int = 0  # sequences preempted for KV room (recomputed later), since start
     step_seconds: float = 0.0  # running steps, since start
     # in the speculation control's plan and observe where the step waits for them (not
     # while a queued device computes), since start
@@ -203,6 +204,7 @@ class Engine:
             spec_running=sum(1 for s in running if s.num_draft > 0),
             prefix_queries=alloc.asked_tokens,
             prefix_hits=alloc.cached_tokens,
+            preemptions=self.scheduler.preemptions,
             step_seconds=self.step_s,
             control_seconds=self.control_s,
             priced=replace(self._priced_total),

@@ -53,6 +53,7 @@ class VerifierMetrics:
         # totals since start, read at each scrape (rate() them as counters)
         t.gauge(names.PREFIX_QUERIES, lambda: load().prefix_queries, "Prompt tokens looked up")
         t.gauge(names.PREFIX_HITS, lambda: load().prefix_hits, "Prompt tokens found cached")
+        t.total(names.PREEMPTIONS, lambda: load().preemptions, "Sequences preempted for KV room")
         t.gauge(names.STEP_SECONDS, lambda: load().step_seconds, "Seconds running steps")
         t.gauge(names.CONTROL_SECONDS, lambda: load().control_seconds, "Seconds deciding k")
         priced = lambda: load().priced  # noqa: E731  (steps the control priced)
@@ -66,6 +67,7 @@ class VerifierMetrics:
         t.gauge(names.VLLM_RUNNING, lambda: load().running, "Requests running", model)
         t.gauge(names.VLLM_WAITING, lambda: load().waiting, "Requests waiting", model)
         t.gauge(names.VLLM_KV_USAGE, lambda: load().kv_utilization, "KV cache usage, 0-1", model)
+        t.total(names.VLLM_PREEMPTIONS, lambda: load().preemptions, "Preemptions", model)
         blocks = servicer.engine.kv.allocator
         cache = {"block_size": str(blocks.block_size), "num_gpu_blocks": str(blocks.num_blocks)}
         t.gauge(names.VLLM_CACHE_CONFIG, lambda: 1.0, "KV cache configuration", model | cache)

@@ -42,6 +42,7 @@ class Scheduler:
         self.separate_prefill = config.batch_invariant and not rows_alone
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.preemptions = 0  # sequences preempted since start (each time counted)
         self._last_was_prefill = False
 
     def add(self, seq: Sequence) -> None:
@@ -133,6 +134,7 @@ class Scheduler:
                 return None
 
     def _preempt(self, seq: Sequence) -> None:
+        self.preemptions += 1
         self.running.remove(seq)
         self.allocator.free(seq.seq_id)
         seq.num_cached = 0

@@ -1,6 +1,7 @@
 """One trace per request across router -> verifier -> drafter; metrics move exactly."""
 
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -258,3 +259,33 @@ def test_the_endpoint_pickers_gauges_under_vllms_names(traced):
     (info,) = idle["vllm:cache_config_info"].samples
     assert info.value == 1
     assert info.labels == {"model_name": "tiny", "block_size": "4", "num_gpu_blocks": "256"}
+
+
+def test_preemptions_are_counted_under_both_names_and_change_no_output(traced):
+    """Four requests that together outgrow the KV pool (256 blocks of 4: each alone fits)
+    preempt one another; the verifier counts each preemption, as specd's counter and as
+    vLLM's `vllm:num_preemptions_total`, and greedy output with speculation stays what
+    each request decodes alone. A request alone preempts nothing."""
+    cluster, _ = traced
+    url = cluster.metrics_urls["verifier0"]
+    prompts = ["abc", "hello there", "the quick brown fox", "one two three"]
+    ask = dict(max_new_tokens=300, ignore_eos=True, speculation="on")
+    assert wait_idle(cluster)
+    before = scrape(url)
+    with SpecdClient(cluster.router) as client:
+        alone = [client.generate(p, **ask).token_ids for p in prompts]
+        settle(cluster)
+        assert total(scrape(url), "specd:num_preemptions_total") == total(
+            before, "specd:num_preemptions_total"
+        )
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            together = list(pool.map(lambda p: client.generate(p, **ask).token_ids, prompts))
+    settle(cluster)
+    after = scrape(url)
+    assert together == alone and all(len(ids) == 300 for ids in together)
+    preempted = total(after, "specd:num_preemptions_total") - total(
+        before, "specd:num_preemptions_total"
+    )
+    assert preempted > 0
+    key = ("vllm:num_preemptions_total", (("model_name", "tiny"),))
+    assert after[key] - before[key] == preempted

@@ -31,7 +31,7 @@ from router import openai_schema as schema
 from router.generation import Router
 from router.openai_answer import Answer
 from router.openai_errors import error_event, error_response, request_error_response
-from router.openai_request import to_request
+from router.openai_request import OPENAI_DEFAULTS, SamplingDefaults, to_request
 from router.prepare import RequestError
 from specd.channels import MAX_MESSAGE_BYTES
 from specd.serving import ListenError
@@ -49,12 +49,15 @@ class OpenAIDoor:
         aliases: tuple[str, ...] = (),
         token: str = "",
         registry=None,
+        sampling: SamplingDefaults = OPENAI_DEFAULTS,
     ):
         """`model`: the id clients name (and /v1/models lists); `aliases`: other names
         accepted for it; `token`: the bearer token ("" = open); `registry`: the router's
-        Prometheus metrics, served at /metrics (as vLLM serves its own on its API port)."""
+        Prometheus metrics, served at /metrics (as vLLM serves its own on its API port);
+        `sampling`: what a body's absent sampling fields mean."""
         self.router = router
         self.registry = registry
+        self.sampling = sampling
         self.model = model
         self.names = {model, *aliases}
         self._expected = f"Bearer {token}".encode() if token else b""
@@ -155,7 +158,7 @@ class OpenAIDoor:
                     "model_not_found",
                 )
             headers = {k.lower(): v for k, v in request.headers.items()}
-            grpc_request = to_request(body, headers.get("x-speculation", ""))
+            grpc_request = to_request(body, headers.get("x-speculation", ""), self.sampling)
             prep = self.router.prepare(grpc_request, headers, _timeout(headers))
         except schema.BodyError as exc:
             return error_response(400, str(exc), exc.param)

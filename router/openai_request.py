@@ -1,32 +1,94 @@
 """An OpenAI body as the `GenerateRequest` a gRPC client would send for it: sampling
-parameters with the OpenAI API's defaults, stop strings, the constraint, and the prompt
-or the chat messages (the router's chat template applies them, as for gRPC)."""
+parameters with the door's defaults, stop strings, the constraint, and the prompt or the
+chat messages (the router's chat template applies them, as for gRPC)."""
 
 from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, fields
+from pathlib import Path
 
 from protos.specd.v1 import common_pb2, router_pb2
 from router.client import MODES
 from router.openai_schema import Body, BodyError, ChatBody
 
-DEFAULT_TEMPERATURE = 1.0  # the OpenAI API's default (gRPC's is 0: greedy)
+log = logging.getLogger(__name__)
 
 
-def to_request(body: Body, speculation_header: str = "") -> router_pb2.GenerateRequest:
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """What a body's absent sampling fields mean: the OpenAI API's (temperature 1, the
+    rest off: gRPC's own default temperature is 0, greedy), or where the model's
+    `generation_config.json` recommends values, those (vLLM's `--generation-config auto`
+    and SGLang's `--sampling-defaults model` read the same five; `do_sample` is not read,
+    as neither reads it). None: off."""
+
+    temperature: float = 1.0
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> SamplingDefaults:
+        path = Path(folder) / "generation_config.json"
+        try:
+            config = json.loads(path.read_text()) if path.is_file() else {}
+        except (OSError, ValueError) as exc:
+            log.warning("%s unreadable (%s): the OpenAI API's sampling defaults", path, exc)
+            return cls()
+        valid = {  # a value a request could not send is not taken (a 400 for a request)
+            "temperature": lambda v: v >= 0,
+            "top_p": lambda v: 0 < v <= 1,
+            "top_k": lambda v: isinstance(v, int) and v >= -1,
+            "min_p": lambda v: 0 <= v <= 1,
+            "repetition_penalty": lambda v: v > 0,
+        }
+        found = {}
+        for name, ok in valid.items():
+            value = config.get(name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and ok(value):
+                found[name] = value
+            elif value is not None:
+                log.warning("%s: %s = %r ignored", path, name, value)
+        if found:
+            log.warning(
+                "sampling defaults from %s for fields a request leaves out: %s", path, found
+            )
+        return cls(**found)
+
+    def fill(self, body: Body) -> dict:
+        """The body's sampling fields, each absent one the default."""
+        return {
+            f.name: getattr(self, f.name)
+            if getattr(body, f.name) is None
+            else getattr(body, f.name)
+            for f in fields(self)
+        }
+
+
+OPENAI_DEFAULTS = SamplingDefaults()
+
+
+def to_request(
+    body: Body, speculation_header: str = "", defaults: SamplingDefaults = OPENAI_DEFAULTS
+) -> router_pb2.GenerateRequest:
     """The gRPC request a client would send for this body."""
     mode = body.speculation or speculation_header or "auto"
     if mode not in MODES:
         raise BodyError(f"x-speculation must be auto, on or off (got {mode!r})", "speculation")
-    temperature = DEFAULT_TEMPERATURE if body.temperature is None else body.temperature
+    sampling = defaults.fill(body)
     params = common_pb2.SamplingParams(
-        temperature=temperature,
-        top_p=body.top_p or 0.0,
-        top_k=max(body.top_k or 0, 0),  # vLLM's -1 is gRPC's 0: off
-        min_p=body.min_p or 0.0,
+        temperature=sampling["temperature"],
+        top_p=sampling["top_p"] or 0.0,
+        top_k=max(sampling["top_k"] or 0, 0),  # vLLM's -1 is gRPC's 0: off
+        min_p=sampling["min_p"] or 0.0,
     )
     if body.seed is not None:
         params.seed = body.seed
-    if body.repetition_penalty is not None:
-        params.repetition_penalty = body.repetition_penalty
+    if sampling["repetition_penalty"] is not None:
+        params.repetition_penalty = sampling["repetition_penalty"]
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     request = router_pb2.GenerateRequest(
         params=params,

@@ -157,10 +157,15 @@ async def _start_http(config, router: Router, token: str, registry):
     """The OpenAI-compatible door on config.http_port, with the router's metrics
     (`registry`) at /metrics; returns its drain."""
     from router.openai_http import OpenAIDoor, start
+    from router.openai_request import OPENAI_DEFAULTS, SamplingDefaults
     from specd.models.catalog import ALIASES
+    from specd.models.resolve import resolve
 
     model = config.served_model_name or ALIASES.get(config.tokenizer, config.tokenizer)
-    door = OpenAIDoor(router, model, (config.tokenizer,), token, registry)
+    sampling = OPENAI_DEFAULTS
+    if config.sampling_defaults == "model":
+        sampling = SamplingDefaults.from_folder(resolve(config.tokenizer))
+    door = OpenAIDoor(router, model, (config.tokenizer,), token, registry, sampling)
     runner, port = await start(
         door,
         config.host,

@@ -238,6 +238,17 @@ class RouterConfig:
     # compose and the Kubernetes manifests serve it on 8000
     http_port: int = 0
     served_model_name: str = ""  # the model id HTTP clients name; "" = --tokenizer's
+    # what an HTTP request's absent temperature, top_p, top_k, min_p and repetition_penalty
+    # mean: model = the values the model's generation_config.json recommends, where it
+    # names them (as vLLM and SGLang serve it), else the OpenAI API's; openai = the OpenAI
+    # API's (temperature 1, the rest off)
+    sampling_defaults: str = "model"
+
+    def __post_init__(self):
+        if self.sampling_defaults not in ("model", "openai"):
+            raise ValueError(
+                f"sampling_defaults must be model or openai, got {self.sampling_defaults!r}"
+            )
 
 
 # -- the CLI is derived from these dataclasses, so defaults live in one place -------------

@@ -46,3 +46,36 @@ def test_a_serving_router_maps_no_torch_and_stays_small(tmp_path):
     finally:
         for p in (front, target):
             p.stop()
+
+
+def test_absent_sampling_fields_take_the_models_recommended_values(tmp_path):
+    """A model folder whose generation_config.json recommends temperature 0: an HTTP
+    request that names no temperature is greedy, whatever its seed, as one that names 0;
+    one that names 1 samples (two seeds, two answers). The router read the folder itself."""
+    import json
+    import urllib.request
+
+    model = save_tiny_cluster_model(tmp_path / "tiny")
+    config = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps(config | {"temperature": 0.0}))
+    target = verifier(model, tmp_path).start()
+    http = free_port()
+    front = router(model, tmp_path, target, extra=("--http-port", str(http))).start()
+
+    def complete(**fields) -> str:
+        body = {"model": str(model), "prompt": "abc", "max_tokens": 16, "ignore_eos": True}
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{http}/v1/completions",
+            json.dumps(body | fields).encode(),
+            {"content-type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=60) as reply:
+            return json.load(reply)["choices"][0]["text"]
+
+    try:
+        unnamed = {complete(seed=seed) for seed in (1, 2, 3)}
+        assert unnamed == {complete(temperature=0)}
+        assert complete(temperature=1.0, seed=1) != complete(temperature=1.0, seed=2)
+    finally:
+        for p in (front, target):
+            p.stop()

@@ -14,6 +14,8 @@ Where this differs from the OpenAI API, on purpose:
 - a completion that names no `max_tokens` gets the router's default (256; OpenAI's is 16),
   while a chat that names none runs until the model stops or its context is full, as in
   vLLM and the OpenAI API;
+- absent sampling fields take the model's recommended values where its
+  generation_config.json names them, as in vLLM and SGLang (`router.openai_request`);
 - as in vLLM, `top_p` is in (0, 1] (0 is refused: temperature 0 is greedy) and `top_k: -1`
   is off, as 0 is;
 - a string with a lone UTF-16 surrogate (a `\\ud800` escape, valid JSON but not text) is

@@ -41,12 +41,12 @@ SPEC_PACE = "specd:speculation_step_pace"  # verifier gauge: steps' speed vs the
 KV_USAGE = "specd:kv_cache_usage_perc"  # verifier gauge, 0..1
 RUNNING = "specd:num_requests_running"  # verifier gauge
 WAITING = "specd:num_requests_waiting"  # verifier gauge
-PREFIX_QUERIES = "specd:prefix_cache_queries"  # verifier: prompt tokens looked up, since start
-PREFIX_HITS = "specd:prefix_cache_hits"  # verifier: of which found cached
+PREFIX_QUERIES = "specd:prefix_cache_queries"  # verifier counter: prompt tokens looked up
+PREFIX_HITS = "specd:prefix_cache_hits"  # verifier counter: of which found cached
 PREEMPTIONS = "specd:num_preemptions"  # verifier counter: sequences preempted for KV room
-STEP_SECONDS = "specd:engine_step_seconds"  # verifier: seconds in steps, since start
-CONTROL_SECONDS = "specd:speculation_control_seconds"  # verifier: steps waiting on plan/observe
-# verifier, since start: decode steps the control priced, what it expected of them, what they did
+STEP_SECONDS = "specd:engine_step_seconds"  # verifier counter: seconds in steps
+CONTROL_SECONDS = "specd:speculation_control_seconds"  # verifier counter: waits on plan/observe
+# verifier counters: decode steps the control priced, what it expected of them, what they did
 SPEC_PRICED_STEPS = "specd:speculation_priced_steps"
 SPEC_EXPECTED_TOKENS = "specd:speculation_priced_expected_tokens"
 SPEC_PRICED_TOKENS = "specd:speculation_priced_tokens"

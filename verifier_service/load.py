@@ -50,18 +50,18 @@ class VerifierMetrics:
         t.gauge(names.WAITING, lambda: load().waiting, "Sequences waiting")
         pace = lambda: servicer.engine.observed.pace  # noqa: E731
         t.gauge(names.SPEC_PACE, pace, "Step time vs the prices held")
-        # totals since start, read at each scrape (rate() them as counters)
-        t.gauge(names.PREFIX_QUERIES, lambda: load().prefix_queries, "Prompt tokens looked up")
-        t.gauge(names.PREFIX_HITS, lambda: load().prefix_hits, "Prompt tokens found cached")
+        # totals since start, counters read at each scrape
+        t.total(names.PREFIX_QUERIES, lambda: load().prefix_queries, "Prompt tokens looked up")
+        t.total(names.PREFIX_HITS, lambda: load().prefix_hits, "Prompt tokens found cached")
         t.total(names.PREEMPTIONS, lambda: load().preemptions, "Sequences preempted for KV room")
-        t.gauge(names.STEP_SECONDS, lambda: load().step_seconds, "Seconds running steps")
-        t.gauge(names.CONTROL_SECONDS, lambda: load().control_seconds, "Seconds deciding k")
+        t.total(names.STEP_SECONDS, lambda: load().step_seconds, "Seconds running steps")
+        t.total(names.CONTROL_SECONDS, lambda: load().control_seconds, "Seconds deciding k")
         priced = lambda: load().priced  # noqa: E731  (steps the control priced)
-        t.gauge(names.SPEC_PRICED_STEPS, lambda: priced().steps, "Decode steps priced")
-        t.gauge(names.SPEC_EXPECTED_TOKENS, lambda: priced().expected_tokens, "Tokens expected")
-        t.gauge(names.SPEC_PRICED_TOKENS, lambda: priced().tokens, "Tokens they emitted")
-        t.gauge(names.SPEC_EXPECTED_SECONDS, lambda: priced().expected_seconds, "Seconds expected")
-        t.gauge(names.SPEC_PRICED_SECONDS, lambda: priced().seconds, "Seconds they took")
+        t.total(names.SPEC_PRICED_STEPS, lambda: priced().steps, "Decode steps priced")
+        t.total(names.SPEC_EXPECTED_TOKENS, lambda: priced().expected_tokens, "Tokens expected")
+        t.total(names.SPEC_PRICED_TOKENS, lambda: priced().tokens, "Tokens they emitted")
+        t.total(names.SPEC_EXPECTED_SECONDS, lambda: priced().expected_seconds, "Seconds expected")
+        t.total(names.SPEC_PRICED_SECONDS, lambda: priced().seconds, "Seconds they took")
         # the same load under vLLM's names, for an inference gateway's endpoint picker
         model = {"model_name": servicer.model_name}
         t.gauge(names.VLLM_RUNNING, lambda: load().running, "Requests running", model)

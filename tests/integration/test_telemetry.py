@@ -147,8 +147,8 @@ def test_metrics_move_by_exactly_the_expected_amounts(traced):
     assert total(after[v], "specd:kv_cache_usage_perc") == 0.0
     assert 0.25 <= total(after[v], "specd:speculation_step_pace") <= 4.0
     # every step is planned and observed, outside the step's own time
-    control = moved(v, "specd:speculation_control_seconds")
-    assert 0.0 < control < moved(v, "specd:engine_step_seconds")
+    control = moved(v, "specd:speculation_control_seconds_total")
+    assert 0.0 < control < moved(v, "specd:engine_step_seconds_total")
     assert off.speculation.rounds == 0
 
 
@@ -167,11 +167,15 @@ def test_the_steps_auto_priced_are_exported_with_what_they_did(traced):
     def moved(metric):
         return total(after, metric) - total(before, metric)
 
-    steps = moved("specd:speculation_priced_steps")
-    assert 0 < steps <= moved("specd:speculation_priced_tokens") <= 16
-    assert moved("specd:speculation_priced_expected_tokens") >= steps
-    assert 0 < moved("specd:speculation_priced_seconds") <= moved("specd:engine_step_seconds")
-    assert moved("specd:speculation_priced_expected_seconds") > 0
+    steps = moved("specd:speculation_priced_steps_total")
+    assert 0 < steps <= moved("specd:speculation_priced_tokens_total") <= 16
+    assert moved("specd:speculation_priced_expected_tokens_total") >= steps
+    assert (
+        0
+        < moved("specd:speculation_priced_seconds_total")
+        <= moved("specd:engine_step_seconds_total")
+    )
+    assert moved("specd:speculation_priced_expected_seconds_total") > 0
 
 
 def test_a_repeated_prompt_counts_as_prefix_cache_hits(traced):
@@ -187,7 +191,10 @@ def test_a_repeated_prompt_counts_as_prefix_cache_hits(traced):
     def moved(metric):
         return total(after, metric) - total(before, metric)
 
-    queries, hits = moved("specd:prefix_cache_queries"), moved("specd:prefix_cache_hits")
+    queries, hits = (
+        moved("specd:prefix_cache_queries_total"),
+        moved("specd:prefix_cache_hits_total"),
+    )
     # both look up all but their last token; the second finds every whole block of 4
     assert queries > 8 and queries % 2 == 0
     assert hits == (queries // 2) // 4 * 4

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+MAX_LOGPROBS = 20  # the most likely tokens a request may ask for at each position (vLLM's)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -15,6 +17,7 @@ class SamplingParams:
     min_p: float = 0.0  # 0: off
     repetition_penalty: float = 1.0  # 1: off (CTRL-style: logit / r if > 0 else logit * r)
     seed: int | None = None
+    logprobs: int | None = None  # each token's log-probability and this many top ones
 
     @property
     def greedy(self) -> bool:
@@ -35,3 +38,5 @@ class SamplingParams:
         rp = self.repetition_penalty
         if not (finite(rp) and rp > 0):
             raise ValueError(f"repetition_penalty must be a finite number > 0, got {rp}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")

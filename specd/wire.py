@@ -25,6 +25,7 @@ def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
         min_p=msg.min_p,
         repetition_penalty=msg.repetition_penalty if msg.HasField("repetition_penalty") else 1.0,
         seed=msg.seed if msg.HasField("seed") else None,
+        logprobs=msg.logprobs if msg.HasField("logprobs") else None,
     )
 
 
@@ -36,6 +37,8 @@ def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
         msg.repetition_penalty = p.repetition_penalty
     if p.seed is not None:
         msg.seed = p.seed
+    if p.logprobs is not None:
+        msg.logprobs = p.logprobs
     return msg
 
 

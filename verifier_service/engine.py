@@ -341,6 +341,8 @@ class Engine:
         if seq.finish_reason:
             self._finish(seq)
         out = StepOutput(seq.seq_id, new, seq.finish_reason, r.k, verdict.accepted)
+        if verdict.logprobs is not None:
+            out.logprobs = verdict.logprobs[: len(new)]
         out.lookup = r.lookup
         out.decision = (r.slot.decision.reason, r.slot.decision.gain)
         if seq.finish_reason:

@@ -142,3 +142,4 @@ class StepOutput:
     stats: SpecStats | None = None  # the request's speculation totals, on its last output
     timing: tuple[int, int, int] = (0, 0, 0)  # last output: arrived, scheduled, first token (ns)
     decision: tuple[str, float] = ("", 1.0)  # the controller's reason and predicted gain
+    logprobs: list | None = None  # a TokenLogprob per token, where the request asked

@@ -6,7 +6,7 @@ rows out for them and reads their results back."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -20,7 +20,7 @@ from specd.logits import (
 )
 from specd.proposal import Proposal
 from specd.sampling import Alternatives, Verified, greedy_round, rejection_sample
-from verifier_service import tree
+from verifier_service import logprobs, tree
 from verifier_service.records import Round
 
 
@@ -31,6 +31,7 @@ class Verdict:
     tokens: list[int]  # the accepted drafts, then the token the target chose after them
     accepted: int  # drafts accepted (an accepted alternative counts)
     path: list[int] | None  # a tree's accepted nodes in order (None for a chain)
+    logprobs: list[logprobs.TokenLogprob] | None = None  # per token, where asked for
 
 
 def _target_rows(seq, proposal: Proposal | None, rows: torch.Tensor) -> torch.Tensor:
@@ -64,7 +65,22 @@ def verify_rounds(rounds: list[Round], logits: torch.Tensor, vocab: int) -> dict
         result.update(_greedy(greedy, _argmax_all(greedy, sampled, logits)))
     if sampled:
         result.update(_sampled(sampled, vocab))
+    _add_logprobs(rounds, logits, result)
     return result
+
+
+def _add_logprobs(rounds: list[Round], logits: torch.Tensor, verdicts: dict) -> None:
+    """The verdicts of the rounds that ask for log-probabilities, with them (from the
+    logits as masked, which the verification above leaves as they are)."""
+    offset = 0
+    for r in rounds:
+        top, rows = r.seq.params.logprobs, logits[offset : offset + r.num_logits]
+        offset += r.num_logits
+        if top is None:
+            continue
+        v = verdicts[r.slot.seq_id]
+        path = v.path if v.path is not None else list(range(1, v.accepted + 1))
+        verdicts[r.slot.seq_id] = replace(v, logprobs=logprobs.emitted(rows, v.tokens, path, top))
 
 
 def _argmax_all(greedy, sampled, logits: torch.Tensor) -> list[int] | None:

@@ -34,6 +34,7 @@ def build_request(
     json_object: bool = False,
     regex: str | None = None,
     grammar: str | None = None,
+    logprobs: int | None = None,
 ) -> router_pb2.GenerateRequest:
     req = router_pb2.GenerateRequest(
         max_new_tokens=max_new_tokens,
@@ -45,6 +46,8 @@ def build_request(
     )
     if seed is not None:
         req.params.seed = seed
+    if logprobs is not None:
+        req.params.logprobs = logprobs
     constraint = named(json_schema, json_object, regex, grammar)
     if constraint is not None:
         req.constraint.CopyFrom(constraint_to_proto(constraint))

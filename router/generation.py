@@ -51,14 +51,16 @@ class Router:
     async def generate(self, prep: Prepared) -> router_pb2.GenerateResponse:
         """The whole completion (nothing is sent before the end, so a replica lost midway
         is retried elsewhere from the start)."""
-        text, ids, final = [], [], None
+        text, ids, logprobs, final = [], [], [], None
         async for msg in self.stream(prep, buffered=True):
             text.append(msg.text)
             ids.extend(msg.token_ids)
+            logprobs.extend(msg.logprobs)
             final = msg
         return router_pb2.GenerateResponse(
             text="".join(text),
             token_ids=ids,
+            logprobs=logprobs,
             finish_reason=final.finish_reason,
             usage=final.usage,
             speculation=final.speculation,

@@ -14,15 +14,21 @@ from protos.specd.v1 import common_pb2
 class Answer:
     """One request's response objects, whole or as stream chunks."""
 
-    def __init__(self, obj: str, rid: str, model: str, body, prompt_ids: list[int]):
+    def __init__(
+        self, obj: str, rid: str, model: str, body, prompt_ids: list[int], token_text=None
+    ):
+        """`token_text`: ids -> their text (the tokenizer's decode), for log-probabilities."""
         self.chat = obj == "chat.completion"
         self.obj = obj
         self.head = {"id": rid, "object": obj, "created": int(time.time()), "model": model}
         self.body = body
         self.prompt_ids = prompt_ids
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        self.logprobs = (
+            Logprobs(token_text, self.chat) if body.logprobs_asked() is not None else None
+        )
 
-    def _choice(self, text: str, ids, finish: str | None, delta: dict | None = None) -> dict:
+    def _choice(self, msg, text: str, finish: str | None, delta: dict | None = None) -> dict:
         choice = {"index": 0}
         if not self.chat:
             choice["text"] = text
@@ -31,15 +37,17 @@ class Answer:
         else:
             choice["message"] = {"role": "assistant", "content": text}
         choice["logprobs"] = None
+        if self.logprobs is not None and msg is not None:
+            choice["logprobs"] = self.logprobs.of(msg.token_ids, msg.logprobs)
         choice["finish_reason"] = finish
         if self.body.return_token_ids:
-            choice["token_ids"] = list(ids)
+            choice["token_ids"] = list(msg.token_ids) if msg is not None else []
         return choice
 
     def whole(self, resp) -> dict:
         out = {
             **self.head,
-            "choices": [self._choice(resp.text, resp.token_ids, resp.finish_reason)],
+            "choices": [self._choice(resp, resp.text, resp.finish_reason)],
             "usage": usage_dict(resp.usage),
             **extension_dict(resp),
         }
@@ -53,15 +61,68 @@ class Answer:
         out = []
         if opening and self.chat:
             delta = {"role": "assistant", "content": ""}
-            out.append({**head, "choices": [self._choice("", [], None, delta)], **usage})
+            out.append({**head, "choices": [self._choice(None, "", None, delta)], **usage})
         finish = msg.finish_reason or None
         if msg.text or msg.token_ids or finish:
             delta = {"content": msg.text} if msg.text or not finish else {}
-            chunk = {**head, "choices": [self._choice(msg.text, msg.token_ids, finish, delta)]}
+            chunk = {**head, "choices": [self._choice(msg, msg.text, finish, delta)]}
             out.append({**chunk, **usage, **(extension_dict(msg) if finish else {})})
         if finish and self.include_usage:
             out.append({**head, "choices": [], "usage": usage_dict(msg.usage)})
         return out
+
+
+class Logprobs:
+    """A choice's `logprobs` in the endpoint's shape, message by message: chat's
+    `content` list of {token, logprob, bytes, top_logprobs}, or the completions API's
+    tokens, token_logprobs, top_logprobs (the emitted token's beside the top ones, as in
+    the OpenAI API) and text_offset (counted on across a stream's chunks). A token's text
+    is its own decoding, special tokens included, as vLLM shows them; a token a constraint
+    forbids (-inf) reads FLOOR, as in vLLM (JSON has no infinity)."""
+
+    FLOOR = -9999.0
+
+    def __init__(self, token_text, chat: bool):
+        self.text = lambda i: token_text([i])
+        self.chat = chat
+        self.offset = 0  # the completion's characters before the next token
+
+    def of(self, ids, logprobs) -> dict:
+        if self.chat:
+            return {
+                "content": [self._chat_entry(i, lp) for i, lp in zip(ids, logprobs, strict=True)]
+            }
+        tokens = [self.text(i) for i in ids]
+        offsets = []
+        for token in tokens:
+            offsets.append(self.offset)
+            self.offset += len(token)
+        tops = [
+            {**self._top(lp), token: self._value(lp.logprob)}
+            for token, lp in zip(tokens, logprobs, strict=True)
+        ]
+        return {
+            "tokens": tokens,
+            "token_logprobs": [self._value(lp.logprob) for lp in logprobs],
+            "top_logprobs": tops,
+            "text_offset": offsets,
+        }
+
+    def _chat_entry(self, token_id: int, lp) -> dict:
+        top = [self._entry(i, v) for i, v in zip(lp.top_ids, lp.top_logprobs, strict=True)]
+        return {**self._entry(token_id, lp.logprob), "top_logprobs": top}
+
+    def _entry(self, token_id: int, logprob: float) -> dict:
+        token = self.text(token_id)
+        return {"token": token, "logprob": self._value(logprob), "bytes": list(token.encode())}
+
+    def _top(self, lp) -> dict:
+        return {
+            self.text(i): self._value(v) for i, v in zip(lp.top_ids, lp.top_logprobs, strict=True)
+        }
+
+    def _value(self, logprob: float) -> float:
+        return max(logprob, self.FLOOR)
 
 
 def usage_dict(u: common_pb2.Usage) -> dict:

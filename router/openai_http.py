@@ -164,7 +164,8 @@ class OpenAIDoor:
             return error_response(400, str(exc), exc.param)
         except RequestError as exc:
             return request_error_response(exc)
-        answer = Answer(obj, f"{prefix}-{uuid.uuid4().hex}", self.model, body, prep.prompt_ids)
+        rid = f"{prefix}-{uuid.uuid4().hex}"
+        answer = Answer(obj, rid, self.model, body, prep.prompt_ids, self.router.tokenizer.decode)
         if not body.stream:
             try:
                 return web.json_response(answer.whole(await self.router.generate(prep)))

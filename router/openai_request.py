@@ -89,6 +89,8 @@ def to_request(
         params.seed = body.seed
     if sampling["repetition_penalty"] is not None:
         params.repetition_penalty = sampling["repetition_penalty"]
+    if body.logprobs_asked() is not None:
+        params.logprobs = body.logprobs_asked()
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     request = router_pb2.GenerateRequest(
         params=params,

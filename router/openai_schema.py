@@ -4,8 +4,12 @@ into the `GenerateRequest` a gRPC client would send, so both doors give the same
 
 Where this differs from the OpenAI API, on purpose:
 - unknown fields are refused (400), not ignored;
-- fields specd does not implement (logprobs, tools, penalties, logit_bias, n > 1, echo,
-  suffix, best_of > 1) are refused when set to anything but their neutral value;
+- fields specd does not implement (tools, penalties, logit_bias, n > 1, echo, suffix,
+  best_of > 1) are refused when set to anything but their neutral value;
+- `logprobs` (and chat's `top_logprobs`) are the target's raw log-probabilities, before
+  temperature and the other transforms (a constraint's mask applied), as vLLM returns
+  them, -inf as -9999.0; up to 20 on both endpoints (the OpenAI API allows 5 on
+  completions);
 - `response_format` (`text`, `json_object`, `json_schema`) constrains the output on both
   endpoints, as vLLM allows; so do vLLM's `guided_json`, `guided_regex` and
   `guided_grammar` (a Lark grammar, llguidance's dialect), one constraint per request;
@@ -31,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from protos.specd.v1 import common_pb2
 from specd.constraint import named
+from specd.params import MAX_LOGPROBS
 from specd.wire import UNTIL_CONTEXT, constraint_to_proto
 
 
@@ -67,6 +72,7 @@ class ChatMessage(_Strict):
 
 
 Positive = Annotated[int, Field(ge=1)]
+TopLogprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
 
 
 class JsonSchemaFormat(_Strict):
@@ -151,13 +157,18 @@ class Body(_Strict):
     def max_new_tokens(self) -> int:
         return self.max_tokens or 0
 
+    def logprobs_asked(self) -> int | None:
+        """How many top tokens to return beside each token's log-probability; None:
+        no log-probabilities."""
+        return None
+
 
 class CompletionBody(Body):
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None
-    logprobs: int | None = None
+    logprobs: TopLogprobs | None = None
 
     def unsupported(self) -> dict[str, bool]:
         return {
@@ -165,15 +176,17 @@ class CompletionBody(Body):
             "echo": bool(self.echo),
             "suffix": bool(self.suffix),
             "best_of": self.best_of not in (None, 1),
-            "logprobs": self.logprobs is not None,
         }
+
+    def logprobs_asked(self) -> int | None:
+        return self.logprobs
 
 
 class ChatBody(Body):
     messages: list[ChatMessage]
     max_completion_tokens: Positive | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: TopLogprobs | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -181,8 +194,6 @@ class ChatBody(Body):
     def unsupported(self) -> dict[str, bool]:
         return {
             **super().unsupported(),
-            "logprobs": bool(self.logprobs),
-            "top_logprobs": self.top_logprobs is not None,
             "tools": bool(self.tools),
             "tool_choice": self.tool_choice not in (None, "none", "auto"),
         }
@@ -191,6 +202,11 @@ class ChatBody(Body):
         """Named none: until the model stops or its context is full, as vLLM and the OpenAI
         API answer a chat (a completion without one gets the router's default)."""
         return self.max_completion_tokens or self.max_tokens or UNTIL_CONTEXT
+
+    def logprobs_asked(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise BodyError("top_logprobs needs logprobs: true", "top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 def parse(raw: bytes, kind: type[Body]) -> Body:

@@ -66,6 +66,7 @@ async def relay(call, prep: Prepared, decision: Decision, tokenizer):
             yield router_pb2.GenerateStreamResponse(
                 text=text,
                 token_ids=resp.token_ids,
+                logprobs=resp.logprobs,
                 finish_reason=finish,
                 usage=usage,
                 speculation=spec,
@@ -74,7 +75,9 @@ async def relay(call, prep: Prepared, decision: Decision, tokenizer):
             )
             return
         if text or resp.token_ids:
-            yield router_pb2.GenerateStreamResponse(text=text, token_ids=resp.token_ids)
+            yield router_pb2.GenerateStreamResponse(
+                text=text, token_ids=resp.token_ids, logprobs=resp.logprobs
+            )
 
 
 def remaining(deadline: float | None) -> float | None:

@@ -52,6 +52,7 @@ def sampling_params():
         top_k=int32,
         seed=st.integers(0, 2**64 - 1),
         min_p=float32,
+        logprobs=st.one_of(st.none(), st.integers(-2, 22), int32),
     )
 
 
@@ -271,6 +272,7 @@ HEADERS = ["x-route", "x-speculation", "x-request-timeout", "traceparent", "auth
 BODY_FIELDS = [
     *("model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature"),
     *("top_p", "top_k", "min_p", "seed", "stop", "stream", "stream_options", "n", "logprobs"),
+    "top_logprobs",
     *("response_format", "guided_json", "guided_regex", "guided_grammar", "speculation"),
     *("route", "ignore_eos", "repetition_penalty", "tools", "bogus"),
 ]
@@ -406,3 +408,14 @@ def test_unknown_chat_roles_are_refused(cluster):
     request.messages.messages.add(role="wizard", content="hi")
     err = refusal(cluster.router, "/specd.v1.Generation/GenerateStream", request)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "wizard" in err.details()
+
+
+@pytest.mark.parametrize("logprobs", [-1, 21, 2**31 - 1])
+def test_logprobs_out_of_range_are_refused_by_name_everywhere(cluster, logprobs):
+    params = common_pb2.SamplingParams(logprobs=logprobs)
+    routed = router_pb2.GenerateRequest(prompt="hello", max_new_tokens=4, params=params)
+    err = refusal(cluster.router, "/specd.v1.Generation/GenerateStream", routed)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "logprobs" in err.details()
+    direct = verifier_pb2.VerifyGenerateRequest(prompt_ids=[5, 6], max_new_tokens=4, params=params)
+    err = refusal(cluster.verifiers[0], "/specd.v1.Verifier/Generate", direct)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "logprobs" in err.details()

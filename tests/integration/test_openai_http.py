@@ -2,6 +2,7 @@
 HTTP where the SDK would refuse to send something), against tiny models on loopback."""
 
 import json
+import math
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -282,6 +283,98 @@ def test_seed_reproduces_and_matches_grpc(client, grpc_client):
     assert once(top_k=-1) == a  # vLLM's "off"
 
 
+def test_logprobs_on_both_endpoints_are_grpcs_and_the_same_with_speculation_on(client, grpc_client):
+    """The target's log-probabilities: equal with speculation on and off (token for token,
+    value for value), in each endpoint's shape, whole and streamed."""
+    ask = dict(messages=CHAT, max_new_tokens=16, ignore_eos=True, logprobs=3)
+    on, off = (grpc_client.generate(**ask, speculation=s) for s in ("on", "off"))
+    assert on.speculation.drafted > 0
+    assert list(on.token_ids) == list(off.token_ids) and list(on.logprobs) == list(off.logprobs)
+    assert len(on.logprobs) == len(on.token_ids) == 16
+    text = char_tokenizer().decode
+    extra = {"ignore_eos": True, "speculation": "on"}
+    chat = dict(model=TINY_MODEL_ID, messages=CHAT, temperature=0, max_tokens=16, extra_body=extra)
+    whole = client.chat.completions.create(**chat, logprobs=True, top_logprobs=3)
+    content = whole.choices[0].logprobs.content
+    assert [c.token for c in content] == [text([i]) for i in on.token_ids]
+    assert "".join(c.token for c in content) == whole.choices[0].message.content
+    assert [c.logprob for c in content] == pytest.approx([lp.logprob for lp in on.logprobs])
+    assert [c.bytes for c in content] == [list(c.token.encode()) for c in content]
+    for c, lp in zip(content, on.logprobs, strict=True):
+        assert [t.token for t in c.top_logprobs] == [text([i]) for i in lp.top_ids]
+        assert [t.logprob for t in c.top_logprobs] == pytest.approx(list(lp.top_logprobs))
+    chunks = list(
+        client.chat.completions.create(**chat, logprobs=True, top_logprobs=3, stream=True)
+    )
+    streamed = [
+        c for ch in chunks if ch.choices[0].logprobs for c in ch.choices[0].logprobs.content
+    ]
+    assert [c.model_dump() for c in streamed] == [c.model_dump() for c in content]
+    plain = client.chat.completions.create(**chat)
+    assert plain.choices[0].logprobs is None
+
+    prompt = dict(
+        model=TINY_MODEL_ID, prompt="abcabc", temperature=0, max_tokens=16, extra_body=extra
+    )
+    g = grpc_client.generate("abcabc", max_new_tokens=16, ignore_eos=True, logprobs=2)
+    for stream in (False, True):
+        r = client.completions.create(**prompt, logprobs=2, stream=stream)
+        parts = [c.choices[0].logprobs for c in (r if stream else [r]) if c.choices[0].logprobs]
+        tokens = [t for p in parts for t in p.tokens]
+        assert tokens == [text([i]) for i in g.token_ids]
+        assert [v for p in parts for v in p.token_logprobs] == pytest.approx(
+            [lp.logprob for lp in g.logprobs]
+        )
+        assert [o for p in parts for o in p.text_offset] == list(range(16))  # a char a token
+        for top, token, lp in zip(
+            (t for p in parts for t in p.top_logprobs), tokens, g.logprobs, strict=True
+        ):
+            assert top[token] == pytest.approx(lp.logprob)  # the emitted token's, always
+            assert set(top) == {token} | {text([i]) for i in lp.top_ids}
+
+
+def test_a_constrained_requests_logprobs_are_over_what_its_grammar_allows(cluster):
+    """As vLLM's sampler gets them: after the grammar's mask, so the allowed tokens' mass
+    is 1 and a forbidden one reads -9999.0 (never -Infinity, which is not JSON)."""
+    body = {
+        "model": TINY_MODEL_ID,
+        "prompt": "def f(x):",
+        "max_tokens": 8,
+        "temperature": 0,
+        "guided_regex": "[abc]{8}",
+        "logprobs": 5,
+    }
+    r = post_json(f"{cluster.http}/v1/completions", body)
+    assert r.status_code == 200, r.text
+    assert b"Infinity" not in r.body and b"NaN" not in r.body
+    logprobs = r.json()["choices"][0]["logprobs"]
+    assert set(logprobs["tokens"]) <= set("abc") and len(logprobs["tokens"]) == 8
+    for top in logprobs["top_logprobs"]:
+        allowed = {t: v for t, v in top.items() if v > -9999.0}
+        assert set(allowed) == set("abc")
+        assert sum(math.exp(v) for v in allowed.values()) == pytest.approx(1.0, abs=1e-4)
+        assert sorted(v for t, v in top.items() if t not in allowed) == [-9999.0] * 2
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "param"),
+    [
+        ("chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ("chat/completions", {"top_logprobs": 2}, "top_logprobs"),
+        ("chat/completions", {"logprobs": 1}, "logprobs"),
+        ("completions", {"logprobs": 21}, "logprobs"),
+        ("completions", {"logprobs": -1}, "logprobs"),
+        ("completions", {"logprobs": True}, "logprobs"),
+    ],
+)
+def test_logprobs_out_of_range_are_refused(cluster, path, fields, param):
+    body = {"model": TINY_MODEL_ID, "max_tokens": 2, **fields}
+    body.update({"messages": CHAT} if path.startswith("chat") else {"prompt": "x"})
+    r = post_json(f"{cluster.http}/v1/{path}", body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.text
+
+
 def test_route_and_speculation_by_header_and_body(client):
     def spec(**kw):
         r = client.completions.create(model=TINY_MODEL_ID, prompt="abc", max_tokens=4, **kw)
@@ -310,8 +403,8 @@ def test_400_bad_parameters(client):
         client.completions.create(model=TINY_MODEL_ID, prompt="abc", n=2)
     assert err.value.body["param"] == "n" and "not supported" in err.value.message
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model=TINY_MODEL_ID, messages=CHAT, logprobs=True)
-    assert err.value.body["param"] == "logprobs"
+        client.chat.completions.create(model=TINY_MODEL_ID, messages=CHAT, tools=[{}])
+    assert err.value.body["param"] == "tools"
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(
             model=TINY_MODEL_ID, messages=[{"role": "wizard", "content": "x"}]

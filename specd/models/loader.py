@@ -9,6 +9,7 @@ import torch
 
 from specd.models import huge_pages
 from specd.models.args import ModelArgs, default_device, parse_dtype, rope_inv_freq
+from specd.models.catalog import is_ready
 from specd.models.draft_cuts import four_bit_layers, trim_to_vocab
 from specd.models.hf_config import load_config
 from specd.models.llama import Layer, LlamaModel
@@ -24,7 +25,27 @@ def load_tokenizer(folder: Path):
     return AutoTokenizer.from_pretrained(folder)
 
 
+# The special tokens llama.cpp ends a GGUF model's generation at beside its eos, known by
+# their text (a GGUF lists no others; a Hugging Face folder lists its own in
+# generation_config.json, e.g. Qwen2.5's <|im_end|> and <|endoftext|>)
+END_OF_TURN = frozenset(
+    {
+        "<|endoftext|>",
+        "<|im_end|>",
+        "<|eot_id|>",
+        "<|eom_id|>",
+        "<|end_of_text|>",
+        "<|end|>",
+        "<end_of_turn>",
+        "<EOT>",
+    }
+)
+
+
 def eos_token_ids(folder: Path, config) -> set[int]:
+    """The tokens that end a generation: config.json's and generation_config.json's
+    eos_token_id; for a folder converted from a GGUF, also its special tokens named in
+    END_OF_TURN, as llama.cpp stops at them."""
     ids: set[int] = set()
     sources = [getattr(config, "eos_token_id", None)]
     gen = folder / "generation_config.json"
@@ -35,7 +56,16 @@ def eos_token_ids(folder: Path, config) -> set[int]:
             ids.add(value)
         elif isinstance(value, list):
             ids.update(v for v in value if isinstance(v, int))
+    if is_ready(folder):  # converted from a GGUF (specd.models.fetch)
+        ids |= _end_of_turn_tokens(folder / "tokenizer.json")
     return ids
+
+
+def _end_of_turn_tokens(tokenizer_json: Path) -> set[int]:
+    if not tokenizer_json.is_file():
+        return set()
+    added = json.loads(tokenizer_json.read_text()).get("added_tokens", [])
+    return {t["id"] for t in added if t.get("special") and t.get("content") in END_OF_TURN}
 
 
 class DenseTensors:

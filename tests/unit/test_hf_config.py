@@ -112,3 +112,20 @@ def test_a_verifier_builds_its_engine_without_transformers_where_the_config_allo
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-1] == str(imported)
+
+
+def test_a_folder_from_a_gguf_ends_at_its_end_of_turn_tokens_as_llama_cpp(tmp_path):
+    """A GGUF names one eos; llama.cpp also ends at the special tokens whose text marks an
+    end of turn or text (Qwen2.5's <|endoftext|> beside <|im_end|>). A Hugging Face
+    folder's own list (config and generation_config) is taken as it stands."""
+    added = [
+        {"id": 0, "content": "<|endoftext|>", "special": True},
+        {"id": 1, "content": "<|im_start|>", "special": True},
+        {"id": 2, "content": "<|im_end|>", "special": True},
+        {"id": 3, "content": "<|eot_id|>", "special": False},  # not a special token
+    ]
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"added_tokens": added}))
+    config = SimpleNamespace(eos_token_id=2)
+    assert eos_token_ids(tmp_path, config) == {2}  # a Hugging Face folder
+    (tmp_path / ".specd-complete").write_text("model.gguf\n")  # converted from a GGUF
+    assert eos_token_ids(tmp_path, config) == {0, 2}

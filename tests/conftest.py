@@ -282,6 +282,21 @@ def run_engine(engine, requests: list[dict]) -> dict[int, list[int]]:
     return {i: out[i] for i in ids}
 
 
+def run_engine_logprobs(engine, requests: list[dict]) -> list[tuple[list[int], list]]:
+    """As run_engine, for requests that ask for logprobs: each one's tokens and their
+    TokenLogprobs (one per token, checked as they arrive), in the requests' order."""
+    from verifier_service.request import Request
+
+    ids = [engine.add_request(Request(**r)) for r in requests]
+    tokens, logprobs = {i: [] for i in ids}, {i: [] for i in ids}
+    while engine.has_work():
+        for o in engine.step():
+            assert len(o.logprobs) == len(o.tokens)
+            tokens[o.seq_id] += o.tokens
+            logprobs[o.seq_id] += o.logprobs
+    return [(tokens[i], logprobs[i]) for i in ids]
+
+
 def said_logs(stdout: str) -> list[Path]:
     """The folders a bench said it kept its services' logs in ("service logs: DIR")."""
     return [Path(line.split(": ", 1)[1]) for line in stdout.splitlines() if "service logs" in line]

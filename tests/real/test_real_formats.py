@@ -5,7 +5,8 @@ int4 (the default format) runs at this CPU's default activations (bf16 with AVX5
 or AMX, fp32 with an fp16 K/V cache otherwise); int8 at fp32, so that an AVX512-BF16 host
 checks both activation defaults, and an AVX2 host runs no slow bf16. One engine serves both
 runs, as a verifier serves a request with speculation off beside others with it on; the
-prefix cache (on by default in this configuration) gives the second run its prompts."""
+prefix cache (on by default in this configuration) gives the second run its prompts. The
+tokens' log-probabilities are the same too, value for value."""
 
 import pytest
 import torch
@@ -15,7 +16,8 @@ from drafter_service.draft_model import DraftModelProposer
 from specd.config import DrafterConfig, EngineConfig
 from specd.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from specd.models.loader import load_model, load_tokenizer
-from tests.conftest import real_model_or_skip, run_engine
+from specd.params import SamplingParams
+from tests.conftest import real_model_or_skip, run_engine_logprobs
 from verifier_service.engine import Engine
 
 
@@ -31,14 +33,17 @@ def test_real_pair_greedy_identical_on_and_off(cpu_kernels, fmt, dtype, tokens):
     assert target.weights == fmt and target.chunk_invariant()
     if target.dtype == torch.float32:
         assert target.kv_dtype == torch.float16
-    reqs = [dict(prompt=p, max_new_tokens=tokens, ignore_eos=True) for p in prompts]
+    params = SamplingParams(logprobs=2)  # the target's log-probabilities come back too
+    reqs = [dict(prompt=p, max_new_tokens=tokens, ignore_eos=True, params=params) for p in prompts]
     proposer = DraftModelProposer(draft, num_blocks=256, alternatives=4, p_min=DrafterConfig.p_min)
     engine = Engine(target, EngineConfig(), proposer)
-    off = run_engine(engine, reqs)  # num_draft 0: plain decoding beside a drafter
+    off = run_engine_logprobs(engine, reqs)  # num_draft 0: plain decoding beside a drafter
     assert engine.totals.rounds == 0 and proposer.kv.allocator.num_used == 0
-    on = run_engine(engine, [dict(r, num_draft=5) for r in reqs])
+    on = run_engine_logprobs(engine, [dict(r, num_draft=5) for r in reqs])
     assert engine.kv.allocator.cached_tokens > 0  # the prompts came from the prefix cache
-    diverged = [i for i, (a, b) in enumerate(zip(on.values(), off.values(), strict=True)) if a != b]
+    diverged = [i for i, (a, b) in enumerate(zip(on, off, strict=True)) if a[0] != b[0]]
     assert not diverged, f"prompts {diverged} diverged"
+    # the same rows, whichever forward computed them: the same values, bit for bit
+    assert [lp for _, lps in on for lp in lps] == [lp for _, lps in off for lp in lps]
     assert engine.totals.accepted > 0 and proposer.cut_rounds > 0
     assert engine.kv.allocator.num_used == 0

@@ -10,24 +10,13 @@ from specd.config import EngineConfig
 from specd.models.paged_kv import PagedKV
 from specd.models.seq_input import SeqInput
 from specd.params import SamplingParams
+from tests.conftest import run_engine_logprobs
 from tests.unit.test_engine import PROMPTS, make_engine
 from tests.unit.test_engine_oracle import OracleProposer, greedy_answers
 from verifier_service.engine import Engine
 from verifier_service.request import Request
 
 TOP = 4
-
-
-def run(engine, requests: list[dict]) -> list[tuple[list[int], list]]:
-    """Each request's tokens and their TokenLogprobs, stepping the engine until idle."""
-    ids = [engine.add_request(Request(**r)) for r in requests]
-    tokens, logprobs = {i: [] for i in ids}, {i: [] for i in ids}
-    while engine.has_work():
-        for o in engine.step():
-            tokens[o.seq_id] += o.tokens
-            logprobs[o.seq_id] += o.logprobs
-            assert len(o.logprobs) == len(o.tokens)
-    return [(tokens[i], logprobs[i]) for i in ids]
 
 
 def reference(model, prompt: list[int], output: list[int]) -> torch.Tensor:
@@ -61,8 +50,8 @@ def greedy(prompt, **kw) -> dict:
 def test_greedy_logprobs_are_the_targets_and_the_same_with_speculation_on(tiny_pair, proposer):
     target, _ = tiny_pair
     reqs = [greedy(p) for p in PROMPTS[:2]]
-    off = run(make_engine(tiny_pair), reqs)
-    on = run(make_engine(tiny_pair, proposer), [dict(r, num_draft=4) for r in reqs])
+    off = run_engine_logprobs(make_engine(tiny_pair), reqs)
+    on = run_engine_logprobs(make_engine(tiny_pair, proposer), [dict(r, num_draft=4) for r in reqs])
     for req, (tokens, logprobs), (tokens_on, logprobs_on) in zip(reqs, off, on, strict=True):
         assert tokens_on == tokens
         check(target, req["prompt"], tokens, logprobs)
@@ -79,7 +68,7 @@ def test_a_trees_branch_taken_every_round_reads_the_branchs_rows(tiny_pair, wron
     answers = greedy_answers(tiny_pair, [dict(r, params=SamplingParams()) for r in reqs])
     proposer = OracleProposer(answers, target.args.vocab_size, wrong_at=wrong_at)
     engine = Engine(target, EngineConfig(num_blocks=256, block_size=4), proposer, eos_ids=set())
-    outputs = run(engine, [dict(r, num_draft=4) for r in reqs])
+    outputs = run_engine_logprobs(engine, [dict(r, num_draft=4) for r in reqs])
     for req, (tokens, logprobs) in zip(reqs, outputs, strict=True):
         assert tokens == answers[tuple(req["prompt"])]
         check(target, req["prompt"], tokens, logprobs)
@@ -93,7 +82,7 @@ def test_sampled_tokens_get_their_raw_logprob_not_the_tempered_one(tiny_pair):
     params = SamplingParams(temperature=2.0, top_k=50, seed=7, logprobs=TOP)
     req = dict(prompt=PROMPTS[0], max_new_tokens=30, params=params, ignore_eos=True)
     engine = make_engine(tiny_pair, "draft")
-    [(tokens, logprobs)] = run(engine, [dict(req, num_draft=3)])
+    [(tokens, logprobs)] = run_engine_logprobs(engine, [dict(req, num_draft=3)])
     check(target, PROMPTS[0], tokens, logprobs)
     assert engine.totals.accepted > 0
     assert any(lp.top_ids[0] != t for t, lp in zip(tokens, logprobs, strict=True))

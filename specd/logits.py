@@ -35,6 +35,31 @@ def presence_of_paths(context: list[int], paths: list[list[int]], vocab: int) ->
     return rows
 
 
+def counts_of_paths(context: list[int], paths: list[list[int]], vocab: int) -> torch.Tensor:
+    """How often each token occurs in the context plus paths[n], for each row n ->
+    float [R, V]."""
+    base = torch.zeros(vocab)
+    if context:
+        base.index_add_(0, torch.tensor(context), torch.ones(len(context)))
+    rows = base.repeat(len(paths), 1)
+    for n, path in enumerate(paths):
+        if path:
+            rows[n].index_add_(0, torch.tensor(path), torch.ones(len(path)))
+    return rows
+
+
+def apply_output_penalties(logits: torch.Tensor, counts: torch.Tensor, params: SamplingParams):
+    """OpenAI's frequency and presence penalties: logit - frequency * count - presence *
+    [count > 0], `counts` [R, V] of the generated tokens only (as vLLM counts them; the
+    repetition penalty sees the prompt too)."""
+    counts = counts.to(logits.device)
+    return (
+        logits
+        - params.frequency_penalty * counts
+        - params.presence_penalty * (counts > 0).to(logits.dtype)
+    )
+
+
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float):
     """logits [R, V], seen bool [R, V] (built on the CPU) -> logits with seen tokens
     penalised, on the logits' device."""
@@ -45,12 +70,19 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: 
 
 
 def logits_to_probs(
-    logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None = None
+    logits: torch.Tensor,
+    params: SamplingParams,
+    seen: torch.Tensor | None = None,
+    counts: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """logits [R, V] (fp32) -> probs [R, V] after repetition penalty, temperature, top-k,
-    top-p and min-p, in that order (as transformers). Greedy params give one-hot argmax."""
+    """logits [R, V] (fp32) -> probs [R, V] after the repetition penalty (`seen`: bool
+    [R, V], the tokens of prompt and output), the frequency and presence penalties
+    (`counts`: [R, V], the output's tokens), temperature, top-k, top-p and min-p, in that
+    order (as vLLM). Greedy params give one-hot argmax."""
     if seen is not None:
         logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
+    if counts is not None:
+        logits = apply_output_penalties(logits, counts, params)
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     logits = logits / params.temperature

@@ -17,11 +17,23 @@ class SamplingParams:
     min_p: float = 0.0  # 0: off
     repetition_penalty: float = 1.0  # 1: off (CTRL-style: logit / r if > 0 else logit * r)
     seed: int | None = None
+    presence_penalty: float = 0.0  # 0: off; subtracted from a token already generated
+    frequency_penalty: float = 0.0  # 0: off; subtracted once per time it was generated
     logprobs: int | None = None  # each token's log-probability and this many top ones
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def penalised(self) -> bool:
+        """Whether a token's logits depend on the tokens before it (any penalty)."""
+        return self.repetition_penalty != 1.0 or self.output_penalised
+
+    @property
+    def output_penalised(self) -> bool:
+        """Whether the frequency or presence penalty applies (to generated tokens)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def validate(self) -> None:
         """Refuse out-of-range values, NaN and +/-inf included (a NaN compares false with
@@ -38,5 +50,9 @@ class SamplingParams:
         rp = self.repetition_penalty
         if not (finite(rp) and rp > 0):
             raise ValueError(f"repetition_penalty must be a finite number > 0, got {rp}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -2.0 <= value <= 2.0:  # also refuses NaN
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")

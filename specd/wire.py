@@ -25,13 +25,20 @@ def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
         min_p=msg.min_p,
         repetition_penalty=msg.repetition_penalty if msg.HasField("repetition_penalty") else 1.0,
         seed=msg.seed if msg.HasField("seed") else None,
+        presence_penalty=msg.presence_penalty,
+        frequency_penalty=msg.frequency_penalty,
         logprobs=msg.logprobs if msg.HasField("logprobs") else None,
     )
 
 
 def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
     msg = common_pb2.SamplingParams(
-        temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p
+        temperature=p.temperature,
+        top_k=p.top_k,
+        top_p=p.top_p,
+        min_p=p.min_p,
+        presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty,
     )
     if p.repetition_penalty != 1.0:
         msg.repetition_penalty = p.repetition_penalty

@@ -13,6 +13,7 @@ import torch
 from specd.draws import draw_randomness
 from specd.logits import (
     argmax_rows,
+    counts_of_paths,
     logits_to_probs,
     onehot_probs,
     presence_of_paths,
@@ -37,11 +38,14 @@ class Verdict:
 def _target_rows(seq, proposal: Proposal | None, rows: torch.Tensor) -> torch.Tensor:
     """Target probabilities at every node of the round (p_1..p_{k+1} for a chain, then
     the alternatives) after the request's own transforms; each node has seen its path."""
-    seen = None
-    if seq.params.repetition_penalty != 1.0:
-        paths = tree.node_paths(proposal) if proposal is not None else [[]]
-        seen = presence_of_paths(seq.tokens, paths, rows.shape[-1])
-    return logits_to_probs(rows, seq.params, seen)
+    params, vocab = seq.params, rows.shape[-1]
+    seen = counts = None
+    paths = tree.node_paths(proposal) if proposal is not None else [[]]
+    if params.repetition_penalty != 1.0:
+        seen = presence_of_paths(seq.tokens, paths, vocab)
+    if params.output_penalised:
+        counts = counts_of_paths(seq.tokens[len(seq.prompt) :], paths, vocab)
+    return logits_to_probs(rows, params, seen, counts)
 
 
 def _draft_q(proposal: Proposal | None, drafts: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -87,7 +91,7 @@ def _argmax_all(greedy, sampled, logits: torch.Tensor) -> list[int] | None:
     """Every row's argmax in one call where every round of the step is greedy on the
     target's own logits (the usual step): on a GPU one kernel and one copy back for the
     step, not one of each (and a wait) a sequence. None otherwise."""
-    if sampled or any(r.seq.params.repetition_penalty != 1.0 for r, _ in greedy):
+    if sampled or any(r.seq.params.penalised for r, _ in greedy):
         return None
     return argmax_rows(logits).tolist()
 
@@ -144,7 +148,7 @@ def _greedy(items, argmax: list[int] | None = None) -> dict:
             best = argmax[offset : offset + len(rows)]
             offset += len(rows)
         else:
-            if r.seq.params.repetition_penalty != 1.0:
+            if r.seq.params.penalised:
                 rows = _target_rows(r.seq, r.proposal, rows)
             best = argmax_rows(rows).tolist()
         p = r.proposal

@@ -294,6 +294,41 @@ def test_greedy_under_a_repetition_penalty_takes_the_penalised_argmax(tiny_pair)
     assert list(on.values()) == want
 
 
+def _output_penalised_greedy(model, prompt: list[int], new: int, presence, frequency):
+    """Greedy decoding by the model's own forward, each step's logits lowered here by
+    OpenAI's rule for every token generated so far: frequency per time, presence once."""
+    kv = PagedKV.for_model(model, 64)
+    kv.allocator.allocate(0)
+    out, feed = [], list(prompt)
+    for _ in range(new):
+        logits = model.forward(kv, [SeqInput(0, feed)])[-1].float().clone()
+        for token in set(out):
+            logits[token] -= frequency * out.count(token) + presence
+        out.append(int(logits.argmax()))
+        feed = out[-1:]
+    return out
+
+
+@pytest.mark.parametrize("presence,frequency", [(1.5, 0.0), (0.0, 0.8), (-0.5, 0.6)])
+def test_greedy_under_presence_and_frequency_penalties(tiny_pair, presence, frequency):
+    """Off, with drafts, and with drafts and alternative leaves (a node counts its own
+    path): the argmax of the penalised logits at every step, as a plain reference
+    decodes it. (The penalties change these prompts' output.)"""
+    target, draft = tiny_pair
+    params = SamplingParams(presence_penalty=presence, frequency_penalty=frequency)
+    want = [_output_penalised_greedy(target, p, 16, presence, frequency) for p in PROMPTS]
+    assert want != [_output_penalised_greedy(target, p, 16, 0.0, 0.0) for p in PROMPTS]
+    reqs = [dict(prompt=p, params=params, max_new_tokens=16) for p in PROMPTS]
+    assert list(run_engine(make_engine(tiny_pair), reqs).values()) == want
+    on = run_engine(make_engine(tiny_pair, "draft"), [dict(r, num_draft=3) for r in reqs])
+    assert list(on.values()) == want
+    proposer = DraftModelProposer(draft, num_blocks=128, block_size=4, alternatives=3)
+    cfg = EngineConfig(num_blocks=256, block_size=4, max_tree_tokens=256, cost_model=False)
+    engine = Engine(target, cfg, proposer, eos_ids=set())
+    assert list(run_engine(engine, [dict(r, num_draft=3) for r in reqs]).values()) == want
+    assert engine.tree_rounds > 0
+
+
 def test_a_greedy_step_takes_every_rows_argmax_in_one_call(tiny_pair, monkeypatch):
     """A step of greedy rounds takes its rows' argmax in one call (on a GPU one kernel
     and one copy back for the step, not one of each a sequence), with the same output."""

@@ -21,12 +21,21 @@ N = 3000
 
 
 def next_probs(model, contexts: list[list[int]], params) -> torch.Tensor:
-    """p(. | context) after the request's transforms, for many contexts at once."""
+    """p(. | context) after the request's transforms, for many contexts at once (each
+    context's tokens after PROMPT are its output, which the frequency and presence
+    penalties count)."""
     kv = PagedKV.for_model(model, num_blocks=len(contexts) * 4 + 8, block_size=4)
     for i in range(len(contexts)):
         kv.allocator.allocate(i)
     logits = model.forward(kv, [SeqInput(i, c) for i, c in enumerate(contexts)])
-    return logits_to_probs(logits, params)
+    v = logits.shape[-1]
+    counts = torch.stack(
+        [
+            torch.bincount(torch.tensor(c[len(PROMPT) :], dtype=torch.long), minlength=v).float()
+            for c in contexts
+        ]
+    )
+    return logits_to_probs(logits, params, counts=counts.to(logits.device))
 
 
 def exact_marginals(model, params):
@@ -64,8 +73,10 @@ def chi_square_ok(counts: torch.Tensor, p: torch.Tensor, n: int) -> bool:
         # rounds cut short where the drawn draft was unlikely under q (its length depends
         # on the draft: a stopping time, which leaves every position's test exact)
         (SamplingParams(temperature=1.0), 0, 0.2),
+        # OpenAI's penalties on the output: each node of a round counts its own path
+        (SamplingParams(temperature=1.0, presence_penalty=1.5, frequency_penalty=0.8), 2, 0.0),
     ],
-    ids=["t1", "t0.8-top12", "t1-alternatives", "t1-p-min"],
+    ids=["t1", "t0.8-top12", "t1-alternatives", "t1-p-min", "t1-penalties-alternatives"],
 )
 def test_engine_sampling_follows_the_target(tiny_pair, params, alternatives, p_min):
     target, draft = tiny_pair

@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from specd.draws import draw_randomness, make_generator
-from specd.logits import argmax_rows, logits_to_probs, onehot_probs, presence_rows, sparse_to_dense
+from specd.logits import (
+    argmax_rows,
+    counts_of_paths,
+    logits_to_probs,
+    onehot_probs,
+    presence_rows,
+    sparse_to_dense,
+)
 from specd.params import SamplingParams
 from specd.sampling import greedy_round, rejection_sample
 
@@ -93,6 +100,21 @@ def test_transforms():
         logits.repeat(2, 1), SamplingParams(temperature=0, repetition_penalty=4), seen
     )
     assert p.argmax(-1).tolist() == [1, 2]  # 3/4 < 2, then 2/4 < 1
+
+
+def test_frequency_and_presence_penalties_count_the_output_and_each_rows_path():
+    """OpenAI's rule on the generated tokens: logit - frequency * count - presence *
+    [count > 0]; a tree's node counts its own path beside the output."""
+    counts = counts_of_paths([0, 0, 2], [[], [1], [1, 0]], 5)
+    assert counts.tolist() == [[2, 0, 1, 0, 0], [2, 1, 1, 0, 0], [3, 1, 1, 0, 0]]
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]]).repeat(3, 1)
+    params = SamplingParams(temperature=1.0, presence_penalty=0.5, frequency_penalty=0.25)
+    want = logits - 0.25 * counts - 0.5 * (counts > 0).float()
+    assert torch.allclose(logits_to_probs(logits, params, counts=counts), torch.softmax(want, -1))
+    greedy = SamplingParams(presence_penalty=-2.0)  # a negative penalty favours repeats
+    assert logits_to_probs(logits, greedy, counts=counts).argmax(-1).tolist() == [0, 0, 0]
+    greedy = SamplingParams(frequency_penalty=1.5)
+    assert logits_to_probs(logits, greedy, counts=counts).argmax(-1).tolist() == [1, 1, 1]
 
 
 # -- statistical exactness ------------------------------------------------------------------

@@ -1,0 +1,57 @@
+"""A round's penalties, node by node: the frequency and presence penalties count the
+output committed before the round and each node's own path through the drafts, so a
+draft that repeats the one before it is tested against the penalised target."""
+
+import pytest
+import torch
+
+from specd.params import SamplingParams
+from specd.proposal import Proposal
+from verifier_service.records import Round, Slot
+from verifier_service.sequence import Sequence
+from verifier_service.verify import verify_rounds
+
+V = 16
+
+
+def round_of(params: SamplingParams, drafts: list[int], alts=()) -> Round:
+    seq = Sequence(0, [1, 2], params, 10, len(drafts), frozenset(), torch.Generator())
+    seq.tokens.append(3)  # one token generated before this round (the pending one)
+    slot = Slot(seq, (3,), decode=True, k=len(drafts), alts=len(alts))
+    return Round(slot, Proposal(tokens=drafts, alts=list(alts)))
+
+
+def logits(rows: int) -> torch.Tensor:
+    """Every row: token 5 first (1.0), token 7 close behind (0.5), the rest far below."""
+    out = torch.full((rows, V), -5.0)
+    out[:, 5], out[:, 7] = 1.0, 0.5
+    return out
+
+
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(presence_penalty=1.0), SamplingParams(frequency_penalty=1.0)],
+    ids=["presence", "frequency"],
+)
+def test_a_draft_repeating_its_parent_meets_the_penalty_of_its_path(params):
+    """Drafts 5, 5: the first matches the root's argmax (5: nothing generated yet holds
+    5); at node 1 the path holds 5 once, so 5 drops to 0.0 under 7's 0.5 and the second
+    draft is rejected for 7. Without the penalties both are accepted."""
+    r = round_of(params, [5, 5])
+    verdict = verify_rounds([r], logits(3), V)[0]
+    assert verdict.tokens == [5, 7] and verdict.accepted == 1
+    plain = verify_rounds([round_of(SamplingParams(), [5, 5])], logits(3), V)[0]
+    assert plain.tokens == [5, 5, 5] and plain.accepted == 2
+
+
+def test_each_node_counts_its_own_path_chain_and_alternative_alike():
+    """Chain 5, 7: 5 is accepted at the root; at node 1 (path 5) the penalised argmax is
+    7, the second draft; at node 2 (path 5, 7) both are penalised and 5 leads again.
+    Chain 7, 7 with the alternative 5 beside the first draft: the chain fails at the
+    root, the alternative is taken, and at its node (path 5, not its sibling's 7) the
+    bonus is 7."""
+    params = SamplingParams(presence_penalty=1.0)
+    chain = verify_rounds([round_of(params, [5, 7])], logits(3), V)[0]
+    assert chain.tokens == [5, 7, 5] and chain.accepted == 2
+    branch = verify_rounds([round_of(params, [7, 7], alts=[(0, 5)])], logits(4), V)[0]
+    assert branch.tokens == [5, 7] and branch.accepted == 1 and branch.path == [3]

@@ -84,6 +84,8 @@ def to_request(
         top_p=sampling["top_p"] or 0.0,
         top_k=max(sampling["top_k"] or 0, 0),  # vLLM's -1 is gRPC's 0: off
         min_p=sampling["min_p"] or 0.0,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
     )
     if body.seed is not None:
         params.seed = body.seed

@@ -4,8 +4,8 @@ into the `GenerateRequest` a gRPC client would send, so both doors give the same
 
 Where this differs from the OpenAI API, on purpose:
 - unknown fields are refused (400), not ignored;
-- fields specd does not implement (tools, penalties, logit_bias, n > 1, echo, suffix,
-  best_of > 1) are refused when set to anything but their neutral value;
+- fields specd does not implement (tools, logit_bias, n > 1, echo, suffix, best_of > 1)
+  are refused when set to anything but their neutral value;
 - `logprobs` (and chat's `top_logprobs`) are the target's raw log-probabilities, before
   temperature and the other transforms (a constraint's mask applied), as vLLM returns
   them, -inf as -9999.0; up to 20 on both endpoints (the OpenAI API allows 5 on
@@ -73,6 +73,7 @@ class ChatMessage(_Strict):
 
 Positive = Annotated[int, Field(ge=1)]
 TopLogprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
+Penalty = Annotated[float, Field(ge=-2, le=2)]
 
 
 class JsonSchemaFormat(_Strict):
@@ -100,9 +101,9 @@ class Body(_Strict):
     stop: str | list[str] | None = None
     n: int | None = None
     user: str | None = None  # accepted; specd keeps no per-user state
+    frequency_penalty: Penalty | None = None  # on the generated tokens, as vLLM
+    presence_penalty: Penalty | None = None
     # OpenAI fields specd does not implement: allowed only at their neutral value
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     # extensions (vLLM's names) and specd's per-request speculation
     top_k: Annotated[int, Field(ge=-1)] | None = None  # -1: off, as vLLM spells it
@@ -149,8 +150,6 @@ class Body(_Strict):
         """Field -> whether it asks for something specd does not do."""
         return {
             "n": self.n not in (None, 1),
-            "frequency_penalty": bool(self.frequency_penalty),
-            "presence_penalty": bool(self.presence_penalty),
             "logit_bias": bool(self.logit_bias),
         }
 

@@ -53,6 +53,8 @@ def sampling_params():
         seed=st.integers(0, 2**64 - 1),
         min_p=float32,
         logprobs=st.one_of(st.none(), st.integers(-2, 22), int32),
+        presence_penalty=float32,
+        frequency_penalty=float32,
     )
 
 
@@ -275,6 +277,7 @@ BODY_FIELDS = [
     "top_logprobs",
     *("response_format", "guided_json", "guided_regex", "guided_grammar", "speculation"),
     *("route", "ignore_eos", "repetition_penalty", "tools", "bogus"),
+    *("presence_penalty", "frequency_penalty"),
 ]
 
 
@@ -336,6 +339,7 @@ def refusal(address: str, method: str, request) -> grpc.RpcError:
 @pytest.mark.parametrize("field", PARAM_FIELDS)
 def test_non_finite_sampling_params_are_refused_by_name_everywhere(cluster, field, value):
     assert {"temperature", "top_p", "min_p", "repetition_penalty"} <= set(PARAM_FIELDS)
+    assert {"presence_penalty", "frequency_penalty"} <= set(PARAM_FIELDS)
     started = cluster.verifier_servicers[0].requests_started
     params = common_pb2.SamplingParams(**{field: value})
     routed = router_pb2.GenerateRequest(prompt="hello", max_new_tokens=4, params=params)

@@ -356,6 +356,30 @@ def test_a_constrained_requests_logprobs_are_over_what_its_grammar_allows(cluste
         assert sorted(v for t, v in top.items() if t not in allowed) == [-9999.0] * 2
 
 
+def test_presence_and_frequency_penalties_change_the_output_alike_with_speculation(client):
+    """OpenAI's penalties reach the verifier: greedy output changes under them, and is
+    the same with speculation on and off."""
+
+    def text(speculation: str, **penalties) -> str:
+        r = client.completions.create(
+            model=TINY_MODEL_ID,
+            prompt="abcabc",
+            temperature=0,
+            max_tokens=24,
+            extra_body={"ignore_eos": True, "speculation": speculation},
+            **penalties,
+        )
+        return r.choices[0].text
+
+    plain = text("off")
+    for penalties in ({"presence_penalty": 2.0}, {"frequency_penalty": 1.5}):
+        off = text("off", **penalties)
+        assert off != plain and text("on", **penalties) == off
+    with pytest.raises(openai.BadRequestError) as err:
+        text("off", presence_penalty=2.5)
+    assert err.value.body["param"] == "presence_penalty"
+
+
 @pytest.mark.parametrize(
     ("path", "fields", "param"),
     [

@@ -1,6 +1,6 @@
 """The OpenAI API's response objects for one request: the whole completion, or its
 Server-Sent Event chunks (usage, and specd's speculation account beside the standard
-fields)."""
+fields), for each of its `n` choices."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from protos.specd.v1 import common_pb2
 
 
 class Answer:
-    """One request's response objects, whole or as stream chunks."""
+    """One request's response objects, whole or as stream chunks, for its `n` choices."""
 
     def __init__(
         self, obj: str, rid: str, model: str, body, prompt_ids: list[int], token_text=None
@@ -22,14 +22,16 @@ class Answer:
         self.obj = obj
         self.head = {"id": rid, "object": obj, "created": int(time.time()), "model": model}
         self.body = body
+        self.n = body.n or 1
         self.prompt_ids = prompt_ids
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        self.logprobs = (
-            Logprobs(token_text, self.chat) if body.logprobs_asked() is not None else None
-        )
+        asked = body.logprobs_asked() is not None
+        self.logprobs = [Logprobs(token_text, self.chat) for _ in range(self.n)] if asked else None
+        self.opened: set[int] = set()  # streamed chat choices whose role delta went out
+        self.usage = common_pb2.Usage(prompt_tokens=len(prompt_ids))  # finished choices'
 
-    def _choice(self, msg, text: str, finish: str | None, delta: dict | None = None) -> dict:
-        choice = {"index": 0}
+    def _choice(self, index: int, msg, text: str, finish: str | None, delta=None) -> dict:
+        choice = {"index": index}
         if not self.chat:
             choice["text"] = text
         elif delta is not None:
@@ -38,38 +40,56 @@ class Answer:
             choice["message"] = {"role": "assistant", "content": text}
         choice["logprobs"] = None
         if self.logprobs is not None and msg is not None:
-            choice["logprobs"] = self.logprobs.of(msg.token_ids, msg.logprobs)
+            choice["logprobs"] = self.logprobs[index].of(msg.token_ids, msg.logprobs)
         choice["finish_reason"] = finish
         if self.body.return_token_ids:
             choice["token_ids"] = list(msg.token_ids) if msg is not None else []
         return choice
 
-    def whole(self, resp) -> dict:
+    def whole(self, resps: list) -> dict:
+        """The answer from each choice's GenerateResponse; with n > 1 each choice carries
+        its own speculation account too (the top level's is choice 0's)."""
+        choices = []
+        for i, resp in enumerate(resps):
+            choices.append(self._choice(i, resp, resp.text, resp.finish_reason))
+            self.usage.completion_tokens += resp.usage.completion_tokens
+            if self.n > 1:
+                choices[-1]["speculation"] = extension_dict(resp)["speculation"]
         out = {
             **self.head,
-            "choices": [self._choice(resp, resp.text, resp.finish_reason)],
-            "usage": usage_dict(resp.usage),
-            **extension_dict(resp),
+            "choices": choices,
+            "usage": usage_dict(self.usage),
+            **extension_dict(resps[0]),
         }
         if self.body.return_token_ids:
             out["prompt_token_ids"] = self.prompt_ids
         return out
 
-    def chunks(self, msg, opening: bool = False) -> list[dict]:
+    def chunks(self, index: int, msg) -> list[dict]:
+        """The chunks of choice `index`'s stream message (a chat choice's first opens
+        with its role delta; its last carries its speculation account)."""
         head = {**self.head, "object": f"{self.obj}.chunk" if self.chat else self.obj}
         usage = {"usage": None} if self.include_usage else {}
         out = []
-        if opening and self.chat:
+        if self.chat and index not in self.opened:
+            self.opened.add(index)
             delta = {"role": "assistant", "content": ""}
-            out.append({**head, "choices": [self._choice(None, "", None, delta)], **usage})
+            out.append({**head, "choices": [self._choice(index, None, "", None, delta)], **usage})
         finish = msg.finish_reason or None
         if msg.text or msg.token_ids or finish:
             delta = {"content": msg.text} if msg.text or not finish else {}
-            chunk = {**head, "choices": [self._choice(msg, msg.text, finish, delta)]}
+            chunk = {**head, "choices": [self._choice(index, msg, msg.text, finish, delta)]}
             out.append({**chunk, **usage, **(extension_dict(msg) if finish else {})})
-        if finish and self.include_usage:
-            out.append({**head, "choices": [], "usage": usage_dict(msg.usage)})
+        if finish:
+            self.usage.completion_tokens += msg.usage.completion_tokens
         return out
+
+    def closing(self) -> list[dict]:
+        """After every choice finished: the usage chunk, where the request asked for it."""
+        if not self.include_usage:
+            return []
+        head = {**self.head, "object": f"{self.obj}.chunk" if self.chat else self.obj}
+        return [{**head, "choices": [], "usage": usage_dict(self.usage)}]
 
 
 class Logprobs:

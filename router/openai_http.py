@@ -14,7 +14,9 @@ request, which frees the verifier's KV as a gRPC cancel does.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -22,17 +24,18 @@ import math
 import ssl
 import time
 import uuid
+from collections.abc import AsyncIterator
 
 import grpc
 from aiohttp import web
 
-from protos.specd.v1 import verifier_pb2
+from protos.specd.v1 import router_pb2, verifier_pb2
 from router import openai_schema as schema
 from router.generation import Router
 from router.openai_answer import Answer
 from router.openai_errors import error_event, error_response, request_error_response
 from router.openai_request import OPENAI_DEFAULTS, SamplingDefaults, to_request
-from router.prepare import RequestError
+from router.prepare import Prepared, RequestError
 from specd.channels import MAX_MESSAGE_BYTES
 from specd.serving import ListenError
 
@@ -166,15 +169,31 @@ class OpenAIDoor:
             return request_error_response(exc)
         rid = f"{prefix}-{uuid.uuid4().hex}"
         answer = Answer(obj, rid, self.model, body, prep.prompt_ids, self.router.tokenizer.decode)
+        choices = _choices(prep, answer.n)
         if not body.stream:
             try:
-                return web.json_response(answer.whole(await self.router.generate(prep)))
+                return web.json_response(answer.whole(await self._generate(choices)))
             except RequestError as exc:
                 return request_error_response(exc)
-        return await self._stream(request, prep, answer)
+        return await self._stream(request, choices, answer)
 
-    async def _stream(self, request, prep, answer: Answer):
-        messages = self.router.stream(prep)
+    async def _generate(self, choices: list[Prepared]) -> list:
+        """Each choice's whole completion, generated side by side; the first that fails
+        cancels the others (their KV freed) and answers for the request."""
+        if len(choices) == 1:
+            return [await self.router.generate(choices[0])]
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(self.router.generate(c)) for c in choices]
+        except ExceptionGroup as failed:
+            refusals = [e for e in failed.exceptions if isinstance(e, RequestError)]
+            if refusals:
+                raise refusals[0] from None
+            raise
+        return [task.result() for task in tasks]
+
+    async def _stream(self, request, choices: list[Prepared], answer: Answer):
+        messages = _merged([self.router.stream(c) for c in choices])
         async with contextlib.aclosing(messages):  # a disconnect closes it: KV freed
             try:
                 first = await anext(messages)  # errors before the first token keep their code
@@ -183,11 +202,13 @@ class OpenAIDoor:
             response = web.StreamResponse(headers=SSE_HEADERS)
             await response.prepare(request)
             try:
-                for chunk in answer.chunks(first, opening=True):
+                for chunk in answer.chunks(*first):
                     await _send(response, chunk)
-                async for msg in messages:
-                    for chunk in answer.chunks(msg):
+                async for index, msg in messages:
+                    for chunk in answer.chunks(index, msg):
                         await _send(response, chunk)
+                for chunk in answer.closing():
+                    await _send(response, chunk)
             except RequestError as exc:  # mid-stream: the status is sent, so an error event
                 await _send(response, error_event(exc))
             except ConnectionError:  # the client left: closing `messages` frees the request
@@ -195,6 +216,61 @@ class OpenAIDoor:
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
             return response
+
+
+def _choices(prep: Prepared, n: int) -> list[Prepared]:
+    """One prepared request per choice. A seeded request's choice i samples from seed + i
+    (choice 0 as the request alone would), as vLLM seeds them; unseeded ones draw apart."""
+    if n == 1:
+        return [prep]
+    out = []
+    for i in range(n):
+        request = router_pb2.GenerateRequest()
+        request.CopyFrom(prep.request)
+        params = prep.params
+        if request.params.HasField("seed"):
+            request.params.seed = (request.params.seed + i) % (1 << 64)
+            params = dataclasses.replace(params, seed=request.params.seed)
+        out.append(dataclasses.replace(prep, request=request, params=params))
+    return out
+
+
+async def _merged(streams: list) -> AsyncIterator[tuple[int, object]]:
+    """(choice, message) from every stream as each comes. The first error ends it; so
+    does leaving early: either way every stream is closed, which cancels its call (the
+    verifier frees its KV)."""
+    if len(streams) == 1:
+        async with contextlib.aclosing(streams[0]) as only:
+            async for msg in only:
+                yield 0, msg
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, stream) -> None:
+        async with contextlib.aclosing(stream):
+            try:
+                async for msg in stream:
+                    await queue.put((index, msg, None))
+            except Exception as exc:  # handed to the reader, which raises it
+                await queue.put((index, None, exc))
+                return
+        await queue.put((index, None, None))
+
+    pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        running = len(streams)
+        while running:
+            index, msg, exc = await queue.get()
+            if exc is not None:
+                raise exc
+            if msg is None:
+                running -= 1
+            else:
+                yield index, msg
+    finally:
+        for task in pumps:
+            task.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
 
 
 async def _send(response: web.StreamResponse, chunk: dict) -> None:

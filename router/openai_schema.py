@@ -4,8 +4,10 @@ into the `GenerateRequest` a gRPC client would send, so both doors give the same
 
 Where this differs from the OpenAI API, on purpose:
 - unknown fields are refused (400), not ignored;
-- fields specd does not implement (tools, logit_bias, n > 1, echo, suffix, best_of > 1)
-  are refused when set to anything but their neutral value;
+- fields specd does not implement (tools, logit_bias, echo, suffix, best_of > 1) are
+  refused when set to anything but their neutral value;
+- `n` choices (up to 128) are generated side by side as separate requests; a seeded
+  request's choice i samples from seed + i, as in vLLM;
 - `logprobs` (and chat's `top_logprobs`) are the target's raw log-probabilities, before
   temperature and the other transforms (a constraint's mask applied), as vLLM returns
   them, -inf as -9999.0; up to 20 on both endpoints (the OpenAI API allows 5 on
@@ -74,6 +76,7 @@ class ChatMessage(_Strict):
 Positive = Annotated[int, Field(ge=1)]
 TopLogprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
+MAX_CHOICES = 128  # n, as the OpenAI API bounds it
 
 
 class JsonSchemaFormat(_Strict):
@@ -99,7 +102,7 @@ class Body(_Strict):
     top_p: Annotated[float, Field(gt=0)] | None = None  # 0 is unset on gRPC, refused here
     seed: Annotated[int, Field(ge=0, lt=1 << 64)] | None = None
     stop: str | list[str] | None = None
-    n: int | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = None  # choices, side by side
     user: str | None = None  # accepted; specd keeps no per-user state
     frequency_penalty: Penalty | None = None  # on the generated tokens, as vLLM
     presence_penalty: Penalty | None = None
@@ -149,7 +152,6 @@ class Body(_Strict):
     def unsupported(self) -> dict[str, bool]:
         """Field -> whether it asks for something specd does not do."""
         return {
-            "n": self.n not in (None, 1),
             "logit_bias": bool(self.logit_bias),
         }
 

@@ -399,6 +399,46 @@ def test_logprobs_out_of_range_are_refused(cluster, path, fields, param):
     assert r.json()["error"]["param"] == param, r.text
 
 
+def test_n_choices_are_seeded_requests_side_by_side(client):
+    """n = 3 at a seed: choice i is what the request alone gives at seed + i, whole and
+    streamed; prompt tokens count once, completion tokens for every choice."""
+    extra = {"ignore_eos": True, "speculation": "on", "return_token_ids": True}
+    ask = dict(model=TINY_MODEL_ID, messages=CHAT, temperature=1.0, max_tokens=12, extra_body=extra)
+    alone = [client.chat.completions.create(**ask, seed=40 + i).choices[0] for i in range(3)]
+    whole = client.chat.completions.create(**ask, seed=40, n=3)
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    texts = [c.message.content for c in whole.choices]
+    assert texts == [c.message.content for c in alone] and len(set(texts)) == 3
+    assert whole.usage.completion_tokens == 36
+    assert whole.usage.prompt_tokens == client.chat.completions.create(**ask).usage.prompt_tokens
+    assert all(c.model_extra["speculation"]["drafted"] > 0 for c in whole.choices)
+    chunks = list(
+        client.chat.completions.create(
+            **ask, seed=40, n=3, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    *body, usage = chunks
+    assert usage.choices == [] and usage.usage.completion_tokens == 36
+    by_choice = {i: [c.choices[0] for c in body if c.choices[0].index == i] for i in range(3)}
+    for i, parts in by_choice.items():
+        assert parts[0].delta.role == "assistant"  # each choice opens with its role
+        assert "".join(p.delta.content or "" for p in parts) == texts[i]
+        assert [p.finish_reason for p in parts][-1] == "length"
+        ids = [t for p in parts for t in p.model_extra["token_ids"]]
+        assert ids == whole.choices[i].model_extra["token_ids"]
+    greedy = client.completions.create(
+        model=TINY_MODEL_ID, prompt="abc", temperature=0, max_tokens=8, n=2
+    )
+    assert greedy.choices[0].text == greedy.choices[1].text
+
+
+@pytest.mark.parametrize("n", [0, 129, 1.5])
+def test_n_out_of_range_is_refused(cluster, n):
+    body = {"model": TINY_MODEL_ID, "prompt": "x", "max_tokens": 2, "n": n}
+    r = post_json(f"{cluster.http}/v1/completions", body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+
+
 def test_route_and_speculation_by_header_and_body(client):
     def spec(**kw):
         r = client.completions.create(model=TINY_MODEL_ID, prompt="abc", max_tokens=4, **kw)
@@ -424,8 +464,8 @@ def test_400_bad_parameters(client):
         client.completions.create(model=TINY_MODEL_ID, prompt="abc", temperature=-1)
     assert "temperature" in err.value.message
     with pytest.raises(openai.BadRequestError) as err:
-        client.completions.create(model=TINY_MODEL_ID, prompt="abc", n=2)
-    assert err.value.body["param"] == "n" and "not supported" in err.value.message
+        client.completions.create(model=TINY_MODEL_ID, prompt="abc", best_of=2)
+    assert err.value.body["param"] == "best_of" and "not supported" in err.value.message
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=TINY_MODEL_ID, messages=CHAT, tools=[{}])
     assert err.value.body["param"] == "tools"
@@ -527,6 +567,27 @@ def test_client_disconnect_mid_stream_frees_kv(cluster, client, aborts):
     stream.close()
     assert wait_idle(cluster), "KV blocks or drafter sessions were not released"
     assert len(aborts) == 1, "the request ran on after its client left"
+
+
+def test_a_client_leaving_n_choices_mid_stream_frees_each(cluster, client, aborts):
+    assert wait_idle(cluster)
+    stream = client.completions.create(
+        model=TINY_MODEL_ID,
+        prompt="abc",
+        max_tokens=150,  # all three fit the tiny cluster's KV pools at once
+        n=3,
+        stream=True,
+        extra_body={"ignore_eos": True, "speculation": "on"},
+    )
+    for got, _ in enumerate(stream):
+        if got == 5:
+            break
+    # all three in the verifiers (the cluster's replicas share one model thread: one may
+    # wait for the other's work to end)
+    assert sum(e.scheduler.batch for e in cluster.engines) == 3
+    stream.close()
+    assert wait_idle(cluster), "KV blocks or drafter sessions were not released"
+    assert len(aborts) == 3, "a choice ran on after its client left"
 
 
 def test_client_giving_up_on_a_whole_answer_frees_kv(cluster, client, aborts):

@@ -16,7 +16,13 @@ import torch
 
 from specd.draws import make_generator
 from specd.kvcache import NoFreeBlocks
-from specd.logits import apply_repetition_penalty, logits_to_probs, presence_rows
+from specd.logits import (
+    apply_output_penalties,
+    apply_repetition_penalty,
+    counts_of_paths,
+    logits_to_probs,
+    presence_rows,
+)
 from specd.models.paged_kv import PagedKV
 from specd.models.seq_input import SeqInput
 from specd.proposal import DraftState, Proposal, continuable
@@ -170,7 +176,7 @@ class DraftModelProposer:
         return [pick if p else None for pick, p in zip(greedy_picks(logits), plain, strict=True)]
 
     def _plain_greedy(self, s: DraftState) -> bool:
-        penalised = s.params.repetition_penalty != 1.0 and self.model.head_ids is None
+        penalised = s.params.penalised and self.model.head_ids is None
         return s.params.greedy and s.grammar is None and not penalised
 
     def _step(self, d: _Drafting, row: torch.Tensor, step: int, pick=None) -> None:
@@ -235,24 +241,30 @@ class DraftModelProposer:
         probability is then the drawn token's in that q). The alternative is the most
         likely other token: the runner-up when greedy; q's mode when sampling, or its
         runner-up if the mode was drawn (exact either way: verifier_service/tree.py).
-        With a trimmed head, logits cover only `head_ids` (q's support shrinks with it;
-        the repetition penalty is skipped there: the drafter's q is free to differ)."""
+        The request's penalties apply as the verifier applies them (the output counted
+        from `prompt_length`, the drafts so far with it). With a trimmed head, logits
+        cover only `head_ids` (q's support shrinks with it; the penalties are skipped
+        there: the drafter's q is free to differ)."""
         head_ids = self.model.head_ids
 
         def token_id(col) -> int:
             return int(col) if head_ids is None else int(head_ids[col])
 
-        seen = None
+        seen = counts = None
         if s.params.repetition_penalty != 1.0 and head_ids is None:
             seen = presence_rows(s.tokens + so_far, [], logits.shape[-1])
+        if s.params.output_penalised and head_ids is None:
+            counts = counts_of_paths(s.tokens[s.prompt_length :] + so_far, [[]], logits.shape[-1])
         if s.params.greedy:
             row = logits[None]
             if seen is not None:
                 row = apply_repetition_penalty(row, seen, s.params.repetition_penalty)
+            if counts is not None:
+                row = apply_output_penalties(row, counts, s.params)
             col, confidence, other = pick or greedy_pick(row[0])
             alt = None if other is None else token_id(other)
             return token_id(col), confidence, None, None, alt
-        probs = logits_to_probs(logits[None], s.params, seen)[0]
+        probs = logits_to_probs(logits[None], s.params, seen, counts)[0]
         vals, cols = probs.topk(min(self.top_m, probs.shape[-1]))
         # q: the truncated, renormalised distribution we draw from, on the CPU where the
         # request's generator is (and where the proposal goes on the wire)

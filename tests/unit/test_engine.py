@@ -329,6 +329,20 @@ def test_greedy_under_presence_and_frequency_penalties(tiny_pair, presence, freq
     assert engine.tree_rounds > 0
 
 
+def test_a_drafter_drafts_under_the_requests_penalties(tiny_pair):
+    """The target drafting for itself: its drafts are the penalised argmax the verifier
+    takes, so (nearly) every draft is accepted; a drafter blind to the penalties drafts
+    tokens the penalties turned away."""
+    target, _ = tiny_pair
+    params = SamplingParams(presence_penalty=1.5, frequency_penalty=0.8)
+    reqs = [dict(prompt=p, params=params, max_new_tokens=24, num_draft=4) for p in PROMPTS]
+    proposer = DraftModelProposer(target, num_blocks=128, block_size=4)
+    engine = Engine(target, EngineConfig(num_blocks=256, block_size=4), proposer, eos_ids=set())
+    run_engine(engine, reqs)
+    assert engine.totals.drafted > 20
+    assert engine.totals.accepted >= 0.95 * engine.totals.drafted
+
+
 def test_a_greedy_step_takes_every_rows_argmax_in_one_call(tiny_pair, monkeypatch):
     """A step of greedy rounds takes its rows' argmax in one call (on a GPU one kernel
     and one copy back for the step, not one of each a sequence), with the same output."""

@@ -176,8 +176,7 @@ class DraftModelProposer:
         return [pick if p else None for pick, p in zip(greedy_picks(logits), plain, strict=True)]
 
     def _plain_greedy(self, s: DraftState) -> bool:
-        penalised = s.params.penalised and self.model.head_ids is None
-        return s.params.greedy and s.grammar is None and not penalised
+        return s.params.greedy and s.grammar is None and not s.params.penalised
 
     def _step(self, d: _Drafting, row: torch.Tensor, step: int, pick=None) -> None:
         """One draft for one sequence from its logits row (or its halt); `pick`: the
@@ -243,18 +242,21 @@ class DraftModelProposer:
         runner-up if the mode was drawn (exact either way: verifier_service/tree.py).
         The request's penalties apply as the verifier applies them (the output counted
         from `prompt_length`, the drafts so far with it). With a trimmed head, logits
-        cover only `head_ids` (q's support shrinks with it; the penalties are skipped
-        there: the drafter's q is free to differ)."""
-        head_ids = self.model.head_ids
+        cover only `head_ids` (q's support shrinks with it)."""
+        head_ids, vocab = self.model.head_ids, self.model.args.vocab_size
 
         def token_id(col) -> int:
             return int(col) if head_ids is None else int(head_ids[col])
 
+        def on_head(rows: torch.Tensor) -> torch.Tensor:  # [1, vocab] -> the head's columns
+            return rows if head_ids is None else rows[:, head_ids.cpu()]
+
         seen = counts = None
-        if s.params.repetition_penalty != 1.0 and head_ids is None:
-            seen = presence_rows(s.tokens + so_far, [], logits.shape[-1])
-        if s.params.output_penalised and head_ids is None:
-            counts = counts_of_paths(s.tokens[s.prompt_length :] + so_far, [[]], logits.shape[-1])
+        if s.params.repetition_penalty != 1.0:
+            seen = on_head(presence_rows(s.tokens + so_far, [], vocab))
+        if s.params.output_penalised:
+            output = s.tokens[s.prompt_length :] + so_far
+            counts = on_head(counts_of_paths(output, [[]], vocab))
         if s.params.greedy:
             row = logits[None]
             if seen is not None:

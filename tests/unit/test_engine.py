@@ -9,11 +9,12 @@ from drafter_service.combined import CombinedProposer
 from drafter_service.draft_model import DraftModelProposer
 from drafter_service.ngram import NgramProposer, ngram_propose
 from specd.config import EngineConfig
+from specd.models.loader import load_model
 from specd.models.paged_kv import PagedKV
 from specd.models.seq_input import SeqInput
 from specd.params import SamplingParams
 from specd.proposal import DraftState
-from tests.conftest import run_engine
+from tests.conftest import TEST_DEVICE, make_tiny_pair, run_engine
 from verifier_service.engine import Engine
 from verifier_service.frontend import AsyncEngine
 from verifier_service.request import Request
@@ -329,14 +330,21 @@ def test_greedy_under_presence_and_frequency_penalties(tiny_pair, presence, freq
     assert engine.tree_rounds > 0
 
 
-def test_a_drafter_drafts_under_the_requests_penalties(tiny_pair):
+@pytest.mark.parametrize("trimmed", [False, True], ids=["whole-head", "trimmed-head"])
+def test_a_drafter_drafts_under_the_requests_penalties(tiny_pair, tmp_path_factory, trimmed):
     """The target drafting for itself: its drafts are the penalised argmax the verifier
     takes, so (nearly) every draft is accepted; a drafter blind to the penalties drafts
-    tokens the penalties turned away."""
+    tokens the penalties turned away. Trimmed: its head scores every token in reverse
+    order (a drafter's trimmed head maps columns to token ids)."""
     target, _ = tiny_pair
     params = SamplingParams(presence_penalty=1.5, frequency_penalty=0.8)
     reqs = [dict(prompt=p, params=params, max_new_tokens=24, num_draft=4) for p in PROMPTS]
-    proposer = DraftModelProposer(target, num_blocks=128, block_size=4)
+    drafter = target
+    if trimmed:
+        folder, _ = make_tiny_pair(tmp_path_factory, prefix="trimmed")
+        target, drafter = (load_model(folder, dtype="fp32", device=TEST_DEVICE) for _ in "td")
+        drafter.trim_head(torch.arange(target.args.vocab_size - 1, -1, -1))
+    proposer = DraftModelProposer(drafter, num_blocks=128, block_size=4)
     engine = Engine(target, EngineConfig(num_blocks=256, block_size=4), proposer, eos_ids=set())
     run_engine(engine, reqs)
     assert engine.totals.drafted > 20

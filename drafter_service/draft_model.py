@@ -19,6 +19,7 @@ from specd.kvcache import NoFreeBlocks
 from specd.logits import (
     apply_output_penalties,
     apply_repetition_penalty,
+    bias_row,
     counts_of_paths,
     logits_to_probs,
     presence_rows,
@@ -176,7 +177,7 @@ class DraftModelProposer:
         return [pick if p else None for pick, p in zip(greedy_picks(logits), plain, strict=True)]
 
     def _plain_greedy(self, s: DraftState) -> bool:
-        return s.params.greedy and s.grammar is None and not s.params.penalised
+        return s.params.greedy and s.grammar is None and not s.params.adjusts_logits
 
     def _step(self, d: _Drafting, row: torch.Tensor, step: int, pick=None) -> None:
         """One draft for one sequence from its logits row (or its halt); `pick`: the
@@ -240,9 +241,9 @@ class DraftModelProposer:
         probability is then the drawn token's in that q). The alternative is the most
         likely other token: the runner-up when greedy; q's mode when sampling, or its
         runner-up if the mode was drawn (exact either way: verifier_service/tree.py).
-        The request's penalties apply as the verifier applies them (the output counted
-        from `prompt_length`, the drafts so far with it). With a trimmed head, logits
-        cover only `head_ids` (q's support shrinks with it)."""
+        The request's logit bias and penalties apply as the verifier applies them (the
+        output counted from `prompt_length`, the drafts so far with it). With a trimmed
+        head, logits cover only `head_ids` (q's support shrinks with it)."""
         head_ids, vocab = self.model.head_ids, self.model.args.vocab_size
 
         def token_id(col) -> int:
@@ -251,6 +252,8 @@ class DraftModelProposer:
         def on_head(rows: torch.Tensor) -> torch.Tensor:  # [1, vocab] -> the head's columns
             return rows if head_ids is None else rows[:, head_ids.cpu()]
 
+        bias = bias_row(s.params, vocab)
+        bias = None if bias is None else on_head(bias)
         seen = counts = None
         if s.params.repetition_penalty != 1.0:
             seen = on_head(presence_rows(s.tokens + so_far, [], vocab))
@@ -259,6 +262,8 @@ class DraftModelProposer:
             counts = on_head(counts_of_paths(output, [[]], vocab))
         if s.params.greedy:
             row = logits[None]
+            if bias is not None:
+                row = row + bias.to(row.device)
             if seen is not None:
                 row = apply_repetition_penalty(row, seen, s.params.repetition_penalty)
             if counts is not None:
@@ -266,7 +271,7 @@ class DraftModelProposer:
             col, confidence, other = pick or greedy_pick(row[0])
             alt = None if other is None else token_id(other)
             return token_id(col), confidence, None, None, alt
-        probs = logits_to_probs(logits[None], s.params, seen, counts)[0]
+        probs = logits_to_probs(logits[None], s.params, seen, counts, bias)[0]
         vals, cols = probs.topk(min(self.top_m, probs.shape[-1]))
         # q: the truncated, renormalised distribution we draw from, on the CPU where the
         # request's generator is (and where the proposal goes on the wire)

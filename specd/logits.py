@@ -60,6 +60,16 @@ def apply_output_penalties(logits: torch.Tensor, counts: torch.Tensor, params: S
     )
 
 
+def bias_row(params: SamplingParams, vocab: int) -> torch.Tensor | None:
+    """The request's logit_bias as one dense row [1, vocab] (None without one)."""
+    if not params.logit_bias:
+        return None
+    row = torch.zeros(1, vocab)
+    for token, bias in params.logit_bias:
+        row[0, token] += bias
+    return row
+
+
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float):
     """logits [R, V], seen bool [R, V] (built on the CPU) -> logits with seen tokens
     penalised, on the logits' device."""
@@ -74,11 +84,15 @@ def logits_to_probs(
     params: SamplingParams,
     seen: torch.Tensor | None = None,
     counts: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """logits [R, V] (fp32) -> probs [R, V] after the repetition penalty (`seen`: bool
-    [R, V], the tokens of prompt and output), the frequency and presence penalties
-    (`counts`: [R, V], the output's tokens), temperature, top-k, top-p and min-p, in that
-    order (as vLLM). Greedy params give one-hot argmax."""
+    """logits [R, V] (fp32) -> probs [R, V] after the logit bias (`bias`: [1, V], see
+    bias_row), the repetition penalty (`seen`: bool [R, V], the tokens of prompt and
+    output), the frequency and presence penalties (`counts`: [R, V], the output's tokens),
+    temperature, top-k, top-p and min-p, in that order (as vLLM). Greedy params give
+    one-hot argmax."""
+    if bias is not None:
+        logits = logits + bias.to(logits.device)
     if seen is not None:
         logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
     if counts is not None:

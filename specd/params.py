@@ -19,6 +19,7 @@ class SamplingParams:
     seed: int | None = None
     presence_penalty: float = 0.0  # 0: off; subtracted from a token already generated
     frequency_penalty: float = 0.0  # 0: off; subtracted once per time it was generated
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     logprobs: int | None = None  # each token's log-probability and this many top ones
 
     @property
@@ -26,9 +27,9 @@ class SamplingParams:
         return self.temperature <= 0.0
 
     @property
-    def penalised(self) -> bool:
-        """Whether a token's logits depend on the tokens before it (any penalty)."""
-        return self.repetition_penalty != 1.0 or self.output_penalised
+    def adjusts_logits(self) -> bool:
+        """Whether greedy's argmax is taken of adjusted logits (a bias or a penalty)."""
+        return bool(self.logit_bias) or self.repetition_penalty != 1.0 or self.output_penalised
 
     @property
     def output_penalised(self) -> bool:
@@ -54,5 +55,11 @@ class SamplingParams:
             value = getattr(self, name)
             if not -2.0 <= value <= 2.0:  # also refuses NaN
                 raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        for token, bias in self.logit_bias:
+            if token < 0 or not -100.0 <= bias <= 100.0:  # also refuses NaN
+                raise ValueError(
+                    f"logit_bias must map token ids >= 0 to values in [-100, 100], "
+                    f"got {token}: {bias}"
+                )
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")

@@ -27,6 +27,7 @@ def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
         seed=msg.seed if msg.HasField("seed") else None,
         presence_penalty=msg.presence_penalty,
         frequency_penalty=msg.frequency_penalty,
+        logit_bias=tuple(sorted(msg.logit_bias.items())),
         logprobs=msg.logprobs if msg.HasField("logprobs") else None,
     )
 
@@ -44,6 +45,7 @@ def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
         msg.repetition_penalty = p.repetition_penalty
     if p.seed is not None:
         msg.seed = p.seed
+    msg.logit_bias.update(dict(p.logit_bias))
     if p.logprobs is not None:
         msg.logprobs = p.logprobs
     return msg

@@ -71,6 +71,8 @@ class Request:
             raise ValueError("max_new_tokens must be positive")
         if any(not 0 <= t < vocab for t in self.prompt):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if any(t >= vocab for t, _ in self.params.logit_bias):
+            raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
         if len(self.prompt) + self.max_new_tokens > context:
             raise ValueError(
                 f"prompt ({len(self.prompt)}) + max_new_tokens ({self.max_new_tokens}) "

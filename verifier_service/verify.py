@@ -13,6 +13,7 @@ import torch
 from specd.draws import draw_randomness
 from specd.logits import (
     argmax_rows,
+    bias_row,
     counts_of_paths,
     logits_to_probs,
     onehot_probs,
@@ -45,7 +46,7 @@ def _target_rows(seq, proposal: Proposal | None, rows: torch.Tensor) -> torch.Te
         seen = presence_of_paths(seq.tokens, paths, vocab)
     if params.output_penalised:
         counts = counts_of_paths(seq.tokens[len(seq.prompt) :], paths, vocab)
-    return logits_to_probs(rows, params, seen, counts)
+    return logits_to_probs(rows, params, seen, counts, bias_row(params, vocab))
 
 
 def _draft_q(proposal: Proposal | None, drafts: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -91,7 +92,7 @@ def _argmax_all(greedy, sampled, logits: torch.Tensor) -> list[int] | None:
     """Every row's argmax in one call where every round of the step is greedy on the
     target's own logits (the usual step): on a GPU one kernel and one copy back for the
     step, not one of each (and a wait) a sequence. None otherwise."""
-    if sampled or any(r.seq.params.penalised for r, _ in greedy):
+    if sampled or any(r.seq.params.adjusts_logits for r, _ in greedy):
         return None
     return argmax_rows(logits).tolist()
 
@@ -148,7 +149,7 @@ def _greedy(items, argmax: list[int] | None = None) -> dict:
             best = argmax[offset : offset + len(rows)]
             offset += len(rows)
         else:
-            if r.seq.params.penalised:
+            if r.seq.params.adjusts_logits:
                 rows = _target_rows(r.seq, r.proposal, rows)
             best = argmax_rows(rows).tolist()
         p = r.proposal

@@ -295,14 +295,17 @@ def test_greedy_under_a_repetition_penalty_takes_the_penalised_argmax(tiny_pair)
     assert list(on.values()) == want
 
 
-def _output_penalised_greedy(model, prompt: list[int], new: int, presence, frequency):
-    """Greedy decoding by the model's own forward, each step's logits lowered here by
-    OpenAI's rule for every token generated so far: frequency per time, presence once."""
+def _output_penalised_greedy(model, prompt: list[int], new: int, presence, frequency, bias=None):
+    """Greedy decoding by the model's own forward, each step's logits moved by `bias`
+    ({token: value}), then lowered by OpenAI's rule for every token generated so far:
+    frequency per time, presence once."""
     kv = PagedKV.for_model(model, 64)
     kv.allocator.allocate(0)
     out, feed = [], list(prompt)
     for _ in range(new):
         logits = model.forward(kv, [SeqInput(0, feed)])[-1].float().clone()
+        for token, value in (bias or {}).items():
+            logits[token] += value
         for token in set(out):
             logits[token] -= frequency * out.count(token) + presence
         out.append(int(logits.argmax()))
@@ -332,12 +335,13 @@ def test_greedy_under_presence_and_frequency_penalties(tiny_pair, presence, freq
 
 @pytest.mark.parametrize("trimmed", [False, True], ids=["whole-head", "trimmed-head"])
 def test_a_drafter_drafts_under_the_requests_penalties(tiny_pair, tmp_path_factory, trimmed):
-    """The target drafting for itself: its drafts are the penalised argmax the verifier
-    takes, so (nearly) every draft is accepted; a drafter blind to the penalties drafts
-    tokens the penalties turned away. Trimmed: its head scores every token in reverse
+    """The target drafting for itself: its drafts are the biased, penalised argmax the
+    verifier takes, so (nearly) every draft is accepted; a drafter blind to the penalties
+    drafts tokens the penalties turned away. Trimmed: its head scores every token in reverse
     order (a drafter's trimmed head maps columns to token ids)."""
     target, _ = tiny_pair
-    params = SamplingParams(presence_penalty=1.5, frequency_penalty=0.8)
+    bias = ((5, 2.0), (7, -100.0), (40, 1.5))
+    params = SamplingParams(presence_penalty=1.5, frequency_penalty=0.8, logit_bias=bias)
     reqs = [dict(prompt=p, params=params, max_new_tokens=24, num_draft=4) for p in PROMPTS]
     drafter = target
     if trimmed:
@@ -349,6 +353,27 @@ def test_a_drafter_drafts_under_the_requests_penalties(tiny_pair, tmp_path_facto
     run_engine(engine, reqs)
     assert engine.totals.drafted > 20
     assert engine.totals.accepted >= 0.95 * engine.totals.drafted
+
+
+def test_greedy_under_a_logit_bias(tiny_pair):
+    """A bias that bans the plain answer's most frequent tokens and favours another: off,
+    with drafts and with alternative leaves, the argmax of the biased logits at every
+    step, as a plain reference decodes it."""
+    target, draft = tiny_pair
+    plain = [_output_penalised_greedy(target, p, 16, 0.0, 0.0) for p in PROMPTS]
+    common = sorted(set(plain[0]), key=plain[0].count)[-2:]
+    bias = {t: -100.0 for t in common} | {40: 1.0}
+    params = SamplingParams(logit_bias=tuple(bias.items()))
+    want = [_output_penalised_greedy(target, p, 16, 0.0, 0.0, bias) for p in PROMPTS]
+    assert want != plain and not set(common) & set(want[0])
+    reqs = [dict(prompt=p, params=params, max_new_tokens=16) for p in PROMPTS]
+    assert list(run_engine(make_engine(tiny_pair), reqs).values()) == want
+    on = run_engine(make_engine(tiny_pair, "draft"), [dict(r, num_draft=3) for r in reqs])
+    assert list(on.values()) == want
+    proposer = DraftModelProposer(draft, num_blocks=128, block_size=4, alternatives=3)
+    cfg = EngineConfig(num_blocks=256, block_size=4, max_tree_tokens=256, cost_model=False)
+    engine = Engine(target, cfg, proposer, eos_ids=set())
+    assert list(run_engine(engine, [dict(r, num_draft=3) for r in reqs]).values()) == want
 
 
 def test_a_greedy_step_takes_every_rows_argmax_in_one_call(tiny_pair, monkeypatch):

@@ -9,7 +9,7 @@ import torch
 
 from drafter_service.draft_model import DraftModelProposer
 from specd.config import EngineConfig
-from specd.logits import logits_to_probs
+from specd.logits import bias_row, logits_to_probs
 from specd.models.paged_kv import PagedKV
 from specd.models.seq_input import SeqInput
 from specd.params import SamplingParams
@@ -35,7 +35,7 @@ def next_probs(model, contexts: list[list[int]], params) -> torch.Tensor:
             for c in contexts
         ]
     )
-    return logits_to_probs(logits, params, counts=counts.to(logits.device))
+    return logits_to_probs(logits, params, counts=counts, bias=bias_row(params, v))
 
 
 def exact_marginals(model, params):
@@ -75,8 +75,17 @@ def chi_square_ok(counts: torch.Tensor, p: torch.Tensor, n: int) -> bool:
         (SamplingParams(temperature=1.0), 0, 0.2),
         # OpenAI's penalties on the output: each node of a round counts its own path
         (SamplingParams(temperature=1.0, presence_penalty=1.5, frequency_penalty=0.8), 2, 0.0),
+        # a logit bias (the drafter drafts under it too)
+        (SamplingParams(temperature=1.0, logit_bias=((5, 2.0), (40, -3.0), (60, 1.0))), 0, 0.0),
     ],
-    ids=["t1", "t0.8-top12", "t1-alternatives", "t1-p-min", "t1-penalties-alternatives"],
+    ids=[
+        "t1",
+        "t0.8-top12",
+        "t1-alternatives",
+        "t1-p-min",
+        "t1-penalties-alternatives",
+        "t1-logit-bias",
+    ],
 )
 def test_engine_sampling_follows_the_target(tiny_pair, params, alternatives, p_min):
     target, draft = tiny_pair

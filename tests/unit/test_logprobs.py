@@ -93,3 +93,15 @@ def test_no_logprobs_unless_asked(tiny_pair):
     engine.add_request(Request(PROMPTS[0], max_new_tokens=8, num_draft=3))
     while engine.has_work():
         assert all(o.logprobs is None for o in engine.step())
+
+
+def test_a_biased_requests_logprobs_are_the_raw_ones(tiny_pair):
+    """A logit bias bans the plain answer's first token: the output changes, its logprobs
+    are still the target's raw ones (the banned token leads the first row)."""
+    target, _ = tiny_pair
+    [(plain, _)] = run_engine_logprobs(make_engine(tiny_pair), [greedy(PROMPTS[0])])
+    params = SamplingParams(logprobs=TOP, logit_bias=((plain[0], -100.0),))
+    req = dict(greedy(PROMPTS[0]), params=params, num_draft=3)
+    [(tokens, logprobs)] = run_engine_logprobs(make_engine(tiny_pair, "draft"), [req])
+    check(target, PROMPTS[0], tokens, logprobs)
+    assert tokens[0] != plain[0] and logprobs[0].top_ids[0] == plain[0]

@@ -8,6 +8,7 @@ import torch
 from specd.draws import draw_randomness, make_generator
 from specd.logits import (
     argmax_rows,
+    bias_row,
     counts_of_paths,
     logits_to_probs,
     onehot_probs,
@@ -100,6 +101,18 @@ def test_transforms():
         logits.repeat(2, 1), SamplingParams(temperature=0, repetition_penalty=4), seen
     )
     assert p.argmax(-1).tolist() == [1, 2]  # 3/4 < 2, then 2/4 < 1
+
+
+def test_a_logit_bias_is_added_before_the_penalties_and_temperature():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]])
+    params = SamplingParams(temperature=2.0, logit_bias=((4, 5.0), (0, -100.0), (4, 1.0)))
+    bias = bias_row(params, 5)
+    assert bias.tolist() == [[-100.0, 0.0, 0.0, 0.0, 6.0]]  # a repeated id adds up
+    want = torch.softmax((logits + bias) / 2.0, -1)
+    assert torch.allclose(logits_to_probs(logits, params, bias=bias), want)
+    greedy = SamplingParams(logit_bias=((2, 2.5),))
+    assert logits_to_probs(logits, greedy, bias=bias_row(greedy, 5)).argmax(-1).tolist() == [2]
+    assert bias_row(SamplingParams(), 5) is None
 
 
 def test_frequency_and_presence_penalties_count_the_output_and_each_rows_path():

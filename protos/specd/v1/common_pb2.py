@@ -24,21 +24,25 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cprotos/specd/v1/common.proto\x12\x08specd.v1\"\xff\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x05 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05min_p\x18\x06 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x08 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\t \x01(\x02\x12\x15\n\x08logprobs\x18\x07 \x01(\x05H\x02\x88\x01\x01\x42\x07\n\x05_seedB\x15\n\x13_repetition_penaltyB\x0b\n\t_logprobs\"F\n\x0cTokenLogprob\x12\x0f\n\x07logprob\x18\x01 \x01(\x02\x12\x0f\n\x07top_ids\x18\x02 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x03 \x03(\x02\"\x80\x02\n\x0fSpeculationInfo\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x18\n\x10num_draft_tokens\x18\x03 \x01(\x05\x12\x0e\n\x06rounds\x18\x04 \x01(\x05\x12\x0f\n\x07\x64rafted\x18\x05 \x01(\x05\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x06 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x07 \x01(\x02\x12\x1c\n\x14mean_accepted_length\x18\x08 \x01(\x02\x12\x19\n\x11mean_draft_tokens\x18\t \x01(\x02\x12\x16\n\x0e\x61rrival_reason\x18\n \x01(\t\x12\x15\n\rlookup_rounds\x18\x0b \x01(\x05\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\"f\n\nConstraint\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12\x11\n\x07grammar\x18\x04 \x01(\tH\x00\x42\x06\n\x04kindb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cprotos/specd/v1/common.proto\x12\x08specd.v1\"\xee\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x05 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05min_p\x18\x06 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x08 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\t \x01(\x02\x12;\n\nlogit_bias\x18\n \x03(\x0b\x32\'.specd.v1.SamplingParams.LogitBiasEntry\x12\x15\n\x08logprobs\x18\x07 \x01(\x05H\x02\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seedB\x15\n\x13_repetition_penaltyB\x0b\n\t_logprobs\"F\n\x0cTokenLogprob\x12\x0f\n\x07logprob\x18\x01 \x01(\x02\x12\x0f\n\x07top_ids\x18\x02 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x03 \x03(\x02\"\x80\x02\n\x0fSpeculationInfo\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x18\n\x10num_draft_tokens\x18\x03 \x01(\x05\x12\x0e\n\x06rounds\x18\x04 \x01(\x05\x12\x0f\n\x07\x64rafted\x18\x05 \x01(\x05\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x06 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x07 \x01(\x02\x12\x1c\n\x14mean_accepted_length\x18\x08 \x01(\x02\x12\x19\n\x11mean_draft_tokens\x18\t \x01(\x02\x12\x16\n\x0e\x61rrival_reason\x18\n \x01(\t\x12\x15\n\rlookup_rounds\x18\x0b \x01(\x05\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\"f\n\nConstraint\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12\x11\n\x07grammar\x18\x04 \x01(\tH\x00\x42\x06\n\x04kindb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.specd.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
   _globals['_SAMPLINGPARAMS']._serialized_start=43
-  _globals['_SAMPLINGPARAMS']._serialized_end=298
-  _globals['_TOKENLOGPROB']._serialized_start=300
-  _globals['_TOKENLOGPROB']._serialized_end=370
-  _globals['_SPECULATIONINFO']._serialized_start=373
-  _globals['_SPECULATIONINFO']._serialized_end=629
-  _globals['_USAGE']._serialized_start=631
-  _globals['_USAGE']._serialized_end=688
-  _globals['_CONSTRAINT']._serialized_start=690
-  _globals['_CONSTRAINT']._serialized_end=792
+  _globals['_SAMPLINGPARAMS']._serialized_end=409
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=316
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=364
+  _globals['_TOKENLOGPROB']._serialized_start=411
+  _globals['_TOKENLOGPROB']._serialized_end=481
+  _globals['_SPECULATIONINFO']._serialized_start=484
+  _globals['_SPECULATIONINFO']._serialized_end=740
+  _globals['_USAGE']._serialized_start=742
+  _globals['_USAGE']._serialized_end=799
+  _globals['_CONSTRAINT']._serialized_start=801
+  _globals['_CONSTRAINT']._serialized_end=903
 # @@protoc_insertion_point(module_scope)

@@ -91,6 +91,7 @@ def to_request(
         params.seed = body.seed
     if sampling["repetition_penalty"] is not None:
         params.repetition_penalty = sampling["repetition_penalty"]
+    params.logit_bias.update(body.bias())
     if body.logprobs_asked() is not None:
         params.logprobs = body.logprobs_asked()
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])

@@ -4,12 +4,13 @@ into the `GenerateRequest` a gRPC client would send, so both doors give the same
 
 Where this differs from the OpenAI API, on purpose:
 - unknown fields are refused (400), not ignored;
-- fields specd does not implement (tools, logit_bias, echo, suffix, best_of > 1) are
-  refused when set to anything but their neutral value;
+- fields specd does not implement (tools, echo, suffix, best_of > 1) are refused when
+  set to anything but their neutral value;
+- `logit_bias` maps token ids (as strings, OpenAI's spelling) to values in [-100, 100];
 - `n` choices (up to 128) are generated side by side as separate requests; a seeded
   request's choice i samples from seed + i, as in vLLM;
 - `logprobs` (and chat's `top_logprobs`) are the target's raw log-probabilities, before
-  temperature and the other transforms (a constraint's mask applied), as vLLM returns
+  a logit bias, temperature and the other transforms (a constraint's mask applied), as vLLM returns
   them, -inf as -9999.0; up to 20 on both endpoints (the OpenAI API allows 5 on
   completions);
 - `response_format` (`text`, `json_object`, `json_schema`) constrains the output on both
@@ -76,6 +77,7 @@ class ChatMessage(_Strict):
 Positive = Annotated[int, Field(ge=1)]
 TopLogprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
+Bias = Annotated[float, Field(ge=-100, le=100)]
 MAX_CHOICES = 128  # n, as the OpenAI API bounds it
 
 
@@ -106,8 +108,7 @@ class Body(_Strict):
     user: str | None = None  # accepted; specd keeps no per-user state
     frequency_penalty: Penalty | None = None  # on the generated tokens, as vLLM
     presence_penalty: Penalty | None = None
-    # OpenAI fields specd does not implement: allowed only at their neutral value
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, Bias] | None = None  # token id -> added to its logit
     # extensions (vLLM's names) and specd's per-request speculation
     top_k: Annotated[int, Field(ge=-1)] | None = None  # -1: off, as vLLM spells it
     min_p: float | None = None
@@ -151,12 +152,19 @@ class Body(_Strict):
 
     def unsupported(self) -> dict[str, bool]:
         """Field -> whether it asks for something specd does not do."""
-        return {
-            "logit_bias": bool(self.logit_bias),
-        }
+        return {}
 
     def max_new_tokens(self) -> int:
         return self.max_tokens or 0
+
+    def bias(self) -> dict[int, float]:
+        """`logit_bias` with its token ids as numbers."""
+        out = {}
+        for key, value in (self.logit_bias or {}).items():
+            if not key.isascii() or not key.isdigit() or int(key) >= 1 << 31:
+                raise BodyError(f"logit_bias keys must be token ids, got {key!r}", "logit_bias")
+            out[int(key)] = value
+        return out
 
     def logprobs_asked(self) -> int | None:
         """How many top tokens to return beside each token's log-probability; None:

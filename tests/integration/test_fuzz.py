@@ -55,6 +55,7 @@ def sampling_params():
         logprobs=st.one_of(st.none(), st.integers(-2, 22), int32),
         presence_penalty=float32,
         frequency_penalty=float32,
+        logit_bias=st.dictionaries(st.one_of(st.integers(-2, 100), int32), float32, max_size=3),
     )
 
 
@@ -277,7 +278,7 @@ BODY_FIELDS = [
     "top_logprobs",
     *("response_format", "guided_json", "guided_regex", "guided_grammar", "speculation"),
     *("route", "ignore_eos", "repetition_penalty", "tools", "bogus"),
-    *("presence_penalty", "frequency_penalty"),
+    *("presence_penalty", "frequency_penalty", "logit_bias"),
 ]
 
 

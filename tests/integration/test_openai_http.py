@@ -432,6 +432,33 @@ def test_n_choices_are_seeded_requests_side_by_side(client):
     assert greedy.choices[0].text == greedy.choices[1].text
 
 
+def test_a_logit_bias_bans_and_favours_tokens_alike_with_speculation(client):
+    """OpenAI's logit_bias (token ids as strings): -100 bans the plain answer's most
+    frequent character, and the biased answer is the same with speculation on and off;
+    what is not a token id of this model is refused, naming the field."""
+
+    def text(speculation: str, bias=None) -> str:
+        r = client.completions.create(
+            model=TINY_MODEL_ID,
+            prompt="abcabc",
+            temperature=0,
+            max_tokens=24,
+            logit_bias=bias,
+            extra_body={"ignore_eos": True, "speculation": speculation},
+        )
+        return r.choices[0].text
+
+    plain = text("off")
+    common = max(set(plain), key=plain.count)
+    ban = {str(char_tokenizer()(common)["input_ids"][0]): -100}
+    off = text("off", ban)
+    assert common not in off and text("on", ban) == off
+    for bad in ({"x": 1}, {"5": 101}, {"-1": 1}, {"500": 1}, {"99999999999": 1}):
+        with pytest.raises(openai.BadRequestError) as err:
+            text("off", bad)
+        assert "logit_bias" in err.value.message, bad
+
+
 @pytest.mark.parametrize("n", [0, 129, 1.5])
 def test_n_out_of_range_is_refused(cluster, n):
     body = {"model": TINY_MODEL_ID, "prompt": "x", "max_tokens": 2, "n": n}

@@ -118,7 +118,8 @@ test-cuda: setup
 	SPECD_REQUIRE_CUDA=1 $(PY) -m pytest -q -ra tests/cuda tests/unit/test_gpu_kernels.py \
 	  tests/unit/test_gpu_step.py
 	SPECD_TEST_DEVICE=cuda $(PY) -m pytest -q -ra tests/unit/test_forward_parity.py \
-	  tests/unit/test_engine.py tests/unit/test_engine_exactness.py tests/unit/test_plan_ahead.py
+	  tests/unit/test_engine.py tests/unit/test_engine_exactness.py tests/unit/test_plan_ahead.py \
+	  tests/unit/test_logprobs.py
 
 protos: setup
 	$(PY) -m protos.generate

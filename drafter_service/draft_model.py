@@ -16,14 +16,7 @@ import torch
 
 from specd.draws import make_generator
 from specd.kvcache import NoFreeBlocks
-from specd.logits import (
-    apply_output_penalties,
-    apply_repetition_penalty,
-    bias_row,
-    counts_of_paths,
-    logits_to_probs,
-    presence_rows,
-)
+from specd.logits import adjust_logits, adjustments, logits_to_probs
 from specd.models.paged_kv import PagedKV
 from specd.models.seq_input import SeqInput
 from specd.proposal import DraftState, Proposal, continuable
@@ -252,26 +245,14 @@ class DraftModelProposer:
         def on_head(rows: torch.Tensor) -> torch.Tensor:  # [1, vocab] -> the head's columns
             return rows if head_ids is None else rows[:, head_ids.cpu()]
 
-        bias = bias_row(s.params, vocab)
-        bias = None if bias is None else on_head(bias)
-        seen = counts = None
-        if s.params.repetition_penalty != 1.0:
-            seen = on_head(presence_rows(s.tokens + so_far, [], vocab))
-        if s.params.output_penalised:
-            output = s.tokens[s.prompt_length :] + so_far
-            counts = on_head(counts_of_paths(output, [[]], vocab))
+        adjusted = adjustments(s.params, s.tokens, s.prompt_length, [so_far], vocab)
+        adjusted = [None if a is None else on_head(a) for a in adjusted]
         if s.params.greedy:
-            row = logits[None]
-            if bias is not None:
-                row = row + bias.to(row.device)
-            if seen is not None:
-                row = apply_repetition_penalty(row, seen, s.params.repetition_penalty)
-            if counts is not None:
-                row = apply_output_penalties(row, counts, s.params)
+            row = adjust_logits(logits[None], s.params, *adjusted)
             col, confidence, other = pick or greedy_pick(row[0])
             alt = None if other is None else token_id(other)
             return token_id(col), confidence, None, None, alt
-        probs = logits_to_probs(logits[None], s.params, seen, counts, bias)[0]
+        probs = logits_to_probs(logits[None], s.params, *adjusted)[0]
         vals, cols = probs.topk(min(self.top_m, probs.shape[-1]))
         # q: the truncated, renormalised distribution we draw from, on the CPU where the
         # request's generator is (and where the proposal goes on the wire)

@@ -18,14 +18,9 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
 
 
 # -- the request's transforms (shared by drafter and verifier) ----------------------------
-def presence_rows(context: list[int], drafts: list[int], vocab: int) -> torch.Tensor:
-    """Tokens seen before each of the k+1 rows of a round -> bool [k+1, V]: row j has the
-    context plus d_1..d_j (row 0 the context only)."""
-    return presence_of_paths(context, [drafts[:j] for j in range(len(drafts) + 1)], vocab)
-
-
 def presence_of_paths(context: list[int], paths: list[list[int]], vocab: int) -> torch.Tensor:
-    """The same for any rows (a tree's nodes): row n has the context plus paths[n]."""
+    """Tokens seen before each row -> bool [R, V]: row n has the context plus paths[n]
+    (a chain's row j the drafts d_1..d_j, a tree's node its path)."""
     rows = torch.zeros(len(paths), vocab, dtype=torch.bool)
     if context:
         rows[:, torch.tensor(context)] = True
@@ -79,6 +74,41 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: 
     return torch.where(seen.to(logits.device), penalised, logits)
 
 
+def adjustments(
+    params: SamplingParams, tokens: list[int], prompt_length: int, paths, vocab: int
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """What the request's logit bias and penalties need at each row n, whose context is
+    the committed `tokens` (the first `prompt_length` the prompt) plus paths[n]: (seen,
+    counts, bias) as adjust_logits takes them, each None where it does not apply."""
+    if not params.adjusts_logits:
+        return None, None, None
+    seen = counts = None
+    if params.repetition_penalty != 1.0:
+        seen = presence_of_paths(tokens, paths, vocab)
+    if params.output_penalised:
+        counts = counts_of_paths(tokens[prompt_length:], paths, vocab)
+    return seen, counts, bias_row(params, vocab)
+
+
+def adjust_logits(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    seen: torch.Tensor | None = None,
+    counts: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """logits [R, V] after the logit bias (`bias`: [1, V], see bias_row), the repetition
+    penalty (`seen`: bool [R, V], the tokens of prompt and output), then the frequency
+    and presence penalties (`counts`: [R, V], the output's tokens), as vLLM orders them."""
+    if bias is not None:
+        logits = logits + bias.to(logits.device)
+    if seen is not None:
+        logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
+    if counts is not None:
+        logits = apply_output_penalties(logits, counts, params)
+    return logits
+
+
 def logits_to_probs(
     logits: torch.Tensor,
     params: SamplingParams,
@@ -86,17 +116,10 @@ def logits_to_probs(
     counts: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """logits [R, V] (fp32) -> probs [R, V] after the logit bias (`bias`: [1, V], see
-    bias_row), the repetition penalty (`seen`: bool [R, V], the tokens of prompt and
-    output), the frequency and presence penalties (`counts`: [R, V], the output's tokens),
+    """logits [R, V] (fp32) -> probs [R, V] after adjust_logits (the bias and penalties),
     temperature, top-k, top-p and min-p, in that order (as vLLM). Greedy params give
     one-hot argmax."""
-    if bias is not None:
-        logits = logits + bias.to(logits.device)
-    if seen is not None:
-        logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
-    if counts is not None:
-        logits = apply_output_penalties(logits, counts, params)
+    logits = adjust_logits(logits, params, seen, counts, bias)
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     logits = logits / params.temperature

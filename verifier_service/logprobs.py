@@ -4,10 +4,10 @@ token's, and the most likely tokens at its position.
 They come from the target's raw logits (log_softmax of the forward's row, before a
 logit bias, penalties, temperature and top-k/top-p/min-p), as vLLM returns them by
 default; a constrained request's after its grammar's mask, as vLLM's sampler gets them
-(a token the grammar forbids has -inf). A round's emitted tokens were chosen at the nodes of its
-accepted path: the root, then each accepted draft (token i at node path[i - 1]), so
-speculation changes which forward computed a row, never the row: with batch-invariant
-kernels the values are the same with speculation on and off."""
+(a token the grammar forbids has -inf). A round's emitted tokens were chosen at the
+nodes of its accepted path: the root, then each accepted draft (token i at node
+path[i - 1]), so speculation changes which forward computed a row, never the row: with
+batch-invariant kernels the values are the same with speculation on and off."""
 
 from __future__ import annotations
 

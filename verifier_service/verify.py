@@ -12,12 +12,10 @@ import torch
 
 from specd.draws import draw_randomness
 from specd.logits import (
+    adjustments,
     argmax_rows,
-    bias_row,
-    counts_of_paths,
     logits_to_probs,
     onehot_probs,
-    presence_of_paths,
     sparse_to_dense,
 )
 from specd.proposal import Proposal
@@ -39,14 +37,11 @@ class Verdict:
 def _target_rows(seq, proposal: Proposal | None, rows: torch.Tensor) -> torch.Tensor:
     """Target probabilities at every node of the round (p_1..p_{k+1} for a chain, then
     the alternatives) after the request's own transforms; each node has seen its path."""
-    params, vocab = seq.params, rows.shape[-1]
-    seen = counts = None
+    if not seq.params.adjusts_logits:
+        return logits_to_probs(rows, seq.params)
     paths = tree.node_paths(proposal) if proposal is not None else [[]]
-    if params.repetition_penalty != 1.0:
-        seen = presence_of_paths(seq.tokens, paths, vocab)
-    if params.output_penalised:
-        counts = counts_of_paths(seq.tokens[len(seq.prompt) :], paths, vocab)
-    return logits_to_probs(rows, params, seen, counts, bias_row(params, vocab))
+    adjusted = adjustments(seq.params, seq.tokens, len(seq.prompt), paths, rows.shape[-1])
+    return logits_to_probs(rows, seq.params, *adjusted)
 
 
 def _draft_q(proposal: Proposal | None, drafts: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -12,7 +12,7 @@ from specd.logits import (
     counts_of_paths,
     logits_to_probs,
     onehot_probs,
-    presence_rows,
+    presence_of_paths,
     sparse_to_dense,
 )
 from specd.params import SamplingParams
@@ -95,7 +95,7 @@ def test_transforms():
     assert (p[0] > 0).tolist() == [True, True, False, False, False]
     p = logits_to_probs(logits, SamplingParams(temperature=1.0, min_p=0.3))
     assert (p[0] > 0).tolist() == [True, True, False, False, False]  # e^-1 > 0.3 > e^-2
-    seen = presence_rows([0], [1], 5)
+    seen = presence_of_paths([0], [[], [1]], 5)
     assert seen.tolist() == [[True, False, False, False, False], [True, True, False, False, False]]
     p = logits_to_probs(
         logits.repeat(2, 1), SamplingParams(temperature=0, repetition_penalty=4), seen

@@ -313,24 +313,33 @@ def _output_penalised_greedy(model, prompt: list[int], new: int, presence, frequ
     return out
 
 
+def _off_chain_tree(tiny_pair, params: SamplingParams, new: int = 16):
+    """PROMPTS' greedy outputs under `params`: without drafts, with a draft model's
+    chains, and with alternative leaves beside them; and the tree rounds that ran."""
+    target, draft = tiny_pair
+    reqs = [dict(prompt=p, params=params, max_new_tokens=new) for p in PROMPTS]
+    proposer = DraftModelProposer(draft, num_blocks=128, block_size=4, alternatives=3)
+    cfg = EngineConfig(num_blocks=256, block_size=4, max_tree_tokens=256, cost_model=False)
+    tree = Engine(target, cfg, proposer, eos_ids=set())
+    runs = [(make_engine(tiny_pair), 0), (make_engine(tiny_pair, "draft"), 3), (tree, 3)]
+    outputs = [
+        list(run_engine(engine, [dict(r, num_draft=k) for r in reqs]).values())
+        for engine, k in runs
+    ]
+    return outputs, tree.tree_rounds
+
+
 @pytest.mark.parametrize("presence,frequency", [(1.5, 0.0), (0.0, 0.8), (-0.5, 0.6)])
 def test_greedy_under_presence_and_frequency_penalties(tiny_pair, presence, frequency):
     """Off, with drafts, and with drafts and alternative leaves (a node counts its own
     path): the argmax of the penalised logits at every step, as a plain reference
     decodes it. (The penalties change these prompts' output.)"""
-    target, draft = tiny_pair
+    target, _ = tiny_pair
     params = SamplingParams(presence_penalty=presence, frequency_penalty=frequency)
     want = [_output_penalised_greedy(target, p, 16, presence, frequency) for p in PROMPTS]
     assert want != [_output_penalised_greedy(target, p, 16, 0.0, 0.0) for p in PROMPTS]
-    reqs = [dict(prompt=p, params=params, max_new_tokens=16) for p in PROMPTS]
-    assert list(run_engine(make_engine(tiny_pair), reqs).values()) == want
-    on = run_engine(make_engine(tiny_pair, "draft"), [dict(r, num_draft=3) for r in reqs])
-    assert list(on.values()) == want
-    proposer = DraftModelProposer(draft, num_blocks=128, block_size=4, alternatives=3)
-    cfg = EngineConfig(num_blocks=256, block_size=4, max_tree_tokens=256, cost_model=False)
-    engine = Engine(target, cfg, proposer, eos_ids=set())
-    assert list(run_engine(engine, [dict(r, num_draft=3) for r in reqs]).values()) == want
-    assert engine.tree_rounds > 0
+    outputs, tree_rounds = _off_chain_tree(tiny_pair, params)
+    assert outputs == [want] * 3 and tree_rounds > 0
 
 
 @pytest.mark.parametrize("trimmed", [False, True], ids=["whole-head", "trimmed-head"])
@@ -359,21 +368,15 @@ def test_greedy_under_a_logit_bias(tiny_pair):
     """A bias that bans the plain answer's most frequent tokens and favours another: off,
     with drafts and with alternative leaves, the argmax of the biased logits at every
     step, as a plain reference decodes it."""
-    target, draft = tiny_pair
+    target, _ = tiny_pair
     plain = [_output_penalised_greedy(target, p, 16, 0.0, 0.0) for p in PROMPTS]
     common = sorted(set(plain[0]), key=plain[0].count)[-2:]
     bias = {t: -100.0 for t in common} | {40: 1.0}
     params = SamplingParams(logit_bias=tuple(bias.items()))
     want = [_output_penalised_greedy(target, p, 16, 0.0, 0.0, bias) for p in PROMPTS]
     assert want != plain and not set(common) & set(want[0])
-    reqs = [dict(prompt=p, params=params, max_new_tokens=16) for p in PROMPTS]
-    assert list(run_engine(make_engine(tiny_pair), reqs).values()) == want
-    on = run_engine(make_engine(tiny_pair, "draft"), [dict(r, num_draft=3) for r in reqs])
-    assert list(on.values()) == want
-    proposer = DraftModelProposer(draft, num_blocks=128, block_size=4, alternatives=3)
-    cfg = EngineConfig(num_blocks=256, block_size=4, max_tree_tokens=256, cost_model=False)
-    engine = Engine(target, cfg, proposer, eos_ids=set())
-    assert list(run_engine(engine, [dict(r, num_draft=3) for r in reqs]).values()) == want
+    outputs, tree_rounds = _off_chain_tree(tiny_pair, params)
+    assert outputs == [want] * 3 and tree_rounds > 0
 
 
 def test_a_greedy_step_takes_every_rows_argmax_in_one_call(tiny_pair, monkeypatch):

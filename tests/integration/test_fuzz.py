@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from protos.specd.v1 import common_pb2, drafter_pb2, router_pb2, verifier_pb2
 from specd.channels import check_health
 from tests.cluster import TINY_MODEL_ID, start_cluster
-from tests.integration.test_openai_http import post_json
+from tests.integration.openai_api.door import post_json
 from tests.integration.test_services import wait_idle
 
 FUZZ = settings(

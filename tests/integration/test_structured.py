@@ -17,7 +17,7 @@ from router.client import SpecdClient
 from router.policy import Policy
 from tests.cluster import TINY_MODEL_ID, char_tokenizer, start_cluster
 from tests.conftest import wait_for
-from tests.integration.test_openai_http import post_json
+from tests.integration.openai_api.door import post_json
 from tests.integration.test_services import wait_idle
 
 SCHEMA = {

@@ -58,7 +58,7 @@ def test_a_developer_message_is_a_system_message_where_the_template_has_no_devel
 
 def test_minus_one_asks_for_what_the_context_leaves_or_the_operators_cap():
     """-1 (llama.cpp's n_predict -1; the OpenAI door's chat without a limit) travels to the
-    verifier, which alone knows its context (test_openai_http); a cap, where set, binds it."""
+    verifier, which alone knows its context (openai_api/test_http); a cap, where set, binds it."""
     until = GenerateRequest(prompt="ab", max_new_tokens=-1)
     assert (
         Preparer(char_tokenizer(), Policy.builtin(), 256, 0).prepare(until, {}).max_new_tokens == -1

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP door against tiny models on loopback."""

@@ -1,0 +1,207 @@
+"""The door's sampling fields beyond the basics: log-probabilities, `n` choices,
+presence and frequency penalties and logit_bias, each the same with speculation on and
+off."""
+
+import math
+
+import openai
+import pytest
+
+from tests.cluster import TINY_MODEL_ID, char_tokenizer
+from tests.integration.openai_api.door import CHAT, post_json
+from tests.integration.test_services import wait_idle
+
+
+def completion_text(client, speculation: str, **fields) -> str:
+    """A greedy 24-token completion of "abcabc" under `fields`, ignoring end tokens."""
+    r = client.completions.create(
+        model=TINY_MODEL_ID,
+        prompt="abcabc",
+        temperature=0,
+        max_tokens=24,
+        extra_body={"ignore_eos": True, "speculation": speculation},
+        **fields,
+    )
+    return r.choices[0].text
+
+
+def test_logprobs_on_both_endpoints_are_grpcs_and_the_same_with_speculation_on(client, grpc_client):
+    """The target's log-probabilities: equal with speculation on and off (token for token,
+    value for value), in each endpoint's shape, whole and streamed."""
+    ask = dict(messages=CHAT, max_new_tokens=16, ignore_eos=True, logprobs=3)
+    on, off = (grpc_client.generate(**ask, speculation=s) for s in ("on", "off"))
+    assert on.speculation.drafted > 0
+    assert list(on.token_ids) == list(off.token_ids) and list(on.logprobs) == list(off.logprobs)
+    assert len(on.logprobs) == len(on.token_ids) == 16
+    text = char_tokenizer().decode
+    extra = {"ignore_eos": True, "speculation": "on"}
+    chat = dict(model=TINY_MODEL_ID, messages=CHAT, temperature=0, max_tokens=16, extra_body=extra)
+    whole = client.chat.completions.create(**chat, logprobs=True, top_logprobs=3)
+    content = whole.choices[0].logprobs.content
+    assert [c.token for c in content] == [text([i]) for i in on.token_ids]
+    assert "".join(c.token for c in content) == whole.choices[0].message.content
+    assert [c.logprob for c in content] == pytest.approx([lp.logprob for lp in on.logprobs])
+    assert [c.bytes for c in content] == [list(c.token.encode()) for c in content]
+    for c, lp in zip(content, on.logprobs, strict=True):
+        assert [t.token for t in c.top_logprobs] == [text([i]) for i in lp.top_ids]
+        assert [t.logprob for t in c.top_logprobs] == pytest.approx(list(lp.top_logprobs))
+    chunks = list(
+        client.chat.completions.create(**chat, logprobs=True, top_logprobs=3, stream=True)
+    )
+    streamed = [
+        c for ch in chunks if ch.choices[0].logprobs for c in ch.choices[0].logprobs.content
+    ]
+    assert [c.model_dump() for c in streamed] == [c.model_dump() for c in content]
+    plain = client.chat.completions.create(**chat)
+    assert plain.choices[0].logprobs is None
+
+    prompt = dict(
+        model=TINY_MODEL_ID, prompt="abcabc", temperature=0, max_tokens=16, extra_body=extra
+    )
+    g = grpc_client.generate("abcabc", max_new_tokens=16, ignore_eos=True, logprobs=2)
+    for stream in (False, True):
+        r = client.completions.create(**prompt, logprobs=2, stream=stream)
+        parts = [c.choices[0].logprobs for c in (r if stream else [r]) if c.choices[0].logprobs]
+        tokens = [t for p in parts for t in p.tokens]
+        assert tokens == [text([i]) for i in g.token_ids]
+        assert [v for p in parts for v in p.token_logprobs] == pytest.approx(
+            [lp.logprob for lp in g.logprobs]
+        )
+        assert [o for p in parts for o in p.text_offset] == list(range(16))  # a char a token
+        for top, token, lp in zip(
+            (t for p in parts for t in p.top_logprobs), tokens, g.logprobs, strict=True
+        ):
+            assert top[token] == pytest.approx(lp.logprob)  # the emitted token's, always
+            assert set(top) == {token} | {text([i]) for i in lp.top_ids}
+
+
+def test_a_constrained_requests_logprobs_are_over_what_its_grammar_allows(cluster):
+    """As vLLM's sampler gets them: after the grammar's mask, so the allowed tokens' mass
+    is 1 and a forbidden one reads -9999.0 (never -Infinity, which is not JSON)."""
+    body = {
+        "model": TINY_MODEL_ID,
+        "prompt": "def f(x):",
+        "max_tokens": 8,
+        "temperature": 0,
+        "guided_regex": "[abc]{8}",
+        "logprobs": 5,
+    }
+    r = post_json(f"{cluster.http}/v1/completions", body)
+    assert r.status_code == 200, r.text
+    assert b"Infinity" not in r.body and b"NaN" not in r.body
+    logprobs = r.json()["choices"][0]["logprobs"]
+    assert set(logprobs["tokens"]) <= set("abc") and len(logprobs["tokens"]) == 8
+    for top in logprobs["top_logprobs"]:
+        allowed = {t: v for t, v in top.items() if v > -9999.0}
+        assert set(allowed) == set("abc")
+        assert sum(math.exp(v) for v in allowed.values()) == pytest.approx(1.0, abs=1e-4)
+        assert sorted(v for t, v in top.items() if t not in allowed) == [-9999.0] * 2
+
+
+def test_presence_and_frequency_penalties_change_the_output_alike_with_speculation(client):
+    """OpenAI's penalties reach the verifier: greedy output changes under them, and is
+    the same with speculation on and off."""
+
+    plain = completion_text(client, "off")
+    for penalties in ({"presence_penalty": 2.0}, {"frequency_penalty": 1.5}):
+        off = completion_text(client, "off", **penalties)
+        assert off != plain and completion_text(client, "on", **penalties) == off
+    with pytest.raises(openai.BadRequestError) as err:
+        completion_text(client, "off", presence_penalty=2.5)
+    assert err.value.body["param"] == "presence_penalty"
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "param"),
+    [
+        ("chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ("chat/completions", {"top_logprobs": 2}, "top_logprobs"),
+        ("chat/completions", {"logprobs": 1}, "logprobs"),
+        ("completions", {"logprobs": 21}, "logprobs"),
+        ("completions", {"logprobs": -1}, "logprobs"),
+        ("completions", {"logprobs": True}, "logprobs"),
+    ],
+)
+def test_logprobs_out_of_range_are_refused(cluster, path, fields, param):
+    body = {"model": TINY_MODEL_ID, "max_tokens": 2, **fields}
+    body.update({"messages": CHAT} if path.startswith("chat") else {"prompt": "x"})
+    r = post_json(f"{cluster.http}/v1/{path}", body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.text
+
+
+def test_n_choices_are_seeded_requests_side_by_side(client):
+    """n = 3 at a seed: choice i is what the request alone gives at seed + i, whole and
+    streamed; prompt tokens count once, completion tokens for every choice."""
+    extra = {"ignore_eos": True, "speculation": "on", "return_token_ids": True}
+    ask = dict(model=TINY_MODEL_ID, messages=CHAT, temperature=1.0, max_tokens=12, extra_body=extra)
+    alone = [client.chat.completions.create(**ask, seed=40 + i).choices[0] for i in range(3)]
+    whole = client.chat.completions.create(**ask, seed=40, n=3)
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    texts = [c.message.content for c in whole.choices]
+    assert texts == [c.message.content for c in alone] and len(set(texts)) == 3
+    assert whole.usage.completion_tokens == 36
+    assert whole.usage.prompt_tokens == client.chat.completions.create(**ask).usage.prompt_tokens
+    assert all(c.model_extra["speculation"]["drafted"] > 0 for c in whole.choices)
+    chunks = list(
+        client.chat.completions.create(
+            **ask, seed=40, n=3, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    *body, usage = chunks
+    assert usage.choices == [] and usage.usage.completion_tokens == 36
+    by_choice = {i: [c.choices[0] for c in body if c.choices[0].index == i] for i in range(3)}
+    for i, parts in by_choice.items():
+        assert parts[0].delta.role == "assistant"  # each choice opens with its role
+        assert "".join(p.delta.content or "" for p in parts) == texts[i]
+        assert [p.finish_reason for p in parts][-1] == "length"
+        ids = [t for p in parts for t in p.model_extra["token_ids"]]
+        assert ids == whole.choices[i].model_extra["token_ids"]
+    greedy = client.completions.create(
+        model=TINY_MODEL_ID, prompt="abc", temperature=0, max_tokens=8, n=2
+    )
+    assert greedy.choices[0].text == greedy.choices[1].text
+
+
+def test_a_logit_bias_bans_and_favours_tokens_alike_with_speculation(client):
+    """OpenAI's logit_bias (token ids as strings): -100 bans the plain answer's most
+    frequent character, and the biased answer is the same with speculation on and off;
+    what is not a token id of this model is refused, naming the field."""
+
+    plain = completion_text(client, "off")
+    common = max(set(plain), key=plain.count)
+    ban = {str(char_tokenizer()(common)["input_ids"][0]): -100}
+    off = completion_text(client, "off", logit_bias=ban)
+    assert common not in off and completion_text(client, "on", logit_bias=ban) == off
+    for bad in ({"x": 1}, {"5": 101}, {"-1": 1}, {"500": 1}, {"99999999999": 1}):
+        with pytest.raises(openai.BadRequestError) as err:
+            completion_text(client, "off", logit_bias=bad)
+        assert "logit_bias" in err.value.message, bad
+
+
+@pytest.mark.parametrize("n", [0, 129, 1.5])
+def test_n_out_of_range_is_refused(cluster, n):
+    body = {"model": TINY_MODEL_ID, "prompt": "x", "max_tokens": 2, "n": n}
+    r = post_json(f"{cluster.http}/v1/completions", body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+
+
+def test_a_client_leaving_n_choices_mid_stream_frees_each(cluster, client, aborts):
+    assert wait_idle(cluster)
+    stream = client.completions.create(
+        model=TINY_MODEL_ID,
+        prompt="abc",
+        max_tokens=150,  # all three fit the tiny cluster's KV pools at once
+        n=3,
+        stream=True,
+        extra_body={"ignore_eos": True, "speculation": "on"},
+    )
+    for got, _ in enumerate(stream):
+        if got == 5:
+            break
+    # all three in the verifiers (the cluster's replicas share one model thread: one may
+    # wait for the other's work to end)
+    assert sum(e.scheduler.batch for e in cluster.engines) == 3
+    stream.close()
+    assert wait_idle(cluster), "KV blocks or drafter sessions were not released"
+    assert len(aborts) == 3, "a choice ran on after its client left"

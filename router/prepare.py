@@ -4,6 +4,7 @@ maps it to an HTTP code)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -116,9 +117,10 @@ class Preparer:
             return ids
         if which == "prompt":
             return list(self.tokenizer(request.prompt, add_special_tokens=False)["input_ids"])
-        messages = [{"role": m.role, "content": m.content} for m in request.messages.messages]
+        messages = [_message(m) for m in request.messages.messages]
         if not messages:
             return []
+        tools = _tools(request.messages.tools_json)
         template = str(self.tokenizer.chat_template or "")  # transformers may hold several
         developer = DEVELOPER if any(q in template for q in _NAMED) else "system"
         for i, m in enumerate(messages):
@@ -129,11 +131,50 @@ class Preparer:
                 raise _invalid(f"messages[{i}].role {m['role']!r} is not one of {roles}")
         try:
             enc = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True
+                messages, add_generation_prompt=True, tokenize=True, **tools
             )
         except Exception as exc:  # the template rejects the conversation
             raise _invalid(f"chat template failed: {exc}") from None
         return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+
+
+def _message(m: router_pb2.ChatMessage) -> dict:
+    """A message as chat templates read it (transformers' shape): a call's arguments an
+    object where they are one, as vLLM hands them over."""
+    out = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": _object_or_text(c.arguments)},
+            }
+            for c in m.tool_calls
+        ]
+    if m.tool_call_id:
+        out["tool_call_id"] = m.tool_call_id
+    return out
+
+
+def _object_or_text(arguments: str):
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return value if isinstance(value, dict) else arguments
+
+
+def _tools(tools_json: str) -> dict:
+    """The template's `tools` keyword, if the request has tools."""
+    if not tools_json:
+        return {}
+    try:
+        tools = json.loads(tools_json)
+    except ValueError:
+        tools = None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise _invalid("messages.tools_json must be a JSON array of objects")
+    return {"tools": tools}
 
 
 def _invalid(message: str) -> RequestError:

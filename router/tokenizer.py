@@ -95,13 +95,21 @@ class ChatTokenizer:
         return text
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True, tokenize: bool = True
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        tokenize: bool = True,
+        tools: list[dict] | None = None,
     ):
         """The conversation rendered by the model's template (ids: its text tokenized
-        without adding special tokens, as transformers does)."""
+        without adding special tokens, as transformers does); `tools`: JSON schemas of the
+        functions the model may call, as the template's `tools`."""
         if self._template is None:
             raise ValueError("this tokenizer has no chat template")
         text = self._template.render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **self.special
+            messages=messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            **self.special,
         )
         return self(text)["input_ids"] if tokenize else text

@@ -104,3 +104,43 @@ def test_a_template_that_raises_is_an_error_and_no_template_is_refused(tmp_path)
     (tmp_path / "chat_template.jinja").unlink()
     with pytest.raises(ValueError, match="no chat template"):
         ChatTokenizer(tmp_path).apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city, ünïcödé",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+TOOL_CHAT = [  # a call made, answered, and the model's turn again
+    {"role": "user", "content": "Weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"sky": "clear"}'},
+]
+
+
+def test_tools_and_tool_calls_render_to_transformers_tokens(pair):
+    ours, theirs = pair
+    for messages in (TOOL_CHAT[:1], TOOL_CHAT):
+        kw = {"tools": TOOLS, "add_generation_prompt": True, "tokenize": False}
+        assert ours.apply_chat_template(messages, **kw) == theirs.apply_chat_template(
+            messages, **kw
+        )
+    if "tools" in str(ours.chat_template):  # the template renders them
+        with_tools = ours.apply_chat_template(TOOL_CHAT[:1], tokenize=False, tools=TOOLS)
+        assert "get_weather" in with_tools
+        assert with_tools != ours.apply_chat_template(TOOL_CHAT[:1], tokenize=False)

@@ -1,6 +1,7 @@
 """The OpenAI API's response objects for one request: the whole completion, or its
 Server-Sent Event chunks (usage, and specd's speculation account beside the standard
-fields), for each of its `n` choices."""
+fields), for each of its `n` choices; a chat's tool calls read out of its text
+(`router.tools`)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,24 @@ import time
 from google.protobuf.json_format import MessageToDict
 
 from protos.specd.v1 import common_pb2
+from router.tools import ToolUse
 
 
 class Answer:
     """One request's response objects, whole or as stream chunks, for its `n` choices."""
 
     def __init__(
-        self, obj: str, rid: str, model: str, body, prompt_ids: list[int], token_text=None
+        self,
+        obj: str,
+        rid: str,
+        model: str,
+        body,
+        prompt_ids: list[int],
+        token_text=None,
+        tools: ToolUse | None = None,
     ):
-        """`token_text`: ids -> their text (the tokenizer's decode), for log-probabilities."""
+        """`token_text`: ids -> their text (the tokenizer's decode), for log-probabilities;
+        `tools`: a chat's tool use, whose calls are read out of each choice's text."""
         self.chat = obj == "chat.completion"
         self.obj = obj
         self.head = {"id": rid, "object": obj, "created": int(time.time()), "model": model}
@@ -28,7 +38,23 @@ class Answer:
         asked = body.logprobs_asked() is not None
         self.logprobs = [Logprobs(token_text, self.chat) for _ in range(self.n)] if asked else None
         self.opened: set[int] = set()  # streamed chat choices whose role delta went out
+        self.tools = tools
+        self.readers = [tools.reader() for _ in range(self.n)] if tools else None
+        self.calls = [0] * self.n  # each choice's calls so far (a stream's call index)
         self.usage = common_pb2.Usage(prompt_tokens=len(prompt_ids))  # finished choices'
+
+    def _read(self, index: int, text: str, finish: str | None) -> tuple[str, list, str | None]:
+        """Choice `index`'s next text as (content, tool calls completed, finish reason)."""
+        if self.readers is None:
+            return text, [], finish
+        content, calls = self.readers[index].feed(text)
+        if finish:
+            more, last = self.readers[index].flush()
+            content, calls = content + more, calls + last
+        self.calls[index] += len(calls)
+        if finish and self.calls[index] and self.tools.finishes_with_calls:
+            finish = "tool_calls"
+        return content, calls, finish
 
     def _choice(self, index: int, msg, text: str, finish: str | None, delta=None) -> dict:
         choice = {"index": index}
@@ -37,7 +63,13 @@ class Answer:
         elif delta is not None:
             choice["delta"] = delta
         else:
-            choice["message"] = {"role": "assistant", "content": text}
+            content, calls, finish = self._read(index, text, finish)
+            choice["message"] = {"role": "assistant", "content": content}
+            if calls:  # content null beside calls where the model wrote none, as OpenAI
+                choice["message"] |= {
+                    "content": content or None,
+                    "tool_calls": [c.as_dict() for c in calls],
+                }
         choice["logprobs"] = None
         if self.logprobs is not None and msg is not None:
             choice["logprobs"] = self.logprobs[index].of(msg.token_ids, msg.logprobs)
@@ -77,8 +109,14 @@ class Answer:
             out.append({**head, "choices": [self._choice(index, None, "", None, delta)], **usage})
         finish = msg.finish_reason or None
         if msg.text or msg.token_ids or finish:
-            delta = {"content": msg.text} if msg.text or not finish else {}
-            chunk = {**head, "choices": [self._choice(index, msg, msg.text, finish, delta)]}
+            text, calls = msg.text, []
+            if self.chat:
+                first = self.calls[index]
+                text, calls, finish = self._read(index, msg.text, finish)
+            delta = {"content": text} if text or not (finish or calls) else {}
+            if calls:
+                delta["tool_calls"] = [c.as_dict(first + i) for i, c in enumerate(calls)]
+            chunk = {**head, "choices": [self._choice(index, msg, text, finish, delta)]}
             out.append({**chunk, **usage, **(extension_dict(msg) if finish else {})})
         if finish:
             self.usage.completion_tokens += msg.usage.completion_tokens

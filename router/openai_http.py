@@ -3,7 +3,7 @@ beside its gRPC server, in front of the same `Router`.
 
     GET  /v1/models            the served target (the draft as metadata)
     POST /v1/completions       text in; `stream: true` answers with Server-Sent Events
-    POST /v1/chat/completions  messages in, the model's chat template applied
+    POST /v1/chat/completions  messages in, the model's chat template applied; tools
     GET  /health               200 while some verifier replica is healthy, else 503
 
 Per request: `x-route` and `x-speculation` headers (or `route` / `speculation` in the body),
@@ -36,6 +36,7 @@ from router.openai_answer import Answer
 from router.openai_errors import error_event, error_response, request_error_response
 from router.openai_request import OPENAI_DEFAULTS, SamplingDefaults, to_request
 from router.prepare import Prepared, RequestError
+from router.tools import format_of
 from specd.channels import MAX_MESSAGE_BYTES
 from specd.serving import ListenError
 
@@ -66,6 +67,8 @@ class OpenAIDoor:
         self._expected = f"Bearer {token}".encode() if token else b""
         self.created = int(time.time())
         self.draining = False  # set on SIGTERM: /health answers 503
+        # how the model writes a tool call, as its chat template teaches it
+        self.call_format = format_of(getattr(router.tokenizer, "chat_template", None))
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -161,14 +164,16 @@ class OpenAIDoor:
                     "model_not_found",
                 )
             headers = {k.lower(): v for k, v in request.headers.items()}
-            grpc_request = to_request(body, headers.get("x-speculation", ""), self.sampling)
+            tools = body.tool_use(self.call_format) if isinstance(body, schema.ChatBody) else None
+            grpc_request = to_request(body, headers.get("x-speculation", ""), self.sampling, tools)
             prep = self.router.prepare(grpc_request, headers, _timeout(headers))
         except schema.BodyError as exc:
             return error_response(400, str(exc), exc.param)
         except RequestError as exc:
             return request_error_response(exc)
         rid = f"{prefix}-{uuid.uuid4().hex}"
-        answer = Answer(obj, rid, self.model, body, prep.prompt_ids, self.router.tokenizer.decode)
+        decode = self.router.tokenizer.decode
+        answer = Answer(obj, rid, self.model, body, prep.prompt_ids, decode, tools)
         choices = _choices(prep, answer.n)
         if not body.stream:
             try:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from protos.specd.v1 import common_pb2, router_pb2
 from router.client import MODES
-from router.openai_schema import Body, BodyError, ChatBody
+from router.openai_schema import Body, BodyError, ChatBody, ChatMessage
+from router.tools import ToolUse
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +73,14 @@ OPENAI_DEFAULTS = SamplingDefaults()
 
 
 def to_request(
-    body: Body, speculation_header: str = "", defaults: SamplingDefaults = OPENAI_DEFAULTS
+    body: Body,
+    speculation_header: str = "",
+    defaults: SamplingDefaults = OPENAI_DEFAULTS,
+    tools: ToolUse | None = None,
 ) -> router_pb2.GenerateRequest:
-    """The gRPC request a client would send for this body."""
+    """The gRPC request a client would send for this body; `tools`: a chat's tool use
+    (`ChatBody.tool_use`), rendered by the template and, where it forces calls, the
+    constraint."""
     mode = body.speculation or speculation_header or "auto"
     if mode not in MODES:
         raise BodyError(f"x-speculation must be auto, on or off (got {mode!r})", "speculation")
@@ -103,16 +109,30 @@ def to_request(
         speculation=MODES[mode],
         ignore_eos=body.ignore_eos,
     )
-    constraint = body.constraint()
+    constraint = body.constraint(tools)
     if constraint is not None:
         request.constraint.CopyFrom(constraint)
     if isinstance(body, ChatBody):
-        request.messages.messages.extend(
-            router_pb2.ChatMessage(role=m.role, content=m.text()) for m in body.messages
-        )
+        request.messages.messages.extend(_message(m) for m in body.messages)
+        if tools is not None:
+            request.messages.tools_json = json.dumps(tools.tools, ensure_ascii=False)
     else:
         _set_prompt(request, body.prompt)
     return request
+
+
+def _message(m: ChatMessage) -> router_pb2.ChatMessage:
+    calls = [
+        router_pb2.ToolCall(
+            id=c.id,
+            name=c.function.name,
+            arguments=a if isinstance(a := c.function.arguments, str) else json.dumps(a),
+        )
+        for c in m.tool_calls or []
+    ]
+    return router_pb2.ChatMessage(
+        role=m.role, content=m.text(), tool_calls=calls, tool_call_id=m.tool_call_id or ""
+    )
 
 
 def _set_prompt(request: router_pb2.GenerateRequest, prompt) -> None:

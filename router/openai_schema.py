@@ -4,8 +4,11 @@ into the `GenerateRequest` a gRPC client would send, so both doors give the same
 
 Where this differs from the OpenAI API, on purpose:
 - unknown fields are refused (400), not ignored;
-- fields specd does not implement (tools, echo, suffix, best_of > 1) are refused when
-  set to anything but their neutral value;
+- fields specd does not implement (echo, suffix, best_of > 1) are refused when set to
+  anything but their neutral value;
+- `tools` and `tool_choice` work as vLLM's do (`router.tools`): with "auto" the text is
+  read for calls in the format the model's chat template teaches, with "required" or a
+  named function the output is constrained to calls, and "none" renders the tools only;
 - `logit_bias` maps token ids (as strings, OpenAI's spelling) to values in [-100, 100];
 - `n` choices (up to 128) are generated side by side as separate requests; a seeded
   request's choice i samples from seed + i, as in vLLM;
@@ -37,6 +40,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from protos.specd.v1 import common_pb2
+from router.tools import ToolUse
 from specd.constraint import named
 from specd.params import MAX_LOGPROBS
 from specd.wire import UNTIL_CONTEXT, constraint_to_proto
@@ -63,10 +67,23 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str | dict[str, Any]  # a JSON object as text (some clients send the object)
+
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     role: str
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -79,6 +96,27 @@ TopLogprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 Bias = Annotated[float, Field(ge=-100, le=100)]
 MAX_CHOICES = 128  # n, as the OpenAI API bounds it
+
+
+class Function(_Strict):
+    name: Annotated[str, Field(min_length=1)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema
+    strict: bool | None = None  # a call a constraint forces is always strict
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: Function
+
+
+class FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class JsonSchemaFormat(_Strict):
@@ -123,8 +161,10 @@ class Body(_Strict):
     guided_regex: str | None = None
     guided_grammar: str | None = None
 
-    def constraint(self) -> common_pb2.Constraint | None:
-        """The one constraint the body asks for, if any (checked by the router)."""
+    def constraint(self, tools: ToolUse | None = None) -> common_pb2.Constraint | None:
+        """The one constraint the body asks for, if any (checked by the router); `tools`:
+        the chat's tool use, whose forced calls are one."""
+        forced = tools.schema() if tools is not None else None
         asked = {
             field: kwargs
             for field, kwargs in [
@@ -132,6 +172,7 @@ class Body(_Strict):
                 ("guided_json", {"json_schema": self.guided_json}),
                 ("guided_regex", {"regex": self.guided_regex}),
                 ("guided_grammar", {"grammar": self.guided_grammar}),
+                ("tool_choice", {"json_schema": forced}),
             ]
             if any(v is not None for v in kwargs.values())
         }
@@ -196,16 +237,27 @@ class ChatBody(Body):
     max_completion_tokens: Positive | None = None
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
 
-    def unsupported(self) -> dict[str, bool]:
-        return {
-            **super().unsupported(),
-            "tools": bool(self.tools),
-            "tool_choice": self.tool_choice not in (None, "none", "auto"),
-        }
+    def tool_use(self, call_format: str | None) -> ToolUse | None:
+        """The tools and the choice among them, checked (None: no tools);
+        `call_format`: the tool-call format the model's chat template teaches."""
+        if not self.tools:
+            if self.tool_choice not in (None, "none"):
+                raise BodyError("tool_choice needs tools", "tool_choice")
+            return None
+        choice = self.tool_choice or "auto"
+        try:
+            return ToolUse(
+                tools=[t.model_dump(exclude_none=True) for t in self.tools],
+                choice=choice if isinstance(choice, str) else choice.model_dump(),
+                parallel=self.parallel_tool_calls is not False,
+                format=call_format,
+            )
+        except ValueError as exc:
+            raise BodyError(str(exc), "tool_choice") from None
 
     def max_new_tokens(self) -> int:
         """Named none: until the model stops or its context is full, as vLLM and the OpenAI
@@ -237,7 +289,7 @@ def parse(raw: bytes, kind: type[Body]) -> Body:
         raise BodyError("the body is nested too deeply") from None
     except ValidationError as exc:
         err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or None
+        where = ".".join(str(p) for p in _in_body(data, err["loc"])) or None
         if err["type"] == "extra_forbidden":
             raise BodyError(f"unknown field {where!r}", where) from None
         raise BodyError(f"{where}: {err['msg']}", where) from None
@@ -245,6 +297,24 @@ def parse(raw: bytes, kind: type[Body]) -> Body:
         if refused:
             raise BodyError(f"{field!r} is not supported by specd", field)
     return body
+
+
+def _in_body(data, loc: tuple) -> list:
+    """An error's location as a path in the body: pydantic's, less the names it gives
+    the members of a union (`tool_choice.literal[...]` is `tool_choice`)."""
+    path = []
+    for i, part in enumerate(loc):
+        if isinstance(data, list) and isinstance(part, int) and part < len(data):
+            path.append(part)
+            data = data[part]
+        elif isinstance(data, dict) and part in data:
+            path.append(part)
+            data = data[part]
+        elif isinstance(data, dict) and i == len(loc) - 1:
+            path.append(part)  # a field it lacks
+        elif not isinstance(data, dict):
+            break  # a value's union member names
+    return path
 
 
 def _not_unicode(data: dict) -> str | None:

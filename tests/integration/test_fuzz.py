@@ -277,7 +277,8 @@ BODY_FIELDS = [
     *("top_p", "top_k", "min_p", "seed", "stop", "stream", "stream_options", "n", "logprobs"),
     "top_logprobs",
     *("response_format", "guided_json", "guided_regex", "guided_grammar", "speculation"),
-    *("route", "ignore_eos", "repetition_penalty", "tools", "bogus"),
+    *("route", "ignore_eos", "repetition_penalty", "tools", "tool_choice", "bogus"),
+    "parallel_tool_calls",
     *("presence_penalty", "frequency_penalty", "logit_bias"),
 ]
 

@@ -36,7 +36,7 @@ from router.openai_answer import Answer
 from router.openai_errors import error_event, error_response, request_error_response
 from router.openai_request import OPENAI_DEFAULTS, SamplingDefaults, to_request
 from router.prepare import Prepared, RequestError
-from router.tools import format_of
+from router.tools import call_format
 from specd.channels import MAX_MESSAGE_BYTES
 from specd.serving import ListenError
 
@@ -54,11 +54,13 @@ class OpenAIDoor:
         token: str = "",
         registry=None,
         sampling: SamplingDefaults = OPENAI_DEFAULTS,
+        tool_call_parser: str = "auto",
     ):
         """`model`: the id clients name (and /v1/models lists); `aliases`: other names
         accepted for it; `token`: the bearer token ("" = open); `registry`: the router's
         Prometheus metrics, served at /metrics (as vLLM serves its own on its API port);
-        `sampling`: what a body's absent sampling fields mean."""
+        `sampling`: what a body's absent sampling fields mean; `tool_call_parser`: the
+        format of the model's tool calls (`router.tools.call_format`)."""
         self.router = router
         self.registry = registry
         self.sampling = sampling
@@ -67,8 +69,9 @@ class OpenAIDoor:
         self._expected = f"Bearer {token}".encode() if token else b""
         self.created = int(time.time())
         self.draining = False  # set on SIGTERM: /health answers 503
-        # how the model writes a tool call, as its chat template teaches it
-        self.call_format = format_of(getattr(router.tokenizer, "chat_template", None))
+        # how the model writes a tool call
+        template = getattr(router.tokenizer, "chat_template", None)
+        self.call_format = call_format(tool_call_parser, template)
 
     def app(self) -> web.Application:
         app = web.Application(

@@ -165,7 +165,9 @@ async def _start_http(config, router: Router, token: str, registry):
     sampling = OPENAI_DEFAULTS
     if config.sampling_defaults == "model":
         sampling = SamplingDefaults.from_folder(resolve(config.tokenizer))
-    door = OpenAIDoor(router, model, (config.tokenizer,), token, registry, sampling)
+    door = OpenAIDoor(
+        router, model, (config.tokenizer,), token, registry, sampling, config.tool_call_parser
+    )
     runner, port = await start(
         door,
         config.host,
@@ -175,11 +177,12 @@ async def _start_http(config, router: Router, token: str, registry):
         config.drain_seconds,
     )
     log.info(
-        "router serving the OpenAI API on http%s://%s:%d/v1 as model %r",
+        "router serving the OpenAI API on http%s://%s:%d/v1 as model %r (tool calls read: %s)",
         "s" if config.tls_cert else "",
         config.host,
         port,
         model,
+        door.call_format or "none, tool_choice auto refused",
     )
 
     async def drain() -> None:

@@ -33,6 +33,16 @@ _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
+def call_format(parser: str, template: str | None) -> str | None:
+    """The tool-call format to read: the router's `--tool-call-parser`, where it names one
+    (vLLM's flag), else ("auto") the one the chat template teaches."""
+    if parser == "auto":
+        return format_of(template)
+    if parser not in FORMATS:
+        raise ValueError(f"tool_call_parser must be auto or one of {', '.join(FORMATS)}")
+    return parser
+
+
 def format_of(template: str | None) -> str | None:
     """The tool-call format a chat template teaches its model, if specd reads it."""
     template = str(template or "")

@@ -243,6 +243,9 @@ class RouterConfig:
     # names them (as vLLM and SGLang serve it), else the OpenAI API's; openai = the OpenAI
     # API's (temperature 1, the rest off)
     sampling_defaults: str = "model"
+    # how the model writes a tool call, for `tool_choice: auto` (vLLM's flag): hermes,
+    # llama3_json, or auto = the format its chat template teaches
+    tool_call_parser: str = "auto"
 
     def __post_init__(self):
         if self.sampling_defaults not in ("model", "openai"):

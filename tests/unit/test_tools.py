@@ -8,7 +8,7 @@ import random
 import jsonschema
 import pytest
 
-from router.tools import HERMES, LLAMA3_JSON, Call, ToolUse, format_of
+from router.tools import HERMES, LLAMA3_JSON, Call, ToolUse, call_format, format_of
 
 WEATHER = {
     "type": "function",
@@ -188,6 +188,12 @@ def test_the_call_format_comes_from_the_template():
         == LLAMA3_JSON
     )
     assert format_of("{{ messages }}") is None and format_of(None) is None
+    # the router's --tool-call-parser names one, or leaves it to the template
+    assert call_format("auto", "<tool_call>") == HERMES
+    assert call_format("llama3_json", "<tool_call>") == LLAMA3_JSON
+    assert call_format("hermes", None) == HERMES
+    with pytest.raises(ValueError, match="hermes"):
+        call_format("mistral", None)
 
 
 def test_calls_have_their_own_ids_in_the_openai_shape():

@@ -27,7 +27,8 @@ def load_tokenizer(folder: Path):
 
 # The special tokens llama.cpp ends a GGUF model's generation at beside its eos, known by
 # their text (a GGUF lists no others; a Hugging Face folder lists its own in
-# generation_config.json, e.g. Qwen2.5's <|im_end|> and <|endoftext|>)
+# generation_config.json, e.g. Qwen2.5's <|im_end|> and <|endoftext|>): ends of a turn or
+# text, and the markers a fill-in-the-middle model writes past the middle it fills
 END_OF_TURN = frozenset(
     {
         "<|endoftext|>",
@@ -38,6 +39,11 @@ END_OF_TURN = frozenset(
         "<|end|>",
         "<end_of_turn>",
         "<EOT>",
+        "<|fim_pad|>",
+        "<|repo_name|>",
+        "<|file_sep|>",
+        "<fim_pad>",
+        "<file_sep>",
     }
 )
 

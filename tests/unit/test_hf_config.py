@@ -123,9 +123,11 @@ def test_a_folder_from_a_gguf_ends_at_its_end_of_turn_tokens_as_llama_cpp(tmp_pa
         {"id": 1, "content": "<|im_start|>", "special": True},
         {"id": 2, "content": "<|im_end|>", "special": True},
         {"id": 3, "content": "<|eot_id|>", "special": False},  # not a special token
+        {"id": 4, "content": "<|fim_prefix|>", "special": True},
+        {"id": 5, "content": "<|file_sep|>", "special": True},  # past a filled middle
     ]
     (tmp_path / "tokenizer.json").write_text(json.dumps({"added_tokens": added}))
     config = SimpleNamespace(eos_token_id=2)
     assert eos_token_ids(tmp_path, config) == {2}  # a Hugging Face folder
     (tmp_path / ".specd-complete").write_text("model.gguf\n")  # converted from a GGUF
-    assert eos_token_ids(tmp_path, config) == {0, 2}
+    assert eos_token_ids(tmp_path, config) == {0, 2, 5}

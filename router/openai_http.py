@@ -31,6 +31,7 @@ from aiohttp import web
 
 from protos.specd.v1 import router_pb2, verifier_pb2
 from router import openai_schema as schema
+from router.fim import markers_of
 from router.generation import Router
 from router.openai_answer import Answer
 from router.openai_errors import error_event, error_response, request_error_response
@@ -72,6 +73,7 @@ class OpenAIDoor:
         # how the model writes a tool call
         template = getattr(router.tokenizer, "chat_template", None)
         self.call_format = call_format(tool_call_parser, template)
+        self.fim = markers_of(router.tokenizer)  # for a completion's suffix
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -168,7 +170,9 @@ class OpenAIDoor:
                 )
             headers = {k.lower(): v for k, v in request.headers.items()}
             tools = body.tool_use(self.call_format) if isinstance(body, schema.ChatBody) else None
-            grpc_request = to_request(body, headers.get("x-speculation", ""), self.sampling, tools)
+            grpc_request = to_request(
+                body, headers.get("x-speculation", ""), self.sampling, tools, self.fim
+            )
             prep = self.router.prepare(grpc_request, headers, _timeout(headers))
         except schema.BodyError as exc:
             return error_response(400, str(exc), exc.param)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from protos.specd.v1 import common_pb2, router_pb2
 from router.client import MODES
+from router.fim import infill_prompt
 from router.openai_schema import Body, BodyError, ChatBody, ChatMessage
 from router.tools import ToolUse
 
@@ -77,10 +78,12 @@ def to_request(
     speculation_header: str = "",
     defaults: SamplingDefaults = OPENAI_DEFAULTS,
     tools: ToolUse | None = None,
+    fim: tuple[str, str, str] | None = None,
 ) -> router_pb2.GenerateRequest:
     """The gRPC request a client would send for this body; `tools`: a chat's tool use
     (`ChatBody.tool_use`), rendered by the template and, where it forces calls, the
-    constraint."""
+    constraint; `fim`: the model's fill-in-the-middle markers (`router.fim`), for a
+    completion's suffix."""
     mode = body.speculation or speculation_header or "auto"
     if mode not in MODES:
         raise BodyError(f"x-speculation must be auto, on or off (got {mode!r})", "speculation")
@@ -117,7 +120,7 @@ def to_request(
         if tools is not None:
             request.messages.tools_json = json.dumps(tools.tools, ensure_ascii=False)
     else:
-        _set_prompt(request, body.prompt)
+        _set_prompt(request, body.prompt, body.suffix, fim)
     return request
 
 
@@ -135,11 +138,17 @@ def _message(m: ChatMessage) -> router_pb2.ChatMessage:
     )
 
 
-def _set_prompt(request: router_pb2.GenerateRequest, prompt) -> None:
+def _set_prompt(request: router_pb2.GenerateRequest, prompt, suffix, fim) -> None:
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) != 1:
             raise BodyError("a batch of prompts is not supported; send one per request", "prompt")
         prompt = prompt[0]
+    if suffix:
+        if fim is None:
+            raise BodyError("suffix: this model has no fill-in-the-middle tokens", "suffix")
+        if not isinstance(prompt, str):
+            raise BodyError("a prompt with a suffix must be text", "prompt")
+        prompt = infill_prompt(prompt, suffix, fim)
     if isinstance(prompt, str):
         request.prompt = prompt
     else:

@@ -4,8 +4,11 @@ into the `GenerateRequest` a gRPC client would send, so both doors give the same
 
 Where this differs from the OpenAI API, on purpose:
 - unknown fields are refused (400), not ignored;
-- fields specd does not implement (echo, suffix, best_of > 1) are refused when set to
-  anything but their neutral value;
+- fields specd does not implement (echo, best_of > 1) are refused when set to anything
+  but their neutral value;
+- a completion's `suffix` fills in the middle where the model has FIM tokens
+  (`router.fim`, as SGLang and llama.cpp's /infill do; vLLM refuses it), and is refused
+  naming the field where it has none;
 - `tools` and `tool_choice` work as vLLM's do (`router.tools`): with "auto" the text is
   read for calls in the format the model's chat template teaches, with "required" or a
   named function the output is constrained to calls, and "none" renders the tools only;
@@ -224,7 +227,6 @@ class CompletionBody(Body):
         return {
             **super().unsupported(),
             "echo": bool(self.echo),
-            "suffix": bool(self.suffix),
             "best_of": self.best_of not in (None, 1),
         }
 

@@ -223,6 +223,9 @@ def test_400_bad_parameters(client):
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model=TINY_MODEL_ID, prompt="abc", best_of=2)
     assert err.value.body["param"] == "best_of" and "not supported" in err.value.message
+    with pytest.raises(openai.BadRequestError) as err:  # the tiny vocabulary has no FIM tokens
+        client.completions.create(model=TINY_MODEL_ID, prompt="abc", suffix="xyz")
+    assert err.value.body["param"] == "suffix" and "fill-in-the-middle" in err.value.message
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=TINY_MODEL_ID, messages=CHAT, tools=[{}])
     assert err.value.body["param"] == "tools.0.type"  # tools: test_tools.py

@@ -67,10 +67,14 @@ def _wait_ready(port: int, proc: subprocess.Popen, timeout: float = 300) -> None
 
 
 def chat(port: int, messages, max_new: int, **extra) -> dict:
-    """One greedy chat completion (`extra`: more body fields, e.g. response_format)."""
-    body = {"messages": messages, "max_tokens": max_new, "temperature": 0.0, "seed": 0, **extra}
+    """One greedy chat completion (`extra`: more body fields, e.g. response_format), or
+    a raw prompt's completion where `messages` is its text."""
+    given, path = {"messages": messages}, "chat/completions"
+    if isinstance(messages, str):
+        given, path = {"prompt": messages}, "completions"
+    body = {**given, "max_tokens": max_new, "temperature": 0.0, "seed": 0, **extra}
     req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/chat/completions",
+        f"http://127.0.0.1:{port}/v1/{path}",
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )

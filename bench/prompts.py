@@ -32,6 +32,12 @@ def load_workload(name: str, tokenizer, limit: int | None = None) -> list[list[i
     return prompts[:limit] if limit else prompts
 
 
+def load_requests(workload: str) -> list[list[dict] | str]:
+    """A workload's requests as a sweep sends them: a chat's messages, or a raw prompt's
+    text (no chat template: e.g. the `fim` workload's fill-in-the-middle prompts)."""
+    return [it["messages"] if "messages" in it else it["prompt"] for it in load_items(workload)]
+
+
 def load_conversations(workload: str) -> list[list[dict]]:
     return [
         it["messages"] if "messages" in it else [{"role": "user", "content": it["prompt"]}]

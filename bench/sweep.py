@@ -44,7 +44,7 @@ import grpc
 from tqdm import tqdm
 
 from bench import flags
-from bench.prompts import WARM_UP_TOKENS, load_conversations
+from bench.prompts import WARM_UP_TOKENS, load_requests
 from bench.sweep_peers import add_peer
 from bench.sweep_report import ms, summarise, summary, write_outputs
 from protos.specd.v1 import router_pb2_grpc
@@ -57,11 +57,11 @@ SWAPPED = {"ngram", "combined"}
 
 
 async def stream_one(stub, messages, mode: str, max_new: int, route: str = "") -> dict:
+    """One request streamed: `messages` a chat's, or a raw prompt's text."""
     start = time.perf_counter()
     first, tokens, final = None, 0, None
-    request = build_request(
-        messages=messages, max_new_tokens=max_new, speculation=mode, route=route
-    )
+    given = {"prompt": messages} if isinstance(messages, str) else {"messages": messages}
+    request = build_request(**given, max_new_tokens=max_new, speculation=mode, route=route)
     async for msg in stub.GenerateStream(request):
         if msg.token_ids and first is None:
             first = time.perf_counter()
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         route_names *= len(workloads)
     if len(route_names) != len(workloads):
         p.error("--route: one route, or one per workload")
-    conversations, routes = mix([load_conversations(w) for w in workloads], route_names)
+    conversations, routes = mix([load_requests(w) for w in workloads], route_names)
     run = dict(
         conversations=conversations,
         levels=[int(x) for x in args.concurrency.split(",")],

@@ -20,6 +20,9 @@ def hf_peer(model: str, draft_model: str, conversations, max_new: int, dtype_nam
     tok = load_tokenizer(folder)
     prompts = []
     for messages in conversations:
+        if isinstance(messages, str):  # a raw prompt
+            prompts.append(tok(messages, add_special_tokens=False)["input_ids"])
+            continue
         enc = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         prompts.append(list(enc["input_ids"] if hasattr(enc, "keys") else enc))
     dtype = parse_dtype(dtype_name, torch.device("cpu"))

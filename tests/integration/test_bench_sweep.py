@@ -246,3 +246,29 @@ def test_the_modes_take_turns_wave_by_wave_and_each_counts_its_own_time(monkeypa
     report = turns([2, 4], 1, waves=3)  # at least 3 waves a cell: 6 and 12 requests a run
     assert [c["requests"] for c in report["cells"]] == [12, 24, 12, 24]
     assert len(sent) == 72 and most[0] == 4
+
+
+def test_a_raw_prompt_item_is_sent_as_a_prompt_and_a_chat_as_messages():
+    """The `fim` workload's items are raw prompts (no chat template); the others chats."""
+    from bench.sweep import stream_one
+    from protos.specd.v1 import router_pb2
+
+    sent = []
+
+    class Stub:
+        def GenerateStream(self, request):  # noqa: N802 - the gRPC stub's name
+            sent.append(request)
+
+            async def replies():
+                yield router_pb2.GenerateStreamResponse(token_ids=[1], finish_reason="stop")
+
+            return replies()
+
+    chat = [{"role": "user", "content": "hi"}]
+    for item in ("<|fim_prefix|>a<|fim_suffix|>b<|fim_middle|>", chat):
+        result = asyncio.run(stream_one(Stub(), item, "on", 4))
+        assert result["tokens"] == 1
+    assert sent[0].WhichOneof("input") == "prompt" and sent[0].prompt.startswith("<|fim_prefix|>")
+    assert (
+        sent[1].WhichOneof("input") == "messages" and sent[1].messages.messages[0].content == "hi"
+    )

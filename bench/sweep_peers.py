@@ -21,7 +21,7 @@ def hf_peer(model: str, draft_model: str, conversations, max_new: int, dtype_nam
     prompts = []
     for messages in conversations:
         if isinstance(messages, str):  # a raw prompt
-            prompts.append(tok(messages, add_special_tokens=False)["input_ids"])
+            prompts.append(tok(messages)["input_ids"])  # as the router tokenizes it
             continue
         enc = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         prompts.append(list(enc["input_ids"] if hasattr(enc, "keys") else enc))

@@ -116,7 +116,9 @@ class Preparer:
                 raise _invalid(f"token ids must be in [0, {vocab})")
             return ids
         if which == "prompt":
-            return list(self.tokenizer(request.prompt, add_special_tokens=False)["input_ids"])
+            # the special tokens the tokenizer adds (a Llama's BOS), as vLLM's completions
+            prompt = self.tokenizer(request.prompt, add_special_tokens=True)
+            return list(prompt["input_ids"])
         messages = [_message(m) for m in request.messages.messages]
         if not messages:
             return []

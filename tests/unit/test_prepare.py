@@ -68,3 +68,25 @@ def test_minus_one_asks_for_what_the_context_leaves_or_the_operators_cap():
     with pytest.raises(RequestError) as err:
         capped.prepare(GenerateRequest(prompt="ab", max_new_tokens=-2), {})
     assert "-1" in str(err.value)
+
+
+def test_a_raw_prompt_gets_the_special_tokens_its_tokenizer_adds_as_in_vllm(tmp_path):
+    """A Llama tokenizer adds its BOS to a raw prompt, as vLLM's and llama.cpp's
+    completions do (a chat's template writes its own); the router's torch-free tokenizer
+    the same as transformers'."""
+    from tokenizers import processors
+
+    tok = char_tokenizer()
+    bos = tok.convert_tokens_to_ids("~")  # the character vocabulary's stand-in BOS
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="~ $A", special_tokens=[("~", bos)]
+    )
+    tok.save_pretrained(tmp_path)
+    request = GenerateRequest(prompt="abc", max_new_tokens=1)
+    for t in (tok, ChatTokenizer(tmp_path)):
+        ids = Preparer(t, Policy.builtin(), 16, 0).prepare(request, {}).prompt_ids
+        assert ids == [bos, *tok("abc", add_special_tokens=False)["input_ids"]]
+    chat = GenerateRequest(max_new_tokens=1)
+    chat.messages.messages.add(role="user", content="abc")
+    ids = Preparer(tok, Policy.builtin(), 16, 0).prepare(chat, {}).prompt_ids
+    assert bos not in ids  # the template's text, tokenized as it stands

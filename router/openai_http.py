@@ -5,6 +5,7 @@ beside its gRPC server, in front of the same `Router`.
     POST /v1/completions       text in; `stream: true` answers with Server-Sent Events
     POST /v1/chat/completions  messages in, the model's chat template applied; tools
     GET  /health               200 while some verifier replica is healthy, else 503
+    POST /tokenize, /detokenize  vLLM's: a prompt's or a chat's ids, and ids' text
 
 Per request: `x-route` and `x-speculation` headers (or `route` / `speculation` in the body),
 `x-request-timeout` (seconds; past it 504). The same bearer token as the gRPC listener
@@ -35,7 +36,7 @@ from router.fim import markers_of
 from router.generation import Router
 from router.openai_answer import Answer
 from router.openai_errors import error_event, error_response, request_error_response
-from router.openai_request import OPENAI_DEFAULTS, SamplingDefaults, to_request
+from router.openai_request import OPENAI_DEFAULTS, SamplingDefaults, chat_input, to_request
 from router.prepare import Prepared, RequestError
 from router.tools import call_format
 from specd.channels import MAX_MESSAGE_BYTES
@@ -85,6 +86,8 @@ class OpenAIDoor:
                 web.get("/v1/models", self.models),
                 web.post("/v1/completions", self.completions),
                 web.post("/v1/chat/completions", self.chat),
+                web.post("/tokenize", self.tokenize),
+                web.post("/detokenize", self.detokenize),
             ]
         )
         if self.registry is not None:
@@ -135,22 +138,80 @@ class OpenAIDoor:
             body=body, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST}
         )
 
+    async def _info(self):
+        """A healthy replica and what it serves (`Info`), or None for either: an answer
+        without it beats a 500."""
+        replica = next((r for r in self.router.replicas.replicas.values() if r.healthy), None)
+        if replica is None:
+            return None, None
+        try:
+            return replica, await replica.stub.Info(verifier_pb2.InfoRequest(), timeout=2.0)
+        except grpc.aio.AioRpcError:
+            return replica, None
+
+    def _unknown(self, model: str | None):
+        """The 404 for a model this door does not serve (None: it serves it)."""
+        if model is None or model in self.names:
+            return None
+        return error_response(
+            404,
+            f"the model {model!r} does not exist; this server serves {self.model!r}",
+            "model",
+            "model_not_found",
+        )
+
     async def models(self, request):
         card = {"id": self.model, "object": "model", "created": self.created, "owned_by": "specd"}
-        replica = next((r for r in self.router.replicas.replicas.values() if r.healthy), None)
-        if replica is not None:
-            with contextlib.suppress(grpc.aio.AioRpcError):  # the bare card beats a 500
-                info = await replica.stub.Info(verifier_pb2.InfoRequest(), timeout=2.0)
-                card.update(
-                    root=info.model,
-                    max_model_len=info.max_context,
-                    draft={
-                        "id": info.drafter or None,
-                        "available": bool(replica.report and replica.report.drafter_available),
-                        "max_draft_tokens": info.max_draft_tokens,
-                    },
-                )
+        replica, info = await self._info()
+        if info is not None:
+            card.update(
+                root=info.model,
+                max_model_len=info.max_context,
+                draft={
+                    "id": info.drafter or None,
+                    "available": bool(replica.report and replica.report.drafter_available),
+                    "max_draft_tokens": info.max_draft_tokens,
+                },
+            )
         return web.json_response({"object": "list", "data": [card]})
+
+    async def tokenize(self, request):
+        """vLLM's /tokenize: a prompt's ids, or a chat's as the template renders it."""
+        try:
+            body = schema.parse(await request.read(), schema.TokenizeBody)
+            if (refused := self._unknown(body.model)) is not None:
+                return refused
+            if body.prompt is not None:
+                tokenized = self.router.tokenizer(
+                    body.prompt, add_special_tokens=body.add_special_tokens
+                )
+                ids = list(tokenized["input_ids"])
+            else:
+                tools = [t.model_dump(exclude_none=True) for t in body.tools or []] or None
+                chat = router_pb2.GenerateRequest(
+                    messages=chat_input(body.messages, tools), max_new_tokens=1
+                )
+                ids = self.router.prepare(chat, {}).prompt_ids
+        except schema.BodyError as exc:
+            return error_response(400, str(exc), exc.param)
+        except RequestError as exc:
+            return request_error_response(exc)
+        _, info = await self._info()
+        length = info.max_context if info is not None else None
+        return web.json_response({"count": len(ids), "max_model_len": length, "tokens": ids})
+
+    async def detokenize(self, request):
+        """vLLM's /detokenize: ids to text, special tokens shown."""
+        try:
+            body = schema.parse(await request.read(), schema.DetokenizeBody)
+        except schema.BodyError as exc:
+            return error_response(400, str(exc), exc.param)
+        if (refused := self._unknown(body.model)) is not None:
+            return refused
+        vocab = len(self.router.tokenizer)
+        if any(t >= vocab for t in body.tokens):
+            return error_response(400, f"tokens must be ids in [0, {vocab})", "tokens")
+        return web.json_response({"prompt": self.router.tokenizer.decode(body.tokens)})
 
     async def completions(self, request):
         return await self._serve(request, schema.CompletionBody, "text_completion", "cmpl")
@@ -161,13 +222,8 @@ class OpenAIDoor:
     async def _serve(self, request: web.Request, kind, obj: str, prefix: str):
         try:
             body = schema.parse(await request.read(), kind)
-            if body.model not in self.names:
-                return error_response(
-                    404,
-                    f"the model {body.model!r} does not exist; this server serves {self.model!r}",
-                    "model",
-                    "model_not_found",
-                )
+            if (refused := self._unknown(body.model)) is not None:
+                return refused
             headers = {k.lower(): v for k, v in request.headers.items()}
             tools = body.tool_use(self.call_format) if isinstance(body, schema.ChatBody) else None
             grpc_request = to_request(

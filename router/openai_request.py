@@ -116,12 +116,18 @@ def to_request(
     if constraint is not None:
         request.constraint.CopyFrom(constraint)
     if isinstance(body, ChatBody):
-        request.messages.messages.extend(_message(m) for m in body.messages)
-        if tools is not None:
-            request.messages.tools_json = json.dumps(tools.tools, ensure_ascii=False)
+        request.messages.CopyFrom(chat_input(body.messages, tools.tools if tools else None))
     else:
         _set_prompt(request, body.prompt, body.suffix, fim)
     return request
+
+
+def chat_input(messages: list[ChatMessage], tools: list[dict] | None) -> router_pb2.ChatMessages:
+    """A chat's messages and tools (OpenAI's shape) as the router's template renders them."""
+    out = router_pb2.ChatMessages(messages=[_message(m) for m in messages])
+    if tools is not None:
+        out.tools_json = json.dumps(tools, ensure_ascii=False)
+    return out
 
 
 def _message(m: ChatMessage) -> router_pb2.ChatMessage:

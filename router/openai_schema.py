@@ -272,6 +272,29 @@ class ChatBody(Body):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
+class TokenizeBody(_Strict):
+    """vLLM's /tokenize: a prompt, or messages rendered by the chat template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    add_special_tokens: bool = True  # a prompt's (a chat's template writes its own)
+    messages: list[ChatMessage] | None = None
+    tools: list[Tool] | None = None
+
+    def unsupported(self) -> dict[str, bool]:
+        if (self.prompt is None) == (self.messages is None):
+            raise BodyError("one of prompt or messages is required")
+        return {}
+
+
+class DetokenizeBody(_Strict):
+    model: str | None = None
+    tokens: list[Annotated[int, Field(ge=0)]]
+
+    def unsupported(self) -> dict[str, bool]:
+        return {}
+
+
 def parse(raw: bytes, kind: type[Body]) -> Body:
     """The body as `kind`, or BodyError with a message naming the field."""
     try:

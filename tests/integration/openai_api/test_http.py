@@ -25,6 +25,34 @@ def test_models_lists_the_target_and_its_draft(client):
     assert card["draft"]["available"] is True
 
 
+def test_tokenize_and_detokenize_as_vllm_answers_them(cluster, client):
+    """A prompt's ids and a chat's (as the chat endpoint renders it), the context they go
+    to, and ids back to text; bad bodies refused naming the field."""
+    said = post_json(f"{cluster.http}/tokenize", {"model": TINY_MODEL_ID, "prompt": "abc"}).json()
+    assert said == {"count": 3, "max_model_len": 512, "tokens": [65, 66, 67]}
+    chat = client.chat.completions.create(
+        model=TINY_MODEL_ID, messages=CHAT, max_tokens=1, extra_body={"return_token_ids": True}
+    )
+    said = post_json(f"{cluster.http}/tokenize", {"messages": CHAT}).json()
+    assert said["tokens"] == chat.model_extra["prompt_token_ids"] and said["count"] > 10
+    back = post_json(f"{cluster.http}/detokenize", {"tokens": said["tokens"]}).json()
+    # the template's newline is not in the character vocabulary: its unknown token, "?"
+    assert back == {"prompt": "user: def add(a, b):?assistant: "}
+    for path, body, code, param in [
+        ("tokenize", {"prompt": "a", "messages": CHAT}, 400, None),
+        ("tokenize", {}, 400, None),
+        ("tokenize", {"prompt": "a", "model": "gpt-4"}, 404, "model"),
+        ("detokenize", {"tokens": [96]}, 400, "tokens"),
+        ("detokenize", {"tokens": [-1]}, 400, "tokens.0"),
+        ("detokenize", {"tokens": "abc"}, 400, "tokens"),
+    ]:
+        reply = post_json(f"{cluster.http}/{path}", body)
+        assert reply.status_code == code and reply.json()["error"]["param"] == param, (
+            body,
+            reply.text,
+        )
+
+
 def test_a_chat_that_names_no_limit_runs_until_the_context_is_full(client):
     """As vLLM and the OpenAI API answer it: until the model stops or its context (the
     card's max_model_len) is full; a completion that names none gets the router's default

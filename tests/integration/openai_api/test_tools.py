@@ -16,7 +16,7 @@ from router.generation import Router
 from router.openai_http import OpenAIDoor
 from router.openai_http import start as start_http
 from tests.cluster import TINY_MODEL_ID, char_tokenizer
-from tests.integration.openai_api.door import CHAT, POLICY
+from tests.integration.openai_api.door import CHAT, POLICY, post_json
 
 CITY = {"type": "object", "properties": {"city": {"enum": ["Oslo", "Paris"]}}}
 CITY |= {"required": ["city"], "additionalProperties": False}
@@ -180,6 +180,9 @@ def test_tools_and_earlier_calls_are_rendered_by_the_template(hermes):
     prompt = char_tokenizer().decode(r.model_extra["prompt_token_ids"])
     assert prompt.startswith("tools: " + json.dumps(WEATHER)), prompt
     assert CALL_TEXT + " tool: sunny assistant: " in prompt
+    door = str(hermes.base_url).removesuffix("/").removesuffix("/v1")
+    said = post_json(f"{door}/tokenize", {"messages": history, "tools": TOOLS}).json()
+    assert said["tokens"] == r.model_extra["prompt_token_ids"]  # /tokenize renders the same
 
 
 @pytest.mark.parametrize(

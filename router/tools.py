@@ -11,7 +11,8 @@ transformers does), so the model sees them as it was trained to. Then, by `tool_
   choice with "tool_calls".
 - "required": the output is constrained to a JSON array of one or more
   `{"name", "parameters"}` objects of the given tools (at most one where
-  `parallel_tool_calls` is false), vLLM's way, which any model can follow.
+  `parallel_tool_calls` is false, which keeps an "auto" answer's first call only, as
+  vLLM does), vLLM's way, which any model can follow.
 - a named function: the output is constrained to that function's parameters and is the
   call's arguments.
 - "none": the tools are rendered; the output is text.
@@ -215,6 +216,24 @@ def _llama3_calls(text: str) -> list[Call] | None:
         calls.append(call)
 
 
+class OneCallReader(Reader):
+    """Another reader's content and its first call only (`parallel_tool_calls: false`)."""
+
+    def __init__(self, inner: Reader):
+        self.inner = inner
+        self.called = False
+
+    def feed(self, text: str) -> tuple[str, list[Call]]:
+        return self._first(*self.inner.feed(text))
+
+    def flush(self) -> tuple[str, list[Call]]:
+        return self._first(*self.inner.flush())
+
+    def _first(self, content: str, calls: list[Call]) -> tuple[str, list[Call]]:
+        calls, self.called = ([] if self.called else calls[:1]), self.called or bool(calls)
+        return content, calls
+
+
 class PlainReader(Reader):
     def feed(self, text: str) -> tuple[str, list[Call]]:
         return text, []
@@ -286,7 +305,8 @@ class ToolUse:
         if self.choice == "required":
             return WholeReader(_required_calls)
         if self.choice == "auto":
-            return HermesReader() if self.format == HERMES else Llama3Reader()
+            reader = HermesReader() if self.format == HERMES else Llama3Reader()
+            return reader if self.parallel else OneCallReader(reader)
         return PlainReader()
 
 

@@ -91,6 +91,14 @@ def test_hermes_calls_and_content_whole_and_streamed(text, content, calls):
         assert read_streamed(use(), text, rng) == (content, calls)
 
 
+def test_without_parallel_calls_auto_keeps_the_first_call_only():
+    text = HERMES_CASES[2][0]  # two calls
+    one = use(parallel=False)
+    assert read_whole(one, text) == ("", [("get_time", {})])
+    assert read_streamed(one, text, random.Random(2)) == ("", [("get_time", {})])
+    assert read_whole(one, HERMES_CASES[1][0]) == HERMES_CASES[1][1:]  # one call: as it was
+
+
 def test_hermes_streams_content_before_a_call_and_holds_only_what_might_open_one():
     reader = use().reader()
     assert reader.feed("Sure. <tool") == ("Sure. ", [])  # "<tool" might open a call

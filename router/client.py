@@ -35,6 +35,7 @@ def build_request(
     regex: str | None = None,
     grammar: str | None = None,
     logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
 ) -> router_pb2.GenerateRequest:
     req = router_pb2.GenerateRequest(
         max_new_tokens=max_new_tokens,
@@ -48,6 +49,8 @@ def build_request(
         req.params.seed = seed
     if logprobs is not None:
         req.params.logprobs = logprobs
+    if prompt_logprobs is not None:
+        req.params.prompt_logprobs = prompt_logprobs
     constraint = named(json_schema, json_object, regex, grammar)
     if constraint is not None:
         req.constraint.CopyFrom(constraint_to_proto(constraint))

@@ -51,16 +51,18 @@ class Router:
     async def generate(self, prep: Prepared) -> router_pb2.GenerateResponse:
         """The whole completion (nothing is sent before the end, so a replica lost midway
         is retried elsewhere from the start)."""
-        text, ids, logprobs, final = [], [], [], None
+        text, ids, logprobs, prompt_logprobs, final = [], [], [], [], None
         async for msg in self.stream(prep, buffered=True):
             text.append(msg.text)
             ids.extend(msg.token_ids)
             logprobs.extend(msg.logprobs)
+            prompt_logprobs.extend(msg.prompt_logprobs)
             final = msg
         return router_pb2.GenerateResponse(
             text="".join(text),
             token_ids=ids,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             finish_reason=final.finish_reason,
             usage=final.usage,
             speculation=final.speculation,

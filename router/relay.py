@@ -67,6 +67,7 @@ async def relay(call, prep: Prepared, decision: Decision, tokenizer):
                 text=text,
                 token_ids=resp.token_ids,
                 logprobs=resp.logprobs,
+                prompt_logprobs=resp.prompt_logprobs,
                 finish_reason=finish,
                 usage=usage,
                 speculation=spec,
@@ -76,7 +77,10 @@ async def relay(call, prep: Prepared, decision: Decision, tokenizer):
             return
         if text or resp.token_ids:
             yield router_pb2.GenerateStreamResponse(
-                text=text, token_ids=resp.token_ids, logprobs=resp.logprobs
+                text=text,
+                token_ids=resp.token_ids,
+                logprobs=resp.logprobs,
+                prompt_logprobs=resp.prompt_logprobs,
             )
 
 

@@ -21,6 +21,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # 0: off; subtracted once per time it was generated
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     logprobs: int | None = None  # each token's log-probability and this many top ones
+    prompt_logprobs: int | None = None  # the same for each prompt token after the first
 
     @property
     def greedy(self) -> bool:
@@ -61,5 +62,7 @@ class SamplingParams:
                     f"logit_bias must map token ids >= 0 to values in [-100, 100], "
                     f"got {token}: {bias}"
                 )
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}")

@@ -29,6 +29,7 @@ def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
         frequency_penalty=msg.frequency_penalty,
         logit_bias=tuple(sorted(msg.logit_bias.items())),
         logprobs=msg.logprobs if msg.HasField("logprobs") else None,
+        prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
     )
 
 
@@ -48,6 +49,8 @@ def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
     msg.logit_bias.update(dict(p.logit_bias))
     if p.logprobs is not None:
         msg.logprobs = p.logprobs
+    if p.prompt_logprobs is not None:
+        msg.prompt_logprobs = p.prompt_logprobs
     return msg
 
 

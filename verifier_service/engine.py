@@ -31,6 +31,7 @@ from specd.config import DEFAULT_KV_TOKENS, EngineConfig, chunk_invariant, prefi
 from specd.grammar import Grammars
 from specd.models.paged_kv import PagedKV
 from specd.proposal import Proposer
+from verifier_service import logprobs
 from verifier_service.drafting import draft_rounds, draft_state
 from verifier_service.records import (
     Round,
@@ -272,6 +273,8 @@ class Engine:
             self._while_computing(plan)
         self.model.synchronize()
         t2 = time.perf_counter()
+        if any(r.slot.prompt_rows for r in rounds):
+            rounds, logits = _read_prompt_rows(rounds, logits)
         sampling = [r for r in rounds if r.num_logits > 0]
         verdicts = verify_rounds(sampling, logits, self.model.args.vocab_size)
         reports = [_report(r, verdicts.get(r.slot.seq_id)) for r in rounds]  # before commit
@@ -343,6 +346,7 @@ class Engine:
         out = StepOutput(seq.seq_id, new, seq.finish_reason, r.k, verdict.accepted)
         if verdict.logprobs is not None:
             out.logprobs = verdict.logprobs[: len(new)]
+        out.prompt_logprobs = seq.take_prompt_logprobs()
         out.lookup = r.lookup
         out.decision = (r.slot.decision.reason, r.slot.decision.gain)
         if seq.finish_reason:
@@ -403,6 +407,23 @@ class Engine:
                 log.exception("could not free sequence %d", seq.seq_id)
             out.append(StepOutput(seq.seq_id, [], "error", stats=seq.stats))
         return out
+
+
+def _read_prompt_rows(rounds: list[Round], logits: torch.Tensor):
+    """The step's prefill chunks that computed a row for every token: the prompt's
+    log-probabilities read off those rows onto their sequences; -> the rounds and logits
+    as verification reads them (each round's sampling row only)."""
+    kept_rounds, kept_rows, offset = [], [], 0
+    for r in rounds:
+        rows = logits[offset : offset + r.num_logits]
+        offset += r.num_logits
+        if r.slot.prompt_rows:
+            logprobs.prompt_rows(r.seq, rows, r.seq.num_cached)
+            r = replace(r, slot=replace(r.slot, prompt_rows=False))
+            rows = rows[len(rows) - r.num_logits :]
+        kept_rounds.append(r)
+        kept_rows.append(rows)
+    return kept_rounds, torch.cat(kept_rows)
 
 
 def _report(r: Round, verdict: Verdict | None) -> RoundReport:

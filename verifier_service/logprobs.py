@@ -25,8 +25,24 @@ class TokenLogprob(NamedTuple):
 def emitted(logits: torch.Tensor, tokens: list[int], path: list[int], top: int):
     """A round's logits [nodes, V], its emitted tokens and its accepted nodes (`path`:
     chain nodes 1..a, or a tree's accepted nodes) -> a TokenLogprob per token."""
-    nodes = [0, *path][: len(tokens)]
-    rows = torch.log_softmax(logits[nodes].float(), dim=-1)
+    return of_rows(logits[[0, *path][: len(tokens)]], tokens, top)
+
+
+def prompt_rows(seq, rows: torch.Tensor, start: int) -> None:
+    """A prefill chunk's rows [tokens, V] (the chunk from prompt position `start`): the
+    prompt tokens they predict (row p gives token p + 1's), with `seq`'s prompt
+    log-probabilities not read yet (a recomputed chunk's are), onto `seq`."""
+    first = max(start, len(seq.prompt_logprobs))  # rows read before a preemption: skipped
+    end = min(start + len(rows), len(seq.prompt) - 1)
+    if end > first:
+        targets = seq.prompt[first + 1 : end + 1]
+        top = seq.params.prompt_logprobs
+        seq.prompt_logprobs += of_rows(rows[first - start : end - start], targets, top)
+
+
+def of_rows(logits: torch.Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:
+    """Rows [n, V] and the token each chose -> a TokenLogprob each."""
+    rows = torch.log_softmax(logits.float(), dim=-1)
     chosen = rows.gather(1, torch.tensor(tokens, device=rows.device)[:, None])[:, 0].tolist()
     if top == 0:
         return [TokenLogprob(lp, [], []) for lp in chosen]

@@ -39,6 +39,9 @@ class Slot:
     alts: int = 0  # decode: the most alternative leaves beside them (KV reserved)
     logits: bool = True  # a prefill chunk: True only for the last chunk of a fresh prompt
     decision: Decision = PREFILL
+    # a prefill chunk: a row of logits for each of its tokens, for the prompt's
+    # log-probabilities (SamplingParams.prompt_logprobs), beside the one that samples
+    prompt_rows: bool = False
 
     @property
     def seq_id(self) -> int:
@@ -72,7 +75,7 @@ class Round:
         """Rows of logits it needs: every node of a decode round (root, chain,
         alternatives); one for the last chunk of a fresh prompt; else none."""
         if not self.slot.decode:
-            return int(self.slot.logits)
+            return len(self.slot.tokens) if self.slot.prompt_rows else int(self.slot.logits)
         p = self.proposal
         return 1 + (len(p.tokens) + len(p.alts) if p is not None else 0)
 

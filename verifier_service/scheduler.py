@@ -152,6 +152,8 @@ class Scheduler:
             seq = self.waiting[0]
             k = seq.num_draft  # the most it may draft
             reuse = seq.tokens[: prefill_target(seq) - 1]  # at least one token to compute
+            if seq.wants_prompt_rows:  # every prompt row is computed: none is reused
+                reuse = []
             try:
                 seq.num_cached = self.allocator.allocate(
                     seq.seq_id, reserve_tokens=len(seq.tokens) + k + 1, tokens=reuse
@@ -169,4 +171,5 @@ class Scheduler:
         seq.t_scheduled = seq.t_scheduled or time.time_ns()
         end = min(prefill_target(seq), seq.num_cached + budget)
         last = end == prefill_target(seq) and seq.prefilling
-        return Slot(seq, tuple(seq.tokens[seq.num_cached : end]), False, logits=last)
+        tokens = tuple(seq.tokens[seq.num_cached : end])
+        return Slot(seq, tokens, False, logits=last, prompt_rows=seq.wants_prompt_rows)

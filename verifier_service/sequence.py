@@ -65,6 +65,10 @@ class Sequence:
     decisions: Counter = field(default_factory=Counter)  # reason -> decode steps
     off_steps: int = 0  # decode steps since the last round that drafted (for probes)
     grammar: GrammarState | None = None  # a constrained request's state at `tokens`
+    # SamplingParams.prompt_logprobs: a TokenLogprob per prompt token after the first, as
+    # its rows are computed (handed out with the first token: `take_prompt_logprobs`)
+    prompt_logprobs: list = field(default_factory=list)
+    prompt_logprobs_sent: bool = False
 
     def __post_init__(self):
         if not self.tokens:
@@ -85,6 +89,20 @@ class Sequence:
             speculation=request.speculation,
             grammar=grammar,
         )
+
+    @property
+    def wants_prompt_rows(self) -> bool:
+        """Its prompt's rows are still to be read for log-probabilities (not after its
+        first token: a preempted sequence's recomputed prompt is not read again)."""
+        return self.params.prompt_logprobs is not None and not self.prompt_logprobs_sent
+
+    def take_prompt_logprobs(self) -> list | None:
+        """The prompt's log-probabilities, once (None: not asked for, or sent already)."""
+        if self.params.prompt_logprobs is None or self.prompt_logprobs_sent:
+            return None
+        self.prompt_logprobs_sent = True
+        out, self.prompt_logprobs = self.prompt_logprobs, []
+        return out
 
     @property
     def num_generated(self) -> int:
@@ -143,3 +161,4 @@ class StepOutput:
     timing: tuple[int, int, int] = (0, 0, 0)  # last output: arrived, scheduled, first token (ns)
     decision: tuple[str, float] = ("", 1.0)  # the controller's reason and predicted gain
     logprobs: list | None = None  # a TokenLogprob per token, where the request asked
+    prompt_logprobs: list | None = None  # with the first token: the prompt's, where asked

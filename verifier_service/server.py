@@ -107,10 +107,11 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     def _response(self, request, route: str, k: int, outputs, generated: int, span):
         """One message for the steps' outputs that arrived together (their tokens in
         order); the metrics count each step."""
-        tokens, logprobs = [], []
+        tokens, logprobs, prompt_logprobs = [], [], []
         for out in outputs:
             tokens += out.tokens
             logprobs += out.logprobs or []
+            prompt_logprobs += out.prompt_logprobs or []
             if self.metrics is not None:
                 self.metrics.step(route, out)
         self.rate.add(len(tokens))
@@ -122,6 +123,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                 prompt_tokens=len(request.prompt_ids), completion_tokens=generated
             ),
             logprobs=[common_pb2.TokenLogprob(**lp._asdict()) for lp in logprobs],
+            prompt_logprobs=[common_pb2.TokenLogprob(**lp._asdict()) for lp in prompt_logprobs],
         )
         if last.finish_reason and last.stats is not None:
             msg.speculation.CopyFrom(speculation_to_proto(last.stats, k))

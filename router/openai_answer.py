@@ -38,6 +38,9 @@ class Answer:
         asked = body.logprobs_asked() is not None
         self.logprobs = [Logprobs(token_text, self.chat) for _ in range(self.n)] if asked else None
         self.opened: set[int] = set()  # streamed chat choices whose role delta went out
+        # a completion's `echo`: the prompt's text before each choice's (once a choice)
+        self.echo = body.echo_text(token_text) if getattr(body, "echo", False) else None
+        self.echoed: set[int] = set()
         self.tools = tools
         self.readers = [tools.reader() for _ in range(self.n)] if tools else None
         self.calls = [0] * self.n  # each choice's calls so far (a stream's call index)
@@ -56,10 +59,22 @@ class Answer:
             finish = "tool_calls"
         return content, calls, finish
 
+    def _with_prompt(self, index: int, msg, text: str) -> tuple[str, list, list]:
+        """A choice's text, token ids and log-probabilities, led by the prompt's in its
+        first (a completion's `echo`; the prompt's first token has no log-probability)."""
+        ids = list(msg.token_ids) if msg is not None else []
+        entries = list(msg.logprobs) if msg is not None else []
+        if self.echo is None or index in self.echoed:
+            return text, ids, entries
+        self.echoed.add(index)
+        prompt = [None, *msg.prompt_logprobs] if self.logprobs is not None else []
+        return self.echo + text, self.prompt_ids + ids, prompt + entries
+
     def _choice(self, index: int, msg, text: str, finish: str | None, delta=None) -> dict:
         choice = {"index": index}
+        ids, entries = [], []
         if not self.chat:
-            choice["text"] = text
+            choice["text"], ids, entries = self._with_prompt(index, msg, text)
         elif delta is not None:
             choice["delta"] = delta
         else:
@@ -72,7 +87,9 @@ class Answer:
                 }
         choice["logprobs"] = None
         if self.logprobs is not None and msg is not None:
-            choice["logprobs"] = self.logprobs[index].of(msg.token_ids, msg.logprobs)
+            if self.chat:
+                ids, entries = msg.token_ids, msg.logprobs
+            choice["logprobs"] = self.logprobs[index].of(ids, entries)
         choice["finish_reason"] = finish
         if self.body.return_token_ids:
             choice["token_ids"] = list(msg.token_ids) if msg is not None else []
@@ -155,13 +172,13 @@ class Logprobs:
         for token in tokens:
             offsets.append(self.offset)
             self.offset += len(token)
-        tops = [
-            {**self._top(lp), token: self._value(lp.logprob)}
+        tops = [  # None: an echoed prompt's first token, as in vLLM
+            None if lp is None else {**self._top(lp), token: self._value(lp.logprob)}
             for token, lp in zip(tokens, logprobs, strict=True)
         ]
         return {
             "tokens": tokens,
-            "token_logprobs": [self._value(lp.logprob) for lp in logprobs],
+            "token_logprobs": [None if lp is None else self._value(lp.logprob) for lp in logprobs],
             "top_logprobs": tops,
             "text_offset": offsets,
         }

@@ -103,6 +103,8 @@ def to_request(
     params.logit_bias.update(body.bias())
     if body.logprobs_asked() is not None:
         params.logprobs = body.logprobs_asked()
+    if body.prompt_logprobs_asked() is not None:
+        params.prompt_logprobs = body.prompt_logprobs_asked()
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     request = router_pb2.GenerateRequest(
         params=params,

@@ -4,8 +4,9 @@ into the `GenerateRequest` a gRPC client would send, so both doors give the same
 
 Where this differs from the OpenAI API, on purpose:
 - unknown fields are refused (400), not ignored;
-- fields specd does not implement (echo, best_of > 1) are refused when set to anything
-  but their neutral value;
+- `best_of` > 1, which specd does not implement, is refused;
+- a completion's `echo` puts the prompt before the text, and with `logprobs` its tokens'
+  log-probabilities before the output's (the first token's None), as vLLM does;
 - a completion's `suffix` fills in the middle where the model has FIM tokens
   (`router.fim`, as SGLang and llama.cpp's /infill do; vLLM refuses it), and is refused
   naming the field where it has none;
@@ -215,6 +216,10 @@ class Body(_Strict):
         no log-probabilities."""
         return None
 
+    def prompt_logprobs_asked(self) -> int | None:
+        """The same for the prompt's tokens."""
+        return None
+
 
 class CompletionBody(Body):
     prompt: str | list[int] | list[str] | list[list[int]]
@@ -224,11 +229,20 @@ class CompletionBody(Body):
     logprobs: TopLogprobs | None = None
 
     def unsupported(self) -> dict[str, bool]:
-        return {
-            **super().unsupported(),
-            "echo": bool(self.echo),
-            "best_of": self.best_of not in (None, 1),
-        }
+        if self.echo and self.suffix:
+            raise BodyError("echo and suffix together are not supported", "echo")
+        return {**super().unsupported(), "best_of": self.best_of not in (None, 1)}
+
+    def echo_text(self, decode) -> str:
+        """The prompt as `echo` returns it: its text, or its ids' decoding."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        return prompt if isinstance(prompt, str) else decode(list(prompt))
+
+    def prompt_logprobs_asked(self) -> int | None:
+        """With `echo`, `logprobs` covers the prompt's tokens too."""
+        return self.logprobs if self.echo else None
 
     def logprobs_asked(self) -> int | None:
         return self.logprobs

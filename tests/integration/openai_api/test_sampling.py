@@ -75,6 +75,48 @@ def test_logprobs_on_both_endpoints_are_grpcs_and_the_same_with_speculation_on(c
             assert set(top) == {token} | {text([i]) for i in lp.top_ids}
 
 
+def test_echo_returns_the_prompt_and_its_logprobs_as_vllm(client, grpc_client):
+    """`echo` with `logprobs` (lm-eval's loglikelihood request): the prompt's text before
+    the completion's, and its tokens' log-probabilities before theirs, the first token's
+    None; the prompt's equal gRPC's prompt_logprobs, with speculation on and off; the
+    same streamed."""
+    prompt, text = "def add(a, b):", char_tokenizer().decode
+    grpc = {
+        s: grpc_client.generate(
+            prompt, max_new_tokens=8, prompt_logprobs=2, logprobs=2, speculation=s
+        )
+        for s in ("on", "off")
+    }
+    assert list(grpc["on"].prompt_logprobs) == list(grpc["off"].prompt_logprobs)
+    assert len(grpc["on"].prompt_logprobs) == len(prompt) - 1
+    ask = dict(model=TINY_MODEL_ID, prompt=prompt, temperature=0, max_tokens=8, echo=True)
+    whole = client.completions.create(**ask, logprobs=2, extra_body={"speculation": "on"})
+    choice = whole.choices[0]
+    assert choice.text == prompt + grpc["on"].text
+    lp = choice.logprobs
+    assert lp.tokens == list(prompt) + [text([i]) for i in grpc["on"].token_ids]
+    want = [None, *(x.logprob for x in grpc["on"].prompt_logprobs)]
+    want += [x.logprob for x in grpc["on"].logprobs]
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.token_logprobs[1:] == pytest.approx(want[1:])
+    assert all(len(t) >= 2 for t in lp.top_logprobs[1:])  # the top 2 beside the token
+    assert lp.text_offset == list(range(len(lp.tokens)))  # a character a token
+    chunks = list(client.completions.create(**ask, logprobs=2, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
+    streamed = [
+        t
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for t in c.choices[0].logprobs.token_logprobs
+    ]
+    assert streamed[0] is None and streamed[1:] == pytest.approx(lp.token_logprobs[1:])
+    plain = client.completions.create(**ask)  # echo alone: the text, no log-probabilities
+    assert plain.choices[0].text == choice.text and plain.choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(**ask, suffix="x")
+    assert err.value.body["param"] == "echo"
+
+
 def test_a_constrained_requests_logprobs_are_over_what_its_grammar_allows(cluster):
     """As vLLM's sampler gets them: after the grammar's mask, so the allowed tokens' mass
     is 1 and a forbidden one reads -9999.0 (never -Infinity, which is not JSON)."""

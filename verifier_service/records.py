@@ -73,7 +73,8 @@ class Round:
     @property
     def num_logits(self) -> int:
         """Rows of logits it needs: every node of a decode round (root, chain,
-        alternatives); one for the last chunk of a fresh prompt; else none."""
+        alternatives); one for the last chunk of a fresh prompt; one a token for a chunk
+        whose prompt log-probabilities are read (`prompt_rows`); else none."""
         if not self.slot.decode:
             return len(self.slot.tokens) if self.slot.prompt_rows else int(self.slot.logits)
         p = self.proposal

@@ -41,6 +41,7 @@ class Answer:
         # a completion's `echo`: the prompt's text before each choice's (once a choice)
         self.echo = body.echo_text(token_text) if getattr(body, "echo", False) else None
         self.echoed: set[int] = set()
+        self.prompt_only = bool(getattr(body, "prompt_only", False))
         self.tools = tools
         self.readers = [tools.reader() for _ in range(self.n)] if tools else None
         self.calls = [0] * self.n  # each choice's calls so far (a stream's call index)
@@ -64,6 +65,8 @@ class Answer:
         first (a completion's `echo`; the prompt's first token has no log-probability)."""
         ids = list(msg.token_ids) if msg is not None else []
         entries = list(msg.logprobs) if msg is not None else []
+        if self.prompt_only:  # the one token made is not the answer's
+            text, ids, entries = "", [], []
         if self.echo is None or index in self.echoed:
             return text, ids, entries
         self.echoed.add(index)
@@ -75,6 +78,7 @@ class Answer:
         ids, entries = [], []
         if not self.chat:
             choice["text"], ids, entries = self._with_prompt(index, msg, text)
+            finish = "length" if self.prompt_only and finish else finish
         elif delta is not None:
             choice["delta"] = delta
         else:
@@ -92,7 +96,8 @@ class Answer:
             choice["logprobs"] = self.logprobs[index].of(ids, entries)
         choice["finish_reason"] = finish
         if self.body.return_token_ids:
-            choice["token_ids"] = list(msg.token_ids) if msg is not None else []
+            made = msg is not None and not self.prompt_only
+            choice["token_ids"] = list(msg.token_ids) if made else []
         return choice
 
     def whole(self, resps: list) -> dict:
@@ -101,7 +106,7 @@ class Answer:
         choices = []
         for i, resp in enumerate(resps):
             choices.append(self._choice(i, resp, resp.text, resp.finish_reason))
-            self.usage.completion_tokens += resp.usage.completion_tokens
+            self.usage.completion_tokens += 0 if self.prompt_only else resp.usage.completion_tokens
             if self.n > 1:
                 choices[-1]["speculation"] = extension_dict(resp)["speculation"]
         out = {
@@ -135,7 +140,7 @@ class Answer:
                 delta["tool_calls"] = [c.as_dict(first + i) for i, c in enumerate(calls)]
             chunk = {**head, "choices": [self._choice(index, msg, text, finish, delta)]}
             out.append({**chunk, **usage, **(extension_dict(msg) if finish else {})})
-        if finish:
+        if finish and not self.prompt_only:
             self.usage.completion_tokens += msg.usage.completion_tokens
         return out
 

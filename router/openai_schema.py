@@ -6,7 +6,8 @@ Where this differs from the OpenAI API, on purpose:
 - unknown fields are refused (400), not ignored;
 - `best_of` > 1, which specd does not implement, is refused;
 - a completion's `echo` puts the prompt before the text, and with `logprobs` its tokens'
-  log-probabilities before the output's (the first token's None), as vLLM does;
+  log-probabilities before the output's (the first token's None), as vLLM does; with
+  `max_tokens: 0` the prompt alone (0 is refused without `echo`);
 - a completion's `suffix` fills in the middle where the model has FIM tokens
   (`router.fim`, as SGLang and llama.cpp's /infill do; vLLM refuses it), and is refused
   naming the field where it has none;
@@ -227,11 +228,23 @@ class CompletionBody(Body):
     suffix: str | None = None
     best_of: int | None = None
     logprobs: TopLogprobs | None = None
+    max_tokens: Annotated[int, Field(ge=0)] | None = None  # 0: with echo, the prompt only
 
     def unsupported(self) -> dict[str, bool]:
         if self.echo and self.suffix:
             raise BodyError("echo and suffix together are not supported", "echo")
+        if self.max_tokens == 0 and not self.echo:
+            raise BodyError("max_tokens: 0 generates nothing; it needs echo", "max_tokens")
         return {**super().unsupported(), "best_of": self.best_of not in (None, 1)}
+
+    @property
+    def prompt_only(self) -> bool:
+        """`echo` with `max_tokens: 0`: the prompt (and its log-probabilities) alone, as
+        vLLM answers it; the engine makes one token, which the answer leaves out."""
+        return bool(self.echo) and self.max_tokens == 0
+
+    def max_new_tokens(self) -> int:
+        return 1 if self.prompt_only else super().max_new_tokens()
 
     def echo_text(self, decode) -> str:
         """The prompt as `echo` returns it: its text, or its ids' decoding."""

@@ -110,6 +110,15 @@ def test_echo_returns_the_prompt_and_its_logprobs_as_vllm(client, grpc_client):
         for t in c.choices[0].logprobs.token_logprobs
     ]
     assert streamed[0] is None and streamed[1:] == pytest.approx(lp.token_logprobs[1:])
+    scored = client.completions.create(**{**ask, "max_tokens": 0}, logprobs=2)  # the prompt only
+    assert scored.choices[0].text == prompt and scored.choices[0].finish_reason == "length"
+    assert scored.choices[0].logprobs.token_logprobs == lp.token_logprobs[: len(prompt)]
+    assert scored.usage.completion_tokens == 0
+    chunks = list(client.completions.create(**{**ask, "max_tokens": 0}, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == prompt
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(**{**ask, "echo": False, "max_tokens": 0})
+    assert err.value.body["param"] == "max_tokens"
     plain = client.completions.create(**ask)  # echo alone: the text, no log-probabilities
     assert plain.choices[0].text == choice.text and plain.choices[0].logprobs is None
     with pytest.raises(openai.BadRequestError) as err:

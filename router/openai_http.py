@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP door (`--http-port`): aiohttp on the router's event loop,
 beside its gRPC server, in front of the same `Router`.
 
-    GET  /v1/models            the served target (the draft as metadata)
+    GET  /v1/models            the served target (the draft as metadata); /v1/models/{id}
     POST /v1/completions       text in; `stream: true` answers with Server-Sent Events
     POST /v1/chat/completions  messages in, the model's chat template applied; tools
     GET  /health               200 while some verifier replica is healthy, else 503
@@ -84,6 +84,7 @@ class OpenAIDoor:
             [
                 web.get("/health", self.health),
                 web.get("/v1/models", self.models),
+                web.get("/v1/models/{model}", self.model_card),
                 web.post("/v1/completions", self.completions),
                 web.post("/v1/chat/completions", self.chat),
                 web.post("/tokenize", self.tokenize),
@@ -161,6 +162,14 @@ class OpenAIDoor:
         )
 
     async def models(self, request):
+        return web.json_response({"object": "list", "data": [await self._card()]})
+
+    async def model_card(self, request):
+        """One model's card (the OpenAI SDK's `models.retrieve`), by any of its names."""
+        refused = self._unknown(request.match_info["model"])
+        return refused if refused is not None else web.json_response(await self._card())
+
+    async def _card(self) -> dict:
         card = {"id": self.model, "object": "model", "created": self.created, "owned_by": "specd"}
         replica, info = await self._info()
         if info is not None:
@@ -173,7 +182,7 @@ class OpenAIDoor:
                     "max_draft_tokens": info.max_draft_tokens,
                 },
             )
-        return web.json_response({"object": "list", "data": [card]})
+        return card
 
     async def tokenize(self, request):
         """vLLM's /tokenize: a prompt's ids, or a chat's as the template renders it."""

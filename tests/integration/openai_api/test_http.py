@@ -284,6 +284,10 @@ def test_404_unknown_model(client):
     with pytest.raises(openai.NotFoundError) as err:
         client.chat.completions.create(model="gpt-4o", messages=CHAT)
     assert err.value.code == "model_not_found" and "gpt-4o" in err.value.message
+    assert client.models.retrieve(TINY_MODEL_ID) == client.models.list().data[0]
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("gpt-4o")
+    assert err.value.code == "model_not_found"
 
 
 def test_413_body_too_large(client):

@@ -22,8 +22,10 @@ Where this differs from the OpenAI API, on purpose:
   them, -inf as -9999.0; up to 20 on both endpoints (the OpenAI API allows 5 on
   completions);
 - `response_format` (`text`, `json_object`, `json_schema`) constrains the output on both
-  endpoints, as vLLM allows; so do vLLM's `guided_json`, `guided_regex` and
-  `guided_grammar` (a Lark grammar, llguidance's dialect), one constraint per request;
+  endpoints, as vLLM allows; so do vLLM's `guided_json`, `guided_regex`,
+  `guided_grammar` (a Lark grammar, llguidance's dialect) and `guided_choice`, and their
+  newer spelling `structured_outputs` ({json, regex, choice, grammar, json_object}), one
+  constraint per request;
 - extensions, as vLLM names them: `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
   `return_token_ids`; and specd's `route` and `speculation` ("auto", "on", "off");
 - a completion that names no `max_tokens` gets the router's default (256; OpenAI's is 16),
@@ -46,7 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from protos.specd.v1 import common_pb2
 from router.tools import ToolUse
-from specd.constraint import named
+from specd.constraint import choice_grammar, named
 from specd.params import MAX_LOGPROBS
 from specd.wire import UNTIL_CONTEXT, constraint_to_proto
 
@@ -131,6 +133,17 @@ class JsonSchemaFormat(_Strict):
     strict: bool | None = None  # specd's constraint is always strict
 
 
+class StructuredOutputs(_Strict):
+    """vLLM's `structured_outputs` (the newer spelling of its guided_* fields): one of
+    them."""
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
 class ResponseFormat(_Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
@@ -165,6 +178,8 @@ class Body(_Strict):
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
     guided_grammar: str | None = None
+    guided_choice: list[str] | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     def constraint(self, tools: ToolUse | None = None) -> common_pb2.Constraint | None:
         """The one constraint the body asks for, if any (checked by the router); `tools`:
@@ -177,6 +192,8 @@ class Body(_Strict):
                 ("guided_json", {"json_schema": self.guided_json}),
                 ("guided_regex", {"regex": self.guided_regex}),
                 ("guided_grammar", {"grammar": self.guided_grammar}),
+                ("guided_choice", {"grammar": _choice(self.guided_choice, "guided_choice")}),
+                ("structured_outputs", self._structured_outputs()),
                 ("tool_choice", {"json_schema": forced}),
             ]
             if any(v is not None for v in kwargs.values())
@@ -184,6 +201,24 @@ class Body(_Strict):
         if len(asked) > 1:
             raise BodyError(f"at most one constraint per request, got {sorted(asked)}")
         return constraint_to_proto(named(**asked.popitem()[1])) if asked else None
+
+    def _structured_outputs(self) -> dict:
+        """The constraint `structured_outputs` names, as keywords of specd.constraint.named."""
+        so = self.structured_outputs
+        if so is None:
+            return {}
+        given = {
+            "json_schema": so.json_,
+            "regex": so.regex,
+            "grammar": _choice(so.choice, "structured_outputs.choice") or so.grammar,
+            "json_object": True if so.json_object else None,
+        }
+        given = {k: v for k, v in given.items() if v is not None}
+        if len(given) > 1 or (so.choice is not None and so.grammar is not None):
+            raise BodyError(
+                "structured_outputs names more than one constraint", "structured_outputs"
+            )
+        return given
 
     def _response_format(self) -> dict:
         """The constraint `response_format` names, as keywords of specd.constraint.named."""
@@ -320,6 +355,15 @@ class DetokenizeBody(_Strict):
 
     def unsupported(self) -> dict[str, bool]:
         return {}
+
+
+def _choice(options: list[str] | None, field: str) -> str | None:
+    if options is None:
+        return None
+    try:
+        return choice_grammar(options)
+    except ValueError as exc:
+        raise BodyError(f"{field}: {exc}", field) from None
 
 
 def parse(raw: bytes, kind: type[Body]) -> Body:

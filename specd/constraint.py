@@ -48,6 +48,14 @@ def named(
     return Constraint(*next(iter(given.items()))) if given else None
 
 
+def choice_grammar(options: list[str]) -> str:
+    """A grammar (llguidance's Lark) whose language is exactly `options`: vLLM's
+    `guided_choice`. Its string literals are JSON's, which Lark reads alike."""
+    if not options:
+        raise ValueError("a choice needs at least one option")
+    return "start: " + " | ".join(json.dumps(o, ensure_ascii=False) for o in options)
+
+
 @functools.lru_cache(maxsize=256)
 def compile_grammar(kind: str, text: str) -> str:
     from llguidance import LLMatcher

@@ -278,7 +278,7 @@ BODY_FIELDS = [
     "top_logprobs",
     *("response_format", "guided_json", "guided_regex", "guided_grammar", "speculation"),
     *("route", "ignore_eos", "repetition_penalty", "tools", "tool_choice", "bogus"),
-    *("parallel_tool_calls", "echo", "suffix"),
+    *("parallel_tool_calls", "echo", "suffix", "guided_choice", "structured_outputs"),
     *("presence_penalty", "frequency_penalty", "logit_bias"),
 ]
 

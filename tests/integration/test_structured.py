@@ -143,6 +143,44 @@ def test_openai_response_format_json_schema(cluster):
     assert reply.choices[0].text in ("S!", "M!", "L!")
 
 
+def test_vllms_guided_choice_and_structured_outputs(cluster):
+    """`guided_choice` and `structured_outputs` (vLLM's newer spelling): each answer one
+    of the options, sampled; the regex and schema kinds too."""
+    sdk = openai.OpenAI(base_url=cluster.http + "/v1", api_key="none", max_retries=0)
+    options = ["yes", "no", "maybe so", '"quoted"']
+    seen = set()
+    for seed, extra in enumerate(
+        [{"guided_choice": options}, {"structured_outputs": {"choice": options}}] * 4
+    ):
+        reply = sdk.completions.create(
+            model=TINY_MODEL_ID, prompt="ok?", max_tokens=10, seed=seed, extra_body=extra
+        )
+        assert reply.choices[0].text in options and reply.choices[0].finish_reason == "stop"
+        seen.add(reply.choices[0].text)
+    assert len(seen) > 1  # sampled among them, not one forced
+    regex = {"structured_outputs": {"regex": "(S|M|L)!"}}
+    reply = sdk.completions.create(
+        model=TINY_MODEL_ID, prompt="size:", max_tokens=10, extra_body=regex
+    )
+    assert reply.choices[0].text in ("S!", "M!", "L!")
+    schema = {"structured_outputs": {"json": SCHEMA}}
+    reply = sdk.completions.create(
+        model=TINY_MODEL_ID, prompt="{", max_tokens=80, temperature=0, extra_body=schema
+    )
+    if reply.choices[0].finish_reason == "stop":
+        jsonschema.validate(json.loads(reply.choices[0].text), SCHEMA)
+    url = cluster.http + "/v1/completions"
+    body = {"model": TINY_MODEL_ID, "prompt": "x"}
+    for bad, param in [
+        ({"guided_choice": []}, "guided_choice"),
+        ({"structured_outputs": {"choice": ["a"], "regex": "a"}}, "structured_outputs"),
+        ({"structured_outputs": {"choices": ["a"]}}, "structured_outputs.choices"),
+        ({"guided_choice": ["a"], "guided_regex": "a"}, None),
+    ]:
+        reply = post_json(url, {**body, **bad})
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text
+
+
 def test_openai_bad_response_format_is_400(cluster):
     url = cluster.http + "/v1/chat/completions"
     body = {"model": TINY_MODEL_ID, "messages": [{"role": "user", "content": "x"}]}

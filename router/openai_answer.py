@@ -22,30 +22,33 @@ class Answer:
         rid: str,
         model: str,
         body,
-        prompt_ids: list[int],
+        prompts: list[list[int]],
         token_text=None,
         tools: ToolUse | None = None,
     ):
-        """`token_text`: ids -> their text (the tokenizer's decode), for log-probabilities;
+        """`prompts`: each prompt's ids (a batch's choices: `n` for each, in order);
+        `token_text`: ids -> their text (the tokenizer's decode), for log-probabilities;
         `tools`: a chat's tool use, whose calls are read out of each choice's text."""
         self.chat = obj == "chat.completion"
         self.obj = obj
         self.head = {"id": rid, "object": obj, "created": int(time.time()), "model": model}
         self.body = body
-        self.n = body.n or 1
-        self.prompt_ids = prompt_ids
+        self.n_each = body.n or 1
+        self.n = len(prompts) * self.n_each
+        self.prompts = prompts
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         asked = body.logprobs_asked() is not None
         self.logprobs = [Logprobs(token_text, self.chat) for _ in range(self.n)] if asked else None
         self.opened: set[int] = set()  # streamed chat choices whose role delta went out
-        # a completion's `echo`: the prompt's text before each choice's (once a choice)
-        self.echo = body.echo_text(token_text) if getattr(body, "echo", False) else None
+        # a completion's `echo`: its prompt's text before each choice's (once a choice)
+        self.echo = body.echo_texts(token_text) if getattr(body, "echo", False) else None
         self.echoed: set[int] = set()
         self.prompt_only = bool(getattr(body, "prompt_only", False))
         self.tools = tools
         self.readers = [tools.reader() for _ in range(self.n)] if tools else None
         self.calls = [0] * self.n  # each choice's calls so far (a stream's call index)
-        self.usage = common_pb2.Usage(prompt_tokens=len(prompt_ids))  # finished choices'
+        # a prompt is counted once, whatever its n; completion tokens as choices finish
+        self.usage = common_pb2.Usage(prompt_tokens=sum(len(p) for p in prompts))
 
     def _read(self, index: int, text: str, finish: str | None) -> tuple[str, list, str | None]:
         """Choice `index`'s next text as (content, tool calls completed, finish reason)."""
@@ -71,7 +74,8 @@ class Answer:
             return text, ids, entries
         self.echoed.add(index)
         prompt = [None, *msg.prompt_logprobs] if self.logprobs is not None else []
-        return self.echo + text, self.prompt_ids + ids, prompt + entries
+        which = index // self.n_each
+        return self.echo[which] + text, self.prompts[which] + ids, prompt + entries
 
     def _choice(self, index: int, msg, text: str, finish: str | None, delta=None) -> dict:
         choice = {"index": index}
@@ -115,8 +119,11 @@ class Answer:
             "usage": usage_dict(self.usage),
             **extension_dict(resps[0]),
         }
-        if self.body.return_token_ids:
-            out["prompt_token_ids"] = self.prompt_ids
+        if self.body.return_token_ids and len(self.prompts) == 1:
+            out["prompt_token_ids"] = self.prompts[0]
+        elif self.body.return_token_ids:  # a batch: each choice its prompt's
+            for i, choice in enumerate(choices):
+                choice["prompt_token_ids"] = self.prompts[i // self.n_each]
         return out
 
     def chunks(self, index: int, msg) -> list[dict]:

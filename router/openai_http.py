@@ -235,18 +235,24 @@ class OpenAIDoor:
                 return refused
             headers = {k.lower(): v for k, v in request.headers.items()}
             tools = body.tool_use(self.call_format) if isinstance(body, schema.ChatBody) else None
-            grpc_request = to_request(
-                body, headers.get("x-speculation", ""), self.sampling, tools, self.fim
-            )
-            prep = self.router.prepare(grpc_request, headers, _timeout(headers))
+            prompts = body.prompts() if isinstance(body, schema.CompletionBody) else [None]
+            header = headers.get("x-speculation", "")
+            preps = [
+                self.router.prepare(
+                    to_request(body, header, self.sampling, tools, self.fim, prompt),
+                    headers,
+                    _timeout(headers),
+                )
+                for prompt in prompts
+            ]
         except schema.BodyError as exc:
             return error_response(400, str(exc), exc.param)
         except RequestError as exc:
             return request_error_response(exc)
         rid = f"{prefix}-{uuid.uuid4().hex}"
         decode = self.router.tokenizer.decode
-        answer = Answer(obj, rid, self.model, body, prep.prompt_ids, decode, tools)
-        choices = _choices(prep, answer.n)
+        answer = Answer(obj, rid, self.model, body, [p.prompt_ids for p in preps], decode, tools)
+        choices = [choice for prep in preps for choice in _choices(prep, answer.n_each)]
         if not body.stream:
             try:
                 return web.json_response(answer.whole(await self._generate(choices)))

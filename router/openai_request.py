@@ -79,11 +79,12 @@ def to_request(
     defaults: SamplingDefaults = OPENAI_DEFAULTS,
     tools: ToolUse | None = None,
     fim: tuple[str, str, str] | None = None,
+    prompt: str | list[int] | None = None,
 ) -> router_pb2.GenerateRequest:
     """The gRPC request a client would send for this body; `tools`: a chat's tool use
     (`ChatBody.tool_use`), rendered by the template and, where it forces calls, the
     constraint; `fim`: the model's fill-in-the-middle markers (`router.fim`), for a
-    completion's suffix."""
+    completion's suffix; `prompt`: which of a completion's prompts (default: its first)."""
     mode = body.speculation or speculation_header or "auto"
     if mode not in MODES:
         raise BodyError(f"x-speculation must be auto, on or off (got {mode!r})", "speculation")
@@ -120,7 +121,7 @@ def to_request(
     if isinstance(body, ChatBody):
         request.messages.CopyFrom(chat_input(body.messages, tools.tools if tools else None))
     else:
-        _set_prompt(request, body.prompt, body.suffix, fim)
+        _set_prompt(request, body.prompts()[0] if prompt is None else prompt, body.suffix, fim)
     return request
 
 
@@ -147,10 +148,6 @@ def _message(m: ChatMessage) -> router_pb2.ChatMessage:
 
 
 def _set_prompt(request: router_pb2.GenerateRequest, prompt, suffix, fim) -> None:
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise BodyError("a batch of prompts is not supported; send one per request", "prompt")
-        prompt = prompt[0]
     if suffix:
         if fim is None:
             raise BodyError("suffix: this model has no fill-in-the-middle tokens", "suffix")

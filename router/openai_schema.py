@@ -16,7 +16,8 @@ Where this differs from the OpenAI API, on purpose:
   named function the output is constrained to calls, and "none" renders the tools only;
 - `logit_bias` maps token ids (as strings, OpenAI's spelling) to values in [-100, 100];
 - `n` choices (up to 128) are generated side by side as separate requests; a seeded
-  request's choice i samples from seed + i, as in vLLM;
+  request's choice i samples from seed + i, as in vLLM; a completion's batch of prompts
+  gives each prompt's `n` in turn (128 choices in all at most);
 - `logprobs` (and chat's `top_logprobs`) are the target's raw log-probabilities, before
   a logit bias, temperature and the other transforms (a constraint's mask applied), as vLLM returns
   them, -inf as -9999.0; up to 20 on both endpoints (the OpenAI API allows 5 on
@@ -281,12 +282,19 @@ class CompletionBody(Body):
     def max_new_tokens(self) -> int:
         return 1 if self.prompt_only else super().max_new_tokens()
 
-    def echo_text(self, decode) -> str:
-        """The prompt as `echo` returns it: its text, or its ids' decoding."""
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt of the request: a batch's (a list of texts or of id lists, each its
+        own choices, as vLLM serves them), or the one."""
         prompt = self.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]
-        return prompt if isinstance(prompt, str) else decode(list(prompt))
+        batch = isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list))
+        prompts = list(prompt) if batch else [prompt]
+        if len(prompts) * (self.n or 1) > MAX_CHOICES:
+            raise BodyError(f"prompts times n must be at most {MAX_CHOICES}", "prompt")
+        return prompts
+
+    def echo_texts(self, decode) -> list[str]:
+        """Each prompt as `echo` returns it: its text, or its ids' decoding."""
+        return [p if isinstance(p, str) else decode(list(p)) for p in self.prompts()]
 
     def prompt_logprobs_asked(self) -> int | None:
         """With `echo`, `logprobs` covers the prompt's tokens too."""

@@ -131,6 +131,38 @@ def test_completion_equals_grpc_stream_and_not(client, grpc_client):
     assert chunks[-1].model_extra["speculation"]["drafted"] > 0
 
 
+def test_a_batch_of_prompts_answers_each_as_vllm(client):
+    """`prompt` as a list: each prompt's `n` choices in order, each as the prompt alone
+    answers it; usage counts each prompt once; `echo` and token ids per prompt; streamed
+    alike."""
+    prompts = ["def f(x):", "abc"]
+    ask = dict(model=TINY_MODEL_ID, temperature=0, max_tokens=6, echo=True)
+    extra = {"return_token_ids": True, "ignore_eos": True}
+    alone = [client.completions.create(**ask, prompt=p, extra_body=extra) for p in prompts]
+    batch = client.completions.create(**ask, prompt=prompts, n=2, extra_body=extra)
+    assert [c.index for c in batch.choices] == [0, 1, 2, 3]
+    for i, choice in enumerate(batch.choices):
+        one = alone[i // 2].choices[0]
+        assert (
+            choice.text == one.text
+            and choice.model_extra["token_ids"] == one.model_extra["token_ids"]
+        )
+        assert (
+            choice.model_extra["prompt_token_ids"] == alone[i // 2].model_extra["prompt_token_ids"]
+        )
+    ids = client.completions.create(**ask, prompt=[[65, 66, 67], [68, 69]])
+    assert ids.choices[0].text.startswith("abc") and ids.choices[1].text.startswith("de")
+    assert batch.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert batch.usage.completion_tokens == 4 * 6
+    texts = ["", "", "", ""]
+    for chunk in client.completions.create(
+        **ask, prompt=prompts, n=2, stream=True, extra_body=extra
+    ):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts == [c.text for c in batch.choices]
+
+
 def test_prompt_as_token_ids(client, grpc_client):
     ids = [10, 11, 12, 13]
     r = client.completions.create(model=TINY_MODEL_ID, prompt=ids, temperature=0, max_tokens=8)
@@ -386,7 +418,7 @@ BAD_BODIES = [
     (json.dumps({"model": "tiny", "prompt": "x", "max_tokens": 0}).encode(), "max_tokens"),
     (json.dumps({"model": "tiny", "prompt": "x", "stream": "yes"}).encode(), "stream"),
     (json.dumps({"model": "tiny", "prompt": "x", "bogus": 1}).encode(), "unknown field 'bogus'"),
-    (json.dumps({"model": "tiny", "prompt": ["a", "b"]}).encode(), "batch of prompts"),
+    (json.dumps({"model": "tiny", "prompt": ["a"] * 65, "n": 2}).encode(), "at most 128"),
     (json.dumps({"model": "tiny", "prompt": "x", "seed": -1}).encode(), "seed"),
     (json.dumps({"model": "tiny", "prompt": "x", "speculation": "maybe"}).encode(), "speculation"),
     (json.dumps({"prompt": "x"}).encode(), "model"),

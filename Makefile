@@ -119,7 +119,7 @@ test-cuda: setup
 	  tests/unit/test_gpu_step.py
 	SPECD_TEST_DEVICE=cuda $(PY) -m pytest -q -ra tests/unit/test_forward_parity.py \
 	  tests/unit/test_engine.py tests/unit/test_engine_exactness.py tests/unit/test_plan_ahead.py \
-	  tests/unit/test_logprobs.py
+	  tests/unit/test_logprobs.py tests/unit/test_prompt_logprobs.py
 
 protos: setup
 	$(PY) -m protos.generate

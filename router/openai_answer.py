@@ -68,8 +68,6 @@ class Answer:
         first (a completion's `echo`; the prompt's first token has no log-probability)."""
         ids = list(msg.token_ids) if msg is not None else []
         entries = list(msg.logprobs) if msg is not None else []
-        if self.prompt_only:  # the one token made is not the answer's
-            text, ids, entries = "", [], []
         if self.echo is None or index in self.echoed:
             return text, ids, entries
         self.echoed.add(index)
@@ -77,12 +75,26 @@ class Answer:
         which = index // self.n_each
         return self.echo[which] + text, self.prompts[which] + ids, prompt + entries
 
+    def _without_output(self, msg):
+        """`echo` with `max_tokens: 0`: the message less the one token the engine made
+        (the answer is the prompt alone, finished by length, no completion tokens)."""
+        if not self.prompt_only:
+            return msg
+        out = type(msg)()
+        out.CopyFrom(msg)
+        out.text = ""
+        del out.token_ids[:]
+        del out.logprobs[:]
+        out.usage.completion_tokens = 0
+        if out.finish_reason:
+            out.finish_reason = "length"
+        return out
+
     def _choice(self, index: int, msg, text: str, finish: str | None, delta=None) -> dict:
         choice = {"index": index}
-        ids, entries = [], []
+        ids, entries = (msg.token_ids, msg.logprobs) if msg is not None else ([], [])
         if not self.chat:
             choice["text"], ids, entries = self._with_prompt(index, msg, text)
-            finish = "length" if self.prompt_only and finish else finish
         elif delta is not None:
             choice["delta"] = delta
         else:
@@ -95,22 +107,19 @@ class Answer:
                 }
         choice["logprobs"] = None
         if self.logprobs is not None and msg is not None:
-            if self.chat:
-                ids, entries = msg.token_ids, msg.logprobs
             choice["logprobs"] = self.logprobs[index].of(ids, entries)
         choice["finish_reason"] = finish
         if self.body.return_token_ids:
-            made = msg is not None and not self.prompt_only
-            choice["token_ids"] = list(msg.token_ids) if made else []
+            choice["token_ids"] = list(msg.token_ids) if msg is not None else []
         return choice
 
     def whole(self, resps: list) -> dict:
         """The answer from each choice's GenerateResponse; with n > 1 each choice carries
         its own speculation account too (the top level's is choice 0's)."""
         choices = []
-        for i, resp in enumerate(resps):
+        for i, resp in enumerate(self._without_output(r) for r in resps):
             choices.append(self._choice(i, resp, resp.text, resp.finish_reason))
-            self.usage.completion_tokens += 0 if self.prompt_only else resp.usage.completion_tokens
+            self.usage.completion_tokens += resp.usage.completion_tokens
             if self.n > 1:
                 choices[-1]["speculation"] = extension_dict(resp)["speculation"]
         out = {
@@ -131,13 +140,14 @@ class Answer:
         with its role delta; its last carries its speculation account)."""
         head = {**self.head, "object": f"{self.obj}.chunk" if self.chat else self.obj}
         usage = {"usage": None} if self.include_usage else {}
+        msg = self._without_output(msg)
         out = []
         if self.chat and index not in self.opened:
             self.opened.add(index)
             delta = {"role": "assistant", "content": ""}
             out.append({**head, "choices": [self._choice(index, None, "", None, delta)], **usage})
         finish = msg.finish_reason or None
-        if msg.text or msg.token_ids or finish:
+        if msg.text or msg.token_ids or msg.prompt_logprobs or finish:
             text, calls = msg.text, []
             if self.chat:
                 first = self.calls[index]
@@ -147,7 +157,7 @@ class Answer:
                 delta["tool_calls"] = [c.as_dict(first + i) for i, c in enumerate(calls)]
             chunk = {**head, "choices": [self._choice(index, msg, text, finish, delta)]}
             out.append({**chunk, **usage, **(extension_dict(msg) if finish else {})})
-        if finish and not self.prompt_only:
+        if finish:
             self.usage.completion_tokens += msg.usage.completion_tokens
         return out
 

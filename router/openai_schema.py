@@ -150,7 +150,16 @@ class ResponseFormat(_Strict):
     json_schema: JsonSchemaFormat | None = None
 
 
-class Body(_Strict):
+class _Request(_Strict):
+    """A request body `parse` reads."""
+
+    def unsupported(self) -> dict[str, bool]:
+        """Field -> whether it asks for something specd does not do (BodyError where
+        fields contradict each other)."""
+        return {}
+
+
+class Body(_Request):
     """What both endpoints accept; CompletionBody and ChatBody add their own fields."""
 
     model: str
@@ -211,14 +220,17 @@ class Body(_Strict):
         given = {
             "json_schema": so.json_,
             "regex": so.regex,
-            "grammar": _choice(so.choice, "structured_outputs.choice") or so.grammar,
+            "grammar": so.grammar,
+            "choice": so.choice,
             "json_object": True if so.json_object else None,
         }
         given = {k: v for k, v in given.items() if v is not None}
-        if len(given) > 1 or (so.choice is not None and so.grammar is not None):
+        if len(given) > 1:
             raise BodyError(
                 "structured_outputs names more than one constraint", "structured_outputs"
             )
+        if "choice" in given:
+            return {"grammar": _choice(so.choice, "structured_outputs.choice")}
         return given
 
     def _response_format(self) -> dict:
@@ -231,10 +243,6 @@ class Body(_Strict):
         if fmt.json_schema is None:
             raise BodyError("response_format.json_schema is required", "response_format")
         return {"json_schema": fmt.json_schema.schema_}
-
-    def unsupported(self) -> dict[str, bool]:
-        """Field -> whether it asks for something specd does not do."""
-        return {}
 
     def max_new_tokens(self) -> int:
         return self.max_tokens or 0
@@ -342,7 +350,7 @@ class ChatBody(Body):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-class TokenizeBody(_Strict):
+class TokenizeBody(_Request):
     """vLLM's /tokenize: a prompt, or messages rendered by the chat template."""
 
     model: str | None = None
@@ -357,12 +365,9 @@ class TokenizeBody(_Strict):
         return {}
 
 
-class DetokenizeBody(_Strict):
+class DetokenizeBody(_Request):
     model: str | None = None
     tokens: list[Annotated[int, Field(ge=0)]]
-
-    def unsupported(self) -> dict[str, bool]:
-        return {}
 
 
 def _choice(options: list[str] | None, field: str) -> str | None:
@@ -374,7 +379,7 @@ def _choice(options: list[str] | None, field: str) -> str | None:
         raise BodyError(f"{field}: {exc}", field) from None
 
 
-def parse(raw: bytes, kind: type[Body]) -> Body:
+def parse(raw: bytes, kind: type[_Request]) -> _Request:
     """The body as `kind`, or BodyError with a message naming the field."""
     try:
         data = json.loads(raw, parse_constant=_no_constant)

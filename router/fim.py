@@ -19,10 +19,10 @@ MARKERS = (
 def markers_of(tokenizer) -> tuple[str, str, str] | None:
     """The tokenizer's FIM markers, if it has them (each one token)."""
     for markers in MARKERS:
-        if all(len(tokenizer(m, add_special_tokens=False)["input_ids"]) == 1 for m in markers):
-            ids = {tokenizer(m, add_special_tokens=False)["input_ids"][0] for m in markers}
-            if len(ids) == 3:  # not three unknown-token stand-ins
-                return markers
+        ids = [tokenizer(m, add_special_tokens=False)["input_ids"] for m in markers]
+        # each one token, and three of them (not an unknown token's stand-in thrice)
+        if all(len(i) == 1 for i in ids) and len({i[0] for i in ids}) == 3:
+            return markers
     return None
 
 

@@ -196,9 +196,9 @@ class OpenAIDoor:
                 )
                 ids = list(tokenized["input_ids"])
             else:
-                tools = [t.model_dump(exclude_none=True) for t in body.tools or []] or None
                 chat = router_pb2.GenerateRequest(
-                    messages=chat_input(body.messages, tools), max_new_tokens=1
+                    messages=chat_input(body.messages, schema.tool_dicts(body.tools)),
+                    max_new_tokens=1,
                 )
                 ids = self.router.prepare(chat, {}).prompt_ids
         except schema.BodyError as exc:

@@ -331,7 +331,7 @@ class ChatBody(Body):
         choice = self.tool_choice or "auto"
         try:
             return ToolUse(
-                tools=[t.model_dump(exclude_none=True) for t in self.tools],
+                tools=tool_dicts(self.tools),
                 choice=choice if isinstance(choice, str) else choice.model_dump(),
                 parallel=self.parallel_tool_calls is not False,
                 format=call_format,
@@ -368,6 +368,11 @@ class TokenizeBody(_Request):
 class DetokenizeBody(_Request):
     model: str | None = None
     tokens: list[Annotated[int, Field(ge=0)]]
+
+
+def tool_dicts(tools: list[Tool] | None) -> list[dict] | None:
+    """Tools as the chat template takes them (the OpenAI API's JSON); None: none."""
+    return [t.model_dump(exclude_none=True) for t in tools] if tools else None
 
 
 def _choice(options: list[str] | None, field: str) -> str | None:

@@ -22,6 +22,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     logprobs: int | None = None  # each token's log-probability and this many top ones
     prompt_logprobs: int | None = None  # the same for each prompt token after the first
+    min_tokens: int = 0  # no end-of-sequence or stop token (nor stop string) before this many
 
     @property
     def greedy(self) -> bool:
@@ -62,6 +63,8 @@ class SamplingParams:
                     f"logit_bias must map token ids >= 0 to values in [-100, 100], "
                     f"got {token}: {bias}"
                 )
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= MAX_LOGPROBS:

@@ -30,6 +30,7 @@ def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
         logit_bias=tuple(sorted(msg.logit_bias.items())),
         logprobs=msg.logprobs if msg.HasField("logprobs") else None,
         prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
+        min_tokens=msg.min_tokens,
     )
 
 
@@ -41,6 +42,7 @@ def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
         min_p=p.min_p,
         presence_penalty=p.presence_penalty,
         frequency_penalty=p.frequency_penalty,
+        min_tokens=p.min_tokens,
     )
     if p.repetition_penalty != 1.0:
         msg.repetition_penalty = p.repetition_penalty

@@ -351,6 +351,7 @@ class Engine:
         out.decision = (r.slot.decision.reason, r.slot.decision.gain)
         if seq.finish_reason:
             out.stats = seq.stats
+            out.stop_token = seq.stopped_at_token
             out.timing = (seq.t_arrived, seq.t_scheduled, seq.t_first_token)
         return out
 

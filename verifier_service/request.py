@@ -73,6 +73,13 @@ class Request:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         if any(t >= vocab for t, _ in self.params.logit_bias):
             raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
+        if any(not 0 <= t < vocab for t in self.stop_ids):
+            raise ValueError(f"stop token ids must be in [0, {vocab})")
+        if self.params.min_tokens > self.max_new_tokens:
+            raise ValueError(
+                f"min_tokens ({self.params.min_tokens}) exceeds max_new_tokens "
+                f"({self.max_new_tokens})"
+            )
         if len(self.prompt) + self.max_new_tokens > context:
             raise ValueError(
                 f"prompt ({len(self.prompt)}) + max_new_tokens ({self.max_new_tokens}) "

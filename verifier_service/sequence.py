@@ -109,6 +109,29 @@ class Sequence:
         return len(self.tokens) - len(self.prompt)
 
     @property
+    def adjusts_logits(self) -> bool:
+        """Whether its next tokens are chosen from adjusted logits: a bias, a penalty, or
+        stop tokens still banned by min_tokens (see `ban_early_stops`)."""
+        return self.params.adjusts_logits or self.num_generated < self.params.min_tokens
+
+    def ban_early_stops(self, logits: torch.Tensor, paths: list[list[int]]) -> torch.Tensor:
+        """logits [R, V], row n after the committed tokens and paths[n] -> the rows that
+        choose a token before the min_tokens-th with every stop token at -inf (vLLM's
+        min_tokens: neither end-of-sequence nor a stop token may end the output sooner)."""
+        early = [
+            n
+            for n, path in enumerate(paths)
+            if self.num_generated + len(path) < self.params.min_tokens
+        ]
+        if not early or not self.stop_ids:
+            return logits
+        logits = logits.clone()
+        rows = torch.tensor(early, device=logits.device)[:, None]
+        cols = torch.tensor(sorted(self.stop_ids), device=logits.device)[None, :]
+        logits[rows, cols] = float("-inf")
+        return logits
+
+    @property
     def prefilling(self) -> bool:
         """True until the first token exists (the pending token is then never cached)."""
         return self.num_generated == 0
@@ -138,6 +161,12 @@ class Sequence:
                 return tokens[:n]
         return list(tokens)
 
+    @property
+    def stopped_at_token(self) -> bool:
+        """It finished at one of its stop tokens (end-of-sequence or the request's), the
+        last token it committed."""
+        return self.finish_reason == "stop" and self.tokens[-1] in self.stop_ids
+
     def _finished(self, token: int) -> str | None:
         """After committing `token`: "stop" at a stop token or once the constraint is
         complete (a bonus token sampled past that point is dropped), "length", or None."""
@@ -162,3 +191,4 @@ class StepOutput:
     decision: tuple[str, float] = ("", 1.0)  # the controller's reason and predicted gain
     logprobs: list | None = None  # a TokenLogprob per token, where the request asked
     prompt_logprobs: list | None = None  # with the first token: the prompt's, where asked
+    stop_token: bool = False  # last output: it stopped at a stop token (Sequence.stopped_at_token)

@@ -124,6 +124,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             ),
             logprobs=[common_pb2.TokenLogprob(**lp._asdict()) for lp in logprobs],
             prompt_logprobs=[common_pb2.TokenLogprob(**lp._asdict()) for lp in prompt_logprobs],
+            stop_token=last.stop_token,
         )
         if last.finish_reason and last.stats is not None:
             msg.speculation.CopyFrom(speculation_to_proto(last.stats, k))

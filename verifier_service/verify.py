@@ -37,9 +37,10 @@ class Verdict:
 def _target_rows(seq, proposal: Proposal | None, rows: torch.Tensor) -> torch.Tensor:
     """Target probabilities at every node of the round (p_1..p_{k+1} for a chain, then
     the alternatives) after the request's own transforms; each node has seen its path."""
-    if not seq.params.adjusts_logits:
+    if not seq.adjusts_logits:
         return logits_to_probs(rows, seq.params)
     paths = tree.node_paths(proposal) if proposal is not None else [[]]
+    rows = seq.ban_early_stops(rows, paths)
     adjusted = adjustments(seq.params, seq.tokens, len(seq.prompt), paths, rows.shape[-1])
     return logits_to_probs(rows, seq.params, *adjusted)
 
@@ -87,7 +88,7 @@ def _argmax_all(greedy, sampled, logits: torch.Tensor) -> list[int] | None:
     """Every row's argmax in one call where every round of the step is greedy on the
     target's own logits (the usual step): on a GPU one kernel and one copy back for the
     step, not one of each (and a wait) a sequence. None otherwise."""
-    if sampled or any(r.seq.params.adjusts_logits for r, _ in greedy):
+    if sampled or any(r.seq.adjusts_logits for r, _ in greedy):
         return None
     return argmax_rows(logits).tolist()
 
@@ -144,7 +145,7 @@ def _greedy(items, argmax: list[int] | None = None) -> dict:
             best = argmax[offset : offset + len(rows)]
             offset += len(rows)
         else:
-            if r.seq.params.adjusts_logits:
+            if r.seq.adjusts_logits:
                 rows = _target_rows(r.seq, r.proposal, rows)
             best = argmax_rows(rows).tolist()
         p = r.proposal

@@ -104,6 +104,23 @@ def test_stop_token_mid_round_cuts_the_rest(tiny_pair):
     assert next(iter(got.values())) == full[: first + 1]
 
 
+def test_min_tokens_holds_a_stop_token_off_alike_with_speculation(tiny_pair):
+    """The stop token the plain output meets at its 3rd token is banned before the 8th:
+    the output runs past it, the same with drafts as without, and ends at the first
+    stop token after (or at its length)."""
+    ref = run_engine(make_engine(tiny_pair), [dict(prompt=PROMPTS[1], max_new_tokens=30)])
+    stop = next(iter(ref.values()))[2]
+    req = dict(
+        prompt=PROMPTS[1], max_new_tokens=30, stop_ids={stop}, params=SamplingParams(min_tokens=8)
+    )
+    off = next(iter(run_engine(make_engine(tiny_pair), [req]).values()))
+    engine = make_engine(tiny_pair, "draft")
+    on = next(iter(run_engine(engine, [dict(req, num_draft=4)]).values()))
+    assert on == off and engine.totals.drafted > 0
+    assert len(off) >= 8 and stop not in off[:-1]
+    assert off[-1] == stop or len(off) == 30
+
+
 @pytest.mark.parametrize("max_new", [1, 2, 7])
 def test_max_new_tokens_exact(tiny_pair, max_new):
     engine = make_engine(tiny_pair, "ngram")

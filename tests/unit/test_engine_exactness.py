@@ -20,14 +20,16 @@ PROMPT = [11, 12, 13, 14, 15, 16]
 N = 3000
 
 
-def next_probs(model, contexts: list[list[int]], params) -> torch.Tensor:
+def next_probs(model, contexts: list[list[int]], params, banned=frozenset()) -> torch.Tensor:
     """p(. | context) after the request's transforms, for many contexts at once (each
     context's tokens after PROMPT are its output, which the frequency and presence
-    penalties count)."""
+    penalties count); `banned`: tokens min_tokens keeps out at every position asked."""
     kv = PagedKV.for_model(model, num_blocks=len(contexts) * 4 + 8, block_size=4)
     for i in range(len(contexts)):
         kv.allocator.allocate(i)
     logits = model.forward(kv, [SeqInput(i, c) for i, c in enumerate(contexts)])
+    logits = logits.clone()
+    logits[:, sorted(banned)] = float("-inf")
     v = logits.shape[-1]
     counts = torch.stack(
         [
@@ -38,14 +40,14 @@ def next_probs(model, contexts: list[list[int]], params) -> torch.Tensor:
     return logits_to_probs(logits, params, counts=counts, bias=bias_row(params, v))
 
 
-def exact_marginals(model, params):
+def exact_marginals(model, params, banned=frozenset()):
     """Marginals of generated positions 1, 2 and 3 (V = 96: 96^2 contexts at depth 3)."""
     v = model.args.vocab_size
-    p1 = next_probs(model, [PROMPT], params)[0]  # [V]
-    p2_given = next_probs(model, [PROMPT + [a] for a in range(v)], params)  # [V, V]
+    p1 = next_probs(model, [PROMPT], params, banned)[0]  # [V]
+    p2_given = next_probs(model, [PROMPT + [a] for a in range(v)], params, banned)  # [V, V]
     pair = p1[:, None] * p2_given
     contexts = [PROMPT + [a, b] for a in range(v) for b in range(v)]
-    p3_given = next_probs(model, contexts, params).view(v, v, v)
+    p3_given = next_probs(model, contexts, params, banned).view(v, v, v)
     return p1, pair.sum(0), (pair[:, :, None] * p3_given).sum((0, 1))
 
 
@@ -77,6 +79,9 @@ def chi_square_ok(counts: torch.Tensor, p: torch.Tensor, n: int) -> bool:
         (SamplingParams(temperature=1.0, presence_penalty=1.5, frequency_penalty=0.8), 2, 0.0),
         # a logit bias (the drafter drafts under it too)
         (SamplingParams(temperature=1.0, logit_bias=((5, 2.0), (40, -3.0), (60, 1.0))), 0, 0.0),
+        # min_tokens: the stop tokens (the first position's 3 likeliest) banned at 1-3, the
+        # drafter not told (its q still proposes them)
+        (SamplingParams(temperature=1.0, min_tokens=3), 2, 0.0),
     ],
     ids=[
         "t1",
@@ -85,6 +90,7 @@ def chi_square_ok(counts: torch.Tensor, p: torch.Tensor, n: int) -> bool:
         "t1-p-min",
         "t1-penalties-alternatives",
         "t1-logit-bias",
+        "t1-min-tokens-alternatives",
     ],
 )
 def test_engine_sampling_follows_the_target(tiny_pair, params, alternatives, p_min):
@@ -102,13 +108,17 @@ def test_engine_sampling_follows_the_target(tiny_pair, params, alternatives, p_m
         batch_invariant=False,  # which caps trees at one 16-row tile
     )
     engine = Engine(target, cfg, proposer, eos_ids=set())
+    stops = frozenset()
+    if params.min_tokens:
+        stops = frozenset(next_probs(target, [PROMPT], params)[0].topk(3).indices.tolist())
     samples = torch.zeros(N, 3, dtype=torch.long)
     out = {}
     # unseeded requests (a seeded one gets no tree leaves), each drawing its generator's
     # seed from torch's, fixed here so that the test is deterministic
     torch.manual_seed(1000)
     for _ in range(N):
-        out[engine.add_request(Request(PROMPT, params, max_new_tokens=4, num_draft=2))] = []
+        request = Request(PROMPT, params, max_new_tokens=4, num_draft=2, stop_ids=stops)
+        out[engine.add_request(request)] = []
     while engine.has_work():
         for o in engine.step():
             out[o.seq_id].extend(o.tokens)
@@ -121,7 +131,7 @@ def test_engine_sampling_follows_the_target(tiny_pair, params, alternatives, p_m
     assert (engine.tree_rounds > 0) == bool(alternatives)
     assert engine.kv.allocator.num_used == 0 and proposer.kv.allocator.num_used == 0
     v = target.args.vocab_size
-    for position, p in enumerate(exact_marginals(target, params)):
+    for position, p in enumerate(exact_marginals(target, params, stops)):
         p = p.cpu()
         counts = torch.bincount(samples[:, position], minlength=v).float()
         assert chi_square_ok(counts, p, N), f"position {position + 1}"

@@ -1,6 +1,7 @@
 """A round's penalties, node by node: the frequency and presence penalties count the
 output committed before the round and each node's own path through the drafts, so a
-draft that repeats the one before it is tested against the penalised target."""
+draft that repeats the one before it is tested against the penalised target; min_tokens
+bans the stop tokens at the nodes that choose a token before it, each by its depth."""
 
 import pytest
 import torch
@@ -55,3 +56,44 @@ def test_each_node_counts_its_own_path_chain_and_alternative_alike():
     assert chain.tokens == [5, 7, 5] and chain.accepted == 2
     branch = verify_rounds([round_of(params, [7, 7], alts=[(0, 5)])], logits(4), V)[0]
     assert branch.tokens == [5, 7] and branch.accepted == 1 and branch.path == [3]
+
+
+def min_tokens_round(drafts: list[int], alts=(), min_tokens: int = 3) -> Round:
+    """A round after one generated token, with stop token 5 and `min_tokens`: its root
+    chooses the 2nd token, node 1 the 3rd, node 2 the 4th."""
+    params = SamplingParams(min_tokens=min_tokens, logprobs=1)
+    seq = Sequence(0, [1, 2], params, 10, len(drafts), frozenset({5}), torch.Generator())
+    seq.tokens.append(3)
+    slot = Slot(seq, (3,), decode=True, k=len(drafts), alts=len(alts))
+    return Round(slot, Proposal(tokens=drafts, alts=list(alts)))
+
+
+def test_min_tokens_bans_the_stop_token_at_the_nodes_before_it_only():
+    """Every row's argmax is the stop token 5. With min_tokens 3 the root (the 2nd
+    token) and node 1 (the 3rd) choose 7, node 2 (the 4th) may stop: drafts 7, 7 are
+    both accepted and the bonus is the stop. min_tokens 2 bans the root's alone."""
+    verdict = verify_rounds([min_tokens_round([7, 7])], logits(3), V)[0]
+    assert verdict.tokens == [7, 7, 5] and verdict.accepted == 2
+    # log-probabilities are the raw target's, the banned token still the likeliest
+    assert [lp.top_ids[0] for lp in verdict.logprobs] == [5, 5, 5]
+    shorter = verify_rounds([min_tokens_round([7, 7], min_tokens=2)], logits(3), V)[0]
+    assert shorter.tokens == [7, 5] and shorter.accepted == 1
+    plain = verify_rounds([min_tokens_round([7, 7], min_tokens=0)], logits(3), V)[0]
+    assert plain.tokens == [5] and plain.accepted == 0
+
+
+def test_min_tokens_counts_an_alternatives_depth_by_its_path():
+    """Chain 5, 5 beside the alternative 7 at the root: the root may not stop, so the
+    chain fails and 7 is taken; its node chooses the 3rd token, still banned: 7 again."""
+    verdict = verify_rounds([min_tokens_round([5, 5], alts=[(0, 7)])], logits(4), V)[0]
+    assert verdict.tokens == [7, 7] and verdict.path == [3]
+
+
+def test_a_sequence_knows_whether_a_stop_token_ended_it():
+    seq = min_tokens_round([]).seq
+    assert seq.append([7, 5, 9]) == [7, 5] and seq.finish_reason == "stop"
+    assert seq.stopped_at_token
+    seq = min_tokens_round([]).seq
+    seq.max_new_tokens = 2
+    assert seq.append([7]) == [7] and seq.finish_reason == "length"
+    assert not seq.stopped_at_token

@@ -25,29 +25,29 @@ _sym_db = _symbol_database.Default()
 from protos.specd.v1 import common_pb2 as protos_dot_specd_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cprotos/specd/v1/router.proto\x12\x08specd.v1\x1a\x1cprotos/specd/v1/common.proto\"j\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12&\n\ntool_calls\x18\x03 \x03(\x0b\x32\x12.specd.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"K\n\x0c\x43hatMessages\x12\'\n\x08messages\x18\x01 \x03(\x0b\x32\x15.specd.v1.ChatMessage\x12\x12\n\ntools_json\x18\x02 \x01(\t\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xce\x02\n\x0fGenerateRequest\x12\x10\n\x06prompt\x18\x01 \x01(\tH\x00\x12*\n\x08messages\x18\x02 \x01(\x0b\x32\x16.specd.v1.ChatMessagesH\x00\x12\'\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x12.specd.v1.TokenIdsH\x00\x12(\n\x06params\x18\x04 \x01(\x0b\x32\x18.specd.v1.SamplingParams\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\x05\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\r\n\x05route\x18\x07 \x01(\t\x12.\n\x0bspeculation\x18\x08 \x01(\x0e\x32\x19.specd.v1.SpeculationMode\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12(\n\nconstraint\x18\n \x01(\x0b\x32\x14.specd.v1.ConstraintB\x07\n\x05input\"\x96\x02\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x1e\n\x05usage\x18\x04 \x01(\x0b\x32\x0f.specd.v1.Usage\x12.\n\x0bspeculation\x18\x05 \x01(\x0b\x32\x19.specd.v1.SpeculationInfo\x12\r\n\x05route\x18\x06 \x01(\t\x12\x10\n\x08warnings\x18\x07 \x03(\t\x12(\n\x08logprobs\x18\x08 \x03(\x0b\x32\x16.specd.v1.TokenLogprob\x12/\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\x16.specd.v1.TokenLogprob\"\x9c\x02\n\x16GenerateStreamResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x1e\n\x05usage\x18\x04 \x01(\x0b\x32\x0f.specd.v1.Usage\x12.\n\x0bspeculation\x18\x05 \x01(\x0b\x32\x19.specd.v1.SpeculationInfo\x12\r\n\x05route\x18\x06 \x01(\t\x12\x10\n\x08warnings\x18\x07 \x03(\t\x12(\n\x08logprobs\x18\x08 \x03(\x0b\x32\x16.specd.v1.TokenLogprob\x12/\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\x16.specd.v1.TokenLogprob*P\n\x0fSpeculationMode\x12\x14\n\x10SPECULATION_AUTO\x10\x00\x12\x12\n\x0eSPECULATION_ON\x10\x01\x12\x13\n\x0fSPECULATION_OFF\x10\x02\x32\xa0\x01\n\nGeneration\x12\x41\n\x08Generate\x12\x19.specd.v1.GenerateRequest\x1a\x1a.specd.v1.GenerateResponse\x12O\n\x0eGenerateStream\x12\x19.specd.v1.GenerateRequest\x1a .specd.v1.GenerateStreamResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cprotos/specd/v1/router.proto\x12\x08specd.v1\x1a\x1cprotos/specd/v1/common.proto\"j\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12&\n\ntool_calls\x18\x03 \x03(\x0b\x32\x12.specd.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"\xcc\x01\n\x0c\x43hatMessages\x12\'\n\x08messages\x18\x01 \x03(\x0b\x32\x15.specd.v1.ChatMessage\x12\x12\n\ntools_json\x18\x02 \x01(\t\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12\x1e\n\x16\x63ontinue_final_message\x18\x04 \x01(\x08\x12!\n\x19\x63hat_template_kwargs_json\x18\x05 \x01(\tB\x18\n\x16_add_generation_prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xc4\x03\n\x0fGenerateRequest\x12\x10\n\x06prompt\x18\x01 \x01(\tH\x00\x12*\n\x08messages\x18\x02 \x01(\x0b\x32\x16.specd.v1.ChatMessagesH\x00\x12\'\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x12.specd.v1.TokenIdsH\x00\x12(\n\x06params\x18\x04 \x01(\x0b\x32\x18.specd.v1.SamplingParams\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\x05\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\r\n\x05route\x18\x07 \x01(\t\x12.\n\x0bspeculation\x18\x08 \x01(\x0e\x32\x19.specd.v1.SpeculationMode\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12(\n\nconstraint\x18\n \x01(\x0b\x32\x14.specd.v1.Constraint\x12\x16\n\x0estop_token_ids\x18\x0b \x03(\x05\x12\"\n\x1ainclude_stop_str_in_output\x18\x0c \x01(\x08\x12 \n\x13skip_special_tokens\x18\r \x01(\x08H\x01\x88\x01\x01\x42\x07\n\x05inputB\x16\n\x14_skip_special_tokens\"\xd5\x02\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x1e\n\x05usage\x18\x04 \x01(\x0b\x32\x0f.specd.v1.Usage\x12.\n\x0bspeculation\x18\x05 \x01(\x0b\x32\x19.specd.v1.SpeculationInfo\x12\r\n\x05route\x18\x06 \x01(\t\x12\x10\n\x08warnings\x18\x07 \x03(\t\x12(\n\x08logprobs\x18\x08 \x03(\x0b\x32\x16.specd.v1.TokenLogprob\x12/\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\x16.specd.v1.TokenLogprob\x12\x15\n\x0bstop_string\x18\n \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\x0b \x01(\x05H\x00\x42\r\n\x0bstop_reason\"\xdb\x02\n\x16GenerateStreamResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x1e\n\x05usage\x18\x04 \x01(\x0b\x32\x0f.specd.v1.Usage\x12.\n\x0bspeculation\x18\x05 \x01(\x0b\x32\x19.specd.v1.SpeculationInfo\x12\r\n\x05route\x18\x06 \x01(\t\x12\x10\n\x08warnings\x18\x07 \x03(\t\x12(\n\x08logprobs\x18\x08 \x03(\x0b\x32\x16.specd.v1.TokenLogprob\x12/\n\x0fprompt_logprobs\x18\t \x03(\x0b\x32\x16.specd.v1.TokenLogprob\x12\x15\n\x0bstop_string\x18\n \x01(\tH\x00\x12\x17\n\rstop_token_id\x18\x0b \x01(\x05H\x00\x42\r\n\x0bstop_reason*P\n\x0fSpeculationMode\x12\x14\n\x10SPECULATION_AUTO\x10\x00\x12\x12\n\x0eSPECULATION_ON\x10\x01\x12\x13\n\x0fSPECULATION_OFF\x10\x02\x32\xa0\x01\n\nGeneration\x12\x41\n\x08Generate\x12\x19.specd.v1.GenerateRequest\x1a\x1a.specd.v1.GenerateResponse\x12O\n\x0eGenerateStream\x12\x19.specd.v1.GenerateRequest\x1a .specd.v1.GenerateStreamResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.specd.v1.router_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SPECULATIONMODE']._serialized_start=1244
-  _globals['_SPECULATIONMODE']._serialized_end=1324
+  _globals['_SPECULATIONMODE']._serialized_start=1618
+  _globals['_SPECULATIONMODE']._serialized_end=1698
   _globals['_CHATMESSAGE']._serialized_start=72
   _globals['_CHATMESSAGE']._serialized_end=178
   _globals['_TOOLCALL']._serialized_start=180
   _globals['_TOOLCALL']._serialized_end=235
-  _globals['_CHATMESSAGES']._serialized_start=237
-  _globals['_CHATMESSAGES']._serialized_end=312
-  _globals['_TOKENIDS']._serialized_start=314
-  _globals['_TOKENIDS']._serialized_end=337
-  _globals['_GENERATEREQUEST']._serialized_start=340
-  _globals['_GENERATEREQUEST']._serialized_end=674
-  _globals['_GENERATERESPONSE']._serialized_start=677
-  _globals['_GENERATERESPONSE']._serialized_end=955
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=958
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1242
-  _globals['_GENERATION']._serialized_start=1327
-  _globals['_GENERATION']._serialized_end=1487
+  _globals['_CHATMESSAGES']._serialized_start=238
+  _globals['_CHATMESSAGES']._serialized_end=442
+  _globals['_TOKENIDS']._serialized_start=444
+  _globals['_TOKENIDS']._serialized_end=467
+  _globals['_GENERATEREQUEST']._serialized_start=470
+  _globals['_GENERATEREQUEST']._serialized_end=922
+  _globals['_GENERATERESPONSE']._serialized_start=925
+  _globals['_GENERATERESPONSE']._serialized_end=1266
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1269
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1616
+  _globals['_GENERATION']._serialized_start=1701
+  _globals['_GENERATION']._serialized_end=1861
 # @@protoc_insertion_point(module_scope)

@@ -36,6 +36,9 @@ def build_request(
     grammar: str | None = None,
     logprobs: int | None = None,
     prompt_logprobs: int | None = None,
+    stop_token_ids: list[int] | None = None,
+    min_tokens: int = 0,
+    include_stop_str_in_output: bool = False,
 ) -> router_pb2.GenerateRequest:
     req = router_pb2.GenerateRequest(
         max_new_tokens=max_new_tokens,
@@ -43,7 +46,11 @@ def build_request(
         route=route,
         speculation=MODES[speculation],
         ignore_eos=ignore_eos,
-        params=common_pb2.SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k),
+        params=common_pb2.SamplingParams(
+            temperature=temperature, top_p=top_p, top_k=top_k, min_tokens=min_tokens
+        ),
+        stop_token_ids=stop_token_ids or [],
+        include_stop_str_in_output=include_stop_str_in_output,
     )
     if seed is not None:
         req.params.seed = seed

@@ -12,8 +12,9 @@ class IncrementalDetokenizer:
     window's decoding no longer ends in U+FFFD.
     """
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
+        self.skip = skip_special_tokens
         self.ids: list[int] = []
         self.prefix = 0  # window start
         self.read = 0  # tokens whose text was released
@@ -21,8 +22,8 @@ class IncrementalDetokenizer:
     def push(self, ids: list[int]) -> str:
         self.ids.extend(ids)
         decode = self.tokenizer.decode
-        before = decode(self.ids[self.prefix : self.read], skip_special_tokens=True)
-        now = decode(self.ids[self.prefix :], skip_special_tokens=True)
+        before = decode(self.ids[self.prefix : self.read], skip_special_tokens=self.skip)
+        now = decode(self.ids[self.prefix :], skip_special_tokens=self.skip)
         if now.endswith("\ufffd") or len(now) <= len(before):
             return ""  # an incomplete character (or nothing new): wait for more tokens
         self.prefix, self.read = self.read, len(self.ids)
@@ -30,27 +31,37 @@ class IncrementalDetokenizer:
 
 
 class StopStrings:
-    """Hold back text that might be the start of a stop string; cut exactly at one."""
+    """Hold back text that might be the start of a stop string; cut exactly at one (after
+    it with `include`, vLLM's include_stop_str_in_output). Each stop string is looked for
+    where it would end in text fed since the last look, so text fed with `search=False`
+    (vLLM's min_tokens: the first tokens' text) is never cut, a stop reaching past it is."""
 
-    def __init__(self, stops: list[str]):
+    def __init__(self, stops: list[str], include: bool = False):
         self.stops = [s for s in stops if s]
+        self.include = include
         self.hold = max((len(s) for s in self.stops), default=1) - 1
         self.text = ""
         self.sent = 0
+        self.looked = 0  # text up to here was looked at (or exempt)
         self.stopped = False
+        self.matched = ""  # the stop string that cut it
 
-    def feed(self, delta: str) -> str:
+    def feed(self, delta: str, search: bool = True) -> str:
         """Add text; return what can be released now (empty once stopped)."""
         if self.stopped:
             return ""
-        start = max(0, len(self.text) - self.hold)  # a stop may straddle the old tail
         self.text += delta
-        hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
+        hits = [(i, s) for s in self.stops if search and (i := self._find(s)) >= 0]
+        self.looked = len(self.text)
         if hits:
+            at, self.matched = min(hits, key=lambda hit: hit[0])
             self.stopped = True
-            self.text = self.text[: min(hits)]
+            self.text = self.text[: at + len(self.matched) * self.include]
             return self._release(len(self.text))
         return self._release(len(self.text) - self.hold if self.stops else len(self.text))
+
+    def _find(self, stop: str) -> int:
+        return self.text.find(stop, max(0, self.looked - len(stop) + 1))
 
     def flush(self) -> str:
         return self._release(len(self.text))

@@ -58,7 +58,7 @@ class Router:
             logprobs.extend(msg.logprobs)
             prompt_logprobs.extend(msg.prompt_logprobs)
             final = msg
-        return router_pb2.GenerateResponse(
+        response = router_pb2.GenerateResponse(
             text="".join(text),
             token_ids=ids,
             logprobs=logprobs,
@@ -69,6 +69,9 @@ class Router:
             route=final.route,
             warnings=final.warnings,
         )
+        if (reason := final.WhichOneof("stop_reason")) is not None:
+            setattr(response, reason, getattr(final, reason))
+        return response
 
     async def stream(
         self, prep: Prepared, buffered: bool = False

@@ -109,6 +109,7 @@ class Answer:
         if self.logprobs is not None and msg is not None:
             choice["logprobs"] = self.logprobs[index].of(ids, entries)
         choice["finish_reason"] = finish
+        choice["stop_reason"] = stop_reason(msg) if finish else None
         if self.body.return_token_ids:
             choice["token_ids"] = list(msg.token_ids) if msg is not None else []
         return choice
@@ -220,6 +221,13 @@ class Logprobs:
 
     def _value(self, logprob: float) -> float:
         return max(logprob, self.FLOOR)
+
+
+def stop_reason(msg) -> str | int | None:
+    """vLLM's `stop_reason`: the stop string or the id of `stop_token_ids` that ended the
+    choice; None for an end-of-sequence token, a complete constraint or a length."""
+    which = msg.WhichOneof("stop_reason") if msg is not None else None
+    return getattr(msg, which) if which is not None else None
 
 
 def usage_dict(u: common_pb2.Usage) -> dict:

@@ -197,7 +197,9 @@ class OpenAIDoor:
                 ids = list(tokenized["input_ids"])
             else:
                 chat = router_pb2.GenerateRequest(
-                    messages=chat_input(body.messages, schema.tool_dicts(body.tools)),
+                    messages=chat_input(
+                        body.messages, schema.tool_dicts(body.tools), body.template_options()
+                    ),
                     max_new_tokens=1,
                 )
                 ids = self.router.prepare(chat, {}).prompt_ids

@@ -96,6 +96,7 @@ def to_request(
         min_p=sampling["min_p"] or 0.0,
         presence_penalty=body.presence_penalty or 0.0,
         frequency_penalty=body.frequency_penalty or 0.0,
+        min_tokens=body.min_tokens,
     )
     if body.seed is not None:
         params.seed = body.seed
@@ -114,20 +115,28 @@ def to_request(
         route=body.route or "",
         speculation=MODES[mode],
         ignore_eos=body.ignore_eos,
+        stop_token_ids=body.stop_token_ids or [],
+        include_stop_str_in_output=body.include_stop_str_in_output,
+        skip_special_tokens=body.skip_special_tokens,
     )
     constraint = body.constraint(tools)
     if constraint is not None:
         request.constraint.CopyFrom(constraint)
     if isinstance(body, ChatBody):
-        request.messages.CopyFrom(chat_input(body.messages, tools.tools if tools else None))
+        request.messages.CopyFrom(
+            chat_input(body.messages, tools.tools if tools else None, body.template_options())
+        )
     else:
         _set_prompt(request, body.prompts()[0] if prompt is None else prompt, body.suffix, fim)
     return request
 
 
-def chat_input(messages: list[ChatMessage], tools: list[dict] | None) -> router_pb2.ChatMessages:
-    """A chat's messages and tools (OpenAI's shape) as the router's template renders them."""
-    out = router_pb2.ChatMessages(messages=[_message(m) for m in messages])
+def chat_input(
+    messages: list[ChatMessage], tools: list[dict] | None, options: dict
+) -> router_pb2.ChatMessages:
+    """A chat's messages and tools (OpenAI's shape) as the router's template renders them,
+    with the template's `options` (ChatTemplateOptions.template_options)."""
+    out = router_pb2.ChatMessages(messages=[_message(m) for m in messages], **options)
     if tools is not None:
         out.tools_json = json.dumps(tools, ensure_ascii=False)
     return out

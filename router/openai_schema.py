@@ -28,7 +28,9 @@ Where this differs from the OpenAI API, on purpose:
   newer spelling `structured_outputs` ({json, regex, choice, grammar, json_object}), one
   constraint per request;
 - extensions, as vLLM names them: `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
-  `return_token_ids`; and specd's `route` and `speculation` ("auto", "on", "off");
+  `return_token_ids`, `stop_token_ids`, `min_tokens`, `include_stop_str_in_output`,
+  `skip_special_tokens`, and a chat's `add_generation_prompt`, `continue_final_message`
+  and `chat_template_kwargs`; and specd's `route` and `speculation` ("auto", "on", "off");
 - a completion that names no `max_tokens` gets the router's default (256; OpenAI's is 16),
   while a chat that names none runs until the model stops or its context is full, as in
   vLLM and the OpenAI API;
@@ -181,6 +183,10 @@ class Body(_Request):
     repetition_penalty: float | None = None
     ignore_eos: bool = False
     return_token_ids: bool = False
+    stop_token_ids: list[Annotated[int, Field(ge=0, lt=1 << 31)]] | None = None
+    min_tokens: Annotated[int, Field(ge=0, lt=1 << 31)] = 0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
     route: str | None = None
     speculation: Literal["auto", "on", "off"] | None = None
     # structured output
@@ -312,7 +318,30 @@ class CompletionBody(Body):
         return self.logprobs
 
 
-class ChatBody(Body):
+class ChatTemplateOptions(_Strict):
+    """How the chat template renders the messages, as vLLM takes it (transformers'
+    apply_chat_template's arguments)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False  # the output continues the last message
+    chat_template_kwargs: dict[str, Any] | None = None  # more variables for the template
+
+    def template_options(self) -> dict:
+        """The fields of router_pb2.ChatMessages they set."""
+        if self.add_generation_prompt and self.continue_final_message:
+            raise BodyError(
+                "continue_final_message needs add_generation_prompt: false",
+                "continue_final_message",
+            )
+        kwargs = self.chat_template_kwargs
+        return {
+            "add_generation_prompt": self.add_generation_prompt,
+            "continue_final_message": self.continue_final_message,
+            "chat_template_kwargs_json": json.dumps(kwargs, ensure_ascii=False) if kwargs else "",
+        }
+
+
+class ChatBody(Body, ChatTemplateOptions):
     messages: list[ChatMessage]
     max_completion_tokens: Positive | None = None
     logprobs: bool | None = None
@@ -350,7 +379,7 @@ class ChatBody(Body):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-class TokenizeBody(_Request):
+class TokenizeBody(_Request, ChatTemplateOptions):
     """vLLM's /tokenize: a prompt, or messages rendered by the chat template."""
 
     model: str | None = None

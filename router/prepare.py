@@ -98,6 +98,11 @@ class Preparer:
         elif max_new < UNTIL_CONTEXT or (cap and max_new > cap):
             limit = f"in [1, {cap}]" if cap else "positive"
             raise _invalid(f"max_new_tokens must be {limit}, or -1: what the context leaves")
+        if params.min_tokens > max_new > 0:
+            raise _invalid(f"min_tokens ({params.min_tokens}) exceeds max_new_tokens ({max_new})")
+        vocab = len(self.tokenizer)
+        if any(not 0 <= t < vocab for t in request.stop_token_ids):
+            raise _invalid(f"stop_token_ids must be token ids in [0, {vocab})")
         ids = self._tokenize(request, which)
         if not ids:
             raise _invalid("the prompt is empty")
@@ -122,6 +127,7 @@ class Preparer:
         messages = [_message(m) for m in request.messages.messages]
         if not messages:
             return []
+        options = _template_options(request.messages)
         tools = _tools(request.messages.tools_json)
         template = str(self.tokenizer.chat_template or "")  # transformers may hold several
         developer = DEVELOPER if any(q in template for q in _NAMED) else "system"
@@ -132,9 +138,7 @@ class Preparer:
                 roles = ", ".join(sorted(ROLES | {DEVELOPER}))
                 raise _invalid(f"messages[{i}].role {m['role']!r} is not one of {roles}")
         try:
-            enc = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, **tools
-            )
+            enc = self.tokenizer.apply_chat_template(messages, tokenize=True, **tools, **options)
         except Exception as exc:  # the template rejects the conversation
             raise _invalid(f"chat template failed: {exc}") from None
         return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
@@ -177,6 +181,28 @@ def _tools(tools_json: str) -> dict:
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         raise _invalid("messages.tools_json must be a JSON array of objects")
     return {"tools": tools}
+
+
+def _template_options(chat: router_pb2.ChatMessages) -> dict:
+    """apply_chat_template's keywords for the chat's options, checked."""
+    add = chat.add_generation_prompt if chat.HasField("add_generation_prompt") else None
+    if add and chat.continue_final_message:
+        raise _invalid("continue_final_message needs add_generation_prompt false")
+    options = {
+        "add_generation_prompt": not chat.continue_final_message if add is None else add,
+        "continue_final_message": chat.continue_final_message,
+    }
+    if not chat.chat_template_kwargs_json:
+        return options
+    try:
+        kwargs = json.loads(chat.chat_template_kwargs_json)
+    except ValueError:
+        kwargs = None
+    if not isinstance(kwargs, dict):
+        raise _invalid("messages.chat_template_kwargs_json must be a JSON object")
+    if taken := sorted(kwargs.keys() & (options.keys() | {"messages", "tools", "tokenize"})):
+        raise _invalid(f"chat_template_kwargs may not set {', '.join(taken)}")
+    return {**kwargs, **options}
 
 
 def _invalid(message: str) -> RequestError:

@@ -40,13 +40,21 @@ async def attempt(replica, prep: Prepared, decision: Decision, span, buffered: b
 async def relay(call, prep: Prepared, decision: Decision, tokenizer):
     """The verifier's messages as the client's: text deltas, and at the end the finish
     reason, usage and the verifier's account of speculation."""
-    detok = IncrementalDetokenizer(tokenizer)
-    stops = StopStrings(list(prep.request.stop))
+    request = prep.request
+    skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
+    detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip)
+    stops = StopStrings(list(request.stop), include=request.include_stop_str_in_output)
     ids: list[int] = []
     finish, spec, usage = "", common_pb2.SpeculationInfo(), common_pb2.Usage()
     async for resp in call:
-        ids.extend(resp.token_ids)
-        text = stops.feed(detok.push(list(resp.token_ids)))
+        new = list(resp.token_ids)
+        # a stop token's text is left out, as vLLM leaves it (the id stays in token_ids)
+        shown = new[:-1] if resp.stop_token and not request.include_stop_str_in_output else new
+        # stop strings are not matched in the first min_tokens tokens' text
+        early = max(0, min(len(shown), prep.params.min_tokens - len(ids)))
+        text = stops.feed(detok.push(shown[:early]), search=False)
+        text += stops.feed(detok.push(shown[early:]))
+        ids.extend(new)
         usage, finish = resp.usage, resp.finish_reason
         if resp.HasField("speculation"):
             spec = resp.speculation
@@ -63,7 +71,7 @@ async def relay(call, prep: Prepared, decision: Decision, tokenizer):
             if spec.reason in ("", "off:request"):
                 spec.reason = decision.reason
                 spec.num_draft_tokens = decision.k
-            yield router_pb2.GenerateStreamResponse(
+            final = router_pb2.GenerateStreamResponse(
                 text=text,
                 token_ids=resp.token_ids,
                 logprobs=resp.logprobs,
@@ -74,6 +82,11 @@ async def relay(call, prep: Prepared, decision: Decision, tokenizer):
                 route=prep.route,
                 warnings=prep.warnings,
             )
+            if stops.stopped:
+                final.stop_string = stops.matched
+            elif resp.stop_token and new[-1] in request.stop_token_ids:
+                final.stop_token_id = new[-1]
+            yield final
             return
         if text or resp.token_ids:
             yield router_pb2.GenerateStreamResponse(
@@ -99,6 +112,7 @@ def verifier_request(prep: Prepared, decision: Decision) -> verifier_pb2.VerifyG
         prompt_ids=prep.prompt_ids,
         params=request.params,
         max_new_tokens=prep.max_new_tokens,
+        stop_ids=request.stop_token_ids,
         ignore_eos=request.ignore_eos,
         constraint=request.constraint,
         num_draft_tokens=decision.k,

@@ -21,6 +21,10 @@ SPECIAL = tuple(f"{x}_token" for x in ("bos", "eos", "unk", "sep", "pad", "cls",
 # what transformers' `clean_up_tokenization` undoes after decoding, where a config asks
 _CLEAN_UP = [(" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'")]
 _CLEAN_UP += [(" n't", "n't"), (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")]
+# continue_final_message: appended to the last message's text before rendering, and the
+# rendered chat cut where it last stands; transformers' marker, so that a template that
+# writes the message twice leaves the same text as there
+_CONTINUE = "CONTINUE_FINAL_MESSAGE_TAG "
 
 
 def _raise(message: str):
@@ -100,16 +104,37 @@ class ChatTokenizer:
         add_generation_prompt: bool = True,
         tokenize: bool = True,
         tools: list[dict] | None = None,
+        continue_final_message: bool = False,
+        **kwargs,
     ):
         """The conversation rendered by the model's template (ids: its text tokenized
         without adding special tokens, as transformers does); `tools`: JSON schemas of the
-        functions the model may call, as the template's `tools`."""
+        functions the model may call, as the template's `tools`; `continue_final_message`:
+        the text ends where the last message's does (the template's end of its turn cut
+        off), so that the output continues it; `kwargs`: more template variables."""
         if self._template is None:
             raise ValueError("this tokenizer has no chat template")
+        if add_generation_prompt and continue_final_message:
+            raise ValueError("continue_final_message and add_generation_prompt exclude each other")
+        if continue_final_message and messages:
+            last = {**messages[-1], "content": (messages[-1].get("content") or "") + _CONTINUE}
+            messages = [*messages[:-1], last]
         text = self._template.render(
             messages=messages,
             tools=tools,
             add_generation_prompt=add_generation_prompt,
-            **self.special,
+            **{**self.special, **kwargs},
         )
+        if continue_final_message:
+            text = _cut_at_continuation(text)
         return self(text)["input_ids"] if tokenize else text
+
+
+def _cut_at_continuation(text: str) -> str:
+    """The rendered chat up to where the last message's text ended (its marker's last
+    occurrence; where the template stripped the text, with the space before it stripped
+    too), as transformers cuts it."""
+    at = text.rfind(_CONTINUE.strip())
+    if at < 0:
+        raise ValueError("continue_final_message: the template does not render the last message")
+    return text[:at] if text.startswith(_CONTINUE, at) else text[:at].rstrip()

@@ -56,11 +56,14 @@ def sampling_params():
         presence_penalty=float32,
         frequency_penalty=float32,
         logit_bias=st.dictionaries(st.one_of(st.integers(-2, 100), int32), float32, max_size=3),
+        min_tokens=st.one_of(st.integers(-2, 40), int32),
     )
 
 
 def router_requests():
-    def build(source, prompt, messages, ids, max_new, params, stop, route, spec, ignore):
+    def build(
+        source, prompt, messages, ids, max_new, params, stop, route, spec, ignore, stops, chat
+    ):
         req = router_pb2.GenerateRequest(
             max_new_tokens=max_new,
             params=params,
@@ -68,6 +71,7 @@ def router_requests():
             route=route,
             speculation=spec,
             ignore_eos=ignore,
+            stop_token_ids=stops,
         )
         if source == "prompt":
             req.prompt = prompt
@@ -75,6 +79,7 @@ def router_requests():
             req.messages.messages.extend(
                 router_pb2.ChatMessage(role=r, content=c) for r, c in messages
             )
+            req.messages.continue_final_message, req.messages.chat_template_kwargs_json = chat
         elif source == "ids":
             req.token_ids.ids.extend(ids)
         return req
@@ -91,6 +96,8 @@ def router_requests():
         st.one_of(st.sampled_from(["", "default", "code"]), text),
         st.integers(0, 2**31 - 1),  # includes values the enum does not define
         st.booleans(),
+        st.lists(st.one_of(st.integers(-2, 100), int32), max_size=3),
+        st.tuples(st.booleans(), st.one_of(st.just(""), text, st.just('{"messages": 1}'))),
     )
 
 

@@ -70,3 +70,20 @@ def test_text_that_only_starts_like_a_stop_is_held_then_released():
 def test_without_stop_strings_everything_passes_at_once():
     stops = StopStrings(["", ""])
     assert stops.feed("abc") == "abc" and stops.flush() == ""
+
+
+def test_the_earliest_stop_wins_and_is_named_and_kept_where_asked():
+    for include, text in [(False, "a "), (True, "a STOP")]:
+        stops = StopStrings(["</end>", "STOP"], include=include)
+        released = stops.feed("a STOP b </end>") + stops.flush()
+        assert released == text and stops.matched == "STOP"
+
+
+def test_text_fed_before_min_tokens_is_never_cut_but_a_stop_reaching_past_it_is():
+    stops = StopStrings(["STOP"])
+    assert stops.feed("a STOP b ST", search=False) == "a STOP b"  # exempt, tail held
+    assert not stops.stopped
+    assert stops.feed("OP c") + stops.flush() == " " and stops.matched == "STOP"
+    exempt = StopStrings(["STOP"])
+    released = exempt.feed("a STOP", search=False) + exempt.feed(" b") + exempt.flush()
+    assert released == "a STOP b" and not exempt.stopped

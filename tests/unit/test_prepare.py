@@ -90,3 +90,56 @@ def test_a_raw_prompt_gets_the_special_tokens_its_tokenizer_adds_as_in_vllm(tmp_
     chat.messages.messages.add(role="user", content="abc")
     ids = Preparer(tok, Policy.builtin(), 16, 0).prepare(chat, {}).prompt_ids
     assert bos not in ids  # the template's text, tokenized as it stands
+
+
+@pytest.mark.parametrize("kind", ["transformers", "router"])
+def test_a_chat_continues_its_last_message_and_hands_the_template_its_variables(tmp_path, kind):
+    """vLLM's continue_final_message, add_generation_prompt and chat_template_kwargs, as
+    gRPC carries them, through either tokenizer the router may hold."""
+    tok = char_tokenizer()
+    tok.chat_template = "{{ greeting | default('') }}" + CHAT_TEMPLATE
+    if kind == "router":
+        tok.save_pretrained(tmp_path)
+        tok = ChatTokenizer(tmp_path)
+    preparer = Preparer(tok, Policy.builtin(), 16, 0)
+    request = GenerateRequest()
+    request.messages.messages.add(role="user", content="hi")
+    request.messages.messages.add(role="assistant", content="Sure")
+
+    def prompt() -> str:
+        return tok.decode(preparer.prepare(request, {}).prompt_ids)
+
+    assert prompt() == "user: hi?assistant: Sure?assistant: "  # "?": a newline
+    request.messages.continue_final_message = True
+    assert prompt() == "user: hi?assistant: Sure"
+    request.messages.chat_template_kwargs_json = '{"greeting": "Hello. "}'
+    assert prompt() == "Hello. user: hi?assistant: Sure"
+    request.messages.continue_final_message = False
+    request.messages.add_generation_prompt = False
+    assert prompt() == "Hello. user: hi?assistant: Sure?"
+    request.messages.continue_final_message = True
+    request.messages.add_generation_prompt = True
+    for kwargs, said in [("", "add_generation_prompt"), ('{"messages": []}', "may not set")]:
+        request.messages.chat_template_kwargs_json = kwargs
+        request.messages.add_generation_prompt = not kwargs
+        with pytest.raises(RequestError) as err:
+            preparer.prepare(request, {})
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and said in str(err.value)
+    request.messages.chat_template_kwargs_json = "[1]"
+    with pytest.raises(RequestError, match="JSON object"):
+        preparer.prepare(request, {})
+
+
+def test_stop_token_ids_and_min_tokens_are_checked_before_a_replica_sees_them():
+    preparer = Preparer(char_tokenizer(), Policy.builtin(), 16, 0)
+    for request, said in [
+        (GenerateRequest(prompt="ab", stop_token_ids=[96]), "stop_token_ids"),
+        (GenerateRequest(prompt="ab", stop_token_ids=[-1]), "stop_token_ids"),
+        (GenerateRequest(prompt="ab", max_new_tokens=4, params={"min_tokens": 5}), "min_tokens"),
+        (GenerateRequest(prompt="ab", params={"min_tokens": -1}), "min_tokens"),
+    ]:
+        with pytest.raises(RequestError, match=said) as err:
+            preparer.prepare(request, {})
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    until_context = GenerateRequest(prompt="ab", max_new_tokens=-1, params={"min_tokens": 50})
+    assert preparer.prepare(until_context, {}).params.min_tokens == 50

@@ -29,7 +29,7 @@ CONVERSATIONS += [
 
 
 # what the real templates above do not lean on: block trimming, special tokens by name, loop
-# controls, `tojson` on non-ASCII, filters
+# controls, `tojson` on non-ASCII, filters, a variable of the request's (chat_template_kwargs)
 PICKY_TEMPLATE = """{{ bos_token }}
 {% for m in messages %}
     {% if m['role'] == 'system' %}{% continue %}{% endif %}
@@ -38,7 +38,7 @@ PICKY_TEMPLATE = """{{ bos_token }}
 {% endfor %}
 {% if add_generation_prompt %}<assistant>
 {% endif %}
-{{ messages[-1] | tojson }}
+{{ messages[-1] | tojson }}{% if greeting is defined %} {{ greeting }}{% endif %}
 """
 
 
@@ -144,3 +144,20 @@ def test_tools_and_tool_calls_render_to_transformers_tokens(pair):
         with_tools = ours.apply_chat_template(TOOL_CHAT[:1], tokenize=False, tools=TOOLS)
         assert "get_weather" in with_tools
         assert with_tools != ours.apply_chat_template(TOOL_CHAT[:1], tokenize=False)
+
+
+def test_continuing_the_last_message_and_template_variables_render_as_transformers(pair):
+    ours, theirs = pair
+    kw = {"add_generation_prompt": False, "continue_final_message": True, "tokenize": False}
+    for messages in CONVERSATIONS[::5]:
+        chat = [*messages, {"role": "assistant", "content": "Sure, here is "}]
+        text = ours.apply_chat_template(chat, **kw)
+        assert text == theirs.apply_chat_template(chat, **kw)
+        assert text.rstrip().endswith("Sure, here is")  # a template may strip it
+    chat = CONVERSATIONS[0]
+    kw = {"add_generation_prompt": True, "tokenize": False, "greeting": "hello there"}
+    text = ours.apply_chat_template(chat, **kw)
+    assert text == theirs.apply_chat_template(chat, **kw)
+    assert ("hello there" in text) == ("greeting" in str(ours.chat_template))
+    with pytest.raises(ValueError, match="exclude each other"):
+        ours.apply_chat_template(chat, add_generation_prompt=True, continue_final_message=True)

@@ -256,3 +256,95 @@ def test_a_client_leaving_n_choices_mid_stream_frees_each(cluster, client, abort
     stream.close()
     assert wait_idle(cluster), "KV blocks or drafter sessions were not released"
     assert len(aborts) == 3, "a choice ran on after its client left"
+
+
+def completion(client, speculation: str, **extra):
+    """As completion_text, the whole choice, with its token ids."""
+    r = client.completions.create(
+        model=TINY_MODEL_ID,
+        prompt="abcabc",
+        temperature=0,
+        max_tokens=24,
+        extra_body={"ignore_eos": True, "speculation": speculation, "return_token_ids": True}
+        | extra,
+    )
+    return r.choices[0]
+
+
+def test_stop_token_ids_end_a_choice_without_their_text_and_min_tokens_holds_them_off(
+    client, grpc_client
+):
+    """vLLM's stop_token_ids: the choice ends at the first, its id in token_ids and in
+    stop_reason, its text left out (kept with include_stop_str_in_output); min_tokens
+    bans it before that many tokens. Each the same with speculation on and off."""
+    plain = completion_text(client, "off")
+    char = plain[5]
+    first, stop = plain.index(char), char_tokenizer()(char)["input_ids"][0]
+    for include, text in [(False, plain[:first]), (True, plain[: first + 1])]:
+        ask = {"stop_token_ids": [stop], "include_stop_str_in_output": include}
+        off, on = completion(client, "off", **ask), completion(client, "on", **ask)
+        assert off.text == text and on.text == text
+        assert off.finish_reason == "stop" and off.model_extra["stop_reason"] == stop
+        assert off.model_extra["token_ids"][-1] == stop
+        assert len(off.model_extra["token_ids"]) == first + 1
+    held = {"stop_token_ids": [stop], "min_tokens": first + 3}
+    off = completion(client, "off", **held)
+    assert completion(client, "on", **held).model_extra["token_ids"] == off.model_extra["token_ids"]
+    ids = off.model_extra["token_ids"]
+    assert len(ids) >= first + 3 and stop not in ids[:-1] and char not in off.text
+    reply = grpc_client.generate(
+        "abcabc", max_new_tokens=24, ignore_eos=True, stop_token_ids=[stop], speculation="on"
+    )
+    assert reply.WhichOneof("stop_reason") == "stop_token_id" and reply.stop_token_id == stop
+    assert reply.text == plain[:first]
+
+
+def test_stop_strings_wait_for_min_tokens_and_may_stay_in_the_text(client):
+    """A stop string ending within the first min_tokens tokens' text does not stop the
+    choice; one ending past them does (vLLM's min_tokens). include_stop_str_in_output
+    keeps it; stop_reason names it."""
+    plain = completion_text(client, "off")
+    stop = plain[3:5]
+    at = plain.index(stop)
+    for extra, text in [
+        ({}, plain[:at]),
+        ({"include_stop_str_in_output": True}, plain[: at + 2]),
+        ({"min_tokens": at + 1}, plain[:at]),  # the stop reaches past them
+    ]:
+        for speculation in ("off", "on"):
+            choice = completion(client, speculation, stop=[stop], **extra)
+            assert choice.text == text and choice.model_extra["stop_reason"] == stop, extra
+    later = [i for i in range(at + 1, len(plain)) if plain.startswith(stop, i)]
+    held = completion(client, "on", stop=[stop], min_tokens=at + 2)
+    assert held.text == (plain[: later[0]] if later else plain)
+    assert held.model_extra["stop_reason"] == (stop if later else None)
+
+
+def test_special_tokens_are_left_out_of_the_text_unless_asked_for(client):
+    """The tiny tokenizer's one special token is its unknown, "?" (id 31): favoured by a
+    logit bias, it is all the output, shown only with skip_special_tokens false."""
+    favour = {"logit_bias": {"31": 100}}
+    assert completion(client, "on", **favour).text == ""
+    shown = completion(client, "on", skip_special_tokens=False, **favour)
+    assert shown.text == "?" * 24 and shown.model_extra["token_ids"] == [31] * 24
+
+
+def test_a_chat_continues_its_last_message_as_vllm_renders_it(cluster, client):
+    """continue_final_message (with add_generation_prompt false): the prompt ends where
+    the assistant's partial reply does, and the choice continues it; both true, or a
+    template variable that would replace the messages, is refused naming the field."""
+    partial = [*CHAT, {"role": "assistant", "content": "abc"}]
+    ask = {"model": TINY_MODEL_ID, "messages": partial}
+    options = {"add_generation_prompt": False, "continue_final_message": True}
+    ids = post_json(f"{cluster.http}/tokenize", {**ask, **options}).json()["tokens"]
+    plain = post_json(f"{cluster.http}/tokenize", ask).json()["tokens"]
+    abc = char_tokenizer()("abc")["input_ids"]
+    assert ids[-3:] == abc and plain[: len(ids)] == ids and len(plain) > len(ids)
+    r = client.chat.completions.create(**ask, max_tokens=4, temperature=0, extra_body=options)
+    assert r.choices[0].finish_reason == "length" and r.usage.prompt_tokens == len(ids)
+    for fields, param in [
+        ({"continue_final_message": True}, "continue_final_message"),
+        ({"chat_template_kwargs": {"messages": []}}, None),
+    ]:
+        r = post_json(f"{cluster.http}/v1/chat/completions", {**ask, **fields})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

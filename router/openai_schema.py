@@ -455,8 +455,9 @@ def _in_body(data, loc: tuple) -> list:
             data = data[part]
         elif isinstance(data, dict) and i == len(loc) - 1:
             path.append(part)  # a field it lacks
-        elif not isinstance(data, dict):
+        elif not isinstance(data, (dict, list)):
             break  # a value's union member names
+        # else the name of the union member the list or object was read as
     return path
 
 

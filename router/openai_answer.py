@@ -10,11 +10,14 @@ import time
 from google.protobuf.json_format import MessageToDict
 
 from protos.specd.v1 import common_pb2
+from router.openai_errors import error_event
 from router.tools import ToolUse
 
 
 class Answer:
     """One request's response objects, whole or as stream chunks, for its `n` choices."""
+
+    END = b"data: [DONE]\n\n"  # after a stream's last chunk
 
     def __init__(
         self,
@@ -161,6 +164,10 @@ class Answer:
         if finish:
             self.usage.completion_tokens += msg.usage.completion_tokens
         return out
+
+    def failed(self, exc) -> dict:
+        """An error after the stream began (its HTTP status already sent)."""
+        return error_event(exc)
 
     def closing(self) -> list[dict]:
         """After every choice finished: the usage chunk, where the request asked for it."""

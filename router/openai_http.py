@@ -4,6 +4,7 @@ beside its gRPC server, in front of the same `Router`.
     GET  /v1/models            the served target (the draft as metadata); /v1/models/{id}
     POST /v1/completions       text in; `stream: true` answers with Server-Sent Events
     POST /v1/chat/completions  messages in, the model's chat template applied; tools
+    POST /v1/responses         OpenAI's Responses API, served as the chat it is
     GET  /health               200 while some verifier replica is healthy, else 503
     POST /tokenize, /detokenize  vLLM's: a prompt's or a chat's ids, and ids' text
 
@@ -35,9 +36,11 @@ from router import openai_schema as schema
 from router.fim import markers_of
 from router.generation import Router
 from router.openai_answer import Answer
-from router.openai_errors import error_event, error_response, request_error_response
+from router.openai_errors import error_response, request_error_response
 from router.openai_request import OPENAI_DEFAULTS, SamplingDefaults, chat_input, to_request
 from router.prepare import Prepared, RequestError
+from router.responses_answer import ResponsesAnswer
+from router.responses_schema import ResponsesBody
 from router.tools import call_format
 from specd.channels import MAX_MESSAGE_BYTES
 from specd.serving import ListenError
@@ -87,6 +90,7 @@ class OpenAIDoor:
                 web.get("/v1/models/{model}", self.model_card),
                 web.post("/v1/completions", self.completions),
                 web.post("/v1/chat/completions", self.chat),
+                web.post("/v1/responses", self.responses),
                 web.post("/tokenize", self.tokenize),
                 web.post("/detokenize", self.detokenize),
             ]
@@ -230,18 +234,24 @@ class OpenAIDoor:
     async def chat(self, request):
         return await self._serve(request, schema.ChatBody, "chat.completion", "chatcmpl")
 
+    async def responses(self, request):
+        """OpenAI's Responses API, served as the chat it is (router/responses_schema.py)."""
+        return await self._serve(request, ResponsesBody, "response", "resp")
+
     async def _serve(self, request: web.Request, kind, obj: str, prefix: str):
         try:
             body = schema.parse(await request.read(), kind)
             if (refused := self._unknown(body.model)) is not None:
                 return refused
+            asked = body.chat_body() if isinstance(body, ResponsesBody) else body
             headers = {k.lower(): v for k, v in request.headers.items()}
-            tools = body.tool_use(self.call_format) if isinstance(body, schema.ChatBody) else None
-            prompts = body.prompts() if isinstance(body, schema.CompletionBody) else [None]
+            chat = isinstance(asked, schema.ChatBody)
+            tools = asked.tool_use(self.call_format) if chat else None
+            prompts = asked.prompts() if isinstance(asked, schema.CompletionBody) else [None]
             header = headers.get("x-speculation", "")
             preps = [
                 self.router.prepare(
-                    to_request(body, header, self.sampling, tools, self.fim, prompt),
+                    to_request(asked, header, self.sampling, tools, self.fim, prompt),
                     headers,
                     _timeout(headers),
                 )
@@ -251,9 +261,12 @@ class OpenAIDoor:
             return error_response(400, str(exc), exc.param)
         except RequestError as exc:
             return request_error_response(exc)
-        rid = f"{prefix}-{uuid.uuid4().hex}"
-        decode = self.router.tokenizer.decode
-        answer = Answer(obj, rid, self.model, body, [p.prompt_ids for p in preps], decode, tools)
+        if isinstance(body, ResponsesBody):
+            answer = ResponsesAnswer(f"resp_{uuid.uuid4().hex}", self.model, body, tools)
+        else:
+            rid, decode = f"{prefix}-{uuid.uuid4().hex}", self.router.tokenizer.decode
+            prompt_ids = [p.prompt_ids for p in preps]
+            answer = Answer(obj, rid, self.model, body, prompt_ids, decode, tools)
         choices = [choice for prep in preps for choice in _choices(prep, answer.n_each)]
         if not body.stream:
             try:
@@ -295,10 +308,10 @@ class OpenAIDoor:
                 for chunk in answer.closing():
                     await _send(response, chunk)
             except RequestError as exc:  # mid-stream: the status is sent, so an error event
-                await _send(response, error_event(exc))
+                await _send(response, answer.failed(exc))
             except ConnectionError:  # the client left: closing `messages` frees the request
                 return response
-            await response.write(b"data: [DONE]\n\n")
+            await response.write(answer.END)
             await response.write_eof()
             return response
 
@@ -359,7 +372,9 @@ async def _merged(streams: list) -> AsyncIterator[tuple[int, object]]:
 
 
 async def _send(response: web.StreamResponse, chunk: dict) -> None:
-    await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+    """One Server-Sent Event; named by its `type` where it has one (the Responses API's)."""
+    named = f"event: {chunk['type']}\n".encode() if "type" in chunk else b""
+    await response.write(named + b"data: " + json.dumps(chunk).encode() + b"\n\n")
 
 
 def _timeout(headers) -> float | None:

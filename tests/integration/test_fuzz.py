@@ -287,13 +287,19 @@ BODY_FIELDS = [
     *("route", "ignore_eos", "repetition_penalty", "tools", "tool_choice", "bogus"),
     *("parallel_tool_calls", "echo", "suffix", "guided_choice", "structured_outputs"),
     *("presence_penalty", "frequency_penalty", "logit_bias"),
+    *("stop_token_ids", "min_tokens", "include_stop_str_in_output", "skip_special_tokens"),
+    *("add_generation_prompt", "continue_final_message", "chat_template_kwargs"),
+    # the Responses API's
+    *("input", "instructions", "max_output_tokens", "text", "previous_response_id", "store"),
+    *("metadata", "include", "reasoning", "truncation"),
 ]
+DOORS = ["chat/completions", "completions", "responses"]
 
 
 @pytest.mark.timeout(600)
 @settings(FUZZ, max_examples=300)  # a refusal takes a millisecond
 @given(
-    chat=st.booleans(),
+    door=st.sampled_from(DOORS),
     headers=st.dictionaries(
         st.sampled_from(HEADERS),
         st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=60),
@@ -303,16 +309,17 @@ BODY_FIELDS = [
         st.dictionaries(st.sampled_from(BODY_FIELDS), field_values, max_size=3), text_fields
     ),
 )
-def test_any_json_body_is_served_or_refused_in_the_openai_shape(cluster, chat, headers, fields):
+def test_any_json_body_is_served_or_refused_in_the_openai_shape(cluster, door, headers, fields):
     """A served body with up to three fields set to any JSON value, or with any text where
     it takes text, and any of the headers the door reads: 200, or a 4xx in the OpenAI
     error shape, never a 500 (an exception the door did not expect)."""
     body, fields = {"model": TINY_MODEL_ID, "max_tokens": 4, "prompt": "def f(x):"}, dict(fields)
-    if chat:
+    if door != "completions":
         prompt = fields.pop("prompt", body.pop("prompt"))
         body["messages"] = [{"role": "user", "content": prompt}]
-    path = "/v1/chat/completions" if chat else "/v1/completions"
-    reply = post_json(cluster.http + path, json.dumps(body | fields).encode(), headers)
+    if door == "responses":
+        body = {"model": TINY_MODEL_ID, "max_output_tokens": 4, "input": prompt}
+    reply = post_json(f"{cluster.http}/v1/{door}", json.dumps(body | fields).encode(), headers)
     assert reply.status_code == 200 or 400 <= reply.status_code < 500, (headers, fields, reply.text)
     if reply.status_code != 200:
         error = reply.json()["error"]

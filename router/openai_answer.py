@@ -57,10 +57,7 @@ class Answer:
         """Choice `index`'s next text as (content, tool calls completed, finish reason)."""
         if self.readers is None:
             return text, [], finish
-        content, calls = self.readers[index].feed(text)
-        if finish:
-            more, last = self.readers[index].flush()
-            content, calls = content + more, calls + last
+        content, calls = self.readers[index].read(text, final=bool(finish))
         self.calls[index] += len(calls)
         if finish and self.calls[index] and self.tools.finishes_with_calls:
             finish = "tool_calls"

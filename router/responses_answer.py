@@ -12,7 +12,7 @@ import uuid
 from router.openai_answer import extension_dict
 from router.openai_errors import ERROR_TYPES, HTTP_STATUS
 from router.responses_schema import ResponsesBody
-from router.tools import Call, ToolUse
+from router.tools import Call, PlainReader, ToolUse
 
 
 def _item_id(prefix: str) -> str:
@@ -27,7 +27,7 @@ class ResponsesAnswer:
 
     def __init__(self, rid: str, model: str, body: ResponsesBody, tools: ToolUse | None):
         self.body = body
-        self.reader = tools.reader() if tools is not None else None
+        self.reader = tools.reader() if tools is not None else PlainReader()
         self.head = {
             "id": rid,
             "object": "response",
@@ -42,7 +42,7 @@ class ResponsesAnswer:
     # -- the whole answer ------------------------------------------------------------------
     def whole(self, resps: list) -> dict:
         resp = resps[0]
-        content, calls = self._read(resp.text, final=True)
+        content, calls = self.reader.read(resp.text, final=True)
         status = "incomplete" if resp.finish_reason == "length" else "completed"
         items = [self._message(content, status)] if content or not calls else []
         items += [self._call(c) for c in calls]
@@ -53,7 +53,7 @@ class ResponsesAnswer:
         """The events of one stream message (`index`: always 0, one choice)."""
         events = [] if self.started else self._opening()
         self.started = True
-        content, calls = self._read(msg.text, final=bool(msg.finish_reason))
+        content, calls = self.reader.read(msg.text, final=bool(msg.finish_reason))
         if content:
             events += self._text(content)
         if calls or msg.finish_reason:
@@ -134,15 +134,6 @@ class ResponsesAnswer:
         return event
 
     # -- shapes ------------------------------------------------------------------------------
-    def _read(self, text: str, final: bool) -> tuple[str, list[Call]]:
-        if self.reader is None:
-            return text, []
-        content, calls = self.reader.feed(text)
-        if final:
-            more, last = self.reader.flush()
-            content, calls = content + more, calls + last
-        return content, calls
-
     @staticmethod
     def _message(text: str, status: str) -> dict:
         return {

@@ -100,6 +100,14 @@ class Reader:
     def flush(self) -> tuple[str, list[Call]]:
         raise NotImplementedError
 
+    def read(self, text: str, final: bool) -> tuple[str, list[Call]]:
+        """`feed`, then `flush` too where `text` is the last."""
+        content, calls = self.feed(text)
+        if final:
+            more, last = self.flush()
+            content, calls = content + more, calls + last
+        return content, calls
+
 
 class HermesReader(Reader):
     """Content streams until a `<tool_call>` opens (a tail that might begin one is held);
@@ -153,10 +161,11 @@ class HermesReader(Reader):
 
 
 class WholeReader(Reader):
-    """Reads the whole output at the end (`read`: text -> calls, or None: it is content)."""
+    """Reads the whole output at the end (`calls_of`: text -> calls, or None: it is
+    content)."""
 
-    def __init__(self, read):
-        self.read = read
+    def __init__(self, calls_of):
+        self.calls_of = calls_of
         self.buf = ""
 
     def feed(self, text: str) -> tuple[str, list[Call]]:
@@ -165,7 +174,7 @@ class WholeReader(Reader):
 
     def flush(self) -> tuple[str, list[Call]]:
         text, self.buf = self.buf, ""
-        calls = self.read(text)
+        calls = self.calls_of(text)
         return ("", calls) if calls else (text, [])
 
 

@@ -5,6 +5,7 @@ beside its gRPC server, in front of the same `Router`.
     POST /v1/completions       text in; `stream: true` answers with Server-Sent Events
     POST /v1/chat/completions  messages in, the model's chat template applied; tools
     POST /v1/responses         OpenAI's Responses API, served as the chat it is
+    POST /v1/messages          Anthropic's Messages API, the same way (and count_tokens)
     GET  /health               200 while some verifier replica is healthy, else 503
     POST /tokenize, /detokenize  vLLM's: a prompt's or a chat's ids, and ids' text
 
@@ -33,6 +34,8 @@ from aiohttp import web
 
 from protos.specd.v1 import router_pb2, verifier_pb2
 from router import openai_schema as schema
+from router.anthropic_answer import AnthropicAnswer, in_anthropic_shape
+from router.anthropic_schema import CountTokensBody, MessagesBody
 from router.fim import markers_of
 from router.generation import Router
 from router.openai_answer import Answer
@@ -48,6 +51,7 @@ from specd.serving import ListenError
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = MAX_MESSAGE_BYTES  # as the gRPC listener's
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+MESSAGES = "/v1/messages"  # Anthropic's Messages API: its errors in Anthropic's shape
 
 
 class OpenAIDoor:
@@ -91,6 +95,8 @@ class OpenAIDoor:
                 web.post("/v1/completions", self.completions),
                 web.post("/v1/chat/completions", self.chat),
                 web.post("/v1/responses", self.responses),
+                web.post(MESSAGES, self.messages),
+                web.post(f"{MESSAGES}/count_tokens", self.count_tokens),
                 web.post("/tokenize", self.tokenize),
                 web.post("/detokenize", self.detokenize),
             ]
@@ -121,13 +127,17 @@ class OpenAIDoor:
         if not self._expected or not request.path.startswith("/v1/"):
             return await handler(request)
         given = request.headers.get("Authorization", "").encode()
+        if "x-api-key" in request.headers:  # Anthropic's clients send the key so
+            given = f"Bearer {request.headers['x-api-key']}".encode()
         if hmac.compare_digest(given, self._expected):
             return await handler(request)
-        return error_response(
+        refused = error_response(
             401,
-            "missing or wrong bearer token (header 'Authorization: Bearer <token>')",
+            "missing or wrong bearer token (header 'Authorization: Bearer <token>', or "
+            "'x-api-key: <token>')",
             code="invalid_api_key",
         )
+        return in_anthropic_shape(refused) if request.path.startswith(MESSAGES) else refused
 
     # -- handlers ----------------------------------------------------------------------------
     async def health(self, request):
@@ -238,12 +248,36 @@ class OpenAIDoor:
         """OpenAI's Responses API, served as the chat it is (router/responses_schema.py)."""
         return await self._serve(request, ResponsesBody, "response", "resp")
 
+    async def messages(self, request):
+        """Anthropic's Messages API, served as the chat it is (router/anthropic_schema.py)."""
+        return in_anthropic_shape(await self._serve(request, MessagesBody, "message", "msg"))
+
+    async def count_tokens(self, request):
+        """Anthropic's count_tokens: the prompt a message would have, counted."""
+        try:
+            body = schema.parse(await request.read(), CountTokensBody)
+            if (refused := self._unknown(body.model)) is not None:
+                return in_anthropic_shape(refused)
+            chat = body.chat()
+            tools = schema.tool_dicts(chat.tools)
+            counted = router_pb2.GenerateRequest(
+                messages=chat_input(chat.messages, tools, chat.template_options()),
+                max_new_tokens=1,
+            )
+            ids = self.router.prepare(counted, {}).prompt_ids
+        except schema.BodyError as exc:
+            return in_anthropic_shape(error_response(400, str(exc), exc.param))
+        except RequestError as exc:
+            return in_anthropic_shape(request_error_response(exc))
+        return web.json_response({"input_tokens": len(ids)})
+
     async def _serve(self, request: web.Request, kind, obj: str, prefix: str):
         try:
             body = schema.parse(await request.read(), kind)
             if (refused := self._unknown(body.model)) is not None:
                 return refused
-            asked = body.chat_body() if isinstance(body, ResponsesBody) else body
+            served_as_chat = isinstance(body, (ResponsesBody, MessagesBody))
+            asked = body.chat_body() if served_as_chat else body
             headers = {k.lower(): v for k, v in request.headers.items()}
             chat = isinstance(asked, schema.ChatBody)
             tools = asked.tool_use(self.call_format) if chat else None
@@ -263,6 +297,8 @@ class OpenAIDoor:
             return request_error_response(exc)
         if isinstance(body, ResponsesBody):
             answer = ResponsesAnswer(f"resp_{uuid.uuid4().hex}", self.model, body, tools)
+        elif isinstance(body, MessagesBody):
+            answer = AnthropicAnswer(self.model, tools)
         else:
             rid, decode = f"{prefix}-{uuid.uuid4().hex}", self.router.tokenizer.decode
             prompt_ids = [p.prompt_ids for p in preps]

@@ -292,8 +292,10 @@ BODY_FIELDS = [
     # the Responses API's
     *("input", "instructions", "max_output_tokens", "text", "previous_response_id", "store"),
     *("metadata", "include", "reasoning", "truncation"),
+    # Anthropic's Messages API's
+    *("system", "stop_sequences", "output_config", "thinking"),
 ]
-DOORS = ["chat/completions", "completions", "responses"]
+DOORS = ["chat/completions", "completions", "responses", "messages"]
 
 
 @pytest.mark.timeout(600)
@@ -312,7 +314,8 @@ DOORS = ["chat/completions", "completions", "responses"]
 def test_any_json_body_is_served_or_refused_in_the_openai_shape(cluster, door, headers, fields):
     """A served body with up to three fields set to any JSON value, or with any text where
     it takes text, and any of the headers the door reads: 200, or a 4xx in the OpenAI
-    error shape, never a 500 (an exception the door did not expect)."""
+    error shape (Anthropic's at its door), never a 500 (an exception the door did not
+    expect)."""
     body, fields = {"model": TINY_MODEL_ID, "max_tokens": 4, "prompt": "def f(x):"}, dict(fields)
     if door != "completions":
         prompt = fields.pop("prompt", body.pop("prompt"))

@@ -8,6 +8,7 @@ import urllib.request
 from dataclasses import dataclass
 
 from router.policy import Policy
+from tests.cluster import TINY_MODEL_ID
 
 POLICY = Policy.from_dict(
     {
@@ -21,6 +22,34 @@ TOKEN = "http-s3cret"
 
 
 CHAT = [{"role": "user", "content": "def add(a, b):"}]
+# a tool's parameters: a city, one of two
+CITY = {"type": "object", "properties": {"city": {"enum": ["Oslo", "Paris"]}}}
+CITY |= {"required": ["city"], "additionalProperties": False}
+
+
+def terse_chat(client, speculation: str):
+    """A greedy 12-token chat answer to "ab" under the system prompt "Be terse." (what the
+    Responses and Messages doors' tests compare with)."""
+    return client.chat.completions.create(
+        model=TINY_MODEL_ID,
+        messages=[{"role": "system", "content": "Be terse."}, {"role": "user", "content": "ab"}],
+        temperature=0,
+        max_tokens=12,
+        extra_body={"speculation": speculation},
+    )
+
+
+def called(question: str, arguments: str, result: str, then: str = "") -> list[dict]:
+    """A chat in which the assistant called get_weather (call id "c1") with `arguments`
+    and the tool answered `result`; `then`: the user's next words, if any."""
+    call = {"id": "c1", "type": "function"}
+    call["function"] = {"name": "get_weather", "arguments": arguments}
+    chat = [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": result},
+    ]
+    return chat + ([{"role": "user", "content": then}] if then else [])
 
 
 @dataclass

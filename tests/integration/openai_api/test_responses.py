@@ -11,10 +11,8 @@ import openai
 import pytest
 
 from tests.cluster import TINY_MODEL_ID
-from tests.integration.openai_api.door import post_json
+from tests.integration.openai_api.door import CITY, called, post_json, terse_chat
 
-CITY = {"type": "object", "properties": {"city": {"enum": ["Oslo", "Paris"]}}}
-CITY |= {"required": ["city"], "additionalProperties": False}
 WEATHER = {"type": "function", "name": "get_weather", "parameters": CITY}
 
 
@@ -26,13 +24,7 @@ def respond(client, speculation="on", **fields):
 
 @pytest.mark.parametrize("speculation", ["off", "on"])
 def test_a_response_is_the_chat_it_stands_for_whole_and_streamed(client, speculation):
-    chat = client.chat.completions.create(
-        model=TINY_MODEL_ID,
-        messages=[{"role": "system", "content": "Be terse."}, {"role": "user", "content": "ab"}],
-        temperature=0,
-        max_tokens=12,
-        extra_body={"speculation": speculation},
-    )
+    chat = terse_chat(client, speculation)
     want = chat.choices[0]
     whole = respond(client, speculation, instructions="Be terse.", input="ab")
     assert whole.id.startswith("resp_") and whole.object == "response"
@@ -112,21 +104,7 @@ def test_earlier_calls_and_their_outputs_are_the_conversation(cluster, client):
         {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
         {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
     ]
-    chat = [
-        {"role": "user", "content": "weather?"},
-        {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [
-                {
-                    "id": "c1",
-                    "type": "function",
-                    "function": {"name": "get_weather", "arguments": "{}"},
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
-    ]
+    chat = called("weather?", "{}", "sunny")
     count = post_json(f"{cluster.http}/tokenize", {"messages": chat}).json()["count"]
     assert respond(client, input=items, max_output_tokens=2).usage.input_tokens == count
 

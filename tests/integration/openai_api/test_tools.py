@@ -16,10 +16,8 @@ from router.generation import Router
 from router.openai_http import OpenAIDoor
 from router.openai_http import start as start_http
 from tests.cluster import TINY_MODEL_ID, char_tokenizer
-from tests.integration.openai_api.door import CHAT, POLICY, post_json
+from tests.integration.openai_api.door import CHAT, CITY, POLICY, post_json
 
-CITY = {"type": "object", "properties": {"city": {"enum": ["Oslo", "Paris"]}}}
-CITY |= {"required": ["city"], "additionalProperties": False}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": CITY}}
 TIME = {"type": "function", "function": {"name": "get_time", "description": "now"}}
 TOOLS = [WEATHER, TIME]

@@ -40,6 +40,9 @@ class ToolUseBlock(_Strict):
     name: str
     input: dict[str, Any]
     cache_control: CacheControl | None = None
+    # what Anthropic's own blocks carry, handed back by clients that echo them whole
+    caller: dict[str, Any] | None = None
+    toolset_name: str | None = None
 
 
 class ToolResultBlock(_Strict):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag
+from pydantic import AliasChoices, Discriminator, Field, Tag
 
 from router.openai_schema import (
     BodyError,
@@ -47,6 +47,7 @@ class Message(_Strict):
     content: str | list[TextContent]
     id: str | None = None  # an earlier answer's item, handed back
     status: str | None = None
+    phase: str | None = None
 
 
 class FunctionCall(_Strict):
@@ -58,6 +59,10 @@ class FunctionCall(_Strict):
     arguments: str
     id: str | None = None
     status: str | None = None
+    # what OpenAI's own items carry, handed back by clients that echo them whole
+    caller: dict[str, Any] | None = None
+    namespace: str | None = None
+    async_: bool | None = Field(None, validation_alias=AliasChoices("async", "async_"))
 
 
 class FunctionCallOutput(_Strict):
@@ -68,6 +73,9 @@ class FunctionCallOutput(_Strict):
     output: str | list[TextContent]
     id: str | None = None
     status: str | None = None
+    caller: dict[str, Any] | None = None
+    name: str | None = None
+    namespace: str | None = None
 
 
 def _kind(item: Any) -> str:

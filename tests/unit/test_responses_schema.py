@@ -30,7 +30,12 @@ def test_instructions_and_input_items_are_the_chats_messages():
             "content": [{"type": "output_text", "text": "let me look", "annotations": []}],
         },
         {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
-        {"type": "function_call", "call_id": "c2", "name": "g", "arguments": '{"x": 1}'},
+        # an output item as the SDK dumps it, its unset fields null
+        {
+            **{"type": "function_call", "call_id": "c2", "name": "g", "arguments": '{"x": 1}'},
+            **{"id": "fc_1", "status": "completed", "caller": None, "namespace": None},
+            "async": None,
+        },
         {"type": "function_call_output", "call_id": "c1", "output": "one"},
         {"type": "function_call_output", "call_id": "c2", "output": "two"},
         {"type": "function_call", "call_id": "c3", "name": "f", "arguments": "{}"},

@@ -79,6 +79,14 @@ def test_tool_calls_come_back_as_tool_use_blocks(claude, choice):
     whole = ask(claude, **fields)
     assert [b.type for b in whole.content] == ["tool_use"] and whole.stop_reason == "tool_use"
     jsonschema.validate(whole.content[0].input, CITY)
+    # the blocks handed back as the SDK dumps them, with the call's result: served
+    result = {"type": "tool_result", "tool_use_id": whole.content[0].id, "content": "ok"}
+    again = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": [b.model_dump() for b in whole.content]},
+        {"role": "user", "content": [result]},
+    ]
+    assert ask(claude, messages=again, max_tokens=2).stop_reason == "max_tokens"
     events, final = stream(claude, **fields)
     assert "input_json" in [e.type for e in events]  # the SDK's own event for the delta
     assert [(b.name, b.input) for b in final.content] == [("get_weather", whole.content[0].input)]

@@ -53,9 +53,17 @@ TINY = dict(
 
 
 def make_tiny(kind: str, folder, seed: int = 0):
-    """Save a tiny random HF model of `kind` (llama with llama3 rope scaling, or qwen2
-    with QKV bias and tied embeddings) to `folder`; return the HF model (fp32, eval)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    """Save a tiny random HF model of `kind` (llama with llama3 rope scaling, qwen2 with
+    QKV bias and tied embeddings, or qwen3 with its query and key norms and a head_dim of
+    its own) to `folder`; return the HF model (fp32, eval)."""
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     torch.manual_seed(seed)
     if kind == "llama":
@@ -79,12 +87,22 @@ def make_tiny(kind: str, folder, seed: int = 0):
             rope_parameters={"rope_type": "default", "rope_theta": 1e6},
         )
         model = Qwen2ForCausalLM(config)
+    elif kind == "qwen3":  # per-head query and key norms; head_dim apart from hidden / heads
+        config = Qwen3Config(
+            **TINY,
+            head_dim=TINY["hidden_size"] // TINY["num_attention_heads"] * 2,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        )
+        model = Qwen3ForCausalLM(config)
     else:
         raise ValueError(kind)
     with torch.no_grad():  # larger than the init's 0.02 so logits are far from uniform
         for name, p in model.named_parameters():
             if "norm" not in name:
                 p.normal_(0, 0.15)
+            elif "q_norm" in name or "k_norm" in name:  # not the init's ones: a test sees them
+                p.uniform_(0.5, 1.5)
     model.eval()
     model.save_pretrained(folder)
     return model
@@ -111,7 +129,7 @@ def gguf_opens(monkeypatch):
     return opened, uncounted
 
 
-@pytest.fixture(scope="session", params=["llama", "qwen2"])
+@pytest.fixture(scope="session", params=["llama", "qwen2", "qwen3"])
 def tiny(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(f"tiny-{request.param}")
     hf = make_tiny(request.param, folder)
@@ -238,11 +256,11 @@ def real_model_or_skip(name: str):
     return folder
 
 
-def make_tiny_pair(tmp_path_factory, prefix: str = "pair"):
-    """Folders of a tiny Llama target and a draft that is the target with noise added, so
-    it agrees often but not always."""
+def make_tiny_pair(tmp_path_factory, prefix: str = "pair", kind: str = "llama"):
+    """Folders of a tiny target (a Llama unless `kind` says) and a draft that is the target
+    with noise added, so it agrees often but not always."""
     folder = tmp_path_factory.mktemp(f"{prefix}-target")
-    hf = make_tiny("llama", folder, seed=3)
+    hf = make_tiny(kind, folder, seed=3)
     draft_folder = tmp_path_factory.mktemp(f"{prefix}-draft")
     with torch.no_grad():
         g = torch.Generator().manual_seed(4)

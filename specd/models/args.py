@@ -9,7 +9,7 @@ import torch
 
 from specd.models.native import cpu_isa
 
-SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
+SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ def build(model):
         (qkv, qkv_bits), (o, o_bits), (gu, gu_bits), (down, down_bits) = mats
         stack.add_layer(
             layer.attn_norm, layer.mlp_norm, qkv, qkv_bits, layer.bqkv, o, o_bits, layer.bo,
-            gu, gu_bits, down, down_bits,
+            gu, gu_bits, down, down_bits, layer.q_norm, layer.k_norm,
         )  # fmt: skip
     return stack
 

@@ -46,6 +46,8 @@ def as_stated(data: dict) -> SimpleNamespace | None:
     `rope_scaling`)."""
     if data.get("model_type") not in SUPPORTED_TYPES or any(data.get(k) is None for k in STATED):
         return None
+    if data["model_type"] == "qwen3" and data.get("head_dim") is None:
+        return None  # Qwen3Config's default head_dim is 128, not hidden_size / heads
     rope = data.get("rope_parameters")
     if rope is None:
         if data.get("rope_scaling") is not None or data.get("rope_theta") is None:

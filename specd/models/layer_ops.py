@@ -73,6 +73,26 @@ def rope_store(
     return q * c + _rotate_half(q) * s
 
 
+def qk_norm(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    heads: int,
+    kv_heads: int,
+    eps: float,
+    native: bool = False,
+) -> torch.Tensor:
+    """Qwen3's per-head RMSNorm of the queries and keys in qkv [T, (heads + 2 kv_heads) * D]
+    (after any bias, before RoPE) -> a new qkv, the values as they were."""
+    if native:
+        return kernel().qk_norm(qkv.contiguous(), q_weight, k_weight, heads, kv_heads, eps)
+    d = q_weight.shape[0]
+    n_q, n_k = heads * d, kv_heads * d
+    q = rms_norm(qkv[:, :n_q].reshape(-1, heads, d), q_weight, eps)
+    k = rms_norm(qkv[:, n_q : n_q + n_k].reshape(-1, kv_heads, d), k_weight, eps)
+    return torch.cat((q.flatten(1), k.flatten(1), qkv[:, n_q + n_k :]), dim=1)
+
+
 def silu_mul(gate_up: torch.Tensor, native: bool) -> torch.Tensor:
     """[T, 2I] -> silu(gate) * up [T, I]."""
     if native:

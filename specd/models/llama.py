@@ -1,16 +1,18 @@
-"""One Llama-family forward (Llama 3.x, Qwen2 with QKV bias, Mistral, SmolLM) over a
-paged KV cache, for a batch of sequences with different query lengths in one call.
+"""One Llama-family forward (Llama 3.x, Qwen2 with QKV bias, Qwen3 with its query and key
+norms, Mistral, SmolLM) over a paged KV cache, for a batch of sequences with different
+query lengths in one call.
 
-Per layer: RMSNorm -> fused QKV (+bias) -> RoPE -> write K/V to their slots -> GQA
-attention over each sequence's cached + new keys -> O -> residual -> RMSNorm -> fused
-gate/up -> SiLU(gate) * up -> down -> residual. Activations stay flat `[T, hidden]`
-(T = all new tokens of the batch, no padding). Attention reads the K/V pool in place
-(specd.models.attention's kernel, one query row at a time, prefill chunks included); a
-tree wider than its kernel takes, or a device without the kernel, gathers keys and pads
-queries for SDPA. The element-wise parts (residual + RMSNorm, RoPE + K/V write,
-SiLU * up) are specd.models.layer_ops: one native call each on a CPU with the kernels.
-There, with every matrix quantised and attention paged, all the layers of a step run in
-one native call (specd.models.decoder_stack) that makes the loop's calls in its order.
+Per layer: RMSNorm -> fused QKV (+bias) -> (Qwen3: each head's RMSNorm) -> RoPE -> write
+K/V to their slots -> GQA attention over each sequence's cached + new keys -> O ->
+residual -> RMSNorm -> fused gate/up -> SiLU(gate) * up -> down -> residual.
+Activations stay flat `[T, hidden]` (T = all new tokens of the batch, no padding).
+Attention reads the K/V pool in place (specd.models.attention's kernel, one query row at
+a time, prefill chunks included); a tree wider than its kernel takes, or a device without
+the kernel, gathers keys and pads queries for SDPA. The element-wise parts (residual +
+RMSNorm, RoPE + K/V write, SiLU * up) are specd.models.layer_ops: one native call each on
+a CPU with the kernels. There, with every matrix quantised and attention paged, all the
+layers of a step run in one native call (specd.models.decoder_stack) that makes the
+loop's calls in its order (not for Qwen3's norms, which only the loop applies).
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ class Layer:
     mlp_norm: torch.Tensor  # [H]
     w_gate_up: torch.Tensor  # [2 * I, H]
     w_down: torch.Tensor  # [H, I]
+    # Qwen3: an RMSNorm over each query and each key head before RoPE, [head_dim] each
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
 
 
 class LlamaModel:
@@ -218,6 +223,11 @@ class LlamaModel:
         a = self.args
         n_q, hd = a.num_heads * a.head_dim, a.head_dim
         qkv = self._linear(x, layer.wqkv, layer.bqkv)  # [T, n_q + 2 n_kv]
+        if layer.q_norm is not None:
+            qkv = layer_ops.qk_norm(
+                qkv, layer.q_norm, layer.k_norm, a.num_heads, a.num_kv_heads, a.rms_norm_eps,
+                self._native_ops,
+            )  # fmt: skip
         q = layer_ops.rope_store(
             qkv, cos, sin, k_pool, v_pool, plan.write_slots, a.num_heads, a.num_kv_heads,
             self._native_ops,

@@ -176,6 +176,8 @@ class _Tensors:
                 p + "mlp.gate_up_proj.weight", p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"
             ),
             w_down=self.take(p + "mlp.down_proj.weight", matrix=True),
+            q_norm=self.take(a + "q_norm.weight", required=False),
+            k_norm=self.take(a + "k_norm.weight", required=False),
         )
 
 

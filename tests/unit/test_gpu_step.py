@@ -29,7 +29,8 @@ def load(folder):
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     out = {}
-    for kind in ("llama", "qwen2"):  # llama3 rope scaling; QKV bias and a tied head
+    # llama3 rope scaling; QKV bias and a tied head; query and key norms, a head_dim of its own
+    for kind in ("llama", "qwen2", "qwen3"):
         folder = tmp_path_factory.mktemp(f"gpu-step-{kind}")
         make_tiny(kind, folder)
         out[kind] = load(folder)
@@ -49,7 +50,7 @@ def cache(model, *seqs):
     return kv
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
 def test_the_step_matches_the_cpu_forward(triton_ops, models, kind):
     model = models[kind]
     step = gpu_step(model)

@@ -45,7 +45,7 @@ def assert_as_autoconfig(folder, plain: bool):
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     out = {}
-    for kind in ("qwen2", "llama"):  # plain RoPE; llama3 RoPE (conftest.make_tiny)
+    for kind in ("qwen2", "llama", "qwen3"):  # plain RoPE; llama3 RoPE; a head_dim apart
         out[kind] = tmp_path_factory.mktemp(kind)
         make_tiny(kind, out[kind])
     return out
@@ -84,6 +84,14 @@ def test_the_older_rope_form_is_read_alike(folders, tmp_path, rope_scaling, plai
 @pytest.mark.parametrize("field", ["tie_word_embeddings", "num_key_value_heads", "rms_norm_eps"])
 def test_a_field_left_to_its_default_gets_the_architectures_default(folders, tmp_path, field):
     assert_as_autoconfig(rewritten(folders, tmp_path, "qwen2", lambda data: data.pop(field)), False)
+
+
+def test_a_qwen3_config_is_read_as_it_stands_only_where_it_states_its_head_dim(folders, tmp_path):
+    """Qwen3Config's default head_dim is 128, not hidden_size / heads."""
+    assert_as_autoconfig(folders["qwen3"], plain=True)
+    unstated = rewritten(folders, tmp_path, "qwen3", lambda data: data.pop("head_dim"))
+    assert_as_autoconfig(unstated, plain=False)
+    assert load_config(unstated).head_dim == 128
 
 
 @pytest.mark.real

@@ -22,8 +22,9 @@ def pair_folders(tmp_path_factory):
     return make_tiny_pair(tmp_path_factory, prefix="q")
 
 
-# tiny random weights are harsh on int4
-@pytest.mark.parametrize("fmt,min_cos", [("int8", 0.998), ("int4", 0.9)])
+# tiny random weights are harsh on int4: the worst row's cosine moves between 0.88 and 0.96
+# with the seed, for qwen2 and qwen3 alike
+@pytest.mark.parametrize("fmt,min_cos", [("int8", 0.998), ("int4", 0.85)])
 def test_quantised_logits_track_the_dense_ones(tiny, fmt, min_cos):
     folder, _ = tiny
     dense = prefill_logits(load_model(folder, dtype="fp32", device="cpu"), PROMPT)
@@ -197,9 +198,21 @@ def test_a_token_rounds_the_same_decoded_alone_and_verified(pair_folders, fmt, d
 def test_greedy_identical_with_and_without_speculation(pair_folders, fmt, dtype, kv_dtype):
     """Each default configuration: the quantised linear and the paged attention round a
     row the same in a 1-token decode and a (k+1)-token verification."""
+    greedy_parity(pair_folders, fmt, dtype, kv_dtype)
+
+
+@pytest.mark.parametrize("dtype,kv_dtype", DEFAULTS, ids=["bf16", "fp32-fp16kv"])
+def test_a_qwen3_pair_is_greedy_identical_with_and_without_speculation(
+    tmp_path_factory, dtype, kv_dtype
+):
+    """Qwen3's query and key norms, in the native layer stack, at int4."""
+    greedy_parity(make_tiny_pair(tmp_path_factory, "q3", kind="qwen3"), "int4", dtype, kv_dtype)
+
+
+def greedy_parity(folders, fmt: str, dtype: str, kv_dtype) -> None:
     from drafter_service.draft_model import DraftModelProposer
 
-    target_dir, draft_dir = pair_folders
+    target_dir, draft_dir = folders
     target = load_model(target_dir, dtype=dtype, device="cpu", weights=fmt)
     draft = load_model(draft_dir, dtype=dtype, device="cpu", weights=fmt)
     assert target.kv_dtype == kv_dtype and target.weights == fmt
@@ -212,7 +225,7 @@ def test_greedy_identical_with_and_without_speculation(pair_folders, fmt, dtype,
     with LogitsByContext(target) as verified:
         on = run_engine(engine, [dict(r, num_draft=4) for r in reqs])
     assert list(on.values()) == list(off.values())
-    assert engine.totals.accepted > 0
+    assert engine.totals.accepted > 0 and target._stack  # its layers ran in the native stack
     # and the logits behind each token, bit for bit: a tiny model's wide logit gaps hide a
     # rounding difference from the argmax that a real model's near-ties would not
     both = plain.rows.keys() & verified.rows.keys()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from specd.models import layer_ops
 from specd.models.gpu import row_gemm, triton_attention, triton_layer_ops
 from specd.models.gpu.row_gemm import padded, row_linear
 from specd.models.gpu.step_inputs import HostRows, StepInputs
@@ -75,9 +76,15 @@ class GpuStep:
         mlp = None  # the last layer's MLP output, not yet added to x
         for i, layer in enumerate(m.layers):
             h = ops.add_rms_norm(x, mlp, layer.attn_norm, eps, rows)
-            qkv = self.linear(h, layer.wqkv)
+            qkv, bias = self.linear(h, layer.wqkv), layer.bqkv
+            if layer.q_norm is not None:  # Qwen3: the bias, then the heads' norms, in torch
+                qkv = qkv if bias is None else qkv + bias
+                qkv = layer_ops.qk_norm(
+                    qkv, layer.q_norm, layer.k_norm, a.num_heads, a.num_kv_heads, eps
+                )
+                bias = None
             q = ops.rope_store(
-                qkv, layer.bqkv, cos, sin, inputs.positions, inputs.slots, kv.k[i], kv.v[i],
+                qkv, bias, cos, sin, inputs.positions, inputs.slots, kv.k[i], kv.v[i],
                 a.num_heads, a.num_kv_heads, rows,
             )  # fmt: skip
             o = triton_attention.paged_attention(

@@ -22,6 +22,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_amx_min_rows", &set_amx_min_rows, "qlinear calls of this many rows use AMX (0: never); -> the old value");
   m.def("paged_attention", &paged_attention, "attention over a paged K/V cache (AVX512 or AVX2)", release());
   m.def("add_rms_norm", &add_rms_norm, "x += residual (in place), then RMSNorm");
+  m.def("qk_norm", &qk_norm, "each query and key head RMS-normed (Qwen3); -> a new qkv");
   m.def("rope_store", &rope_store, "RoPE on q and k, k and v into the paged pools; -> q");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
   pybind11::class_<DecoderStack>(m, "DecoderStack")

@@ -33,11 +33,14 @@ void DecoderStack::add_layer(const at::Tensor& attn_norm, const at::Tensor& mlp_
                              const c10::optional<at::Tensor>& qkv_bias, const std::vector<at::Tensor>& o,
                              const std::vector<int64_t>& o_bits, const c10::optional<at::Tensor>& o_bias,
                              const std::vector<at::Tensor>& gate_up, const std::vector<int64_t>& gate_up_bits,
-                             const std::vector<at::Tensor>& down, const std::vector<int64_t>& down_bits) {
+                             const std::vector<at::Tensor>& down, const std::vector<int64_t>& down_bits,
+                             const c10::optional<at::Tensor>& q_norm, const c10::optional<at::Tensor>& k_norm) {
   using decoder::make_linear;
+  TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "query and key norms come together");
   layers_.push_back(decoder::Layer{attn_norm, mlp_norm, make_linear(qkv, qkv_bits, qkv_bias),
                                    make_linear(o, o_bits, o_bias), make_linear(gate_up, gate_up_bits, {}),
-                                   make_linear(down, down_bits, {})});
+                                   make_linear(down, down_bits, {}), q_norm.value_or(at::Tensor()),
+                                   k_norm.value_or(at::Tensor())});
 }
 
 at::Tensor DecoderStack::forward(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
@@ -53,7 +56,8 @@ at::Tensor DecoderStack::forward(at::Tensor x, const at::Tensor& cos, const at::
   for (size_t i = 0; i < layers_.size(); ++i) {
     const decoder::Layer& l = layers_[i];
     at::Tensor h = add_rms_norm(x, mlp.defined() ? mlp : none, l.attn_norm, eps_);
-    const at::Tensor qkv = l.qkv(h).contiguous();
+    at::Tensor qkv = l.qkv(h).contiguous();
+    if (l.q_norm.defined()) qkv = qk_norm(qkv, l.q_norm, l.k_norm, heads_, kv_heads_, eps_);
     const at::Tensor q = rope_store(qkv, cos, sin, k_pools[i], v_pools[i], slots, heads_, kv_heads_);
     const at::Tensor out = paged_attention(q.contiguous(), k_pools[i], v_pools[i], table, block_size,
                                            seq_rows, limit, tree, scale);

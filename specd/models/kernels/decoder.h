@@ -27,6 +27,7 @@ struct Linear {
 struct Layer {
   at::Tensor attn_norm, mlp_norm;
   Linear qkv, o, gate_up, down;
+  at::Tensor q_norm, k_norm;  // Qwen3's, [head_dim] (undefined: none)
 };
 
 }  // namespace decoder
@@ -42,7 +43,8 @@ class DecoderStack {
                  const c10::optional<at::Tensor>& qkv_bias, const std::vector<at::Tensor>& o,
                  const std::vector<int64_t>& o_bits, const c10::optional<at::Tensor>& o_bias,
                  const std::vector<at::Tensor>& gate_up, const std::vector<int64_t>& gate_up_bits,
-                 const std::vector<at::Tensor>& down, const std::vector<int64_t>& down_bits);
+                 const std::vector<at::Tensor>& down, const std::vector<int64_t>& down_bits,
+                 const c10::optional<at::Tensor>& q_norm, const c10::optional<at::Tensor>& k_norm);
 
   // x [T, hidden] (updated in place, as the Python loop does) -> the residual stream after
   // the last layer, before the final norm

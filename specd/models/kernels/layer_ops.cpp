@@ -10,6 +10,7 @@
 // on the other rows of the call (batch invariance, as for the matmul and the attention).
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/Parallel.h>
@@ -119,6 +120,21 @@ at::Tensor add_rms_norm(at::Tensor x, const at::Tensor& residual, const at::Tens
                              w.data_ptr<float>(), y.data_ptr<float>(), rows, H, float(eps));
   }
   return y;
+}
+
+at::Tensor qk_norm(const at::Tensor& qkv, const at::Tensor& q_w, const at::Tensor& k_w, int64_t heads,
+                   int64_t kv_heads, double eps) {
+  const int64_t D = q_w.numel(), T = qkv.size(0);
+  TORCH_CHECK(qkv.dim() == 2 && qkv.size(1) == (heads + 2 * kv_heads) * D && k_w.numel() == D,
+              "qkv must be [T, (heads + 2 kv_heads) D], the norms [D]");
+  const at::Tensor none = at::empty({0}, qkv.options());
+  // one row of add_rms_norm a head
+  const at::Tensor q = qkv.narrow(1, 0, heads * D).contiguous().view({T * heads, D});
+  const at::Tensor k = qkv.narrow(1, heads * D, kv_heads * D).contiguous().view({T * kv_heads, D});
+  return at::cat({add_rms_norm(q, none, q_w, eps).view({T, heads * D}),
+                  add_rms_norm(k, none, k_w, eps).view({T, kv_heads * D}),
+                  qkv.narrow(1, (heads + kv_heads) * D, kv_heads * D)},
+                 1);
 }
 
 // qkv [T, (nh + 2 nkv) D] -> q [T, nh, D] after RoPE; K (after RoPE) and V go to the pools

@@ -21,6 +21,10 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_pool, const 
                            const at::Tensor& table, int64_t block_size, const at::Tensor& seq_rows,
                            const at::Tensor& limit, const at::Tensor& tree, double scale);
 at::Tensor add_rms_norm(at::Tensor x, const at::Tensor& residual, const at::Tensor& w, double eps);
+// Qwen3: each query and each key head of qkv [T, (nh + 2 nkv) D] RMS-normed over its D
+// (add_rms_norm's rows, weights q_w and k_w [D]); -> a new qkv, v as it was
+at::Tensor qk_norm(const at::Tensor& qkv, const at::Tensor& q_w, const at::Tensor& k_w, int64_t heads,
+                   int64_t kv_heads, double eps);
 at::Tensor rope_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
                       at::Tensor k_pool, at::Tensor v_pool, const at::Tensor& slots,
                       int64_t nh, int64_t nkv);

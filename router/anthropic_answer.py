@@ -14,7 +14,8 @@ from aiohttp import web
 
 from router.openai_answer import extension_dict
 from router.openai_errors import ERROR_TYPES, HTTP_STATUS
-from router.tools import Call, PlainReader, ToolUse
+from router.reasoning import AnswerReader
+from router.tools import Call, ToolUse
 
 # the OpenAI shape's error types, as Anthropic names them
 KINDS = {"service_unavailable_error": "overloaded_error", "server_error": "api_error"}
@@ -26,19 +27,22 @@ class AnthropicAnswer:
     END = b""  # the stream ends with message_stop
     n_each = 1  # one choice
 
-    def __init__(self, model: str, tools: ToolUse | None):
+    def __init__(self, model: str, tools: ToolUse | None, reasoning: str | None = None):
+        """`reasoning`: the router's reasoning parser, whose thinking comes as a
+        `thinking` block first (router.reasoning; its `signature` empty)."""
         self.id = f"msg_{uuid.uuid4().hex}"
         self.model = model
-        self.reader = tools.reader() if tools is not None else PlainReader()
+        self.reader = AnswerReader(reasoning, tools.reader() if tools is not None else None)
         self.started = False  # the stream's message_start went out
         self.block = -1  # the stream's last block's index
-        self.text_open = False  # the stream's text block is open
+        self.open: str | None = None  # the stream's open block: "thinking", "text" or None
         self.called = False  # the stream held a tool call
 
     def whole(self, resps: list) -> dict:
         resp = resps[0]
-        content, calls = self.reader.read(resp.text, final=True)
-        blocks = [{"type": "text", "text": content}] if content or not calls else []
+        thinking, content, calls = self.reader.read(resp.text, final=True)
+        blocks = [_thinking(thinking)] if thinking else []
+        blocks += [{"type": "text", "text": content}] if content or not calls else []
         blocks += [_tool_use(c) for c in calls]
         out = self._message(blocks, resp)
         out["usage"] = _usage(resp)
@@ -52,17 +56,17 @@ class AnthropicAnswer:
             start["usage"] = {"input_tokens": msg.usage.prompt_tokens, "output_tokens": 0}
             events.append({"type": "message_start", "message": start})
         final = bool(msg.finish_reason)
-        content, calls = self.reader.read(msg.text, final)
+        thinking, content, calls = self.reader.read(msg.text, final)
+        if thinking:
+            events += self._open("thinking", _thinking(""))
+            delta = {"type": "thinking_delta", "thinking": thinking}
+            events.append(self._event("content_block_delta", delta=delta))
         if content:
-            if not self.text_open:
-                self.block, self.text_open = self.block + 1, True
-                block = {"type": "text", "text": ""}
-                events.append(self._event("content_block_start", content_block=block))
+            events += self._open("text", {"type": "text", "text": ""})
             delta = {"type": "text_delta", "text": content}
             events.append(self._event("content_block_delta", delta=delta))
-        if (calls or final) and self.text_open:
-            self.text_open = False
-            events.append(self._event("content_block_stop"))
+        if calls or final:
+            events += self._close()
         for call in calls:
             self.block, self.called = self.block + 1, True
             block = {**_tool_use(call), "input": {}}
@@ -85,6 +89,20 @@ class AnthropicAnswer:
         """An error after the stream began, as Anthropic's `error` event."""
         kind = ERROR_TYPES.get(HTTP_STATUS.get(exc.code, 500), "server_error")
         return error_body(str(exc), kind)
+
+    def _open(self, kind: str, block: dict) -> list[dict]:
+        """The stream's block of this kind, opened unless it is the open one."""
+        if self.open == kind:
+            return []
+        events = self._close()
+        self.block, self.open = self.block + 1, kind
+        return events + [self._event("content_block_start", content_block=block)]
+
+    def _close(self) -> list[dict]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [self._event("content_block_stop")]
 
     def _event(self, kind: str, **fields) -> dict:
         return {"type": kind, "index": self.block, **fields}
@@ -111,6 +129,10 @@ class AnthropicAnswer:
         if final.WhichOneof("stop_reason") == "stop_string":
             return "stop_sequence", final.stop_string
         return ("tool_use" if called else "end_turn"), None
+
+
+def _thinking(text: str) -> dict:
+    return {"type": "thinking", "thinking": text, "signature": ""}
 
 
 def _tool_use(call: Call) -> dict:

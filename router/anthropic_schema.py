@@ -55,6 +55,16 @@ class ToolResultBlock(_Strict):
     cache_control: CacheControl | None = None
 
 
+class ThinkingBlock(_Strict):
+    """An earlier answer's thinking, handed back: left out of the prompt, as the chat
+    templates of reasoning models leave earlier turns' thinking out."""
+
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+    cache_control: CacheControl | None = None
+
+
 def _kind(block: Any) -> str | None:
     return block.get("type") if isinstance(block, dict) else getattr(block, "type", None)
 
@@ -62,7 +72,8 @@ def _kind(block: Any) -> str | None:
 Block = Annotated[
     Annotated[TextBlock, Tag("text")]
     | Annotated[ToolUseBlock, Tag("tool_use")]
-    | Annotated[ToolResultBlock, Tag("tool_result")],
+    | Annotated[ToolResultBlock, Tag("tool_result")]
+    | Annotated[ThinkingBlock, Tag("thinking")],
     Discriminator(_kind),
 ]
 

@@ -30,6 +30,15 @@ class IncrementalDetokenizer:
         return now[len(before) :]
 
 
+def may_begin(text: str, marker: str) -> int:
+    """How many characters at the end of `text` might begin `marker` (text a stream holds
+    back until it knows)."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
+
+
 class StopStrings:
     """Hold back text that might be the start of a stop string; cut exactly at one (after
     it with `include`, vLLM's include_stop_str_in_output). Each stop string is looked for

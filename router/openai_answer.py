@@ -11,6 +11,7 @@ from google.protobuf.json_format import MessageToDict
 
 from protos.specd.v1 import common_pb2
 from router.openai_errors import error_event
+from router.reasoning import AnswerReader
 from router.tools import ToolUse
 
 
@@ -28,10 +29,13 @@ class Answer:
         prompts: list[list[int]],
         token_text=None,
         tools: ToolUse | None = None,
+        reasoning: str | None = None,
     ):
         """`prompts`: each prompt's ids (a batch's choices: `n` for each, in order);
         `token_text`: ids -> their text (the tokenizer's decode), for log-probabilities;
-        `tools`: a chat's tool use, whose calls are read out of each choice's text."""
+        `tools`: a chat's tool use, whose calls are read out of each choice's text;
+        `reasoning`: the router's reasoning parser (router.reasoning), whose thinking a
+        chat answers apart as `reasoning_content`, as vLLM does."""
         self.chat = obj == "chat.completion"
         self.obj = obj
         self.head = {"id": rid, "object": obj, "created": int(time.time()), "model": model}
@@ -48,20 +52,22 @@ class Answer:
         self.echoed: set[int] = set()
         self.prompt_only = bool(getattr(body, "prompt_only", False))
         self.tools = tools
-        self.readers = [tools.reader() for _ in range(self.n)] if tools else None
+        self.reasoning = reasoning if self.chat else None
+        self.readers = [
+            AnswerReader(self.reasoning, tools.reader() if tools else None) for _ in range(self.n)
+        ]
         self.calls = [0] * self.n  # each choice's calls so far (a stream's call index)
         # a prompt is counted once, whatever its n; completion tokens as choices finish
         self.usage = common_pb2.Usage(prompt_tokens=sum(len(p) for p in prompts))
 
-    def _read(self, index: int, text: str, finish: str | None) -> tuple[str, list, str | None]:
-        """Choice `index`'s next text as (content, tool calls completed, finish reason)."""
-        if self.readers is None:
-            return text, [], finish
-        content, calls = self.readers[index].read(text, final=bool(finish))
+    def _read(self, index: int, text: str, finish: str | None) -> tuple[str, str, list, str | None]:
+        """Choice `index`'s next text as (thinking, content, tool calls completed, finish
+        reason); the calls are read in the answer after the thinking."""
+        thinking, content, calls = self.readers[index].read(text, final=bool(finish))
         self.calls[index] += len(calls)
         if finish and self.calls[index] and self.tools.finishes_with_calls:
             finish = "tool_calls"
-        return content, calls, finish
+        return thinking, content, calls, finish
 
     def _with_prompt(self, index: int, msg, text: str) -> tuple[str, list, list]:
         """A choice's text, token ids and log-probabilities, led by the prompt's in its
@@ -98,8 +104,10 @@ class Answer:
         elif delta is not None:
             choice["delta"] = delta
         else:
-            content, calls, finish = self._read(index, text, finish)
+            thinking, content, calls, finish = self._read(index, text, finish)
             choice["message"] = {"role": "assistant", "content": content}
+            if self.reasoning:
+                choice["message"]["reasoning_content"] = thinking or None
             if calls:  # content null beside calls where the model wrote none, as OpenAI
                 choice["message"] |= {
                     "content": content or None,
@@ -149,11 +157,13 @@ class Answer:
             out.append({**head, "choices": [self._choice(index, None, "", None, delta)], **usage})
         finish = msg.finish_reason or None
         if msg.text or msg.token_ids or msg.prompt_logprobs or finish:
-            text, calls = msg.text, []
+            text, calls, thinking = msg.text, [], ""
             if self.chat:
                 first = self.calls[index]
-                text, calls, finish = self._read(index, msg.text, finish)
-            delta = {"content": text} if text or not (finish or calls) else {}
+                thinking, text, calls, finish = self._read(index, msg.text, finish)
+            delta = {"content": text} if text or not (finish or calls or thinking) else {}
+            if thinking:
+                delta = {"reasoning_content": thinking, **delta}
             if calls:
                 delta["tool_calls"] = [c.as_dict(first + i) for i, c in enumerate(calls)]
             chunk = {**head, "choices": [self._choice(index, msg, text, finish, delta)]}

@@ -42,6 +42,7 @@ from router.openai_answer import Answer
 from router.openai_errors import error_response, request_error_response
 from router.openai_request import OPENAI_DEFAULTS, SamplingDefaults, chat_input, to_request
 from router.prepare import Prepared, RequestError
+from router.reasoning import check_parser
 from router.responses_answer import ResponsesAnswer
 from router.responses_schema import ResponsesBody
 from router.tools import call_format
@@ -64,12 +65,14 @@ class OpenAIDoor:
         registry=None,
         sampling: SamplingDefaults = OPENAI_DEFAULTS,
         tool_call_parser: str = "auto",
+        reasoning_parser: str = "",
     ):
         """`model`: the id clients name (and /v1/models lists); `aliases`: other names
         accepted for it; `token`: the bearer token ("" = open); `registry`: the router's
         Prometheus metrics, served at /metrics (as vLLM serves its own on its API port);
         `sampling`: what a body's absent sampling fields mean; `tool_call_parser`: the
-        format of the model's tool calls (`router.tools.call_format`)."""
+        format of the model's tool calls (`router.tools.call_format`); `reasoning_parser`:
+        how its thinking is read apart (`router.reasoning`; "" = it is not)."""
         self.router = router
         self.registry = registry
         self.sampling = sampling
@@ -81,6 +84,7 @@ class OpenAIDoor:
         # how the model writes a tool call
         template = getattr(router.tokenizer, "chat_template", None)
         self.call_format = call_format(tool_call_parser, template)
+        self.reasoning = check_parser(reasoning_parser)
         self.fim = markers_of(router.tokenizer)  # for a completion's suffix
 
     def app(self) -> web.Application:
@@ -295,14 +299,16 @@ class OpenAIDoor:
             return error_response(400, str(exc), exc.param)
         except RequestError as exc:
             return request_error_response(exc)
+        thinking = self.reasoning
         if isinstance(body, ResponsesBody):
-            answer = ResponsesAnswer(f"resp_{uuid.uuid4().hex}", self.model, body, tools)
+            rid = f"resp_{uuid.uuid4().hex}"
+            answer = ResponsesAnswer(rid, self.model, body, tools, thinking)
         elif isinstance(body, MessagesBody):
-            answer = AnthropicAnswer(self.model, tools)
+            answer = AnthropicAnswer(self.model, tools, thinking)
         else:
             rid, decode = f"{prefix}-{uuid.uuid4().hex}", self.router.tokenizer.decode
             prompt_ids = [p.prompt_ids for p in preps]
-            answer = Answer(obj, rid, self.model, body, prompt_ids, decode, tools)
+            answer = Answer(obj, rid, self.model, body, prompt_ids, decode, tools, thinking)
         choices = [choice for prep in preps for choice in _choices(prep, answer.n_each)]
         if not body.stream:
             try:

@@ -11,8 +11,9 @@ import uuid
 
 from router.openai_answer import extension_dict
 from router.openai_errors import ERROR_TYPES, HTTP_STATUS
+from router.reasoning import AnswerReader
 from router.responses_schema import ResponsesBody
-from router.tools import Call, PlainReader, ToolUse
+from router.tools import Call, ToolUse
 
 
 def _item_id(prefix: str) -> str:
@@ -25,9 +26,13 @@ class ResponsesAnswer:
     END = b""  # the stream ends with its last event, no `[DONE]`
     n_each = 1  # one choice
 
-    def __init__(self, rid: str, model: str, body: ResponsesBody, tools: ToolUse | None):
+    def __init__(
+        self, rid: str, model: str, body: ResponsesBody, tools: ToolUse | None, reasoning=None
+    ):
+        """`reasoning`: the router's reasoning parser, whose thinking comes as a
+        `reasoning` item before the message (router.reasoning)."""
         self.body = body
-        self.reader = tools.reader() if tools is not None else PlainReader()
+        self.reader = AnswerReader(reasoning, tools.reader() if tools is not None else None)
         self.head = {
             "id": rid,
             "object": "response",
@@ -37,14 +42,19 @@ class ResponsesAnswer:
         self.sequence = 0
         self.output: list[dict] = []  # items so far (a stream's)
         self.message: dict | None = None  # a stream's message item while it is open
+        self.thought: dict | None = None  # a stream's reasoning item while it is open
         self.started = False
 
     # -- the whole answer ------------------------------------------------------------------
     def whole(self, resps: list) -> dict:
         resp = resps[0]
-        content, calls = self.reader.read(resp.text, final=True)
+        thinking, content, calls = self.reader.read(resp.text, final=True)
         status = "incomplete" if resp.finish_reason == "length" else "completed"
-        items = [self._message(content, status)] if content or not calls else []
+        cut = status == "incomplete" and not (content or calls)  # it ended thinking
+        items = (
+            [self._reasoning(thinking, "incomplete" if cut else "completed")] if thinking else []
+        )
+        items += [self._message(content, status)] if content or not calls else []
         items += [self._call(c) for c in calls]
         return self._response(items, resp)
 
@@ -53,7 +63,12 @@ class ResponsesAnswer:
         """The events of one stream message (`index`: always 0, one choice)."""
         events = [] if self.started else self._opening()
         self.started = True
-        content, calls = self.reader.read(msg.text, final=bool(msg.finish_reason))
+        thinking, content, calls = self.reader.read(msg.text, final=bool(msg.finish_reason))
+        if thinking:
+            events += self._thinking(thinking)
+        if content or calls or msg.finish_reason:
+            cut = msg.finish_reason == "length" and not (content or calls)
+            events += self._close_thought(cut)
         if content:
             events += self._text(content)
         if calls or msg.finish_reason:
@@ -91,6 +106,32 @@ class ResponsesAnswer:
         self.message["content"][0]["text"] += delta
         events.append(self._event("response.output_text.delta", **self._at(), delta=delta))
         return events
+
+    def _thinking(self, delta: str) -> list[dict]:
+        events = []
+        if self.thought is None:
+            self.thought = self._reasoning("", "in_progress")
+            events += self._item_added(self.thought)
+        self.thought["content"][0]["text"] += delta
+        at = {"item_id": self.thought["id"], "output_index": len(self.output) - 1}
+        events.append(
+            self._event("response.reasoning_text.delta", **at, content_index=0, delta=delta)
+        )
+        return events
+
+    def _close_thought(self, cut: bool) -> list[dict]:
+        """The reasoning item done (`cut`: the token limit ended it)."""
+        thought, self.thought = self.thought, None
+        if thought is None:
+            return []
+        thought["status"] = "incomplete" if cut else "completed"
+        index = self.output.index(thought)
+        at = {"item_id": thought["id"], "output_index": index, "content_index": 0}
+        text = thought["content"][0]["text"]
+        return [
+            self._event("response.reasoning_text.done", **at, text=text),
+            self._event("response.output_item.done", output_index=index, item=thought),
+        ]
 
     def _close_message(self, finish: str) -> list[dict]:
         message, self.message = self.message, None
@@ -134,6 +175,16 @@ class ResponsesAnswer:
         return event
 
     # -- shapes ------------------------------------------------------------------------------
+    @staticmethod
+    def _reasoning(text: str, status: str) -> dict:
+        return {
+            "id": _item_id("rs"),
+            "type": "reasoning",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}],
+            "status": status,
+        }
+
     @staticmethod
     def _message(text: str, status: str) -> dict:
         return {

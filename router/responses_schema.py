@@ -78,16 +78,32 @@ class FunctionCallOutput(_Strict):
     namespace: str | None = None
 
 
+class ReasoningItem(_Strict):
+    """An earlier answer's thinking, handed back: left out of the prompt, as the chat
+    templates of reasoning models leave earlier turns' thinking out."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[dict[str, Any]] = []
+    content: list[dict[str, Any]] | None = None
+    encrypted_content: str | None = None
+    status: str | None = None
+
+
+KINDS = ("message", "function_call", "function_call_output", "reasoning")
+
+
 def _kind(item: Any) -> str:
     """An input item's type; a message may leave it out (the API's "easy" message)."""
     kind = item.get("type", "message") if isinstance(item, dict) else getattr(item, "type", None)
-    return kind if kind in ("message", "function_call", "function_call_output") else "message"
+    return kind if kind in KINDS else "message"
 
 
 Item = Annotated[
     Annotated[Message, Tag("message")]
     | Annotated[FunctionCall, Tag("function_call")]
-    | Annotated[FunctionCallOutput, Tag("function_call_output")],
+    | Annotated[FunctionCallOutput, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")],
     Discriminator(_kind),
 ]
 
@@ -215,6 +231,8 @@ class ResponsesBody(_Request):
         out = [{"role": "system", "content": self.instructions}] if self.instructions else []
         items = [Message(role="user", content=self.input)] if isinstance(self.input, str) else []
         for item in items or self.input:
+            if isinstance(item, ReasoningItem):
+                continue
             if isinstance(item, Message):
                 out.append({"role": item.role, "content": _text(item.content)})
             elif isinstance(item, FunctionCallOutput):

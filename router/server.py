@@ -166,7 +166,14 @@ async def _start_http(config, router: Router, token: str, registry):
     if config.sampling_defaults == "model":
         sampling = SamplingDefaults.from_folder(resolve(config.tokenizer))
     door = OpenAIDoor(
-        router, model, (config.tokenizer,), token, registry, sampling, config.tool_call_parser
+        router,
+        model,
+        (config.tokenizer,),
+        token,
+        registry,
+        sampling,
+        config.tool_call_parser,
+        config.reasoning_parser,
     )
     runner, port = await start(
         door,
@@ -177,12 +184,14 @@ async def _start_http(config, router: Router, token: str, registry):
         config.drain_seconds,
     )
     log.info(
-        "router serving the OpenAI API on http%s://%s:%d/v1 as model %r (tool calls read: %s)",
+        "router serving the OpenAI API on http%s://%s:%d/v1 as model %r (tool calls read: "
+        "%s; thinking read: %s)",
         "s" if config.tls_cert else "",
         config.host,
         port,
         model,
         door.call_format or "none, tool_choice auto refused",
+        door.reasoning or "no, it stays in the text",
     )
 
     async def drain() -> None:

@@ -26,6 +26,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from router.detok import may_begin
+
 HERMES = "hermes"
 LLAMA3_JSON = "llama3_json"
 FORMATS = (HERMES, LLAMA3_JSON)
@@ -81,14 +83,6 @@ def _loads(text: str) -> Any:
         return None
 
 
-def _held(text: str, marker: str) -> int:
-    """How many characters at the end of `text` might begin `marker`."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
-
-
 class Reader:
     """Reads one choice's text as it streams: `feed` and then `flush` each return the
     content that can go out now and the calls completed. The whole text fed at once reads
@@ -125,7 +119,7 @@ class HermesReader(Reader):
         while True:
             if not self.inside:
                 at = self.buf.find(_OPEN)
-                end = at if at >= 0 else len(self.buf) - _held(self.buf, _OPEN)
+                end = at if at >= 0 else len(self.buf) - may_begin(self.buf, _OPEN)
                 content.append(self._content(self.buf[:end]))
                 if at < 0:
                     self.buf = self.buf[end:]

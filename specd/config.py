@@ -246,6 +246,10 @@ class RouterConfig:
     # how the model writes a tool call, for `tool_choice: auto` (vLLM's flag): hermes,
     # llama3_json, or auto = the format its chat template teaches
     tool_call_parser: str = "auto"
+    # the thinking a reasoning model writes between <think> and </think>, answered apart
+    # (chat's reasoning_content; the Responses API's reasoning item; Anthropic's thinking
+    # block), vLLM's flag: deepseek_r1 or qwen3; "" = none, the thinking stays in the text
+    reasoning_parser: str = ""
 
     def __post_init__(self):
         if self.sampling_defaults not in ("model", "openai"):

@@ -2,10 +2,13 @@
 HTTP they send where the `openai` SDK would refuse to (also test_fuzz's and
 test_structured's)."""
 
+import contextlib
 import json
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+
+import openai
 
 from router.policy import Policy
 from tests.cluster import TINY_MODEL_ID
@@ -85,3 +88,24 @@ def url(cluster, which: int | None = None) -> str:
     if which is None:
         return cluster.http
     return f"http://127.0.0.1:{cluster.doors[which][1]}"
+
+
+@contextlib.contextmanager
+def side_door(cluster, tokenizer, **door_fields):
+    """An `openai` client of another door over the cluster's replicas: its router holds
+    `tokenizer`, the door takes `door_fields` (router.openai_http.OpenAIDoor's)."""
+    from router.generation import Router
+    from router.openai_http import OpenAIDoor
+    from router.openai_http import start as start_http
+
+    async def door():
+        router = Router(tokenizer, cluster.router_core.replicas, POLICY)
+        return await start_http(OpenAIDoor(router, TINY_MODEL_ID, **door_fields), "127.0.0.1", 0)
+
+    runner, port = cluster.run(door())
+    try:
+        address = f"http://127.0.0.1:{port}/v1"
+        with openai.OpenAI(base_url=address, api_key="unused", max_retries=0) as client:
+            yield client
+    finally:
+        cluster.run(runner.cleanup())

@@ -127,7 +127,7 @@ def test_earlier_calls_and_their_outputs_are_the_conversation(cluster, client):
         ({"truncation": "auto"}, "truncation"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"input": []}, "input"),
-        ({"input": [{"type": "reasoning", "summary": []}]}, "input.0.type"),
+        ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input.0.type"),
         ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"frobnicate": 1}, "frobnicate"),

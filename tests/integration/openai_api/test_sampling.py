@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from tests.cluster import TINY_MODEL_ID, char_tokenizer
-from tests.integration.openai_api.door import CHAT, post_json
+from tests.integration.openai_api.door import CHAT, post_json, side_door
 from tests.integration.test_services import wait_idle
 
 
@@ -348,3 +348,28 @@ def test_a_chat_continues_its_last_message_as_vllm_renders_it(cluster, client):
     ]:
         r = post_json(f"{cluster.http}/v1/chat/completions", {**ask, **fields})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+@pytest.fixture(scope="module")
+def thinking(cluster):
+    """A door over the same replicas whose router reads Qwen3's thinking apart."""
+    with side_door(cluster, char_tokenizer(), reasoning_parser="qwen3") as client:
+        yield client
+
+
+@pytest.mark.parametrize("speculation", ["off", "on"])
+def test_a_reasoning_parser_answers_the_thinking_apart(thinking, speculation):
+    """The output forced to "<think>ab</think>cd" (a regex): reasoning_content "ab" and
+    content "cd", whole and streamed."""
+    ask = dict(
+        model=TINY_MODEL_ID,
+        messages=CHAT,
+        temperature=0,
+        max_tokens=40,
+        extra_body={"guided_regex": "<think>ab</think>cd", "speculation": speculation},
+    )
+    message = thinking.chat.completions.create(**ask).choices[0].message
+    assert (message.model_extra["reasoning_content"], message.content) == ("ab", "cd")
+    deltas = [c.choices[0].delta for c in thinking.chat.completions.create(**ask, stream=True)]
+    assert "".join(d.model_extra.get("reasoning_content") or "" for d in deltas) == "ab"
+    assert "".join(d.content or "" for d in deltas) == "cd"

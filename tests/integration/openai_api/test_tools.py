@@ -12,11 +12,8 @@ import openai
 import pytest
 
 from protos.specd.v1 import router_pb2
-from router.generation import Router
-from router.openai_http import OpenAIDoor
-from router.openai_http import start as start_http
 from tests.cluster import TINY_MODEL_ID, char_tokenizer
-from tests.integration.openai_api.door import CHAT, CITY, POLICY, post_json
+from tests.integration.openai_api.door import CHAT, CITY, post_json, side_door
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": CITY}}
 TIME = {"type": "function", "function": {"name": "get_time", "description": "now"}}
@@ -40,17 +37,8 @@ def hermes(cluster):
     """A door over the same replicas whose router's template teaches hermes calls."""
     tokenizer = char_tokenizer()
     tokenizer.chat_template = HERMES_TEMPLATE
-
-    async def door():
-        router = Router(tokenizer, cluster.router_core.replicas, POLICY)
-        return await start_http(OpenAIDoor(router, TINY_MODEL_ID), "127.0.0.1", 0)
-
-    runner, port = cluster.run(door())
-    with openai.OpenAI(
-        base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0
-    ) as client:
+    with side_door(cluster, tokenizer) as client:
         yield client
-    cluster.run(runner.cleanup())
 
 
 def ask(client, stream=False, **fields):

@@ -99,6 +99,7 @@ class OpenAIDoor:
                 web.post("/v1/completions", self.completions),
                 web.post("/v1/chat/completions", self.chat),
                 web.post("/v1/responses", self.responses),
+                web.route("*", "/v1/responses/{rest:.*}", self.no_stored_responses),
                 web.post(MESSAGES, self.messages),
                 web.post(f"{MESSAGES}/count_tokens", self.count_tokens),
                 web.post("/tokenize", self.tokenize),
@@ -251,6 +252,15 @@ class OpenAIDoor:
     async def responses(self, request):
         """OpenAI's Responses API, served as the chat it is (router/responses_schema.py)."""
         return await self._serve(request, ResponsesBody, "response", "resp")
+
+    async def no_stored_responses(self, request):
+        """A stored response asked for (retrieved, deleted, cancelled, its input items)."""
+        return error_response(
+            404,
+            "specd keeps no responses (it answers store: false): send the whole "
+            "conversation as the next request's input",
+            code="response_not_found",
+        )
 
     async def messages(self, request):
         """Anthropic's Messages API, served as the chat it is (router/anthropic_schema.py)."""

@@ -153,3 +153,11 @@ def test_each_event_is_named_by_its_type_and_no_done_marker_follows(cluster):
         name, data = event.split("\n")
         assert name == "event: " + json.loads(data.removeprefix("data: "))["type"]
     assert events[0].startswith("event: response.created") and "[DONE]" not in r.text
+
+
+def test_a_stored_response_asked_for_is_a_clear_404(client):
+    with pytest.raises(openai.NotFoundError) as err:
+        client.responses.retrieve("resp_123")
+    assert "keeps no responses" in err.value.message
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete("resp_123")

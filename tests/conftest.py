@@ -56,14 +56,7 @@ def make_tiny(kind: str, folder, seed: int = 0):
     """Save a tiny random HF model of `kind` (llama with llama3 rope scaling, qwen2 with
     QKV bias and tied embeddings, or qwen3 with its query and key norms and a head_dim of
     its own) to `folder`; return the HF model (fp32, eval)."""
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-        Qwen3Config,
-        Qwen3ForCausalLM,
-    )
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
     if kind == "llama":
@@ -88,6 +81,8 @@ def make_tiny(kind: str, folder, seed: int = 0):
         )
         model = Qwen2ForCausalLM(config)
     elif kind == "qwen3":  # per-head query and key norms; head_dim apart from hidden / heads
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
         config = Qwen3Config(
             **TINY,
             head_dim=TINY["hidden_size"] // TINY["num_attention_heads"] * 2,

@@ -197,13 +197,14 @@ class MessagesBody(_Conversation):
     metadata: Metadata | None = None
     output_config: OutputConfig | None = None
     service_tier: str | None = None
-    # specd's own
+    # vLLM's extension, and specd's own
+    ignore_eos: bool | None = None
     route: str | None = None
     speculation: Literal["auto", "on", "off"] | None = None
 
     def chat_body(self) -> ChatBody:
         more: dict[str, Any] = {"stream": self.stream, "max_completion_tokens": self.max_tokens}
-        fields = ["temperature", "top_p", "top_k", "route", "speculation"]
+        fields = ["temperature", "top_p", "top_k", "ignore_eos", "route", "speculation"]
         more |= {f: getattr(self, f) for f in fields if getattr(self, f) is not None}
         if self.stop_sequences:
             more["stop"] = self.stop_sequences

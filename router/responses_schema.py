@@ -179,6 +179,7 @@ class ResponsesBody(_Request):
     top_k: Annotated[int, Field(ge=-1)] | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
+    ignore_eos: bool | None = None
     route: str | None = None
     speculation: Literal["auto", "on", "off"] | None = None
 
@@ -198,7 +199,7 @@ class ResponsesBody(_Request):
         chat: dict[str, Any] = {"model": self.model, "messages": self._messages()}
         chat["stream"] = self.stream
         same = ["temperature", "top_p", "parallel_tool_calls", "seed", "top_k", "min_p"]
-        same += ["repetition_penalty", "route", "speculation"]
+        same += ["repetition_penalty", "ignore_eos", "route", "speculation"]
         chat |= {name: getattr(self, name) for name in same if getattr(self, name) is not None}
         if self.max_output_tokens is not None:
             chat["max_completion_tokens"] = self.max_output_tokens

@@ -161,3 +161,32 @@ def test_a_stored_response_asked_for_is_a_clear_404(client):
     assert "keeps no responses" in err.value.message
     with pytest.raises(openai.NotFoundError):
         client.responses.delete("resp_123")
+
+
+@pytest.mark.parametrize("door", ["responses", "messages"])
+def test_a_client_leaving_either_new_door_mid_stream_frees_its_request(cluster, aborts, door):
+    """The Responses and Messages doors stream through the chat's path: a client that
+    closes the stream cancels the request, its KV freed."""
+    import urllib.request
+
+    from tests.integration.test_services import wait_idle
+
+    assert wait_idle(cluster)
+    body = {"model": TINY_MODEL_ID, "stream": True, "ignore_eos": True, "speculation": "on"}
+    if door == "responses":
+        body |= {"input": "abc", "max_output_tokens": 300}
+    else:
+        body |= {"messages": [{"role": "user", "content": "abc"}], "max_tokens": 300}
+    request = urllib.request.Request(
+        f"{cluster.http}/v1/{door}",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as stream:
+        deltas = 0
+        while deltas < 5:
+            line = stream.readline()
+            deltas += b"delta" in line
+        assert sum(e.scheduler.batch for e in cluster.engines) == 1  # still generating
+    assert wait_idle(cluster), "KV blocks or drafter sessions were not released"
+    assert len(aborts) == 1, "the request ran on after its client left"

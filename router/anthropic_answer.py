@@ -27,9 +27,13 @@ class AnthropicAnswer:
     END = b""  # the stream ends with message_stop
     n_each = 1  # one choice
 
-    def __init__(self, model: str, tools: ToolUse | None, reasoning: str | None = None):
+    def __init__(
+        self, model: str, tools: ToolUse | None, reasoning: str | None = None, prompt_tokens=0
+    ):
         """`reasoning`: the router's reasoning parser, whose thinking comes as a
-        `thinking` block first (router.reasoning; its `signature` empty)."""
+        `thinking` block first (router.reasoning; its `signature` empty); `prompt_tokens`:
+        the prompt's length, which a stream's message_start tells."""
+        self.prompt_tokens = prompt_tokens
         self.id = f"msg_{uuid.uuid4().hex}"
         self.model = model
         self.reader = AnswerReader(reasoning, tools.reader() if tools is not None else None)
@@ -53,7 +57,7 @@ class AnthropicAnswer:
         if not self.started:
             self.started = True
             start = self._message([], None)
-            start["usage"] = {"input_tokens": msg.usage.prompt_tokens, "output_tokens": 0}
+            start["usage"] = {"input_tokens": self.prompt_tokens, "output_tokens": 0}
             events.append({"type": "message_start", "message": start})
         final = bool(msg.finish_reason)
         thinking, content, calls = self.reader.read(msg.text, final)

@@ -314,7 +314,7 @@ class OpenAIDoor:
             rid = f"resp_{uuid.uuid4().hex}"
             answer = ResponsesAnswer(rid, self.model, body, tools, thinking)
         elif isinstance(body, MessagesBody):
-            answer = AnthropicAnswer(self.model, tools, thinking)
+            answer = AnthropicAnswer(self.model, tools, thinking, len(preps[0].prompt_ids))
         else:
             rid, decode = f"{prefix}-{uuid.uuid4().hex}", self.router.tokenizer.decode
             prompt_ids = [p.prompt_ids for p in preps]

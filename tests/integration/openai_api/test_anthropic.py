@@ -52,6 +52,7 @@ def test_a_message_is_the_chat_it_stands_for_whole_and_streamed(client, claude, 
     events, final = stream(claude, speculation, system=[{"type": "text", "text": "Be terse."}])
     kinds = [e.type for e in events]
     assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
+    assert events[0].message.usage.input_tokens == whole.usage.input_tokens
     assert final.content[0].text == whole.content[0].text
     assert final.stop_reason == whole.stop_reason
     assert final.usage.output_tokens == whole.usage.output_tokens

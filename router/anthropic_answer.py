@@ -13,7 +13,7 @@ import uuid
 from aiohttp import web
 
 from router.openai_answer import extension_dict
-from router.openai_errors import ERROR_TYPES, HTTP_STATUS
+from router.openai_errors import error_type
 from router.reasoning import AnswerReader
 from router.tools import Call, ToolUse
 
@@ -91,7 +91,7 @@ class AnthropicAnswer:
 
     def failed(self, exc) -> dict:
         """An error after the stream began, as Anthropic's `error` event."""
-        kind = ERROR_TYPES.get(HTTP_STATUS.get(exc.code, 500), "server_error")
+        kind = error_type(exc)
         return error_body(str(exc), kind)
 
     def _open(self, kind: str, block: dict) -> list[dict]:

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag
 
 from router.openai_schema import BodyError, ChatBody, Positive, _Request, _Strict
+from router.tools import Call
 
 
 class CacheControl(_Strict):
@@ -174,14 +175,7 @@ class _Conversation(_Request):
                 out.append({"role": m.role, "content": text})
             if calls:
                 out[-1]["tool_calls"] = [
-                    {
-                        "id": c.id,
-                        "type": "function",
-                        "function": {
-                            "name": c.name,
-                            "arguments": json.dumps(c.input, ensure_ascii=False),
-                        },
-                    }
+                    Call(c.name, json.dumps(c.input, ensure_ascii=False), c.id).as_dict()
                     for c in calls
                 ]
         return out

@@ -54,7 +54,11 @@ def request_error_response(exc: RequestError) -> web.Response:
     return error_response(status, str(exc), code=exc.code.name.lower(), headers=headers)
 
 
+def error_type(exc: RequestError) -> str:
+    """The OpenAI API's error type for the HTTP status a request's gRPC status maps to."""
+    return ERROR_TYPES.get(HTTP_STATUS.get(exc.code, 500), "server_error")
+
+
 def error_event(exc: RequestError) -> dict:
     """A failure after the stream began (its HTTP status already sent): an error event."""
-    kind = ERROR_TYPES.get(HTTP_STATUS.get(exc.code, 500), "server_error")
-    return error(str(exc), kind, code=exc.code.name.lower())
+    return error(str(exc), error_type(exc), code=exc.code.name.lower())

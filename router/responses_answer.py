@@ -10,7 +10,7 @@ import time
 import uuid
 
 from router.openai_answer import extension_dict
-from router.openai_errors import ERROR_TYPES, HTTP_STATUS
+from router.openai_errors import error_type
 from router.reasoning import AnswerReader
 from router.responses_schema import ResponsesBody
 from router.tools import Call, ToolUse
@@ -86,7 +86,7 @@ class ResponsesAnswer:
 
     def failed(self, exc) -> dict:
         """An error after the stream began, as the API's `error` event."""
-        kind = ERROR_TYPES.get(HTTP_STATUS.get(exc.code, 500), "server_error")
+        kind = error_type(exc)
         return self._event("error", code=kind, message=str(exc), param=None)
 
     def _opening(self) -> list[dict]:
@@ -104,7 +104,10 @@ class ResponsesAnswer:
             part = {"type": "output_text", "text": "", "annotations": []}
             events.append(self._event("response.content_part.added", **self._at(), part=part))
         self.message["content"][0]["text"] += delta
-        events.append(self._event("response.output_text.delta", **self._at(), delta=delta))
+        delta_event = self._event(
+            "response.output_text.delta", **self._at(), delta=delta, logprobs=[]
+        )
+        events.append(delta_event)
         return events
 
     def _thinking(self, delta: str) -> list[dict]:
@@ -170,8 +173,6 @@ class ResponsesAnswer:
     def _event(self, kind: str, **fields) -> dict:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
-        if kind == "response.output_text.delta":
-            event["logprobs"] = []
         return event
 
     # -- shapes ------------------------------------------------------------------------------

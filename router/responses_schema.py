@@ -24,6 +24,7 @@ from router.openai_schema import (
     _Request,
     _Strict,
 )
+from router.tools import Call
 
 TEXT_PARTS = ("input_text", "output_text")
 
@@ -241,8 +242,7 @@ class ResponsesBody(_Request):
                     {"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)}
                 )
             else:
-                call = {"id": item.call_id, "type": "function"}
-                call["function"] = {"name": item.name, "arguments": item.arguments}
+                call = Call(item.name, item.arguments, item.call_id).as_dict()
                 last = out[-1] if out else None
                 if last is None or last["role"] != "assistant":
                     out.append(last := {"role": "assistant", "content": ""})

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from specd.constraint import Constraint
+from specd.infill_filter import InfillFilter
 from specd.proposal import Proposal
 
 _BITS = torch.arange(32, dtype=torch.int32)
@@ -63,10 +64,17 @@ def _lltokenizer(tokenizer, vocab_size: int, eos_ids: set[int]):
 
         return llguidance.hf.from_tokenizer(tokenizer, n_vocab=n_vocab, eos_token=eos)
     except ValueError:  # a decoder llguidance cannot read: give it each token's bytes
-        size = tokenizer.get_vocab_size(with_added_tokens=True) if plain else len(tokenizer)
+        size = _size(tokenizer)
         tokens = [tokenizer.decode([i], skip_special_tokens=False).encode() for i in range(size)]
         tokens += [b""] * (n_vocab - len(tokens))
         return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Tokens(tokens, eos[0])))
+
+
+def _size(tokenizer) -> int:
+    """A `tokenizers.Tokenizer`'s or transformers' tokenizer's tokens, added ones too."""
+    if hasattr(tokenizer, "to_str"):
+        return tokenizer.get_vocab_size(with_added_tokens=True)
+    return len(tokenizer)
 
 
 class _Tokens:
@@ -88,7 +96,8 @@ class _Tokens:
 
 
 class Grammars:
-    """One tokenizer's grammar matchers; compiled grammars are cached by their text.
+    """One tokenizer's grammar matchers (compiled grammars cached by their text), and its
+    infill sampler.
     `load_tokenizer` is called at the first constraint (a service that is never sent one
     never reads its tokenizer)."""
 
@@ -96,6 +105,8 @@ class Grammars:
         self.vocab_size = vocab_size
         self._load_tokenizer, self._eos = load_tokenizer, set(eos_ids or ())
         self._ll = None
+        self._tokens = 0  # the tokenizer's own tokens (the model's vocabulary may pad them)
+        self._infill: InfillFilter | None = None
         self._templates: dict[str, object] = {}
         self._lock = threading.Lock()
 
@@ -104,8 +115,26 @@ class Grammars:
         tokenizer.json, once (a caller on an event loop runs it in a worker thread)."""
         with self._lock:
             if self._ll is None:
-                self._ll = _lltokenizer(self._load_tokenizer(), self.vocab_size, self._eos)
+                tokenizer = self._load_tokenizer()
+                self._tokens = _size(tokenizer)
+                self._ll = _lltokenizer(tokenizer, self.vocab_size, self._eos)
             return self._ll
+
+    def infill_filter(self) -> InfillFilter:
+        """llama.cpp's infill sampler over this tokenizer's tokens (each token's bytes as
+        llguidance decodes them; special tokens and the ids past the tokenizer's, none),
+        its end token the lowest end-of-sequence id."""
+        ll = self.prepare()
+        with self._lock:
+            if self._infill is None:
+                if not self._eos:
+                    raise ValueError("the infill sampler needs an end-of-sequence token")
+                pieces = [
+                    b"" if ll.is_special_token(i) else ll.decode_bytes([i])
+                    for i in range(min(self._tokens, self.vocab_size))
+                ]
+                self._infill = InfillFilter(pieces, self._eos, min(self._eos))
+            return self._infill
 
     def start(self, constraint: Constraint) -> GrammarState:
         """A fresh state for `constraint`; ValueError when it is invalid or admits nothing."""

@@ -115,14 +115,34 @@ def logits_to_probs(
     seen: torch.Tensor | None = None,
     counts: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
+    infill=None,
 ) -> torch.Tensor:
     """logits [R, V] (fp32) -> probs [R, V] after adjust_logits (the bias and penalties),
-    temperature, top-k, top-p and min-p, in that order (as vLLM). Greedy params give
-    one-hot argmax."""
+    temperature, top-k, top-p and min-p, in that order (as vLLM), or with the temperature
+    last (`params.temperature_last`, llama.cpp's order: the truncations choose from the
+    untempered distribution, the temperature then applies to the tokens they keep), then
+    llama.cpp's infill sampler where the request asks for it (`infill`: the service's
+    specd.infill_filter.InfillFilter; None: not applied). Greedy params give one-hot
+    argmax."""
     logits = adjust_logits(logits, params, seen, counts, bias)
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    logits = logits / params.temperature
+    tempered = logits / params.temperature
+    probs = _truncated(logits if params.temperature_last else tempered, params)
+    applies_infill = params.infill and infill is not None
+    if not applies_infill and (not params.temperature_last or params.temperature == 1.0):
+        return probs
+    keep = infill.keep(probs) if applies_infill else probs > 0
+    out = torch.softmax(tempered, dim=-1).masked_fill(~keep, 0.0)
+    total = out.sum(-1, keepdim=True)
+    # the infill sampler's end-of-text token may have no probability of its own: it is
+    # then drawn for certain, as llama.cpp's one-token candidate list is
+    out = torch.where(total > 0, out, keep.float())
+    return out / out.sum(-1, keepdim=True)
+
+
+def _truncated(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """softmax(logits) after top-k, top-p and min-p, renormalised over what they keep."""
     if 0 < params.top_k < logits.shape[-1]:
         kth = logits.topk(params.top_k, dim=-1).values[:, -1:]  # [R, 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 
 MAX_LOGPROBS = 20  # the most likely tokens a request may ask for at each position (vLLM's)
+# the infill sampler compares every candidate's text with every other's: top-k bounds them
+MAX_INFILL_CANDIDATES = 256
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,8 @@ class SamplingParams:
     logprobs: int | None = None  # each token's log-probability and this many top ones
     prompt_logprobs: int | None = None  # the same for each prompt token after the first
     min_tokens: int = 0  # no end-of-sequence or stop token (nor stop string) before this many
+    temperature_last: bool = False  # top-k/top-p/min-p on the untempered logits (llama.cpp)
+    infill: bool = False  # llama.cpp's infill sampler after them (specd/infill_filter.py)
 
     @property
     def greedy(self) -> bool:
@@ -65,6 +69,11 @@ class SamplingParams:
                 )
         if self.min_tokens < 0:
             raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.infill and (self.greedy or not 0 < self.top_k <= MAX_INFILL_CANDIDATES):
+            raise ValueError(
+                f"the infill sampler needs temperature > 0 and top_k in "
+                f"[1, {MAX_INFILL_CANDIDATES}] before it, got {self.temperature} and {self.top_k}"
+            )
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= MAX_LOGPROBS:

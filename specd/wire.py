@@ -31,6 +31,8 @@ def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
         logprobs=msg.logprobs if msg.HasField("logprobs") else None,
         prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
         min_tokens=msg.min_tokens,
+        temperature_last=msg.temperature_last,
+        infill=msg.infill,
     )
 
 
@@ -43,6 +45,8 @@ def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
         presence_penalty=p.presence_penalty,
         frequency_penalty=p.frequency_penalty,
         min_tokens=p.min_tokens,
+        temperature_last=p.temperature_last,
+        infill=p.infill,
     )
     if p.repetition_penalty != 1.0:
         msg.repetition_penalty = p.repetition_penalty

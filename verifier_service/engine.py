@@ -166,12 +166,16 @@ class Engine:
         request = replace(request, num_draft=min(request.num_draft, self.config.max_draft_tokens))
         need = alloc.blocks_for(len(request.prompt) + request.max_new_tokens + 1)
         request.validate(args.vocab_size, args.max_position_embeddings, need, alloc.num_blocks)
-        grammar = None
+        grammar = infill = None
+        if (request.constraint is not None or request.params.infill) and self.grammars is None:
+            raise ValueError(
+                "this verifier was started without a tokenizer: no constraints, no infill"
+            )
         if request.constraint is not None:
-            if self.grammars is None:
-                raise ValueError("this verifier was started without a tokenizer: no constraints")
             grammar = self.grammars.start(request.constraint)
-        seq = Sequence.start(next(self._ids), request, self.eos_ids, grammar)
+        if request.params.infill:
+            infill = self.grammars.infill_filter()
+        seq = Sequence.start(next(self._ids), request, self.eos_ids, grammar, infill)
         with self._lock:
             self._seqs[seq.seq_id] = seq
             self.scheduler.add(seq)

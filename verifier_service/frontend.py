@@ -50,7 +50,8 @@ class AsyncEngine:
         since the caller last asked: one step's, or several where the caller fell behind
         the steps (many streams on one event loop), so that it sends one message for them."""
         grammars = self.engine.grammars
-        if request.constraint is not None and grammars is not None:
+        wants_tokenizer = request.constraint is not None or request.params.infill
+        if wants_tokenizer and grammars is not None:
             await asyncio.to_thread(grammars.prepare)  # the tokenizer, at the first constraint
         seq_id = self.engine.add_request(request)
         queue: asyncio.Queue = asyncio.Queue()

@@ -12,6 +12,7 @@ import torch
 
 from specd.draws import make_generator
 from specd.grammar import GrammarState
+from specd.infill_filter import InfillFilter
 from specd.params import SamplingParams
 from verifier_service.request import Request, SpeculationBounds
 
@@ -65,6 +66,7 @@ class Sequence:
     decisions: Counter = field(default_factory=Counter)  # reason -> decode steps
     off_steps: int = 0  # decode steps since the last round that drafted (for probes)
     grammar: GrammarState | None = None  # a constrained request's state at `tokens`
+    infill: InfillFilter | None = None  # llama.cpp's infill sampler, where params ask for it
     # SamplingParams.prompt_logprobs: a TokenLogprob per prompt token after the first, as
     # its rows are computed (handed out with the first token: `take_prompt_logprobs`)
     prompt_logprobs: list = field(default_factory=list)
@@ -75,7 +77,7 @@ class Sequence:
             self.tokens = list(self.prompt)
 
     @classmethod
-    def start(cls, seq_id: int, request: Request, eos_ids, grammar=None) -> Sequence:
+    def start(cls, seq_id: int, request: Request, eos_ids, grammar=None, infill=None) -> Sequence:
         stops = set(request.stop_ids) | (set() if request.ignore_eos else set(eos_ids))
         return cls(
             seq_id,
@@ -88,6 +90,7 @@ class Sequence:
             span=request.span,
             speculation=request.speculation,
             grammar=grammar,
+            infill=infill,
         )
 
     @property

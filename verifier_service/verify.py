@@ -38,11 +38,11 @@ def _target_rows(seq, proposal: Proposal | None, rows: torch.Tensor) -> torch.Te
     """Target probabilities at every node of the round (p_1..p_{k+1} for a chain, then
     the alternatives) after the request's own transforms; each node has seen its path."""
     if not seq.adjusts_logits:
-        return logits_to_probs(rows, seq.params)
+        return logits_to_probs(rows, seq.params, infill=seq.infill)
     paths = tree.node_paths(proposal) if proposal is not None else [[]]
     rows = seq.ban_early_stops(rows, paths)
     adjusted = adjustments(seq.params, seq.tokens, len(seq.prompt), paths, rows.shape[-1])
-    return logits_to_probs(rows, seq.params, *adjusted)
+    return logits_to_probs(rows, seq.params, *adjusted, infill=seq.infill)
 
 
 def _draft_q(proposal: Proposal | None, drafts: torch.Tensor, vocab: int) -> torch.Tensor:

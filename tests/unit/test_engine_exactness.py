@@ -9,6 +9,7 @@ import torch
 
 from drafter_service.draft_model import DraftModelProposer
 from specd.config import EngineConfig
+from specd.infill_filter import InfillFilter
 from specd.logits import bias_row, logits_to_probs
 from specd.models.paged_kv import PagedKV
 from specd.models.seq_input import SeqInput
@@ -18,6 +19,18 @@ from verifier_service.request import Request
 
 PROMPT = [11, 12, 13, 14, 15, 16]
 N = 3000
+
+
+# llama.cpp's infill sampler over the tiny vocabulary: each token's text its decimal
+# number ("9" begins "90" to "95"), token 0 the end of generation
+INFILL = InfillFilter([b""] + [str(t).encode() for t in range(1, 96)], eog={0}, end=0)
+
+
+class Tokenizer:
+    """What the engine asks of its tokenizer for an infill request (no real one here)."""
+
+    def infill_filter(self):
+        return INFILL
 
 
 def next_probs(model, contexts: list[list[int]], params, banned=frozenset()) -> torch.Tensor:
@@ -37,7 +50,7 @@ def next_probs(model, contexts: list[list[int]], params, banned=frozenset()) -> 
             for c in contexts
         ]
     )
-    return logits_to_probs(logits, params, counts=counts, bias=bias_row(params, v))
+    return logits_to_probs(logits, params, counts=counts, bias=bias_row(params, v), infill=INFILL)
 
 
 def exact_marginals(model, params, banned=frozenset()):
@@ -82,6 +95,9 @@ def chi_square_ok(counts: torch.Tensor, p: torch.Tensor, n: int) -> bool:
         # min_tokens: the stop tokens (the first position's 3 likeliest) banned at 1-3, the
         # drafter not told (its q still proposes them)
         (SamplingParams(temperature=1.0, min_tokens=3), 2, 0.0),
+        # llama.cpp's order and its infill sampler (the drafter draws without the latter;
+        # at position 1 it keeps 2 of the 5 tokens top-k leaves)
+        (SamplingParams(temperature=0.7, top_k=5, temperature_last=True, infill=True), 0, 0.0),
     ],
     ids=[
         "t1",
@@ -91,6 +107,7 @@ def chi_square_ok(counts: torch.Tensor, p: torch.Tensor, n: int) -> bool:
         "t1-penalties-alternatives",
         "t1-logit-bias",
         "t1-min-tokens-alternatives",
+        "t0.7-top5-last-infill",
     ],
 )
 def test_engine_sampling_follows_the_target(tiny_pair, params, alternatives, p_min):
@@ -108,6 +125,7 @@ def test_engine_sampling_follows_the_target(tiny_pair, params, alternatives, p_m
         batch_invariant=False,  # which caps trees at one 16-row tile
     )
     engine = Engine(target, cfg, proposer, eos_ids=set())
+    engine.grammars = Tokenizer()
     stops = frozenset()
     if params.min_tokens:
         stops = frozenset(next_probs(target, [PROMPT], params)[0].topk(3).indices.tolist())

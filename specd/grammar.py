@@ -28,6 +28,8 @@ from specd.infill_filter import InfillFilter
 from specd.proposal import Proposal
 
 _BITS = torch.arange(32, dtype=torch.int32)
+# the end-of-turn tokens llama.cpp looks for, in its order: the infill sampler's end token
+END_NAMES = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>")
 
 
 def grammar_tokenizer(folder: Path):
@@ -123,7 +125,7 @@ class Grammars:
     def infill_filter(self) -> InfillFilter:
         """llama.cpp's infill sampler over this tokenizer's tokens (each token's bytes as
         llguidance decodes them; special tokens and the ids past the tokenizer's, none),
-        its end token the lowest end-of-sequence id."""
+        its end token the end-of-sequence token llama.cpp calls end-of-turn (END_NAMES)."""
         ll = self.prepare()
         with self._lock:
             if self._infill is None:
@@ -133,7 +135,9 @@ class Grammars:
                     b"" if ll.is_special_token(i) else ll.decode_bytes([i])
                     for i in range(min(self._tokens, self.vocab_size))
                 ]
-                self._infill = InfillFilter(pieces, self._eos, min(self._eos))
+                named = {ll.decode_bytes([i]).decode(errors="replace"): i for i in self._eos}
+                end = next((named[n] for n in END_NAMES if n in named), min(self._eos))
+                self._infill = InfillFilter(pieces, self._eos, end)
             return self._infill
 
     def start(self, constraint: Constraint) -> GrammarState:

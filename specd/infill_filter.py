@@ -9,7 +9,9 @@ With p the candidates' probabilities renormalised over them, n of them:
    two takes both masses and the other leaves (each candidate against every other, most
    likely first, as llama.cpp walks them);
 3. then a text token below 0.2 leaves; end-of-generation tokens stay;
-4. and where no text token is left, the end-of-text token alone stays.
+4. where no text token is left, the end-of-text token alone stays;
+5. else, renormalised over what stayed, a text token below 1 / (m + 1) leaves, m the
+   text tokens that stayed.
 
 What stays is a set: llama.cpp's last step draws from the softmax of the kept tokens'
 logits, so the merged masses decide which tokens stay, not how likely they are. The row
@@ -63,10 +65,13 @@ class InfillFilter:
                 into, out = (j, i) if p[j] > p[i] else (i, j)  # the likelier takes both
                 p[into], p[out], gone[out] = p[into] + p[out], 0.0, True
         kept = [
-            t
+            (t, q, e)
             for t, q, e, g in zip(ids, p, eog, gone, strict=True)
             if not g and (e or q >= THRESHOLD)
         ]
-        if all(t in self.eog for t in kept):
+        texts = sum(not e for _, _, e in kept)
+        if not texts:
             return [self.end]
-        return kept
+        # then, renormalised over what stayed, a text token below 1 / (texts + 1) leaves
+        total = sum(q for _, q, _ in kept)
+        return [t for t, q, e in kept if e or q / total >= 1 / (texts + 1)]

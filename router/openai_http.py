@@ -8,6 +8,7 @@ beside its gRPC server, in front of the same `Router`.
     POST /v1/messages          Anthropic's Messages API, the same way (and count_tokens)
     GET  /health               200 while some verifier replica is healthy, else 503
     POST /tokenize, /detokenize  vLLM's: a prompt's or a chat's ids, and ids' text
+    POST /completion, /infill; GET /props  llama-server's own (router/llamacpp_http.py)
 
 Per request: `x-route` and `x-speculation` headers (or `route` / `speculation` in the body),
 `x-request-timeout` (seconds; past it 504). The same bearer token as the gRPC listener
@@ -23,7 +24,6 @@ import dataclasses
 import hmac
 import json
 import logging
-import math
 import ssl
 import time
 import uuid
@@ -38,9 +38,17 @@ from router.anthropic_answer import AnthropicAnswer, in_anthropic_shape
 from router.anthropic_schema import CountTokensBody, MessagesBody
 from router.fim import markers_of
 from router.generation import Router
+from router.llamacpp_http import PATHS as LLAMACPP_PATHS
+from router.llamacpp_http import LlamaCppRoutes
 from router.openai_answer import Answer
 from router.openai_errors import error_response, request_error_response
-from router.openai_request import OPENAI_DEFAULTS, SamplingDefaults, chat_input, to_request
+from router.openai_request import (
+    OPENAI_DEFAULTS,
+    SamplingDefaults,
+    chat_input,
+    request_timeout,
+    to_request,
+)
 from router.prepare import Prepared, RequestError
 from router.reasoning import check_parser
 from router.responses_answer import ResponsesAnswer
@@ -108,6 +116,7 @@ class OpenAIDoor:
         )
         if self.registry is not None:
             app.add_routes([web.get("/metrics", self.metrics)])
+        app.add_routes(LlamaCppRoutes(self).routes())
         return app
 
     # -- middlewares -----------------------------------------------------------------------
@@ -129,7 +138,8 @@ class OpenAIDoor:
 
     @web.middleware
     async def _auth(self, request, handler):
-        if not self._expected or not request.path.startswith("/v1/"):
+        guarded = request.path.startswith("/v1/") or request.path in LLAMACPP_PATHS
+        if not self._expected or not guarded:
             return await handler(request)
         given = request.headers.get("Authorization", "").encode()
         if "x-api-key" in request.headers:  # Anthropic's clients send the key so
@@ -158,7 +168,7 @@ class OpenAIDoor:
             body=body, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST}
         )
 
-    async def _info(self):
+    async def replica_info(self):
         """A healthy replica and what it serves (`Info`), or None for either: an answer
         without it beats a 500."""
         replica = next((r for r in self.router.replicas.replicas.values() if r.healthy), None)
@@ -190,7 +200,7 @@ class OpenAIDoor:
 
     async def _card(self) -> dict:
         card = {"id": self.model, "object": "model", "created": self.created, "owned_by": "specd"}
-        replica, info = await self._info()
+        replica, info = await self.replica_info()
         if info is not None:
             card.update(
                 root=info.model,
@@ -226,7 +236,7 @@ class OpenAIDoor:
             return error_response(400, str(exc), exc.param)
         except RequestError as exc:
             return request_error_response(exc)
-        _, info = await self._info()
+        _, info = await self.replica_info()
         length = info.max_context if info is not None else None
         return web.json_response({"count": len(ids), "max_model_len": length, "tokens": ids})
 
@@ -301,7 +311,7 @@ class OpenAIDoor:
                 self.router.prepare(
                     to_request(asked, header, self.sampling, tools, self.fim, prompt),
                     headers,
-                    _timeout(headers),
+                    request_timeout(headers),
                 )
                 for prompt in prompts
             ]
@@ -427,19 +437,6 @@ async def _send(response: web.StreamResponse, chunk: dict) -> None:
     """One Server-Sent Event; named by its `type` where it has one (the Responses API's)."""
     named = f"event: {chunk['type']}\n".encode() if "type" in chunk else b""
     await response.write(named + b"data: " + json.dumps(chunk).encode() + b"\n\n")
-
-
-def _timeout(headers) -> float | None:
-    raw = headers.get("x-request-timeout")
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not value > 0 or math.isinf(value):
-        raise schema.BodyError("x-request-timeout must be a positive number of seconds")
-    return value
 
 
 def _allow(exc: web.HTTPException):

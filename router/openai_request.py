@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -167,3 +168,17 @@ def _set_prompt(request: router_pb2.GenerateRequest, prompt, suffix, fim) -> Non
         request.prompt = prompt
     else:
         request.token_ids.ids.extend(prompt)
+
+
+def request_timeout(headers) -> float | None:
+    """The request's `x-request-timeout` header, in seconds (None: none)."""
+    raw = headers.get("x-request-timeout")
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise BodyError("x-request-timeout must be a positive number of seconds")
+    return value

@@ -86,8 +86,16 @@ class ChatTokenizer:
     def __len__(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
-    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
-        return {"input_ids": self._tok.encode(text, add_special_tokens=add_special_tokens).ids}
+    def __call__(
+        self, text: str, add_special_tokens: bool = False, split_special_tokens: bool = False
+    ) -> dict[str, list[int]]:
+        """`split_special_tokens`: a special token's text in `text` is text, not the token
+        (transformers' argument; the router's event loop is its one caller at a time)."""
+        self._tok.encode_special_tokens = split_special_tokens
+        try:
+            return {"input_ids": self._tok.encode(text, add_special_tokens=add_special_tokens).ids}
+        finally:
+            self._tok.encode_special_tokens = False
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         if skip_special_tokens:

@@ -5,7 +5,7 @@ llama.cpp does."""
 
 import pytest
 
-from router.fim import infill_prompt, markers_of
+from router.fim import infill_ids, infill_prompt, markers_of, repo_markers_of
 from router.tokenizer import ChatTokenizer
 from specd.models.catalog import DEFAULT_TARGET
 from specd.models.loader import eos_token_ids, load_config
@@ -32,3 +32,27 @@ def test_the_default_targets_suffix_prompt_and_where_its_middle_ends():
     for text in ("<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|repo_name|>"):
         assert tok(text)["input_ids"][0] in ends, text
     assert not {pre, suf, mid} & ends
+
+
+@pytest.mark.real
+def test_the_default_targets_infill_prompt_is_llama_servers():
+    """/infill's prompt as llama-server lays it out for the repo-level pattern: the extra
+    files, then prefix (with the cursor's line) and suffix; a marker's spelling in the
+    code stays text; the prefix keeps its last 3/4 of the batch."""
+    tok = ChatTokenizer(real_model_or_skip(DEFAULT_TARGET))
+    markers, repo = markers_of(tok), repo_markers_of(tok)
+    assert repo == ("<|repo_name|>", "<|file_sep|>")
+
+    def ids(text: str) -> list[int]:
+        return tok(text)["input_ids"]
+
+    pre, suf, mid, rep, sep = (ids(m)[0] for m in (*markers, *repo))
+    extra = [("a.py", "x = '<|fim_prefix|>'\n")]
+    got = infill_ids(tok, markers, repo, "def f():\n", "\nf()\n", extra, "    ", 4096, 2048)
+    chunk = tok("x = '<|fim_prefix|>'\n", split_special_tokens=True)["input_ids"]
+    assert pre not in chunk  # the marker's spelling is text there
+    want = [rep, *ids("myproject\n"), sep, *ids("a.py\n"), *chunk, sep, *ids("filename\n")]
+    want += [pre, *ids("def f():\n"), *ids("    "), suf, *ids("\nf()\n"), mid]
+    assert got == want
+    long = infill_ids(tok, markers, repo, "word " * 3000, "", [], "", 0, 2048)
+    assert long[0] == pre and len(long) == 1 + 1536 + 1 + 1

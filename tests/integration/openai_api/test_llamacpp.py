@@ -1,0 +1,64 @@
+"""llama-server's native endpoints on the door (router/llamacpp_http.py), on the tiny
+cluster: /completion answers as llama-server does, greedy the same as the OpenAI door and
+the same with speculation on and off; its stream adds up to the whole; n_predict 0
+generates nothing; the token guards it; /infill needs FIM tokens (the char tokenizer has
+none: the real pair's /infill is checked against llama-server in BENCHMARKS.md)."""
+
+import json
+
+from tests.cluster import TINY_MODEL_ID
+from tests.integration.openai_api.door import TOKEN, http, post_json, url
+
+GREEDY = {"prompt": "def f(x):", "n_predict": 12, "temperature": 0, "ignore_eos": True}
+
+
+def test_greedy_completion_is_the_openai_doors_and_speculation_changes_nothing(cluster):
+    answers = {}
+    for mode in ("on", "off"):
+        r = post_json(f"{cluster.http}/completion", {**GREEDY, "speculation": mode})
+        assert r.status_code == 200, r.text
+        answers[mode] = r.json()
+    on, off = answers["on"], answers["off"]
+    assert on["content"] == off["content"] and on["tokens_predicted"] == 12
+    assert on["stop"] is True and on["stop_type"] == "limit" and on["tokens_predicted"] == 12
+    assert on["tokens_evaluated"] == len(GREEDY["prompt"]) and on["prompt"] == GREEDY["prompt"]
+    openai_body = {"model": TINY_MODEL_ID, "prompt": GREEDY["prompt"], "max_tokens": 12}
+    openai_body |= {"temperature": 0, "ignore_eos": True}
+    r = post_json(f"{cluster.http}/v1/completions", openai_body)
+    assert r.json()["choices"][0]["text"] == on["content"]
+    # a stop word ends it as llama-server says so
+    word = on["content"][4:6]
+    r = post_json(f"{cluster.http}/completion", {**GREEDY, "stop": [word]}).json()
+    assert r["stop_type"] == "word" and r["stopping_word"] == word
+    assert r["content"] == on["content"][: on["content"].index(word)]
+
+
+def test_the_stream_adds_up_to_the_whole(cluster):
+    r = post_json(f"{cluster.http}/completion", {**GREEDY, "stream": True, "return_tokens": True})
+    assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/event-stream")
+    events = [json.loads(line[6:]) for line in r.text.split("\n\n") if line.startswith("data: ")]
+    whole = post_json(f"{cluster.http}/completion", GREEDY).json()
+    assert all(e["stop"] is False for e in events[:-1]) and events[-1]["stop"] is True
+    assert "".join(e["content"] for e in events) == whole["content"]
+    assert sum((e["tokens"] for e in events[:-1]), []) == events[-1]["tokens"]
+    assert len(events[-1]["tokens"]) == 12
+
+
+def test_n_predict_zero_generates_nothing_and_several_prompts_answer_each(cluster):
+    r = post_json(f"{cluster.http}/completion", {"prompt": "abc", "n_predict": 0}).json()
+    assert r["content"] == "" and r["tokens_predicted"] == 0 and r["tokens_evaluated"] == 3
+    both = post_json(f"{cluster.http}/completion", {**GREEDY, "prompt": ["ab", [70, 71]]})
+    assert [a["tokens_evaluated"] for a in both.json()] == [2, 2]
+
+
+def test_the_token_guards_it_and_bad_bodies_are_refused(cluster):
+    secured = url(cluster, 0)
+    assert post_json(f"{secured}/completion", GREEDY).status_code == 401
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    assert post_json(f"{secured}/completion", GREEDY, auth).status_code == 200
+    bad = post_json(f"{cluster.http}/completion", {**GREEDY, "repeat_penalty": 1.3})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "repeat_penalty"
+    infill = {"input_prefix": "a", "input_suffix": "b"}
+    assert post_json(f"{cluster.http}/infill", infill).status_code == 501
+    props = http("GET", f"{cluster.http}/props").json()
+    assert props["default_generation_settings"]["params"]["temperature"] == 0.8

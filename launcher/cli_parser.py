@@ -37,6 +37,7 @@ BENCHES = {  # `specd bench KIND` -> the module whose main() runs it
     "steps": "bench.step_costs",
     "gpu": "bench.gpu.run",
     "suffix": "bench.suffix",
+    "infill": "bench.infill",
 }
 
 

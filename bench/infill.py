@@ -1,0 +1,160 @@
+"""`specd bench infill`: code completion as llama.vscode asks for it, through specd's
+/infill and llama-server's, same bodies, same run.
+
+    specd bench infill --http http://127.0.0.1:8000 [--modes off,auto]
+                       [--peer llamacpp,llamacpp-draft] [--repeats 3] [--n-predict 64]
+
+Each request is llama.vscode's body for one of the `fim` workload's gaps (its prefix and
+suffix, no extra files): `top_k: 40, top_p: 0.99, samplers: [top_k, top_p, infill]`,
+llama.cpp's infill sampler at temperature 1, a seed per request, `n_indent` and
+`t_max_predict_ms` off so that every request runs until the model ends the middle or
+`--n-predict`. Every body is sent once untimed first with `n_predict: 0` (llama.vscode
+warms its cache so), then the timed passes go through specd's modes (the body's
+`speculation`) and each llama-server variant (bench/llamacpp.py: plain, with the draft
+model) in turn, `--repeats` times each, one request at a time. Tokens/s is the predicted
+tokens over the pass's wall time; the report gives each one's median and its ratio to
+specd `off` and to llama-server plain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from bench.llamacpp import server
+from bench.prompts import load_items
+from router.fim import MARKERS
+
+
+def bodies(workload: str, n_predict: int) -> list[dict]:
+    """llama.vscode's /infill body for each gap of the workload's FIM prompts."""
+    out = []
+    for i, item in enumerate(load_items(workload)):
+        prompt = item["prompt"]
+        before, after, middle = next(m for m in MARKERS if m[0] in prompt)
+        prefix, rest = prompt.removeprefix(before).split(after, 1)
+        out.append(
+            {
+                "input_prefix": prefix,
+                "input_suffix": rest.removesuffix(middle),
+                "input_extra": [],
+                "prompt": "",
+                "n_predict": n_predict,
+                "top_k": 40,
+                "top_p": 0.99,
+                "samplers": ["top_k", "top_p", "infill"],
+                "stream": False,
+                "cache_prompt": True,
+                "seed": i,
+            }
+        )
+    return out
+
+
+def post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(
+        f"{url}/infill", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())
+
+
+def one_pass(url: str, bodies_: list[dict], extra: dict) -> dict:
+    start, tokens, texts = time.perf_counter(), 0, []
+    for body in bodies_:
+        answer = post(url, {**body, **extra})
+        tokens += answer["tokens_predicted"]
+        texts.append(answer["content"])
+    wall = time.perf_counter() - start
+    return {"tokens": tokens, "tokens_per_s": tokens / wall, "texts": texts}
+
+
+def run(url, peers, modes, bodies_, repeats, model, draft) -> dict:
+    targets = [(f"specd {m}", url, {"speculation": m}) for m in modes]
+    results: dict[str, list[dict]] = {}
+    for name, address, extra in targets:
+        for body in bodies_:
+            post(address, {**body, **extra, "n_predict": 0})
+        results[name] = [one_pass(address, bodies_, extra) for _ in range(repeats)]
+        _report_line(name, results[name])
+    with tempfile.TemporaryDirectory() as logs:
+        for peer in peers:
+            with server(peer, model, draft, 1, logs) as port:
+                address = f"http://127.0.0.1:{port}"
+                for body in bodies_:
+                    post(address, {**body, "n_predict": 0})
+                results[peer] = [one_pass(address, bodies_, {}) for _ in range(repeats)]
+                _report_line(peer, results[peer])
+    rows = {
+        name: {
+            "tokens_per_s": statistics.median(p["tokens_per_s"] for p in passes),
+            "tokens": [p["tokens"] for p in passes],
+        }
+        for name, passes in results.items()
+    }
+    for base in ("specd off", "llamacpp"):
+        if base in rows:
+            for row in rows.values():
+                row[f"over {base}"] = row["tokens_per_s"] / rows[base]["tokens_per_s"]
+    return {"requests": len(bodies_), "repeats": repeats, "rows": rows}
+
+
+def _report_line(name: str, passes: list[dict]) -> None:
+    rates = ", ".join(f"{p['tokens_per_s']:.1f}" for p in passes)
+    print(f"  {name:<16} tok/s per pass: {rates}", flush=True)
+
+
+def to_markdown(report: dict) -> str:
+    lines = [
+        "| server | tok/s (median) | / specd off | / llama-server |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, row in report["rows"].items():
+        ratios = [row.get(f"over {b}") for b in ("specd off", "llamacpp")]
+        cells = " | ".join("-" if r is None else f"{r:.2f}x" for r in ratios)
+        lines.append(f"| {name} | {row['tokens_per_s']:.1f} | {cells} |")
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specd bench infill", description=__doc__.split("\n")[0])
+    p.add_argument("--http", required=True, help="specd's HTTP door, e.g. http://127.0.0.1:8000")
+    p.add_argument("--modes", default="off,auto", help="specd's speculation modes (%(default)s)")
+    p.add_argument(
+        "--peer", default="llamacpp,llamacpp-draft", help="llama-server variants ('' = none)"
+    )
+    p.add_argument("--model", default="default-target", help="the peers' target (%(default)s)")
+    p.add_argument("--draft-model", default="default-draft", help="their draft (%(default)s)")
+    p.add_argument("--workload", default="fim", help="FIM prompts (%(default)s)")
+    p.add_argument("--n-predict", type=int, default=64, help="tokens at most (%(default)s)")
+    p.add_argument("--repeats", type=int, default=3, help="timed passes each (%(default)s)")
+    p.add_argument("--json", help="also write the report here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    peers = [p for p in args.peer.split(",") if p]
+    modes = [m for m in args.modes.split(",") if m]
+    report = run(
+        args.http.rstrip("/"),
+        peers,
+        modes,
+        bodies(args.workload, args.n_predict),
+        args.repeats,
+        args.model,
+        args.draft_model,
+    )
+    print(to_markdown(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

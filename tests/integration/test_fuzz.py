@@ -329,6 +329,29 @@ def test_any_json_body_is_served_or_refused_in_the_openai_shape(cluster, door, h
         assert error["message"] and error["type"].endswith("_error"), (fields, error)
 
 
+# what llama-server's /completion reads (router/llamacpp_schema.py), and one it refuses
+LLAMACPP_FIELDS = [
+    *("prompt", "n_predict", "temperature", "top_k", "top_p", "min_p", "seed", "stop"),
+    *("stream", "ignore_eos", "logit_bias", "n_probs", "samplers", "json_schema", "grammar"),
+    *("return_tokens", "response_fields", "n_indent", "t_max_predict_ms", "repeat_penalty"),
+    *("dry_multiplier", "xtc_probability", "xtc_threshold", "mirostat", "top_n_sigma"),
+    *("min_keep", "post_sampling_probs", "lora", "n_cmpl", "cache_prompt", "speculation"),
+    "bogus",
+]
+
+
+@pytest.mark.timeout(600)
+@settings(FUZZ, max_examples=200)
+@given(fields=st.dictionaries(st.sampled_from(LLAMACPP_FIELDS), field_values, max_size=3))
+def test_any_json_body_at_llama_servers_completion_is_served_or_refused(cluster, fields):
+    """The same for llama-server's /completion: 200, or a 4xx naming what is wrong."""
+    body = {"prompt": "def f(x):", "n_predict": 4} | dict(fields)
+    reply = post_json(f"{cluster.http}/completion", json.dumps(body).encode())
+    assert reply.status_code == 200 or 400 <= reply.status_code < 500, (fields, reply.text)
+    if reply.status_code != 200:
+        assert reply.json()["error"]["message"], (fields, reply.text)
+
+
 def test_services_are_healthy_and_idle_after_the_fuzzing(cluster):
     settle(cluster)
 

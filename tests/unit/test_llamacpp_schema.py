@@ -133,3 +133,14 @@ def test_n_indent_cuts_the_first_line_indented_less():
     c = answer(0)
     c.feed(message("a\nb"))
     assert not c.done and c.content == "a\nb"
+
+
+def test_t_max_predict_ms_ends_at_a_newline_once_past_it():
+    a = LlamaAnswer(body(prompt="x", t_max_predict_ms=50), "m", "x", 1, lambda ids: "")
+    a.feed(message("a"))
+    a.t_first -= 1.0  # a second since the first token
+    a.feed(message("b c"))  # past the limit, but no newline yet
+    assert not a.done
+    a.feed(message("d\n"))
+    assert a.done and a.content == "ab cd\n"
+    assert a.final(None, streamed=False)["stop_type"] == "limit"

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 
 from aiohttp import web
 
+from router import sse
 from router.fim import infill_ids, repo_markers_of
 from router.llamacpp_answer import LlamaAnswer
 from router.llamacpp_schema import BATCH, InfillBody, LlamaCompletionBody
@@ -25,7 +25,6 @@ from router.openai_schema import BodyError, parse
 from router.prepare import Prepared, RequestError
 
 PATHS = ("/completion", "/completions", "/infill", "/props")
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
 class LlamaCppRoutes:
@@ -162,32 +161,25 @@ class LlamaCppRoutes:
 
     async def _stream(self, request, prep: Prepared, answer: LlamaAnswer):
         async with contextlib.aclosing(self.router.stream(prep)) as messages:
-            try:
-                first = await anext(messages)  # errors before the first token keep their code
-            except RequestError as exc:
-                return request_error_response(exc)
-            response = web.StreamResponse(headers=SSE_HEADERS)
-            await response.prepare(request)
-            msg, last = first, None
+            response, msg = await sse.opened(request, messages)
+            if msg is None:
+                return response
+            last = None
             try:
                 while True:
                     event = answer.feed(msg)
                     if event is not None:
-                        await _send(response, event)
+                        await sse.send(response, event)
                     if answer.done:
                         break
                     last = msg
                     if msg.finish_reason:
                         break
                     msg = await anext(messages)
-                await _send(response, answer.final(None if answer.done else last, streamed=True))
+                await sse.send(response, answer.final(None if answer.done else last, streamed=True))
             except RequestError as exc:  # mid-stream: the status is sent, so an error event
-                await _send(response, error_event(exc))
+                await sse.send(response, error_event(exc))
             except ConnectionError:  # the client left: closing `messages` frees the request
                 return response
             await response.write_eof()
             return response
-
-
-async def _send(response: web.StreamResponse, event: dict) -> None:
-    await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")

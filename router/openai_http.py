@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import dataclasses
 import hmac
-import json
 import logging
 import ssl
 import time
@@ -34,6 +33,7 @@ from aiohttp import web
 
 from protos.specd.v1 import router_pb2, verifier_pb2
 from router import openai_schema as schema
+from router import sse
 from router.anthropic_answer import AnthropicAnswer, in_anthropic_shape
 from router.anthropic_schema import CountTokensBody, MessagesBody
 from router.fim import markers_of
@@ -59,7 +59,6 @@ from specd.serving import ListenError
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = MAX_MESSAGE_BYTES  # as the gRPC listener's
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 MESSAGES = "/v1/messages"  # Anthropic's Messages API: its errors in Anthropic's shape
 
 
@@ -355,22 +354,19 @@ class OpenAIDoor:
     async def _stream(self, request, choices: list[Prepared], answer: Answer):
         messages = _merged([self.router.stream(c) for c in choices])
         async with contextlib.aclosing(messages):  # a disconnect closes it: KV freed
-            try:
-                first = await anext(messages)  # errors before the first token keep their code
-            except RequestError as exc:
-                return request_error_response(exc)
-            response = web.StreamResponse(headers=SSE_HEADERS)
-            await response.prepare(request)
+            response, first = await sse.opened(request, messages)
+            if first is None:
+                return response
             try:
                 for chunk in answer.chunks(*first):
-                    await _send(response, chunk)
+                    await sse.send(response, chunk)
                 async for index, msg in messages:
                     for chunk in answer.chunks(index, msg):
-                        await _send(response, chunk)
+                        await sse.send(response, chunk)
                 for chunk in answer.closing():
-                    await _send(response, chunk)
+                    await sse.send(response, chunk)
             except RequestError as exc:  # mid-stream: the status is sent, so an error event
-                await _send(response, answer.failed(exc))
+                await sse.send(response, answer.failed(exc))
             except ConnectionError:  # the client left: closing `messages` frees the request
                 return response
             await response.write(answer.END)
@@ -431,12 +427,6 @@ async def _merged(streams: list) -> AsyncIterator[tuple[int, object]]:
         for task in pumps:
             task.cancel()
         await asyncio.gather(*pumps, return_exceptions=True)
-
-
-async def _send(response: web.StreamResponse, chunk: dict) -> None:
-    """One Server-Sent Event; named by its `type` where it has one (the Responses API's)."""
-    named = f"event: {chunk['type']}\n".encode() if "type" in chunk else b""
-    await response.write(named + b"data: " + json.dumps(chunk).encode() + b"\n\n")
 
 
 def _allow(exc: web.HTTPException):

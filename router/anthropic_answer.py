@@ -148,11 +148,13 @@ def _tool_use(call: Call) -> dict:
 
 
 def _usage(msg) -> dict:
+    """Anthropic's usage: its input tokens are those read past the cached ones."""
+    cached = msg.usage.cached_prompt_tokens
     return {
-        "input_tokens": msg.usage.prompt_tokens,
+        "input_tokens": msg.usage.prompt_tokens - cached,
         "output_tokens": msg.usage.completion_tokens,
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
+        "cache_read_input_tokens": cached,
     }
 
 

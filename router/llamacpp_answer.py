@@ -62,6 +62,7 @@ class LlamaAnswer:
         """The last answer, from the stream's last message (None: the output was cut by a
         stop rule); `streamed`: its content was sent already (llama-server then sends "")."""
         stop_type, word = "limit", ""
+        cached = msg.usage.cached_prompt_tokens if msg is not None else 0  # cut: not told
         if msg is not None and not self.limited:
             stop_type = {"length": "limit"}.get(msg.finish_reason, "eos")
             if msg.WhichOneof("stop_reason") == "stop_string":
@@ -85,12 +86,13 @@ class LlamaAnswer:
             "truncated": False,
             "stop_type": stop_type,
             "stopping_word": word,
-            "tokens_cached": 0,  # the verifier's prefix-cache hits do not reach the router
+            "tokens_cached": cached,
             "timings": {
-                "prompt_n": self.evaluated,
+                "cache_n": cached,
+                "prompt_n": self.evaluated - cached,
                 "prompt_ms": prompt_ms,
-                "prompt_per_token_ms": prompt_ms / max(self.evaluated, 1),
-                "prompt_per_second": _rate(self.evaluated, prompt_ms),
+                "prompt_per_token_ms": prompt_ms / max(self.evaluated - cached, 1),
+                "prompt_per_second": _rate(self.evaluated - cached, prompt_ms),
                 "predicted_n": predicted,
                 "predicted_ms": predicted_ms,
                 "predicted_per_token_ms": predicted_ms / max(predicted, 1),

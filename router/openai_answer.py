@@ -128,7 +128,7 @@ class Answer:
         choices = []
         for i, resp in enumerate(self._without_output(r) for r in resps):
             choices.append(self._choice(i, resp, resp.text, resp.finish_reason))
-            self.usage.completion_tokens += resp.usage.completion_tokens
+            self._count(i, resp.usage)
             if self.n > 1:
                 choices[-1]["speculation"] = extension_dict(resp)["speculation"]
         out = {
@@ -169,8 +169,15 @@ class Answer:
             chunk = {**head, "choices": [self._choice(index, msg, text, finish, delta)]}
             out.append({**chunk, **usage, **(extension_dict(msg) if finish else {})})
         if finish:
-            self.usage.completion_tokens += msg.usage.completion_tokens
+            self._count(index, msg.usage)
         return out
+
+    def _count(self, index: int, usage) -> None:
+        """A finished choice's tokens; its prompt's cached ones once (from its first
+        choice), as the prompt is counted once."""
+        self.usage.completion_tokens += usage.completion_tokens
+        if index % self.n_each == 0:
+            self.usage.cached_prompt_tokens += usage.cached_prompt_tokens
 
     def failed(self, exc) -> dict:
         """An error after the stream began (its HTTP status already sent)."""
@@ -249,6 +256,7 @@ def usage_dict(u: common_pb2.Usage) -> dict:
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_prompt_tokens},
     }
 
 

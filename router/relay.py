@@ -60,7 +60,11 @@ async def relay(call, prep: Prepared, decision: Decision, tokenizer):
             spec = resp.speculation
         if stops.stopped:
             finish = "stop"
-            usage = common_pb2.Usage(prompt_tokens=len(prep.prompt_ids), completion_tokens=len(ids))
+            usage = common_pb2.Usage(
+                prompt_tokens=len(prep.prompt_ids),
+                completion_tokens=len(ids),
+                cached_prompt_tokens=usage.cached_prompt_tokens,
+            )
             call.cancel()
         if finish:
             text += stops.flush()

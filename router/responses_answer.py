@@ -238,7 +238,7 @@ class ResponsesAnswer:
         u = final.usage
         out["usage"] = {
             "input_tokens": u.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": u.cached_prompt_tokens},
             "output_tokens": u.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": u.prompt_tokens + u.completion_tokens,

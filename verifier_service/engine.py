@@ -352,6 +352,7 @@ class Engine:
             out.logprobs = verdict.logprobs[: len(new)]
         out.prompt_logprobs = seq.take_prompt_logprobs()
         out.lookup = r.lookup
+        out.prompt_hits = seq.prompt_hits or 0
         out.decision = (r.slot.decision.reason, r.slot.decision.gain)
         if seq.finish_reason:
             out.stats = seq.stats

@@ -160,6 +160,8 @@ class Scheduler:
                 )
             except NoFreeBlocks:
                 break
+            if seq.prompt_hits is None:  # a preempted one comes back: its first count stands
+                seq.prompt_hits = seq.num_cached
             self.waiting.popleft()
             self.running.append(seq)
             slots.append(self._chunk(seq, budget))

@@ -56,6 +56,7 @@ class Sequence:
     generator: torch.Generator
     tokens: list[int] = field(default_factory=list)  # prompt + generated (committed)
     num_cached: int = 0  # tokens whose K/V the target cache holds
+    prompt_hits: int | None = None  # prompt tokens the prefix cache held at first admission
     finish_reason: str | None = None
     stats: SpecStats = field(default_factory=SpecStats)
     span: object = None  # the request's trace span (None when tracing is off)
@@ -195,3 +196,4 @@ class StepOutput:
     logprobs: list | None = None  # a TokenLogprob per token, where the request asked
     prompt_logprobs: list | None = None  # with the first token: the prompt's, where asked
     stop_token: bool = False  # last output: it stopped at a stop token (Sequence.stopped_at_token)
+    prompt_hits: int = 0  # the prompt's tokens found in the prefix cache (Sequence.prompt_hits)

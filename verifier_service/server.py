@@ -120,7 +120,9 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             token_ids=tokens,
             finish_reason=last.finish_reason or "",
             usage=common_pb2.Usage(
-                prompt_tokens=len(request.prompt_ids), completion_tokens=generated
+                prompt_tokens=len(request.prompt_ids),
+                completion_tokens=generated,
+                cached_prompt_tokens=last.prompt_hits,
             ),
             logprobs=[common_pb2.TokenLogprob(**lp._asdict()) for lp in logprobs],
             prompt_logprobs=[common_pb2.TokenLogprob(**lp._asdict()) for lp in prompt_logprobs],

@@ -1,5 +1,6 @@
 """One trace per request across router -> verifier -> drafter; metrics move exactly."""
 
+import random
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -12,6 +13,7 @@ from router.policy import Policy
 from specd.config import EngineConfig
 from tests.cluster import TINY_MODEL_ID, start_cluster
 from tests.conftest import wait_for
+from tests.integration.openai_api.door import post_json
 from tests.integration.test_services import wait_idle
 
 
@@ -296,3 +298,19 @@ def test_preemptions_are_counted_under_both_names_and_change_no_output(traced):
     assert preempted > 0
     key = ("vllm:num_preemptions_total", (("model_name", "tiny"),))
     assert after[key] - before[key] == preempted
+
+
+def test_the_usage_tells_the_prompt_tokens_found_cached(traced):
+    """A prompt sent again is found in the verifier's prefix cache: the usage says how
+    much of it (whole blocks, the last prompt token always computed), on the OpenAI door
+    (prompt_tokens_details) as on llama-server's (tokens_cached); the first time, none."""
+    c, _ = traced
+    prompt = "".join(random.choice("abcdefgh") for _ in range(41))
+    body = {"model": TINY_MODEL_ID, "prompt": prompt, "max_tokens": 2, "temperature": 0}
+    first = post_json(f"{c.http}/v1/completions", body).json()["usage"]
+    assert first["prompt_tokens"] == 41
+    assert first["prompt_tokens_details"] == {"cached_tokens": 0}
+    again = post_json(f"{c.http}/v1/completions", body).json()["usage"]
+    assert again["prompt_tokens_details"] == {"cached_tokens": 40}  # 10 blocks of 4
+    llama = post_json(f"{c.http}/completion", {"prompt": prompt, "n_predict": 2}).json()
+    assert llama["tokens_cached"] == 40 and llama["timings"]["prompt_n"] == 1

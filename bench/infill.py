@@ -126,7 +126,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--http", required=True, help="specd's HTTP door, e.g. http://127.0.0.1:8000")
     p.add_argument("--modes", default="off,auto", help="specd's speculation modes (%(default)s)")
     p.add_argument(
-        "--peer", default="llamacpp,llamacpp-draft", help="llama-server variants ('' = none)"
+        "--peer",
+        default="llamacpp,llamacpp-draft",
+        help="llama-server variants, '' for none (%(default)s)",
     )
     p.add_argument("--model", default="default-target", help="the peers' target (%(default)s)")
     p.add_argument("--draft-model", default="default-draft", help="their draft (%(default)s)")

@@ -14,11 +14,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag
 
-from router.openai_schema import BodyError, ChatBody, Positive, _Request, _Strict
+from router.body import BodyError, Request, Strict
+from router.openai_schema import ChatBody, Positive
 from router.tools import Call
 
 
-class CacheControl(_Strict):
+class CacheControl(Strict):
     """Accepted where a client marks a prompt's parts for Anthropic's cache: specd's prefix
     cache keeps whatever prompts repeat, unasked."""
 
@@ -26,14 +27,14 @@ class CacheControl(_Strict):
     ttl: str | None = None
 
 
-class TextBlock(_Strict):
+class TextBlock(Strict):
     type: Literal["text"]
     text: str
     cache_control: CacheControl | None = None
     citations: list | None = None
 
 
-class ToolUseBlock(_Strict):
+class ToolUseBlock(Strict):
     """A call the model made earlier."""
 
     type: Literal["tool_use"]
@@ -46,7 +47,7 @@ class ToolUseBlock(_Strict):
     toolset_name: str | None = None
 
 
-class ToolResultBlock(_Strict):
+class ToolResultBlock(Strict):
     """What the caller's tool returned for a call."""
 
     type: Literal["tool_result"]
@@ -56,7 +57,7 @@ class ToolResultBlock(_Strict):
     cache_control: CacheControl | None = None
 
 
-class ThinkingBlock(_Strict):
+class ThinkingBlock(Strict):
     """An earlier answer's thinking, handed back: left out of the prompt, as the chat
     templates of reasoning models leave earlier turns' thinking out."""
 
@@ -79,12 +80,12 @@ Block = Annotated[
 ]
 
 
-class Message(_Strict):
+class Message(Strict):
     role: Literal["user", "assistant"]
     content: list[Block] | str
 
 
-class Tool(_Strict):
+class Tool(Strict):
     type: Literal["custom"] | None = None
     name: Annotated[str, Field(min_length=1)]
     description: str | None = None
@@ -93,32 +94,32 @@ class Tool(_Strict):
     strict: bool | None = None
 
 
-class ToolChoice(_Strict):
+class ToolChoice(Strict):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None  # the tool, for "tool"
     disable_parallel_tool_use: bool | None = None
 
 
-class Thinking(_Strict):
+class Thinking(Strict):
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: int | None = None
 
 
-class OutputFormat(_Strict):
+class OutputFormat(Strict):
     type: Literal["json_schema"]
     schema_: dict[str, Any] = Field(alias="schema")
 
 
-class OutputConfig(_Strict):
+class OutputConfig(Strict):
     format: OutputFormat | None = None
     effort: str | None = None  # a hint for Anthropic's models
 
 
-class Metadata(_Strict):
+class Metadata(Strict):
     user_id: str | None = None
 
 
-class _Conversation(_Request):
+class _Conversation(Request):
     """What a message and its token count share."""
 
     model: str

@@ -16,12 +16,12 @@ import contextlib
 from aiohttp import web
 
 from router import sse
+from router.body import BodyError, parse
 from router.fim import infill_ids, repo_markers_of
 from router.llamacpp_answer import LlamaAnswer
 from router.llamacpp_schema import BATCH, InfillBody, LlamaCompletionBody
 from router.openai_errors import error_event, error_response, request_error_response
 from router.openai_request import request_timeout, to_request
-from router.openai_schema import BodyError, parse
 from router.prepare import Prepared, RequestError
 
 PATHS = ("/completion", "/completions", "/infill", "/props")

@@ -33,7 +33,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from router.openai_schema import BodyError, CompletionBody, _Request, _Strict
+from router.body import BodyError, Request, Strict
+from router.openai_schema import CompletionBody
 from specd.params import MAX_LOGPROBS
 
 # llama.cpp's sampler names and the letters `samplers` may spell them with
@@ -57,7 +58,7 @@ BATCH = 2048  # llama-server's batch: /infill keeps 3/4 of it for the prefix, 1/
 LIMITLESS = -1
 
 
-class LlamaCompletionBody(_Request):
+class LlamaCompletionBody(Request):
     prompt: str | list[int | str] | list[str | list[int | str]] = ""
     n_predict: Annotated[int, Field(ge=-1)] = LIMITLESS
     temperature: float = 0.8
@@ -252,7 +253,7 @@ class LlamaCompletionBody(_Request):
         return out
 
 
-class ExtraChunk(_Strict):
+class ExtraChunk(Strict):
     text: str
     filename: str = "tmp"
     time: float | None = None  # llama.vscode's; not read

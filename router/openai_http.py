@@ -36,6 +36,7 @@ from router import openai_schema as schema
 from router import sse
 from router.anthropic_answer import AnthropicAnswer, in_anthropic_shape
 from router.anthropic_schema import CountTokensBody, MessagesBody
+from router.body import BodyError, parse
 from router.fim import markers_of
 from router.generation import Router
 from router.llamacpp_http import PATHS as LLAMACPP_PATHS
@@ -215,7 +216,7 @@ class OpenAIDoor:
     async def tokenize(self, request):
         """vLLM's /tokenize: a prompt's ids, or a chat's as the template renders it."""
         try:
-            body = schema.parse(await request.read(), schema.TokenizeBody)
+            body = parse(await request.read(), schema.TokenizeBody)
             if (refused := self._unknown(body.model)) is not None:
                 return refused
             if body.prompt is not None:
@@ -231,7 +232,7 @@ class OpenAIDoor:
                     max_new_tokens=1,
                 )
                 ids = self.router.prepare(chat, {}).prompt_ids
-        except schema.BodyError as exc:
+        except BodyError as exc:
             return error_response(400, str(exc), exc.param)
         except RequestError as exc:
             return request_error_response(exc)
@@ -242,8 +243,8 @@ class OpenAIDoor:
     async def detokenize(self, request):
         """vLLM's /detokenize: ids to text, special tokens shown."""
         try:
-            body = schema.parse(await request.read(), schema.DetokenizeBody)
-        except schema.BodyError as exc:
+            body = parse(await request.read(), schema.DetokenizeBody)
+        except BodyError as exc:
             return error_response(400, str(exc), exc.param)
         if (refused := self._unknown(body.model)) is not None:
             return refused
@@ -278,7 +279,7 @@ class OpenAIDoor:
     async def count_tokens(self, request):
         """Anthropic's count_tokens: the prompt a message would have, counted."""
         try:
-            body = schema.parse(await request.read(), CountTokensBody)
+            body = parse(await request.read(), CountTokensBody)
             if (refused := self._unknown(body.model)) is not None:
                 return in_anthropic_shape(refused)
             chat = body.chat()
@@ -288,7 +289,7 @@ class OpenAIDoor:
                 max_new_tokens=1,
             )
             ids = self.router.prepare(counted, {}).prompt_ids
-        except schema.BodyError as exc:
+        except BodyError as exc:
             return in_anthropic_shape(error_response(400, str(exc), exc.param))
         except RequestError as exc:
             return in_anthropic_shape(request_error_response(exc))
@@ -296,7 +297,7 @@ class OpenAIDoor:
 
     async def _serve(self, request: web.Request, kind, obj: str, prefix: str):
         try:
-            body = schema.parse(await request.read(), kind)
+            body = parse(await request.read(), kind)
             if (refused := self._unknown(body.model)) is not None:
                 return refused
             served_as_chat = isinstance(body, (ResponsesBody, MessagesBody))
@@ -314,7 +315,7 @@ class OpenAIDoor:
                 )
                 for prompt in prompts
             ]
-        except schema.BodyError as exc:
+        except BodyError as exc:
             return error_response(400, str(exc), exc.param)
         except RequestError as exc:
             return request_error_response(exc)

@@ -11,9 +11,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from protos.specd.v1 import common_pb2, router_pb2
+from router.body import BodyError
 from router.client import MODES
 from router.fim import infill_prompt
-from router.openai_schema import Body, BodyError, ChatBody, ChatMessage
+from router.openai_schema import Body, ChatBody, ChatMessage
 from router.tools import ToolUse
 
 log = logging.getLogger(__name__)

@@ -47,48 +47,37 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
 from protos.specd.v1 import common_pb2
+from router.body import BodyError, Request, Strict
 from router.tools import ToolUse
 from specd.constraint import choice_grammar, named
 from specd.params import MAX_LOGPROBS
 from specd.wire import UNTIL_CONTEXT, constraint_to_proto
 
 
-class BodyError(ValueError):
-    """A body that cannot be served: 400 with `param` naming the field (None: the body)."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class StreamOptions(_Strict):
+class StreamOptions(Strict):
     include_usage: bool = False
 
 
-class TextPart(_Strict):
+class TextPart(Strict):
     type: Literal["text"]
     text: str
 
 
-class FunctionCall(_Strict):
+class FunctionCall(Strict):
     name: str
     arguments: str | dict[str, Any]  # a JSON object as text (some clients send the object)
 
 
-class ToolCall(_Strict):
+class ToolCall(Strict):
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ChatMessage(_Strict):
+class ChatMessage(Strict):
     role: str
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -108,35 +97,35 @@ Bias = Annotated[float, Field(ge=-100, le=100)]
 MAX_CHOICES = 128  # n, as the OpenAI API bounds it
 
 
-class Function(_Strict):
+class Function(Strict):
     name: Annotated[str, Field(min_length=1)]
     description: str | None = None
     parameters: dict[str, Any] | None = None  # a JSON schema
     strict: bool | None = None  # a call a constraint forces is always strict
 
 
-class Tool(_Strict):
+class Tool(Strict):
     type: Literal["function"]
     function: Function
 
 
-class FunctionName(_Strict):
+class FunctionName(Strict):
     name: str
 
 
-class NamedToolChoice(_Strict):
+class NamedToolChoice(Strict):
     type: Literal["function"]
     function: FunctionName
 
 
-class JsonSchemaFormat(_Strict):
+class JsonSchemaFormat(Strict):
     name: str
     description: str | None = None
     schema_: dict[str, Any] = Field(alias="schema")
     strict: bool | None = None  # specd's constraint is always strict
 
 
-class StructuredOutputs(_Strict):
+class StructuredOutputs(Strict):
     """vLLM's `structured_outputs` (the newer spelling of its guided_* fields): one of
     them."""
 
@@ -147,21 +136,12 @@ class StructuredOutputs(_Strict):
     json_object: bool | None = None
 
 
-class ResponseFormat(_Strict):
+class ResponseFormat(Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class _Request(_Strict):
-    """A request body `parse` reads."""
-
-    def unsupported(self) -> dict[str, bool]:
-        """Field -> whether it asks for something specd does not do (BodyError where
-        fields contradict each other)."""
-        return {}
-
-
-class Body(_Request):
+class Body(Request):
     """What both endpoints accept; CompletionBody and ChatBody add their own fields."""
 
     model: str
@@ -318,7 +298,7 @@ class CompletionBody(Body):
         return self.logprobs
 
 
-class ChatTemplateOptions(_Strict):
+class ChatTemplateOptions(Strict):
     """How the chat template renders the messages, as vLLM takes it (transformers'
     apply_chat_template's arguments)."""
 
@@ -379,7 +359,7 @@ class ChatBody(Body, ChatTemplateOptions):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-class TokenizeBody(_Request, ChatTemplateOptions):
+class TokenizeBody(Request, ChatTemplateOptions):
     """vLLM's /tokenize: a prompt, or messages rendered by the chat template."""
 
     model: str | None = None
@@ -394,7 +374,7 @@ class TokenizeBody(_Request, ChatTemplateOptions):
         return {}
 
 
-class DetokenizeBody(_Request):
+class DetokenizeBody(Request):
     model: str | None = None
     tokens: list[Annotated[int, Field(ge=0)]]
 
@@ -411,78 +391,3 @@ def _choice(options: list[str] | None, field: str) -> str | None:
         return choice_grammar(options)
     except ValueError as exc:
         raise BodyError(f"{field}: {exc}", field) from None
-
-
-def parse(raw: bytes, kind: type[_Request]) -> _Request:
-    """The body as `kind`, or BodyError with a message naming the field."""
-    try:
-        data = json.loads(raw, parse_constant=_no_constant)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BodyError(f"the body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise BodyError("the body is not valid JSON: nested too deeply") from None
-    if not isinstance(data, dict):
-        raise BodyError("the body must be a JSON object")
-    where = _not_unicode(data)
-    if where is not None:
-        raise BodyError(f"{where}: a lone UTF-16 surrogate (\\ud800-\\udfff) is not text", where)
-    try:
-        body = kind.model_validate(data)
-    except RecursionError:
-        raise BodyError("the body is nested too deeply") from None
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in _in_body(data, err["loc"])) or None
-        if err["type"] == "extra_forbidden":
-            raise BodyError(f"unknown field {where!r}", where) from None
-        raise BodyError(f"{where}: {err['msg']}", where) from None
-    for field, refused in body.unsupported().items():
-        if refused:
-            raise BodyError(f"{field!r} is not supported by specd", field)
-    return body
-
-
-def _in_body(data, loc: tuple) -> list:
-    """An error's location as a path in the body: pydantic's, less the names it gives
-    the members of a union (`tool_choice.literal[...]` is `tool_choice`)."""
-    path = []
-    for i, part in enumerate(loc):
-        if isinstance(data, list) and isinstance(part, int) and part < len(data):
-            path.append(part)
-            data = data[part]
-        elif isinstance(data, dict) and part in data:
-            path.append(part)
-            data = data[part]
-        elif isinstance(data, dict) and i == len(loc) - 1:
-            path.append(part)  # a field it lacks
-        elif not isinstance(data, (dict, list)):
-            break  # a value's union member names
-        # else the name of the union member the list or object was read as
-    return path
-
-
-def _not_unicode(data: dict) -> str | None:
-    """Where the body holds a string UTF-8 cannot encode (a lone surrogate, which JSON's
-    `\\u` escapes can spell), as a field path; None if nowhere. Iterative: a body may nest
-    as deep as the JSON parser allows."""
-    stack: list[tuple[str, Any]] = [("", data)]
-    while stack:
-        path, value = stack.pop()
-        if isinstance(value, dict):
-            for key, item in value.items():
-                where = f"{path}.{key}" if path else key
-                stack.append((where, key))
-                stack.append((where, item))
-        elif isinstance(value, list):
-            nested = (str, list, dict)  # a list of token ids holds none
-            stack.extend((f"{path}.{i}", x) for i, x in enumerate(value) if isinstance(x, nested))
-        elif isinstance(value, str):
-            try:
-                value.encode()
-            except UnicodeEncodeError:
-                return path
-    return None
-
-
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not a JSON number")

@@ -17,19 +17,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Discriminator, Field, Tag
 
-from router.openai_schema import (
-    BodyError,
-    ChatBody,
-    Positive,
-    _Request,
-    _Strict,
-)
+from router.body import BodyError, Request, Strict
+from router.openai_schema import ChatBody, Positive
 from router.tools import Call
 
 TEXT_PARTS = ("input_text", "output_text")
 
 
-class TextContent(_Strict):
+class TextContent(Strict):
     """A text part of a message: the user's (`input_text`) or an earlier answer's."""
 
     type: Literal["input_text", "output_text"]
@@ -42,7 +37,7 @@ def _text(content: str | list[TextContent]) -> str:
     return content if isinstance(content, str) else "".join(p.text for p in content)
 
 
-class Message(_Strict):
+class Message(Strict):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
     content: str | list[TextContent]
@@ -51,7 +46,7 @@ class Message(_Strict):
     phase: str | None = None
 
 
-class FunctionCall(_Strict):
+class FunctionCall(Strict):
     """A call the model made earlier (an earlier answer's output item)."""
 
     type: Literal["function_call"]
@@ -66,7 +61,7 @@ class FunctionCall(_Strict):
     async_: bool | None = Field(None, validation_alias=AliasChoices("async", "async_"))
 
 
-class FunctionCallOutput(_Strict):
+class FunctionCallOutput(Strict):
     """What the caller's function returned for a call."""
 
     type: Literal["function_call_output"]
@@ -79,7 +74,7 @@ class FunctionCallOutput(_Strict):
     namespace: str | None = None
 
 
-class ReasoningItem(_Strict):
+class ReasoningItem(Strict):
     """An earlier answer's thinking, handed back: left out of the prompt, as the chat
     templates of reasoning models leave earlier turns' thinking out."""
 
@@ -109,7 +104,7 @@ Item = Annotated[
 ]
 
 
-class FunctionTool(_Strict):
+class FunctionTool(Strict):
     type: Literal["function"]
     name: Annotated[str, Field(min_length=1)]
     description: str | None = None
@@ -117,12 +112,12 @@ class FunctionTool(_Strict):
     strict: bool | None = None
 
 
-class FunctionChoice(_Strict):
+class FunctionChoice(Strict):
     type: Literal["function"]
     name: str
 
 
-class TextFormat(_Strict):
+class TextFormat(Strict):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = None  # json_schema's
     schema_: dict[str, Any] | None = Field(None, alias="schema")
@@ -130,12 +125,12 @@ class TextFormat(_Strict):
     strict: bool | None = None
 
 
-class TextConfig(_Strict):
+class TextConfig(Strict):
     format: TextFormat | None = None
     verbosity: Literal["low", "medium", "high"] | None = None  # a hint specd's models ignore
 
 
-class Reasoning(_Strict):
+class Reasoning(Strict):
     """Accepted for the clients that always send it; specd's models do not reason apart."""
 
     effort: str | None = None
@@ -143,11 +138,11 @@ class Reasoning(_Strict):
     generate_summary: str | None = None
 
 
-class StreamOptions(_Strict):
+class StreamOptions(Strict):
     include_obfuscation: bool | None = None  # specd pads no events
 
 
-class ResponsesBody(_Request):
+class ResponsesBody(Request):
     model: str
     input: list[Item] | str  # the list first: a bad item's error names its path
     instructions: str | None = None

@@ -8,7 +8,7 @@ import pytest
 from protos.specd.v1 import router_pb2
 from router.anthropic_answer import AnthropicAnswer
 from router.anthropic_schema import MessagesBody
-from router.openai_schema import BodyError, parse
+from router.body import BodyError, parse
 from router.tools import HERMES, ToolUse
 
 

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from router.body import BodyError, parse
 from router.llamacpp_answer import LlamaAnswer
 from router.llamacpp_schema import InfillBody, LlamaCompletionBody
-from router.openai_schema import BodyError, parse
 
 
 def body(**fields) -> LlamaCompletionBody:

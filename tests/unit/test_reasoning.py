@@ -9,8 +9,9 @@ import pytest
 
 from protos.specd.v1 import router_pb2
 from router.anthropic_answer import AnthropicAnswer
+from router.body import parse
 from router.openai_answer import Answer
-from router.openai_schema import ChatBody, parse
+from router.openai_schema import ChatBody
 from router.reasoning import ThinkReader, check_parser
 from router.responses_answer import ResponsesAnswer
 from router.responses_schema import ResponsesBody

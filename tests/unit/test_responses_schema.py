@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from router.openai_schema import BodyError, parse
+from router.body import BodyError, parse
 from router.responses_schema import ResponsesBody
 
 

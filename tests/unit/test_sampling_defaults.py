@@ -3,8 +3,9 @@ its generation_config.json (as vLLM and SGLang serve them), else the OpenAI API'
 
 import json
 
+from router.body import parse
 from router.openai_request import OPENAI_DEFAULTS, SamplingDefaults, to_request
-from router.openai_schema import ChatBody, CompletionBody, parse
+from router.openai_schema import ChatBody, CompletionBody
 
 QWEN = {  # as Qwen2.5's instruct models ship it
     "bos_token_id": 151643,

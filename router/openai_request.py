@@ -91,14 +91,22 @@ def to_request(
     if mode not in MODES:
         raise BodyError(f"x-speculation must be auto, on or off (got {mode!r})", "speculation")
     sampling = defaults.fill(body)
+    top_k, top_p = max(sampling["top_k"] or 0, 0), sampling["top_p"]  # vLLM's top_k -1: off
+    order = {"temperature_last": False, "infill": False}
+    if body.samplers is not None:  # llama-server's sampler chain (router/llamacpp_sampling.py)
+        order = body.chain(sampling["temperature"], top_k, top_p or 1.0, sampling["min_p"] or 0)
+        sampling = {**sampling, **{k: order[k] for k in ("temperature", "top_p", "min_p")}}
+        top_k = order["top_k"]
     params = common_pb2.SamplingParams(
         temperature=sampling["temperature"],
         top_p=sampling["top_p"] or 0.0,
-        top_k=max(sampling["top_k"] or 0, 0),  # vLLM's -1 is gRPC's 0: off
+        top_k=top_k,
         min_p=sampling["min_p"] or 0.0,
         presence_penalty=body.presence_penalty or 0.0,
         frequency_penalty=body.frequency_penalty or 0.0,
         min_tokens=body.min_tokens,
+        temperature_last=order["temperature_last"],
+        infill=order["infill"],
     )
     if body.seed is not None:
         params.seed = body.seed

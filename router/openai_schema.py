@@ -38,6 +38,9 @@ Where this differs from the OpenAI API, on purpose:
   generation_config.json names them, as in vLLM and SGLang (`router.openai_request`);
 - as in vLLM, `top_p` is in (0, 1] (0 is refused: temperature 0 is greedy) and `top_k: -1`
   is off, as 0 is;
+- llama-server's sampler fields, as llama-server's own OpenAI endpoints take them
+  (`samplers`, `cache_prompt`, its samplers where they are off; router/llamacpp_sampling.py),
+  and its `max_tokens: -1` (until the context is full);
 - a string with a lone UTF-16 surrogate (a `\\ud800` escape, valid JSON but not text) is
   refused, naming its field.
 """
@@ -51,6 +54,7 @@ from pydantic import Field
 
 from protos.specd.v1 import common_pb2
 from router.body import BodyError, Request, Strict
+from router.llamacpp_sampling import LlamaSamplers
 from router.tools import ToolUse
 from specd.constraint import choice_grammar, named
 from specd.params import MAX_LOGPROBS
@@ -141,13 +145,13 @@ class ResponseFormat(Strict):
     json_schema: JsonSchemaFormat | None = None
 
 
-class Body(Request):
+class Body(Request, LlamaSamplers):
     """What both endpoints accept; CompletionBody and ChatBody add their own fields."""
 
     model: str
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: Positive | None = None
+    max_tokens: Positive | Literal[-1] | None = None  # -1: until the context is full
     temperature: float | None = None
     top_p: Annotated[float, Field(gt=0)] | None = None  # 0 is unset on gRPC, refused here
     seed: Annotated[int, Field(ge=0, lt=1 << 64)] | None = None
@@ -176,6 +180,9 @@ class Body(Request):
     guided_grammar: str | None = None
     guided_choice: list[str] | None = None
     structured_outputs: StructuredOutputs | None = None
+
+    def unsupported(self) -> dict[str, bool]:
+        return {**super().unsupported(), **self.llama_refused()}
 
     def constraint(self, tools: ToolUse | None = None) -> common_pb2.Constraint | None:
         """The one constraint the body asks for, if any (checked by the router); `tools`:
@@ -258,7 +265,8 @@ class CompletionBody(Body):
     suffix: str | None = None
     best_of: int | None = None
     logprobs: TopLogprobs | None = None
-    max_tokens: Annotated[int, Field(ge=0)] | None = None  # 0: with echo, the prompt only
+    # 0: with echo, the prompt only; -1: until the context is full
+    max_tokens: Annotated[int, Field(ge=0)] | Literal[-1] | None = None
 
     def unsupported(self) -> dict[str, bool]:
         if self.echo and self.suffix:

@@ -294,6 +294,8 @@ BODY_FIELDS = [
     *("metadata", "include", "reasoning", "truncation"),
     # Anthropic's Messages API's
     *("system", "stop_sequences", "output_config", "thinking"),
+    # llama-server's sampler fields
+    *("samplers", "cache_prompt", "typical_p", "repeat_penalty"),
 ]
 DOORS = ["chat/completions", "completions", "responses", "messages"]
 

@@ -144,3 +144,50 @@ def test_t_max_predict_ms_ends_at_a_newline_once_past_it():
     a.feed(message("d\n"))
     assert a.done and a.content == "ab cd\n"
     assert a.final(None, streamed=False)["stop_type"] == "limit"
+
+
+# llama.vscode's chat edit, as it posts it to /v1/chat/completions
+CHAT_EDIT = {
+    "messages": [{"role": "user", "content": "Rename x to y."}],
+    "stream": False,
+    "cache_prompt": True,
+    "samplers": "edkypmxt",
+    "temperature": 0.8,
+    "dynatemp_range": 0,
+    "dynatemp_exponent": 1,
+    "top_k": 40,
+    "top_p": 0.95,
+    "min_p": 0.05,
+    "typical_p": 1,
+    "xtc_probability": 0,
+    "xtc_threshold": 0.1,
+    "repeat_last_n": 64,
+    "repeat_penalty": 1,
+    "presence_penalty": 0,
+    "frequency_penalty": 0,
+    "dry_multiplier": 0,
+    "dry_base": 1.75,
+    "dry_allowed_length": 2,
+    "dry_penalty_last_n": -1,
+    "max_tokens": -1,
+    "timings_per_token": False,
+}
+
+
+def test_llama_servers_fields_on_the_openai_door():
+    """A client written for llama-server's OpenAI endpoints sends its sampler fields there
+    too: served with its chain (temperature last), -1 tokens until the context is full."""
+    from router.openai_request import to_request
+    from router.openai_schema import ChatBody, CompletionBody
+
+    chat = parse(json.dumps({"model": "m", **CHAT_EDIT}).encode(), ChatBody)
+    request = to_request(chat)
+    assert request.max_new_tokens == -1
+    p = request.params
+    assert (p.temperature, p.top_k, p.min_p) == (pytest.approx(0.8), 40, pytest.approx(0.05))
+    assert p.temperature_last and not p.infill
+    plain = to_request(parse(b'{"model": "m", "prompt": "x", "temperature": 0.8}', CompletionBody))
+    assert not plain.params.temperature_last  # no samplers: vLLM's order, as before
+    with pytest.raises(BodyError) as err:
+        parse(json.dumps({"model": "m", **CHAT_EDIT, "dry_multiplier": 0.8}).encode(), ChatBody)
+    assert err.value.param == "dry_multiplier"

@@ -62,3 +62,19 @@ def test_the_token_guards_it_and_bad_bodies_are_refused(cluster):
     assert post_json(f"{cluster.http}/infill", infill).status_code == 501
     props = http("GET", f"{cluster.http}/props").json()
     assert props["default_generation_settings"]["params"]["temperature"] == 0.8
+
+
+def test_llama_servers_fields_on_the_chat_endpoint(cluster):
+    """llama.vscode's chat edit body (llama-server's sampler fields) is served by the chat
+    endpoint; greedy, the same text as a plain chat."""
+    from tests.unit.test_llamacpp_schema import CHAT_EDIT
+
+    body = {**CHAT_EDIT, "model": TINY_MODEL_ID, "temperature": 0, "max_tokens": 12}
+    body["ignore_eos"] = True
+    edit = post_json(f"{cluster.http}/v1/chat/completions", body)
+    assert edit.status_code == 200, edit.text
+    plain = {k: body[k] for k in ("model", "messages", "temperature", "max_tokens", "ignore_eos")}
+    again = post_json(f"{cluster.http}/v1/chat/completions", plain).json()
+    text = edit.json()["choices"][0]["message"]["content"]
+    assert text == again["choices"][0]["message"]["content"]
+    assert edit.json()["usage"]["completion_tokens"] == 12

@@ -38,6 +38,7 @@ Where this differs from the OpenAI API, on purpose:
   generation_config.json names them, as in vLLM and SGLang (`router.openai_request`);
 - as in vLLM, `top_p` is in (0, 1] (0 is refused: temperature 0 is greedy) and `top_k: -1`
   is off, as 0 is;
+- `model` may be left out (the served model), as vLLM and llama-server allow;
 - llama-server's sampler fields, as llama-server's own OpenAI endpoints take them
   (`samplers`, `cache_prompt`, its samplers where they are off; router/llamacpp_sampling.py),
   and its `max_tokens: -1` (until the context is full);
@@ -148,7 +149,7 @@ class ResponseFormat(Strict):
 class Body(Request, LlamaSamplers):
     """What both endpoints accept; CompletionBody and ChatBody add their own fields."""
 
-    model: str
+    model: str | None = None  # absent: the served model, as vLLM and llama-server take it
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: Positive | Literal[-1] | None = None  # -1: until the context is full

@@ -421,7 +421,7 @@ BAD_BODIES = [
     (json.dumps({"model": "tiny", "prompt": ["a"] * 65, "n": 2}).encode(), "at most 128"),
     (json.dumps({"model": "tiny", "prompt": "x", "seed": -1}).encode(), "seed"),
     (json.dumps({"model": "tiny", "prompt": "x", "speculation": "maybe"}).encode(), "speculation"),
-    (json.dumps({"prompt": "x"}).encode(), "model"),
+    (json.dumps({"model": 7, "prompt": "x"}).encode(), "model"),  # absent: the served one
     (json.dumps({"model": "tiny", "prompt": [500]}).encode(), "token ids"),
     (json.dumps({"model": "tiny", "prompt": ""}).encode(), "empty"),
     (json.dumps({"model": "tiny", "prompt": "x", "top_p": 0}).encode(), "top_p"),

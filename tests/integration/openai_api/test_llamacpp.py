@@ -65,15 +65,16 @@ def test_the_token_guards_it_and_bad_bodies_are_refused(cluster):
 
 
 def test_llama_servers_fields_on_the_chat_endpoint(cluster):
-    """llama.vscode's chat edit body (llama-server's sampler fields) is served by the chat
-    endpoint; greedy, the same text as a plain chat."""
+    """llama.vscode's chat edit body (llama-server's sampler fields, no model) is served by
+    the chat endpoint; greedy, the same text as a plain chat."""
     from tests.unit.test_llamacpp_schema import CHAT_EDIT
 
-    body = {**CHAT_EDIT, "model": TINY_MODEL_ID, "temperature": 0, "max_tokens": 12}
-    body["ignore_eos"] = True
-    edit = post_json(f"{cluster.http}/v1/chat/completions", body)
+    body = {**CHAT_EDIT, "temperature": 0, "max_tokens": 12, "ignore_eos": True}
+    edit = post_json(f"{cluster.http}/v1/chat/completions", body)  # no model: the served one
     assert edit.status_code == 200, edit.text
-    plain = {k: body[k] for k in ("model", "messages", "temperature", "max_tokens", "ignore_eos")}
+    assert edit.json()["model"] == TINY_MODEL_ID
+    plain = {k: body[k] for k in ("messages", "temperature", "max_tokens", "ignore_eos")}
+    plain["model"] = TINY_MODEL_ID
     again = post_json(f"{cluster.http}/v1/chat/completions", plain).json()
     text = edit.json()["choices"][0]["message"]["content"]
     assert text == again["choices"][0]["message"]["content"]

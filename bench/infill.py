@@ -13,7 +13,8 @@ warms its cache so), then the timed passes go through specd's modes (the body's
 `speculation`) and each llama-server variant (bench/llamacpp.py: plain, with the draft
 model) in turn, `--repeats` times each, one request at a time. Tokens/s is the predicted
 tokens over the pass's wall time; the report gives each one's median and its ratio to
-specd `off` and to llama-server plain.
+specd `off` and to llama-server plain, and the share of drafts accepted where the answers
+tell it (`timings.draft_n` and `draft_n_accepted`, specd's as llama-server's own).
 """
 
 from __future__ import annotations
@@ -65,13 +66,16 @@ def post(url: str, body: dict) -> dict:
 
 
 def one_pass(url: str, bodies_: list[dict], extra: dict) -> dict:
-    start, tokens, texts = time.perf_counter(), 0, []
+    start, tokens, texts, drafted, accepted = time.perf_counter(), 0, [], 0, 0
     for body in bodies_:
         answer = post(url, {**body, **extra})
         tokens += answer["tokens_predicted"]
         texts.append(answer["content"])
+        drafted += answer["timings"].get("draft_n", 0)
+        accepted += answer["timings"].get("draft_n_accepted", 0)
     wall = time.perf_counter() - start
-    return {"tokens": tokens, "tokens_per_s": tokens / wall, "texts": texts}
+    rate = accepted / drafted if drafted else None
+    return {"tokens": tokens, "tokens_per_s": tokens / wall, "texts": texts, "acceptance": rate}
 
 
 def run(url, peers, modes, bodies_, repeats, model, draft) -> dict:
@@ -94,6 +98,7 @@ def run(url, peers, modes, bodies_, repeats, model, draft) -> dict:
         name: {
             "tokens_per_s": statistics.median(p["tokens_per_s"] for p in passes),
             "tokens": [p["tokens"] for p in passes],
+            "acceptance": [p["acceptance"] for p in passes],
         }
         for name, passes in results.items()
     }
@@ -106,7 +111,9 @@ def run(url, peers, modes, bodies_, repeats, model, draft) -> dict:
 
 def _report_line(name: str, passes: list[dict]) -> None:
     rates = ", ".join(f"{p['tokens_per_s']:.1f}" for p in passes)
-    print(f"  {name:<16} tok/s per pass: {rates}", flush=True)
+    taken = [p["acceptance"] for p in passes if p["acceptance"] is not None]
+    accepted = f", drafts accepted {statistics.mean(taken):.2f}" if taken else ""
+    print(f"  {name:<16} tok/s per pass: {rates}{accepted}", flush=True)
 
 
 def to_markdown(report: dict) -> str:

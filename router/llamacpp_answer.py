@@ -1,5 +1,6 @@
 """llama-server's answer to one /completion or /infill prompt: `content`, `tokens`,
-`stop_type` (`eos`, `limit`, `word`) and `stopping_word`, token counts, `timings`, and
+`stop_type` (`eos`, `limit`, `word`) and `stopping_word`, token counts, `timings` (with
+`draft_n` and `draft_n_accepted` where speculation drafted, as llama-server's), and
 with `n_probs` the `completion_probabilities`; streamed, a `data:` event per message with
 the new `content`, `stop: false`, and a last one with `stop: true` and the rest.
 
@@ -99,6 +100,9 @@ class LlamaAnswer:
                 "predicted_per_second": _rate(predicted, predicted_ms),
             },
         }
+        if msg is not None and msg.speculation.drafted:  # as llama-server's speculation tells
+            out["timings"]["draft_n"] = msg.speculation.drafted
+            out["timings"]["draft_n_accepted"] = msg.speculation.accepted
         if self.probs and not streamed:
             out["completion_probabilities"] = self.probs
         return _fields(out, self.body.response_fields)

@@ -22,6 +22,10 @@ def test_greedy_completion_is_the_openai_doors_and_speculation_changes_nothing(c
     assert on["content"] == off["content"] and on["tokens_predicted"] == 12
     assert on["stop"] is True and on["stop_type"] == "limit" and on["tokens_predicted"] == 12
     assert on["tokens_evaluated"] == len(GREEDY["prompt"]) and on["prompt"] == GREEDY["prompt"]
+    # speculation told as llama-server tells its own
+    assert on["timings"]["draft_n"] >= on["timings"]["draft_n_accepted"] >= 0
+    assert on["timings"]["draft_n"] > 0
+    assert "draft_n" not in off["timings"]
     openai_body = {"model": TINY_MODEL_ID, "prompt": GREEDY["prompt"], "max_tokens": 12}
     openai_body |= {"temperature": 0, "ignore_eos": True}
     r = post_json(f"{cluster.http}/v1/completions", openai_body)

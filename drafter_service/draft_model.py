@@ -73,7 +73,6 @@ class DraftModelProposer:
         self.kv = PagedKV.for_model(model, num_blocks, block_size, prefix_cache)
         model.prepare_steps(self.kv, GRAPH_SEQS, GRAPH_ROWS)  # CUDA graphs; else nothing
         self.top_m = top_m
-        self._infill_head = None  # (a request's infill sampler, the same over the head)
         self._cached: dict[object, list[int]] = {}  # tokens whose K/V the drafter holds
         self._gens: dict[object, torch.Generator] = {}
         self._last: list = []  # (state, proposal) of the last round, for draft_ahead
@@ -229,15 +228,6 @@ class DraftModelProposer:
         del cached[common:]
         return True
 
-    def _infill(self, s: DraftState):
-        """The request's infill sampler over this model's head (None: not asked for)."""
-        head_ids = self.model.head_ids
-        if s.infill is None or head_ids is None:
-            return s.infill
-        if self._infill_head is None or self._infill_head[0] is not s.infill:
-            self._infill_head = (s.infill, s.infill.on_columns(head_ids.tolist()))
-        return self._infill_head[1]
-
     def _draw(self, s: DraftState, logits: torch.Tensor, so_far: list[int], pick=None):
         """One draft token -> (token, its probability under the draft model, q's ids, q's
         probs, alternative). Greedy drafting sends no q, sampling sends its top-m q (the
@@ -262,7 +252,7 @@ class DraftModelProposer:
             col, confidence, other = pick or greedy_pick(row[0])
             alt = None if other is None else token_id(other)
             return token_id(col), confidence, None, None, alt
-        probs = logits_to_probs(logits[None], s.params, *adjusted, infill=self._infill(s))[0]
+        probs = logits_to_probs(logits[None], s.params, *adjusted)[0]
         vals, cols = probs.topk(min(self.top_m, probs.shape[-1]))
         # q: the truncated, renormalised distribution we draw from, on the CPU where the
         # request's generator is (and where the proposal goes on the wire)

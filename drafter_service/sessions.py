@@ -107,7 +107,6 @@ class Sessions:
             prompt_length=min(msg.prompt_length, len(msg.token_ids)),
             proposer=msg.proposer,
             suffix_private=msg.suffix_private,
-            infill=self.grammars.infill_filter() if params.infill and self.grammars else None,
         )
         self._open[key] = Session(state, span, grammar)
         return ""

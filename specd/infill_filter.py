@@ -21,7 +21,6 @@ the request samples from (and speculation verifies against) is that softmax.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Self
 
 import torch
 
@@ -29,21 +28,13 @@ THRESHOLD = 0.2  # a text token's merged probability below this leaves
 
 
 class InfillFilter:
-    def __init__(self, pieces: list[bytes], eog: Iterable[int], end: int | None):
+    def __init__(self, pieces: list[bytes], eog: Iterable[int], end: int):
         """`pieces`: each token's text as bytes (b"" for special tokens, which begin
         nothing); `eog`: the end-of-generation ids; `end`: the token kept when no text
-        token is (None: the likeliest candidate)."""
+        token is."""
         self.pieces = pieces
         self.eog = frozenset(eog)
         self.end = end
-
-    def on_columns(self, ids: list[int]) -> Self:
-        """The same sampler over rows whose column c is token ids[c] (a drafter's trimmed
-        head). Where the end token has no column, the likeliest candidate stands in."""
-        where = {t: c for c, t in enumerate(ids)}
-        eog = [where[t] for t in self.eog if t in where]
-        pieces = [self.pieces[t] if t < len(self.pieces) else b"" for t in ids]
-        return InfillFilter(pieces, eog, where.get(self.end))
 
     def keep(self, probs: torch.Tensor) -> torch.Tensor:
         """probs [R, V], each row over its candidates (zero elsewhere) -> bool [R, V]:
@@ -80,7 +71,7 @@ class InfillFilter:
         ]
         texts = sum(not e for _, _, e in kept)
         if not texts:
-            return [self.end if self.end is not None else ids[0]]
+            return [self.end]
         # then, renormalised over what stayed, a text token below 1 / (texts + 1) leaves
         total = sum(q for _, q, _ in kept)
         return [t for t, q, e in kept if e or q / total >= 1 / (texts + 1)]

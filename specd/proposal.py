@@ -31,9 +31,6 @@ class DraftState:
     prompt_length: int = 0  # how many of `tokens` are the prompt
     proposer: str = ""  # how to draft for it (the route's choice); "": the drafter's own
     suffix_private: bool = False  # a suffix drafter neither keeps nor reads shared text
-    # llama.cpp's infill sampler (specd.infill_filter.InfillFilter) where the request asks
-    # for it and the drafter has the tokenizer: its q then follows the target's closer
-    infill: object = None
 
 
 @dataclass

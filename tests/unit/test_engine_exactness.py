@@ -95,7 +95,7 @@ def chi_square_ok(counts: torch.Tensor, p: torch.Tensor, n: int) -> bool:
         # min_tokens: the stop tokens (the first position's 3 likeliest) banned at 1-3, the
         # drafter not told (its q still proposes them)
         (SamplingParams(temperature=1.0, min_tokens=3), 2, 0.0),
-        # llama.cpp's order and its infill sampler (the drafter draws under both;
+        # llama.cpp's order and its infill sampler (the drafter draws without the latter;
         # at position 1 it keeps 2 of the 5 tokens top-k leaves)
         (SamplingParams(temperature=0.7, top_k=5, temperature_last=True, infill=True), 0, 0.0),
     ],

@@ -87,18 +87,3 @@ def test_the_infill_sampler_needs_candidates_and_a_temperature():
     with pytest.raises(ValueError, match="top_k"):
         SamplingParams(temperature=1.0, infill=True).validate()
     SamplingParams(temperature=1.0, top_k=40, infill=True).validate()
-
-
-def test_over_a_trimmed_head_the_same_tokens_stay():
-    """A drafter's head holds some of the vocabulary: its columns keep the tokens the
-    whole row keeps, and without the end token's column its likeliest stands in."""
-    probs = {2: 0.16, 3: 0.18, 4: 0.15, 5: 0.30, 9: 0.21}
-    head = [9, 5, 4, 3, 2, 1]  # column c is token head[c]; token 0 is not on the head
-    whole = InfillFilter(PIECES, EOG, end=0)
-    columns = row(probs)[:, head]
-    kept_columns = whole.on_columns(head).keep(columns)[0].nonzero()[:, 0].tolist()
-    assert {head[c] for c in kept_columns} == kept(probs) == {3, 5}
-    alone = row({5: 0.198, 8: 0.198, 9: 0.198, 6: 0.198, 2: 0.198, 1: 0.01})
-    head = [5, 8, 9, 6, 2, 1]
-    kept_columns = whole.on_columns(head).keep(alone[:, head])[0].nonzero()[:, 0].tolist()
-    assert kept_columns == [0]  # token 0 has no column: the likeliest, token 5

@@ -31,6 +31,7 @@ class LlamaAnswer:
         self.t_start = time.monotonic()
         self.t_first: float | None = None
         self.limited = False  # an n_indent or t_max_predict_ms stop
+        self.indented = 0  # where the lines n_indent has passed end (`_indent_cut`)
         self.silent = body.n_predict == 0  # the one token generated is not answered
 
     def feed(self, msg) -> dict | None:
@@ -114,15 +115,18 @@ class LlamaAnswer:
         if not n or self.limited:
             return text
         whole = self.content + text
-        start = whole.find("\n")
+        start = whole.find("\n", self.indented)
         while start != -1:
             pos = start + 1
             while pos < len(whole) and whole[pos] in " \t":
                 pos += 1
-            if pos < len(whole) and pos - start - 1 < n:  # a blank line too, as llama.cpp
+            if pos == len(whole):  # the line's indentation may still grow
+                break
+            if pos - start - 1 < n:  # a blank line too, as llama.cpp
                 self.limited = True
                 return whole[len(self.content) : pos] if pos > len(self.content) else ""
-            start = whole.find("\n", start + 1)
+            self.indented = pos  # this line passed: look on from its text
+            start = whole.find("\n", pos)
         return text
 
     def _probs(self, token: int, lp) -> dict:

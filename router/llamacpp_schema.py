@@ -83,9 +83,8 @@ class LlamaCompletionBody(Request, LlamaSamplers):
         return list(p) if several else [p]
 
     def completion_body(self, prompt_ids: list[int], bias: dict[int, float]) -> CompletionBody:
-        """The OpenAI completion of `prompt_ids` with this body's sampling (llama.cpp's
-        order is `sampler_order`'s to set on the request)."""
-        order = self.sampler_order()
+        """The OpenAI completion of `prompt_ids` with this body's sampling: its samplers
+        named, so that the OpenAI door's own mapping of them applies (LlamaSamplers.chain)."""
         constraint: dict[str, Any] = {}
         if self.json_schema is not None and self.grammar is not None:
             raise BodyError("at most one of json_schema and grammar", "grammar")
@@ -97,10 +96,11 @@ class LlamaCompletionBody(Request, LlamaSamplers):
             model="",
             prompt=prompt_ids,
             max_tokens=self.max_new_tokens(),
-            temperature=order["temperature"],
-            top_k=order["top_k"],
-            top_p=order["top_p"],
-            min_p=order["min_p"],
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            samplers=self.sampler_names(),
             seed=self.seed if self.seed >= 0 else None,
             stop=list(self.stop),
             ignore_eos=self.ignore_eos,

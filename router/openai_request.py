@@ -94,7 +94,8 @@ def to_request(
     top_k, top_p = max(sampling["top_k"] or 0, 0), sampling["top_p"]  # vLLM's top_k -1: off
     order = {"temperature_last": False, "infill": False}
     if body.samplers is not None:  # llama-server's sampler chain (router/llamacpp_sampling.py)
-        order = body.chain(sampling["temperature"], top_k, top_p or 1.0, sampling["min_p"] or 0)
+        top_p = 1.0 if top_p is None else top_p
+        order = body.chain(sampling["temperature"], top_k, top_p, sampling["min_p"] or 0)
         sampling = {**sampling, **{k: order[k] for k in ("temperature", "top_p", "min_p")}}
         top_k = order["top_k"]
     params = common_pb2.SamplingParams(

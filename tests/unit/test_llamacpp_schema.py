@@ -191,3 +191,16 @@ def test_llama_servers_fields_on_the_openai_door():
     with pytest.raises(BodyError) as err:
         parse(json.dumps({"model": "m", **CHAT_EDIT, "dry_multiplier": 0.8}).encode(), ChatBody)
     assert err.value.param == "dry_multiplier"
+
+
+def test_the_completion_it_stands_for_carries_its_chain():
+    """/completion and /infill reach the verifier through the OpenAI door's mapping of
+    `samplers`: llama.cpp's default chain (temperature last), llama.vscode's (infill)."""
+    from router.openai_request import to_request
+
+    default = to_request(body(prompt="x").completion_body([1, 2], {})).params
+    assert default.temperature_last and not default.infill
+    assert (default.top_k, default.top_p) == (40, pytest.approx(0.95))
+    vscode = body(prompt="x", top_p=0.99, samplers=["top_k", "top_p", "infill"])
+    p = to_request(vscode.completion_body([1, 2], {})).params
+    assert p.infill and (p.temperature, p.min_p, p.top_p) == (1.0, 0.0, pytest.approx(0.99))

@@ -153,25 +153,6 @@ def test_preemption_under_kv_pressure_keeps_outputs(tiny_pair):
     assert small.kv.allocator.num_used == 0
 
 
-def test_the_prompt_hits_a_request_reports_are_its_first_admissions(tiny_pair):
-    """A sequence preempted and admitted again finds its own generated tokens cached: the
-    prompt tokens it reports found in the prefix cache stay those of its first admission
-    (never more than the prompt less its last token)."""
-    target, _ = tiny_pair
-    engine = Engine(
-        target, EngineConfig(num_blocks=24, block_size=4, prefix_cache="on"), eos_ids=set()
-    )
-    prompt = PROMPTS[3][:9]
-    run_engine(engine, [dict(prompt=prompt, max_new_tokens=2)])  # now cached: 8 tokens
-    hits = {}
-    ids = [engine.add_request(Request(prompt, max_new_tokens=28)) for _ in range(4)]
-    while engine.has_work():
-        for out in engine.step():
-            hits.setdefault(out.seq_id, set()).add(out.prompt_hits)
-    assert engine.scheduler.preemptions > 0
-    assert [hits[i] for i in ids] == [{8}] * 4
-
-
 @pytest.mark.parametrize("num_blocks", [40, 256])  # the pool bounds it, then the context
 def test_max_context_is_the_longest_request_the_engine_admits(tiny_pair, num_blocks):
     """What the verifier reports (InfoResponse.max_context, the HTTP card's max_model_len)

@@ -13,6 +13,7 @@ from specd.models.seq_input import SeqInput
 from specd.params import SamplingParams
 from tests.conftest import make_tiny_pair, run_engine
 from verifier_service.engine import Engine
+from verifier_service.request import Request
 
 pytestmark = pytest.mark.usefixtures("cpu_kernels")  # fails, not skips, in CI
 
@@ -120,3 +121,22 @@ def test_concurrent_requests_share_what_is_published_and_evict_under_pressure(qu
         assert list(warm.values()) == list(cold.values())
     alloc = engine.kv.allocator
     assert alloc.cached_tokens > 0 and alloc.num_used == 0 and alloc.num_free == 40
+
+
+def test_the_prompt_hits_a_request_reports_are_its_first_admissions(tiny_pair):
+    """A sequence preempted and admitted again finds its own generated tokens cached: the
+    prompt tokens it reports found in the prefix cache stay those of its first admission
+    (never more than the prompt less its last token)."""
+    target, _ = tiny_pair
+    engine = Engine(
+        target, EngineConfig(num_blocks=24, block_size=4, prefix_cache="on"), eos_ids=set()
+    )
+    prompt = [5, 17, 3, 42, 8, 60, 11, 29, 71]
+    run_engine(engine, [dict(prompt=prompt, max_new_tokens=2)])  # now cached: 8 tokens
+    hits = {}
+    ids = [engine.add_request(Request(prompt, max_new_tokens=28)) for _ in range(4)]
+    while engine.has_work():
+        for out in engine.step():
+            hits.setdefault(out.seq_id, set()).add(out.prompt_hits)
+    assert engine.scheduler.preemptions > 0
+    assert [hits[i] for i in ids] == [{8}] * 4

@@ -34,6 +34,7 @@ def build_request(
     json_object: bool = False,
     regex: str | None = None,
     grammar: str | None = None,
+    after_thinking: str = "",
     logprobs: int | None = None,
     prompt_logprobs: int | None = None,
     stop_token_ids: list[int] | None = None,
@@ -61,6 +62,7 @@ def build_request(
     constraint = named(json_schema, json_object, regex, grammar)
     if constraint is not None:
         req.constraint.CopyFrom(constraint_to_proto(constraint))
+        req.constraint.after_thinking = after_thinking
     if prompt is not None:
         req.prompt = prompt
     elif messages is not None:

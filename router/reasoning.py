@@ -15,9 +15,10 @@ part of a tag. Without a parser (the default, as in vLLM) the thinking stays in 
 from __future__ import annotations
 
 from router.detok import may_begin
+from specd.constraint import THINKING
 
 OPEN, CLOSE = "<think>", "</think>"
-PARSERS = ("deepseek_r1", "qwen3")
+PARSERS = tuple(THINKING)  # each also names how a constraint waits for its thinking
 
 
 def check_parser(name: str) -> str | None:

@@ -16,17 +16,33 @@ import json
 from dataclasses import dataclass
 
 KINDS = ("json_schema", "json_object", "regex", "grammar")
+# A reasoning model's thinking as each reasoning parser reads it (router/reasoning.py), in
+# llguidance's Lark: text without "</think>" (`_FREE`), "</think>" and the newlines after
+# it (the reader drops them), then the answer the constraint holds. An output still
+# thinking may also end there (THINKING), as it may without a constraint.
+_FREE = r"/(.|\n)*/ & ~/(.|\n)*<\/think>(.|\n)*/"
+THINKING = {
+    # the template opened <think>: the output thinks from its start
+    "deepseek_r1": rf"""start: THINKING | THOUGHT @answer
+THINKING: {_FREE}
+THOUGHT: ({_FREE}) "</think>" /\n*/""",
+    # the output thinks only where it opens with <think> (whitespace aside)
+    "qwen3": rf"""start: THINKING | THOUGHT? @answer
+THINKING: /\s*<think>/ ({_FREE})
+THOUGHT: /\s*<think>/ ({_FREE}) "</think>" /\n*/""",
+}
 
 
 @dataclass(frozen=True)
 class Constraint:
     kind: str  # one of KINDS
     text: str = ""  # the schema (JSON text), regex or grammar; "" for json_object
+    after_thinking: str = ""  # "" or a THINKING parser: the constraint holds after it
 
     def grammar(self) -> str:
         """The llguidance grammar, compiled once per distinct constraint; ValueError with
         the library's message when the constraint is not valid."""
-        return compile_grammar(self.kind, self.text)
+        return compile_grammar(self.kind, self.text, self.after_thinking)
 
 
 def named(
@@ -57,8 +73,19 @@ def choice_grammar(options: list[str]) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def compile_grammar(kind: str, text: str) -> str:
+def compile_grammar(kind: str, text: str, after_thinking: str = "") -> str:
     from llguidance import LLMatcher
+
+    if after_thinking:
+        if after_thinking not in THINKING:
+            raise ValueError(f"after_thinking must be one of {', '.join(THINKING)}, or empty")
+        answer = compile_grammar(kind, text)
+        try:  # llguidance's grammar list, or (from Lark) the Lark text itself
+            (first,) = json.loads(answer)["grammars"]
+        except json.JSONDecodeError:
+            first = {"lark_grammar": answer}
+        top = {"lark_grammar": THINKING[after_thinking]}
+        return _checked(json.dumps({"grammars": [top, {**first, "name": "answer"}]}), kind)
 
     if kind == "json_object":
         grammar = LLMatcher.grammar_from_json_schema({"type": "object"})
@@ -76,6 +103,12 @@ def compile_grammar(kind: str, text: str) -> str:
         grammar = LLMatcher.grammar_from_lark(text)
     else:
         raise ValueError(f"unknown constraint kind {kind!r}; expected one of {KINDS}")
+    return _checked(grammar, kind)
+
+
+def _checked(grammar: str, kind: str) -> str:
+    from llguidance import LLMatcher
+
     error = LLMatcher.validate_grammar(grammar)
     if error:
         raise ValueError(f"invalid {kind}: {error.strip()}")

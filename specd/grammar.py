@@ -18,6 +18,7 @@ draw an allowed token drew it from q' = norm(q * allowed), so q' is what the tes
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 
@@ -159,6 +160,8 @@ class Grammars:
         state = GrammarState(template.deep_copy(), constraint, self.vocab_size, words)
         if state.done or not state.allowed().any():  # (an empty match counts as none)
             raise ValueError(f"the {constraint.kind} constraint admits no output")
+        if constraint.after_thinking:  # the thinking admits output: does the answer?
+            self.start(dataclasses.replace(constraint, after_thinking=""))
         return state
 
 

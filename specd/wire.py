@@ -81,16 +81,14 @@ def constraint_from_proto(msg: common_pb2.Constraint) -> Constraint | None:
     kind = msg.WhichOneof("kind")
     if kind is None:
         return None
-    if kind == "json_object":
-        if not msg.json_object:
-            raise ValueError("constraint.json_object must be true when set")
-        return Constraint("json_object")
-    return Constraint(kind, getattr(msg, kind))
+    if kind == "json_object" and not msg.json_object:
+        raise ValueError("constraint.json_object must be true when set")
+    text = "" if kind == "json_object" else getattr(msg, kind)
+    return Constraint(kind, text, msg.after_thinking)
 
 
 def constraint_to_proto(c: Constraint | None) -> common_pb2.Constraint:
     if c is None:
         return common_pb2.Constraint()
-    if c.kind == "json_object":
-        return common_pb2.Constraint(json_object=True)
-    return common_pb2.Constraint(**{c.kind: c.text})
+    value = True if c.kind == "json_object" else c.text
+    return common_pb2.Constraint(**{c.kind: value}, after_thinking=c.after_thinking)

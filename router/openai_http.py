@@ -74,13 +74,15 @@ class OpenAIDoor:
         sampling: SamplingDefaults = OPENAI_DEFAULTS,
         tool_call_parser: str = "auto",
         reasoning_parser: str = "",
+        structured_outputs_in_reasoning: bool = False,
     ):
         """`model`: the id clients name (and /v1/models lists); `aliases`: other names
         accepted for it; `token`: the bearer token ("" = open); `registry`: the router's
         Prometheus metrics, served at /metrics (as vLLM serves its own on its API port);
         `sampling`: what a body's absent sampling fields mean; `tool_call_parser`: the
         format of the model's tool calls (`router.tools.call_format`); `reasoning_parser`:
-        how its thinking is read apart (`router.reasoning`; "" = it is not)."""
+        how its thinking is read apart (`router.reasoning`; "" = it is not), and a chat's
+        constraint held after it unless `structured_outputs_in_reasoning`."""
         self.router = router
         self.registry = registry
         self.sampling = sampling
@@ -93,6 +95,7 @@ class OpenAIDoor:
         template = getattr(router.tokenizer, "chat_template", None)
         self.call_format = call_format(tool_call_parser, template)
         self.reasoning = check_parser(reasoning_parser)
+        self.after_thinking = "" if structured_outputs_in_reasoning else self.reasoning or ""
         self.fim = markers_of(router.tokenizer)  # for a completion's suffix
 
     def app(self) -> web.Application:
@@ -306,10 +309,13 @@ class OpenAIDoor:
             chat = isinstance(asked, schema.ChatBody)
             tools = asked.tool_use(self.call_format) if chat else None
             prompts = asked.prompts() if isinstance(asked, schema.CompletionBody) else [None]
+            after_thinking = self.after_thinking if chat else ""  # a chat's thinking is read
             header = headers.get("x-speculation", "")
             preps = [
                 self.router.prepare(
-                    to_request(asked, header, self.sampling, tools, self.fim, prompt),
+                    to_request(
+                        asked, header, self.sampling, tools, self.fim, prompt, after_thinking
+                    ),
                     headers,
                     request_timeout(headers),
                 )

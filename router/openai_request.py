@@ -82,11 +82,13 @@ def to_request(
     tools: ToolUse | None = None,
     fim: tuple[str, str, str] | None = None,
     prompt: str | list[int] | None = None,
+    after_thinking: str = "",
 ) -> router_pb2.GenerateRequest:
     """The gRPC request a client would send for this body; `tools`: a chat's tool use
     (`ChatBody.tool_use`), rendered by the template and, where it forces calls, the
     constraint; `fim`: the model's fill-in-the-middle markers (`router.fim`), for a
-    completion's suffix; `prompt`: which of a completion's prompts (default: its first)."""
+    completion's suffix; `prompt`: which of a completion's prompts (default: its first);
+    `after_thinking`: the reasoning parser after whose thinking the constraint holds."""
     mode = body.speculation or speculation_header or "auto"
     if mode not in MODES:
         raise BodyError(f"x-speculation must be auto, on or off (got {mode!r})", "speculation")
@@ -133,6 +135,7 @@ def to_request(
     constraint = body.constraint(tools)
     if constraint is not None:
         request.constraint.CopyFrom(constraint)
+        request.constraint.after_thinking = after_thinking
     if isinstance(body, ChatBody):
         request.messages.CopyFrom(
             chat_input(body.messages, tools.tools if tools else None, body.template_options())

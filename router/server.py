@@ -174,6 +174,7 @@ async def _start_http(config, router: Router, token: str, registry):
         sampling,
         config.tool_call_parser,
         config.reasoning_parser,
+        config.structured_outputs_in_reasoning,
     )
     runner, port = await start(
         door,

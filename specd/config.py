@@ -250,6 +250,10 @@ class RouterConfig:
     # (chat's reasoning_content; the Responses API's reasoning item; Anthropic's thinking
     # block), vLLM's flag: deepseek_r1 or qwen3; "" = none, the thinking stays in the text
     reasoning_parser: str = ""
+    # with a reasoning parser, a chat's constraint (structured output, a forced tool call)
+    # holds after the thinking; this holds it from the first token, thinking included
+    # (vLLM's structured_outputs_config.enable_in_reasoning)
+    structured_outputs_in_reasoning: bool = False
 
     def __post_init__(self):
         if self.sampling_defaults not in ("model", "openai"):

@@ -1,6 +1,6 @@
 """The door's sampling fields beyond the basics: log-probabilities, `n` choices,
 presence and frequency penalties and logit_bias, each the same with speculation on and
-off."""
+off; a reasoning model's thinking read apart, and a constraint held after it."""
 
 import math
 
@@ -352,15 +352,17 @@ def test_a_chat_continues_its_last_message_as_vllm_renders_it(cluster, client):
 
 @pytest.fixture(scope="module")
 def thinking(cluster):
-    """A door over the same replicas whose router reads Qwen3's thinking apart."""
-    with side_door(cluster, char_tokenizer(), reasoning_parser="qwen3") as client:
+    """A door over the same replicas whose router reads Qwen3's thinking apart, and holds
+    a constraint from the first token (vLLM's enable_in_reasoning): a regex may force it."""
+    fields = dict(reasoning_parser="qwen3", structured_outputs_in_reasoning=True)
+    with side_door(cluster, char_tokenizer(), **fields) as client:
         yield client
 
 
 @pytest.mark.parametrize("speculation", ["off", "on"])
 def test_a_reasoning_parser_answers_the_thinking_apart(thinking, speculation):
-    """The output forced to "<think>ab</think>cd" (a regex): reasoning_content "ab" and
-    content "cd", whole and streamed."""
+    """The output forced to "<think>ab</think>cd" (a regex held from the first token):
+    reasoning_content "ab" and content "cd", whole and streamed."""
     ask = dict(
         model=TINY_MODEL_ID,
         messages=CHAT,
@@ -373,3 +375,24 @@ def test_a_reasoning_parser_answers_the_thinking_apart(thinking, speculation):
     deltas = [c.choices[0].delta for c in thinking.chat.completions.create(**ask, stream=True)]
     assert "".join(d.model_extra.get("reasoning_content") or "" for d in deltas) == "ab"
     assert "".join(d.content or "" for d in deltas) == "cd"
+
+
+@pytest.mark.parametrize("speculation", ["off", "on"])
+def test_structured_output_holds_after_the_thinking(cluster, client, speculation):
+    """Under deepseek_r1 a schema waits for "</think>", as vLLM's structured output does
+    under a reasoning parser: the tiny model's greedy output, which never closes its
+    thinking, is its output without the schema, all of it reasoning_content."""
+    ask = dict(model=TINY_MODEL_ID, messages=CHAT, temperature=0, max_tokens=24)
+    extra = {"ignore_eos": True, "speculation": speculation}
+    plain = client.chat.completions.create(**ask, extra_body=extra).choices[0].message.content
+    schema = {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}
+    json_schema = {"name": "record", "schema": schema}
+    fields = dict(response_format={"type": "json_schema", "json_schema": json_schema})
+    with side_door(cluster, char_tokenizer(), reasoning_parser="deepseek_r1") as r1:
+        choice = r1.chat.completions.create(**ask, **fields, extra_body=extra).choices[0]
+        chunks = list(r1.chat.completions.create(**ask, **fields, extra_body=extra, stream=True))
+    assert "</think>" not in plain and not plain.lstrip().startswith("{")
+    assert choice.message.model_extra["reasoning_content"] == plain
+    assert not choice.message.content and choice.finish_reason == "length"
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(d.model_extra.get("reasoning_content") or "" for d in deltas) == plain

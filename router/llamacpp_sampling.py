@@ -1,6 +1,8 @@
 """llama-server's sampler fields, which its clients send to every endpoint (llama.vscode's
 chat edit sends them to /v1/chat/completions): `samplers`, which says which samplers
-apply and in which order, and the samplers specd has not, accepted where they are off.
+apply and in which order, and the samplers specd has not, accepted where they are off;
+and its constraints, `json_schema` (a JSON schema) and `grammar` (GBNF, converted for
+llguidance).
 
 `samplers` (names, or their letters as a string) maps onto specd's parameters: one left
 out does not apply (no `temperature`: 1); specd applies top-k, top-p, min-p in that order,
@@ -10,6 +12,8 @@ llama.cpp's `infill` sampler after them; an order outside that is refused. `dry`
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from router.body import BodyError, Strict
 
@@ -34,6 +38,8 @@ TRUNCATIONS = ("top_k", "top_p", "min_p", "infill")  # specd's order; top-k igno
 
 class LlamaSamplers(Strict):
     samplers: list[str] | str | None = None
+    json_schema: dict[str, Any] | None = None
+    grammar: str | None = None  # GBNF
     # samplers specd has not: accepted where they are off
     dynatemp_range: float = 0.0
     dynatemp_exponent: float = 1.0
@@ -119,6 +125,14 @@ class LlamaSamplers(Strict):
                 )
         return order
 
+    def llama_constraints(self) -> list[tuple[str, dict]]:
+        """(field, keywords of specd.constraint.named) for `json_schema` and `grammar`."""
+        grammar = _lark(self.grammar) if self.grammar is not None else None
+        return [
+            ("json_schema", {"json_schema": self.json_schema}),
+            ("grammar", {"grammar": grammar}),
+        ]
+
     def sampler_names(self) -> list[str]:
         """The samplers listed, by their names (the default chain where none are)."""
         if self.samplers is None:
@@ -132,3 +146,12 @@ class LlamaSamplers(Strict):
                 raise BodyError(f"samplers: unknown sampler {given!r}", "samplers")
             names.append(name)
         return names
+
+
+def _lark(gbnf: str) -> str:
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    try:
+        return any_to_lark(gbnf)
+    except Exception as exc:  # its parser's own errors
+        raise BodyError(f"grammar: not GBNF llguidance reads: {exc}", "grammar") from None

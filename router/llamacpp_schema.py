@@ -10,7 +10,7 @@ llama.cpp's defaults and sampler order.
   differs from OpenAI's), `post_sampling_probs`, `lora`, `n_cmpl` > 1.
 - `logit_bias` as pairs `[[token id or text, bias or false], ...]` or an object; false is
   -100 (OpenAI's floor, never drawn in practice); a text biases each of its tokens.
-- `grammar` is GBNF (converted for llguidance) and `json_schema` a JSON schema.
+- `grammar` is GBNF and `json_schema` a JSON schema (router/llamacpp_sampling.py).
 - `/infill` builds llama-server's prompt: with the model's repository and file-separator
   tokens, `<repo>myproject\\n<sep>{filename}\\n{text}...<sep>filename\\n`, else each extra
   chunk after a `--- snippet ---` line; then `<pre>{prefix}{prompt}<suf>{suffix}<mid>`,
@@ -47,8 +47,6 @@ class LlamaCompletionBody(Request, LlamaSamplers):
     ignore_eos: bool = False
     logit_bias: list[list[int | str | float | bool]] | dict[str, float | bool] | None = None
     n_probs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] = 0
-    json_schema: dict[str, Any] | None = None
-    grammar: str | None = None
     return_tokens: bool = False
     response_fields: list[str] | None = None
     n_indent: Annotated[int, Field(ge=0)] = 0
@@ -85,13 +83,6 @@ class LlamaCompletionBody(Request, LlamaSamplers):
     def completion_body(self, prompt_ids: list[int], bias: dict[int, float]) -> CompletionBody:
         """The OpenAI completion of `prompt_ids` with this body's sampling: its samplers
         named, so that the OpenAI door's own mapping of them applies (LlamaSamplers.chain)."""
-        constraint: dict[str, Any] = {}
-        if self.json_schema is not None and self.grammar is not None:
-            raise BodyError("at most one of json_schema and grammar", "grammar")
-        if self.json_schema is not None:
-            constraint["guided_json"] = self.json_schema
-        if self.grammar is not None:
-            constraint["guided_grammar"] = _lark(self.grammar)
         return CompletionBody.model_construct(
             model="",
             prompt=prompt_ids,
@@ -108,7 +99,8 @@ class LlamaCompletionBody(Request, LlamaSamplers):
             logprobs=self.n_probs or None,
             route=self.route,
             speculation=self.speculation,
-            **constraint,
+            json_schema=self.json_schema,
+            grammar=self.grammar,
         )
 
     def max_new_tokens(self) -> int:
@@ -152,12 +144,3 @@ class InfillBody(LlamaCompletionBody):
     input_prefix: str
     input_suffix: str
     input_extra: list[ExtraChunk] = []
-
-
-def _lark(gbnf: str) -> str:
-    from llguidance.gbnf_to_lark import any_to_lark
-
-    try:
-        return any_to_lark(gbnf)
-    except Exception as exc:  # its parser's own errors
-        raise BodyError(f"grammar: not GBNF llguidance reads: {exc}", "grammar") from None

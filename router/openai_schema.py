@@ -144,6 +144,7 @@ class StructuredOutputs(Strict):
 class ResponseFormat(Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")  # llama-server's json_object
 
 
 class Body(Request, LlamaSamplers):
@@ -199,6 +200,7 @@ class Body(Request, LlamaSamplers):
                 ("guided_choice", {"grammar": _choice(self.guided_choice, "guided_choice")}),
                 ("structured_outputs", self._structured_outputs()),
                 ("tool_choice", {"json_schema": forced}),
+                *self.llama_constraints(),
             ]
             if any(v is not None for v in kwargs.values())
         }
@@ -232,8 +234,8 @@ class Body(Request, LlamaSamplers):
         fmt = self.response_format
         if fmt is None or fmt.type == "text":
             return {}
-        if fmt.type == "json_object":
-            return {"json_object": True}
+        if fmt.type == "json_object":  # with llama-server's `schema`, that schema
+            return {"json_schema": fmt.schema_} if fmt.schema_ else {"json_object": True}
         if fmt.json_schema is None:
             raise BodyError("response_format.json_schema is required", "response_format")
         return {"json_schema": fmt.json_schema.schema_}

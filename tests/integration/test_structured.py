@@ -193,6 +193,32 @@ def test_openai_bad_response_format_is_400(cluster):
     assert invalid.status_code == 400 and "objec" in invalid.json()["error"]["message"]
 
 
+def test_llama_servers_constraint_fields_on_every_endpoint(cluster):
+    """llama-server's `grammar` (GBNF) and `json_schema`, on its /completion and on the
+    OpenAI endpoints, and its `response_format: {"type": "json_object", "schema": ...}`:
+    each answer keeps to it; two at once, or GBNF llguidance cannot read, is a 400."""
+    sizes = ['"S"', '"M"', '"L"']
+    gbnf = {"grammar": 'root ::= size "!"\nsize ::= "S" | "M" | "L"'}
+    enum = {"json_schema": {"enum": ["S", "M", "L"]}}
+    chat = {"model": TINY_MODEL_ID, "messages": [{"role": "user", "content": "size?"}]}
+    for path, body, key in [
+        ("/completion", {"prompt": "size:", "n_predict": 8}, "content"),
+        ("/v1/completions", {"model": TINY_MODEL_ID, "prompt": "size:", "max_tokens": 8}, "text"),
+        ("/v1/chat/completions", {**chat, "max_tokens": 8}, "message"),
+    ]:
+        for fields, answers in [(gbnf, ["S!", "M!", "L!"]), (enum, sizes)]:
+            reply = post_json(cluster.http + path, {**body, **fields, "seed": 1}).json()
+            answer = reply[key] if path == "/completion" else reply["choices"][0][key]
+            assert (answer["content"] if key == "message" else answer) in answers, reply
+        both = post_json(cluster.http + path, {**body, **gbnf, **enum})
+        bad = post_json(cluster.http + path, {**body, "grammar": "root ::= ("})
+        assert both.status_code == 400 and "one constraint" in both.text, both.text
+        assert bad.status_code == 400 and "GBNF" in bad.text, bad.text
+    fmt = {"type": "json_object", "schema": enum["json_schema"]}
+    reply = post_json(cluster.http + "/v1/chat/completions", {**chat, "response_format": fmt})
+    assert reply.json()["choices"][0]["message"]["content"] in sizes, reply.text
+
+
 def test_a_first_constraint_loads_the_tokenizer_while_other_streams_run(tiny_pair):
     """The tokenizer is loaded at a verifier's first constrained request, in a worker
     thread: streams on the same event loop go on meanwhile."""

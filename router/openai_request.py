@@ -116,6 +116,7 @@ def to_request(
     if sampling["repetition_penalty"] is not None:
         params.repetition_penalty = sampling["repetition_penalty"]
     params.logit_bias.update(body.bias())
+    params.allowed_token_ids.extend(body.allowed_token_ids or [])
     if body.logprobs_asked() is not None:
         params.logprobs = body.logprobs_asked()
     if body.prompt_logprobs_asked() is not None:

@@ -99,6 +99,7 @@ Positive = Annotated[int, Field(ge=1)]
 TopLogprobs = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 Bias = Annotated[float, Field(ge=-100, le=100)]
+TokenId = Annotated[int, Field(ge=0, lt=1 << 31)]
 MAX_CHOICES = 128  # n, as the OpenAI API bounds it
 
 
@@ -169,7 +170,8 @@ class Body(Request, LlamaSamplers):
     repetition_penalty: float | None = None
     ignore_eos: bool = False
     return_token_ids: bool = False
-    stop_token_ids: list[Annotated[int, Field(ge=0, lt=1 << 31)]] | None = None
+    stop_token_ids: list[TokenId] | None = None
+    allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None  # only these
     min_tokens: Annotated[int, Field(ge=0, lt=1 << 31)] = 0
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True

@@ -3,6 +3,8 @@ probabilities as dense rows: shared by the drafter (drawing) and the verifier (t
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from specd.params import SamplingParams
@@ -56,10 +58,14 @@ def apply_output_penalties(logits: torch.Tensor, counts: torch.Tensor, params: S
 
 
 def bias_row(params: SamplingParams, vocab: int) -> torch.Tensor | None:
-    """The request's logit_bias as one dense row [1, vocab] (None without one)."""
-    if not params.logit_bias:
+    """The request's logit_bias as one dense row [1, vocab], -inf at every token outside
+    its allowed_token_ids (None without either)."""
+    if not params.logit_bias and not params.allowed_token_ids:
         return None
     row = torch.zeros(1, vocab)
+    if params.allowed_token_ids:
+        row.fill_(-math.inf)
+        row[0, list(params.allowed_token_ids)] = 0.0
     for token, bias in params.logit_bias:
         row[0, token] += bias
     return row

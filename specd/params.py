@@ -27,6 +27,7 @@ class SamplingParams:
     min_tokens: int = 0  # no end-of-sequence or stop token (nor stop string) before this many
     temperature_last: bool = False  # top-k/top-p/min-p on the untempered logits (llama.cpp)
     infill: bool = False  # llama.cpp's infill sampler after them (specd/infill_filter.py)
+    allowed_token_ids: tuple[int, ...] = ()  # only these may be generated; () = all
 
     @property
     def greedy(self) -> bool:
@@ -35,7 +36,8 @@ class SamplingParams:
     @property
     def adjusts_logits(self) -> bool:
         """Whether greedy's argmax is taken of adjusted logits (a bias or a penalty)."""
-        return bool(self.logit_bias) or self.repetition_penalty != 1.0 or self.output_penalised
+        biased = bool(self.logit_bias) or bool(self.allowed_token_ids)
+        return biased or self.repetition_penalty != 1.0 or self.output_penalised
 
     @property
     def output_penalised(self) -> bool:
@@ -67,6 +69,8 @@ class SamplingParams:
                     f"logit_bias must map token ids >= 0 to values in [-100, 100], "
                     f"got {token}: {bias}"
                 )
+        if any(t < 0 for t in self.allowed_token_ids):
+            raise ValueError("allowed_token_ids must be token ids >= 0")
         if self.min_tokens < 0:
             raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
         if self.infill and (self.greedy or not 0 < self.top_k <= MAX_INFILL_CANDIDATES):

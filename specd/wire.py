@@ -33,6 +33,7 @@ def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
         min_tokens=msg.min_tokens,
         temperature_last=msg.temperature_last,
         infill=msg.infill,
+        allowed_token_ids=tuple(sorted(set(msg.allowed_token_ids))),
     )
 
 
@@ -47,6 +48,7 @@ def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
         min_tokens=p.min_tokens,
         temperature_last=p.temperature_last,
         infill=p.infill,
+        allowed_token_ids=p.allowed_token_ids,
     )
     if p.repetition_penalty != 1.0:
         msg.repetition_penalty = p.repetition_penalty

@@ -79,6 +79,10 @@ def chi_square_ok(counts: torch.Tensor, p: torch.Tensor, n: int) -> bool:
     return stat <= df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
+BIAS = ((5, 2.0), (40, -3.0), (60, 1.0))
+ALLOWED = (5, *range(0, 96, 2))  # the reference bans the others itself (next_probs)
+
+
 @pytest.mark.parametrize(
     "params,alternatives,p_min",
     [
@@ -90,8 +94,8 @@ def chi_square_ok(counts: torch.Tensor, p: torch.Tensor, n: int) -> bool:
         (SamplingParams(temperature=1.0), 0, 0.2),
         # OpenAI's penalties on the output: each node of a round counts its own path
         (SamplingParams(temperature=1.0, presence_penalty=1.5, frequency_penalty=0.8), 2, 0.0),
-        # a logit bias (the drafter drafts under it too)
-        (SamplingParams(temperature=1.0, logit_bias=((5, 2.0), (40, -3.0), (60, 1.0))), 0, 0.0),
+        # a logit bias within allowed_token_ids (the drafter drafts under both too)
+        (SamplingParams(temperature=1.0, logit_bias=BIAS, allowed_token_ids=ALLOWED), 0, 0.0),
         # min_tokens: the stop tokens (the first position's 3 likeliest) banned at 1-3, the
         # drafter not told (its q still proposes them)
         (SamplingParams(temperature=1.0, min_tokens=3), 2, 0.0),
@@ -105,7 +109,7 @@ def chi_square_ok(counts: torch.Tensor, p: torch.Tensor, n: int) -> bool:
         "t1-alternatives",
         "t1-p-min",
         "t1-penalties-alternatives",
-        "t1-logit-bias",
+        "t1-logit-bias-allowed-ids",
         "t1-min-tokens-alternatives",
         "t0.7-top5-last-infill",
     ],
@@ -149,7 +153,8 @@ def test_engine_sampling_follows_the_target(tiny_pair, params, alternatives, p_m
     assert (engine.tree_rounds > 0) == bool(alternatives)
     assert engine.kv.allocator.num_used == 0 and proposer.kv.allocator.num_used == 0
     v = target.args.vocab_size
-    for position, p in enumerate(exact_marginals(target, params, stops)):
+    banned = stops | (frozenset(range(v)) - frozenset(params.allowed_token_ids or range(v)))
+    for position, p in enumerate(exact_marginals(target, params, banned)):
         p = p.cpu()
         counts = torch.bincount(samples[:, position], minlength=v).float()
         assert chi_square_ok(counts, p, N), f"position {position + 1}"

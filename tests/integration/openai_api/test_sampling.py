@@ -14,12 +14,13 @@ from tests.integration.test_services import wait_idle
 
 def completion_text(client, speculation: str, **fields) -> str:
     """A greedy 24-token completion of "abcabc" under `fields`, ignoring end tokens."""
+    extra = {"ignore_eos": True, "speculation": speculation, **fields.pop("extra_body", {})}
     r = client.completions.create(
         model=TINY_MODEL_ID,
         prompt="abcabc",
         temperature=0,
         max_tokens=24,
-        extra_body={"ignore_eos": True, "speculation": speculation},
+        extra_body=extra,
         **fields,
     )
     return r.choices[0].text
@@ -228,6 +229,23 @@ def test_a_logit_bias_bans_and_favours_tokens_alike_with_speculation(client):
         with pytest.raises(openai.BadRequestError) as err:
             completion_text(client, "off", logit_bias=bad)
         assert "logit_bias" in err.value.message, bad
+
+
+def test_allowed_token_ids_keep_the_output_to_them_alike_with_speculation(client):
+    """vLLM's allowed_token_ids: the output holds only those tokens (the plain answer's
+    characters but its most frequent), the same with speculation on and off; an empty
+    list, or an id past the vocabulary, is refused naming the field."""
+    plain = completion_text(client, "off")
+    common = max(set(plain), key=plain.count)
+    kept = sorted(set(plain) - {common})
+    allowed = {"allowed_token_ids": [char_tokenizer()(c)["input_ids"][0] for c in kept]}
+    off = completion_text(client, "off", extra_body=allowed)
+    assert set(off) <= set(kept) and len(off) == 24
+    assert completion_text(client, "on", extra_body=allowed) == off
+    for bad in ([], [5, 500]):
+        with pytest.raises(openai.BadRequestError) as err:
+            completion_text(client, "off", extra_body={"allowed_token_ids": bad})
+        assert "allowed_token_ids" in err.value.message, bad
 
 
 @pytest.mark.parametrize("n", [0, 129, 1.5])

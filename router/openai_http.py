@@ -332,7 +332,8 @@ class OpenAIDoor:
         elif isinstance(body, MessagesBody):
             answer = AnthropicAnswer(self.model, tools, thinking, len(preps[0].prompt_ids))
         else:
-            rid, decode = f"{prefix}-{uuid.uuid4().hex}", self.router.tokenizer.decode
+            rid = body.answer_id(prefix, headers.get("x-request-id"), uuid.uuid4().hex)
+            decode = self.router.tokenizer.decode
             prompt_ids = [p.prompt_ids for p in preps]
             answer = Answer(obj, rid, self.model, body, prompt_ids, decode, tools, thinking)
         choices = [choice for prep in preps for choice in _choices(prep, answer.n_each)]

@@ -55,6 +55,7 @@ from pydantic import Field
 
 from protos.specd.v1 import common_pb2
 from router.body import BodyError, Request, Strict
+from router.client_fields import ClientFields
 from router.llamacpp_sampling import LlamaSamplers
 from router.tools import ToolUse
 from specd.constraint import choice_grammar, named
@@ -148,7 +149,7 @@ class ResponseFormat(Strict):
     schema_: dict[str, Any] | None = Field(None, alias="schema")  # llama-server's json_object
 
 
-class Body(Request, LlamaSamplers):
+class Body(Request, LlamaSamplers, ClientFields):
     """What both endpoints accept; CompletionBody and ChatBody add their own fields."""
 
     model: str | None = None  # absent: the served model, as vLLM and llama-server take it
@@ -186,7 +187,7 @@ class Body(Request, LlamaSamplers):
     structured_outputs: StructuredOutputs | None = None
 
     def unsupported(self) -> dict[str, bool]:
-        return {**super().unsupported(), **self.llama_refused()}
+        return {**super().unsupported(), **self.llama_refused(), **self.client_refused()}
 
     def constraint(self, tools: ToolUse | None = None) -> common_pb2.Constraint | None:
         """The one constraint the body asks for, if any (checked by the router); `tools`:
@@ -318,6 +319,9 @@ class ChatTemplateOptions(Strict):
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # the output continues the last message
     chat_template_kwargs: dict[str, Any] | None = None  # more variables for the template
+    # variables of the same name for the template (as vLLM hands them on), under those
+    documents: list[dict[str, str]] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
 
     def template_options(self) -> dict:
         """The fields of router_pb2.ChatMessages they set."""
@@ -326,7 +330,9 @@ class ChatTemplateOptions(Strict):
                 "continue_final_message needs add_generation_prompt: false",
                 "continue_final_message",
             )
-        kwargs = self.chat_template_kwargs
+        named = {"documents": self.documents, "reasoning_effort": self.reasoning_effort}
+        kwargs = {k: v for k, v in named.items() if v is not None}
+        kwargs |= self.chat_template_kwargs or {}
         return {
             "add_generation_prompt": self.add_generation_prompt,
             "continue_final_message": self.continue_final_message,

@@ -1,0 +1,82 @@
+"""What OpenAI's and vLLM's clients send beyond the sampling fields (router/client_fields.py):
+OpenAI's service fields accepted without changing the answer, vLLM's request_id naming
+it, the chat template's documents and reasoning_effort, and what specd does not do
+refused naming the field."""
+
+import pytest
+
+from tests.cluster import TINY_MODEL_ID, char_tokenizer
+from tests.integration.openai_api.door import CHAT, post_json, side_door
+
+ASK = {"model": TINY_MODEL_ID, "messages": CHAT, "temperature": 0, "max_tokens": 12}
+COMPLETE = {"model": TINY_MODEL_ID, "prompt": "ab", "max_tokens": 4}
+SERVICE = {
+    "metadata": {"team": "search"},
+    "store": False,
+    "service_tier": "auto",
+    "prompt_cache_key": "tenant-7",
+    "safety_identifier": "hashed-user",
+    "modalities": ["text"],
+    "prediction": {"type": "content", "content": "def add(a, b):\n    return a + b"},
+    "spaces_between_special_tokens": False,
+    "priority": 0,
+}
+
+
+def test_openais_service_fields_leave_the_answer_as_it_is(cluster, client):
+    plain = client.chat.completions.create(**ASK).choices[0].message.content
+    served = client.chat.completions.create(**ASK, extra_body=SERVICE)
+    assert served.choices[0].message.content == plain
+    completion = post_json(f"{cluster.http}/v1/completions", {**COMPLETE, **SERVICE})
+    assert completion.status_code == 200, completion.text
+
+
+def test_a_request_id_names_the_answer_the_header_first(cluster):
+    url = f"{cluster.http}/v1/chat/completions"
+    named = post_json(url, {**ASK, "request_id": "job-42"}).json()
+    assert named["id"] == "chatcmpl-job-42"
+    header = post_json(url, {**ASK, "request_id": "job-42"}, {"X-Request-Id": "trace-9"}).json()
+    assert header["id"] == "chatcmpl-trace-9"
+    completion = post_json(f"{cluster.http}/v1/completions", {**COMPLETE, "request_id": "c1"})
+    assert completion.json()["id"] == "cmpl-c1"
+    fresh = {post_json(url, ASK).json()["id"] for _ in range(2)}
+    assert len(fresh) == 2 and all(i.startswith("chatcmpl-") for i in fresh)
+
+
+@pytest.mark.parametrize(
+    "fields,param",
+    [
+        ({"priority": 1}, "priority"),
+        ({"use_beam_search": True}, "use_beam_search"),
+        ({"length_penalty": 0.5}, "length_penalty"),
+        ({"bad_words": ["x"]}, "bad_words"),
+        ({"modalities": ["text", "audio"]}, "modalities.1"),
+        ({"service_tier": "fastest"}, "service_tier"),
+        ({"prediction": {"type": "content"}}, "prediction.content"),
+        ({"request_id": ""}, "request_id"),
+    ],
+)
+def test_what_specd_does_not_do_is_refused_naming_the_field(cluster, fields, param):
+    r = post_json(f"{cluster.http}/v1/chat/completions", {**ASK, **fields})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_documents_and_reasoning_effort_reach_the_chat_template(cluster):
+    """As vLLM hands them on: template variables of their names, which the request's
+    chat_template_kwargs may still set."""
+    tokenizer = char_tokenizer()
+    tokenizer.chat_template = (
+        "{% for d in documents or [] %}[{{ d.title }}: {{ d.text }}]{% endfor %}"
+        "({{ reasoning_effort }}){% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    docs = [{"title": "Lyon", "text": "rain"}, {"title": "Nice", "text": "sun"}]
+    with side_door(cluster, tokenizer) as door:
+        url = f"{door.base_url}".removesuffix("v1/") + "tokenize"
+        asked = {"model": TINY_MODEL_ID, "messages": CHAT, "documents": docs}
+        for fields, text in [
+            ({"reasoning_effort": "low"}, "[Lyon: rain][Nice: sun](low)def add(a, b):"),
+            ({"chat_template_kwargs": {"reasoning_effort": "high"}}, "(high)"),
+        ]:
+            r = post_json(url, {**asked, **fields})
+            assert r.status_code == 200, r.text
+            assert text in tokenizer.decode(r.json()["tokens"])

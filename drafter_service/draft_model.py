@@ -213,7 +213,7 @@ class DraftModelProposer:
         """Roll back to the longest prefix shared with the committed tokens."""
         alloc = self.kv.allocator
         if s.seq_id not in self._cached:
-            found = alloc.allocate(s.seq_id, tokens=s.tokens[:-1])  # feed at least one
+            found = alloc.allocate(s.seq_id, tokens=s.tokens[:-1], salt=s.cache_salt)  # feed >= 1
             self._cached[s.seq_id] = s.tokens[:found]
             seed = None if s.params.seed is None else s.params.seed + 0x5EED
             self._gens[s.seq_id] = make_generator(seed)

@@ -107,6 +107,7 @@ class Sessions:
             prompt_length=min(msg.prompt_length, len(msg.token_ids)),
             proposer=msg.proposer,
             suffix_private=msg.suffix_private,
+            cache_salt=msg.cache_salt,
         )
         self._open[key] = Session(state, span, grammar)
         return ""

@@ -33,7 +33,6 @@ class LlamaCppRoutes:
         self.door = door
         self.router = door.router
         self.repo = repo_markers_of(self.router.tokenizer)
-        self.context = 0  # the served model's context (`_context`)
 
     def routes(self) -> list:
         return [
@@ -108,7 +107,7 @@ class LlamaCppRoutes:
     async def _prompts(self, body) -> list[list[int]]:
         tokenizer = self.router.tokenizer
         if isinstance(body, InfillBody):
-            room = await self._context() - BATCH - 2 * max(body.n_predict, 0)
+            room = await self.door.context() - BATCH - 2 * max(body.n_predict, 0)
             extra = [(c.filename, c.text) for c in body.input_extra]
             ids = infill_ids(
                 tokenizer, self.door.fim, self.repo, body.input_prefix, body.input_suffix,
@@ -126,13 +125,6 @@ class LlamaCppRoutes:
                     ids.append(part)
             out.append(ids)
         return out
-
-    async def _context(self) -> int:
-        """The served model's context, asked of a replica once (0 while none answers)."""
-        if not self.context:
-            _, info = await self.door.replica_info()
-            self.context = info.max_context if info is not None else 0
-        return self.context
 
     def _bias(self, body) -> dict[int, float]:
         """`logit_bias` by token id: a text's bias on each of its tokens."""

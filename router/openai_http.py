@@ -97,6 +97,7 @@ class OpenAIDoor:
         self.reasoning = check_parser(reasoning_parser)
         self.after_thinking = "" if structured_outputs_in_reasoning else self.reasoning or ""
         self.fim = markers_of(router.tokenizer)  # for a completion's suffix
+        self._context = 0  # the model's context, once a replica told it (context())
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -181,6 +182,13 @@ class OpenAIDoor:
             return replica, await replica.stub.Info(verifier_pb2.InfoRequest(), timeout=2.0)
         except grpc.aio.AioRpcError:
             return replica, None
+
+    async def context(self) -> int:
+        """The served model's context, asked of a replica once (0 while none answers)."""
+        if not self._context:
+            _, info = await self.replica_info()
+            self._context = info.max_context if info is not None else 0
+        return self._context
 
     def _unknown(self, model: str | None):
         """The 404 for a model this door does not serve (None: it serves it)."""
@@ -309,17 +317,18 @@ class OpenAIDoor:
             chat = isinstance(asked, schema.ChatBody)
             tools = asked.tool_use(self.call_format) if chat else None
             prompts = asked.prompts() if isinstance(asked, schema.CompletionBody) else [None]
-            after_thinking = self.after_thinking if chat else ""  # a chat's thinking is read
-            header = headers.get("x-speculation", "")
+            door = dict(
+                speculation_header=headers.get("x-speculation", ""),
+                defaults=self.sampling,
+                tools=tools,
+                fim=self.fim,
+                after_thinking=self.after_thinking if chat else "",  # a chat's thinking is read
+                context=await self.context() if asked.truncate_prompt_tokens == -1 else 0,
+            )
+            timeout = request_timeout(headers)
             preps = [
-                self.router.prepare(
-                    to_request(
-                        asked, header, self.sampling, tools, self.fim, prompt, after_thinking
-                    ),
-                    headers,
-                    request_timeout(headers),
-                )
-                for prompt in prompts
+                self.router.prepare(to_request(asked, prompt=p, **door), headers, timeout)
+                for p in prompts
             ]
         except BodyError as exc:
             return error_response(400, str(exc), exc.param)

@@ -83,12 +83,14 @@ def to_request(
     fim: tuple[str, str, str] | None = None,
     prompt: str | list[int] | None = None,
     after_thinking: str = "",
+    context: int = 0,
 ) -> router_pb2.GenerateRequest:
     """The gRPC request a client would send for this body; `tools`: a chat's tool use
     (`ChatBody.tool_use`), rendered by the template and, where it forces calls, the
     constraint; `fim`: the model's fill-in-the-middle markers (`router.fim`), for a
     completion's suffix; `prompt`: which of a completion's prompts (default: its first);
-    `after_thinking`: the reasoning parser after whose thinking the constraint holds."""
+    `after_thinking`: the reasoning parser after whose thinking the constraint holds;
+    `context`: the model's context, what `truncate_prompt_tokens: -1` keeps (vLLM's)."""
     mode = body.speculation or speculation_header or "auto"
     if mode not in MODES:
         raise BodyError(f"x-speculation must be auto, on or off (got {mode!r})", "speculation")
@@ -122,6 +124,7 @@ def to_request(
     if body.prompt_logprobs_asked() is not None:
         params.prompt_logprobs = body.prompt_logprobs_asked()
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    keep = context if body.truncate_prompt_tokens == -1 else body.truncate_prompt_tokens or 0
     request = router_pb2.GenerateRequest(
         params=params,
         max_new_tokens=body.max_new_tokens(),
@@ -132,6 +135,8 @@ def to_request(
         stop_token_ids=body.stop_token_ids or [],
         include_stop_str_in_output=body.include_stop_str_in_output,
         skip_special_tokens=body.skip_special_tokens,
+        truncate_prompt_tokens=keep,
+        cache_salt=body.cache_salt or "",
     )
     constraint = body.constraint(tools)
     if constraint is not None:

@@ -103,7 +103,11 @@ class Preparer:
         vocab = len(self.tokenizer)
         if any(not 0 <= t < vocab for t in request.stop_token_ids):
             raise _invalid(f"stop_token_ids must be token ids in [0, {vocab})")
+        if request.truncate_prompt_tokens < 0:
+            raise _invalid("truncate_prompt_tokens must be >= 0 (0: the whole prompt)")
         ids = self._tokenize(request, which)
+        if request.truncate_prompt_tokens:  # the prompt's last tokens, as vLLM cuts it
+            ids = ids[-request.truncate_prompt_tokens :]
         if not ids:
             raise _invalid("the prompt is empty")
         route_name = request.route or metadata.get("x-route", "") or "default"

@@ -127,5 +127,6 @@ def verifier_request(prep: Prepared, decision: Decision) -> verifier_pb2.VerifyG
         max_kv_utilization=policy.max_kv_utilization if decision.auto else 0.0,
         min_acceptance=policy.min_acceptance if decision.auto else 0.0,
         proposer=policy.proposer,
-        suffix_private=not policy.suffix_shared,
+        suffix_private=not policy.suffix_shared or bool(request.cache_salt),
+        cache_salt=request.cache_salt,
     )

@@ -16,7 +16,9 @@ sequence `allocate`d with its tokens starts on the published blocks of its longe
 prefix instead of computing them; blocks are shared by reference count and never written
 while shared (a sequence only writes past its cached prefix). A published block that no
 sequence holds is idle: it counts as free, keeps its K/V until the pool needs it, and the
-least recently released goes first.
+least recently released goes first. A sequence allocated with a salt starts its chain
+from the salt's key instead of the empty one: only sequences of the same salt share
+blocks (vLLM's cache_salt).
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ def block_key(parent: bytes, tokens) -> bytes:
     return hashlib.blake2b(parent + array("q", tokens).tobytes(), digest_size=16).digest()
 
 
+def root_key(salt: str) -> bytes:
+    """The key a sequence's chain starts from: the empty one, else its salt's."""
+    if not salt:
+        return _ROOT
+    return hashlib.blake2b(salt.encode(), digest_size=16, person=b"specd-salt").digest()
+
+
 class NoFreeBlocks(RuntimeError):
     """The pool cannot hold what was asked; nothing was allocated."""
 
@@ -43,6 +52,7 @@ class _Seq:
     blocks: list[int] = field(default_factory=list)
     length: int = 0
     keys: list[bytes] = field(default_factory=list)  # keys of its first len(keys) blocks
+    root: bytes = _ROOT  # the key before its first block (root_key of its salt)
 
 
 class BlockAllocator:
@@ -102,14 +112,15 @@ class BlockAllocator:
         return [seq.blocks[p // bs] * bs + p % bs for p in range(start, end)]
 
     # -- changes ---------------------------------------------------------------------
-    def allocate(self, seq_id, reserve_tokens: int = 0, tokens=()) -> int:
+    def allocate(self, seq_id, reserve_tokens: int = 0, tokens=(), salt: str = "") -> int:
         """Register a new sequence holding blocks for `reserve_tokens`. With the prefix
         cache on, `tokens` (what the sequence may take from the cache; the caller leaves
         out what it must compute) start on the published blocks of their longest cached
-        prefix: -> the sequence's length, the tokens found (0 without)."""
+        prefix under `salt`: -> the sequence's length, the tokens found (0 without)."""
         if seq_id in self._seqs:
             raise KeyError(f"sequence {seq_id!r} already allocated")
-        hits, keys = self._match(tokens) if self.prefix_cache else ([], [])
+        root = root_key(salt)
+        hits, keys = self._match(tokens, root) if self.prefix_cache else ([], [])
         need = max(0, self.blocks_for(reserve_tokens) - len(hits))
         free = self.num_free - sum(1 for b in hits if self._refs[b] == 0)
         if need > free:
@@ -118,7 +129,7 @@ class BlockAllocator:
             self._hold(b)
         blocks = hits + [self._take() for _ in range(need)]
         length = len(hits) * self.block_size
-        self._seqs[seq_id] = _Seq(blocks=blocks, length=length, keys=keys)
+        self._seqs[seq_id] = _Seq(blocks=blocks, length=length, keys=keys, root=root)
         if self.prefix_cache:
             self.asked_tokens += len(tokens)
             self.cached_tokens += length
@@ -165,7 +176,7 @@ class BlockAllocator:
             return
         seq, bs = self._seqs[seq_id], self.block_size
         for i in range(len(seq.keys), min(len(tokens), seq.length) // bs):
-            key = block_key(seq.keys[-1] if seq.keys else _ROOT, tokens[i * bs : (i + 1) * bs])
+            key = block_key(seq.keys[-1] if seq.keys else seq.root, tokens[i * bs : (i + 1) * bs])
             seq.keys.append(key)
             block = seq.blocks[i]
             if key not in self._block_of and block not in self._key_of:
@@ -180,11 +191,12 @@ class BlockAllocator:
                 self._release(b)
 
     # -- blocks ----------------------------------------------------------------------
-    def _match(self, tokens) -> tuple[list[int], list[bytes]]:
-        """Published blocks of the longest cached prefix of `tokens`, and their keys."""
+    def _match(self, tokens, root: bytes) -> tuple[list[int], list[bytes]]:
+        """Published blocks of the longest cached prefix of `tokens` from `root`, and
+        their keys."""
         bs, blocks, keys = self.block_size, [], []
         for i in range(len(tokens) // bs):
-            key = block_key(keys[-1] if keys else _ROOT, tokens[i * bs : (i + 1) * bs])
+            key = block_key(keys[-1] if keys else root, tokens[i * bs : (i + 1) * bs])
             block = self._block_of.get(key)
             if block is None:
                 break

@@ -31,6 +31,7 @@ class DraftState:
     prompt_length: int = 0  # how many of `tokens` are the prompt
     proposer: str = ""  # how to draft for it (the route's choice); "": the drafter's own
     suffix_private: bool = False  # a suffix drafter neither keeps nor reads shared text
+    cache_salt: str = ""  # the prefix cache's salt: cached K/V shared only under the same
 
 
 @dataclass

@@ -282,6 +282,7 @@ class RemoteProposer:
             cmd.open.route, cmd.open.proposer = s.route, s.proposer
             cmd.open.prompt_length = s.prompt_length
             cmd.open.suffix_private = s.suffix_private
+            cmd.open.cache_salt = s.cache_salt
             if s.grammar is not None:  # the drafter drafts under the same constraint
                 cmd.open.constraint.CopyFrom(constraint_to_proto(s.grammar.constraint))
                 cmd.open.prompt_length = len(s.tokens) - s.grammar.consumed

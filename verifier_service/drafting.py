@@ -34,7 +34,7 @@ def draft_state(slot: Slot) -> DraftState:
     seq, speculation = slot.seq, slot.seq.speculation
     return DraftState(
         slot.seq_id, seq.tokens, seq.params, slot.k, seq.span, seq.grammar, speculation.route,
-        len(seq.prompt), speculation.proposer, speculation.suffix_private,
+        len(seq.prompt), speculation.proposer, speculation.suffix_private, seq.cache_salt,
     )  # fmt: skip
 
 

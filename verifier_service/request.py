@@ -59,6 +59,7 @@ class Request:
     speculation: SpeculationBounds = field(default_factory=SpeculationBounds)
     constraint: Constraint | None = None
     span: object = None  # the request's trace span (None when tracing is off)
+    cache_salt: str = ""  # its prefix-cache blocks are shared only under the same salt
 
     def validate(self, vocab: int, context: int, blocks_needed: int, num_blocks: int) -> None:
         """ValueError with the reason when the engine cannot serve it: `blocks_needed` is

@@ -156,7 +156,7 @@ class Scheduler:
                 reuse = []
             try:
                 seq.num_cached = self.allocator.allocate(
-                    seq.seq_id, reserve_tokens=len(seq.tokens) + k + 1, tokens=reuse
+                    seq.seq_id, len(seq.tokens) + k + 1, reuse, seq.cache_salt
                 )
             except NoFreeBlocks:
                 break

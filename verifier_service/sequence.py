@@ -72,6 +72,7 @@ class Sequence:
     # its rows are computed (handed out with the first token: `take_prompt_logprobs`)
     prompt_logprobs: list = field(default_factory=list)
     prompt_logprobs_sent: bool = False
+    cache_salt: str = ""  # the prefix cache's salt (Request.cache_salt)
 
     def __post_init__(self):
         if not self.tokens:
@@ -92,6 +93,7 @@ class Sequence:
             speculation=request.speculation,
             grammar=grammar,
             infill=infill,
+            cache_salt=request.cache_salt,
         )
 
     @property

@@ -206,4 +206,5 @@ def _request(request, route: str, k: int, max_new: int, constraint, span) -> Req
         speculation=bounds,
         constraint=constraint,
         span=span,
+        cache_salt=request.cache_salt,
     )

@@ -82,10 +82,10 @@ def test_no_leaks_and_exact_utilisation(ops, block_size):
 
 
 # -- the prefix cache ------------------------------------------------------------------------
-def _prefilled(a: BlockAllocator, seq, tokens: list[int]) -> int:
+def _prefilled(a: BlockAllocator, seq, tokens: list[int], salt: str = "") -> int:
     """Admit a sequence as the scheduler does (all but its last token may come from the
     cache), run its prefill, publish it: -> tokens found cached."""
-    cached = a.allocate(seq, reserve_tokens=len(tokens) + 1, tokens=tokens[:-1])
+    cached = a.allocate(seq, reserve_tokens=len(tokens) + 1, tokens=tokens[:-1], salt=salt)
     a.append(seq, len(tokens) - cached)
     a.publish(seq, tokens)
     return cached
@@ -105,6 +105,23 @@ def test_a_shared_prefix_is_found_by_whole_blocks_and_held_once():
     # the whole prompt cached: its last full block is computed again (its logits are needed)
     assert _prefilled(a, "w", system) == 4
     assert (a.cached_tokens, a.asked_tokens) == (16, 10 + 12 + 8 + 7)
+
+
+def test_a_salt_keeps_cached_blocks_among_the_requests_that_share_it():
+    """vLLM's cache_salt: the same tokens under another salt, or none, find nothing; under
+    the same salt they find the whole blocks, as unsalted ones find each other's."""
+    a = BlockAllocator(num_blocks=32, block_size=4, prefix_cache=True)
+    prompt = [9, 8, 7, 6, 5, 4, 3, 2, 1]
+    assert _prefilled(a, "plain", prompt) == 0
+    assert _prefilled(a, "alice", prompt, salt="alice") == 0
+    assert _prefilled(a, "bob", prompt, salt="bob") == 0
+    assert _prefilled(a, "alice again", prompt, salt="alice") == 8
+    assert a.block_table("alice again")[:2] == a.block_table("alice")[:2]
+    assert _prefilled(a, "plain again", prompt) == 8
+    assert a.block_table("plain again")[:2] == a.block_table("plain")[:2]
+    for seq in ("plain", "alice", "bob", "alice again", "plain again"):
+        a.free(seq)
+    assert a.num_used == 0
 
 
 def test_released_blocks_stay_cached_until_the_pool_needs_them_oldest_first():

@@ -140,3 +140,54 @@ def test_the_prompt_hits_a_request_reports_are_its_first_admissions(tiny_pair):
             hits.setdefault(out.seq_id, set()).add(out.prompt_hits)
     assert engine.scheduler.preemptions > 0
     assert [hits[i] for i in ids] == [{8}] * 4
+
+
+def test_a_salt_keeps_cached_prompts_to_the_requests_of_that_salt(quantised_pair):
+    """vLLM's cache_salt, in the verifier's cache and the drafter's: a prompt is found
+    again under its own salt only (unsalted ones only unsalted), and changes no token."""
+    target, draft = quantised_pair
+    prompt = SYSTEM + QUESTIONS[0]  # 23 tokens: 5 full blocks, found but the last token
+    engine = _engine(target, draft)
+    verifier, drafter = engine.kv.allocator, engine.proposer.kv.allocator
+    found, outputs = [], []
+    for salt in ("alice", "bob", "", "alice", "bob", ""):
+        before = (verifier.cached_tokens, drafter.cached_tokens)
+        request = dict(prompt=prompt, max_new_tokens=8, num_draft=3, cache_salt=salt)
+        outputs.append(_one_by_one(engine, [request])[0])
+        found.append((verifier.cached_tokens - before[0], drafter.cached_tokens - before[1]))
+    assert [v for v, _ in found] == [0, 0, 0, 20, 20, 20]
+    assert [d > 0 for _, d in found] == [False] * 3 + [True] * 3
+    assert all(out == outputs[0] for out in outputs)
+
+
+def test_a_cache_salt_crosses_router_verifier_and_drafter():
+    """An HTTP body's cache_salt reaches the verifier's request and the drafter's session,
+    and keeps the response out of a suffix drafter's shared memory; an empty one is 400."""
+    from drafter_service.sessions import Sessions
+    from protos.specd.v1 import drafter_pb2
+    from router.body import BodyError, parse
+    from router.decide import Decision
+    from router.openai_request import to_request
+    from router.openai_schema import CompletionBody
+    from router.policy import Policy
+    from router.prepare import Prepared
+    from router.relay import verifier_request
+    from specd.proposal import DraftState
+    from verifier_service import server
+    from verifier_service.drafter_client import RemoteProposer
+
+    body = parse(b'{"model": "m", "prompt": "ab", "cache_salt": "alice"}', CompletionBody)
+    policy = Policy.from_dict({}).for_route("default")[1]
+    prep = Prepared(to_request(body), None, [5, 6, 7], "default", [], policy, 8, {}, None)
+    wire = verifier_request(prep, Decision(4, True, "auto"))
+    assert wire.cache_salt == "alice" and wire.suffix_private
+    assert server._request(wire, "default", 4, 8, None, None).cache_salt == "alice"
+    remote = RemoteProposer.__new__(RemoteProposer)  # its command building only
+    remote._sent, remote._asked, drafted = {}, {}, drafter_pb2.DraftRequest(round=1)
+    remote._add_commands(drafted, DraftState(1, [5, 6, 7], SamplingParams(), 4, cache_salt="alice"))
+    assert drafted.commands[0].open.cache_salt == "alice"
+    sessions = Sessions(96, max_draft_tokens=8)
+    steps = sessions.round(0, [*drafted.commands])
+    assert [s.state.cache_salt for s in steps] == ["alice"]
+    with pytest.raises(BodyError):
+        parse(b'{"model": "m", "prompt": "ab", "cache_salt": ""}', CompletionBody)

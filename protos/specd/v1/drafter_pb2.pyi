@@ -30,7 +30,7 @@ class SeqCommand(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., open: _Optional[_Union[Open, _Mapping]] = ..., step: _Optional[_Union[Step, _Mapping]] = ..., close: _Optional[_Union[Close, _Mapping]] = ...) -> None: ...
 
 class Open(_message.Message):
-    __slots__ = ("token_ids", "params", "trace_context", "constraint", "prompt_length", "route", "proposer", "suffix_private")
+    __slots__ = ("token_ids", "params", "trace_context", "constraint", "prompt_length", "route", "proposer", "suffix_private", "cache_salt")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,7 @@ class Open(_message.Message):
     ROUTE_FIELD_NUMBER: _ClassVar[int]
     PROPOSER_FIELD_NUMBER: _ClassVar[int]
     SUFFIX_PRIVATE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     params: _common_pb2.SamplingParams
     trace_context: _containers.ScalarMap[str, str]
@@ -54,7 +55,8 @@ class Open(_message.Message):
     route: str
     proposer: str
     suffix_private: bool
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., constraint: _Optional[_Union[_common_pb2.Constraint, _Mapping]] = ..., prompt_length: _Optional[int] = ..., route: _Optional[str] = ..., proposer: _Optional[str] = ..., suffix_private: _Optional[bool] = ...) -> None: ...
+    cache_salt: str
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., constraint: _Optional[_Union[_common_pb2.Constraint, _Mapping]] = ..., prompt_length: _Optional[int] = ..., route: _Optional[str] = ..., proposer: _Optional[str] = ..., suffix_private: _Optional[bool] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class Step(_message.Message):
     __slots__ = ("committed_ids", "k")

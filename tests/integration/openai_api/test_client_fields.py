@@ -80,3 +80,27 @@ def test_documents_and_reasoning_effort_reach_the_chat_template(cluster):
             r = post_json(url, {**asked, **fields})
             assert r.status_code == 200, r.text
             assert text in tokenizer.decode(r.json()["tokens"])
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(cluster, client):
+    """vLLM's truncate_prompt_tokens: k keeps the last k (the answer is the cut prompt's,
+    token for token), -1 what the context holds (here the whole prompt)."""
+    ask = dict(model=TINY_MODEL_ID, max_tokens=8, temperature=0)
+    cut = client.completions.create(
+        **ask, prompt="zzzzabcabc", extra_body={"truncate_prompt_tokens": 6}
+    )
+    short = client.completions.create(**ask, prompt="abcabc")
+    assert cut.usage.prompt_tokens == 6 and cut.choices[0].text == short.choices[0].text
+    chat = client.chat.completions.create(
+        **ask, messages=CHAT, extra_body={"truncate_prompt_tokens": 5}
+    )
+    assert chat.usage.prompt_tokens == 5
+    whole = client.chat.completions.create(**ask, messages=CHAT)
+    context = client.chat.completions.create(
+        **ask, messages=CHAT, extra_body={"truncate_prompt_tokens": -1}
+    )
+    assert context.usage.prompt_tokens == whole.usage.prompt_tokens > 5
+    r = post_json(
+        f"{cluster.http}/v1/completions", {**ask, "prompt": "ab", "truncate_prompt_tokens": -2}
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"

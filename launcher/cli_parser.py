@@ -38,6 +38,7 @@ BENCHES = {  # `specd bench KIND` -> the module whose main() runs it
     "gpu": "bench.gpu.run",
     "suffix": "bench.suffix",
     "infill": "bench.infill",
+    "turns": "bench.turns",
 }
 
 

@@ -15,6 +15,7 @@ import grpc
 from opentelemetry import trace
 
 from protos.specd.v1 import router_pb2
+from router.affinity import chunk_keys
 from router.client import MODES
 from router.decide import Load, decide
 from router.metrics import RouterMetrics
@@ -111,8 +112,11 @@ class Router:
         client = CLIENT_MODES.get(prep.request.speculation, "auto")
         tried: set[str] = set()
         last_error = None
+        keys = []  # the prompt's chunks, to find where it may be cached
+        if self.replicas.affinity is not None:
+            keys = chunk_keys(prep.prompt_ids, prep.request.cache_salt)
         while True:
-            replica = self.replicas.choose(exclude=tried)
+            replica = self.replicas.choose(tried, keys)
             if replica is None and last_error is not None:  # every replica refused
                 raise RequestError.from_rpc(last_error)
             if replica is None:

@@ -1,4 +1,5 @@
-"""Verifier replicas: watch each one's `WatchLoad`, send a request to the least loaded.
+"""Verifier replicas: watch each one's `WatchLoad`, send a request to the least loaded,
+or to a replica that likely holds its prompt's prefix (router/affinity.py).
 
 Every replica's watcher runs in one anyio task group, hosted by `ReplicaSet.run` (the
 router's serve runs it in its own task group; `start`/`close` host it for callers that
@@ -15,6 +16,7 @@ import anyio
 import grpc
 
 from protos.specd.v1 import verifier_pb2, verifier_pb2_grpc
+from router.affinity import BALANCE, PrefixAffinity
 from specd.channels import MAX_MESSAGE_BYTES, open_channel
 
 log = logging.getLogger(__name__)
@@ -47,8 +49,11 @@ class Replica:
 
 
 class ReplicaSet:
-    def __init__(self, addresses: list[str], tls_ca: str = ""):
+    def __init__(self, addresses: list[str], tls_ca: str = "", prefix_affinity: bool = True):
+        """`prefix_affinity`: send a prompt where its prefix likely is cached (else the
+        least loaded replica always)."""
         self.tls_ca = tls_ca
+        self.affinity = PrefixAffinity() if prefix_affinity else None
         self.replicas: dict[str, Replica] = {}
         self._addresses = list(addresses)
         self._group: anyio.abc.TaskGroup | None = None
@@ -104,6 +109,8 @@ class ReplicaSet:
 
     async def remove(self, address: str) -> None:
         replica = self.replicas.pop(address, None)
+        if self.affinity is not None:
+            self.affinity.forget(address)
         if replica is not None:
             replica.scope.cancel()
             await replica.channel.close()
@@ -124,6 +131,8 @@ class ReplicaSet:
                         replica.report, replica.seen = report, time.monotonic()
                 except grpc.aio.AioRpcError as exc:
                     if replica.report is not None:  # it was serving: said once, not per retry
+                        if self.affinity is not None:  # restarted, its cache starts empty
+                            self.affinity.forget(replica.address)
                         log.info(
                             "replica %s: load stream ended (%s); not chosen until it reports",
                             replica.address,
@@ -135,12 +144,22 @@ class ReplicaSet:
     def any_healthy(self) -> bool:
         return any(r.healthy for r in self.replicas.values())
 
-    def choose(self, exclude: set[str] = frozenset()) -> Replica | None:
-        """Least-loaded healthy replica not in `exclude` (None if there is none)."""
-        healthy = [r for a, r in self.replicas.items() if r.healthy and a not in exclude]
-        best = min(healthy, key=Replica.score, default=None)
-        if best is not None:
-            best.chosen = time.monotonic()
+    def choose(self, exclude: set[str] = frozenset(), keys: list[bytes] = ()) -> Replica | None:
+        """A healthy replica not in `exclude` (None if there is none): of those likely
+        holding the longest prefix of the prompt whose chunk keys are `keys`
+        (router.affinity.chunk_keys), the least loaded, where it has at most BALANCE
+        requests more than the least loaded of all; else the least loaded."""
+        healthy = {a: r for a, r in self.replicas.items() if r.healthy and a not in exclude}
+        best = min(healthy.values(), key=Replica.score, default=None)
+        if best is None:
+            return None
+        if self.affinity is not None and keys:
+            holders, _ = self.affinity.holders(keys, set(healthy))
+            near = min((healthy[a] for a in holders), key=Replica.score, default=None)
+            if near is not None and near.score()[0] <= best.score()[0] + BALANCE:
+                best = near
+            self.affinity.sent(keys, best.address)
+        best.chosen = time.monotonic()
         return best
 
     async def wait_ready(self, timeout: float = 10.0) -> bool:

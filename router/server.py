@@ -96,7 +96,7 @@ async def serve(config, ready=None, tokenizer=None) -> None:
     except PolicyError as exc:
         raise SystemExit(f"specd router: {exc}") from None
     tokenizer = tokenizer or load_tokenizer(config.tokenizer)  # a bad name: one clear error
-    replicas = ReplicaSet(config.verifier or [], config.tls_ca)
+    replicas = ReplicaSet(config.verifier or [], config.tls_ca, config.prefix_affinity)
     async with anyio.create_task_group() as background:
         await background.start(replicas.run)
         if config.verifier_dns:

@@ -223,6 +223,9 @@ class RouterConfig:
     verifier: list[str] = field(default_factory=list)  # a verifier's host:port
     verifier_dns: list[str] = field(default_factory=list)  # name:port resolved to replicas
     dns_refresh_s: float = 5.0  # how often verifier_dns names are resolved again
+    # send a prompt to a replica that likely holds its prefix in its cache (within a
+    # couple of requests of the least loaded; router/affinity.py), else the least loaded
+    prefix_affinity: bool = True
     tokenizer: str = "default-target"  # model name or folder with the tokenizer files
     policy_file: str = ""  # per-route YAML; "" = built-in default policy
     default_max_new_tokens: int = 256  # a request that names no limit

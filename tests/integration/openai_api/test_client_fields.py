@@ -3,9 +3,13 @@ OpenAI's service fields accepted without changing the answer, vLLM's request_id 
 it, the chat template's documents and reasoning_effort, and what specd does not do
 refused naming the field."""
 
+import json
+import random
+
 import pytest
 
-from tests.cluster import TINY_MODEL_ID, char_tokenizer
+from specd.config import EngineConfig
+from tests.cluster import TINY_MODEL_ID, char_tokenizer, start_cluster
 from tests.integration.openai_api.door import CHAT, post_json, side_door
 
 ASK = {"model": TINY_MODEL_ID, "messages": CHAT, "temperature": 0, "max_tokens": 12}
@@ -104,3 +108,50 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(cluster, client):
         f"{cluster.http}/v1/completions", {**ask, "prompt": "ab", "truncate_prompt_tokens": -2}
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
+@pytest.fixture(scope="module")
+def cached_replicas(tiny_pair):
+    engine = EngineConfig(num_blocks=256, block_size=4, prefix_cache="on")  # fp32: auto is off
+    c = start_cluster(*tiny_pair, replicas=2, engine_config=engine)
+    yield c
+    c.close()
+
+
+def test_a_repeated_prompt_finds_its_cache_on_every_repeat_under_its_salt(cached_replicas):
+    """Two replicas: the router sends a prompt where it sent its prefix before
+    (router/affinity.py), so every repeat finds its blocks cached, and a cache_salt keeps
+    them to requests of the same salt."""
+    cluster = cached_replicas
+    prompt = "".join(random.choice("abcdefgh") for _ in range(41))
+    body = {"model": TINY_MODEL_ID, "prompt": prompt, "max_tokens": 2, "temperature": 0}
+    assert len(cluster.verifiers) == 2
+
+    def cached(**salt) -> int:
+        r = post_json(f"{cluster.http}/v1/completions", {**body, **salt})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert [cached() for _ in range(4)] == [0, 40, 40, 40]  # 10 blocks of 4
+    assert [cached(cache_salt="alice") for _ in range(3)] == [0, 40, 40]
+    assert cached(cache_salt="bob") == 0
+
+
+def test_bench_turns_reports_what_the_caches_held_turn_by_turn(cached_replicas, tmp_path):
+    """`specd bench turns` on the tiny pair: later turns resend the conversation, which
+    the replica that served it holds (all its whole blocks but the new ones)."""
+    from bench.turns import run, summary, to_markdown
+
+    chats = tmp_path / "chats.jsonl"
+    lines = [
+        {"messages": [{"role": "user", "content": f"{i} " + "x = 1; " * 12}]} for i in range(3)
+    ]
+    chats.write_text("\n".join(json.dumps(x) for x in lines))
+    rows = run(cached_replicas.http, TINY_MODEL_ID, str(chats), 3, 2, 4)
+    first, second = summary(rows)
+    assert (first["requests"], second["requests"]) == (3, 3)
+    assert first["cached_share"] < 0.1  # (the template's head)
+    opened = {r["conversation"]: r["prompt_tokens"] for r in rows if r["turn"] == 1}
+    for r in (r for r in rows if r["turn"] == 2):  # all of turn 1's whole blocks (of 4)
+        assert r["cached_tokens"] >= opened[r["conversation"]] - 4, r
+    assert "| 2 | 3 |" in to_markdown("tiny", [first, second])

@@ -8,10 +8,11 @@ Each conversation opens with one of the workload's chats (`agentic` by default: 
 files to edit); each later turn sends the whole conversation again, the model's answer
 and a follow-up request appended, as chat clients do. Turn by turn, every conversation
 sends its next request, one at a time, in a shuffled order (seeded), greedy and streamed.
-Reported per turn: the median time to the first token and the share of the prompt's
-tokens a replica's prefix cache held (the usage's `prompt_tokens_details.cached_tokens`).
-Run it against the router with and without `--no-prefix-affinity` (label each run) to
-see what sending a conversation back to the replica that holds it is worth.
+Reported per turn: the time to the first token (median, mean, max) and the share of the
+prompt's tokens a replica's prefix cache held (the usage's
+`prompt_tokens_details.cached_tokens`). Run it against a freshly started router and
+replicas (a warm cache holds every turn), with and without `--no-prefix-affinity` (label
+each run), to see what sending a conversation back to the replica that holds it is worth.
 """
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ def summary(rows: list[dict]) -> list[dict]:
                 "turn": turn,
                 "requests": len(of),
                 "ttft_median_s": statistics.median(r["ttft"] for r in of),
+                "ttft_mean_s": statistics.mean(r["ttft"] for r in of),
+                "ttft_max_s": max(r["ttft"] for r in of),
                 "prompt_tokens": prompt,
                 "cached_share": sum(r["cached_tokens"] for r in of) / prompt if prompt else 0.0,
             }
@@ -107,12 +110,13 @@ def summary(rows: list[dict]) -> list[dict]:
 
 def to_markdown(label: str, turns: list[dict]) -> str:
     lines = [
-        f"| {label}: turn | requests | TTFT median (s) | prompt tokens | cached |",
+        f"| {label}: turn | requests | TTFT median / mean / max (s) | prompt tokens | cached |",
         "| --- | --- | --- | --- | --- |",
     ]
     for t in turns:
+        ttft = f"{t['ttft_median_s']:.2f} / {t['ttft_mean_s']:.2f} / {t['ttft_max_s']:.2f}"
         lines.append(
-            f"| {t['turn']} | {t['requests']} | {t['ttft_median_s']:.2f} | {t['prompt_tokens']} "
+            f"| {t['turn']} | {t['requests']} | {ttft} | {t['prompt_tokens']} "
             f"| {100 * t['cached_share']:.0f}% |"
         )
     return "\n".join(lines)

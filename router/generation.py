@@ -44,6 +44,8 @@ class Router:
         self.tracer = telemetry.tracer if telemetry is not None and telemetry.tracing else None
         self.tokenizer = tokenizer
         self.replicas = replicas
+        if self.metrics is not None:
+            replicas.on_choice = self.metrics.chosen
         self.preparer = Preparer(tokenizer, policy, default_max_new_tokens, max_new_tokens_cap)
         # each door checks and tokenizes a request once (router/prepare.py)
         self.prepare = self.preparer.prepare

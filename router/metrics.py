@@ -19,6 +19,13 @@ class RouterMetrics:
             names.TPOT, "Time per output token after the first", ("route", "speculation")
         )
         self.e2e = t.histogram(names.E2E, "End-to-end request latency", route)
+        self.affinity = t.counter(
+            names.PREFIX_AFFINITY, "Replica choices by prefix affinity", ("outcome",)
+        )
+
+    def chosen(self, outcome: str) -> None:
+        """A replica chosen by prefix affinity: cached, busy or new (router.affinity)."""
+        self.affinity.labels(outcome).inc()
 
     def finished(self, route: str, final, started: float, first, tokens: int) -> None:
         now = time.perf_counter()

@@ -54,6 +54,7 @@ class ReplicaSet:
         least loaded replica always)."""
         self.tls_ca = tls_ca
         self.affinity = PrefixAffinity() if prefix_affinity else None
+        self.on_choice = None  # called with how affinity chose: cached, busy or new
         self.replicas: dict[str, Replica] = {}
         self._addresses = list(addresses)
         self._group: anyio.abc.TaskGroup | None = None
@@ -156,9 +157,12 @@ class ReplicaSet:
         if self.affinity is not None and keys:
             holders, _ = self.affinity.holders(keys, set(healthy))
             near = min((healthy[a] for a in holders), key=Replica.score, default=None)
+            outcome = "new" if near is None else "busy"
             if near is not None and near.score()[0] <= best.score()[0] + BALANCE:
-                best = near
+                best, outcome = near, "cached"
             self.affinity.sent(keys, best.address)
+            if self.on_choice is not None:
+                self.on_choice(outcome)
         best.chosen = time.monotonic()
         return best
 

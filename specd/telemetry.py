@@ -28,6 +28,9 @@ DECISIONS = "specd:speculation_decisions"  # router, {route, reason}
 TTFT = "specd:time_to_first_token_seconds"  # router, {route}
 TPOT = "specd:time_per_output_token_seconds"  # router, {route, speculation}
 E2E = "specd:e2e_request_latency_seconds"  # router, {route}
+# router, {outcome}: how prefix affinity chose a replica (cached: one it sent the prompt's
+# prefix to; busy: those were too busy, the least loaded; new: none was sent its prefix)
+PREFIX_AFFINITY = "specd:router_prefix_affinity"
 TOKENS_OUT = "specd:generation_tokens"  # router and verifier, {route}
 NUM_DRAFTS = "specd:spec_decode_num_drafts"  # verifier, {route}
 NUM_DRAFT_TOKENS = "specd:spec_decode_num_draft_tokens"  # verifier, {route}

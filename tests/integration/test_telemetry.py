@@ -181,14 +181,20 @@ def test_the_steps_auto_priced_are_exported_with_what_they_did(traced):
 
 
 def test_a_repeated_prompt_counts_as_prefix_cache_hits(traced):
+    """The verifier counts its cache's hits; the router, how prefix affinity chose."""
     cluster, _ = traced
-    url = cluster.metrics_urls["verifier0"]
-    before = scrape(url)
+    url, router = cluster.metrics_urls["verifier0"], cluster.metrics_urls["router"]
+    before, routed = scrape(url), scrape(router)
     with SpecdClient(cluster.router) as client:
         for _ in range(2):
             client.generate("the same prompt, twice", max_new_tokens=4, speculation="off")
     settle(cluster)
     after = scrape(url)
+    choices = scrape(router)
+    affinity = "specd:router_prefix_affinity_total"
+    for outcome in ("new", "cached"):
+        key = (affinity, (("outcome", outcome),))
+        assert choices.get(key, 0) - routed.get(key, 0) == 1, outcome
 
     def moved(metric):
         return total(after, metric) - total(before, metric)

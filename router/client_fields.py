@@ -10,7 +10,7 @@ where they ask for what specd does not do.
   header first, as vLLM reads it); `priority` other than 0 is refused (specd serves first
   come, first served, as vLLM does without its priority scheduler);
   `spaces_between_special_tokens` is accepted (it changes nothing with a fast
-  tokenizer, in vLLM as here); beam search, `length_penalty` and `bad_words` are refused.
+  tokenizer, in vLLM as here); beam search and `length_penalty` are refused.
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ class ClientFields(Strict):
     spaces_between_special_tokens: bool = True
     use_beam_search: bool = False
     length_penalty: float = 1.0
-    bad_words: list[str] | None = None
 
     def client_refused(self) -> dict[str, bool]:
         """Field -> whether it asks for what specd does not do."""
@@ -55,7 +54,6 @@ class ClientFields(Strict):
             "priority": self.priority != 0,
             "use_beam_search": self.use_beam_search,
             "length_penalty": self.length_penalty != 1.0,
-            "bad_words": bool(self.bad_words),
         }
 
     def answer_id(self, prefix: str, header: str | None, fresh: str) -> str:

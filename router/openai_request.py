@@ -137,6 +137,7 @@ def to_request(
         skip_special_tokens=body.skip_special_tokens,
         truncate_prompt_tokens=keep,
         cache_salt=body.cache_salt or "",
+        bad_words=body.bad_words or [],
     )
     constraint = body.constraint(tools)
     if constraint is not None:

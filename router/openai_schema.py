@@ -173,6 +173,7 @@ class Body(Request, LlamaSamplers, ClientFields):
     return_token_ids: bool = False
     stop_token_ids: list[TokenId] | None = None
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None  # only these
+    bad_words: list[Annotated[str, Field(min_length=1)]] | None = None  # never generated
     # keep the prompt's last this many tokens; -1: what the model's context holds
     truncate_prompt_tokens: Annotated[int, Field(ge=-1, lt=1 << 31)] | None = None
     cache_salt: Annotated[str, Field(min_length=1)] | None = None  # a prefix cache of its own

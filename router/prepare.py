@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from protos.specd.v1 import router_pb2
+from protos.specd.v1 import common_pb2, router_pb2
 from router.policy import Policy, PolicyFile
 from specd.params import SamplingParams
 from specd.wire import UNTIL_CONTEXT, constraint_from_proto, params_from_proto
@@ -83,6 +83,10 @@ class Preparer:
         if request.speculation not in router_pb2.SpeculationMode.values():
             names = ", ".join(router_pb2.SpeculationMode.keys())
             raise _invalid(f"speculation must be one of {names} (got {request.speculation})")
+        if request.bad_words:  # as token ids, which the verifier bans
+            words = [common_pb2.TokenSequence(ids=w) for w in self._bad_words(request.bad_words)]
+            del request.params.bad_words[:]
+            request.params.bad_words.extend(words)
         params = params_from_proto(request.params)
         try:
             params.validate()
@@ -116,6 +120,21 @@ class Preparer:
         deadline = None if timeout is None else time.monotonic() + timeout
         warnings = [warning] if warning else []
         return Prepared(request, params, ids, route, warnings, policy, max_new, metadata, deadline)
+
+    def _bad_words(self, words) -> list[list[int]]:
+        """vLLM's bad_words as token ids: each word as it stands (leading spaces off), and
+        after a space where that spells it with another first token and as many tokens
+        (the word in the middle of a text)."""
+        out = []
+        for word in words:
+            alone = self.tokenizer(word.lstrip(), add_special_tokens=False)["input_ids"]
+            spaced = self.tokenizer(" " + word.lstrip(), add_special_tokens=False)["input_ids"]
+            if not alone:
+                raise _invalid(f"bad_words: {word!r} has no tokens")
+            out.append(list(alone))
+            if spaced and spaced[0] != alone[0] and len(spaced) == len(alone):
+                out.append(list(spaced))
+        return out
 
     def _tokenize(self, request, which: str) -> list[int]:
         if which == "token_ids":

@@ -28,6 +28,9 @@ class SamplingParams:
     temperature_last: bool = False  # top-k/top-p/min-p on the untempered logits (llama.cpp)
     infill: bool = False  # llama.cpp's infill sampler after them (specd/infill_filter.py)
     allowed_token_ids: tuple[int, ...] = ()  # only these may be generated; () = all
+    # token sequences never generated: the last of each is banned where the output ends
+    # with the others (vLLM's bad_words, the verifier's ban; the drafter is not told)
+    bad_words: tuple[tuple[int, ...], ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -71,6 +74,8 @@ class SamplingParams:
                 )
         if any(t < 0 for t in self.allowed_token_ids):
             raise ValueError("allowed_token_ids must be token ids >= 0")
+        if any(not word or min(word) < 0 for word in self.bad_words):
+            raise ValueError("bad_words must be non-empty sequences of token ids >= 0")
         if self.min_tokens < 0:
             raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
         if self.infill and (self.greedy or not 0 < self.top_k <= MAX_INFILL_CANDIDATES):

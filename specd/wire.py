@@ -34,6 +34,7 @@ def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
         temperature_last=msg.temperature_last,
         infill=msg.infill,
         allowed_token_ids=tuple(sorted(set(msg.allowed_token_ids))),
+        bad_words=tuple(tuple(word.ids) for word in msg.bad_words),
     )
 
 
@@ -49,6 +50,7 @@ def params_to_proto(p: SamplingParams) -> common_pb2.SamplingParams:
         temperature_last=p.temperature_last,
         infill=p.infill,
         allowed_token_ids=p.allowed_token_ids,
+        bad_words=[common_pb2.TokenSequence(ids=word) for word in p.bad_words],
     )
     if p.repetition_penalty != 1.0:
         msg.repetition_penalty = p.repetition_penalty

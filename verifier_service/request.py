@@ -76,6 +76,8 @@ class Request:
             raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
         if any(t >= vocab for t in self.params.allowed_token_ids):
             raise ValueError(f"allowed_token_ids must be in [0, {vocab})")
+        if any(t >= vocab for word in self.params.bad_words for t in word):
+            raise ValueError(f"bad_words token ids must be in [0, {vocab})")
         if any(not 0 <= t < vocab for t in self.stop_ids):
             raise ValueError(f"stop token ids must be in [0, {vocab})")
         if self.params.min_tokens > self.max_new_tokens:

@@ -116,9 +116,10 @@ class Sequence:
 
     @property
     def adjusts_logits(self) -> bool:
-        """Whether its next tokens are chosen from adjusted logits: a bias, a penalty, or
-        stop tokens still banned by min_tokens (see `ban_early_stops`)."""
-        return self.params.adjusts_logits or self.num_generated < self.params.min_tokens
+        """Whether its next tokens are chosen from adjusted logits: a bias, a penalty, bad
+        words, or stop tokens still banned by min_tokens (see `ban_early_stops`)."""
+        early = self.num_generated < self.params.min_tokens
+        return self.params.adjusts_logits or early or bool(self.params.bad_words)
 
     def ban_early_stops(self, logits: torch.Tensor, paths: list[list[int]]) -> torch.Tensor:
         """logits [R, V], row n after the committed tokens and paths[n] -> the rows that
@@ -135,6 +136,29 @@ class Sequence:
         rows = torch.tensor(early, device=logits.device)[:, None]
         cols = torch.tensor(sorted(self.stop_ids), device=logits.device)[None, :]
         logits[rows, cols] = float("-inf")
+        return logits
+
+    def ban_bad_words(self, logits: torch.Tensor, paths: list[list[int]]) -> torch.Tensor:
+        """logits [R, V], row n after the committed tokens and paths[n] -> the rows with
+        each bad word's last token at -inf where the output so far (the generated tokens,
+        then the path) ends with the word's others (vLLM's bad_words)."""
+        words = self.params.bad_words
+        if not words:
+            return logits
+        generated = self.tokens[len(self.prompt) :]
+        banned = []
+        for n, path in enumerate(paths):
+            out = generated + list(path)
+            for word in words:
+                head = list(word[:-1])
+                if not head or (len(out) >= len(head) and out[len(out) - len(head) :] == head):
+                    banned.append((n, word[-1]))
+        if not banned:
+            return logits
+        logits = logits.clone()
+        rows, cols = zip(*banned, strict=True)
+        at = logits.device
+        logits[torch.tensor(rows, device=at), torch.tensor(cols, device=at)] = float("-inf")
         return logits
 
     @property

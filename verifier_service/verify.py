@@ -40,7 +40,7 @@ def _target_rows(seq, proposal: Proposal | None, rows: torch.Tensor) -> torch.Te
     if not seq.adjusts_logits:
         return logits_to_probs(rows, seq.params, infill=seq.infill)
     paths = tree.node_paths(proposal) if proposal is not None else [[]]
-    rows = seq.ban_early_stops(rows, paths)
+    rows = seq.ban_bad_words(seq.ban_early_stops(rows, paths), paths)
     adjusted = adjustments(seq.params, seq.tokens, len(seq.prompt), paths, rows.shape[-1])
     return logits_to_probs(rows, seq.params, *adjusted, infill=seq.infill)
 

@@ -36,13 +36,19 @@ class Tokenizer:
 def next_probs(model, contexts: list[list[int]], params, banned=frozenset()) -> torch.Tensor:
     """p(. | context) after the request's transforms, for many contexts at once (each
     context's tokens after PROMPT are its output, which the frequency and presence
-    penalties count); `banned`: tokens min_tokens keeps out at every position asked."""
+    penalties count); `banned`: tokens min_tokens keeps out at every position asked; each
+    bad word's last token is out where the output ends with its others."""
     kv = PagedKV.for_model(model, num_blocks=len(contexts) * 4 + 8, block_size=4)
     for i in range(len(contexts)):
         kv.allocator.allocate(i)
     logits = model.forward(kv, [SeqInput(i, c) for i, c in enumerate(contexts)])
     logits = logits.clone()
     logits[:, sorted(banned)] = float("-inf")
+    for row, c in enumerate(contexts):
+        out = c[len(PROMPT) :]
+        for *head, last in params.bad_words:
+            if not head or out[len(out) - len(head) :] == head:
+                logits[row, last] = float("-inf")
     v = logits.shape[-1]
     counts = torch.stack(
         [
@@ -81,6 +87,7 @@ def chi_square_ok(counts: torch.Tensor, p: torch.Tensor, n: int) -> bool:
 
 BIAS = ((5, 2.0), (40, -3.0), (60, 1.0))
 ALLOWED = (5, *range(0, 96, 2))  # the reference bans the others itself (next_probs)
+BAD_WORDS = ((37,), (93, 40), (43, 39), (16, 35))  # likely after likely, on the tiny pair
 
 
 @pytest.mark.parametrize(
@@ -96,9 +103,10 @@ ALLOWED = (5, *range(0, 96, 2))  # the reference bans the others itself (next_pr
         (SamplingParams(temperature=1.0, presence_penalty=1.5, frequency_penalty=0.8), 2, 0.0),
         # a logit bias within allowed_token_ids (the drafter drafts under both too)
         (SamplingParams(temperature=1.0, logit_bias=BIAS, allowed_token_ids=ALLOWED), 0, 0.0),
-        # min_tokens: the stop tokens (the first position's 3 likeliest) banned at 1-3, the
-        # drafter not told (its q still proposes them)
-        (SamplingParams(temperature=1.0, min_tokens=3), 2, 0.0),
+        # min_tokens: the stop tokens (the first position's 3 likeliest) banned at 1-3, and
+        # bad words (one token anywhere, a token after another), the drafter not told of
+        # either (its q still proposes them)
+        (SamplingParams(temperature=1.0, min_tokens=3, bad_words=BAD_WORDS), 2, 0.0),
         # llama.cpp's order and its infill sampler (the drafter draws without the latter;
         # at position 1 it keeps 2 of the 5 tokens top-k leaves)
         (SamplingParams(temperature=0.7, top_k=5, temperature_last=True, infill=True), 0, 0.0),
@@ -110,7 +118,7 @@ ALLOWED = (5, *range(0, 96, 2))  # the reference bans the others itself (next_pr
         "t1-p-min",
         "t1-penalties-alternatives",
         "t1-logit-bias-allowed-ids",
-        "t1-min-tokens-alternatives",
+        "t1-min-tokens-bad-words-alternatives",
         "t0.7-top5-last-infill",
     ],
 )
@@ -152,6 +160,10 @@ def test_engine_sampling_follows_the_target(tiny_pair, params, alternatives, p_m
     # in 400: the K/V moves of a won branch are test_engine's greedy-parity test's)
     assert (engine.tree_rounds > 0) == bool(alternatives)
     assert engine.kv.allocator.num_used == 0 and proposer.kv.allocator.num_used == 0
+    for *head, last in params.bad_words:  # never drawn, wherever it stands in the output
+        word = torch.tensor([*head, last])
+        windows = samples.unfold(1, len(word), 1)  # [N, 3 - len + 1, len]
+        assert not (windows == word).all(-1).any(), f"bad word {[*head, last]} drawn"
     v = target.args.vocab_size
     banned = stops | (frozenset(range(v)) - frozenset(params.allowed_token_ids or range(v)))
     for position, p in enumerate(exact_marginals(target, params, banned)):

@@ -143,3 +143,22 @@ def test_stop_token_ids_and_min_tokens_are_checked_before_a_replica_sees_them():
         assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
     until_context = GenerateRequest(prompt="ab", max_new_tokens=-1, params={"min_tokens": 50})
     assert preparer.prepare(until_context, {}).params.min_tokens == 50
+
+
+def test_bad_words_become_token_ids_as_vllm_spells_them():
+    """Each word as it stands and, where a space before it makes another first token of
+    as many tokens, as a word inside the text (Qwen's " hello" is one token, not two);
+    the ids land in params.bad_words, which the verifier bans."""
+    from specd.models.catalog import DEFAULT_TARGET
+    from tests.conftest import real_model_or_skip
+
+    tokenizer = ChatTokenizer(real_model_or_skip(DEFAULT_TARGET))
+    preparer = Preparer(tokenizer, Policy.builtin(), 16, 0)
+    ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    prep = preparer.prepare(GenerateRequest(prompt="x", bad_words=["hello", " import os"]), {})
+    words = [list(w) for w in prep.params.bad_words]
+    assert words == [ids("hello"), ids(" hello"), ids("import os"), ids(" import os")]
+    assert ids("hello") != ids(" hello") and len(ids(" hello")) == 1
+    chars = Preparer(char_tokenizer(), Policy.builtin(), 16, 0)  # " ab" is 3 tokens: one way
+    words = chars.prepare(GenerateRequest(prompt="x", bad_words=["ab"]), {}).params.bad_words
+    assert [list(w) for w in words] == [char_tokenizer()("ab")["input_ids"]]

@@ -53,7 +53,7 @@ def test_a_request_id_names_the_answer_the_header_first(cluster):
         ({"priority": 1}, "priority"),
         ({"use_beam_search": True}, "use_beam_search"),
         ({"length_penalty": 0.5}, "length_penalty"),
-        ({"bad_words": ["x"]}, "bad_words"),
+        ({"bad_words": [""]}, "bad_words.0"),
         ({"modalities": ["text", "audio"]}, "modalities.1"),
         ({"service_tier": "fastest"}, "service_tier"),
         ({"prediction": {"type": "content"}}, "prediction.content"),

@@ -248,6 +248,22 @@ def test_allowed_token_ids_keep_the_output_to_them_alike_with_speculation(client
         assert "allowed_token_ids" in err.value.message, bad
 
 
+def test_bad_words_never_appear_in_the_output_alike_with_speculation(client):
+    """vLLM's bad_words: the plain answer's commonest pair of characters, and its
+    commonest character after them, never appear in the output; the same with
+    speculation on and off (a word is read without its leading spaces, as in vLLM)."""
+    plain = completion_text(client, "off")
+    pairs = [plain[i : i + 2] for i in range(len(plain) - 1) if " " not in plain[i : i + 2]]
+    pair = max(set(pairs), key=pairs.count)
+    banned = {"bad_words": [pair]}
+    off = completion_text(client, "off", extra_body=banned)
+    assert pair in plain and pair not in off and off != plain
+    assert completion_text(client, "on", extra_body=banned) == off
+    common = max(set(off) - {" "}, key=off.count)
+    twice = completion_text(client, "off", extra_body={"bad_words": [pair, common]})
+    assert pair not in twice and common not in twice
+
+
 @pytest.mark.parametrize("n", [0, 129, 1.5])
 def test_n_out_of_range_is_refused(cluster, n):
     body = {"model": TINY_MODEL_ID, "prompt": "x", "max_tokens": 2, "n": n}

@@ -45,7 +45,10 @@ class Answer:
         self.prompts = prompts
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         asked = body.logprobs_asked() is not None
-        self.logprobs = [Logprobs(token_text, self.chat) for _ in range(self.n)] if asked else None
+        as_ids = body.return_tokens_as_token_ids
+        self.logprobs = (
+            [Logprobs(token_text, self.chat, as_ids) for _ in range(self.n)] if asked else None
+        )
         self.opened: set[int] = set()  # streamed chat choices whose role delta went out
         # a completion's `echo`: its prompt's text before each choice's (once a choice)
         self.echo = body.echo_texts(token_text) if getattr(body, "echo", False) else None
@@ -201,8 +204,10 @@ class Logprobs:
 
     FLOOR = -9999.0
 
-    def __init__(self, token_text, chat: bool):
-        self.text = lambda i: token_text([i])
+    def __init__(self, token_text, chat: bool, as_ids: bool = False):
+        """`as_ids`: each token named `token_id:{id}` (vLLM's return_tokens_as_token_ids,
+        for clients that must know the ids exactly)."""
+        self.text = (lambda i: f"token_id:{i}") if as_ids else (lambda i: token_text([i]))
         self.chat = chat
         self.offset = 0  # the completion's characters before the next token
 

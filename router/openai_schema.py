@@ -171,6 +171,7 @@ class Body(Request, LlamaSamplers, ClientFields):
     repetition_penalty: float | None = None
     ignore_eos: bool = False
     return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False  # log-probabilities' tokens as `token_id:{id}`
     stop_token_ids: list[TokenId] | None = None
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None  # only these
     bad_words: list[Annotated[str, Field(min_length=1)]] | None = None  # never generated

@@ -55,6 +55,18 @@ def test_logprobs_on_both_endpoints_are_grpcs_and_the_same_with_speculation_on(c
     assert [c.model_dump() for c in streamed] == [c.model_dump() for c in content]
     plain = client.chat.completions.create(**chat)
     assert plain.choices[0].logprobs is None
+    named = {**extra, "return_tokens_as_token_ids": True}  # vLLM's, for exact ids
+    by_id = (
+        client.chat.completions.create(
+            **{**chat, "extra_body": named}, logprobs=True, top_logprobs=3
+        )
+        .choices[0]
+        .logprobs.content
+    )
+    assert [c.token for c in by_id] == [f"token_id:{i}" for i in on.token_ids]
+    assert [t.token for t in by_id[0].top_logprobs] == [
+        f"token_id:{i}" for i in on.logprobs[0].top_ids
+    ]
 
     prompt = dict(
         model=TINY_MODEL_ID, prompt="abcabc", temperature=0, max_tokens=16, extra_body=extra

@@ -51,8 +51,9 @@ class Answer:
         )
         self.opened: set[int] = set()  # streamed chat choices whose role delta went out
         # a completion's `echo`: its prompt's text before each choice's (once a choice)
-        self.echo = body.echo_texts(token_text) if getattr(body, "echo", False) else None
+        self.echo = None if self.chat or not body.echo else body.echo_texts(token_text)
         self.echoed: set[int] = set()
+        self.chat_echo = body.echoed() if self.chat else ""  # a chat's `echo`
         self.prompt_only = bool(getattr(body, "prompt_only", False))
         self.tools = tools
         self.reasoning = reasoning if self.chat else None
@@ -108,6 +109,7 @@ class Answer:
             choice["delta"] = delta
         else:
             thinking, content, calls, finish = self._read(index, text, finish)
+            content = self.chat_echo + content
             choice["message"] = {"role": "assistant", "content": content}
             if self.reasoning:
                 choice["message"]["reasoning_content"] = thinking or None
@@ -156,7 +158,7 @@ class Answer:
         out = []
         if self.chat and index not in self.opened:
             self.opened.add(index)
-            delta = {"role": "assistant", "content": ""}
+            delta = {"role": "assistant", "content": self.chat_echo}
             out.append({**head, "choices": [self._choice(index, None, "", None, delta)], **usage})
         finish = msg.finish_reason or None
         if msg.text or msg.token_ids or msg.prompt_logprobs or finish:

@@ -353,6 +353,13 @@ class ChatBody(Body, ChatTemplateOptions):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    echo: bool = False  # vLLM's: the answer led by the last message's text, an assistant's
+
+    def echoed(self) -> str:
+        """What `echo` puts before the answer: the last message's text where it is the
+        assistant's (the role the answer has), as vLLM does; else nothing."""
+        last = self.messages[-1] if self.messages else None
+        return last.text() if self.echo and last is not None and last.role == "assistant" else ""
 
     def tool_use(self, call_format: str | None) -> ToolUse | None:
         """The tools and the choice among them, checked (None: no tools);

@@ -388,6 +388,22 @@ def test_a_chat_continues_its_last_message_as_vllm_renders_it(cluster, client):
     assert ids[-3:] == abc and plain[: len(ids)] == ids and len(plain) > len(ids)
     r = client.chat.completions.create(**ask, max_tokens=4, temperature=0, extra_body=options)
     assert r.choices[0].finish_reason == "length" and r.usage.prompt_tokens == len(ids)
+    echoed = {**options, "echo": True}  # vLLM's: the reply so far leads the answer
+    e = client.chat.completions.create(**ask, max_tokens=4, temperature=0, extra_body=echoed)
+    assert e.choices[0].message.content == "abc" + r.choices[0].message.content
+    chunks = client.chat.completions.create(
+        **ask, max_tokens=4, temperature=0, extra_body=echoed, stream=True
+    )
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in chunks)
+        == "abc" + r.choices[0].message.content
+    )
+    user_last = {**ask, "messages": CHAT}  # the last message is not the assistant's
+    u = client.chat.completions.create(**user_last, max_tokens=4, temperature=0)
+    ue = client.chat.completions.create(
+        **user_last, max_tokens=4, temperature=0, extra_body={"echo": True}
+    )
+    assert ue.choices[0].message.content == u.choices[0].message.content
     for fields, param in [
         ({"continue_final_message": True}, "continue_final_message"),
         ({"chat_template_kwargs": {"messages": []}}, None),

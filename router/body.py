@@ -60,6 +60,16 @@ def parse(raw: bytes, kind: type[Request]) -> Request:
     return body
 
 
+def has_field(raw: bytes, name: str) -> bool:
+    """Whether the body is a JSON object with this field (False where it is no JSON: its
+    parse says why)."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and name in data
+
+
 def _in_body(data, loc: tuple) -> list:
     """An error's location as a path in the body: pydantic's, less the names it gives
     the members of a union (`tool_choice.literal[...]` is `tool_choice`)."""

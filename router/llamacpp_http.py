@@ -4,6 +4,9 @@
     POST /completion (and /completions)  a prompt (text, ids, or both mixed) in
     POST /infill                         prefix, suffix and extra files in (FIM)
     GET  /props                          what the server runs, in llama-server's shape
+    POST /apply-template                 a chat rendered by the template, as text
+    POST /tokenize with `content`        llama-server's body (the door's /tokenize hands
+                                         it over; vLLM's body has `prompt` or `messages`)
 
 Bodies and defaults are router/llamacpp_schema.py's, answers router/llamacpp_answer.py's.
 The door's bearer token guards them, as llama-server's --api-key does."""
@@ -19,12 +22,13 @@ from router import sse
 from router.body import BodyError, parse
 from router.fim import infill_ids, repo_markers_of
 from router.llamacpp_answer import LlamaAnswer
-from router.llamacpp_schema import BATCH, InfillBody, LlamaCompletionBody
+from router.llamacpp_schema import BATCH, InfillBody, LlamaCompletionBody, LlamaTokenizeBody
 from router.openai_errors import error_event, error_response, request_error_response
 from router.openai_request import request_timeout, to_request
+from router.openai_schema import ChatBody
 from router.prepare import Prepared, RequestError
 
-PATHS = ("/completion", "/completions", "/infill", "/props")
+PATHS = ("/completion", "/completions", "/infill", "/props", "/apply-template")
 
 
 class LlamaCppRoutes:
@@ -40,6 +44,7 @@ class LlamaCppRoutes:
             web.post("/completions", self.completion),
             web.post("/infill", self.infill),
             web.get("/props", self.props),
+            web.post("/apply-template", self.apply_template),
         ]
 
     async def completion(self, request):
@@ -69,6 +74,35 @@ class LlamaCppRoutes:
                 "infill": self.door.fim is not None,
             }
         )
+
+    async def tokenize(self, raw: bytes):
+        """llama-server's /tokenize: `content` (text, ids, or both mixed) -> `tokens`, ids
+        or, `with_pieces`, {id, piece} (a piece its own decoding, as the OpenAI door's
+        log-probabilities show it)."""
+        try:
+            body = parse(raw, LlamaTokenizeBody)
+        except BodyError as exc:
+            return error_response(400, str(exc), exc.param)
+        parts = body.content if isinstance(body.content, list) else [body.content]
+        ids = self._mixed_ids(parts, body.add_special, split_special=not body.parse_special)
+        if not body.with_pieces:
+            return web.json_response({"tokens": ids})
+        decode = self.router.tokenizer.decode
+        return web.json_response({"tokens": [{"id": i, "piece": decode([i])} for i in ids]})
+
+    async def apply_template(self, request):
+        """llama-server's /apply-template: the chat body's prompt as the template renders
+        it, as text (its ids decoded, special tokens shown)."""
+        try:
+            body = parse(await request.read(), ChatBody)
+            tools = body.tool_use(self.door.call_format)
+            chat = to_request(body, tools=tools)
+            ids = self.router.prepare(chat, {}).prompt_ids
+        except BodyError as exc:
+            return error_response(400, str(exc), exc.param)
+        except RequestError as exc:
+            return request_error_response(exc)
+        return web.json_response({"prompt": self.router.tokenizer.decode(ids)})
 
     # -- serving -------------------------------------------------------------------------------
     async def _serve(self, request: web.Request, kind):
@@ -117,14 +151,24 @@ class LlamaCppRoutes:
         out = []
         for prompt in body.prompts():
             parts = prompt if isinstance(prompt, list) else [prompt]
-            ids: list[int] = []
-            for i, part in enumerate(parts):
-                if isinstance(part, str):  # a leading text gets the model's BOS, if it has one
-                    ids += tokenizer(part, add_special_tokens=i == 0)["input_ids"]
-                else:
-                    ids.append(part)
-            out.append(ids)
+            out.append(self._mixed_ids(parts, add_special=True))
         return out
+
+    def _mixed_ids(self, parts: list, add_special: bool, split_special: bool = False) -> list[int]:
+        """Texts and ids in order, as llama.cpp reads a mixed prompt: a leading text gets
+        the model's BOS where `add_special` and the model has one; `split_special`: a
+        special token's text in a text stays text."""
+        ids: list[int] = []
+        for i, part in enumerate(parts):
+            if isinstance(part, str):
+                special = add_special and i == 0
+                tokenized = self.router.tokenizer(
+                    part, add_special_tokens=special, split_special_tokens=split_special
+                )
+                ids += tokenized["input_ids"]
+            else:
+                ids.append(part)
+        return ids
 
     def _bias(self, body) -> dict[int, float]:
         """`logit_bias` by token id: a text's bias on each of its tokens."""

@@ -144,3 +144,12 @@ class InfillBody(LlamaCompletionBody):
     input_prefix: str
     input_suffix: str
     input_extra: list[ExtraChunk] = []
+
+
+class LlamaTokenizeBody(Request):
+    """llama-server's /tokenize: `content` text, ids, or both mixed."""
+
+    content: str | list[int | str]
+    add_special: bool = False  # the model's BOS before a leading text
+    parse_special: bool = True  # a special token's text is that token
+    with_pieces: bool = False  # each id with its text

@@ -36,7 +36,7 @@ from router import openai_schema as schema
 from router import sse
 from router.anthropic_answer import AnthropicAnswer, in_anthropic_shape
 from router.anthropic_schema import CountTokensBody, MessagesBody
-from router.body import BodyError, parse
+from router.body import BodyError, has_field, parse
 from router.fim import markers_of
 from router.generation import Router
 from router.llamacpp_http import PATHS as LLAMACPP_PATHS
@@ -98,6 +98,7 @@ class OpenAIDoor:
         self.after_thinking = "" if structured_outputs_in_reasoning else self.reasoning or ""
         self.fim = markers_of(router.tokenizer)  # for a completion's suffix
         self._context = 0  # the model's context, once a replica told it (context())
+        self.llama = LlamaCppRoutes(self)  # llama-server's own endpoints
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -120,7 +121,7 @@ class OpenAIDoor:
         )
         if self.registry is not None:
             app.add_routes([web.get("/metrics", self.metrics)])
-        app.add_routes(LlamaCppRoutes(self).routes())
+        app.add_routes(self.llama.routes())
         return app
 
     # -- middlewares -----------------------------------------------------------------------
@@ -225,9 +226,13 @@ class OpenAIDoor:
         return card
 
     async def tokenize(self, request):
-        """vLLM's /tokenize: a prompt's ids, or a chat's as the template renders it."""
+        """vLLM's /tokenize: a prompt's ids, or a chat's as the template renders it
+        (llama-server's body, with `content`, is answered in its shape)."""
+        raw = await request.read()
+        if has_field(raw, "content"):
+            return await self.llama.tokenize(raw)
         try:
-            body = parse(await request.read(), schema.TokenizeBody)
+            body = parse(raw, schema.TokenizeBody)
             if (refused := self._unknown(body.model)) is not None:
                 return refused
             if body.prompt is not None:
@@ -252,7 +257,8 @@ class OpenAIDoor:
         return web.json_response({"count": len(ids), "max_model_len": length, "tokens": ids})
 
     async def detokenize(self, request):
-        """vLLM's /detokenize: ids to text, special tokens shown."""
+        """vLLM's /detokenize: ids to text, special tokens shown; the text is both vLLM's
+        `prompt` and llama-server's `content` (their bodies are alike)."""
         try:
             body = parse(await request.read(), schema.DetokenizeBody)
         except BodyError as exc:
@@ -262,7 +268,8 @@ class OpenAIDoor:
         vocab = len(self.router.tokenizer)
         if any(t >= vocab for t in body.tokens):
             return error_response(400, f"tokens must be ids in [0, {vocab})", "tokens")
-        return web.json_response({"prompt": self.router.tokenizer.decode(body.tokens)})
+        text = self.router.tokenizer.decode(body.tokens)
+        return web.json_response({"prompt": text, "content": text})
 
     async def completions(self, request):
         return await self._serve(request, schema.CompletionBody, "text_completion", "cmpl")

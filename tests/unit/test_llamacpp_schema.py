@@ -204,3 +204,21 @@ def test_the_completion_it_stands_for_carries_its_chain():
     vscode = body(prompt="x", top_p=0.99, samplers=["top_k", "top_p", "infill"])
     p = to_request(vscode.completion_body([1, 2], {})).params
     assert p.infill and (p.temperature, p.min_p, p.top_p) == (1.0, 0.0, pytest.approx(0.99))
+
+
+def test_tokenize_reads_special_tokens_as_llama_server_does():
+    """/tokenize's `parse_special` (default true): a special token's text is the token;
+    false, it is text. Ids in `content` stay as they are."""
+    from types import SimpleNamespace
+
+    from router.llamacpp_http import LlamaCppRoutes
+    from router.tokenizer import ChatTokenizer
+    from specd.models.catalog import DEFAULT_TARGET
+    from tests.conftest import real_model_or_skip
+
+    routes = LlamaCppRoutes.__new__(LlamaCppRoutes)  # its tokenizing only
+    routes.router = SimpleNamespace(tokenizer=ChatTokenizer(real_model_or_skip(DEFAULT_TARGET)))
+    special = routes._mixed_ids(["<|im_start|>user", 42], add_special=False)
+    assert special[0] == 151644 and special[-1] == 42
+    text = routes._mixed_ids(["<|im_start|>user", 42], add_special=False, split_special=True)
+    assert 151644 not in text and len(text) > len(special) and text[-1] == 42

@@ -83,3 +83,32 @@ def test_llama_servers_fields_on_the_chat_endpoint(cluster):
     text = edit.json()["choices"][0]["message"]["content"]
     assert text == again["choices"][0]["message"]["content"]
     assert edit.json()["usage"]["completion_tokens"] == 12
+
+
+def test_llama_servers_tokenize_detokenize_and_apply_template(cluster):
+    """llama-server's /tokenize body (`content`, mixed texts and ids, `with_pieces`) in its
+    shape beside vLLM's (`prompt`), /detokenize's text as both, and /apply-template's
+    prompt the chat's, as its ids decode."""
+    ids = [ord(c) - 32 for c in "ab"]
+    r = post_json(f"{cluster.http}/tokenize", {"content": "ab"})
+    assert r.status_code == 200 and r.json() == {"tokens": ids}, r.text
+    mixed = post_json(f"{cluster.http}/tokenize", {"content": ["ab", 5, "c"]}).json()
+    assert mixed == {"tokens": [*ids, 5, ord("c") - 32]}
+    pieces = post_json(f"{cluster.http}/tokenize", {"content": "ab", "with_pieces": True})
+    assert pieces.json() == {"tokens": [{"id": ids[0], "piece": "a"}, {"id": ids[1], "piece": "b"}]}
+    vllm = post_json(f"{cluster.http}/tokenize", {"model": TINY_MODEL_ID, "prompt": "ab"})
+    assert vllm.json()["tokens"] == ids and vllm.json()["count"] == 2
+    text = post_json(f"{cluster.http}/detokenize", {"tokens": ids}).json()
+    assert text == {"prompt": "ab", "content": "ab"}
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    prompt = post_json(f"{cluster.http}/apply-template", chat).json()["prompt"]
+    tokenized = post_json(f"{cluster.http}/tokenize", {"model": TINY_MODEL_ID, **chat}).json()
+    assert prompt == "".join(chr(i + 32) for i in tokenized["tokens"]) and "hi" in prompt
+    for body, param in [
+        ({"content": "a", "with_pieces": 1}, "with_pieces"),
+        ({"content": 5.5}, "content"),
+    ]:
+        bad = post_json(f"{cluster.http}/tokenize", body)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text
+    refused = post_json(f"{cluster.http}/apply-template", {"messages": []})
+    assert refused.status_code == 400, refused.text

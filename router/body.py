@@ -50,7 +50,8 @@ def parse(raw: bytes, kind: type[Request]) -> Request:
         raise BodyError("the body is nested too deeply") from None
     except ValidationError as exc:
         err = exc.errors()[0]
-        where = ".".join(str(p) for p in _in_body(data, err["loc"])) or None
+        path = _in_body(data, err["loc"], missing=err["type"] == "missing")
+        where = ".".join(str(p) for p in path) or None
         if err["type"] == "extra_forbidden":
             raise BodyError(f"unknown field {where!r}", where) from None
         raise BodyError(f"{where}: {err['msg']}", where) from None
@@ -70,9 +71,10 @@ def has_field(raw: bytes, name: str) -> bool:
     return isinstance(data, dict) and name in data
 
 
-def _in_body(data, loc: tuple) -> list:
+def _in_body(data, loc: tuple, missing: bool = False) -> list:
     """An error's location as a path in the body: pydantic's, less the names it gives
-    the members of a union (`tool_choice.literal[...]` is `tool_choice`)."""
+    the members of a union (`tool_choice.literal[...]` is `tool_choice`); `missing`: the
+    error is a required field's absence (its name ends the path)."""
     path = []
     for i, part in enumerate(loc):
         if isinstance(data, list) and isinstance(part, int) and part < len(data):
@@ -81,7 +83,7 @@ def _in_body(data, loc: tuple) -> list:
         elif isinstance(data, dict) and part in data:
             path.append(part)
             data = data[part]
-        elif isinstance(data, dict) and i == len(loc) - 1:
+        elif isinstance(data, dict) and i == len(loc) - 1 and missing:
             path.append(part)  # a field it lacks
         elif not isinstance(data, (dict, list)):
             break  # a value's union member names

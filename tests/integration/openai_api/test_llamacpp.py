@@ -107,6 +107,7 @@ def test_llama_servers_tokenize_detokenize_and_apply_template(cluster):
     for body, param in [
         ({"content": "a", "with_pieces": 1}, "with_pieces"),
         ({"content": 5.5}, "content"),
+        ({"content": {}}, "content"),
     ]:
         bad = post_json(f"{cluster.http}/tokenize", body)
         assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text

@@ -94,10 +94,7 @@ class LlamaCppRoutes:
         """llama-server's /apply-template: the chat body's prompt as the template renders
         it, as text (its ids decoded, special tokens shown)."""
         try:
-            body = parse(await request.read(), ChatBody)
-            tools = body.tool_use(self.door.call_format)
-            chat = to_request(body, tools=tools)
-            ids = self.router.prepare(chat, {}).prompt_ids
+            ids = self.door.chat_ids(parse(await request.read(), ChatBody))
         except BodyError as exc:
             return error_response(400, str(exc), exc.param)
         except RequestError as exc:

@@ -191,6 +191,14 @@ class OpenAIDoor:
             self._context = info.max_context if info is not None else 0
         return self._context
 
+    def chat_ids(self, body) -> list[int]:
+        """The prompt a chat body's messages, tools and template options render to, as
+        ids (checked as a request's: RequestError where the template cannot render it)."""
+        tools = schema.tool_dicts(body.tools)
+        messages = chat_input(body.messages, tools, body.template_options())
+        request = router_pb2.GenerateRequest(messages=messages, max_new_tokens=1)
+        return self.router.prepare(request, {}).prompt_ids
+
     def _unknown(self, model: str | None):
         """The 404 for a model this door does not serve (None: it serves it)."""
         if model is None or model in self.names:
@@ -241,13 +249,7 @@ class OpenAIDoor:
                 )
                 ids = list(tokenized["input_ids"])
             else:
-                chat = router_pb2.GenerateRequest(
-                    messages=chat_input(
-                        body.messages, schema.tool_dicts(body.tools), body.template_options()
-                    ),
-                    max_new_tokens=1,
-                )
-                ids = self.router.prepare(chat, {}).prompt_ids
+                ids = self.chat_ids(body)
         except BodyError as exc:
             return error_response(400, str(exc), exc.param)
         except RequestError as exc:
@@ -300,13 +302,7 @@ class OpenAIDoor:
             body = parse(await request.read(), CountTokensBody)
             if (refused := self._unknown(body.model)) is not None:
                 return in_anthropic_shape(refused)
-            chat = body.chat()
-            tools = schema.tool_dicts(chat.tools)
-            counted = router_pb2.GenerateRequest(
-                messages=chat_input(chat.messages, tools, chat.template_options()),
-                max_new_tokens=1,
-            )
-            ids = self.router.prepare(counted, {}).prompt_ids
+            ids = self.chat_ids(body.chat())
         except BodyError as exc:
             return in_anthropic_shape(error_response(400, str(exc), exc.param))
         except RequestError as exc:

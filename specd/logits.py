@@ -3,6 +3,7 @@ probabilities as dense rows: shared by the drafter (drawing) and the verifier (t
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -57,9 +58,11 @@ def apply_output_penalties(logits: torch.Tensor, counts: torch.Tensor, params: S
     )
 
 
+@functools.lru_cache(maxsize=256)
 def bias_row(params: SamplingParams, vocab: int) -> torch.Tensor | None:
     """The request's logit_bias as one dense row [1, vocab], -inf at every token outside
-    its allowed_token_ids (None without either)."""
+    its allowed_token_ids (None without either). Built once per distinct parameters (a
+    request's every step and draft reads the same row, never writing it)."""
     if not params.logit_bias and not params.allowed_token_ids:
         return None
     row = torch.zeros(1, vocab)

@@ -11,6 +11,7 @@ import openai
 import pytest
 import yaml
 
+from launcher.processes import free_port
 from router.client import SpecdClient
 from router.policy import Policy
 from specd.channels import check_health
@@ -36,13 +37,32 @@ def test_compose_config_validates():
     Policy.load(str(DEPLOY / "policy.yaml"))
 
 
-def local_command(service: dict) -> list[str]:
-    """The service's command with compose host names pointing at loopback, its policy
-    file at the repository's, and the small real model so the test fits in CI."""
+def free_ports(spec: dict) -> dict[str, str]:
+    """A free loopback port for each port the services listen on: the compose file's
+    own numbers lie in the ephemeral range, where a parallel test's socket may hold one."""
+    cmds = [spec[role]["command"] for role in ROLES]
+    taken = {
+        c[i + 1] for c in cmds for i, a in enumerate(c) if a.endswith("-port") or a == "--port"
+    }
+    ports = {port: str(free_port()) for port in taken}
+    assert len(set(ports.values())) == len(ports), ports  # the kernel handed one out twice
+    return ports
+
+
+def local(arg: str, ports: dict[str, str]) -> str:
+    """One argument or address as it reads on loopback under `ports`."""
+    for role in ROLES:
+        arg = arg.replace(f"{role}:", "127.0.0.1:")
+    host, colon, port = arg.rpartition(":")
+    return f"{host}{colon}{ports[port]}" if port in ports else arg
+
+
+def local_command(service: dict, ports: dict[str, str]) -> list[str]:
+    """The service's command with compose host names pointing at loopback on `ports`, its
+    policy file at the repository's, and the small real model so the test fits in CI."""
     cmd = []
     for arg in service["command"]:
-        for role in ROLES:
-            arg = arg.replace(f"{role}:", "127.0.0.1:")
+        arg = local(arg, ports)
         cmd.append(arg.replace("/etc/specd/policy.yaml", str(DEPLOY / "policy.yaml")))
     for flag in ("--model", "--tokenizer"):
         if flag in cmd:
@@ -61,11 +81,11 @@ def start_order(spec: dict) -> list[list[str]]:
     return waves
 
 
-def start(role: str, service: dict, logs: Path) -> subprocess.Popen:
+def start(role: str, service: dict, ports: dict[str, str], logs: Path) -> subprocess.Popen:
     env = dict(os.environ)
     env.update(
         {
-            k: str(v)
+            k: local(str(v), ports)
             for k, v in service["environment"].items()
             if k.startswith("SPECD_") and k != "SPECD_CACHE"
         }
@@ -73,7 +93,7 @@ def start(role: str, service: dict, logs: Path) -> subprocess.Popen:
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     with open(logs / f"{role}.log", "w") as log:  # the child keeps its own copy
         return subprocess.Popen(  # through the image's entrypoint, as the container runs
-            ["sh", str(DEPLOY / "entrypoint.sh"), *local_command(service)],
+            ["sh", str(DEPLOY / "entrypoint.sh"), *local_command(service, ports)],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -85,13 +105,14 @@ def test_compose_topology_as_local_processes(tmp_path):
     real_model_or_skip("smollm2-135m-instruct")
     spec = yaml.safe_load(COMPOSE.read_text())["services"]
     procs: dict[str, subprocess.Popen] = {}
+    ports = free_ports(spec)
     try:
         for wave in start_order(spec):  # as compose starts them: after their dependencies
             for role in wave:
-                procs[role] = start(role, spec[role], tmp_path)
+                procs[role] = start(role, spec[role], ports, tmp_path)
             for role in wave:
                 test = spec[role]["healthcheck"]["test"]
-                address = test[test.index("health") + 1]
+                address = local(test[test.index("health") + 1], ports)
                 service = test[test.index("--service") + 1] if "--service" in test else ""
                 deadline = time.monotonic() + 120
                 while not check_health(address, timeout=0.5, service=service):
@@ -99,7 +120,7 @@ def test_compose_topology_as_local_processes(tmp_path):
                         assert p.poll() is None, (tmp_path / f"{name}.log").read_text()
                     assert time.monotonic() < deadline, f"{role} not healthy"
                     time.sleep(0.3)
-        with SpecdClient("127.0.0.1:50051") as client:
+        with SpecdClient(local("router:50051", ports)) as client:
             # until the router's load reports say the drafter is there (its handshake
             # with the verifiers may finish after the router is ready)
             probe = lambda: client.generate("hi", max_new_tokens=1, speculation="on")  # noqa: E731
@@ -115,7 +136,7 @@ def test_compose_topology_as_local_processes(tmp_path):
         router = spec["router"]["command"]
         port = router[router.index("--http-port") + 1]
         assert f"{port}:{port}" in spec["router"]["ports"]
-        with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-") as c:
+        with openai.OpenAI(base_url=f"http://127.0.0.1:{ports[port]}/v1", api_key="-") as c:
             model = c.models.list().data[0].id
             chat = c.chat.completions.create(
                 model=model, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8

@@ -18,12 +18,11 @@ from specd.channels import check_health
 from tests.cluster import save_tiny_cluster_model
 from tests.conftest import real_model_or_skip
 
-PORTS = {"router": 50151, "verifier": 50162, "drafter": 50161, "http": 50152}
-
 
 @pytest.mark.real
 def test_specd_up_starts_serves_and_stops_cleanly():
     real_model_or_skip("smollm2-135m-instruct")
+    ports = {role: free_port() for role in ("router", "verifier", "drafter", "http")}
     cmd = [
         sys.executable,
         "-m",
@@ -34,13 +33,13 @@ def test_specd_up_starts_serves_and_stops_cleanly():
         "--draft",
         "small",
         "--router-port",
-        str(PORTS["router"]),
+        str(ports["router"]),
         "--verifier-port",
-        str(PORTS["verifier"]),
+        str(ports["verifier"]),
         "--drafter-port",
-        str(PORTS["drafter"]),
+        str(ports["drafter"]),
         "--http-port",
-        str(PORTS["http"]),
+        str(ports["http"]),
         "--ready-timeout",
         "180",
     ]
@@ -55,7 +54,7 @@ def test_specd_up_starts_serves_and_stops_cleanly():
         assert any("specd is up" in x for x in lines), "".join(lines[-30:])
         ready_text = "".join(lines) + proc.stdout.readline() + proc.stdout.readline()
         assert "specd generate" in ready_text  # a ready-to-paste client command
-        with SpecdClient(f"127.0.0.1:{PORTS['router']}") as client:
+        with SpecdClient(f"127.0.0.1:{ports['router']}") as client:
             # ready means speculating: the verifier waits for its drafter before serving
             r = client.generate(
                 messages=[{"role": "user", "content": "Say hi."}],
@@ -65,7 +64,7 @@ def test_specd_up_starts_serves_and_stops_cleanly():
             assert r.usage.completion_tokens > 0
         assert r.speculation.enabled
         assert "curl http://" in ready_text  # and the OpenAI door, as the README shows it
-        with openai.OpenAI(base_url=f"http://127.0.0.1:{PORTS['http']}/v1", api_key="-") as c:
+        with openai.OpenAI(base_url=f"http://127.0.0.1:{ports['http']}/v1", api_key="-") as c:
             chat = c.chat.completions.create(
                 model="smollm2-135m-instruct",
                 messages=[{"role": "user", "content": "Say hi."}],
@@ -77,7 +76,7 @@ def test_specd_up_starts_serves_and_stops_cleanly():
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(30)
     assert code == 0
-    for port in PORTS.values():
+    for port in ports.values():
         assert not check_health(f"127.0.0.1:{port}", timeout=0.5)
 
 

@@ -13,6 +13,7 @@ the calls stay the same and nothing is served.
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import prometheus_client
@@ -20,7 +21,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
 # -- metric names (vLLM's where they exist) --------------------------------------------------
 REQUESTS = "specd:requests"  # router, {route, finish_reason}
@@ -32,6 +33,11 @@ E2E = "specd:e2e_request_latency_seconds"  # router, {route}
 # prefix to; busy: those were too busy, the least loaded; new: none was sent its prefix)
 PREFIX_AFFINITY = "specd:router_prefix_affinity"
 TOKENS_OUT = "specd:generation_tokens"  # router and verifier, {route}
+PROMPT_TOKENS = "specd:prompt_tokens"  # router, {route}
+REQUEST_PROMPT_TOKENS = "specd:request_prompt_tokens"  # router histogram {route}: per request
+REQUEST_TOKENS_OUT = "specd:request_generation_tokens"  # router histogram {route}: per request
+# router histogram {route}: between a request's successive steps' tokens reaching the router
+ITL = "specd:inter_token_latency_seconds"
 NUM_DRAFTS = "specd:spec_decode_num_drafts"  # verifier, {route}
 NUM_DRAFT_TOKENS = "specd:spec_decode_num_draft_tokens"  # verifier, {route}
 NUM_ACCEPTED = "specd:spec_decode_num_accepted_tokens"  # verifier, {route}
@@ -69,9 +75,28 @@ VLLM_WAITING = "vllm:num_requests_waiting"  # gauge
 VLLM_KV_USAGE = "vllm:kv_cache_usage_perc"  # gauge, a 0..1 fraction as vLLM's
 VLLM_CACHE_CONFIG = "vllm:cache_config_info"  # gauge = 1, {block_size, num_gpu_blocks}
 VLLM_PREEMPTIONS = "vllm:num_preemptions"  # counter (served as ..._total)
+# specd's series under the names vLLM's dashboards read (Telemetry.view), {model_name}:
+# the verifier's speculation and prefix cache ...
+VLLM_NUM_DRAFTS = "vllm:spec_decode_num_drafts"
+VLLM_NUM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+VLLM_NUM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+VLLM_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"  # {position}
+VLLM_PREFIX_QUERIES = "vllm:prefix_cache_queries"
+VLLM_PREFIX_HITS = "vllm:prefix_cache_hits"
+# ... and the router's requests, as its clients saw them
+VLLM_SUCCESS = "vllm:request_success"  # {finished_reason}
+VLLM_PROMPT_TOKENS = "vllm:prompt_tokens"
+VLLM_TOKENS_OUT = "vllm:generation_tokens"
+VLLM_REQUEST_PROMPT_TOKENS = "vllm:request_prompt_tokens"
+VLLM_REQUEST_TOKENS_OUT = "vllm:request_generation_tokens"
+VLLM_TTFT = "vllm:time_to_first_token_seconds"
+VLLM_ITL = "vllm:inter_token_latency_seconds"
+VLLM_TPOT = "vllm:request_time_per_output_token_seconds"  # one per request, as specd's TPOT
+VLLM_E2E = "vllm:e2e_request_latency_seconds"
 
 K_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
 GAIN_BUCKETS = (0.8, 0.9, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0)
+TOKEN_BUCKETS = tuple(m * 10**e for e in range(7) for m in (1, 2, 5))  # 1 to 5M, as vLLM's
 LATENCY_BUCKETS = (
     0.005,
     0.01,
@@ -125,7 +150,12 @@ class Telemetry:
         return self._get(prometheus_client.Counter, name, description, labels)
 
     def histogram(self, name: str, description: str, labels: tuple[str, ...] = ()):
-        buckets = {SPEC_K: K_BUCKETS, SPEC_GAIN: GAIN_BUCKETS}.get(name, LATENCY_BUCKETS)
+        buckets = {
+            SPEC_K: K_BUCKETS,
+            SPEC_GAIN: GAIN_BUCKETS,
+            REQUEST_PROMPT_TOKENS: TOKEN_BUCKETS,
+            REQUEST_TOKENS_OUT: TOKEN_BUCKETS,
+        }.get(name, LATENCY_BUCKETS)
         return self._get(prometheus_client.Histogram, name, description, labels, buckets=buckets)
 
     def gauge(self, name: str, read, description: str, labels: dict[str, str] | None = None):
@@ -140,6 +170,14 @@ class Telemetry:
         itself (served as NAME_total, one series: `labels`' values)."""
         if self.registry is not None and name not in self._metrics:
             self._metrics[name] = _ReadTotal(name, read, description, labels or {})
+            self.registry.register(self._metrics[name])
+
+    def view(self, name: str, source, labels: dict[str, str], by: dict[str, str] | None = None):
+        """`source` (a counter or histogram of this registry) served also as `name`: summed
+        over its labels but those in `by` (renamed to by's values), `labels` added. Read
+        at each scrape: nothing is counted twice."""
+        if self.registry is not None and name not in self._metrics:
+            self._metrics[name] = _View(name, source, labels, by or {})
             self.registry.register(self._metrics[name])
 
     def _get(self, kind, name, description, labels, **options):
@@ -163,6 +201,44 @@ class _ReadTotal:
     def collect(self):
         family = self._family()
         family.add_metric(tuple(self.labels.values()), self.read())
+        yield family
+
+
+class _View:
+    """A prometheus_client collector serving another metric's series under a new name
+    (Telemetry.view)."""
+
+    def __init__(self, name: str, source, labels: dict[str, str], by: dict[str, str]):
+        self.name, self.source, self.labels, self.by = name, source, labels, by
+        self.histogram = isinstance(source, prometheus_client.Histogram)
+        self.names = (*by.values(), *labels)
+        (described,) = source.describe()
+        self.description = described.documentation
+
+    def _family(self):
+        kind = HistogramMetricFamily if self.histogram else CounterMetricFamily
+        return kind(self.name, self.description, labels=self.names)
+
+    def describe(self):
+        yield self._family()
+
+    def collect(self):
+        sums: dict[tuple, float] = defaultdict(float)  # counter: its total; histogram: _sum
+        buckets: dict[tuple, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        for metric in self.source.collect():
+            for s in metric.samples:
+                key = (*(s.labels[k] for k in self.by), *self.labels.values())
+                if s.name.endswith("_bucket"):
+                    buckets[key][s.labels["le"]] += s.value
+                elif s.name.endswith(("_total", "_sum")):
+                    sums[key] += s.value
+        family = self._family()
+        for key, value in sums.items():
+            if self.histogram:  # cumulative counts, summed bucket by bucket
+                ordered = sorted(buckets[key].items(), key=lambda b: float(b[0]))
+                family.add_metric(key, ordered, value)
+            else:
+                family.add_metric(key, value)
         yield family
 
 

@@ -62,12 +62,22 @@ class VerifierMetrics:
         t.total(names.SPEC_PRICED_TOKENS, lambda: priced().tokens, "Tokens they emitted")
         t.total(names.SPEC_EXPECTED_SECONDS, lambda: priced().expected_seconds, "Seconds expected")
         t.total(names.SPEC_PRICED_SECONDS, lambda: priced().seconds, "Seconds they took")
-        # the same load under vLLM's names, for an inference gateway's endpoint picker
+        # the same load under vLLM's names, for an inference gateway's endpoint picker, and
+        # the speculation and prefix cache series its dashboards read
         model = {"model_name": servicer.model_name}
         t.gauge(names.VLLM_RUNNING, lambda: load().running, "Requests running", model)
         t.gauge(names.VLLM_WAITING, lambda: load().waiting, "Requests waiting", model)
         t.gauge(names.VLLM_KV_USAGE, lambda: load().kv_utilization, "KV cache usage, 0-1", model)
         t.total(names.VLLM_PREEMPTIONS, lambda: load().preemptions, "Preemptions", model)
+        t.total(names.VLLM_PREFIX_QUERIES, lambda: load().prefix_queries, "Prompt tokens", model)
+        t.total(names.VLLM_PREFIX_HITS, lambda: load().prefix_hits, "Cached prompt tokens", model)
+        for name, source in (
+            (names.VLLM_NUM_DRAFTS, self.drafts),
+            (names.VLLM_NUM_DRAFT_TOKENS, self.draft_tokens),
+            (names.VLLM_NUM_ACCEPTED, self.accepted),
+        ):
+            t.view(name, source, model)
+        t.view(names.VLLM_ACCEPTED_PER_POS, self.per_pos, model, {"position": "position"})
         blocks = servicer.engine.kv.allocator
         cache = {"block_size": str(blocks.block_size), "num_gpu_blocks": str(blocks.num_blocks)}
         t.gauge(names.VLLM_CACHE_CONFIG, lambda: 1.0, "KV cache configuration", model | cache)

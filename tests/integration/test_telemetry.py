@@ -144,6 +144,16 @@ def test_metrics_move_by_exactly_the_expected_amounts(traced):
     lookups = sum(r.speculation.lookup_rounds for r in results)
     assert moved(v, "specd:spec_decode_num_lookup_drafts_total", route="code") == lookups
     assert moved(v, "specd:spec_decode_num_accepted_tokens_per_pos_total", route="code") == accepted
+    # and under vLLM's names, {model_name}, summed over routes (the only route here: code)
+    tiny = {"model_name": "tiny"}
+    assert moved(v, "vllm:spec_decode_num_drafts_total", **tiny) == rounds
+    assert moved(v, "vllm:spec_decode_num_draft_tokens_total", **tiny) == drafted
+    assert moved(v, "vllm:spec_decode_num_accepted_tokens_total", **tiny) == accepted
+    per_pos = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+    assert moved(v, per_pos, **tiny) == accepted
+    assert moved(v, per_pos, position="0", **tiny) == moved(
+        v, "specd:spec_decode_num_accepted_tokens_per_pos_total", route="code", position="0"
+    )
     assert moved(v, "specd:drafter_round_trip_seconds_count") >= rounds
     assert moved("drafter", "specd:drafter_rounds_total") >= rounds
     assert total(after[v], "specd:kv_cache_usage_perc") == 0.0
@@ -206,6 +216,8 @@ def test_a_repeated_prompt_counts_as_prefix_cache_hits(traced):
     # both look up all but their last token; the second finds every whole block of 4
     assert queries > 8 and queries % 2 == 0
     assert hits == (queries // 2) // 4 * 4
+    assert moved("vllm:prefix_cache_queries_total") == queries  # as vLLM names them
+    assert moved("vllm:prefix_cache_hits_total") == hits
 
 
 def test_http_requests_are_traced_and_counted(traced):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -18,7 +17,7 @@ from protos.specd.v1 import router_pb2
 from router.affinity import chunk_keys
 from router.client import MODES
 from router.decide import Load, decide
-from router.metrics import RouterMetrics
+from router.metrics import RequestClock, RouterMetrics
 from router.policy import Policy
 from router.prepare import Prepared, Preparer, RequestError
 from router.relay import attempt
@@ -39,8 +38,10 @@ class Router:
         default_max_new_tokens: int = 256,
         max_new_tokens_cap: int = 0,
         telemetry=None,
+        model_name: str = "",
     ):
-        self.metrics = RouterMetrics(telemetry) if telemetry is not None else None
+        """`model_name`: the served model's name, on the metrics under vLLM's names."""
+        self.metrics = RouterMetrics(telemetry, model_name) if telemetry is not None else None
         self.tracer = telemetry.tracer if telemetry is not None and telemetry.tracing else None
         self.tokenizer = tokenizer
         self.replicas = replicas
@@ -83,7 +84,7 @@ class Router:
         `buffered`: the caller sends nothing before the end, so a replica lost after tokens
         arrived is retried elsewhere too (a streamed request can only be retried before)."""
         if self.tracer is None and self.metrics is None:
-            async for msg in self._attempts(prep, None, buffered):
+            async for _, msg in self._attempts(prep, None, buffered):
                 yield msg
             return
         span = None
@@ -94,23 +95,22 @@ class Router:
                 kind=trace.SpanKind.SERVER,
                 attributes={"specd.route": prep.route},
             )
-        started, first, tokens, final = time.perf_counter(), None, 0, None
+        clock, final = RequestClock(), None
         try:
-            async for msg in self._attempts(prep, span, buffered):
-                if first is None and msg.token_ids:
-                    first = time.perf_counter()
-                tokens += len(msg.token_ids)
+            async for arrived, msg in self._attempts(prep, span, buffered):
+                clock.arrived(arrived, len(msg.token_ids))
                 final = msg if msg.finish_reason else final
                 yield msg
         finally:
             if self.metrics is not None and final is not None:
-                self.metrics.finished(prep.route, final, started, first, tokens)
+                self.metrics.finished(prep.route, final, clock)
             if span is not None:
                 span.end()
 
     async def _attempts(self, prep: Prepared, span, buffered: bool):
-        """The verifier's stream from the least-loaded replica; one that fails before it
-        streamed anything is retried on the next (never one already tried)."""
+        """The verifier's stream from the least-loaded replica, each message with its
+        arrival time; one that fails before it streamed anything is retried on the next
+        (never one already tried)."""
         client = CLIENT_MODES.get(prep.request.speculation, "auto")
         tried: set[str] = set()
         last_error = None
@@ -131,9 +131,9 @@ class Router:
             try:
                 call = attempt(replica, prep, decision, span, buffered, self.tokenizer)
                 async with contextlib.aclosing(call) as messages:  # its cleanup runs now
-                    async for msg in messages:
+                    async for arrived, msg in messages:
                         started = True
-                        yield msg
+                        yield arrived, msg
                 return
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in RETRYABLE and not started:

@@ -1,12 +1,35 @@
-"""The router's Prometheus metrics: requests, tokens, latencies and decisions by route."""
+"""The router's Prometheus metrics: requests, tokens, latencies and decisions by route, and
+the same requests under vLLM's names for the dashboards a fleet already has."""
 
 from __future__ import annotations
 
 import time
 
 
+class RequestClock:
+    """When a request started and when each step's tokens reached the router from the
+    verifier (stamped on arrival, also when the reply is sent whole at the end)."""
+
+    def __init__(self):
+        self.started = time.perf_counter()
+        self.first: float | None = None  # the first token's arrival
+        self.last: float | None = None  # the last token's
+        self.gaps: list[float] = []  # between successive steps' tokens
+        self.tokens = 0
+
+    def arrived(self, at: float, tokens: int) -> None:
+        if not tokens:
+            return
+        if self.first is None:
+            self.first = at
+        else:
+            self.gaps.append(at - self.last)
+        self.last = at
+        self.tokens += tokens
+
+
 class RouterMetrics:
-    def __init__(self, telemetry):
+    def __init__(self, telemetry, model_name: str = ""):
         from specd import telemetry as names
 
         t = telemetry
@@ -14,7 +37,15 @@ class RouterMetrics:
         self.requests = t.counter(names.REQUESTS, "Requests finished", ("route", "finish_reason"))
         self.decisions = t.counter(names.DECISIONS, "Speculation decisions", ("route", "reason"))
         self.tokens = t.counter(names.TOKENS_OUT, "Tokens generated", route)
+        self.prompt_tokens = t.counter(names.PROMPT_TOKENS, "Prompt tokens", route)
+        self.request_prompt = t.histogram(
+            names.REQUEST_PROMPT_TOKENS, "Prompt tokens per request", route
+        )
+        self.request_tokens = t.histogram(
+            names.REQUEST_TOKENS_OUT, "Tokens generated per request", route
+        )
         self.ttft = t.histogram(names.TTFT, "Time to first token", route)
+        self.itl = t.histogram(names.ITL, "Time between a request's successive steps", route)
         self.tpot = t.histogram(
             names.TPOT, "Time per output token after the first", ("route", "speculation")
         )
@@ -22,18 +53,38 @@ class RouterMetrics:
         self.affinity = t.counter(
             names.PREFIX_AFFINITY, "Replica choices by prefix affinity", ("outcome",)
         )
+        model = {"model_name": model_name}
+        t.view(names.VLLM_SUCCESS, self.requests, model, {"finish_reason": "finished_reason"})
+        for name, source in (
+            (names.VLLM_PROMPT_TOKENS, self.prompt_tokens),
+            (names.VLLM_TOKENS_OUT, self.tokens),
+            (names.VLLM_REQUEST_PROMPT_TOKENS, self.request_prompt),
+            (names.VLLM_REQUEST_TOKENS_OUT, self.request_tokens),
+            (names.VLLM_TTFT, self.ttft),
+            (names.VLLM_ITL, self.itl),
+            (names.VLLM_TPOT, self.tpot),
+            (names.VLLM_E2E, self.e2e),
+        ):
+            t.view(name, source, model)
 
     def chosen(self, outcome: str) -> None:
         """A replica chosen by prefix affinity: cached, busy or new (router.affinity)."""
         self.affinity.labels(outcome).inc()
 
-    def finished(self, route: str, final, started: float, first, tokens: int) -> None:
-        now = time.perf_counter()
+    def finished(self, route: str, final, clock: RequestClock) -> None:
+        now, tokens = time.perf_counter(), clock.tokens
         self.requests.labels(route, final.finish_reason).inc()
         self.tokens.labels(route).inc(tokens)
-        self.e2e.labels(route).observe(now - started)
-        if first is not None:
-            self.ttft.labels(route).observe(first - started)
+        self.prompt_tokens.labels(route).inc(final.usage.prompt_tokens)
+        self.request_prompt.labels(route).observe(final.usage.prompt_tokens)
+        self.request_tokens.labels(route).observe(tokens)
+        self.e2e.labels(route).observe(now - clock.started)
+        if clock.first is not None:
+            self.ttft.labels(route).observe(clock.first - clock.started)
+            itl = self.itl.labels(route)
+            for gap in clock.gaps:
+                itl.observe(gap)
             if tokens > 1:
                 spec = "on" if final.speculation.enabled else "off"
-                self.tpot.labels(route, spec).observe((now - first) / (tokens - 1))
+                tpot = (clock.last - clock.first) / (tokens - 1)
+                self.tpot.labels(route, spec).observe(tpot)

@@ -16,8 +16,9 @@ from specd.telemetry import inject_metadata
 
 
 async def attempt(replica, prep: Prepared, decision: Decision, span, buffered: bool, tokenizer):
-    """One Generate call on one replica, relayed (buffered: every message read before
-    the first is handed on, so a failure mid-way can still be retried)."""
+    """One Generate call on one replica, relayed as (arrival time, message) (buffered:
+    every message read before the first is handed on, so a failure mid-way can still be
+    retried; each keeps the time it arrived)."""
     call = replica.stub.Generate(
         verifier_request(prep, decision),
         timeout=remaining(prep.deadline),
@@ -25,12 +26,13 @@ async def attempt(replica, prep: Prepared, decision: Decision, span, buffered: b
     )
     replica.inflight += 1
     try:
+        messages = relay(call, prep, decision, tokenizer)
         if buffered:
-            for msg in [m async for m in relay(call, prep, decision, tokenizer)]:
-                yield msg
+            for arrived in [(time.perf_counter(), m) async for m in messages]:
+                yield arrived
             return
-        async for msg in relay(call, prep, decision, tokenizer):
-            yield msg
+        async for msg in messages:
+            yield time.perf_counter(), msg
     finally:
         replica.inflight -= 1
         replica.finished = time.monotonic()

@@ -112,6 +112,7 @@ async def serve(config, ready=None, tokenizer=None) -> None:
             config.default_max_new_tokens,
             config.max_new_tokens_cap,
             telemetry,
+            served_model_name(config),
         )
         server, port, health, also_stop = await _start_servers(config, router, telemetry.registry)
         background.start_soon(_track_readiness, health, replicas)
@@ -121,6 +122,14 @@ async def serve(config, ready=None, tokenizer=None) -> None:
         # once draining, health stays NOT_SERVING whatever the replicas say
         await serve_until_signal(server, health, config.drain_seconds, also_stop=also_stop)
         background.cancel_scope.cancel()
+
+
+def served_model_name(config) -> str:
+    """The model's name to clients and on the metrics: --served-model-name, or the
+    tokenizer's catalog name or path."""
+    from specd.models.catalog import ALIASES
+
+    return config.served_model_name or ALIASES.get(config.tokenizer, config.tokenizer)
 
 
 async def _start_servers(config, router: Router, registry=None):
@@ -158,10 +167,9 @@ async def _start_http(config, router: Router, token: str, registry):
     (`registry`) at /metrics; returns its drain."""
     from router.openai_http import OpenAIDoor, start
     from router.openai_request import OPENAI_DEFAULTS, SamplingDefaults
-    from specd.models.catalog import ALIASES
     from specd.models.resolve import resolve
 
-    model = config.served_model_name or ALIASES.get(config.tokenizer, config.tokenizer)
+    model = served_model_name(config)
     sampling = OPENAI_DEFAULTS
     if config.sampling_defaults == "model":
         sampling = SamplingDefaults.from_folder(resolve(config.tokenizer))

@@ -184,7 +184,11 @@ def start_cluster(
         await c.replicas.start()
         telemetry = _telemetry(c, "router", span_exporter, metrics)
         c.router_core = Router(
-            char_tokenizer(), c.replicas, policy or Policy.from_dict({}), telemetry=telemetry
+            char_tokenizer(),
+            c.replicas,
+            policy or Policy.from_dict({}),
+            telemetry=telemetry,
+            model_name=TINY_MODEL_ID,
         )
         gen = GenerationServicer(c.router_core)
         server, port, _ = await start_server(

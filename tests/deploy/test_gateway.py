@@ -240,9 +240,17 @@ def test_a_pods_processes_serve_http_and_export_the_pickers_gauges(objects, tmp_
         assert usage.value == 0 and usage.labels["model_name"]
         # the router's own metrics on its HTTP port, as vLLM serves /metrics beside /v1
         served = urllib.request.urlopen(f"http://127.0.0.1:{ports['8000']}/metrics", timeout=5)
-        router_families = text_string_to_metric_families(served.read().decode())
-        (requests,) = [f for f in router_families if f.name == "specd:requests"]
+        router_families = {
+            f.name: f for f in text_string_to_metric_families(served.read().decode())
+        }
+        requests = router_families["specd:requests"]
         assert sum(s.value for s in requests.samples if s.name.endswith("_total")) == 1
+        # and as vLLM's dashboards read a pod's requests, under the model's served name
+        (success,) = router_families["vllm:request_success"].samples
+        assert success.value == 1 and success.labels == {
+            "model_name": body["model"],
+            "finished_reason": "length",
+        }
     finally:
         for p in (router, verifier):
             p.stop()

@@ -253,6 +253,67 @@ def test_http_requests_are_traced_and_counted(traced):
     assert moved("specd:time_to_first_token_seconds_count", route="code") == 1
 
 
+def test_the_routers_requests_under_vllms_names(traced):
+    """The router's requests also under the names vLLM's dashboards read, {model_name}:
+    finished requests by finished_reason, prompt and generated tokens (totals and per
+    request), time to first token, inter-token latency (one per step after the first),
+    time per output token (one per request) and end-to-end latency. A whole (unary)
+    reply's steps are timed as they reach the router, not when the reply is sent."""
+    cluster, _ = traced
+    url = cluster.metrics_urls["router"]
+    tiny = {"model_name": "tiny"}
+    new = 64
+    ask = dict(max_new_tokens=new, ignore_eos=True, route="code")
+
+    def finished(n: int) -> None:
+        settle(
+            cluster, lambda: router_requests(cluster) == total(before, "specd:requests_total") + n
+        )
+
+    def moved(metric, **labels):
+        return total(after, metric, **labels, **tiny) - total(before, metric, **labels, **tiny)
+
+    before = scrape(url)
+    with SpecdClient(cluster.router) as client:
+        whole = client.generate("abc", speculation="off", **ask)
+    finished(1)
+    after = scrape(url)
+    # its 64 steps came one by one: its first token long before its end
+    ttft, e2e = (
+        moved("vllm:time_to_first_token_seconds_sum"),
+        moved("vllm:e2e_request_latency_seconds_sum"),
+    )
+    itl = moved("vllm:inter_token_latency_seconds_sum")
+    assert 0 < ttft < e2e / 2 and e2e / 2 < itl < e2e
+    assert moved("vllm:request_time_per_output_token_seconds_sum") * (new - 1) == pytest.approx(itl)
+
+    before = scrape(url)
+    with SpecdClient(cluster.router) as client:
+        messages = list(client.stream("abcd", speculation="on", **ask))
+    finished(1)
+    after = scrape(url)
+    steps = [m for m in messages if m.token_ids]
+    assert 1 < len(steps) < new  # speculation: several tokens in some steps
+    assert moved("vllm:inter_token_latency_seconds_count") == len(steps) - 1
+    assert moved("vllm:request_success_total", finished_reason="length") == 1
+    assert moved("vllm:generation_tokens_total") == new
+    assert moved("vllm:request_generation_tokens_sum") == new
+    prompt = messages[-1].usage.prompt_tokens
+    assert prompt == whole.usage.prompt_tokens + 1 > 1
+    assert moved("vllm:prompt_tokens_total") == moved("vllm:request_prompt_tokens_sum") == prompt
+    for histogram in (
+        "time_to_first_token",
+        "request_time_per_output_token",
+        "e2e_request_latency",
+    ):
+        assert moved(f"vllm:{histogram}_seconds_count") == 1
+    # the same series as specd's, summed over routes and speculation
+    for name in ("time_to_first_token", "time_per_output_token", "e2e_request_latency"):
+        ours = f"specd:{name}_seconds_sum"
+        theirs = f"vllm:{name.replace('time_per', 'request_time_per')}_seconds_sum"
+        assert total(after, ours) == pytest.approx(total(after, theirs, **tiny))
+
+
 def test_the_endpoint_pickers_gauges_under_vllms_names(traced):
     """What an inference gateway's endpoint picker scrapes from a model server pod (Gateway
     API Inference Extension's model server protocol, vLLM's names): running and waiting

@@ -38,6 +38,12 @@ REQUEST_PROMPT_TOKENS = "specd:request_prompt_tokens"  # router histogram {route
 REQUEST_TOKENS_OUT = "specd:request_generation_tokens"  # router histogram {route}: per request
 # router histogram {route}: between a request's successive steps' tokens reaching the router
 ITL = "specd:inter_token_latency_seconds"
+# verifier histograms {route}, a finished request's phases: arrival to its first prefill
+# chunk (queue), to its first token (prefill), to its last (decode); prefill + decode
+QUEUE_TIME = "specd:request_queue_time_seconds"
+PREFILL_TIME = "specd:request_prefill_time_seconds"
+DECODE_TIME = "specd:request_decode_time_seconds"
+INFERENCE_TIME = "specd:request_inference_time_seconds"
 NUM_DRAFTS = "specd:spec_decode_num_drafts"  # verifier, {route}
 NUM_DRAFT_TOKENS = "specd:spec_decode_num_draft_tokens"  # verifier, {route}
 NUM_ACCEPTED = "specd:spec_decode_num_accepted_tokens"  # verifier, {route}
@@ -83,6 +89,10 @@ VLLM_NUM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 VLLM_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"  # {position}
 VLLM_PREFIX_QUERIES = "vllm:prefix_cache_queries"
 VLLM_PREFIX_HITS = "vllm:prefix_cache_hits"
+VLLM_QUEUE_TIME = "vllm:request_queue_time_seconds"
+VLLM_PREFILL_TIME = "vllm:request_prefill_time_seconds"
+VLLM_DECODE_TIME = "vllm:request_decode_time_seconds"
+VLLM_INFERENCE_TIME = "vllm:request_inference_time_seconds"
 # ... and the router's requests, as its clients saw them
 VLLM_SUCCESS = "vllm:request_success"  # {finished_reason}
 VLLM_PROMPT_TOKENS = "vllm:prompt_tokens"

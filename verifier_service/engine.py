@@ -357,7 +357,7 @@ class Engine:
         if seq.finish_reason:
             out.stats = seq.stats
             out.stop_token = seq.stopped_at_token
-            out.timing = (seq.t_arrived, seq.t_scheduled, seq.t_first_token)
+            out.timing = (seq.t_arrived, seq.t_scheduled, seq.t_first_token, time.time_ns())
         return out
 
     def _account(self, r: Round, accepted: int) -> None:

@@ -44,6 +44,12 @@ class VerifierMetrics:
         self.reasons = t.counter(
             names.SPEC_DECISIONS, "Controller decisions per decode step", ("route", "reason")
         )
+        self.phases = (  # a finished request's, by route
+            t.histogram(names.QUEUE_TIME, "Arrival to the first prefill chunk", route),
+            t.histogram(names.PREFILL_TIME, "First prefill chunk to the first token", route),
+            t.histogram(names.DECODE_TIME, "First token to the last", route),
+            t.histogram(names.INFERENCE_TIME, "First prefill chunk to the last token", route),
+        )
         load = lambda: servicer.engine.load()  # noqa: E731  (read at each scrape)
         t.gauge(names.KV_USAGE, lambda: load().kv_utilization, "Fraction of KV blocks in use")
         t.gauge(names.RUNNING, lambda: load().running, "Sequences running")
@@ -78,6 +84,14 @@ class VerifierMetrics:
         ):
             t.view(name, source, model)
         t.view(names.VLLM_ACCEPTED_PER_POS, self.per_pos, model, {"position": "position"})
+        vllm_phases = (
+            names.VLLM_QUEUE_TIME,
+            names.VLLM_PREFILL_TIME,
+            names.VLLM_DECODE_TIME,
+            names.VLLM_INFERENCE_TIME,
+        )
+        for name, source in zip(vllm_phases, self.phases, strict=True):
+            t.view(name, source, model)
         blocks = servicer.engine.kv.allocator
         cache = {"block_size": str(blocks.block_size), "num_gpu_blocks": str(blocks.num_blocks)}
         t.gauge(names.VLLM_CACHE_CONFIG, lambda: 1.0, "KV cache configuration", model | cache)
@@ -99,6 +113,15 @@ class VerifierMetrics:
             m.accepted.inc(out.accepted)
             for position in range(out.accepted):
                 m.position(position).inc()
+
+    def finished(self, route: str, timing: tuple[int, int, int, int]) -> None:
+        """A request's phases from its last output's timestamps (StepOutput.timing)."""
+        arrived, scheduled, first, end = timing
+        if not (scheduled and first):  # never scheduled, or no token (an abort's output)
+            return
+        spans = (scheduled - arrived, first - scheduled, end - first, end - scheduled)
+        for histogram, ns in zip(self.phases, spans, strict=True):
+            histogram.labels(route).observe(ns / 1e9)
 
     def _bind(self, route: str) -> _RouteSeries:
         self._routes[route] = series = _RouteSeries(self, route)

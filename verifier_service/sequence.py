@@ -217,7 +217,8 @@ class StepOutput:
     accepted: int = 0
     lookup: bool = False  # its round's drafts were a lookup, not the draft model's
     stats: SpecStats | None = None  # the request's speculation totals, on its last output
-    timing: tuple[int, int, int] = (0, 0, 0)  # last output: arrived, scheduled, first token (ns)
+    # last output: arrived, scheduled, first token, finished (ns since the epoch)
+    timing: tuple[int, int, int, int] = (0, 0, 0, 0)
     decision: tuple[str, float] = ("", 1.0)  # the controller's reason and predicted gain
     logprobs: list | None = None  # a TokenLogprob per token, where the request asked
     prompt_logprobs: list | None = None  # with the first token: the prompt's, where asked

@@ -130,13 +130,15 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         )
         if last.finish_reason and last.stats is not None:
             msg.speculation.CopyFrom(speculation_to_proto(last.stats, k))
+            if self.metrics is not None:
+                self.metrics.finished(route, last.timing)
             if span is not None:
                 self._phase_spans(span, last.stats, last.timing)
         return msg
 
     def _phase_spans(self, span, stats, timing) -> None:
         """Queueing and prefill as child spans, from the engine's timestamps."""
-        arrived, scheduled, first = timing
+        arrived, scheduled, first, _ = timing
         ctx = trace.set_span_in_context(span)
         if scheduled:
             self.tracer.start_span("specd.verifier.queue", context=ctx, start_time=arrived).end(

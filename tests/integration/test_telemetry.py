@@ -154,6 +154,15 @@ def test_metrics_move_by_exactly_the_expected_amounts(traced):
     assert moved(v, per_pos, position="0", **tiny) == moved(
         v, "specd:spec_decode_num_accepted_tokens_per_pos_total", route="code", position="0"
     )
+    # each request's phases on the verifier, as vLLM times them: inference = prefill + decode
+    for phase in ("queue", "prefill", "decode", "inference"):
+        assert moved(v, f"specd:request_{phase}_time_seconds_count", route="code") == n + 1
+        assert moved(v, f"vllm:request_{phase}_time_seconds_count", **tiny) == n + 1
+    phase = lambda name: moved(v, f"vllm:request_{name}_time_seconds_sum", **tiny)  # noqa: E731
+    assert phase("prefill") + phase("decode") == pytest.approx(phase("inference"))
+    assert phase("queue") >= 0 and phase("prefill") > 0 and phase("decode") > 0
+    e2e = moved("router", "specd:e2e_request_latency_seconds_sum", route="code")
+    assert phase("queue") + phase("inference") < e2e
     assert moved(v, "specd:drafter_round_trip_seconds_count") >= rounds
     assert moved("drafter", "specd:drafter_rounds_total") >= rounds
     assert total(after[v], "specd:kv_cache_usage_perc") == 0.0

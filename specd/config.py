@@ -201,6 +201,9 @@ class VerifierConfig:
     drafter_prefetch: bool = True
     max_queue: int = 256  # waiting requests past which Generate is RESOURCE_EXHAUSTED
     metrics_port: int = 0  # the Prometheus endpoint's port; 0 = none
+    # seconds between the stats lines in the log while requests run (throughput, requests,
+    # KV cache, prefix cache hits, acceptance; vLLM's); 0 = none (vLLM's --disable-log-stats)
+    log_stats_interval: float = 10.0
     # on SIGTERM: NOT_SERVING, new calls refused, running requests get this long to finish
     drain_seconds: float = 30.0
     tls_cert: str = ""  # PEM certificate; with tls_key, this listener speaks TLS only

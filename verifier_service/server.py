@@ -35,6 +35,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self.requests_started = 0  # Generate calls admitted (tests and debugging)
         self.draining = asyncio.Event()  # set on SIGTERM: load watches end
         self.metrics = VerifierMetrics(telemetry, self) if telemetry is not None else None
+        self.stats_log = None  # a StatsLog, where the log says what the verifier does
         self.tracer = telemetry.tracer if telemetry is not None and telemetry.tracing else None
 
     async def close(self) -> None:
@@ -115,6 +116,9 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             if self.metrics is not None:
                 self.metrics.step(route, out)
         self.rate.add(len(tokens))
+        if self.stats_log is not None:  # with the first token, the prompt's tokens
+            first = tokens and generated == len(tokens)
+            self.stats_log.add(outputs, len(request.prompt_ids) if first else 0)
         last = outputs[-1]
         msg = verifier_pb2.VerifyGenerateResponse(
             token_ids=tokens,

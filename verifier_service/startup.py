@@ -12,6 +12,7 @@ from protos.specd.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_service.engine import Engine
 from verifier_service.frontend import AsyncEngine
 from verifier_service.server import VerifierServicer
+from verifier_service.stats_log import StatsLog
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,10 @@ async def serve(config, ready=None, engine=None, model_name="") -> None:
         engine, model_name = await on_model_thread("verifier", build_engine, config, telemetry)
     await _wait_for_drafter(engine.proposer, config.drafter_startup_wait_ms / 1000)
     servicer = VerifierServicer(AsyncEngine(engine), model_name, config.max_queue, telemetry)
+    stats = None
+    if config.log_stats_interval > 0:
+        servicer.stats_log = StatsLog(engine, config.log_stats_interval)
+        stats = asyncio.create_task(servicer.stats_log.run())
     await serve_servicer(
         config,
         "verifier",
@@ -84,4 +89,6 @@ async def serve(config, ready=None, engine=None, model_name="") -> None:
         ready,
         servicer.draining,
     )
+    if stats is not None:
+        stats.cancel()
     await servicer.close()

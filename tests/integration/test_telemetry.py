@@ -1,6 +1,7 @@
 """One trace per request across router -> verifier -> drafter; metrics move exactly."""
 
 import random
+import re
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,6 +16,7 @@ from tests.cluster import TINY_MODEL_ID, start_cluster
 from tests.conftest import wait_for
 from tests.integration.openai_api.door import post_json
 from tests.integration.test_services import wait_idle
+from verifier_service.stats_log import StatsLog
 
 
 @pytest.fixture(scope="module")
@@ -321,6 +323,40 @@ def test_the_routers_requests_under_vllms_names(traced):
         ours = f"specd:{name}_seconds_sum"
         theirs = f"vllm:{name.replace('time_per', 'request_time_per')}_seconds_sum"
         assert total(after, ours) == pytest.approx(total(after, theirs, **tiny))
+
+
+def test_the_verifiers_stats_lines_say_what_ran(traced):
+    """The verifier's periodic log lines (vLLM's): nothing while idle; after two requests,
+    their tokens, no request left running, and their speculation counted exactly."""
+
+    cluster, _ = traced
+    servicer, engine = cluster.verifier_servicers[0], cluster.engines[0]
+    assert len(cluster.verifiers) == 1 and wait_idle(cluster)
+    stats = StatsLog(engine, interval=60)
+    assert stats.lines() == []  # idle: nothing to say
+    servicer.stats_log = stats
+    try:
+        with SpecdClient(cluster.router) as client:
+            ask = dict(max_new_tokens=24, ignore_eos=True, speculation="on")
+            done = [client.generate(p, **ask) for p in ("abc", "hello there")]
+        settle(cluster)
+        rounds = sum(r.speculation.rounds for r in done)
+        accepted = sum(r.speculation.accepted for r in done)
+        drafted = sum(r.speculation.drafted for r in done)
+        prompts = sum(r.usage.prompt_tokens for r in done)
+        counted = (stats.tokens, stats.prompt_tokens, stats.drafts, stats.accepted, stats.drafted)
+        assert counted == (48, prompts, rounds, accepted, drafted)
+        lines = stats.lines()
+    finally:
+        servicer.stats_log = None
+    assert stats.lines() == []  # the counts started again, and nothing ran since
+    load, spec = lines
+    assert "Running: 0 reqs, Waiting: 0 reqs, KV cache usage: 0.0%" in load
+    assert float(re.search(r"generation throughput: ([\d.]+) tokens/s", load)[1]) > 0
+    assert f"Accepted: {accepted} tokens, Drafted: {drafted} tokens" in spec
+    assert f"Mean acceptance length: {1 + accepted / rounds:.2f}" in spec
+    rates = re.search(r"Per-position acceptance rate: ([\d., ]+),", spec)[1].split(", ")
+    assert sum(float(x) for x in rates) * rounds == pytest.approx(accepted, abs=0.01 * rounds)
 
 
 def test_the_endpoint_pickers_gauges_under_vllms_names(traced):

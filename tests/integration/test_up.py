@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,7 +17,7 @@ from launcher.processes import free_port
 from router.client import SpecdClient
 from specd.channels import check_health
 from tests.cluster import save_tiny_cluster_model
-from tests.conftest import real_model_or_skip
+from tests.conftest import real_model_or_skip, wait_for
 
 
 @pytest.mark.real
@@ -42,6 +43,7 @@ def test_specd_up_starts_serves_and_stops_cleanly():
         str(ports["http"]),
         "--ready-timeout",
         "180",
+        "--verifier-flags=--log-stats-interval 0.5",
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
@@ -54,6 +56,13 @@ def test_specd_up_starts_serves_and_stops_cleanly():
         assert any("specd is up" in x for x in lines), "".join(lines[-30:])
         ready_text = "".join(lines) + proc.stdout.readline() + proc.stdout.readline()
         assert "specd generate" in ready_text  # a ready-to-paste client command
+        later: list[str] = []  # what it logs from now on, read beside the test
+
+        def read() -> None:
+            for line in proc.stdout:
+                later.append(line)
+
+        threading.Thread(target=read).start()
         with SpecdClient(f"127.0.0.1:{ports['router']}") as client:
             # ready means speculating: the verifier waits for its drafter before serving
             r = client.generate(
@@ -72,6 +81,9 @@ def test_specd_up_starts_serves_and_stops_cleanly():
                 temperature=0,
             )
         assert chat.choices[0].message.content and chat.usage.completion_tokens > 0
+        # and the verifier's log says what it did, as vLLM's engine does
+        said = lambda: any("Avg generation throughput" in x for x in later)  # noqa: E731
+        wait_for(said, timeout=30, every=0.1)
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(30)

@@ -44,6 +44,8 @@ class Answer:
         self.n = len(prompts) * self.n_each
         self.prompts = prompts
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        self.continuous = self.include_usage and body.stream_options.continuous_usage_stats
+        self.so_far = [0] * self.n  # each streamed choice's tokens, for continuous usage
         asked = body.logprobs_asked() is not None
         as_ids = body.return_tokens_as_token_ids
         self.logprobs = (
@@ -153,13 +155,15 @@ class Answer:
         """The chunks of choice `index`'s stream message (a chat choice's first opens
         with its role delta; its last carries its speculation account)."""
         head = {**self.head, "object": f"{self.obj}.chunk" if self.chat else self.obj}
-        usage = {"usage": None} if self.include_usage else {}
         msg = self._without_output(msg)
+        usage = self._usage_so_far(index)
         out = []
         if self.chat and index not in self.opened:
             self.opened.add(index)
             delta = {"role": "assistant", "content": self.chat_echo}
             out.append({**head, "choices": [self._choice(index, None, "", None, delta)], **usage})
+        self.so_far[index] += len(msg.token_ids)
+        usage = self._usage_so_far(index)
         finish = msg.finish_reason or None
         if msg.text or msg.token_ids or msg.prompt_logprobs or finish:
             text, calls, thinking = msg.text, [], ""
@@ -176,6 +180,17 @@ class Answer:
         if finish:
             self._count(index, msg.usage)
         return out
+
+    def _usage_so_far(self, index: int) -> dict:
+        """A chunk's usage field: none unless asked; null but on the last chunk; with
+        continuous usage, choice `index`'s prompt and its tokens so far (as vLLM)."""
+        if not self.continuous:
+            return {"usage": None} if self.include_usage else {}
+        so_far = common_pb2.Usage(
+            prompt_tokens=len(self.prompts[index // self.n_each]),
+            completion_tokens=self.so_far[index],
+        )
+        return {"usage": usage_dict(so_far)}
 
     def _count(self, index: int, usage) -> None:
         """A finished choice's tokens; its prompt's cached ones once (from its first

@@ -65,6 +65,8 @@ from specd.wire import UNTIL_CONTEXT, constraint_to_proto
 
 class StreamOptions(Strict):
     include_usage: bool = False
+    # vLLM's: with include_usage, every chunk carries the usage so far too
+    continuous_usage_stats: bool = False
 
 
 class TextPart(Strict):

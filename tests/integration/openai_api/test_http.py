@@ -196,6 +196,27 @@ def test_chat_stream_shape_and_usage(client, grpc_client):
     assert body[-1].model_extra["speculation"]["reason"] == g.speculation.reason
 
 
+def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(client, grpc_client):
+    """vLLM's `continuous_usage_stats`: with include_usage, each chunk carries the prompt's
+    tokens and the choice's tokens so far, the role chunk none yet; the usage chunk still
+    ends the stream. Without include_usage it adds nothing."""
+    ask = dict(model=TINY_MODEL_ID, messages=CHAT, temperature=0, max_tokens=20, stream=True)
+    ask["extra_body"] = {"ignore_eos": True, "speculation": "on"}
+    both = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = list(client.chat.completions.create(**ask, stream_options=both))
+    g = grpc_client.generate(messages=CHAT, max_new_tokens=20, ignore_eos=True, speculation="on")
+    *body, usage_chunk = chunks
+    assert usage_chunk.choices == [] and usage_chunk.usage.completion_tokens == 20
+    prompt = g.usage.prompt_tokens
+    assert all(c.usage.prompt_tokens == prompt for c in chunks)
+    so_far = [c.usage.completion_tokens for c in body]
+    assert so_far[0] == 0 and so_far[-1] == 20 and so_far == sorted(so_far)
+    assert len(set(so_far)) == len(body)  # each chunk after the role's brought tokens
+    assert all(c.usage.total_tokens == prompt + c.usage.completion_tokens for c in chunks)
+    alone = {"continuous_usage_stats": True}
+    assert all(c.usage is None for c in client.chat.completions.create(**ask, stream_options=alone))
+
+
 def test_stream_without_usage_has_no_usage_chunk(client):
     chunks = list(
         client.chat.completions.create(

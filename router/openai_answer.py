@@ -59,6 +59,7 @@ class Answer:
         self.prompt_only = bool(getattr(body, "prompt_only", False))
         self.tools = tools
         self.reasoning = reasoning if self.chat else None
+        self.show_thinking = self.chat and body.include_reasoning  # as reasoning_content
         self.readers = [
             AnswerReader(self.reasoning, tools.reader() if tools else None) for _ in range(self.n)
         ]
@@ -114,7 +115,8 @@ class Answer:
             content = self.chat_echo + content
             choice["message"] = {"role": "assistant", "content": content}
             if self.reasoning:
-                choice["message"]["reasoning_content"] = thinking or None
+                shown = thinking if self.show_thinking else ""
+                choice["message"]["reasoning_content"] = shown or None
             if calls:  # content null beside calls where the model wrote none, as OpenAI
                 choice["message"] |= {
                     "content": content or None,
@@ -170,6 +172,10 @@ class Answer:
             if self.chat:
                 first = self.calls[index]
                 thinking, text, calls, finish = self._read(index, msg.text, finish)
+            if self.reasoning and not self.show_thinking:
+                thinking = ""
+                if not (text or calls or finish or self.logprobs):
+                    return out  # thinking or its tags alone: nothing to send
             delta = {"content": text} if text or not (finish or calls or thinking) else {}
             if thinking:
                 delta = {"reasoning_content": thinking, **delta}

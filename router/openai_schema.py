@@ -356,6 +356,8 @@ class ChatBody(Body, ChatTemplateOptions):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     echo: bool = False  # vLLM's: the answer led by the last message's text, an assistant's
+    # vLLM's: false leaves the thinking a reasoning parser reads apart out of the answer
+    include_reasoning: bool = True
 
     def echoed(self) -> str:
         """What `echo` puts before the answer: the last message's text where it is the

@@ -424,7 +424,8 @@ def thinking(cluster):
 @pytest.mark.parametrize("speculation", ["off", "on"])
 def test_a_reasoning_parser_answers_the_thinking_apart(thinking, speculation):
     """The output forced to "<think>ab</think>cd" (a regex held from the first token):
-    reasoning_content "ab" and content "cd", whole and streamed."""
+    reasoning_content "ab" and content "cd", whole and streamed; without the thinking
+    where the request says so."""
     ask = dict(
         model=TINY_MODEL_ID,
         messages=CHAT,
@@ -437,6 +438,19 @@ def test_a_reasoning_parser_answers_the_thinking_apart(thinking, speculation):
     deltas = [c.choices[0].delta for c in thinking.chat.completions.create(**ask, stream=True)]
     assert "".join(d.model_extra.get("reasoning_content") or "" for d in deltas) == "ab"
     assert "".join(d.content or "" for d in deltas) == "cd"
+    # vLLM's include_reasoning: false answers the content alone, whole and streamed
+    ask["extra_body"] |= {"include_reasoning": False}
+    message = thinking.chat.completions.create(**ask).choices[0].message
+    assert (message.model_extra["reasoning_content"], message.content) == (None, "cd")
+    chunks = list(thinking.chat.completions.create(**ask, stream=True))
+    deltas = [c.choices[0].delta for c in chunks]
+    assert not any(d.model_extra.get("reasoning_content") for d in deltas)
+    assert "".join(d.content or "" for d in deltas) == "cd"
+    # and no chunk for the thinking: each opens the answer, says some of it, or ends it
+    assert all(
+        d.role or d.content or c.choices[0].finish_reason
+        for c, d in zip(chunks, deltas, strict=True)
+    )
 
 
 @pytest.mark.parametrize("speculation", ["off", "on"])

@@ -26,5 +26,13 @@ def test_dashboard_queries_known_metrics():
     assert used, "the dashboard queries nothing"
     assert used <= exported, f"unknown metrics: {sorted(used - exported)}"
     titles = " ".join(p["title"].lower() for p in dash["panels"])
-    for topic in ("acceptance rate by route", "position", "reason", "tpot", "kv", "fallbacks"):
+    for topic in (
+        "acceptance rate by route",
+        "position",
+        "reason",
+        "tpot",
+        "kv",
+        "fallbacks",
+        "phases",
+    ):
         assert topic in titles

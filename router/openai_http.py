@@ -9,6 +9,7 @@ beside its gRPC server, in front of the same `Router`.
     GET  /health               200 while some verifier replica is healthy, else 503
     POST /tokenize, /detokenize  vLLM's: a prompt's or a chat's ids, and ids' text
     POST /completion, /infill; GET /props  llama-server's own (router/llamacpp_http.py)
+    POST /generate; GET /model_info   SGLang's own (router/sglang_http.py)
 
 Per request: `x-route` and `x-speculation` headers (or `route` / `speculation` in the body),
 `x-request-timeout` (seconds; past it 504). The same bearer token as the gRPC listener
@@ -54,6 +55,8 @@ from router.prepare import Prepared, RequestError
 from router.reasoning import check_parser
 from router.responses_answer import ResponsesAnswer
 from router.responses_schema import ResponsesBody
+from router.sglang_http import PATHS as SGLANG_PATHS
+from router.sglang_http import SglangRoutes
 from router.tools import call_format
 from specd.channels import MAX_MESSAGE_BYTES
 from specd.serving import ListenError
@@ -99,6 +102,7 @@ class OpenAIDoor:
         self.fim = markers_of(router.tokenizer)  # for a completion's suffix
         self._context = 0  # the model's context, once a replica told it (context())
         self.llama = LlamaCppRoutes(self)  # llama-server's own endpoints
+        self.sglang = SglangRoutes(self)  # SGLang's native ones
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -122,6 +126,7 @@ class OpenAIDoor:
         if self.registry is not None:
             app.add_routes([web.get("/metrics", self.metrics)])
         app.add_routes(self.llama.routes())
+        app.add_routes(self.sglang.routes())
         return app
 
     # -- middlewares -----------------------------------------------------------------------
@@ -143,7 +148,8 @@ class OpenAIDoor:
 
     @web.middleware
     async def _auth(self, request, handler):
-        guarded = request.path.startswith("/v1/") or request.path in LLAMACPP_PATHS
+        native = LLAMACPP_PATHS + SGLANG_PATHS
+        guarded = request.path.startswith("/v1/") or request.path in native
         if not self._expected or not guarded:
             return await handler(request)
         given = request.headers.get("Authorization", "").encode()

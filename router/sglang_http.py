@@ -1,0 +1,213 @@
+"""SGLang's native endpoints on the HTTP door, for the clients written against SGLang's
+runtime (reinforcement-learning rollout frameworks send token ids to /generate):
+
+    POST /generate                      text or input_ids in, one or a batch, with
+                                        sampling_params (n samples each); text,
+                                        output_ids and meta_info out; `stream: true`: a
+                                        `data:` event per step with all so far, then
+                                        `data: [DONE]`, as SGLang streams by default
+    GET  /get_model_info, /model_info   what the server runs
+    GET  /health_generate               200 once a one-token generation has run
+
+Bodies are router/sglang_schema.py's. The door's bearer token guards them, as SGLang's
+--api-key does."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import grpc
+from aiohttp import web
+
+from router import sse
+from router.body import BodyError, parse
+from router.openai_errors import error_event, error_response, request_error_response
+from router.openai_request import request_timeout, to_request
+from router.prepare import Prepared, RequestError
+from router.sglang_schema import MAX_PROMPTS, GenerateBody
+
+PATHS = ("/generate", "/get_model_info", "/model_info", "/health_generate")
+END = b"data: [DONE]\n\n"
+
+
+class SglangRoutes:
+    def __init__(self, door):
+        """`door`: the HTTP door (router.openai_http.OpenAIDoor) whose router serves them."""
+        self.door = door
+        self.router = door.router
+
+    def routes(self) -> list:
+        return [
+            web.post("/generate", self.generate),
+            web.get("/get_model_info", self.model_info),
+            web.get("/model_info", self.model_info),
+            web.get("/health_generate", self.health_generate),
+        ]
+
+    async def model_info(self, request):
+        _, info = await self.door.replica_info()
+        return web.json_response(
+            {
+                "model_path": info.model if info is not None else None,
+                "tokenizer_path": self.door.model,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+            }
+        )
+
+    async def health_generate(self, request):
+        """A one-token generation through a replica: 200 once it ran, else 503."""
+        grpc_request = to_request(GenerateBody().sampling(1)[0].completion_body([0], None, "", ""))
+        grpc_request.max_new_tokens = 1
+        try:
+            prep = self.router.prepare(grpc_request, {}, 20.0)
+            await self.router.generate(prep)
+        except (RequestError, grpc.aio.AioRpcError) as exc:
+            return error_response(503, f"no generation: {exc}")
+        return web.Response(status=200)
+
+    async def generate(self, request):
+        try:
+            body = parse(await request.read(), GenerateBody)
+            headers = {k.lower(): v for k, v in request.headers.items()}
+            prompts = body.prompts(lambda text: self.router.tokenizer(text)["input_ids"])
+            jobs = [
+                (ids, p)
+                for ids, p in zip(prompts, body.sampling(len(prompts)), strict=True)
+                for _ in range(p.n)
+            ]
+            if len(jobs) > MAX_PROMPTS:
+                raise BodyError(f"at most {MAX_PROMPTS} prompts x n in one request", "text")
+            if body.stream and len(jobs) > 1:
+                raise BodyError("a stream answers one prompt", "stream")
+            logprobs = body.top_logprobs_num if body.return_logprob else None
+            preps = []
+            for ids, p in jobs:
+                completion = p.completion_body(ids, logprobs, body.route, body.speculation)
+                grpc_request = to_request(
+                    completion, headers.get("x-speculation", ""), self.door.sampling
+                )
+                preps.append(self.router.prepare(grpc_request, headers, request_timeout(headers)))
+            answers = [
+                SglangAnswer(rid, len(p.prompt_ids), body, self.router.tokenizer.decode)
+                for rid, p in zip(body.ids(len(jobs)), preps, strict=True)
+            ]
+        except BodyError as exc:
+            return error_response(400, str(exc), exc.param)
+        except RequestError as exc:
+            return request_error_response(exc)
+        if body.stream:
+            return await self._stream(request, preps[0], answers[0])
+        try:
+            async with asyncio.TaskGroup() as group:
+                for p, a in zip(preps, answers, strict=True):
+                    group.create_task(self._whole(p, a))
+        except ExceptionGroup as failed:
+            refused = [e for e in failed.exceptions if isinstance(e, RequestError)]
+            if refused:
+                return request_error_response(refused[0])
+            raise
+        results = [a.result() for a in answers]
+        return web.json_response(results if body.batch() or len(results) > 1 else results[0])
+
+    async def _whole(self, prep: Prepared, answer: SglangAnswer) -> None:
+        async with contextlib.aclosing(self.router.stream(prep)) as messages:
+            async for msg in messages:
+                answer.feed(msg)
+
+    async def _stream(self, request, prep: Prepared, answer: SglangAnswer):
+        async with contextlib.aclosing(self.router.stream(prep)) as messages:
+            response, msg = await sse.opened(request, messages)
+            if msg is None:
+                return response
+            try:
+                while True:
+                    answer.feed(msg)
+                    await sse.send(response, answer.result())
+                    if msg.finish_reason:
+                        break
+                    msg = await anext(messages)
+            except RequestError as exc:  # mid-stream: the status is sent, so an error event
+                await sse.send(response, error_event(exc))
+            except ConnectionError:  # the client left: closing `messages` frees the request
+                return response
+            await response.write(END)
+            await response.write_eof()
+            return response
+
+
+class SglangAnswer:
+    """One generation's answer in SGLang's shape, built message by message."""
+
+    def __init__(self, rid: str | None, prompt_tokens: int, body: GenerateBody, decode):
+        self.rid = rid or f"specd-{time.monotonic_ns():x}"
+        self.prompt_tokens = prompt_tokens
+        self.logprobs = body.return_logprob
+        self.top = body.top_logprobs_num
+        self.decode = decode if body.return_text_in_logprobs else None
+        self.started = time.perf_counter()
+        self.text, self.ids, self.entries = "", [], []
+        self.final = None  # the last message
+
+    def feed(self, msg) -> None:
+        self.text += msg.text
+        self.ids += msg.token_ids
+        self.entries += msg.logprobs
+        if msg.finish_reason:
+            self.final = msg
+
+    def result(self) -> dict:
+        """{text, output_ids, meta_info} so far (finish_reason null until the end)."""
+        meta = {
+            "id": self.rid,
+            "finish_reason": self._finish(),
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": len(self.ids),
+            "cached_tokens": self.final.usage.cached_prompt_tokens if self.final else 0,
+            "weight_version": "default",
+        }
+        if self.final is not None:
+            meta["e2e_latency"] = time.perf_counter() - self.started
+            spec = self.final.speculation
+            if spec.rounds:  # as SGLang's speculative meta_info, per drafting round
+                meta |= {
+                    "spec_verify_ct": spec.rounds,
+                    "spec_proposed_drafts": spec.drafted,
+                    "spec_accepted_drafts": spec.accepted,
+                    "spec_accept_rate": spec.accepted / spec.drafted if spec.drafted else 0.0,
+                    "spec_accept_length": 1 + spec.accepted / spec.rounds,
+                }
+        if self.logprobs:
+            meta["input_token_logprobs"], meta["input_top_logprobs"] = [], []
+            meta["output_token_logprobs"] = [
+                [e.logprob, i, self._text(i)] for i, e in zip(self.ids, self.entries, strict=False)
+            ]
+            if self.top:
+                meta["output_top_logprobs"] = [
+                    [
+                        [lp, t, self._text(t)]
+                        for t, lp in zip(e.top_ids, e.top_logprobs, strict=True)
+                    ]
+                    for e in self.entries
+                ]
+        return {"text": self.text, "output_ids": list(self.ids), "meta_info": meta}
+
+    def _text(self, token: int) -> str | None:
+        return self.decode([token]) if self.decode is not None else None
+
+    def _finish(self) -> dict | None:
+        msg = self.final
+        if msg is None:
+            return None
+        if msg.finish_reason == "length":
+            return {"type": "length", "length": len(self.ids)}
+        if msg.finish_reason == "stop":
+            which = msg.WhichOneof("stop_reason")
+            matched = getattr(msg, which) if which else (self.ids[-1] if self.ids else None)
+            return {"type": "stop", "matched": matched}
+        return {"type": "abort", "message": msg.finish_reason}

@@ -1,0 +1,127 @@
+"""SGLang's native endpoints on the door (router/sglang_http.py), on the tiny cluster:
+/generate answers as SGLang does, greedy the same as the OpenAI door from text or ids and
+the same with speculation on and off; a batch, n and a stop are answered in SGLang's
+shape; the stream's last event is the whole; log-probabilities are the OpenAI door's;
+the token guards it and bad bodies are refused naming the field."""
+
+import json
+
+import pytest
+
+from tests.cluster import TINY_MODEL_ID, char_tokenizer
+from tests.integration.openai_api.door import http, post_json, url
+
+GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+
+
+def generate(cluster, body: dict, headers=None, base=None):
+    r = post_json(f"{base or cluster.http}/generate", body, headers=headers)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.parametrize("speculation", ["on", "off"])
+def test_greedy_generate_is_the_openai_doors_from_text_or_ids(cluster, speculation):
+    body = {"text": "def f(x):", "sampling_params": GREEDY}
+    out = generate(cluster, body, headers={"x-speculation": speculation})
+    openai_body = {"model": TINY_MODEL_ID, "prompt": "def f(x):", "max_tokens": 12}
+    openai_body |= {"temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    choice = post_json(f"{cluster.http}/v1/completions", openai_body).json()["choices"][0]
+    assert out["text"] == choice["text"] and out["output_ids"] == choice["token_ids"]
+    meta = out["meta_info"]
+    assert meta["finish_reason"] == {"type": "length", "length": 12}
+    assert (meta["prompt_tokens"], meta["completion_tokens"]) == (9, 12)
+    assert meta["e2e_latency"] > 0 and meta["id"]
+    # speculation told as SGLang's speculative decoding tells it
+    if speculation == "on":
+        assert meta["spec_verify_ct"] > 0
+        assert meta["spec_proposed_drafts"] >= meta["spec_accepted_drafts"] >= 0
+        assert (
+            meta["spec_accept_length"] == 1 + meta["spec_accepted_drafts"] / meta["spec_verify_ct"]
+        )
+    else:
+        assert "spec_verify_ct" not in meta
+    # the same prompt as ids
+    prompt_ids = char_tokenizer()("def f(x):")["input_ids"]
+    ids = generate(cluster, {"input_ids": prompt_ids, "sampling_params": GREEDY})
+    assert ids["output_ids"] == out["output_ids"] and ids["text"] == out["text"]
+
+
+def test_a_batch_n_and_a_stop_answer_in_sglangs_shape(cluster):
+    whole = generate(cluster, {"text": "abc", "sampling_params": GREEDY})
+    batch = generate(
+        cluster,
+        {"text": ["abc", "xyz"], "sampling_params": [GREEDY, {**GREEDY, "max_new_tokens": 3}]},
+    )
+    assert isinstance(batch, list) and [b["meta_info"]["completion_tokens"] for b in batch] == [
+        12,
+        3,
+    ]
+    assert batch[0]["text"] == whole["text"]
+    n = generate(cluster, {"text": "abc", "sampling_params": {**GREEDY, "n": 3}, "rid": None})
+    assert [x["text"] for x in n] == [whole["text"]] * 3  # greedy: n alike
+    word = whole["text"][4:6]
+    cut = generate(cluster, {"text": "abc", "sampling_params": {**GREEDY, "stop": word}})
+    assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": word}
+    assert cut["text"] == whole["text"][: whole["text"].index(word)]
+    kept = {**GREEDY, "stop": word, "no_stop_trim": True}
+    assert generate(cluster, {"text": "abc", "sampling_params": kept})["text"].endswith(word)
+    named = generate(cluster, {"text": "abc", "sampling_params": GREEDY, "rid": "mine"})
+    assert named["meta_info"]["id"] == "mine"
+
+
+def test_the_stream_ends_with_the_whole(cluster):
+    body = {"text": "abc", "sampling_params": GREEDY, "stream": True}
+    r = post_json(f"{cluster.http}/generate", body)
+    assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/event-stream")
+    lines = [line[6:] for line in r.text.split("\n\n") if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    events = [json.loads(line) for line in lines[:-1]]
+    whole = generate(cluster, {"text": "abc", "sampling_params": GREEDY})
+    assert events[-1]["text"] == whole["text"] and events[-1]["output_ids"] == whole["output_ids"]
+    assert all(e["meta_info"]["finish_reason"] is None for e in events[:-1])
+    so_far = [len(e["output_ids"]) for e in events]
+    assert so_far == sorted(so_far) and len(events) > 1  # each event all so far
+    assert all(whole["text"].startswith(e["text"]) for e in events)
+
+
+def test_log_probabilities_are_the_openai_doors(cluster):
+    body = {"text": "abc", "sampling_params": GREEDY, "return_logprob": True}
+    out = generate(cluster, {**body, "top_logprobs_num": 2, "return_text_in_logprobs": True})
+    openai_body = {"model": TINY_MODEL_ID, "prompt": "abc", "max_tokens": 12, "logprobs": 2}
+    openai_body |= {"temperature": 0, "ignore_eos": True}
+    lp = post_json(f"{cluster.http}/v1/completions", openai_body).json()["choices"][0]["logprobs"]
+    chosen = out["meta_info"]["output_token_logprobs"]
+    assert [c[1] for c in chosen] == out["output_ids"]
+    assert [c[0] for c in chosen] == pytest.approx(lp["token_logprobs"])
+    assert [c[2] for c in chosen] == lp["tokens"]
+    top = out["meta_info"]["output_top_logprobs"]
+    assert [{t[2]: t[0] for t in pos} for pos in top] == [
+        pytest.approx(d) for d in lp["top_logprobs"]
+    ]
+    plain = generate(cluster, body)["meta_info"]
+    assert plain["output_token_logprobs"][0][2] is None and "output_top_logprobs" not in plain
+
+
+def test_the_token_guards_it_and_bad_bodies_are_refused(cluster):
+    secured = url(cluster, 0)
+    assert post_json(f"{secured}/generate", {"text": "abc"}).status_code == 401
+    assert http("GET", f"{secured}/model_info").status_code == 401
+    info = http("GET", f"{cluster.http}/get_model_info").json()
+    assert info["is_generation"] is True and info["tokenizer_path"] == TINY_MODEL_ID
+    assert http("GET", f"{cluster.http}/health_generate").status_code == 200
+    assert http("GET", f"{url(cluster, 1)}/health_generate").status_code == 503  # no replica
+    for body, param in [
+        ({"sampling_params": GREEDY}, "text"),
+        ({"text": "a", "input_ids": [1]}, "text"),
+        ({"text": "a", "sampling_params": {"max_new_token": 4}}, "sampling_params.max_new_token"),
+        ({"text": "a", "sampling_params": {"temperature": -1}}, "sampling_params.temperature"),
+        ({"text": ["a", "b"], "sampling_params": [GREEDY]}, "sampling_params"),
+        ({"text": "a", "logprob_start_len": 0}, "logprob_start_len"),
+        ({"text": "a", "lora_path": "x"}, "lora_path"),
+        ({"text": ["a", "b"], "stream": True}, "stream"),
+        ({"text": "a", "sampling_params": {"regex": "(", "max_new_tokens": 2}}, None),
+    ]:
+        r = post_json(f"{cluster.http}/generate", body)
+        assert r.status_code == 400, (body, r.text)
+        assert r.json()["error"]["param"] == param, (body, r.text)

@@ -6,6 +6,7 @@ as a `RequestError` carrying a gRPC status (the HTTP door maps it to an HTTP cod
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -175,3 +176,19 @@ def _load(replica) -> Load:
         kv_utilization=util,
         drafter_available=r.drafter_available,
     )
+
+
+async def side_by_side(coroutines: list) -> list:
+    """The coroutines' results, run side by side (a door's choices or prompts); the first
+    refused (RequestError) cancels the others, which frees their KV, and is raised."""
+    if len(coroutines) == 1:
+        return [await coroutines[0]]
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(c) for c in coroutines]
+    except ExceptionGroup as failed:
+        refusals = [e for e in failed.exceptions if isinstance(e, RequestError)]
+        if refusals:
+            raise refusals[0] from None
+        raise
+    return [task.result() for task in tasks]

@@ -13,7 +13,6 @@ The door's bearer token guards them, as llama-server's --api-key does."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 
 from aiohttp import web
@@ -21,6 +20,7 @@ from aiohttp import web
 from router import sse
 from router.body import BodyError, parse
 from router.fim import infill_ids, repo_markers_of
+from router.generation import side_by_side
 from router.llamacpp_answer import LlamaAnswer
 from router.llamacpp_schema import BATCH, InfillBody, LlamaCompletionBody, LlamaTokenizeBody
 from router.openai_errors import error_event, error_response, request_error_response
@@ -122,17 +122,10 @@ class LlamaCppRoutes:
         if body.stream:
             return await self._stream(request, preps[0], answers[0])
         try:
-            async with asyncio.TaskGroup() as group:
-                tasks = [
-                    group.create_task(self._whole(p, a))
-                    for p, a in zip(preps, answers, strict=True)
-                ]
-        except ExceptionGroup as failed:
-            refused = [e for e in failed.exceptions if isinstance(e, RequestError)]
-            if refused:
-                return request_error_response(refused[0])
-            raise
-        results = [t.result() for t in tasks]
+            wholes = [self._whole(p, a) for p, a in zip(preps, answers, strict=True)]
+            results = await side_by_side(wholes)
+        except RequestError as exc:
+            return request_error_response(exc)
         return web.json_response(results[0] if len(results) == 1 else results)
 
     async def _prompts(self, body) -> list[list[int]]:

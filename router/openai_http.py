@@ -39,7 +39,7 @@ from router.anthropic_answer import AnthropicAnswer, in_anthropic_shape
 from router.anthropic_schema import CountTokensBody, MessagesBody
 from router.body import BodyError, has_field, parse
 from router.fim import markers_of
-from router.generation import Router
+from router.generation import Router, side_by_side
 from router.llamacpp_http import PATHS as LLAMACPP_PATHS
 from router.llamacpp_http import LlamaCppRoutes
 from router.openai_answer import Answer
@@ -365,17 +365,7 @@ class OpenAIDoor:
     async def _generate(self, choices: list[Prepared]) -> list:
         """Each choice's whole completion, generated side by side; the first that fails
         cancels the others (their KV freed) and answers for the request."""
-        if len(choices) == 1:
-            return [await self.router.generate(choices[0])]
-        try:
-            async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(self.router.generate(c)) for c in choices]
-        except ExceptionGroup as failed:
-            refusals = [e for e in failed.exceptions if isinstance(e, RequestError)]
-            if refusals:
-                raise refusals[0] from None
-            raise
-        return [task.result() for task in tasks]
+        return await side_by_side([self.router.generate(c) for c in choices])
 
     async def _stream(self, request, choices: list[Prepared], answer: Answer):
         messages = _merged([self.router.stream(c) for c in choices])

@@ -14,7 +14,6 @@ Bodies are router/sglang_schema.py's. The door's bearer token guards them, as SG
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 
@@ -23,6 +22,7 @@ from aiohttp import web
 
 from router import sse
 from router.body import BodyError, parse
+from router.generation import side_by_side
 from router.openai_errors import error_event, error_response, request_error_response
 from router.openai_request import request_timeout, to_request
 from router.prepare import Prepared, RequestError
@@ -104,14 +104,9 @@ class SglangRoutes:
         if body.stream:
             return await self._stream(request, preps[0], answers[0])
         try:
-            async with asyncio.TaskGroup() as group:
-                for p, a in zip(preps, answers, strict=True):
-                    group.create_task(self._whole(p, a))
-        except ExceptionGroup as failed:
-            refused = [e for e in failed.exceptions if isinstance(e, RequestError)]
-            if refused:
-                return request_error_response(refused[0])
-            raise
+            await side_by_side([self._whole(p, a) for p, a in zip(preps, answers, strict=True)])
+        except RequestError as exc:
+            return request_error_response(exc)
         results = [a.result() for a in answers]
         return web.json_response(results if body.batch() or len(results) > 1 else results[0])
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 
 import grpc
 from aiohttp import web
@@ -26,7 +27,7 @@ from router.generation import side_by_side
 from router.openai_errors import error_event, error_response, request_error_response
 from router.openai_request import request_timeout, to_request
 from router.prepare import Prepared, RequestError
-from router.sglang_schema import MAX_PROMPTS, GenerateBody
+from router.sglang_schema import MAX_PROMPTS, GenerateBody, SglangSampling
 
 PATHS = ("/generate", "/get_model_info", "/model_info", "/health_generate")
 END = b"data: [DONE]\n\n"
@@ -62,8 +63,8 @@ class SglangRoutes:
 
     async def health_generate(self, request):
         """A one-token generation through a replica: 200 once it ran, else 503."""
-        grpc_request = to_request(GenerateBody().sampling(1)[0].completion_body([0], None, "", ""))
-        grpc_request.max_new_tokens = 1
+        one = SglangSampling(max_new_tokens=1).completion_body([0], None, "", "")
+        grpc_request = to_request(one)
         try:
             prep = self.router.prepare(grpc_request, {}, 20.0)
             await self.router.generate(prep)
@@ -140,7 +141,7 @@ class SglangAnswer:
     """One generation's answer in SGLang's shape, built message by message."""
 
     def __init__(self, rid: str | None, prompt_tokens: int, body: GenerateBody, decode):
-        self.rid = rid or f"specd-{time.monotonic_ns():x}"
+        self.rid = rid or uuid.uuid4().hex
         self.prompt_tokens = prompt_tokens
         self.logprobs = body.return_logprob
         self.top = body.top_logprobs_num

@@ -22,11 +22,11 @@ Where this differs from the OpenAI API, on purpose:
   a logit bias, temperature and the other transforms (a constraint's mask applied), as vLLM returns
   them, -inf as -9999.0; up to 20 on both endpoints (the OpenAI API allows 5 on
   completions);
-- `response_format` (`text`, `json_object`, `json_schema`) constrains the output on both
-  endpoints, as vLLM allows; so do vLLM's `guided_json`, `guided_regex`,
-  `guided_grammar` (a Lark grammar, llguidance's dialect) and `guided_choice`, and their
-  newer spelling `structured_outputs` ({json, regex, choice, grammar, json_object}), one
-  constraint per request;
+- `response_format` (`text`, `json_object`, `json_schema`, vLLM's `structural_tag`)
+  constrains the output on both endpoints, as vLLM allows; so do vLLM's `guided_json`,
+  `guided_regex`, `guided_grammar` (a Lark grammar, llguidance's dialect) and
+  `guided_choice`, and their newer spelling `structured_outputs` ({json, regex, choice,
+  grammar, json_object}), one constraint per request;
 - extensions, as vLLM names them: `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
   `return_token_ids`, `stop_token_ids`, `min_tokens`, `include_stop_str_in_output`,
   `skip_special_tokens`, and a chat's `add_generation_prompt`, `continue_final_message`
@@ -58,7 +58,7 @@ from router.body import BodyError, Request, Strict
 from router.client_fields import ClientFields
 from router.llamacpp_sampling import LlamaSamplers
 from router.tools import ToolUse
-from specd.constraint import choice_grammar, named
+from specd.constraint import choice_grammar, named, structural_tag_grammar
 from specd.params import MAX_LOGPROBS
 from specd.wire import UNTIL_CONTEXT, constraint_to_proto
 
@@ -145,10 +145,19 @@ class StructuredOutputs(Strict):
     json_object: bool | None = None
 
 
+class StructuralTag(Strict):
+    begin: str
+    schema_: dict[str, Any] | None = Field(None, alias="schema")  # None: any JSON
+    end: str
+
+
 class ResponseFormat(Strict):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")  # llama-server's json_object
+    # vLLM's structural tags: free text, where a trigger opens one of the structures
+    structures: list[StructuralTag] | None = None
+    triggers: list[str] | None = None
 
 
 class Body(Request, LlamaSamplers, ClientFields):
@@ -246,6 +255,12 @@ class Body(Request, LlamaSamplers, ClientFields):
             return {}
         if fmt.type == "json_object":  # with llama-server's `schema`, that schema
             return {"json_schema": fmt.schema_} if fmt.schema_ else {"json_object": True}
+        if fmt.type == "structural_tag":
+            tags = [(t.begin, t.schema_, t.end) for t in fmt.structures or []]
+            try:
+                return {"grammar": structural_tag_grammar(tags, fmt.triggers or [])}
+            except ValueError as exc:
+                raise BodyError(str(exc), "response_format") from None
         if fmt.json_schema is None:
             raise BodyError("response_format.json_schema is required", "response_format")
         return {"json_schema": fmt.json_schema.schema_}

@@ -72,6 +72,32 @@ def choice_grammar(options: list[str]) -> str:
     return "start: " + " | ".join(json.dumps(o, ensure_ascii=False) for o in options)
 
 
+def structural_tag_grammar(
+    structures: list[tuple[str, dict | None, str]], triggers: list[str]
+) -> str:
+    """vLLM's structural tags (`response_format: {type: structural_tag}`) as a grammar
+    (llguidance's Lark): free text holding none of `triggers`; where one comes, it opens
+    one of the structures, (begin, JSON schema or None for any JSON, end): its begin, JSON
+    the schema allows, its end; then free text again. The output may end in free text.
+    A structure's begin and the free text before it are one lexeme, so the lexer never
+    has to split text it has already read."""
+    if not triggers or not all(triggers):
+        raise ValueError("structural_tag: triggers must be non-empty strings")
+    if not structures:
+        raise ValueError("structural_tag: at least one structure")
+    literal = functools.partial(json.dumps, ensure_ascii=False)  # Lark reads JSON's strings
+    for begin, _, _ in structures:
+        if not any(begin.startswith(t) for t in triggers):
+            raise ValueError(f"structural_tag: begin {begin!r} starts with none of the triggers")
+    held = " | ".join(literal(t) for t in triggers)
+    free = rf"/(.|\n)*/ & ~(/(.|\n)*/ ({held}) /(.|\n)*/)"
+    rules = ["start: tag* TEXT", "tag: " + " | ".join(f"tag{i}" for i in range(len(structures)))]
+    for i, (begin, schema, end) in enumerate(structures):
+        rules.append(f"tag{i}: OPEN{i} %json {literal(schema or {})} {literal(end)}")
+        rules.append(f"OPEN{i}: ({free}) {literal(begin)}")
+    return "\n".join([*rules, f"TEXT: {free}"])
+
+
 @functools.lru_cache(maxsize=256)
 def compile_grammar(kind: str, text: str, after_thinking: str = "") -> str:
     from llguidance import LLMatcher

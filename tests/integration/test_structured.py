@@ -181,6 +181,36 @@ def test_vllms_guided_choice_and_structured_outputs(cluster):
         assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text
 
 
+def test_vllms_structural_tags_hold_where_the_trigger_comes(cluster):
+    """`response_format: {type: structural_tag}`: the text is the model's own until the
+    trigger, which then opens the structure (an integer, then "!"); greedy the same with
+    speculation on and off. The trigger is the character the unconstrained output uses
+    most, so the constrained one reaches it (its text before is the same)."""
+    sdk = openai.OpenAI(base_url=cluster.http + "/v1", api_key="none", max_retries=0)
+    ask = dict(model=TINY_MODEL_ID, prompt=PROMPTS[1], max_tokens=80, temperature=0)
+    free = sdk.completions.create(**ask).choices[0].text
+    trigger = max((c for c in set(free) if not c.isdigit() and c not in "!-"), key=free.count)
+    tag = {"begin": trigger, "schema": {"type": "integer"}, "end": "!"}
+    fmt = {"type": "structural_tag", "structures": [tag], "triggers": [trigger]}
+    runs = {
+        mode: sdk.completions.create(
+            **ask, extra_body={"response_format": fmt, "speculation": mode}
+        ).choices[0]
+        for mode in ("off", "on")
+    }
+    assert runs["on"].text == runs["off"].text
+    text, finish = runs["on"].text, runs["on"].finish_reason
+    assert text.startswith(free[: free.index(trigger) + 1])
+    *opened, last = text.split(trigger)[1:] or [None]
+    for part in opened:
+        assert re.match(r"\s*-?[0-9]+\s*!", part), text
+    if last is not None and not re.match(r"\s*-?[0-9]+\s*!", last):
+        assert finish == "length" and re.fullmatch(r"\s*-?[0-9]*\s*", last), text
+    bad = {**fmt, "structures": [{**tag, "begin": "#" + trigger}], "triggers": [trigger]}
+    reply = post_json(cluster.http + "/v1/completions", {**ask, "response_format": bad})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "response_format"
+
+
 def test_openai_bad_response_format_is_400(cluster):
     url = cluster.http + "/v1/chat/completions"
     body = {"model": TINY_MODEL_ID, "messages": [{"role": "user", "content": "x"}]}

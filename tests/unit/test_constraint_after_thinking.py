@@ -1,13 +1,14 @@
 """A constraint held after a reasoning model's thinking (Constraint.after_thinking, the
 router's --reasoning-parser): any text while the output thinks, the constraint's own
-mask from "</think>" on, with speculation as exact as under any constraint."""
+mask from "</think>" on, with speculation as exact as under any constraint. And vLLM's
+structural tags, free text around structures its triggers open, built the same way."""
 
 import json
 
 import pytest
 import torch
 
-from specd.constraint import Constraint
+from specd.constraint import Constraint, structural_tag_grammar
 from specd.params import SamplingParams
 from specd.wire import constraint_from_proto, constraint_to_proto
 from tests.unit.test_constraint import CHECK, PROMPTS, SCHEMA, V, _engine, ids, text
@@ -142,3 +143,36 @@ def test_the_wire_carries_it_to_the_verifier_and_on_to_the_drafter():
         for after in ("", "deepseek_r1", "qwen3"):
             c = Constraint(kind, value, after)
             assert constraint_from_proto(constraint_to_proto(c)) == c
+
+
+TAGS = [("<f=get>", {"type": "integer"}, "</f>"), ("<f=put>", None, "</f>")]
+
+
+@pytest.mark.parametrize(
+    "output,kept",
+    [
+        ("plain text, no trigger", True),
+        ("call <f=get>42</f> then more", True),
+        ('<f=get>7</f><f=put>{"a": [1]}</f>', True),
+        ("cut short at <f", True),  # a trigger not yet whole is still text
+        ("call <f=oops", False),  # a trigger opens one of the structures
+        ("call <f=get>x", False),  # and its JSON keeps to the schema
+    ],
+)
+def test_structural_tags_free_text_until_a_trigger_opens_a_structure(output, kept):
+    """vLLM's structural tags: any text without the trigger; the trigger opens a structure
+    (its begin, JSON its schema allows, its end); the output may end in free text only."""
+    grammar = structural_tag_grammar(TAGS, ["<f="])
+    state = CHECK.start(Constraint("grammar", grammar))
+    assert state.consume(ids(output)) is kept
+    if kept:
+        assert state.matcher.is_accepting()
+    opened = CHECK.start(Constraint("grammar", grammar))
+    assert opened.consume(ids("x <f=get>4")) and not opened.matcher.is_accepting()
+
+
+def test_a_structure_whose_begin_no_trigger_opens_is_refused():
+    with pytest.raises(ValueError, match="starts with none of the triggers"):
+        structural_tag_grammar([("<g>", None, "</g>")], ["<f="])
+    with pytest.raises(ValueError, match="triggers"):
+        structural_tag_grammar(TAGS, [""])

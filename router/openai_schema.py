@@ -51,7 +51,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from protos.specd.v1 import common_pb2
 from router.body import BodyError, Request, Strict
@@ -143,12 +143,28 @@ class StructuredOutputs(Strict):
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: str | None = None  # JSON text: {structures, triggers} (StructuralTags)
 
 
 class StructuralTag(Strict):
     begin: str
     schema_: dict[str, Any] | None = Field(None, alias="schema")  # None: any JSON
     end: str
+
+
+class StructuralTags(Strict):
+    """vLLM's structural tags: free text, where a trigger opens one of the structures."""
+
+    type: Literal["structural_tag"] = "structural_tag"
+    structures: list[StructuralTag]
+    triggers: list[str]
+
+    def grammar(self, param: str) -> str:
+        tags = [(t.begin, t.schema_, t.end) for t in self.structures]
+        try:
+            return structural_tag_grammar(tags, self.triggers)
+        except ValueError as exc:
+            raise BodyError(str(exc), param) from None
 
 
 class ResponseFormat(Strict):
@@ -238,6 +254,7 @@ class Body(Request, LlamaSamplers, ClientFields):
             "grammar": so.grammar,
             "choice": so.choice,
             "json_object": True if so.json_object else None,
+            "structural_tag": so.structural_tag,
         }
         given = {k: v for k, v in given.items() if v is not None}
         if len(given) > 1:
@@ -246,6 +263,15 @@ class Body(Request, LlamaSamplers, ClientFields):
             )
         if "choice" in given:
             return {"grammar": _choice(so.choice, "structured_outputs.choice")}
+        if "structural_tag" in given:
+            param = "structured_outputs.structural_tag"
+            try:
+                tags = StructuralTags.model_validate_json(so.structural_tag)
+            except ValidationError as exc:
+                error = exc.errors()[0]
+                where = ".".join(str(part) for part in error["loc"])
+                raise BodyError(f"{param}: {where}: {error['msg']}", param) from None
+            return {"grammar": tags.grammar(param)}
         return given
 
     def _response_format(self) -> dict:
@@ -256,11 +282,8 @@ class Body(Request, LlamaSamplers, ClientFields):
         if fmt.type == "json_object":  # with llama-server's `schema`, that schema
             return {"json_schema": fmt.schema_} if fmt.schema_ else {"json_object": True}
         if fmt.type == "structural_tag":
-            tags = [(t.begin, t.schema_, t.end) for t in fmt.structures or []]
-            try:
-                return {"grammar": structural_tag_grammar(tags, fmt.triggers or [])}
-            except ValueError as exc:
-                raise BodyError(str(exc), "response_format") from None
+            tags = StructuralTags(structures=fmt.structures or [], triggers=fmt.triggers or [])
+            return {"grammar": tags.grammar("response_format")}
         if fmt.json_schema is None:
             raise BodyError("response_format.json_schema is required", "response_format")
         return {"json_schema": fmt.json_schema.schema_}

@@ -206,9 +206,22 @@ def test_vllms_structural_tags_hold_where_the_trigger_comes(cluster):
         assert re.match(r"\s*-?[0-9]+\s*!", part), text
     if last is not None and not re.match(r"\s*-?[0-9]+\s*!", last):
         assert finish == "length" and re.fullmatch(r"\s*-?[0-9]*\s*", last), text
+    # vLLM's newer spelling: the same tags as JSON text in structured_outputs
+    spelled = {"structural_tag": json.dumps({"structures": [tag], "triggers": [trigger]})}
+    again = sdk.completions.create(**ask, extra_body={"structured_outputs": spelled})
+    assert again.choices[0].text == text
     bad = {**fmt, "structures": [{**tag, "begin": "#" + trigger}], "triggers": [trigger]}
-    reply = post_json(cluster.http + "/v1/completions", {**ask, "response_format": bad})
-    assert reply.status_code == 400 and reply.json()["error"]["param"] == "response_format"
+    param = "structured_outputs.structural_tag"
+    for field, refused in [
+        ("response_format", bad),
+        ("structured_outputs", {"structural_tag": json.dumps({"structures": [{"begin": "a"}]})}),
+        ("structured_outputs", {"structural_tag": "{not json"}),
+    ]:
+        reply = post_json(cluster.http + "/v1/completions", {**ask, field: refused})
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["error"]["param"] == (
+            "response_format" if field == "response_format" else param
+        )
 
 
 def test_openai_bad_response_format_is_400(cluster):

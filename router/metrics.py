@@ -53,6 +53,7 @@ class RouterMetrics:
         self.affinity = t.counter(
             names.PREFIX_AFFINITY, "Replica choices by prefix affinity", ("outcome",)
         )
+        self.rounds = self.accepted = 0  # drafting rounds and accepted drafts, since start
         model = {"model_name": model_name}
         t.view(names.VLLM_SUCCESS, self.requests, model, {"finish_reason": "finished_reason"})
         for name, source in (
@@ -67,6 +68,11 @@ class RouterMetrics:
         ):
             t.view(name, source, model)
 
+    def accept_length(self) -> float | None:
+        """Tokens a drafting round made, on average since start (SGLang's
+        avg_spec_accept_length); None before any round."""
+        return 1 + self.accepted / self.rounds if self.rounds else None
+
     def chosen(self, outcome: str) -> None:
         """A replica chosen by prefix affinity: cached, busy or new (router.affinity)."""
         self.affinity.labels(outcome).inc()
@@ -76,6 +82,8 @@ class RouterMetrics:
         self.requests.labels(route, final.finish_reason).inc()
         self.tokens.labels(route).inc(tokens)
         self.prompt_tokens.labels(route).inc(final.usage.prompt_tokens)
+        self.rounds += final.speculation.rounds
+        self.accepted += final.speculation.accepted
         self.request_prompt.labels(route).observe(final.usage.prompt_tokens)
         self.request_tokens.labels(route).observe(tokens)
         self.e2e.labels(route).observe(now - clock.started)

@@ -8,6 +8,8 @@ runtime (reinforcement-learning rollout frameworks send token ids to /generate):
                                         `data: [DONE]`, as SGLang streams by default
     GET  /get_model_info, /model_info   what the server runs
     GET  /health_generate               200 once a one-token generation has run
+    GET  /get_server_info, /server_info the model, its context, and speculation's mean
+                                        accepted length since start
 
 Bodies are router/sglang_schema.py's. The door's bearer token guards them, as SGLang's
 --api-key does."""
@@ -29,7 +31,14 @@ from router.openai_request import request_timeout, to_request
 from router.prepare import Prepared, RequestError
 from router.sglang_schema import MAX_PROMPTS, GenerateBody, SglangSampling
 
-PATHS = ("/generate", "/get_model_info", "/model_info", "/health_generate")
+PATHS = (
+    "/generate",
+    "/get_model_info",
+    "/model_info",
+    "/health_generate",
+    "/get_server_info",
+    "/server_info",
+)
 END = b"data: [DONE]\n\n"
 
 
@@ -45,6 +54,8 @@ class SglangRoutes:
             web.get("/get_model_info", self.model_info),
             web.get("/model_info", self.model_info),
             web.get("/health_generate", self.health_generate),
+            web.get("/get_server_info", self.server_info),
+            web.get("/server_info", self.server_info),
         ]
 
     async def model_info(self, request):
@@ -58,6 +69,28 @@ class SglangRoutes:
                 "weight_version": "default",
                 "has_image_understanding": False,
                 "has_audio_understanding": False,
+            }
+        )
+
+    async def server_info(self, request):
+        """What clients read of SGLang's server info: the model, its context, the draft
+        model, and in `internal_states` the generation rate and the mean accepted length
+        (sglang.bench_serving prints it)."""
+        _, info = await self.door.replica_info()
+        metrics = self.router.metrics
+        reports = [r.report for r in self.router.replicas.replicas.values() if r.report]
+        state = {
+            "avg_spec_accept_length": metrics.accept_length() if metrics is not None else None,
+            "last_gen_throughput": sum(r.tokens_per_s for r in reports),
+        }
+        return web.json_response(
+            {
+                "model_path": info.model if info is not None else None,
+                "served_model_name": self.door.model,
+                "context_length": info.max_context if info is not None else None,
+                "speculative_draft_model_path": (info.drafter or None) if info else None,
+                "internal_states": [state],
+                "version": "specd",
             }
         )
 

@@ -1,5 +1,6 @@
 """One trace per request across router -> verifier -> drafter; metrics move exactly."""
 
+import json
 import random
 import re
 import urllib.request
@@ -323,6 +324,27 @@ def test_the_routers_requests_under_vllms_names(traced):
         ours = f"specd:{name}_seconds_sum"
         theirs = f"vllm:{name.replace('time_per', 'request_time_per')}_seconds_sum"
         assert total(after, ours) == pytest.approx(total(after, theirs, **tiny))
+
+
+def test_sglangs_server_info_tells_the_mean_accepted_length_since_start(traced):
+    """SGLang's /server_info, as sglang.bench_serving reads it: the router's mean tokens a
+    drafting round made since start, the same as the verifier's own counts (every
+    request here reached the verifier through this router)."""
+    cluster, _ = traced
+    with SpecdClient(cluster.router) as client:
+        client.generate("abc", max_new_tokens=24, ignore_eos=True, speculation="on")
+    settle(cluster)
+    one = {"text": "x", "sampling_params": {"max_new_tokens": 8}, "speculation": "on"}
+    assert post_json(f"{cluster.http}/generate", one).status_code == 200
+    settle(cluster)
+    server = urllib.request.urlopen(f"{cluster.http}/server_info", timeout=5)
+    server = json.loads(server.read())
+    verifier = scrape(cluster.metrics_urls["verifier0"])
+    rounds = total(verifier, "specd:spec_decode_num_drafts_total")
+    accepted = total(verifier, "specd:spec_decode_num_accepted_tokens_total")
+    (state,) = server["internal_states"]
+    assert rounds > 0 and state["avg_spec_accept_length"] == pytest.approx(1 + accepted / rounds)
+    assert server["served_model_name"] == TINY_MODEL_ID and server["context_length"] > 0
 
 
 def test_the_verifiers_stats_lines_say_what_ran(traced):

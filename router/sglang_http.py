@@ -180,13 +180,19 @@ class SglangAnswer:
         self.top = body.top_logprobs_num
         self.decode = decode if body.return_text_in_logprobs else None
         self.started = time.perf_counter()
-        self.text, self.ids, self.entries = "", [], []
+        self.text, self.ids = "", []
+        self.chosen, self.tops = [], []  # [logprob, id, text] per token, and its top ones
         self.final = None  # the last message
 
     def feed(self, msg) -> None:
+        """One message: its text, ids and log-probabilities, each put in SGLang's shape
+        once (a stream's events then resend them as they are)."""
         self.text += msg.text
         self.ids += msg.token_ids
-        self.entries += msg.logprobs
+        for token, entry in zip(msg.token_ids, msg.logprobs, strict=False):
+            self.chosen.append([entry.logprob, token, self._text(token)])
+            tops = zip(entry.top_ids, entry.top_logprobs, strict=True)
+            self.tops.append([[lp, t, self._text(t)] for t, lp in tops])
         if msg.finish_reason:
             self.final = msg
 
@@ -213,17 +219,9 @@ class SglangAnswer:
                 }
         if self.logprobs:
             meta["input_token_logprobs"], meta["input_top_logprobs"] = [], []
-            meta["output_token_logprobs"] = [
-                [e.logprob, i, self._text(i)] for i, e in zip(self.ids, self.entries, strict=False)
-            ]
+            meta["output_token_logprobs"] = self.chosen
             if self.top:
-                meta["output_top_logprobs"] = [
-                    [
-                        [lp, t, self._text(t)]
-                        for t, lp in zip(e.top_ids, e.top_logprobs, strict=True)
-                    ]
-                    for e in self.entries
-                ]
+                meta["output_top_logprobs"] = self.tops
         return {"text": self.text, "output_ids": list(self.ids), "meta_info": meta}
 
     def _text(self, token: int) -> str | None:

@@ -51,10 +51,10 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from protos.specd.v1 import common_pb2
-from router.body import BodyError, Request, Strict
+from router.body import BodyError, Request, Strict, parse
 from router.client_fields import ClientFields
 from router.llamacpp_sampling import LlamaSamplers
 from router.tools import ToolUse
@@ -152,7 +152,7 @@ class StructuralTag(Strict):
     end: str
 
 
-class StructuralTags(Strict):
+class StructuralTags(Request):
     """vLLM's structural tags: free text, where a trigger opens one of the structures."""
 
     type: Literal["structural_tag"] = "structural_tag"
@@ -265,12 +265,10 @@ class Body(Request, LlamaSamplers, ClientFields):
             return {"grammar": _choice(so.choice, "structured_outputs.choice")}
         if "structural_tag" in given:
             param = "structured_outputs.structural_tag"
-            try:
-                tags = StructuralTags.model_validate_json(so.structural_tag)
-            except ValidationError as exc:
-                error = exc.errors()[0]
-                where = ".".join(str(part) for part in error["loc"])
-                raise BodyError(f"{param}: {where}: {error['msg']}", param) from None
+            try:  # JSON text, read as a body is
+                tags = parse(so.structural_tag.encode(), StructuralTags)
+            except BodyError as exc:
+                raise BodyError(f"{param}: {exc}", param) from None
             return {"grammar": tags.grammar(param)}
         return given
 

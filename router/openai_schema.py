@@ -159,6 +159,15 @@ class StructuralTags(Request):
     structures: list[StructuralTag]
     triggers: list[str]
 
+    @classmethod
+    def from_text(cls, text: str, param: str) -> str:
+        """The grammar of tags given as JSON text, read as a body is (`param`: the field)."""
+        try:
+            tags = parse(text.encode(), cls)
+        except BodyError as exc:
+            raise BodyError(f"{param}: {exc}", param) from None
+        return tags.grammar(param)
+
     def grammar(self, param: str) -> str:
         tags = [(t.begin, t.schema_, t.end) for t in self.structures]
         try:
@@ -264,12 +273,8 @@ class Body(Request, LlamaSamplers, ClientFields):
         if "choice" in given:
             return {"grammar": _choice(so.choice, "structured_outputs.choice")}
         if "structural_tag" in given:
-            param = "structured_outputs.structural_tag"
-            try:  # JSON text, read as a body is
-                tags = parse(so.structural_tag.encode(), StructuralTags)
-            except BodyError as exc:
-                raise BodyError(f"{param}: {exc}", param) from None
-            return {"grammar": tags.grammar(param)}
+            tags = so.structural_tag
+            return {"grammar": StructuralTags.from_text(tags, "structured_outputs.structural_tag")}
         return given
 
     def _response_format(self) -> dict:

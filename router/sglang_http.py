@@ -110,6 +110,7 @@ class SglangRoutes:
             body = parse(await request.read(), GenerateBody)
             headers = {k.lower(): v for k, v in request.headers.items()}
             prompts = body.prompts(lambda text: self.router.tokenizer(text)["input_ids"])
+            decode = self.router.tokenizer.decode
             jobs = [
                 (ids, p)
                 for ids, p in zip(prompts, body.sampling(len(prompts)), strict=True)
@@ -119,18 +120,22 @@ class SglangRoutes:
                 raise BodyError(f"at most {MAX_PROMPTS} prompts x n in one request", "text")
             if body.stream and len(jobs) > 1:
                 raise BodyError("a stream answers one prompt", "stream")
-            logprobs = body.top_logprobs_num if body.return_logprob else None
-            preps = []
-            for ids, p in jobs:
-                completion = p.completion_body(ids, logprobs, body.route, body.speculation)
+            preps, answers = [], []
+            for (ids, p), rid in zip(jobs, body.ids(len(jobs)), strict=True):
+                start = body.prompt_logprobs_from(len(ids))
+                completion = p.completion_body(
+                    ids,
+                    body.top,
+                    body.route,
+                    body.speculation,
+                    prompt_logprobs=start is not None and start < len(ids),
+                    cache_salt=body.salt(),
+                )
                 grpc_request = to_request(
                     completion, headers.get("x-speculation", ""), self.door.sampling
                 )
                 preps.append(self.router.prepare(grpc_request, headers, request_timeout(headers)))
-            answers = [
-                SglangAnswer(rid, len(p.prompt_ids), body, self.router.tokenizer.decode)
-                for rid, p in zip(body.ids(len(jobs)), preps, strict=True)
-            ]
+                answers.append(SglangAnswer(rid, ids, start, p.max_new_tokens == 0, body, decode))
         except BodyError as exc:
             return error_response(400, str(exc), exc.param)
         except RequestError as exc:
@@ -173,35 +178,60 @@ class SglangRoutes:
 class SglangAnswer:
     """One generation's answer in SGLang's shape, built message by message."""
 
-    def __init__(self, rid: str | None, prompt_tokens: int, body: GenerateBody, decode):
+    def __init__(
+        self,
+        rid: str | None,
+        prompt: list[int],
+        prompt_from: int | None,
+        prompt_only: bool,
+        body: GenerateBody,
+        decode,
+    ):
+        """`prompt_from`: the prompt position its log-probabilities start at (None:
+        none); `prompt_only`: `max_new_tokens: 0`, the one token made is left out."""
         self.rid = rid or uuid.uuid4().hex
-        self.prompt_tokens = prompt_tokens
-        self.logprobs = body.return_logprob
-        self.top = body.top_logprobs_num
+        self.prompt, self.prompt_from, self.prompt_only = prompt, prompt_from, prompt_only
+        self.top = body.top
+        self.prompt_ids = body.return_prompt_token_ids
         self.decode = decode if body.return_text_in_logprobs else None
         self.started = time.perf_counter()
         self.text, self.ids = "", []
         self.chosen, self.tops = [], []  # [logprob, id, text] per token, and its top ones
+        self.prompt_chosen, self.prompt_tops = [], []  # the same for the prompt's tokens
         self.final = None  # the last message
 
     def feed(self, msg) -> None:
         """One message: its text, ids and log-probabilities, each put in SGLang's shape
         once (a stream's events then resend them as they are)."""
-        self.text += msg.text
-        self.ids += msg.token_ids
-        for token, entry in zip(msg.token_ids, msg.logprobs, strict=False):
-            self.chosen.append([entry.logprob, token, self._text(token)])
-            tops = zip(entry.top_ids, entry.top_logprobs, strict=True)
-            self.tops.append([[lp, t, self._text(t)] for t, lp in tops])
+        if msg.prompt_logprobs and self.prompt_from is not None:
+            self._prompt_logprobs(msg.prompt_logprobs)
+        if not self.prompt_only:
+            self.text += msg.text
+            self.ids += msg.token_ids
+            for token, entry in zip(msg.token_ids, msg.logprobs, strict=False):
+                self.chosen.append([entry.logprob, token, self._text(token)])
+                self.tops.append(self._top(entry))
         if msg.finish_reason:
             self.final = msg
+
+    def _prompt_logprobs(self, entries) -> None:
+        """SGLang's input log-probabilities: one per prompt token from `prompt_from`, the
+        first without one (as SGLang reads no row before it); `entries`: one per prompt
+        token after the first."""
+        start = self.prompt_from
+        for pos in range(start, len(self.prompt)):
+            token = self.prompt[pos]
+            entry = entries[pos - 1] if pos > start else None
+            logprob = entry.logprob if entry is not None else None
+            self.prompt_chosen.append([logprob, token, self._text(token)])
+            self.prompt_tops.append(self._top(entry) if entry is not None else None)
 
     def result(self) -> dict:
         """{text, output_ids, meta_info} so far (finish_reason null until the end)."""
         meta = {
             "id": self.rid,
             "finish_reason": self._finish(),
-            "prompt_tokens": self.prompt_tokens,
+            "prompt_tokens": len(self.prompt),
             "completion_tokens": len(self.ids),
             "cached_tokens": self.final.usage.cached_prompt_tokens if self.final else 0,
             "weight_version": "default",
@@ -209,7 +239,7 @@ class SglangAnswer:
         if self.final is not None:
             meta["e2e_latency"] = time.perf_counter() - self.started
             spec = self.final.speculation
-            if spec.rounds:  # as SGLang's speculative meta_info, per drafting round
+            if spec.rounds and not self.prompt_only:  # SGLang's, per drafting round
                 meta |= {
                     "spec_verify_ct": spec.rounds,
                     "spec_proposed_drafts": spec.drafted,
@@ -217,12 +247,20 @@ class SglangAnswer:
                     "spec_accept_rate": spec.accepted / spec.drafted if spec.drafted else 0.0,
                     "spec_accept_length": 1 + spec.accepted / spec.rounds,
                 }
-        if self.logprobs:
-            meta["input_token_logprobs"], meta["input_top_logprobs"] = [], []
+        if self.top is not None:
+            meta["input_token_logprobs"] = self.prompt_chosen
+            meta["input_top_logprobs"] = self.prompt_tops if self.top else []
             meta["output_token_logprobs"] = self.chosen
             if self.top:
                 meta["output_top_logprobs"] = self.tops
-        return {"text": self.text, "output_ids": list(self.ids), "meta_info": meta}
+        out = {"text": self.text, "output_ids": list(self.ids), "meta_info": meta}
+        if self.prompt_ids:
+            out["prompt_token_ids"] = list(self.prompt)
+        return out
+
+    def _top(self, entry) -> list:
+        tops = zip(entry.top_ids, entry.top_logprobs, strict=True)
+        return [[lp, t, self._text(t)] for t, lp in tops]
 
     def _text(self, token: int) -> str | None:
         return self.decode([token]) if self.decode is not None else None
@@ -231,6 +269,8 @@ class SglangAnswer:
         msg = self.final
         if msg is None:
             return None
+        if self.prompt_only and msg.finish_reason in ("length", "stop"):
+            return {"type": "length", "length": 0}
         if msg.finish_reason == "length":
             return {"type": "length", "length": len(self.ids)}
         if msg.finish_reason == "stop":

@@ -6,16 +6,100 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from router.body import BodyError, Request
-from router.openai_schema import Bias, CompletionBody, Penalty, Strict, TokenId
+from router.openai_schema import (
+    Bias,
+    CompletionBody,
+    Penalty,
+    Strict,
+    StructuralTags,
+    TokenId,
+)
 
 MAX_PROMPTS = 64  # prompts x n in one request, as the OpenAI door's batch
 
+# GenerateReqInput's fields for what specd does not do (adapters, other modalities, hidden
+# states, experts, disaggregated prefill, sessions, data-parallel ranks), with the values
+# that ask for nothing: SGLang's clients send them so (sglang.bench_serving sends
+# `lora_path: null` and `return_routed_experts: false`), and any other value is refused,
+# naming the field. A batch may give one value per prompt.
+NOTHING_ASKED: dict[str, tuple] = {
+    **dict.fromkeys(
+        [
+            "lora_path",
+            "lora_id",
+            "input_embeds",
+            "image_data",
+            "video_data",
+            "audio_data",
+            "mm_hashes",
+            "mm_content_hashes",
+            "video_config",
+            "modalities",
+            "images_config",
+            "mm_processor_kwargs",
+            "token_ids_logprob",
+            "return_sampling_mask",
+            "sampling_logprobs_mode",
+            "session_id",
+            "session_params",
+            "custom_logit_processor",
+            "positional_embed_overrides",
+            "bootstrap_host",
+            "bootstrap_port",
+            "bootstrap_room",
+            "bootstrap_pair_key",
+            "decode_tp_size",
+            "disagg_prefill_dp_rank",
+            "max_thinking_tokens",
+            "watermark",
+            "kv_hints",
+            "multi_item_delimiter_indices",
+            "token_indices_to_pool",
+            "encoder_urls",
+        ],
+        (None,),
+    ),
+    **dict.fromkeys(
+        [
+            "use_audio_in_video",
+            "return_flat_raw_top_logprobs",
+            "return_flat_raw_output_top_logprobs",
+            "return_hidden_states",
+            "return_routed_experts",
+            "return_indexer_topk",
+            "return_bytes",
+            "return_entropy",
+            "background",
+            "require_reasoning",
+        ],
+        (None, False),
+    ),
+    "routed_experts_start_len": (None, 0),
+    # one rank, one queue: rank 0 and priority 0 are what every request gets
+    "routed_dp_rank": (None, 0),
+    "data_parallel_rank": (None, 0),
+    "priority": (None, 0),
+}
+# GenerateReqInput's fields for logging, tracing and routing, taken without effect
+NO_EFFECT = frozenset(
+    [
+        "log_metrics",
+        "no_logs",
+        "custom_labels",
+        "external_trace_header",
+        "received_time",
+        "routing_key",
+        "conversation_id",
+        "http_worker_ipc",
+    ]
+)
+
 
 class SglangSampling(Strict):
-    max_new_tokens: Annotated[int, Field(ge=1, lt=1 << 31)] = 128
+    max_new_tokens: Annotated[int, Field(ge=0, lt=1 << 31)] = 128  # 0: the prompt only
     min_new_tokens: Annotated[int, Field(ge=0, lt=1 << 31)] = 0
     stop: str | list[str] | None = None
     stop_token_ids: list[TokenId] | None = None
@@ -36,25 +120,51 @@ class SglangSampling(Strict):
     json_schema: str | None = None  # a JSON schema, as text
     regex: str | None = None
     ebnf: str | None = None  # GBNF, as llama.cpp's (converted for llguidance)
+    structural_tag: str | None = None  # JSON text: {type, structures, triggers}, as vLLM's
     logit_bias: dict[str, Bias] | None = None  # token id -> added to its logit
     sampling_seed: Annotated[int, Field(ge=0, lt=1 << 64)] | None = None
     stream_interval: Annotated[int, Field(ge=1)] | None = None  # accepted: every step is sent
+    # refused where given
+    stop_regex: Any = None
+    beam_width: Any = None
+    custom_params: Any = None
+    watermark: Any = None
 
     def completion_body(
-        self, prompt_ids: list[int], logprobs: int | None, route: str, speculation: str
+        self,
+        prompt_ids: list[int],
+        logprobs: int | None,
+        route: str,
+        speculation: str,
+        *,
+        prompt_logprobs: bool = False,
+        cache_salt: str | None = None,
     ) -> CompletionBody:
         """The OpenAI completion of `prompt_ids` with these parameters (the door's own
         mapping of each then applies); `logprobs`: top log-probabilities per token, None
-        for none."""
+        for none, and `prompt_logprobs`: the prompt's too. `max_new_tokens: 0` makes one
+        token, which the answer leaves out."""
+        for name in ("stop_regex", "beam_width", "custom_params", "watermark"):
+            if getattr(self, name) is not None:
+                raise BodyError(f"{name!r} is not supported by specd", f"sampling_params.{name}")
         if not self.spaces_between_special_tokens:
             raise BodyError(
                 "spaces_between_special_tokens: false is not served",
                 "spaces_between_special_tokens",
             )
+        constraints = [self.json_schema, self.regex, self.ebnf, self.structural_tag]
+        if sum(c is not None for c in constraints) > 1:
+            raise BodyError(
+                "at most one of json_schema, regex, ebnf and structural_tag", "sampling_params"
+            )
+        tags = None
+        if self.structural_tag is not None:
+            tags = StructuralTags.from_text(self.structural_tag, "sampling_params.structural_tag")
         return CompletionBody.model_construct(
             model="",
             prompt=prompt_ids,
-            max_tokens=self.max_new_tokens,
+            echo=prompt_logprobs,
+            max_tokens=max(1, self.max_new_tokens),
             min_tokens=self.min_new_tokens,
             stop=self.stop,
             stop_token_ids=self.stop_token_ids,
@@ -74,33 +184,66 @@ class SglangSampling(Strict):
             guided_json=self.json_schema,
             guided_regex=self.regex,
             grammar=self.ebnf,
+            guided_grammar=tags,
+            cache_salt=cache_salt,
             route=route or None,
             speculation=speculation or None,
         )
 
 
 class GenerateBody(Request):
+    # SGLang's fields for what specd does not do are read by `unsupported` (NOTHING_ASKED)
+    model_config = ConfigDict(extra="allow", strict=True)
+
     text: str | list[str] | None = None
     input_ids: list[TokenId] | list[list[TokenId]] | None = None
     sampling_params: SglangSampling | list[SglangSampling] | None = None
-    return_logprob: bool = False
-    logprob_start_len: int = -1  # -1: the output's log-probabilities only
-    top_logprobs_num: Annotated[int, Field(ge=0, le=20)] = 0
+    return_logprob: bool | None = None
+    # the prompt's log-probabilities from this position on (-1, null: none)
+    logprob_start_len: Annotated[int, Field(ge=-1)] | None = None
+    top_logprobs_num: Annotated[int, Field(ge=0, le=20)] | None = None
     return_text_in_logprobs: bool = False
+    return_prompt_token_ids: bool = False
     stream: bool = False
     rid: str | list[str] | None = None
-    log_metrics: bool = True
-    lora_path: Any = None  # refused where given
+    # prefix caches of their own, as the OpenAI door's cache_salt
+    extra_key: Annotated[str, Field(min_length=1)] | None = None
+    cache_salt: Annotated[str, Field(min_length=1)] | None = None
     # specd's: the route and speculation mode, as the x-route and x-speculation headers
     route: str | None = None
     speculation: str | None = None
 
     def unsupported(self) -> dict[str, bool]:
-        # one model, without adapters; the output's log-probabilities only
-        return {
-            "lora_path": self.lora_path is not None,
-            "logprob_start_len": self.logprob_start_len != -1,
-        }
+        refused = {}
+        for name, value in (self.model_extra or {}).items():
+            if name not in NOTHING_ASKED and name not in NO_EFFECT:
+                raise BodyError(f"unknown field {name!r}", name)
+            if name in NOTHING_ASKED:
+                values = value if isinstance(value, list) else [value]
+                refused[name] = any(v not in NOTHING_ASKED[name] for v in values)
+        return refused
+
+    @property
+    def top(self) -> int | None:
+        """Top log-probabilities per token, None for no log-probabilities."""
+        return (self.top_logprobs_num or 0) if self.return_logprob else None
+
+    def prompt_logprobs_from(self, prompt_len: int) -> int | None:
+        """The prompt position its log-probabilities start at, None for none (as SGLang,
+        only with return_logprob)."""
+        start = self.logprob_start_len
+        if not self.return_logprob or start is None or start == -1:
+            return None
+        if start > prompt_len:
+            raise BodyError(
+                f"logprob_start_len {start} is past the prompt's {prompt_len} tokens",
+                "logprob_start_len",
+            )
+        return start
+
+    def salt(self) -> str | None:
+        """The prefix cache's salt: extra_key and cache_salt, each its own."""
+        return "\n".join(s for s in (self.extra_key, self.cache_salt) if s) or None
 
     def prompts(self, tokenize) -> list[list[int]]:
         """Each prompt's ids (`tokenize`: text -> ids, as SGLang adds the model's BOS)."""

@@ -1,8 +1,10 @@
 """SGLang's native endpoints on the door (router/sglang_http.py), on the tiny cluster:
 /generate answers as SGLang does, greedy the same as the OpenAI door from text or ids and
 the same with speculation on and off; a batch, n and a stop are answered in SGLang's
-shape; the stream's last event is the whole; log-probabilities are the OpenAI door's;
-the token guards it and bad bodies are refused naming the field."""
+shape; the stream's last event is the whole; log-probabilities, the prompt's too, are the
+OpenAI door's; SGLang's clients' fields are taken at the values that ask for nothing;
+structural tags and cache salts are the OpenAI door's; the token guards it and bad bodies
+are refused naming the field."""
 
 import json
 
@@ -117,7 +119,7 @@ def test_the_token_guards_it_and_bad_bodies_are_refused(cluster):
         ({"text": "a", "sampling_params": {"max_new_token": 4}}, "sampling_params.max_new_token"),
         ({"text": "a", "sampling_params": {"temperature": -1}}, "sampling_params.temperature"),
         ({"text": ["a", "b"], "sampling_params": [GREEDY]}, "sampling_params"),
-        ({"text": "a", "logprob_start_len": 0}, "logprob_start_len"),
+        ({"text": "a", "return_logprob": True, "logprob_start_len": 3}, "logprob_start_len"),
         ({"text": "a", "lora_path": "x"}, "lora_path"),
         ({"text": ["a", "b"], "stream": True}, "stream"),
         ({"text": "a", "sampling_params": {"regex": "(", "max_new_tokens": 2}}, None),
@@ -125,3 +127,90 @@ def test_the_token_guards_it_and_bad_bodies_are_refused(cluster):
         r = post_json(f"{cluster.http}/generate", body)
         assert r.status_code == 400, (body, r.text)
         assert r.json()["error"]["param"] == param, (body, r.text)
+
+
+def test_the_prompts_log_probabilities_from_logprob_start_len(cluster):
+    """As SGLang gives them: one per prompt token from logprob_start_len, the first without
+    one, the rest the OpenAI door's `echo` log-probabilities; `max_new_tokens: 0` answers
+    the prompt alone."""
+    openai_body = {"model": TINY_MODEL_ID, "prompt": "abcdef", "max_tokens": 1, "logprobs": 2}
+    openai_body |= {"temperature": 0, "echo": True}
+    echo = post_json(f"{cluster.http}/v1/completions", openai_body).json()["choices"][0]
+    prompt_len = len(char_tokenizer()("abcdef")["input_ids"])
+    expected = echo["logprobs"]["token_logprobs"][:prompt_len]
+    expected_top = echo["logprobs"]["top_logprobs"][:prompt_len]
+    asked = {"return_logprob": True, "top_logprobs_num": 2, "return_text_in_logprobs": True}
+    for start in (0, 3, prompt_len):
+        body = {"text": "abcdef", "sampling_params": GREEDY, "logprob_start_len": start, **asked}
+        meta = generate(cluster, body)["meta_info"]
+        given = meta["input_token_logprobs"]
+        assert len(given) == prompt_len - start
+        if start < prompt_len:
+            assert given[0][0] is None and meta["input_top_logprobs"][0] is None
+            assert [g[0] for g in given[1:]] == pytest.approx(expected[start + 1 :])
+            # the door's echo also lists the prompt's own token, where it is not in the top 2
+            tops = [{t[2]: t[0] for t in pos} for pos in meta["input_top_logprobs"][1:]]
+            for ours, door in zip(tops, expected_top[start + 1 :], strict=True):
+                assert len(ours) == 2 and ours == pytest.approx({k: door[k] for k in ours})
+        assert len(meta["output_token_logprobs"]) == 12  # the output's as before
+    ids = char_tokenizer()("abcdef")["input_ids"]
+    only = {"max_new_tokens": 0}
+    body = {"input_ids": ids, "sampling_params": only, "return_prompt_token_ids": True}
+    out = generate(cluster, {**body, "return_logprob": True, "logprob_start_len": 0})
+    assert (out["text"], out["output_ids"], out["prompt_token_ids"]) == ("", [], ids)
+    meta = out["meta_info"]
+    assert meta["finish_reason"] == {"type": "length", "length": 0}
+    assert (meta["completion_tokens"], meta["output_token_logprobs"]) == (0, [])
+    assert [g[0] for g in meta["input_token_logprobs"][1:]] == pytest.approx(expected[1:])
+
+
+def test_sglangs_clients_fields_are_taken_where_they_ask_for_nothing(cluster):
+    """sglang.bench_serving's body (and a rollout client's hints) is served as a plain
+    one; each of those fields asking for something specd does not do is refused, naming
+    it."""
+    plain = generate(cluster, {"text": "abc", "sampling_params": GREEDY})
+    bench = {"text": "abc", "sampling_params": GREEDY, "stream": False, "lora_path": None}
+    bench |= {"return_logprob": False, "return_routed_experts": False}
+    bench |= {"logprob_start_len": -1, "image_data": None, "routed_dp_rank": 0}
+    bench |= {"return_hidden_states": False, "log_metrics": True, "routing_key": "k"}
+    bench |= {"priority": 0, "custom_labels": {"team": "a"}, "lora_path": [None]}
+    assert generate(cluster, bench)["text"] == plain["text"]
+    for field, value in [
+        ("return_routed_experts", True),
+        ("image_data", "data:image/png;base64,AAAA"),
+        ("lora_path", ["adapter"]),
+        ("token_ids_logprob", [1, 2]),
+        ("routed_dp_rank", 1),
+        ("priority", 2),
+        ("return_hidden_states", True),
+        ("return_routed_expert", False),  # no such field
+    ]:
+        r = post_json(f"{cluster.http}/generate", {"text": "abc", field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, (field, r.text)
+    r = post_json(f"{cluster.http}/generate", {"text": "a", "sampling_params": {"stop_regex": "x"}})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "sampling_params.stop_regex"
+
+
+def test_structural_tags_and_cache_salts_are_the_openai_doors(cluster):
+    """sampling_params.structural_tag (JSON text) constrains as the OpenAI door's
+    response_format does; extra_key and cache_salt keep a prefix cache of their own (the
+    tiny cluster's verifiers keep none, so the salted request is only checked to be
+    served alike)."""
+    tag = {"begin": "a", "schema": {"type": "integer"}, "end": "!"}
+    tags = {"structures": [tag], "triggers": ["a"]}
+    sampling = {**GREEDY, "max_new_tokens": 24, "structural_tag": json.dumps(tags)}
+    out = generate(cluster, {"text": "abc", "sampling_params": sampling})
+    openai_body = {"model": TINY_MODEL_ID, "prompt": "abc", "max_tokens": 24, "temperature": 0}
+    openai_body |= {"ignore_eos": True}
+    openai_body["response_format"] = {"type": "structural_tag", **tags}
+    choice = post_json(f"{cluster.http}/v1/completions", openai_body).json()["choices"][0]
+    assert out["text"] == choice["text"]
+    salted = {"text": "abc", "sampling_params": sampling, "extra_key": "x", "cache_salt": "y"}
+    assert generate(cluster, salted)["text"] == out["text"]
+    bad = {**sampling, "structural_tag": "{not json"}
+    r = post_json(f"{cluster.http}/generate", {"text": "abc", "sampling_params": bad})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params.structural_tag"
+    both = {**sampling, "regex": "[0-9]+"}
+    r = post_json(f"{cluster.http}/generate", {"text": "abc", "sampling_params": both})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params"

@@ -190,6 +190,19 @@ class BlockAllocator:
             for b in reversed(seq.blocks):
                 self._release(b)
 
+    def forget_cached(self) -> int:
+        """Forget every cached prefix (vLLM's reset_prefix_cache, SGLang's flush_cache):
+        no later allocation finds a block published before. Blocks no sequence holds are
+        free again; running sequences keep theirs. (What a running sequence publishes
+        later chains from keys forgotten: found only after a later sequence computes its
+        prefix again, the same content.) -> the blocks forgotten."""
+        forgotten = len(self._key_of)
+        self._free.extend(self._idle)
+        self._idle.clear()
+        self._key_of.clear()
+        self._block_of.clear()
+        return forgotten
+
     # -- blocks ----------------------------------------------------------------------
     def _match(self, tokens, root: bytes) -> tuple[list[int], list[bytes]]:
         """Published blocks of the longest cached prefix of `tokens` from `root`, and

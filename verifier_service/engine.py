@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -148,6 +149,7 @@ class Engine:
         self._ids = itertools.count()
         self._seqs: dict[int, Sequence] = {}
         self._aborts: list[int] = []
+        self._resets: list[Future] = []  # reset_prefix_cache's, applied before a step
         self._lock = threading.Lock()
         self.totals = SpecStats()  # every round since start (for load reports and metrics)
         self.tree_rounds = self.branches_taken = 0  # rounds with alternatives; won by one
@@ -193,8 +195,16 @@ class Engine:
         with self._lock:
             self._aborts.append(seq_id)
 
+    def reset_prefix_cache(self) -> Future:
+        """Forget every cached prefix before the next step (on the model thread, between
+        steps): -> a future of the blocks forgotten. Running requests keep their blocks."""
+        future = Future()
+        with self._lock:
+            self._resets.append(future)
+        return future
+
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or bool(self._aborts)
+        return self.scheduler.has_work() or bool(self._aborts) or bool(self._resets)
 
     def sequence(self, seq_id: int) -> Sequence | None:
         return self._seqs.get(seq_id)
@@ -220,6 +230,7 @@ class Engine:
 
     # -- one step ----------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
+        self._apply_resets()
         return self._apply_aborts() + self._scheduled_step()
 
     def _scheduled_step(self) -> list[StepOutput]:
@@ -387,6 +398,14 @@ class Engine:
             self.proposer.close(seq.seq_id)
         with self._lock:
             self._seqs.pop(seq.seq_id, None)
+
+    def _apply_resets(self) -> None:
+        with self._lock:
+            resets, self._resets = self._resets, []
+        if resets:
+            forgotten = self.kv.allocator.forget_cached()
+            for future in resets:
+                future.set_result(forgotten)
 
     def _apply_aborts(self) -> list[StepOutput]:
         with self._lock:

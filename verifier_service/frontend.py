@@ -71,6 +71,12 @@ class AsyncEngine:
                 self.engine.abort(seq_id)
                 self._ensure_loop()
 
+    async def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix, between two steps: -> the blocks forgotten."""
+        forgotten = self.engine.reset_prefix_cache()
+        self._ensure_loop()
+        return await asyncio.wrap_future(forgotten)
+
     def _ensure_loop(self) -> None:
         self._wake.set()
         if self._loop_task is None or self._loop_task.done():

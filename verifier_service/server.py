@@ -190,6 +190,11 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             drafter=getattr(self.engine.proposer, "drafter", ""),
         )
 
+    async def ResetPrefixCache(self, request, context):
+        blocks = await self.frontend.reset_prefix_cache()
+        log.info("prefix cache reset: %d cached blocks forgotten", blocks)
+        return verifier_pb2.ResetPrefixCacheResponse(blocks=blocks)
+
 
 def _request(request, route: str, k: int, max_new: int, constraint, span) -> Request:
     auto = request.auto  # the route's bounds bind `auto` requests (a forced k drafts anyway)

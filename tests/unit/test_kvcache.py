@@ -212,3 +212,28 @@ def test_cached_blocks_always_hold_the_kv_of_their_tokens(ops, block_size):
     for s in a.sequences():
         a.free(s)
     assert a.num_used == 0 and a.num_free == 24
+
+
+def test_a_reset_forgets_every_cached_prefix_and_running_sequences_keep_their_blocks():
+    """vLLM's reset_prefix_cache: no later allocation finds a block published before it,
+    idle cached blocks are free again, a running sequence keeps (and shares) what it
+    holds, and every block comes back when all are freed."""
+    a = BlockAllocator(num_blocks=12, block_size=4, prefix_cache=True)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    _prefilled(a, "done", prompt)
+    a.free("done")
+    _prefilled(a, "running", prompt)  # finds done's 2 blocks, holds 3
+    _prefilled(a, "salted", prompt, salt="s")
+    a.free("salted")
+    assert (a.num_idle, a.num_used) == (2, 3)
+    held = a.block_table("running")
+    assert a.forget_cached() == 4  # 2 plain (held by running) and 2 salted
+    assert (a.num_idle, a.num_used, a.num_free) == (0, 3, 9)
+    assert a.block_table("running") == held
+    assert _prefilled(a, "after", prompt) == 0
+    assert _prefilled(a, "after salted", prompt, salt="s") == 0
+    assert not set(a.block_table("after")) & set(held)
+    assert _prefilled(a, "again", prompt) == 8  # what is computed after the reset is cached
+    for seq in ("running", "after", "after salted", "again"):
+        a.free(seq)
+    assert a.num_used == 0 and a.num_free == 12

@@ -111,3 +111,13 @@ class InfoResponse(_message.Message):
     max_draft_tokens: int
     drafter: str
     def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., eos_ids: _Optional[_Iterable[int]] = ..., max_draft_tokens: _Optional[int] = ..., drafter: _Optional[str] = ...) -> None: ...
+
+class ResetPrefixCacheRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ResetPrefixCacheResponse(_message.Message):
+    __slots__ = ("blocks",)
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    blocks: int
+    def __init__(self, blocks: _Optional[int] = ...) -> None: ...

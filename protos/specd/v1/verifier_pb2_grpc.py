@@ -49,6 +49,11 @@ class VerifierStub:
                 request_serializer=protos_dot_specd_dot_v1_dot_verifier__pb2.InfoRequest.SerializeToString,
                 response_deserializer=protos_dot_specd_dot_v1_dot_verifier__pb2.InfoResponse.FromString,
                 _registered_method=True)
+        self.ResetPrefixCache = channel.unary_unary(
+                '/specd.v1.Verifier/ResetPrefixCache',
+                request_serializer=protos_dot_specd_dot_v1_dot_verifier__pb2.ResetPrefixCacheRequest.SerializeToString,
+                response_deserializer=protos_dot_specd_dot_v1_dot_verifier__pb2.ResetPrefixCacheResponse.FromString,
+                _registered_method=True)
 
 
 class VerifierServicer:
@@ -76,6 +81,14 @@ class VerifierServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResetPrefixCache(self, request, context):
+        """Forget every cached prefix (vLLM's /reset_prefix_cache, SGLang's /flush_cache): no
+        later request finds K/V cached before it. Running requests keep their blocks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_VerifierServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -93,6 +106,11 @@ def add_VerifierServicer_to_server(servicer, server):
                     servicer.Info,
                     request_deserializer=protos_dot_specd_dot_v1_dot_verifier__pb2.InfoRequest.FromString,
                     response_serializer=protos_dot_specd_dot_v1_dot_verifier__pb2.InfoResponse.SerializeToString,
+            ),
+            'ResetPrefixCache': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetPrefixCache,
+                    request_deserializer=protos_dot_specd_dot_v1_dot_verifier__pb2.ResetPrefixCacheRequest.FromString,
+                    response_serializer=protos_dot_specd_dot_v1_dot_verifier__pb2.ResetPrefixCacheResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -176,6 +194,33 @@ class Verifier:
             '/specd.v1.Verifier/Info',
             protos_dot_specd_dot_v1_dot_verifier__pb2.InfoRequest.SerializeToString,
             protos_dot_specd_dot_v1_dot_verifier__pb2.InfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetPrefixCache(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/specd.v1.Verifier/ResetPrefixCache',
+            protos_dot_specd_dot_v1_dot_verifier__pb2.ResetPrefixCacheRequest.SerializeToString,
+            protos_dot_specd_dot_v1_dot_verifier__pb2.ResetPrefixCacheResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -59,6 +59,10 @@ class PrefixAffinity:
         while len(self._holders) > self.capacity:
             self._holders.popitem(last=False)
 
+    def clear(self) -> None:
+        """The replicas' caches reset: no prompt is held anywhere."""
+        self._holders.clear()
+
     def forget(self, address: str) -> None:
         """A replica removed (its cache gone with it)."""
         for where in self._holders.values():

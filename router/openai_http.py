@@ -38,6 +38,8 @@ from router import sse
 from router.anthropic_answer import AnthropicAnswer, in_anthropic_shape
 from router.anthropic_schema import CountTokensBody, MessagesBody
 from router.body import BodyError, has_field, parse
+from router.cache_http import PATHS as CACHE_PATHS
+from router.cache_http import CacheRoutes
 from router.fim import markers_of
 from router.generation import Router, side_by_side
 from router.llamacpp_http import PATHS as LLAMACPP_PATHS
@@ -127,6 +129,7 @@ class OpenAIDoor:
             app.add_routes([web.get("/metrics", self.metrics)])
         app.add_routes(self.llama.routes())
         app.add_routes(self.sglang.routes())
+        app.add_routes(CacheRoutes(self.router.replicas).routes())
         return app
 
     # -- middlewares -----------------------------------------------------------------------
@@ -148,7 +151,7 @@ class OpenAIDoor:
 
     @web.middleware
     async def _auth(self, request, handler):
-        native = LLAMACPP_PATHS + SGLANG_PATHS
+        native = LLAMACPP_PATHS + SGLANG_PATHS + CACHE_PATHS
         guarded = request.path.startswith("/v1/") or request.path in native
         if not self._expected or not guarded:
             return await handler(request)

@@ -166,6 +166,19 @@ class ReplicaSet:
         best.chosen = time.monotonic()
         return best
 
+    async def reset_prefix_caches(self, timeout: float = 30.0) -> dict[str, int]:
+        """Every replica that reports forgets its cached prefixes, and this router where
+        it sent them (a replica that does not report comes back with an empty cache): ->
+        the blocks each forgot, by address; grpc.aio.AioRpcError where one could not."""
+        if self.affinity is not None:
+            self.affinity.clear()
+        reporting = [r for r in self.replicas.values() if r.report is not None]
+        asked = verifier_pb2.ResetPrefixCacheRequest()
+        replies = await asyncio.gather(
+            *(r.stub.ResetPrefixCache(asked, timeout=timeout) for r in reporting)
+        )
+        return {r.address: reply.blocks for r, reply in zip(reporting, replies, strict=True)}
+
     async def wait_ready(self, timeout: float = 10.0) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -5,12 +5,13 @@ refused naming the field."""
 
 import json
 import random
+import urllib.request
 
 import pytest
 
 from specd.config import EngineConfig
 from tests.cluster import TINY_MODEL_ID, char_tokenizer, start_cluster
-from tests.integration.openai_api.door import CHAT, post_json, side_door
+from tests.integration.openai_api.door import CHAT, http, post_json, side_door
 
 ASK = {"model": TINY_MODEL_ID, "messages": CHAT, "temperature": 0, "max_tokens": 12}
 COMPLETE = {"model": TINY_MODEL_ID, "prompt": "ab", "max_tokens": 4}
@@ -135,6 +136,48 @@ def test_a_repeated_prompt_finds_its_cache_on_every_repeat_under_its_salt(cached
     assert [cached() for _ in range(4)] == [0, 40, 40, 40]  # 10 blocks of 4
     assert [cached(cache_salt="alice") for _ in range(3)] == [0, 40, 40]
     assert cached(cache_salt="bob") == 0
+
+
+def test_a_reset_forgets_the_cached_prefixes_of_every_replica(cached_replicas):
+    """vLLM's POST /reset_prefix_cache and SGLang's /flush_cache: both replicas forget
+    what they cached, so the next repeat of each prompt finds nothing and the one after
+    finds it again; a request streaming across the reset ends as it would have."""
+    cluster = cached_replicas
+    prompts = ["".join(random.choice("abcdefgh") for _ in range(41)) for _ in range(4)]
+
+    def cached(prompt: str) -> int:
+        body = {"model": TINY_MODEL_ID, "prompt": prompt, "max_tokens": 2, "temperature": 0}
+        r = post_json(f"{cluster.http}/v1/completions", body)
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    def idle() -> list[int]:
+        return [e.kv.allocator.num_idle for e in cluster.engines]
+
+    assert [[cached(p), cached(p)] for p in prompts] == [[0, 40]] * 4
+    assert all(idle())  # both replicas hold cached prefixes
+    r = http("POST", f"{cluster.http}/reset_prefix_cache")
+    assert (r.status_code, r.body, idle()) == (200, b"", [0, 0])
+    assert [cached(p) for p in prompts] == [0] * 4
+    assert [cached(p) for p in prompts] == [40] * 4
+    for method in ("GET", "POST"):
+        r = http(method, f"{cluster.http}/flush_cache")
+        assert (r.status_code, r.text, idle()) == (200, "Cache flushed.\n", [0, 0])
+        assert cached(prompts[0]) == 0
+    # a stream across a reset
+    body = {"model": TINY_MODEL_ID, "prompt": prompts[1], "max_tokens": 40, "temperature": 0}
+    whole = post_json(f"{cluster.http}/v1/completions", body).json()["choices"][0]["text"]
+    raw = json.dumps({**body, "stream": True}).encode()
+    req = urllib.request.Request(f"{cluster.http}/v1/completions", data=raw, method="POST")
+    req.add_header("content-type", "application/json")
+    texts = []
+    with urllib.request.urlopen(req, timeout=30) as stream:
+        for line in stream:
+            if line.startswith(b"data: {"):
+                texts.append(json.loads(line[6:])["choices"][0]["text"])
+                if len(texts) == 1:
+                    assert http("POST", f"{cluster.http}/reset_prefix_cache").status_code == 200
+    assert len(texts) > 2 and "".join(texts) == whole
 
 
 def test_bench_turns_reports_what_the_caches_held_turn_by_turn(cached_replicas, tmp_path):

@@ -109,6 +109,9 @@ def test_the_token_guards_it_and_bad_bodies_are_refused(cluster):
     secured = url(cluster, 0)
     assert post_json(f"{secured}/generate", {"text": "abc"}).status_code == 401
     assert http("GET", f"{secured}/model_info").status_code == 401
+    assert http("POST", f"{secured}/reset_prefix_cache").status_code == 401
+    assert http("GET", f"{secured}/flush_cache").status_code == 401
+    assert http("POST", f"{url(cluster, 1)}/flush_cache").status_code == 200  # none to reset
     info = http("GET", f"{cluster.http}/get_model_info").json()
     assert info["is_generation"] is True and info["tokenizer_path"] == TINY_MODEL_ID
     assert http("GET", f"{cluster.http}/health_generate").status_code == 200

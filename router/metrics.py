@@ -69,9 +69,13 @@ class RouterMetrics:
             t.view(name, source, model)
 
     def accept_length(self) -> float | None:
-        """Tokens a drafting round made, on average since start (SGLang's
-        avg_spec_accept_length); None before any round."""
+        """Tokens a drafting round made, on average since start or the last
+        restart_accept_length (SGLang's avg_spec_accept_length); None before any round."""
         return 1 + self.accepted / self.rounds if self.rounds else None
+
+    def restart_accept_length(self) -> None:
+        """Average the rounds from now on (SGLang's /flush_cache does)."""
+        self.rounds = self.accepted = 0
 
     def chosen(self, outcome: str) -> None:
         """A replica chosen by prefix affinity: cached, busy or new (router.affinity)."""

@@ -129,7 +129,7 @@ class OpenAIDoor:
             app.add_routes([web.get("/metrics", self.metrics)])
         app.add_routes(self.llama.routes())
         app.add_routes(self.sglang.routes())
-        app.add_routes(CacheRoutes(self.router.replicas).routes())
+        app.add_routes(CacheRoutes(self.router).routes())
         return app
 
     # -- middlewares -----------------------------------------------------------------------

@@ -329,7 +329,7 @@ def test_the_routers_requests_under_vllms_names(traced):
 def test_sglangs_server_info_tells_the_mean_accepted_length_since_start(traced):
     """SGLang's /server_info, as sglang.bench_serving reads it: the router's mean tokens a
     drafting round made since start, the same as the verifier's own counts (every
-    request here reached the verifier through this router)."""
+    request here reached the verifier through this router), or since /flush_cache."""
     cluster, _ = traced
     with SpecdClient(cluster.router) as client:
         client.generate("abc", max_new_tokens=24, ignore_eos=True, speculation="on")
@@ -345,6 +345,16 @@ def test_sglangs_server_info_tells_the_mean_accepted_length_since_start(traced):
     (state,) = server["internal_states"]
     assert rounds > 0 and state["avg_spec_accept_length"] == pytest.approx(1 + accepted / rounds)
     assert server["served_model_name"] == TINY_MODEL_ID and server["context_length"] > 0
+    # /flush_cache starts it over, as SGLang's does: the next request's rounds alone
+    assert urllib.request.urlopen(f"{cluster.http}/flush_cache", timeout=5).status == 200
+
+    def accept_length():
+        reply = urllib.request.urlopen(f"{cluster.http}/server_info", timeout=5)
+        return json.loads(reply.read())["internal_states"][0]["avg_spec_accept_length"]
+
+    assert accept_length() is None
+    out = post_json(f"{cluster.http}/generate", one).json()["meta_info"]
+    assert accept_length() == pytest.approx(out["spec_accept_length"])
 
 
 def test_the_verifiers_stats_lines_say_what_ran(traced):

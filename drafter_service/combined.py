@@ -64,3 +64,6 @@ class CombinedProposer:
     def close(self, seq_id) -> None:
         self._ahead.close(seq_id)
         self.model.close(seq_id)
+
+    def forget_cached(self) -> None:
+        self.model.forget_cached()

@@ -93,6 +93,9 @@ class DraftModelProposer:
         self._ahead.pop(seq_id, None)
         self._last = [(s, p) for s, p in self._last if s.seq_id != seq_id]
 
+    def forget_cached(self) -> None:
+        self.kv.allocator.forget_cached()
+
     def propose(self, states: list[DraftState]) -> list[Proposal]:
         """Drafts for each state; a round prepared by draft_ahead for exactly these
         committed tokens is returned without running the model."""

@@ -91,3 +91,6 @@ class NgramProposer:
 
     def close(self, seq_id) -> None:
         self._ahead.close(seq_id)
+
+    def forget_cached(self) -> None:
+        pass  # a lookup holds no K/V

@@ -133,6 +133,8 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
 
     def _round(self, stream: int, request: drafter_pb2.DraftRequest) -> drafter_pb2.DraftResponse:
         with self._lock:
+            if request.reset_prefix_cache:
+                self.proposer.forget_cached()
             steps = self.sessions.round(stream, request.commands)
             states = [s.state for s in steps if s.state is not None]
             if states and self.telemetry is not None:

@@ -206,3 +206,9 @@ class SuffixProposer:
             index.add(s.tokens[s.prompt_length :])
         if self.model is not None:
             self.model.close(seq_id)
+
+    def forget_cached(self) -> None:
+        """The draft model's cached prefixes; the routes' responses are kept (they are
+        what the route drafts from, not a cache of computed K/V)."""
+        if self.model is not None:
+            self.model.forget_cached()

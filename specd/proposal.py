@@ -78,3 +78,7 @@ class Proposer(Protocol):
     def propose(self, states: list[DraftState]) -> list[Proposal]: ...
 
     def close(self, seq_id) -> None: ...
+
+    def forget_cached(self) -> None:
+        """Forget the K/V of cached prefixes (the verifier's prefix cache reset); a
+        proposer that caches none does nothing."""

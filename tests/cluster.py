@@ -138,6 +138,7 @@ def start_cluster(
     alternatives: int = 0,
     draft_ahead: bool = False,
     load_tokenizer=char_tokenizer,
+    drafter_prefix_cache: bool = False,
 ) -> Cluster:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -146,7 +147,11 @@ def start_cluster(
 
     async def boot():
         c.proposer = DraftModelProposer(
-            draft, num_blocks=256, block_size=4, alternatives=alternatives
+            draft,
+            num_blocks=256,
+            block_size=4,
+            alternatives=alternatives,
+            prefix_cache=drafter_prefix_cache,
         )
         c.drafter_servicer = DrafterServicer(
             c.proposer,

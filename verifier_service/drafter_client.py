@@ -312,6 +312,13 @@ class RemoteProposer:
         request.commands.add(seq_id=seq_id).close.SetInParent()
         self._stream.send(request)  # fire and forget: the response pairs with no waiter
 
+    def forget_cached(self) -> None:
+        """Ask the drafter to forget its cached prefixes, fire and forget (a drafter not
+        reached now: one that restarts comes back empty)."""
+        if self.available:
+            request = drafter_pb2.DraftRequest(round=next(self._rounds), reset_prefix_cache=True)
+            self._stream.send(request)
+
     def shutdown(self) -> None:
         if self._stream is not None:
             self._stream.close()

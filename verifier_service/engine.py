@@ -404,6 +404,8 @@ class Engine:
             resets, self._resets = self._resets, []
         if resets:
             forgotten = self.kv.allocator.forget_cached()
+            if self.proposer is not None:
+                self.proposer.forget_cached()
             for future in resets:
                 future.set_result(forgotten)
 

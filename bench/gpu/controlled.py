@@ -61,3 +61,7 @@ class ControlledProposer:
     def close(self, seq_id) -> None:
         if self.inner is not None:
             self.inner.close(seq_id)
+
+    def forget_cached(self) -> None:
+        if self.inner is not None:
+            self.inner.forget_cached()

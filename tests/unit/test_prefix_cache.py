@@ -191,3 +191,29 @@ def test_a_cache_salt_crosses_router_verifier_and_drafter():
     assert [s.state.cache_salt for s in steps] == ["alice"]
     with pytest.raises(BodyError):
         parse(b'{"model": "m", "prompt": "ab", "cache_salt": ""}', CompletionBody)
+
+
+def test_a_reset_forgets_the_prompts_of_the_verifiers_cache_and_the_drafters(quantised_pair):
+    """Engine.reset_prefix_cache, applied before the next step: a repeated prompt finds
+    nothing in either cache, then finds itself again, and its tokens never change."""
+    target, draft = quantised_pair
+    engine = _engine(target, draft)
+    verifier, drafter = engine.kv.allocator, engine.proposer.kv.allocator
+    request = dict(prompt=SYSTEM + QUESTIONS[0], max_new_tokens=8, num_draft=3)
+
+    def run() -> tuple[list[int], tuple[int, int]]:
+        before = (verifier.cached_tokens, drafter.cached_tokens)
+        out = _one_by_one(engine, [request])[0]
+        return out, (verifier.cached_tokens - before[0], drafter.cached_tokens - before[1])
+
+    first, _ = run()
+    again, (v, d) = run()
+    assert again == first and v == 20 and d > 0
+    forgotten = engine.reset_prefix_cache()
+    assert engine.has_work() and not forgotten.done()
+    engine.step()
+    assert forgotten.result(timeout=0) >= 5 and (verifier.num_idle, drafter.num_idle) == (0, 0)
+    assert run() == (first, (0, 0))
+    again, (v, d) = run()
+    assert again == first and v == 20 and d > 0
+    assert verifier.num_used == drafter.num_used == 0

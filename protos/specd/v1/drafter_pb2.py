@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos.specd.v1 import common_pb2 as protos_dot_specd_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dprotos/specd/v1/drafter.proto\x12\x08specd.v1\x1a\x1cprotos/specd/v1/common.proto\"Y\n\x0c\x44raftRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12&\n\x08\x63ommands\x18\x02 \x03(\x0b\x32\x14.specd.v1.SeqCommand\x12\x12\n\npush_ahead\x18\x03 \x01(\x08\"\x89\x01\n\nSeqCommand\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x1e\n\x04open\x18\x02 \x01(\x0b\x32\x0e.specd.v1.OpenH\x00\x12\x1e\n\x04step\x18\x03 \x01(\x0b\x32\x0e.specd.v1.StepH\x00\x12 \n\x05\x63lose\x18\x04 \x01(\x0b\x32\x0f.specd.v1.CloseH\x00\x42\t\n\x07\x63ommand\"\xbf\x02\n\x04Open\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12(\n\x06params\x18\x02 \x01(\x0b\x32\x18.specd.v1.SamplingParams\x12\x37\n\rtrace_context\x18\x03 \x03(\x0b\x32 .specd.v1.Open.TraceContextEntry\x12(\n\nconstraint\x18\x04 \x01(\x0b\x32\x14.specd.v1.Constraint\x12\x15\n\rprompt_length\x18\x05 \x01(\r\x12\r\n\x05route\x18\x06 \x01(\t\x12\x10\n\x08proposer\x18\x07 \x01(\t\x12\x16\n\x0esuffix_private\x18\x08 \x01(\x08\x12\x12\n\ncache_salt\x18\t \x01(\t\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"(\n\x04Step\x12\x15\n\rcommitted_ids\x18\x01 \x03(\x05\x12\t\n\x01k\x18\x02 \x01(\x05\"\x07\n\x05\x43lose\"}\n\rDraftResponse\x12\r\n\x05round\x18\x01 \x01(\x04\x12(\n\tproposals\x18\x02 \x03(\x0b\x32\x15.specd.v1.SeqProposal\x12\x0f\n\x07\x64rafter\x18\x03 \x01(\t\x12\r\n\x05\x61head\x18\x04 \x01(\x08\x12\x13\n\x0blookup_only\x18\x05 \x01(\x08\"\xc3\x01\n\x0bSeqProposal\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\x12\'\n\x01q\x18\x03 \x03(\x0b\x32\x1c.specd.v1.SparseDistribution\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12+\n\x0c\x61lternatives\x18\x05 \x03(\x0b\x32\x15.specd.v1.Alternative\x12\r\n\x05ngram\x18\x06 \x01(\x08\x12\x0f\n\x07\x66ollows\x18\x07 \x01(\r\x12\x0f\n\x07\x61ssumed\x18\x08 \x03(\x05\",\n\x0b\x41lternative\x12\x0e\n\x06parent\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\x05\"0\n\x12SparseDistribution\x12\x0b\n\x03ids\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x03(\x02\x32G\n\x07\x44rafter\x12<\n\x05\x44raft\x12\x16.specd.v1.DraftRequest\x1a\x17.specd.v1.DraftResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dprotos/specd/v1/drafter.proto\x12\x08specd.v1\x1a\x1cprotos/specd/v1/common.proto\"u\n\x0c\x44raftRequest\x12\r\n\x05round\x18\x01 \x01(\x04\x12&\n\x08\x63ommands\x18\x02 \x03(\x0b\x32\x14.specd.v1.SeqCommand\x12\x12\n\npush_ahead\x18\x03 \x01(\x08\x12\x1a\n\x12reset_prefix_cache\x18\x04 \x01(\x08\"\x89\x01\n\nSeqCommand\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x1e\n\x04open\x18\x02 \x01(\x0b\x32\x0e.specd.v1.OpenH\x00\x12\x1e\n\x04step\x18\x03 \x01(\x0b\x32\x0e.specd.v1.StepH\x00\x12 \n\x05\x63lose\x18\x04 \x01(\x0b\x32\x0f.specd.v1.CloseH\x00\x42\t\n\x07\x63ommand\"\xbf\x02\n\x04Open\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12(\n\x06params\x18\x02 \x01(\x0b\x32\x18.specd.v1.SamplingParams\x12\x37\n\rtrace_context\x18\x03 \x03(\x0b\x32 .specd.v1.Open.TraceContextEntry\x12(\n\nconstraint\x18\x04 \x01(\x0b\x32\x14.specd.v1.Constraint\x12\x15\n\rprompt_length\x18\x05 \x01(\r\x12\r\n\x05route\x18\x06 \x01(\t\x12\x10\n\x08proposer\x18\x07 \x01(\t\x12\x16\n\x0esuffix_private\x18\x08 \x01(\x08\x12\x12\n\ncache_salt\x18\t \x01(\t\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"(\n\x04Step\x12\x15\n\rcommitted_ids\x18\x01 \x03(\x05\x12\t\n\x01k\x18\x02 \x01(\x05\"\x07\n\x05\x43lose\"}\n\rDraftResponse\x12\r\n\x05round\x18\x01 \x01(\x04\x12(\n\tproposals\x18\x02 \x03(\x0b\x32\x15.specd.v1.SeqProposal\x12\x0f\n\x07\x64rafter\x18\x03 \x01(\t\x12\r\n\x05\x61head\x18\x04 \x01(\x08\x12\x13\n\x0blookup_only\x18\x05 \x01(\x08\"\xc3\x01\n\x0bSeqProposal\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\x12\'\n\x01q\x18\x03 \x03(\x0b\x32\x1c.specd.v1.SparseDistribution\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12+\n\x0c\x61lternatives\x18\x05 \x03(\x0b\x32\x15.specd.v1.Alternative\x12\r\n\x05ngram\x18\x06 \x01(\x08\x12\x0f\n\x07\x66ollows\x18\x07 \x01(\r\x12\x0f\n\x07\x61ssumed\x18\x08 \x03(\x05\",\n\x0b\x41lternative\x12\x0e\n\x06parent\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\x05\"0\n\x12SparseDistribution\x12\x0b\n\x03ids\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x03(\x02\x32G\n\x07\x44rafter\x12<\n\x05\x44raft\x12\x16.specd.v1.DraftRequest\x1a\x17.specd.v1.DraftResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,25 +35,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPEN_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_OPEN_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_DRAFTREQUEST']._serialized_start=73
-  _globals['_DRAFTREQUEST']._serialized_end=162
-  _globals['_SEQCOMMAND']._serialized_start=165
-  _globals['_SEQCOMMAND']._serialized_end=302
-  _globals['_OPEN']._serialized_start=305
-  _globals['_OPEN']._serialized_end=624
-  _globals['_OPEN_TRACECONTEXTENTRY']._serialized_start=573
-  _globals['_OPEN_TRACECONTEXTENTRY']._serialized_end=624
-  _globals['_STEP']._serialized_start=626
-  _globals['_STEP']._serialized_end=666
-  _globals['_CLOSE']._serialized_start=668
-  _globals['_CLOSE']._serialized_end=675
-  _globals['_DRAFTRESPONSE']._serialized_start=677
-  _globals['_DRAFTRESPONSE']._serialized_end=802
-  _globals['_SEQPROPOSAL']._serialized_start=805
-  _globals['_SEQPROPOSAL']._serialized_end=1000
-  _globals['_ALTERNATIVE']._serialized_start=1002
-  _globals['_ALTERNATIVE']._serialized_end=1046
-  _globals['_SPARSEDISTRIBUTION']._serialized_start=1048
-  _globals['_SPARSEDISTRIBUTION']._serialized_end=1096
-  _globals['_DRAFTER']._serialized_start=1098
-  _globals['_DRAFTER']._serialized_end=1169
+  _globals['_DRAFTREQUEST']._serialized_end=190
+  _globals['_SEQCOMMAND']._serialized_start=193
+  _globals['_SEQCOMMAND']._serialized_end=330
+  _globals['_OPEN']._serialized_start=333
+  _globals['_OPEN']._serialized_end=652
+  _globals['_OPEN_TRACECONTEXTENTRY']._serialized_start=601
+  _globals['_OPEN_TRACECONTEXTENTRY']._serialized_end=652
+  _globals['_STEP']._serialized_start=654
+  _globals['_STEP']._serialized_end=694
+  _globals['_CLOSE']._serialized_start=696
+  _globals['_CLOSE']._serialized_end=703
+  _globals['_DRAFTRESPONSE']._serialized_start=705
+  _globals['_DRAFTRESPONSE']._serialized_end=830
+  _globals['_SEQPROPOSAL']._serialized_start=833
+  _globals['_SEQPROPOSAL']._serialized_end=1028
+  _globals['_ALTERNATIVE']._serialized_start=1030
+  _globals['_ALTERNATIVE']._serialized_end=1074
+  _globals['_SPARSEDISTRIBUTION']._serialized_start=1076
+  _globals['_SPARSEDISTRIBUTION']._serialized_end=1124
+  _globals['_DRAFTER']._serialized_start=1126
+  _globals['_DRAFTER']._serialized_end=1197
 # @@protoc_insertion_point(module_scope)

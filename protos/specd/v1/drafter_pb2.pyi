@@ -8,14 +8,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DraftRequest(_message.Message):
-    __slots__ = ("round", "commands", "push_ahead")
+    __slots__ = ("round", "commands", "push_ahead", "reset_prefix_cache")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     COMMANDS_FIELD_NUMBER: _ClassVar[int]
     PUSH_AHEAD_FIELD_NUMBER: _ClassVar[int]
+    RESET_PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
     round: int
     commands: _containers.RepeatedCompositeFieldContainer[SeqCommand]
     push_ahead: bool
-    def __init__(self, round: _Optional[int] = ..., commands: _Optional[_Iterable[_Union[SeqCommand, _Mapping]]] = ..., push_ahead: _Optional[bool] = ...) -> None: ...
+    reset_prefix_cache: bool
+    def __init__(self, round: _Optional[int] = ..., commands: _Optional[_Iterable[_Union[SeqCommand, _Mapping]]] = ..., push_ahead: _Optional[bool] = ..., reset_prefix_cache: _Optional[bool] = ...) -> None: ...
 
 class SeqCommand(_message.Message):
     __slots__ = ("seq_id", "open", "step", "close")

@@ -5,6 +5,7 @@ refused naming the field."""
 
 import json
 import random
+import time
 import urllib.request
 
 import pytest
@@ -114,7 +115,7 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(cluster, client):
 @pytest.fixture(scope="module")
 def cached_replicas(tiny_pair):
     engine = EngineConfig(num_blocks=256, block_size=4, prefix_cache="on")  # fp32: auto is off
-    c = start_cluster(*tiny_pair, replicas=2, engine_config=engine)
+    c = start_cluster(*tiny_pair, replicas=2, engine_config=engine, drafter_prefix_cache=True)
     yield c
     c.close()
 
@@ -139,14 +140,16 @@ def test_a_repeated_prompt_finds_its_cache_on_every_repeat_under_its_salt(cached
 
 
 def test_a_reset_forgets_the_cached_prefixes_of_every_replica(cached_replicas):
-    """vLLM's POST /reset_prefix_cache and SGLang's /flush_cache: both replicas forget
-    what they cached, so the next repeat of each prompt finds nothing and the one after
-    finds it again; a request streaming across the reset ends as it would have."""
+    """vLLM's POST /reset_prefix_cache and SGLang's /flush_cache: both replicas and their
+    drafter forget what they cached, so the next repeat of each prompt finds nothing and
+    the one after finds it again; a request streaming across the reset ends as it would
+    have."""
     cluster = cached_replicas
     prompts = ["".join(random.choice("abcdefgh") for _ in range(41)) for _ in range(4)]
 
-    def cached(prompt: str) -> int:
-        body = {"model": TINY_MODEL_ID, "prompt": prompt, "max_tokens": 2, "temperature": 0}
+    def cached(prompt: str) -> int:  # speculating: the drafter holds the prompt too
+        body = {"model": TINY_MODEL_ID, "prompt": prompt, "max_tokens": 6, "temperature": 0}
+        body["speculation"] = "on"
         r = post_json(f"{cluster.http}/v1/completions", body)
         assert r.status_code == 200, r.text
         return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -154,10 +157,19 @@ def test_a_reset_forgets_the_cached_prefixes_of_every_replica(cached_replicas):
     def idle() -> list[int]:
         return [e.kv.allocator.num_idle for e in cluster.engines]
 
+    def drafter_holds(cached: bool) -> bool:  # it hears of closes and resets after
+        deadline = time.monotonic() + 10
+        while (cluster.proposer.kv.allocator.num_idle > 0) != cached:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
     assert [[cached(p), cached(p)] for p in prompts] == [[0, 40]] * 4
-    assert all(idle())  # both replicas hold cached prefixes
+    assert all(idle()) and drafter_holds(True)  # each cache holds prefixes
     r = http("POST", f"{cluster.http}/reset_prefix_cache")
     assert (r.status_code, r.body, idle()) == (200, b"", [0, 0])
+    assert drafter_holds(False)
     assert [cached(p) for p in prompts] == [0] * 4
     assert [cached(p) for p in prompts] == [40] * 4
     for method in ("GET", "POST"):

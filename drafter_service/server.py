@@ -135,6 +135,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         with self._lock:
             if request.reset_prefix_cache:
                 self.proposer.forget_cached()
+                log.info("prefix cache reset (verifier stream %d)", stream)
             steps = self.sessions.round(stream, request.commands)
             states = [s.state for s in steps if s.state is not None]
             if states and self.telemetry is not None:

@@ -63,7 +63,8 @@ class SglangRoutes:
         return web.json_response(
             {
                 "model_path": info.model if info is not None else None,
-                "tokenizer_path": self.door.model,
+                # where the router read it (a gateway in front loads it from there)
+                "tokenizer_path": getattr(self.router.tokenizer, "name_or_path", self.door.model),
                 "is_generation": True,
                 "preferred_sampling_params": None,
                 "weight_version": "default",

@@ -68,6 +68,7 @@ def _template_source(folder: Path, config: dict) -> str | None:
 class ChatTokenizer:
     def __init__(self, folder: str | Path):
         folder = Path(folder)
+        self.name_or_path = str(folder)  # where it was read from, as transformers names it
         path = folder / "tokenizer.json"
         if not path.is_file():
             raise FileNotFoundError(f"{folder} has no tokenizer.json (the router reads only that)")

@@ -83,6 +83,7 @@ def test_every_workload_conversation_renders_to_transformers_tokens(pair):
 def test_prompts_decoding_and_the_vocabulary_match(pair):
     ours, theirs = pair
     assert len(ours) == len(theirs)
+    assert ours.name_or_path == theirs.name_or_path  # the folder (SGLang's tokenizer_path)
     for messages in CONVERSATIONS[::7]:
         text = messages[-1]["content"]
         want = theirs(text, add_special_tokens=False)["input_ids"]

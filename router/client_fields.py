@@ -43,7 +43,7 @@ class ClientFields(Strict):
     prediction: Prediction | None = None
     # vLLM's
     request_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None
-    priority: int = 0
+    priority: int | None = 0  # null: SGLang's default
     spaces_between_special_tokens: bool = True
     use_beam_search: bool = False
     length_penalty: float = 1.0
@@ -51,7 +51,7 @@ class ClientFields(Strict):
     def client_refused(self) -> dict[str, bool]:
         """Field -> whether it asks for what specd does not do."""
         return {
-            "priority": self.priority != 0,
+            "priority": self.priority not in (None, 0),
             "use_beam_search": self.use_beam_search,
             "length_penalty": self.length_penalty != 1.0,
         }

@@ -38,7 +38,7 @@ TRUNCATIONS = ("top_k", "top_p", "min_p", "infill")  # specd's order; top-k igno
 
 class LlamaSamplers(Strict):
     samplers: list[str] | str | None = None
-    json_schema: dict[str, Any] | None = None
+    json_schema: dict[str, Any] | str | None = None  # str: JSON text, as SGLang's
     grammar: str | None = None  # GBNF
     # samplers specd has not: accepted where they are off
     dynatemp_range: float = 0.0
@@ -127,7 +127,7 @@ class LlamaSamplers(Strict):
 
     def llama_constraints(self) -> list[tuple[str, dict]]:
         """(field, keywords of specd.constraint.named) for `json_schema` and `grammar`."""
-        grammar = _lark(self.grammar) if self.grammar is not None else None
+        grammar = gbnf_to_lark(self.grammar, "grammar") if self.grammar is not None else None
         return [
             ("json_schema", {"json_schema": self.json_schema}),
             ("grammar", {"grammar": grammar}),
@@ -148,10 +148,11 @@ class LlamaSamplers(Strict):
         return names
 
 
-def _lark(gbnf: str) -> str:
+def gbnf_to_lark(gbnf: str, param: str) -> str:
+    """A GBNF grammar as llguidance's Lark; BodyError naming `param` where it is not one."""
     from llguidance.gbnf_to_lark import any_to_lark
 
     try:
         return any_to_lark(gbnf)
     except Exception as exc:  # its parser's own errors
-        raise BodyError(f"grammar: not GBNF llguidance reads: {exc}", "grammar") from None
+        raise BodyError(f"{param}: not GBNF llguidance reads: {exc}", param) from None

@@ -15,6 +15,7 @@ from router.body import BodyError
 from router.client import MODES
 from router.fim import infill_prompt
 from router.openai_schema import Body, ChatBody, ChatMessage
+from router.sglang_fields import salt
 from router.tools import ToolUse
 
 log = logging.getLogger(__name__)
@@ -133,10 +134,10 @@ def to_request(
         speculation=MODES[mode],
         ignore_eos=body.ignore_eos,
         stop_token_ids=body.stop_token_ids or [],
-        include_stop_str_in_output=body.include_stop_str_in_output,
+        include_stop_str_in_output=body.include_stop_str_in_output or body.no_stop_trim,
         skip_special_tokens=body.skip_special_tokens,
         truncate_prompt_tokens=keep,
-        cache_salt=body.cache_salt or "",
+        cache_salt=salt(body.extra_key, body.cache_salt) or "",
         bad_words=body.bad_words or [],
     )
     constraint = body.constraint(tools)

@@ -42,6 +42,9 @@ Where this differs from the OpenAI API, on purpose:
 - llama-server's sampler fields, as llama-server's own OpenAI endpoints take them
   (`samplers`, `cache_prompt`, its samplers where they are off; router/llamacpp_sampling.py),
   and its `max_tokens: -1` (until the context is full);
+- SGLang's fields, as its Model Gateway forwards them to every worker
+  (router/sglang_fields.py: `no_stop_trim`, `regex`, `ebnf`, `extra_key` served, the
+  rest taken where they ask for nothing);
 - a string with a lone UTF-16 surrogate (a `\\ud800` escape, valid JSON but not text) is
   refused, naming its field.
 """
@@ -51,12 +54,13 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from protos.specd.v1 import common_pb2
 from router.body import BodyError, Request, Strict, parse
 from router.client_fields import ClientFields
 from router.llamacpp_sampling import LlamaSamplers
+from router.sglang_fields import SglangExtras, SglangFields
 from router.tools import ToolUse
 from specd.constraint import choice_grammar, named, structural_tag_grammar
 from specd.params import MAX_LOGPROBS
@@ -185,8 +189,10 @@ class ResponseFormat(Strict):
     triggers: list[str] | None = None
 
 
-class Body(Request, LlamaSamplers, ClientFields):
+class Body(SglangExtras, LlamaSamplers, ClientFields, SglangFields):
     """What both endpoints accept; CompletionBody and ChatBody add their own fields."""
+
+    model_config = ConfigDict(extra="allow", strict=True)  # SGLang's (router/sglang_fields.py)
 
     model: str | None = None  # absent: the served model, as vLLM and llama-server take it
     stream: bool = False
@@ -228,7 +234,12 @@ class Body(Request, LlamaSamplers, ClientFields):
     structured_outputs: StructuredOutputs | None = None
 
     def unsupported(self) -> dict[str, bool]:
-        return {**super().unsupported(), **self.llama_refused(), **self.client_refused()}
+        return {
+            **super().unsupported(),
+            **self.llama_refused(),
+            **self.client_refused(),
+            **self.sglang_refused(),
+        }
 
     def constraint(self, tools: ToolUse | None = None) -> common_pb2.Constraint | None:
         """The one constraint the body asks for, if any (checked by the router); `tools`:
@@ -245,6 +256,7 @@ class Body(Request, LlamaSamplers, ClientFields):
                 ("structured_outputs", self._structured_outputs()),
                 ("tool_choice", {"json_schema": forced}),
                 *self.llama_constraints(),
+                *self.sglang_constraints(),
             ]
             if any(v is not None for v in kwargs.values())
         }
@@ -389,6 +401,7 @@ class ChatTemplateOptions(Strict):
 
 
 class ChatBody(Body, ChatTemplateOptions):
+    model_config = Body.model_config  # ChatTemplateOptions' would refuse SGLang's fields
     messages: list[ChatMessage]
     max_completion_tokens: Positive | None = None
     logprobs: bool | None = None

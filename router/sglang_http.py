@@ -64,7 +64,8 @@ class SglangRoutes:
             {
                 "model_path": info.model if info is not None else None,
                 # where the router read it (a gateway in front loads it from there)
-                "tokenizer_path": getattr(self.router.tokenizer, "name_or_path", self.door.model),
+                "tokenizer_path": getattr(self.router.tokenizer, "name_or_path", "")
+                or self.door.model,
                 "is_generation": True,
                 "preferred_sampling_params": None,
                 "weight_version": "default",

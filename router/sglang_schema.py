@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
-from router.body import BodyError, Request
+from router.body import BodyError
 from router.openai_schema import (
     Bias,
     CompletionBody,
@@ -17,85 +17,9 @@ from router.openai_schema import (
     StructuralTags,
     TokenId,
 )
+from router.sglang_fields import SglangExtras, salt
 
 MAX_PROMPTS = 64  # prompts x n in one request, as the OpenAI door's batch
-
-# GenerateReqInput's fields for what specd does not do (adapters, other modalities, hidden
-# states, experts, disaggregated prefill, sessions, data-parallel ranks), with the values
-# that ask for nothing: SGLang's clients send them so (sglang.bench_serving sends
-# `lora_path: null` and `return_routed_experts: false`), and any other value is refused,
-# naming the field. A batch may give one value per prompt.
-NOTHING_ASKED: dict[str, tuple] = {
-    **dict.fromkeys(
-        [
-            "lora_path",
-            "lora_id",
-            "input_embeds",
-            "image_data",
-            "video_data",
-            "audio_data",
-            "mm_hashes",
-            "mm_content_hashes",
-            "video_config",
-            "modalities",
-            "images_config",
-            "mm_processor_kwargs",
-            "token_ids_logprob",
-            "return_sampling_mask",
-            "sampling_logprobs_mode",
-            "session_id",
-            "session_params",
-            "custom_logit_processor",
-            "positional_embed_overrides",
-            "bootstrap_host",
-            "bootstrap_port",
-            "bootstrap_room",
-            "bootstrap_pair_key",
-            "decode_tp_size",
-            "disagg_prefill_dp_rank",
-            "max_thinking_tokens",
-            "watermark",
-            "kv_hints",
-            "multi_item_delimiter_indices",
-            "token_indices_to_pool",
-            "encoder_urls",
-        ],
-        (None,),
-    ),
-    **dict.fromkeys(
-        [
-            "use_audio_in_video",
-            "return_flat_raw_top_logprobs",
-            "return_flat_raw_output_top_logprobs",
-            "return_hidden_states",
-            "return_routed_experts",
-            "return_indexer_topk",
-            "return_bytes",
-            "return_entropy",
-            "background",
-            "require_reasoning",
-        ],
-        (None, False),
-    ),
-    "routed_experts_start_len": (None, 0),
-    # one rank, one queue: rank 0 and priority 0 are what every request gets
-    "routed_dp_rank": (None, 0),
-    "data_parallel_rank": (None, 0),
-    "priority": (None, 0),
-}
-# GenerateReqInput's fields for logging, tracing and routing, taken without effect
-NO_EFFECT = frozenset(
-    [
-        "log_metrics",
-        "no_logs",
-        "custom_labels",
-        "external_trace_header",
-        "received_time",
-        "routing_key",
-        "conversation_id",
-        "http_worker_ipc",
-    ]
-)
 
 
 class SglangSampling(Strict):
@@ -191,10 +115,7 @@ class SglangSampling(Strict):
         )
 
 
-class GenerateBody(Request):
-    # SGLang's fields for what specd does not do are read by `unsupported` (NOTHING_ASKED)
-    model_config = ConfigDict(extra="allow", strict=True)
-
+class GenerateBody(SglangExtras):
     text: str | list[str] | None = None
     input_ids: list[TokenId] | list[list[TokenId]] | None = None
     sampling_params: SglangSampling | list[SglangSampling] | None = None
@@ -214,14 +135,7 @@ class GenerateBody(Request):
     speculation: str | None = None
 
     def unsupported(self) -> dict[str, bool]:
-        refused = {}
-        for name, value in (self.model_extra or {}).items():
-            if name not in NOTHING_ASKED and name not in NO_EFFECT:
-                raise BodyError(f"unknown field {name!r}", name)
-            if name in NOTHING_ASKED:
-                values = value if isinstance(value, list) else [value]
-                refused[name] = any(v not in NOTHING_ASKED[name] for v in values)
-        return refused
+        return self.sglang_refused()
 
     @property
     def top(self) -> int | None:
@@ -242,8 +156,7 @@ class GenerateBody(Request):
         return start
 
     def salt(self) -> str | None:
-        """The prefix cache's salt: extra_key and cache_salt, each its own."""
-        return "\n".join(s for s in (self.extra_key, self.cache_salt) if s) or None
+        return salt(self.extra_key, self.cache_salt)
 
     def prompts(self, tokenize) -> list[list[int]]:
         """Each prompt's ids (`tokenize`: text -> ids, as SGLang adds the model's BOS)."""

@@ -7,6 +7,7 @@ structural tags and cache salts are the OpenAI door's; the token guards it and b
 are refused naming the field."""
 
 import json
+import re
 
 import pytest
 
@@ -217,3 +218,66 @@ def test_structural_tags_and_cache_salts_are_the_openai_doors(cluster):
     both = {**sampling, "regex": "[0-9]+"}
     r = post_json(f"{cluster.http}/generate", {"text": "abc", "sampling_params": both})
     assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params"
+
+
+def test_the_bodies_sglangs_model_gateway_forwards_are_served(cluster):
+    """SGLang's Model Gateway (sglang-router's `smg`) forwards each request with SGLang's
+    own fields at their defaults (these bodies are what it sent a worker): served as the
+    plain ones are. SGLang's served fields act as vLLM's: `no_stop_trim` as
+    include_stop_str_in_output, `regex` and `ebnf` as guided_regex and a GBNF grammar;
+    the others are refused, naming the field, where they ask for something."""
+    chat = {"model": TINY_MODEL_ID, "messages": [{"role": "user", "content": "abc"}]}
+    chat |= {"max_completion_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+    completion = {"model": TINY_MODEL_ID, "prompt": "abc", "max_tokens": 12}
+    completion |= {"temperature": 0.0, "ignore_eos": True}
+    gateway = {"no_stop_trim": False, "skip_special_tokens": True}
+    gateway |= {"return_hidden_states": False}
+    forwarded = [
+        ("/v1/chat/completions", chat, {**gateway, "logprobs": False, "stream": False}),
+        ("/v1/chat/completions", chat, {"continue_final_message": False}),
+        ("/v1/chat/completions", chat, {"separate_reasoning": True, "stream_reasoning": True}),
+        ("/v1/completions", completion, {**gateway, "echo": False, "stream": False}),
+        ("/v1/completions", completion, {"priority": None, "rid": "r1", "custom_labels": {}}),
+        ("/generate", {"text": "abc", "sampling_params": GREEDY}, {"model": None}),
+    ]
+    for path, body, extra in forwarded:
+        plain, sent = (post_json(f"{cluster.http}{path}", b) for b in (body, {**body, **extra}))
+        assert sent.status_code == 200, (path, extra, sent.text)
+        assert _text(sent.json()) == _text(plain.json()), (path, extra)
+    whole = _text(post_json(f"{cluster.http}/v1/completions", completion).json())
+    word = whole[4:6]
+    for kept in ({"no_stop_trim": True}, {"include_stop_str_in_output": True}):
+        cut = post_json(f"{cluster.http}/v1/completions", {**completion, "stop": word, **kept})
+        assert _text(cut.json()) == whole[: whole.index(word)] + word, kept
+    shaped = {}
+    for field, value in [
+        ("regex", "[0-9]+"),
+        ("guided_regex", "[0-9]+"),
+        ("ebnf", 'root ::= [0-9]+ "!"'),
+        ("grammar", 'root ::= [0-9]+ "!"'),
+    ]:
+        r = post_json(f"{cluster.http}/v1/completions", {**completion, field: value})
+        assert r.status_code == 200, (field, r.text)
+        shaped[field] = _text(r.json())
+    assert re.fullmatch("[0-9]+", shaped["regex"]) and shaped["regex"] == shaped["guided_regex"]
+    assert re.fullmatch("[0-9]+!?", shaped["ebnf"]) and shaped["ebnf"] == shaped["grammar"]
+    salted = post_json(f"{cluster.http}/v1/completions", {**completion, "extra_key": "x"})
+    assert _text(salted.json()) == whole
+    for field, value in [
+        ("separate_reasoning", False),
+        ("return_hidden_states", True),
+        ("stop_regex", "[0-9]"),
+        ("lora_path", "adapter"),
+        ("ebnf", "root ::= ("),
+        ("no_such_field", 1),
+    ]:
+        r = post_json(f"{cluster.http}/v1/chat/completions", {**chat, field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, (field, r.text)
+
+
+def _text(answer: dict) -> str:
+    """An answer's text, whichever endpoint gave it."""
+    if "choices" not in answer:
+        return answer["text"]
+    choice = answer["choices"][0]
+    return choice["text"] if "text" in choice else choice["message"]["content"]

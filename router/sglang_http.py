@@ -63,9 +63,7 @@ class SglangRoutes:
         return web.json_response(
             {
                 "model_path": info.model if info is not None else None,
-                # where the router read it (a gateway in front loads it from there)
-                "tokenizer_path": getattr(self.router.tokenizer, "name_or_path", "")
-                or self.door.model,
+                "tokenizer_path": self._tokenizer_path(),
                 "is_generation": True,
                 "preferred_sampling_params": None,
                 "weight_version": "default",
@@ -89,12 +87,17 @@ class SglangRoutes:
             {
                 "model_path": info.model if info is not None else None,
                 "served_model_name": self.door.model,
+                "tokenizer_path": self._tokenizer_path(),
                 "context_length": info.max_context if info is not None else None,
                 "speculative_draft_model_path": (info.drafter or None) if info else None,
                 "internal_states": [state],
                 "version": "specd",
             }
         )
+
+    def _tokenizer_path(self) -> str:
+        """Where the router read its tokenizer (a gateway in front loads it from there)."""
+        return getattr(self.router.tokenizer, "name_or_path", "") or self.door.model
 
     async def health_generate(self, request):
         """A one-token generation through a replica: 200 once it ran, else 503."""

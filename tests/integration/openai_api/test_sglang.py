@@ -115,6 +115,8 @@ def test_the_token_guards_it_and_bad_bodies_are_refused(cluster):
     assert http("POST", f"{url(cluster, 1)}/flush_cache").status_code == 200  # none to reset
     info = http("GET", f"{cluster.http}/get_model_info").json()
     assert info["is_generation"] is True and info["tokenizer_path"] == TINY_MODEL_ID
+    server = http("GET", f"{cluster.http}/get_server_info").json()
+    assert server["tokenizer_path"] == TINY_MODEL_ID
     assert http("GET", f"{cluster.http}/health_generate").status_code == 200
     assert http("GET", f"{url(cluster, 1)}/health_generate").status_code == 503  # no replica
     for body, param in [

@@ -10,6 +10,8 @@ runtime (reinforcement-learning rollout frameworks send token ids to /generate):
     GET  /health_generate               200 once a one-token generation has run
     GET  /get_server_info, /server_info the model, its context, and speculation's mean
                                         accepted length since start
+    GET  /get_load                      each replica's requests and KV tokens in use, as
+                                        SGLang's Model Gateway polls a worker's load
 
 Bodies are router/sglang_schema.py's. The door's bearer token guards them, as SGLang's
 --api-key does."""
@@ -38,6 +40,7 @@ PATHS = (
     "/health_generate",
     "/get_server_info",
     "/server_info",
+    "/get_load",
 )
 END = b"data: [DONE]\n\n"
 
@@ -56,6 +59,7 @@ class SglangRoutes:
             web.get("/health_generate", self.health_generate),
             web.get("/get_server_info", self.server_info),
             web.get("/server_info", self.server_info),
+            web.get("/get_load", self.load),
         ]
 
     async def model_info(self, request):
@@ -93,6 +97,22 @@ class SglangRoutes:
                 "internal_states": [state],
                 "version": "specd",
             }
+        )
+
+    async def load(self, request):
+        """SGLang's per-rank load, as its Model Gateway polls it to balance (its load is
+        `num_tokens`): one entry per replica reporting, from its last load report."""
+        reporting = [r for r in self.router.replicas.replicas.values() if r.report is not None]
+        return web.json_response(
+            [
+                {
+                    "dp_rank": rank,
+                    "num_reqs": r.report.running + r.report.waiting,
+                    "num_waiting_reqs": r.report.waiting,
+                    "num_tokens": r.report.kv_blocks_used * r.report.kv_block_size,
+                }
+                for rank, r in enumerate(reporting)
+            ]
         )
 
     def _tokenizer_path(self) -> str:

@@ -177,6 +177,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             tokens_per_s=self.rate.rate(),
             acceptance_by_route=self.engine.acceptance_by_route(),
             drafter_available=self._drafter_available(),
+            kv_block_size=self.engine.kv.allocator.block_size,
         )
 
     async def Info(self, request, context):

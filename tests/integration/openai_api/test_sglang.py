@@ -8,6 +8,8 @@ are refused naming the field."""
 
 import json
 import re
+import time
+import urllib.request
 
 import pytest
 
@@ -112,6 +114,7 @@ def test_the_token_guards_it_and_bad_bodies_are_refused(cluster):
     assert http("GET", f"{secured}/model_info").status_code == 401
     assert http("POST", f"{secured}/reset_prefix_cache").status_code == 401
     assert http("GET", f"{secured}/flush_cache").status_code == 401
+    assert http("GET", f"{secured}/get_load").status_code == 401
     assert http("POST", f"{url(cluster, 1)}/flush_cache").status_code == 200  # none to reset
     info = http("GET", f"{cluster.http}/get_model_info").json()
     assert info["is_generation"] is True and info["tokenizer_path"] == TINY_MODEL_ID
@@ -283,3 +286,43 @@ def _text(answer: dict) -> str:
         return answer["text"]
     choice = answer["choices"][0]
     return choice["text"] if "text" in choice else choice["message"]["content"]
+
+
+def test_get_load_tells_each_replicas_requests_and_tokens_as_sglangs_gateway_reads_them(cluster):
+    """GET /get_load, SGLang's per-rank list (its Model Gateway balances on `num_tokens`):
+    one entry per replica, a request counted with its KV tokens while it streams, and
+    nothing held once every request ended."""
+    loads = wait_for(lambda: _loads(cluster), lambda ls: len(ls) == 2)
+    assert [x["dp_rank"] for x in loads] == [0, 1]
+    assert set(loads[0]) == {"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens"}
+    body = {"text": "abc" * 40, "sampling_params": {**GREEDY, "max_new_tokens": 200}}
+    req = urllib.request.Request(
+        f"{cluster.http}/generate",
+        data=json.dumps({**body, "stream": True}).encode(),
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=60) as stream:
+        stream.readline()  # it runs
+        # the prompt's 121 tokens in blocks of 4, at least (a report may predate its
+        # prefill's end)
+        busy = wait_for(lambda: _loads(cluster), lambda ls: sum(x["num_tokens"] for x in ls) >= 124)
+        assert sum(x["num_reqs"] for x in busy) == 1
+        assert all(x["num_tokens"] % 4 == 0 for x in busy)
+        stream.read()
+    idle = wait_for(lambda: _loads(cluster), lambda ls: sum(x["num_reqs"] for x in ls) == 0)
+    assert all(x["num_tokens"] == 0 for x in idle), idle
+
+
+def wait_for(read, done, timeout: float = 10.0):
+    """`read()` until `done` holds of it (the replicas report every 100 ms)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = read()
+        if done(value) or time.monotonic() > deadline:
+            assert done(value), value
+            return value
+        time.sleep(0.02)
+
+
+def _loads(cluster) -> list[dict]:
+    return http("GET", f"{cluster.http}/get_load").json()

@@ -295,7 +295,7 @@ def test_get_load_tells_each_replicas_requests_and_tokens_as_sglangs_gateway_rea
     loads = wait_for(lambda: _loads(cluster), lambda ls: len(ls) == 2)
     assert [x["dp_rank"] for x in loads] == [0, 1]
     assert set(loads[0]) == {"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens"}
-    body = {"text": "abc" * 40, "sampling_params": {**GREEDY, "max_new_tokens": 200}}
+    body = {"text": "abc" * 40, "sampling_params": {**GREEDY, "max_new_tokens": 380}}
     req = urllib.request.Request(
         f"{cluster.http}/generate",
         data=json.dumps({**body, "stream": True}).encode(),

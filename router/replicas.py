@@ -142,6 +142,10 @@ class ReplicaSet:
                 replica.report = None
                 await anyio.sleep(0.2)
 
+    def reporting(self) -> list[Replica]:
+        """The replicas that have sent a load report since their watch last (re)started."""
+        return [r for r in self.replicas.values() if r.report is not None]
+
     def any_healthy(self) -> bool:
         return any(r.healthy for r in self.replicas.values())
 
@@ -172,7 +176,7 @@ class ReplicaSet:
         the blocks each forgot, by address; grpc.aio.AioRpcError where one could not."""
         if self.affinity is not None:
             self.affinity.clear()
-        reporting = [r for r in self.replicas.values() if r.report is not None]
+        reporting = self.reporting()
         asked = verifier_pb2.ResetPrefixCacheRequest()
         replies = await asyncio.gather(
             *(r.stub.ResetPrefixCache(asked, timeout=timeout) for r in reporting)

@@ -65,6 +65,7 @@ NOTHING_ASKED: dict[str, tuple] = {
             "token_indices_to_pool",
             "encoder_urls",
             "stop_regex",
+            "beam_width",
             "thinking",
             "task",
             "input_ids",
@@ -132,9 +133,14 @@ class SglangExtras(Request):
                 continue
             if name not in NOTHING_ASKED:
                 raise BodyError(f"unknown field {name!r}", name)
-            values = value if isinstance(value, list) else [value]
-            refused[name] = any(v not in NOTHING_ASKED[name] for v in values)
+            refused[name] = asks_for_something(name, value)
         return refused
+
+
+def asks_for_something(name: str, value) -> bool:
+    """Whether NOTHING_ASKED's field `name` asks for something (a batch's list: any)."""
+    values = value if isinstance(value, list) else [value]
+    return any(v not in NOTHING_ASKED[name] for v in values)
 
 
 class SglangFields(Strict):

@@ -31,6 +31,7 @@ from router.generation import side_by_side
 from router.openai_errors import error_event, error_response, request_error_response
 from router.openai_request import request_timeout, to_request
 from router.prepare import Prepared, RequestError
+from router.sglang_fields import salt
 from router.sglang_schema import MAX_PROMPTS, GenerateBody, SglangSampling
 
 PATHS = (
@@ -82,7 +83,7 @@ class SglangRoutes:
         (sglang.bench_serving prints it)."""
         _, info = await self.door.replica_info()
         metrics = self.router.metrics
-        reports = [r.report for r in self.router.replicas.replicas.values() if r.report]
+        reports = [r.report for r in self.router.replicas.reporting()]
         state = {
             "avg_spec_accept_length": metrics.accept_length() if metrics is not None else None,
             "last_gen_throughput": sum(r.tokens_per_s for r in reports),
@@ -102,7 +103,7 @@ class SglangRoutes:
     async def load(self, request):
         """SGLang's per-rank load, as its Model Gateway polls it to balance (its load is
         `num_tokens`): one entry per replica reporting, from its last load report."""
-        reporting = [r for r in self.router.replicas.replicas.values() if r.report is not None]
+        reporting = self.router.replicas.reporting()
         return web.json_response(
             [
                 {
@@ -154,7 +155,7 @@ class SglangRoutes:
                     body.route,
                     body.speculation,
                     prompt_logprobs=start is not None and start < len(ids),
-                    cache_salt=body.salt(),
+                    cache_salt=salt(body.extra_key, body.cache_salt),
                 )
                 grpc_request = to_request(
                     completion, headers.get("x-speculation", ""), self.door.sampling

@@ -17,7 +17,7 @@ from router.openai_schema import (
     StructuralTags,
     TokenId,
 )
-from router.sglang_fields import SglangExtras, salt
+from router.sglang_fields import SglangExtras, asks_for_something
 
 MAX_PROMPTS = 64  # prompts x n in one request, as the OpenAI door's batch
 
@@ -69,7 +69,7 @@ class SglangSampling(Strict):
         for none, and `prompt_logprobs`: the prompt's too. `max_new_tokens: 0` makes one
         token, which the answer leaves out."""
         for name in ("stop_regex", "beam_width", "custom_params", "watermark"):
-            if getattr(self, name) is not None:
+            if asks_for_something(name, getattr(self, name)):
                 raise BodyError(f"{name!r} is not supported by specd", f"sampling_params.{name}")
         if not self.spaces_between_special_tokens:
             raise BodyError(
@@ -154,9 +154,6 @@ class GenerateBody(SglangExtras):
                 "logprob_start_len",
             )
         return start
-
-    def salt(self) -> str | None:
-        return salt(self.extra_key, self.cache_salt)
 
     def prompts(self, tokenize) -> list[list[int]]:
         """Each prompt's ids (`tokenize`: text -> ids, as SGLang adds the model's BOS)."""

@@ -66,6 +66,8 @@ from specd.serving import ListenError
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = MAX_MESSAGE_BYTES  # as the gRPC listener's
 MESSAGES = "/v1/messages"  # Anthropic's Messages API: its errors in Anthropic's shape
+# the token guards these beside /v1/: the other servers' own endpoints
+NATIVE_PATHS = frozenset(LLAMACPP_PATHS + SGLANG_PATHS + CACHE_PATHS)
 
 
 class OpenAIDoor:
@@ -151,8 +153,7 @@ class OpenAIDoor:
 
     @web.middleware
     async def _auth(self, request, handler):
-        native = LLAMACPP_PATHS + SGLANG_PATHS + CACHE_PATHS
-        guarded = request.path.startswith("/v1/") or request.path in native
+        guarded = request.path.startswith("/v1/") or request.path in NATIVE_PATHS
         if not self._expected or not guarded:
             return await handler(request)
         given = request.headers.get("Authorization", "").encode()

@@ -230,7 +230,8 @@ class Engine:
 
     # -- one step ----------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        self._apply_resets()
+        if self._resets:  # read without the lock: one added meanwhile waits for the next step
+            self._apply_resets()
         return self._apply_aborts() + self._scheduled_step()
 
     def _scheduled_step(self) -> list[StepOutput]:

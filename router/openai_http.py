@@ -7,7 +7,7 @@ beside its gRPC server, in front of the same `Router`.
     POST /v1/responses         OpenAI's Responses API, served as the chat it is
     POST /v1/messages          Anthropic's Messages API, the same way (and count_tokens)
     GET  /health               200 while some verifier replica is healthy, else 503
-    POST /tokenize, /detokenize  vLLM's: a prompt's or a chat's ids, and ids' text
+    POST /tokenize, /detokenize; GET /tokenizer_info  vLLM's (router/tokenize_http.py)
     POST /completion, /infill; GET /props  llama-server's own (router/llamacpp_http.py)
     POST /generate; GET /model_info   SGLang's own (router/sglang_http.py)
 
@@ -37,7 +37,7 @@ from router import openai_schema as schema
 from router import sse
 from router.anthropic_answer import AnthropicAnswer, in_anthropic_shape
 from router.anthropic_schema import CountTokensBody, MessagesBody
-from router.body import BodyError, has_field, parse
+from router.body import BodyError, parse
 from router.cache_http import PATHS as CACHE_PATHS
 from router.cache_http import CacheRoutes
 from router.fim import markers_of
@@ -59,6 +59,8 @@ from router.responses_answer import ResponsesAnswer
 from router.responses_schema import ResponsesBody
 from router.sglang_http import PATHS as SGLANG_PATHS
 from router.sglang_http import SglangRoutes
+from router.tokenize_http import GUARDED_PATHS as TOKENIZER_PATHS
+from router.tokenize_http import TokenizerRoutes
 from router.tools import call_format
 from specd.channels import MAX_MESSAGE_BYTES
 from specd.serving import ListenError
@@ -66,8 +68,9 @@ from specd.serving import ListenError
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = MAX_MESSAGE_BYTES  # as the gRPC listener's
 MESSAGES = "/v1/messages"  # Anthropic's Messages API: its errors in Anthropic's shape
-# the token guards these beside /v1/: the other servers' own endpoints
-NATIVE_PATHS = frozenset(LLAMACPP_PATHS + SGLANG_PATHS + CACHE_PATHS)
+# the token guards these beside /v1/: the other servers' own endpoints, the prefix caches'
+# and the tokenizer's settings
+NATIVE_PATHS = frozenset(LLAMACPP_PATHS + SGLANG_PATHS + CACHE_PATHS + TOKENIZER_PATHS)
 
 
 class OpenAIDoor:
@@ -123,8 +126,6 @@ class OpenAIDoor:
                 web.route("*", "/v1/responses/{rest:.*}", self.no_stored_responses),
                 web.post(MESSAGES, self.messages),
                 web.post(f"{MESSAGES}/count_tokens", self.count_tokens),
-                web.post("/tokenize", self.tokenize),
-                web.post("/detokenize", self.detokenize),
             ]
         )
         if self.registry is not None:
@@ -132,6 +133,7 @@ class OpenAIDoor:
         app.add_routes(self.llama.routes())
         app.add_routes(self.sglang.routes())
         app.add_routes(CacheRoutes(self.router).routes())
+        app.add_routes(TokenizerRoutes(self).routes())
         return app
 
     # -- middlewares -----------------------------------------------------------------------
@@ -209,7 +211,7 @@ class OpenAIDoor:
         request = router_pb2.GenerateRequest(messages=messages, max_new_tokens=1)
         return self.router.prepare(request, {}).prompt_ids
 
-    def _unknown(self, model: str | None):
+    def unknown(self, model: str | None):
         """The 404 for a model this door does not serve (None: it serves it)."""
         if model is None or model in self.names:
             return None
@@ -225,7 +227,7 @@ class OpenAIDoor:
 
     async def model_card(self, request):
         """One model's card (the OpenAI SDK's `models.retrieve`), by any of its names."""
-        refused = self._unknown(request.match_info["model"])
+        refused = self.unknown(request.match_info["model"])
         return refused if refused is not None else web.json_response(await self._card())
 
     async def _card(self) -> dict:
@@ -242,46 +244,6 @@ class OpenAIDoor:
                 },
             )
         return card
-
-    async def tokenize(self, request):
-        """vLLM's /tokenize: a prompt's ids, or a chat's as the template renders it
-        (llama-server's body, with `content`, is answered in its shape)."""
-        raw = await request.read()
-        if has_field(raw, "content"):
-            return await self.llama.tokenize(raw)
-        try:
-            body = parse(raw, schema.TokenizeBody)
-            if (refused := self._unknown(body.model)) is not None:
-                return refused
-            if body.prompt is not None:
-                tokenized = self.router.tokenizer(
-                    body.prompt, add_special_tokens=body.add_special_tokens
-                )
-                ids = list(tokenized["input_ids"])
-            else:
-                ids = self.chat_ids(body)
-        except BodyError as exc:
-            return error_response(400, str(exc), exc.param)
-        except RequestError as exc:
-            return request_error_response(exc)
-        _, info = await self.replica_info()
-        length = info.max_context if info is not None else None
-        return web.json_response({"count": len(ids), "max_model_len": length, "tokens": ids})
-
-    async def detokenize(self, request):
-        """vLLM's /detokenize: ids to text, special tokens shown; the text is both vLLM's
-        `prompt` and llama-server's `content` (their bodies are alike)."""
-        try:
-            body = parse(await request.read(), schema.DetokenizeBody)
-        except BodyError as exc:
-            return error_response(400, str(exc), exc.param)
-        if (refused := self._unknown(body.model)) is not None:
-            return refused
-        vocab = len(self.router.tokenizer)
-        if any(t >= vocab for t in body.tokens):
-            return error_response(400, f"tokens must be ids in [0, {vocab})", "tokens")
-        text = self.router.tokenizer.decode(body.tokens)
-        return web.json_response({"prompt": text, "content": text})
 
     async def completions(self, request):
         return await self._serve(request, schema.CompletionBody, "text_completion", "cmpl")
@@ -310,7 +272,7 @@ class OpenAIDoor:
         """Anthropic's count_tokens: the prompt a message would have, counted."""
         try:
             body = parse(await request.read(), CountTokensBody)
-            if (refused := self._unknown(body.model)) is not None:
+            if (refused := self.unknown(body.model)) is not None:
                 return in_anthropic_shape(refused)
             ids = self.chat_ids(body.chat())
         except BodyError as exc:
@@ -322,7 +284,7 @@ class OpenAIDoor:
     async def _serve(self, request: web.Request, kind, obj: str, prefix: str):
         try:
             body = parse(await request.read(), kind)
-            if (refused := self._unknown(body.model)) is not None:
+            if (refused := self.unknown(body.model)) is not None:
                 return refused
             served_as_chat = isinstance(body, (ResponsesBody, MessagesBody))
             asked = body.chat_body() if served_as_chat else body

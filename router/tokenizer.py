@@ -83,6 +83,9 @@ class ChatTokenizer:
         source = _template_source(folder, config)
         self.chat_template = source  # its text, as transformers' tokenizers name it
         self._template = None if source is None else _environment().from_string(source)
+        # the settings it was made with, as transformers keeps them (vLLM's /tokenizer_info)
+        added = self._tok.get_added_tokens_decoder()
+        self.init_kwargs = {**config, "chat_template": source, "added_tokens_decoder": added}
 
     def __len__(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)

@@ -11,6 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from bench.prompts import WORKLOADS, load_conversations
+from router.tokenize_http import tokenizer_info
 from router.tokenizer import ChatTokenizer
 from specd.models.catalog import DEFAULT_TARGET
 from tests.cluster import char_tokenizer
@@ -60,7 +61,9 @@ def pair(request, tmp_path_factory):
         char_tokenizer().save_pretrained(folder)
         if request.param == "picky":
             config = json.loads((folder / "tokenizer_config.json").read_text())
-            config |= {"bos_token": "{", "eos_token": "}"}
+            # the end token as older configs write one: an AddedToken's fields
+            end = {"__type": "AddedToken", "content": "}", "lstrip": False, "special": True}
+            config |= {"bos_token": "{", "eos_token": end}
             (folder / "tokenizer_config.json").write_text(json.dumps(config))
             (folder / "chat_template.jinja").write_text(PICKY_TEMPLATE)
     else:
@@ -162,3 +165,20 @@ def test_continuing_the_last_message_and_template_variables_render_as_transforme
     assert ("hello there" in text) == ("greeting" in str(ours.chat_template))
     with pytest.raises(ValueError, match="exclude each other"):
         ours.apply_chat_template(chat, add_generation_prompt=True, continue_final_message=True)
+
+
+def test_tokenizer_info_answers_as_vllm_answers_from_transformers_tokenizer(pair):
+    """/tokenizer_info from the router's tokenizer equals what it makes of transformers'
+    (vLLM's answer, less the paths of its files): every setting, the special tokens and
+    added tokens as text, the template; how transformers was asked to load it aside."""
+    ours, theirs = pair
+    loading = ("is_local", "local_files_only")  # from_pretrained's arguments it records
+    got, want = (json.loads(json.dumps(tokenizer_info(t))) for t in (ours, theirs))
+    assert {k: v for k, v in got.items() if k not in loading} == {
+        k: v for k, v in want.items() if k not in loading
+    }
+    assert got["chat_template"] == theirs.chat_template
+    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        assert got.get(name) == getattr(theirs, name)
+    assert got["added_tokens_decoder"]  # tokenizer.json's added tokens, by id
+    assert not {"vocab_file", "merges_file", "tokenizer_file", "name_or_path"} & set(got)

@@ -6,8 +6,8 @@ test_http_errors's."""
 import openai
 import pytest
 
-from tests.cluster import TINY_MODEL_ID
-from tests.integration.openai_api.door import CHAT, post_json
+from tests.cluster import CHAT_TEMPLATE, TINY_MODEL_ID, char_tokenizer
+from tests.integration.openai_api.door import CHAT, TOKEN, http, post_json, url
 
 
 # -- answers ---------------------------------------------------------------------------------
@@ -49,6 +49,21 @@ def test_tokenize_and_detokenize_as_vllm_answers_them(cluster, client):
             body,
             reply.text,
         )
+
+
+def test_tokenizer_info_lets_a_client_tokenize_through_the_server(cluster):
+    """vLLM's /tokenizer_info, as lm-evaluation-harness's remote tokenizer reads it: the
+    special tokens' text (whose ids it then asks /tokenize for) and the chat template it
+    renders chats with itself; the door's token guards it."""
+    info = http("GET", f"{cluster.http}/tokenizer_info").json()
+    assert info["unk_token"] == "?" and info["chat_template"] == CHAT_TEMPLATE
+    tokenizer = char_tokenizer()  # the router's (a transformers tokenizer here)
+    assert info["tokenizer_class"] == type(tokenizer).__name__
+    ids = post_json(f"{cluster.http}/tokenize", {"prompt": info["unk_token"]}).json()["tokens"]
+    assert ids == [tokenizer.unk_token_id]
+    secured = f"{url(cluster, 0)}/tokenizer_info"
+    assert http("GET", secured).status_code == 401
+    assert http("GET", secured, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
 
 
 def test_a_chat_that_names_no_limit_runs_until_the_context_is_full(client):

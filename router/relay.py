@@ -49,13 +49,12 @@ async def relay(call, prep: Prepared, decision: Decision, tokenizer):
     ids: list[int] = []
     finish, spec, usage = "", common_pb2.SpeculationInfo(), common_pb2.Usage()
     async for resp in call:
-        new = list(resp.token_ids)
+        new, logprobs = list(resp.token_ids), list(resp.logprobs)
         # a stop token's text is left out, as vLLM leaves it (the id stays in token_ids)
         shown = new[:-1] if resp.stop_token and not request.include_stop_str_in_output else new
-        # stop strings are not matched in the first min_tokens tokens' text
-        early = max(0, min(len(shown), prep.params.min_tokens - len(ids)))
-        text = stops.feed(detok.push(shown[:early]), search=False)
-        text += stops.feed(detok.push(shown[early:]))
+        text, kept = _read(shown, len(ids), prep.params.min_tokens, detok, stops)
+        if stops.stopped:  # the tokens a round accepted past the stop string: never output
+            new, logprobs = new[:kept], logprobs[:kept]
         ids.extend(new)
         usage, finish = resp.usage, resp.finish_reason
         if resp.HasField("speculation"):
@@ -79,8 +78,8 @@ async def relay(call, prep: Prepared, decision: Decision, tokenizer):
                 spec.num_draft_tokens = decision.k
             final = router_pb2.GenerateStreamResponse(
                 text=text,
-                token_ids=resp.token_ids,
-                logprobs=resp.logprobs,
+                token_ids=new,
+                logprobs=logprobs,
                 prompt_logprobs=resp.prompt_logprobs,
                 finish_reason=finish,
                 usage=usage,
@@ -101,6 +100,19 @@ async def relay(call, prep: Prepared, decision: Decision, tokenizer):
                 logprobs=resp.logprobs,
                 prompt_logprobs=resp.prompt_logprobs,
             )
+
+
+def _read(shown: list[int], before: int, min_tokens: int, detok, stops) -> tuple[str, int]:
+    """The text `shown` releases, and how many of its tokens the output keeps: fed one token
+    at a time, so that a stop string ends the output at the token that completes it, with
+    speculation as without (a round may accept tokens past it); `before`: the tokens output
+    so far (stop strings are not matched in the first `min_tokens` tokens' text)."""
+    text = ""
+    for n, token in enumerate(shown, start=1):
+        text += stops.feed(detok.push([token]), search=before + n > min_tokens)
+        if stops.stopped:
+            return text, n
+    return text, len(shown)
 
 
 def remaining(deadline: float | None) -> float | None:

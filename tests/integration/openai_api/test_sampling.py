@@ -366,6 +366,43 @@ def test_stop_strings_wait_for_min_tokens_and_may_stay_in_the_text(client):
     assert held.model_extra["stop_reason"] == (stop if later else None)
 
 
+def test_a_stop_string_ends_the_tokens_where_it_ends_the_text_with_speculation_too(client):
+    """The output's tokens end at the one that completes the stop string: a speculative
+    round that accepted tokens past it gives the same token ids, log-probabilities and
+    usage as decoding without speculation (only the text was cut before)."""
+    plain = completion_text(client, "off")
+    answers = {}
+    for speculation in ("off", "on"):
+        for at in range(2, 20, 3):  # stops that complete at several places in a round
+            r = client.completions.create(
+                model=TINY_MODEL_ID,
+                prompt="abcabc",
+                temperature=0,
+                max_tokens=24,
+                stop=[plain[at : at + 2]],
+                logprobs=2,
+                extra_body={
+                    "ignore_eos": True,
+                    "speculation": speculation,
+                    "return_token_ids": True,
+                },
+            )
+            choice = r.choices[0]
+            assert (
+                choice.finish_reason == "stop"
+                and choice.text == plain[: plain.index(choice.model_extra["stop_reason"])]
+            )
+            answers[speculation, at] = (
+                choice.model_extra["token_ids"],
+                choice.logprobs.tokens,
+                choice.logprobs.token_logprobs,
+                r.usage.completion_tokens,
+            )
+    for at in range(2, 20, 3):
+        off, on = answers["off", at], answers["on", at]
+        assert on == off and off[3] == len(off[0]) == len(off[1]), at
+
+
 def test_special_tokens_are_left_out_of_the_text_unless_asked_for(client):
     """The tiny tokenizer's one special token is its unknown, "?" (id 31): favoured by a
     logit bias, it is all the output, shown only with skip_special_tokens false."""

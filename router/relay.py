@@ -107,6 +107,8 @@ def _read(shown: list[int], before: int, min_tokens: int, detok, stops) -> tuple
     at a time, so that a stop string ends the output at the token that completes it, with
     speculation as without (a round may accept tokens past it); `before`: the tokens output
     so far (stop strings are not matched in the first `min_tokens` tokens' text)."""
+    if not stops.stops:  # nothing can cut it: the round's tokens at once
+        return stops.feed(detok.push(shown)), len(shown)
     text = ""
     for n, token in enumerate(shown, start=1):
         text += stops.feed(detok.push([token]), search=before + n > min_tokens)

@@ -109,3 +109,30 @@ def side_door(cluster, tokenizer, **door_fields):
             yield client
     finally:
         cluster.run(runner.cleanup())
+
+
+def completion_text(client, speculation: str, **fields) -> str:
+    """A greedy 24-token completion of "abcabc" under `fields`, ignoring end tokens."""
+    extra = {"ignore_eos": True, "speculation": speculation, **fields.pop("extra_body", {})}
+    r = client.completions.create(
+        model=TINY_MODEL_ID,
+        prompt="abcabc",
+        temperature=0,
+        max_tokens=24,
+        extra_body=extra,
+        **fields,
+    )
+    return r.choices[0].text
+
+
+def completion(client, speculation: str, **extra):
+    """As completion_text, the whole choice, with its token ids."""
+    r = client.completions.create(
+        model=TINY_MODEL_ID,
+        prompt="abcabc",
+        temperature=0,
+        max_tokens=24,
+        extra_body={"ignore_eos": True, "speculation": speculation, "return_token_ids": True}
+        | extra,
+    )
+    return r.choices[0]

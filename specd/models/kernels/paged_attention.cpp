@@ -199,6 +199,17 @@ inline int64_t reach(int64_t limit, uint64_t tree) {  // one past the last key s
   return tree ? limit + 64 - __builtin_clzll(tree) : limit;
 }
 
+// A task's scores (rows x query heads x keys, fp32) are written in one pass over the keys
+// and read in two more: they are kept within about this many bytes, in L2, by giving a
+// sequence's rows to tasks of at most `tile_rows` rows (a long prefill chunk's 512 rows
+// at 2,000 keys would otherwise write 24 MiB between its passes). Rows are independent,
+// so how they are split changes no bits.
+constexpr int64_t SCORE_BYTES = 256 << 10;
+constexpr int64_t MIN_TILE = 16;  // rows: a verification's are never split
+inline int64_t tile_rows(int64_t group, int64_t end) {
+  return std::max<int64_t>(MIN_TILE, SCORE_BYTES / (int64_t(sizeof(float)) * group * (end + 16)));
+}
+
 // Keys are read from blocks scattered over the pool, a few hundred bytes per key and head
 // (the other heads' between), and each 4 KiB page holds a handful of them: the hardware
 // prefetchers barely start on one before it ends, and a decode row's few FMAs per key
@@ -431,12 +442,25 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_pool, const 
   with_kv_dtypes(q.scalar_type(), k_pool.scalar_type(), [&](auto q_type, auto kv_type) {
     using T = decltype(q_type);
     using KV = decltype(kv_type);
-    // one task per (sequence, kv head); each owns its output rows
-    at::parallel_for(0, B * Hkv, 1, [&](int64_t t0, int64_t t1) {
+    // one task per (sequence, kv head, tile of its rows), a head's tiles in a row (the
+    // threads split the list in equal runs, as they split whole heads); each owns its output
+    struct Task {
+      int64_t b, g, r0, r1;
+    };
+    std::vector<Task> tasks;
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t end = 0;
+      for (int64_t r = sr[b]; r < sr[b + 1]; ++r) end = std::max(end, reach(lim[r], tr[r]));
+      const int64_t per = tile_rows(H / Hkv, end);
+      for (int64_t g = 0; g < Hkv; ++g)
+        for (int64_t r0 = sr[b]; r0 < sr[b + 1]; r0 += per)
+          tasks.push_back({b, g, r0, std::min(r0 + per, sr[b + 1])});
+    }
+    at::parallel_for(0, int64_t(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
-        const int64_t b = t / Hkv, g = t % Hkv;
+        const Task& k = tasks[t];
         attend(q.data_ptr<T>(), k_pool.data_ptr<KV>(), v_pool.data_ptr<KV>(), out.data_ptr<T>(),
-               tb + b * cols, block_size, sr[b], sr[b + 1], lim, tr, g, H, Hkv, D, float(scale));
+               tb + k.b * cols, block_size, k.r0, k.r1, lim, tr, k.g, H, Hkv, D, float(scale));
       }
     });
   });

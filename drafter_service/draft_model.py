@@ -5,6 +5,12 @@ Per round, for all sequences at once: roll the cache back to what the verifier c
 prompt on the first round: lazy prefill; later the accepted drafts' tail and the
 recovered/bonus token), then k batched single-token forwards. The k-th draft is never fed
 back: if it is accepted it arrives next round as a committed token.
+
+A long prompt is drafted from its last tokens only (`window`): the draft model's view of
+a sequence starts where it computes at most 2 x window tokens, at position 0 there. The
+output stays the target's (the verifier decides every token); what the window bounds is
+the drafter's prefill and attention, which on a CPU's shared cores cost more at a few
+thousand tokens than the drafts win back (docs/benchmarks-log.md section 137).
 """
 
 from __future__ import annotations
@@ -62,8 +68,10 @@ class DraftModelProposer:
         alternatives: int = 0,
         prefix_cache: bool = False,
         p_min: float = 0.0,
+        window: int = 0,
     ):
         self.model = model
+        self.window = window  # 0: every sequence drafted from its first token
         self.alternatives = alternatives  # runner-up leaves beside the first drafts
         # a round stops after a draft the draft model gave a probability under p_min (that
         # draft is still verified): DrafterConfig.p_min
@@ -74,6 +82,7 @@ class DraftModelProposer:
         model.prepare_steps(self.kv, GRAPH_SEQS, GRAPH_ROWS)  # CUDA graphs; else nothing
         self.top_m = top_m
         self._cached: dict[object, list[int]] = {}  # tokens whose K/V the drafter holds
+        self._start: dict[object, int] = {}  # where each sequence's view starts (`window`)
         self._gens: dict[object, torch.Generator] = {}
         self._last: list = []  # (state, proposal) of the last round, for draft_ahead
         self._ahead: dict = {}  # seq_id -> [(committed tokens it assumes, proposal)], a chain
@@ -89,6 +98,7 @@ class DraftModelProposer:
         if cached is not None:
             self.kv.allocator.publish(seq_id, cached)
         self.kv.allocator.free(seq_id)
+        self._start.pop(seq_id, None)
         self._gens.pop(seq_id, None)
         self._ahead.pop(seq_id, None)
         self._last = [(s, p) for s, p in self._last if s.seq_id != seq_id]
@@ -142,7 +152,7 @@ class DraftModelProposer:
 
     def _propose(self, states: list[DraftState], stop=None) -> list[Proposal]:
         active = [
-            _Drafting(s, s.tokens[len(self._cached[s.seq_id]) :])
+            _Drafting(s, s.tokens[self._start[s.seq_id] + len(self._cached[s.seq_id]) :])
             for s in states
             if s.k > 0 and s.tokens and self._sync(s)
         ]
@@ -213,23 +223,36 @@ class DraftModelProposer:
         return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
 
     def _sync(self, s: DraftState) -> bool:
-        """Roll back to the longest prefix shared with the committed tokens."""
+        """Roll back to the longest prefix shared with the committed tokens (in the
+        sequence's view: its tokens from `_start` on)."""
         alloc = self.kv.allocator
         if s.seq_id not in self._cached:
-            found = alloc.allocate(s.seq_id, tokens=s.tokens[:-1], salt=s.cache_salt)  # feed >= 1
-            self._cached[s.seq_id] = s.tokens[:found]
+            start = self._start[s.seq_id] = self._view_start(s)
+            view = s.tokens[start:-1]  # feed >= 1
+            found = alloc.allocate(s.seq_id, tokens=view, salt=s.cache_salt)
+            self._cached[s.seq_id] = view[:found]
             seed = None if s.params.seed is None else s.params.seed + 0x5EED
             self._gens[s.seq_id] = make_generator(seed)
-        cached = self._cached[s.seq_id]
+        cached, view = self._cached[s.seq_id], s.tokens[self._start[s.seq_id] :]
         common = 0
-        for a, b in zip(cached, s.tokens, strict=False):
+        for a, b in zip(cached, view, strict=False):
             if a != b:
                 break
             common += 1
-        common = min(common, len(s.tokens) - 1)  # always feed at least one token
+        common = min(common, len(view) - 1)  # always feed at least one token
         alloc.truncate_to(s.seq_id, common)
         del cached[common:]
         return True
+
+    def _view_start(self, s: DraftState) -> int:
+        """Where the draft model's view of a new sequence starts: at its first token where
+        at most `window` of them are not in the prefix cache; else at the last multiple of
+        `window` that leaves window or more, so that a conversation's turns starting there
+        find the turn before's blocks (K/V depend only on the tokens from the view's start)."""
+        n, cached = len(s.tokens), self.kv.allocator.cached_prefix(s.tokens[:-1], s.cache_salt)
+        if not self.window or n - cached <= self.window:
+            return 0
+        return (n - self.window) // self.window * self.window
 
     def _draw(self, s: DraftState, logits: torch.Tensor, so_far: list[int], pick=None):
         """One draft token -> (token, its probability under the draft model, q's ids, q's

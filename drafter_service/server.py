@@ -177,7 +177,7 @@ def build_proposer(config):
     from drafter_service.combined import CombinedProposer
     from drafter_service.draft_model import DraftModelProposer, load_draft_model
     from drafter_service.ngram import NgramProposer
-    from specd.config import prefix_cache_on
+    from specd.config import context_window, prefix_cache_on
     from specd.models.loader import load_config, resolve
     from specd.models.paged_kv import PagedKV
 
@@ -195,6 +195,7 @@ def build_proposer(config):
         alternatives=config.alternatives,
         prefix_cache=prefix_cache_on(config.prefix_cache, model),
         p_min=config.p_min,
+        window=context_window(config.context_window, model.device.type),
     )
     name = folder.name
     if config.proposer == "combined":

@@ -87,6 +87,18 @@ def chunk_invariant(model) -> bool:
     return bool(getattr(model, "chunk_invariant", lambda: False)())
 
 
+CPU_CONTEXT_WINDOW = 256  # DrafterConfig.context_window's auto on a CPU
+
+
+def context_window(setting: str, device: str) -> int:
+    """A `context_window` setting on a drafter's device type -> tokens (0: no window)."""
+    if setting == "auto":
+        return CPU_CONTEXT_WINDOW if device == "cpu" else 0
+    if not setting.isdigit():
+        raise ValueError(f"context_window must be auto or a count of tokens >= 0, got {setting!r}")
+    return int(setting)
+
+
 def prefix_cache_on(setting: str, model) -> bool:
     """A `prefix_cache` setting for this model: `auto` is on where a cached prefix cannot
     change an output (the model's forward is chunk-invariant)."""
@@ -129,6 +141,11 @@ class DrafterConfig:
     # its top token's; sampling: the drawn token's in q); that draft is still verified,
     # so the route's k is a cap, reached where the draft model is sure. 0 = always draft k
     p_min: float = 0.7
+    # N: the draft model drafts a long prompt from its last N to 2N tokens, where more than
+    # N would need computing (drafts stay exact; its prefill and attention stay bounded);
+    # 0 = from the first token; auto = 256 on a CPU (where that prefill takes the cores
+    # the target decodes on), 0 on a GPU
+    context_window: str = "auto"
     metrics_port: int = 0  # the Prometheus endpoint's port; 0 = none
     # on SIGTERM: draft streams get this long (a verifier decodes without drafts meanwhile)
     drain_seconds: float = 2.0
@@ -145,6 +162,7 @@ class DrafterConfig:
         _check_prefix_cache(self.prefix_cache)
         if self.vocab < 0 or self.alternatives < 0:
             raise ValueError("vocab and alternatives must be >= 0")
+        context_window(self.context_window, "cpu")  # refused here if malformed
         if not 0.0 <= self.p_min <= 1.0:
             raise ValueError(f"p_min must be in [0, 1], got {self.p_min}")
 

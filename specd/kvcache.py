@@ -111,6 +111,13 @@ class BlockAllocator:
         bs = self.block_size
         return [seq.blocks[p // bs] * bs + p % bs for p in range(start, end)]
 
+    def cached_prefix(self, tokens, salt: str = "") -> int:
+        """How many of `tokens` a sequence allocated now would find cached (0 without the
+        prefix cache); changes nothing."""
+        if not self.prefix_cache:
+            return 0
+        return len(self._match(tokens, root_key(salt))[0]) * self.block_size
+
     # -- changes ---------------------------------------------------------------------
     def allocate(self, seq_id, reserve_tokens: int = 0, tokens=(), salt: str = "") -> int:
         """Register a new sequence holding blocks for `reserve_tokens`. With the prefix

@@ -48,6 +48,10 @@ class CombinedProposer:
     def available(self) -> bool:
         return self.model.available
 
+    @property
+    def context_window(self) -> int:
+        return getattr(self.model, "context_window", 0)
+
     def propose(self, states: list[DraftState]) -> list[Proposal]:
         found = [self._lookup(s) for s in states]
         self._ahead.record((s, p) for s, p in zip(states, found, strict=True) if p is not None)

@@ -6,8 +6,9 @@ prompt on the first round: lazy prefill; later the accepted drafts' tail and the
 recovered/bonus token), then k batched single-token forwards. The k-th draft is never fed
 back: if it is accepted it arrives next round as a committed token.
 
-A long prompt is drafted from its last tokens only (`window`): the draft model's view of
-a sequence starts where it computes at most 2 x window tokens, at position 0 there. The
+A long prompt is drafted from its last tokens only (`context_window`, specd.proposal's
+`view_start`): the view of it starts where the draft model computes fewer than twice
+that many tokens, at position 0 there. The
 output stays the target's (the verifier decides every token); what the window bounds is
 the drafter's prefill and attention, which on a CPU's shared cores cost more at a few
 thousand tokens than the drafts win back (docs/benchmarks-log.md section 137).
@@ -25,7 +26,7 @@ from specd.kvcache import NoFreeBlocks
 from specd.logits import adjust_logits, adjustments, logits_to_probs
 from specd.models.paged_kv import PagedKV
 from specd.models.seq_input import SeqInput
-from specd.proposal import DraftState, Proposal, continuable
+from specd.proposal import DraftState, Proposal, continuable, view_start
 
 # on a GPU, draft steps of up to GRAPH_SEQS sequences and catch-ups of up to GRAPH_ROWS
 # tokens replay CUDA graphs (specd.models.gpu.graphs); larger ones run eagerly
@@ -68,10 +69,10 @@ class DraftModelProposer:
         alternatives: int = 0,
         prefix_cache: bool = False,
         p_min: float = 0.0,
-        window: int = 0,
+        context_window: int = 0,
     ):
         self.model = model
-        self.window = window  # 0: every sequence drafted from its first token
+        self.context_window = context_window  # 0: every sequence drafted from its first token
         self.alternatives = alternatives  # runner-up leaves beside the first drafts
         # a round stops after a draft the draft model gave a probability under p_min (that
         # draft is still verified): DrafterConfig.p_min
@@ -82,7 +83,7 @@ class DraftModelProposer:
         model.prepare_steps(self.kv, GRAPH_SEQS, GRAPH_ROWS)  # CUDA graphs; else nothing
         self.top_m = top_m
         self._cached: dict[object, list[int]] = {}  # tokens whose K/V the drafter holds
-        self._start: dict[object, int] = {}  # where each sequence's view starts (`window`)
+        self._start: dict[object, int] = {}  # where each sequence's view starts
         self._gens: dict[object, torch.Generator] = {}
         self._last: list = []  # (state, proposal) of the last round, for draft_ahead
         self._ahead: dict = {}  # seq_id -> [(committed tokens it assumes, proposal)], a chain
@@ -227,7 +228,9 @@ class DraftModelProposer:
         sequence's view: its tokens from `_start` on)."""
         alloc = self.kv.allocator
         if s.seq_id not in self._cached:
-            start = self._start[s.seq_id] = self._view_start(s)
+            cached = alloc.cached_prefix(s.tokens[:-1], s.cache_salt)
+            start = view_start(len(s.tokens), self.context_window, cached)
+            self._start[s.seq_id] = start
             view = s.tokens[start:-1]  # feed >= 1
             found = alloc.allocate(s.seq_id, tokens=view, salt=s.cache_salt)
             self._cached[s.seq_id] = view[:found]
@@ -243,16 +246,6 @@ class DraftModelProposer:
         alloc.truncate_to(s.seq_id, common)
         del cached[common:]
         return True
-
-    def _view_start(self, s: DraftState) -> int:
-        """Where the draft model's view of a new sequence starts: at its first token where
-        at most `window` of them are not in the prefix cache; else at the last multiple of
-        `window` that leaves window or more, so that a conversation's turns starting there
-        find the turn before's blocks (K/V depend only on the tokens from the view's start)."""
-        n, cached = len(s.tokens), self.kv.allocator.cached_prefix(s.tokens[:-1], s.cache_salt)
-        if not self.window or n - cached <= self.window:
-            return 0
-        return (n - self.window) // self.window * self.window
 
     def _draw(self, s: DraftState, logits: torch.Tensor, so_far: list[int], pick=None):
         """One draft token -> (token, its probability under the draft model, q's ids, q's

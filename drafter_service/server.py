@@ -145,6 +145,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             if request.round == 0:
                 out.drafter = self.name
                 out.lookup_only = self.lookup_only
+                out.context_window = getattr(self.proposer, "context_window", 0)
             for step in steps:
                 msg = out.proposals.add(seq_id=step.seq_id, error=step.problem)
                 if step.state is None:
@@ -195,7 +196,7 @@ def build_proposer(config):
         alternatives=config.alternatives,
         prefix_cache=prefix_cache_on(config.prefix_cache, model),
         p_min=config.p_min,
-        window=context_window(config.context_window, model.device.type),
+        context_window=context_window(config.context_window, model.device.type),
     )
     name = folder.name
     if config.proposer == "combined":

@@ -146,6 +146,10 @@ class SuffixProposer:
     def available(self) -> bool:
         return self.model is None or self.model.available
 
+    @property
+    def context_window(self) -> int:
+        return getattr(self.model, "context_window", 0)
+
     def propose(self, states: list[DraftState]) -> list[Proposal]:
         found = []
         for s in states:

@@ -72,8 +72,20 @@ def continuable(rounds) -> list[tuple[DraftState, Proposal]]:
     ]
 
 
+def view_start(n: int, window: int, cached: int = 0) -> int:
+    """Where a draft model with a context window (DrafterConfig.context_window; 0: none)
+    starts its view of a sequence of n tokens, `cached` of them in its prefix cache: at
+    the first token where at most `window` need computing; else at the last multiple of
+    `window` that leaves `window` or more, so that the turns of a conversation that start
+    there find the turn before's blocks (K/V depend only on the tokens from the start)."""
+    if not window or n - cached <= window:
+        return 0
+    return (n - window) // window * window
+
+
 class Proposer(Protocol):
     available: bool  # False while a remote drafter cannot be reached
+    # optional: `context_window`, the draft model's (view_start; absent or 0: none)
 
     def propose(self, states: list[DraftState]) -> list[Proposal]: ...
 

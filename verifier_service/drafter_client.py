@@ -93,6 +93,12 @@ class RemoteProposer:
         return stream.drafter if stream is not None and stream.alive else ""
 
     @property
+    def context_window(self) -> int:
+        """The connected draft model's context window (0: none, or none connected)."""
+        stream = self._stream
+        return stream.context_window if stream is not None and stream.alive else 0
+
+    @property
     def available(self) -> bool:
         """Whether a drafter stream is up (opening one if it is time to try again)."""
         stream = self._connect()

@@ -30,6 +30,7 @@ class DraftStream:
         self.ready = False  # set when the drafter answered the handshake (an empty round 0)
         self.drafter = ""  # what the handshake said drafts
         self.lookup_only = False  # the handshake said no round costs the drafter a forward
+        self.context_window = 0  # the handshake's: what a new sequence's prefill costs it
         self.ended = ""  # why the call ended (a gRPC status; the caller says it)
         self._requests.put(drafter_pb2.DraftRequest(round=0, push_ahead=on_ahead is not None))
         requests = iter(self._requests.get, None)
@@ -46,6 +47,7 @@ class DraftStream:
                     continue
                 if resp.round == 0:
                     self.drafter, self.lookup_only = resp.drafter, resp.lookup_only
+                    self.context_window = resp.context_window
                 self.ready = True
                 with self._lock:
                     waiter = self._waiters.pop(resp.round, None)

@@ -178,6 +178,7 @@ class Engine:
         if request.params.infill:
             infill = self.grammars.infill_filter()
         seq = Sequence.start(next(self._ids), request, self.eos_ids, grammar, infill)
+        seq.drafter_window = getattr(self.proposer, "context_window", 0)
         with self._lock:
             self._seqs[seq.seq_id] = seq
             self.scheduler.add(seq)

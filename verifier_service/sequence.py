@@ -14,6 +14,7 @@ from specd.draws import make_generator
 from specd.grammar import GrammarState
 from specd.infill_filter import InfillFilter
 from specd.params import SamplingParams
+from specd.proposal import view_start
 from verifier_service.request import Request, SpeculationBounds
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class Sequence:
     prompt_logprobs: list = field(default_factory=list)
     prompt_logprobs_sent: bool = False
     cache_salt: str = ""  # the prefix cache's salt (Request.cache_salt)
+    drafter_window: int = 0  # the drafter's context window (specd.proposal.view_start)
 
     def __post_init__(self):
         if not self.tokens:
@@ -169,10 +171,10 @@ class Sequence:
     @property
     def drafter_behind(self) -> int:
         """Tokens the drafter catches up on before it can draft for this sequence: the
-        whole context before its first round, what was decoded plain since its last one,
-        0 while it drafts every step."""
+        context before its first round (what of it the drafter's window holds), what was
+        decoded plain since its last one, 0 while it drafts every step."""
         if not self.stats.rounds:
-            return len(self.tokens)
+            return len(self.tokens) - view_start(len(self.tokens), self.drafter_window)
         return self.off_steps + 1 if self.off_steps else 0
 
     def decided(self, reason: str, k: int) -> None:

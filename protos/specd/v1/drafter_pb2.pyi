@@ -73,18 +73,20 @@ class Close(_message.Message):
     def __init__(self) -> None: ...
 
 class DraftResponse(_message.Message):
-    __slots__ = ("round", "proposals", "drafter", "ahead", "lookup_only")
+    __slots__ = ("round", "proposals", "drafter", "ahead", "lookup_only", "context_window")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     PROPOSALS_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
     AHEAD_FIELD_NUMBER: _ClassVar[int]
     LOOKUP_ONLY_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_WINDOW_FIELD_NUMBER: _ClassVar[int]
     round: int
     proposals: _containers.RepeatedCompositeFieldContainer[SeqProposal]
     drafter: str
     ahead: bool
     lookup_only: bool
-    def __init__(self, round: _Optional[int] = ..., proposals: _Optional[_Iterable[_Union[SeqProposal, _Mapping]]] = ..., drafter: _Optional[str] = ..., ahead: _Optional[bool] = ..., lookup_only: _Optional[bool] = ...) -> None: ...
+    context_window: int
+    def __init__(self, round: _Optional[int] = ..., proposals: _Optional[_Iterable[_Union[SeqProposal, _Mapping]]] = ..., drafter: _Optional[str] = ..., ahead: _Optional[bool] = ..., lookup_only: _Optional[bool] = ..., context_window: _Optional[int] = ...) -> None: ...
 
 class SeqProposal(_message.Message):
     __slots__ = ("seq_id", "tokens", "q", "error", "alternatives", "ngram", "follows", "assumed")

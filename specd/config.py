@@ -142,9 +142,9 @@ class DrafterConfig:
     # so the route's k is a cap, reached where the draft model is sure. 0 = always draft k
     p_min: float = 0.7
     # N: the draft model drafts a long prompt from its last N to 2N tokens, where more than
-    # N would need computing (drafts stay exact; its prefill and attention stay bounded);
-    # 0 = from the first token; auto = 256 on a CPU (where that prefill takes the cores
-    # the target decodes on), 0 on a GPU
+    # N would need computing (its prefill and attention stay bounded; the output is the
+    # target's either way); 0 = from the first token; auto = 256 on a CPU (where that
+    # prefill takes the cores the target decodes on), 0 on a GPU
     context_window: str = "auto"
     metrics_port: int = 0  # the Prometheus endpoint's port; 0 = none
     # on SIGTERM: draft streams get this long (a verifier decodes without drafts meanwhile)

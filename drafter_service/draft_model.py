@@ -8,10 +8,10 @@ back: if it is accepted it arrives next round as a committed token.
 
 A long prompt is drafted from its last tokens only (`context_window`, specd.proposal's
 `view_start`): the view of it starts where the draft model computes fewer than twice
-that many tokens, at position 0 there. The
-output stays the target's (the verifier decides every token); what the window bounds is
-the drafter's prefill and attention, which on a CPU's shared cores cost more at a few
-thousand tokens than the drafts win back (docs/benchmarks-log.md section 137).
+that many tokens, at position 0 there. The output stays the target's (the verifier
+decides every token); what the window bounds is the drafter's prefill and attention,
+which on a CPU's shared cores cost more at a few thousand tokens than the drafts win
+back (docs/benchmarks-log.md section 137).
 """
 
 from __future__ import annotations
@@ -228,8 +228,10 @@ class DraftModelProposer:
         sequence's view: its tokens from `_start` on)."""
         alloc = self.kv.allocator
         if s.seq_id not in self._cached:
-            cached = alloc.cached_prefix(s.tokens[:-1], s.cache_salt)
-            start = view_start(len(s.tokens), self.context_window, cached)
+            start, window = 0, self.context_window
+            if window and len(s.tokens) > window:  # the cache may hold all but the window
+                cached = alloc.cached_prefix(s.tokens[:-1], s.cache_salt)
+                start = view_start(len(s.tokens), window, cached)
             self._start[s.seq_id] = start
             view = s.tokens[start:-1]  # feed >= 1
             found = alloc.allocate(s.seq_id, tokens=view, salt=s.cache_salt)

@@ -48,7 +48,8 @@ class SpeculationConfig:
     route_short_rounds: float = 6.0  # rounds the short memory holds at most
     # rounds the long memory holds at most (also how deep a route's rounds go, as counted)
     route_long_rounds: float = 64.0
-    # standard errors by which the short memory must read above the long one to be taken
+    # standard errors by which a route's acceptance must read apart to be acted on: the
+    # short memory above the long one, a_1 under the route's floor (`min_acceptance`)
     route_z: float = 2.0
 
     # -- probing and exploring (docs/benchmarks-log.md sections 40, 46) ----------------------

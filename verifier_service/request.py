@@ -19,7 +19,7 @@ class SpeculationBounds:
     route: str = "default"
     draft_below_batch: int = 0  # > 0: no bounded sequence drafts while this many run
     max_kv_utilization: float = 1.0  # no drafts while the KV pool is fuller than this
-    min_acceptance: float = 0.0  # below this, off for acceptance (probing only)
+    min_acceptance: float = 0.0  # known to accept under this: off for acceptance (probing)
     proposer: str = ""  # how the drafter drafts for the route ("": the drafter's own)
     suffix_private: bool = False  # a suffix drafter shares nothing of this request
 

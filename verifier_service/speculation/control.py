@@ -89,6 +89,7 @@ class SpeculationControl:
         controller = self.controller
         routes = dict.fromkeys(seq.bounds.route for seq in view.ready)
         accept = {route: controller.route_rates(route) for route in routes}
+        upper = {route: controller.route_upper(route) for route in routes}
         goes_on = {route: controller.goes_on(route) for route in routes}
         lookups = {route: controller.lookups(route) for route in routes}
         held = recent >= _tightest(view.ready)  # past a bound in the batch: bounded ones plain
@@ -106,7 +107,7 @@ class SpeculationControl:
                 route, probe = bounds.route, seq.off_steps + 1 >= self.tuned.probe_every
                 candidates[i] = Candidate(
                     k, accept[route], probe, bounds.min_acceptance, seq.behind, seq.remaining,
-                    goes_on[route], lookups[route],
+                    goes_on[route], lookups[route], upper[route],
                 )  # fmt: skip
             else:
                 decided[i] = Decision(k, "on", 1.0)

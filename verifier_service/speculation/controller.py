@@ -18,11 +18,11 @@ that stop), spread over H, the steps they may run so (remaining tokens / E, at m
 to flip, as every flip pays S.
 
 The controller takes the k with the best tokens/time for every sequence of the step at
-once (one under its route's `min_acceptance` left out) where it beats plain (a tie runs
-plain) and leaves none of the sequences it lets draft slower than plain:
-E_s(k_s) / time(k) >= 1 / time(0) for each (`_fair`), so one route's high acceptance
-does not buy a deep step that another route's requests pay for. One episode of
-`explore_steps` in `explore_every` steps runs the least measured k predicted within
+once (one known under its route's `min_acceptance` left out: `Candidate.under_floor`)
+where it beats plain (a tie runs plain) and leaves none of the sequences it lets draft
+slower than plain: E_s(k_s) / time(k) >= 1 / time(0) for each (`_fair`), so one route's
+high acceptance does not buy a deep step that another route's requests pay for. One
+episode of `explore_steps` in `explore_every` steps runs the least measured k predicted within
 `explore_window` of the best (narrowing as 1 / sqrt(1 + its episodes)) or never measured
 at this batch size, as a budget allows. Nothing latches: acceptance decays with time toward
 a prior, and a sequence off for acceptance probes one k = 1 round in `probe_every`. Without
@@ -106,6 +106,11 @@ class Controller:
         c = self.config
         return self.routes.estimate(route, [c.prior_acceptance], c.prior_strength)
 
+    def route_upper(self, route: str) -> float:
+        """A route's a_1 upper bound (RouteAcceptance.upper), which its floor is held against."""
+        c = self.config
+        return self.routes.upper(route, [c.prior_acceptance], c.prior_strength)
+
     def goes_on(self, route: str) -> list[float]:
         """A route's c_i (`Candidate.goes_on`), over a prior of always (1.0)."""
         counts = self._goes_on.get(route)
@@ -169,7 +174,7 @@ class Controller:
         if not candidates:
             return Plan([], [], 1.0)
         self._priced, self._stepped = {}, {}  # the prices hold while it plans
-        eligible = [c if c.accept[0] >= c.floor else _capped(c) for c in candidates]
+        eligible = [_capped(c) if c.under_floor else c for c in candidates]
         cfg = self.config
         costs = self.cost_model
         if costs and dip and any(c.behind > c.cap for c in candidates):

@@ -22,7 +22,7 @@ class Candidate:
     cap: int  # the most drafts the route and the sequence allow this step
     accept: list[float]  # a_i by position
     probe: bool = False  # due a probe round if it is off for acceptance
-    floor: float = 0.0  # the route's min_acceptance: below it a_1 is off for acceptance
+    floor: float = 0.0  # the route's min_acceptance: a route known under it is off for acceptance
     behind: int = 0  # tokens the drafter catches up on first (0: it drafted last step)
     remaining: int = 0  # tokens the request may still generate (0: unknown)
     # c_i: the chance that its drafter, having drafted i + 1 tokens, drafts another (its
@@ -31,6 +31,9 @@ class Candidate:
     goes_on: list[float] = field(default_factory=list)
     # P(its round is an n-gram lookup, no draft model run: its route's share of rounds)
     lookup: float = 0.0
+    # a_1's upper bound over the rounds measured (RouteAcceptance.upper), held against the
+    # floor; None: a_1 itself
+    upper: float | None = None
 
     def __post_init__(self):
         # by k up to `cap`: E(k) (`expected_tokens`), P(a round planned at k drafts at
@@ -42,12 +45,17 @@ class Candidate:
         # what its arms' steps depend on
         self.step_key = (self.cap, goes_on, self.behind, self.lookup)
 
+    @property
+    def under_floor(self) -> bool:
+        """Known to accept under its route's floor: off for acceptance, probing only."""
+        return (self.accept[0] if self.upper is None else self.upper) < self.floor
+
     def at(self, accept: float) -> Candidate:
         """The same sequence at an acceptance of `accept` at every position (built
         directly: `dataclasses.replace` costs a plan at a large batch a tenth of its time)."""
         return Candidate(
             self.cap, [accept], self.probe, self.floor, self.behind, self.remaining,
-            self.goes_on, self.lookup,
+            self.goes_on, self.lookup, self.upper,
         )  # fmt: skip
 
 

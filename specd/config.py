@@ -40,7 +40,11 @@ class EngineConfig:
     num_blocks: int = 0  # the KV pool's size in blocks, where > 0
     block_size: int = 16  # tokens per KV block
     max_batch_size: int = 16  # sequences running at once (more wait)
-    max_batched_tokens: int = 512  # tokens per forward (prefill chunks + verification)
+    # tokens per forward (prefill chunks + verification); 0 = auto: 512 on a GPU, 128 on a
+    # CPU, whose forward takes time by its rows (a prompt's chunk holds every decoding
+    # sequence for that forward: 512 rows ~3 s on 2 cores, 128 ~0.8 s, at the same
+    # prefill tokens/s)
+    max_batched_tokens: int = 0
     max_draft_tokens: int = 8  # the most drafts per round for any request
     # decode and verification rows round alike (fixed-shape matmul and attention tiles;
     # the CPU's int8/int4 kernels and the GPU step are so by themselves): greedy output is
@@ -66,7 +70,7 @@ class EngineConfig:
     def __post_init__(self):
         if self.block_size <= 0 or self.max_batch_size <= 0:
             raise ValueError("block_size and max_batch_size must be positive")
-        if self.max_batched_tokens < self.max_draft_tokens + 1:
+        if self.max_batched_tokens < 0 or 0 < self.max_batched_tokens < self.max_draft_tokens + 1:
             raise ValueError("max_batched_tokens must hold one verification (k + 1 tokens)")
         if self.max_draft_tokens < 0 or self.draft_top_m <= 0:
             raise ValueError("max_draft_tokens must be >= 0 and draft_top_m > 0")
@@ -85,6 +89,17 @@ def chunk_invariant(model) -> bool:
     """Whether every row of the model's forward is computed from its own inputs and its
     sequence's cache alone (specd.models.llama; False for a model that cannot say)."""
     return bool(getattr(model, "chunk_invariant", lambda: False)())
+
+
+BATCHED_TOKENS = {"cpu": 128, "cuda": 512}  # EngineConfig.max_batched_tokens's auto
+
+
+def batched_tokens(config: EngineConfig, device: str) -> int:
+    """`max_batched_tokens` on a device type: auto (0) by the device, at least one
+    verification of the largest k."""
+    if config.max_batched_tokens:
+        return config.max_batched_tokens
+    return max(BATCHED_TOKENS.get(device, BATCHED_TOKENS["cpu"]), config.max_draft_tokens + 1)
 
 
 CPU_CONTEXT_WINDOW = 256  # DrafterConfig.context_window's auto on a CPU

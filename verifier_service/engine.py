@@ -28,7 +28,13 @@ from dataclasses import dataclass, field, replace
 import torch
 from opentelemetry import trace
 
-from specd.config import DEFAULT_KV_TOKENS, EngineConfig, chunk_invariant, prefix_cache_on
+from specd.config import (
+    DEFAULT_KV_TOKENS,
+    EngineConfig,
+    batched_tokens,
+    chunk_invariant,
+    prefix_cache_on,
+)
 from specd.grammar import Grammars
 from specd.models.paged_kv import PagedKV
 from specd.proposal import Proposer
@@ -120,7 +126,9 @@ class Engine:
         # loaded at the first one
         vocab = model.args.vocab_size
         self.grammars = None if load_tokenizer is None else Grammars(load_tokenizer, vocab, eos_ids)
-        self.config = config or EngineConfig()
+        config = config or EngineConfig()
+        device = torch.device(model.device).type
+        self.config = replace(config, max_batched_tokens=batched_tokens(config, device))
         bs, budget = self.config.block_size, self.config.kv_cache_bytes
         num_blocks = self.config.num_blocks or (
             PagedKV.blocks_for_budget(model, budget, bs) if budget else -(-DEFAULT_KV_TOKENS // bs)

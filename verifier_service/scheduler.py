@@ -34,6 +34,8 @@ class Scheduler:
         inputs and its sequence's cache, whatever else the forward holds (the model is
         chunk-invariant: integer kernels, paged attention; specd.models.llama). Then
         batch-invariant steps need not keep prefill and decode apart."""
+        if config.max_batched_tokens <= 0:  # auto is the engine's to resolve
+            raise ValueError("the scheduler needs max_batched_tokens resolved (batched_tokens)")
         self.allocator = allocator
         self.config = config
         # batch-invariant decoding without such rows: a decode step holds no prefill rows

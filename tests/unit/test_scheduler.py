@@ -42,6 +42,7 @@ def view(ready, batch: int, kv_used: float = 0.0) -> StepView:
 
 def _scheduler(num_blocks: int = 64, **config) -> Planned:
     config.setdefault("block_size", BLOCK)
+    config.setdefault("max_batched_tokens", 512)  # as the engine resolves it on a GPU
     return Planned(BlockAllocator(num_blocks, BLOCK), EngineConfig(**config))
 
 

@@ -1,0 +1,73 @@
+"""The step's token budget (`max_batched_tokens`): auto is 128 on a CPU, 512 on a GPU, so
+that a long prompt's prefill, chunked behind the decoding sequences' rows, holds them for
+a forward of at most that many rows; a setting is kept as given."""
+
+from __future__ import annotations
+
+import pytest
+
+from specd.config import EngineConfig, batched_tokens
+from specd.models.loader import load_model
+from tests.conftest import make_tiny_pair
+from verifier_service.engine import Engine
+from verifier_service.request import Request
+from verifier_service.scheduler import Scheduler
+
+
+def test_auto_is_by_the_device_and_holds_one_verification():
+    assert batched_tokens(EngineConfig(), "cpu") == 128
+    assert batched_tokens(EngineConfig(), "cuda") == 512
+    assert batched_tokens(EngineConfig(max_batched_tokens=300), "cpu") == 300
+    assert batched_tokens(EngineConfig(max_draft_tokens=200), "cpu") == 201
+    with pytest.raises(ValueError, match="max_batched_tokens"):
+        EngineConfig(max_batched_tokens=-1)
+
+
+def test_a_scheduler_refuses_a_budget_left_at_auto():
+    with pytest.raises(ValueError, match="resolved"):
+        Scheduler(None, EngineConfig())
+
+
+def _rows_while_one_decodes(engine: Engine, prompt: int) -> list[tuple[int, int]]:
+    """A short request decodes; a `prompt`-token one arrives. Per step until the second
+    has its first token: (rows fed, tokens the first got)."""
+    first = engine.add_request(Request(prompt=[5, 6, 7], max_new_tokens=200, ignore_eos=True))
+    while not engine.step():  # its prefill, then its first token
+        pass
+    second = engine.add_request(
+        Request(prompt=[(i % 90) + 3 for i in range(prompt)], max_new_tokens=4, ignore_eos=True)
+    )
+    schedule, fed = engine.scheduler.schedule, []
+
+    def counted(*args, **kwargs):
+        slots = schedule(*args, **kwargs)
+        fed.append(sum(len(s.tokens) + s.k + s.alts for s in slots))
+        return slots
+
+    engine.scheduler.schedule = counted
+    steps = []
+    while True:
+        out = engine.step()
+        got = sum(len(o.tokens) for o in out if o.seq_id == first)
+        steps.append((fed[-1], got))
+        if any(o.seq_id == second and o.tokens for o in out):
+            return steps
+
+
+@pytest.fixture(scope="module")
+def rows_alone(cpu_kernels, tmp_path_factory):
+    """A tiny target whose rows are each computed alone (int4, the paged attention
+    kernel), so that prefill chunks ride in the decoding sequences' step, as served."""
+    folder, _ = make_tiny_pair(tmp_path_factory, prefix="budget")
+    return load_model(folder, dtype="bf16", device="cpu", weights="int4")
+
+
+@pytest.mark.parametrize("setting,rows", [(0, 128), (512, 512)])
+def test_a_long_prompt_holds_a_decoding_stream_for_at_most_the_budget(rows_alone, setting, rows):
+    target = rows_alone  # on the CPU
+    engine = Engine(target, EngineConfig(num_blocks=256, max_batched_tokens=setting), eos_ids=set())
+    assert engine.config.max_batched_tokens == rows
+    steps = _rows_while_one_decodes(engine, prompt=400)
+    assert all(fed <= rows for fed, _ in steps)
+    assert len(steps) == -(-401 // rows)  # the prompt (and the decoding row) in chunks
+    assert all(got == 1 for _, got in steps)  # a token for the first at every one

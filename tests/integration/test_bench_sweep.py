@@ -231,7 +231,9 @@ def test_the_modes_take_turns_wave_by_wave_and_each_counts_its_own_time(monkeypa
     assert off_cell["requests"] == on_cell["requests"] == 8
     assert off_cell["tokens"] == on_cell["tokens"] == 64
     assert len(off_cell["runs_tokens_per_s"]) == len(on_cell["runs_tokens_per_s"]) == 2
-    assert 2.5 < on_cell["tokens_per_s"] / off_cell["tokens_per_s"] < 4.5
+    # 4 where each mode counts its own waves' time, 1 where both counted all of it; the
+    # sleeps overshoot on a loaded machine (4.8 seen in CI), hence the wide bounds
+    assert 2.5 < on_cell["tokens_per_s"] / off_cell["tokens_per_s"] < 8
 
     report = turns([2], 5)  # waves of 2 prompts at once: (a b), (c a), (b)
     waves = [sorted(sent[i : i + 2]) for i in range(0, 8, 2)] + [sent[8:9], sent[9:10]]
@@ -241,7 +243,7 @@ def test_the_modes_take_turns_wave_by_wave_and_each_counts_its_own_time(monkeypa
     assert len(sent) == 20 and most[0] == 2
     off_cell, on_cell = report["cells"]
     assert off_cell["requests"] == on_cell["requests"] == 10
-    assert 2.5 < on_cell["tokens_per_s"] / off_cell["tokens_per_s"] < 4.5
+    assert 2.5 < on_cell["tokens_per_s"] / off_cell["tokens_per_s"] < 8
 
     report = turns([2, 4], 1, waves=3)  # at least 3 waves a cell: 6 and 12 requests a run
     assert [c["requests"] for c in report["cells"]] == [12, 24, 12, 24]

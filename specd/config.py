@@ -21,7 +21,7 @@ def check_proposer(name: str, empty_ok: bool = True) -> None:
         raise ValueError(f"proposer must be one of {choices}, got {name!r}")
 
 
-DEFAULT_KV_TOKENS = 8192
+DEFAULT_KV_BYTES = 2 << 30  # the verifier's KV pool at most, unless sized (EngineConfig)
 # batch-invariant mode: the rows of a dense bf16 matmul, and of a query tile of SDPA, that
 # every decode and verification forward takes (specd.models.matmul), so a row rounds the
 # same in a step of 1 or of k + 1 rows; a tree of alternatives fits in one such tile
@@ -32,10 +32,10 @@ INVARIANT_TILE = 16
 class EngineConfig:
     """The verifier's engine: KV pool, batching, speculation."""
 
-    # the KV pool's size in bytes of K/V, where > 0 (else `num_blocks`, else room for
-    # 8,192 tokens (DEFAULT_KV_TOKENS), as llama.cpp's `-c` counts tokens: 224 MiB for the
-    # 1.5B target in a 16-bit cache, 896 MiB for a Llama-3.2-3B); a request that cannot
-    # fit is refused
+    # the KV pool's size in bytes of K/V, where > 0 (else `num_blocks`, else room for the
+    # model's whole context, as llama-server's `-c 0`, within 2 GiB (DEFAULT_KV_BYTES):
+    # 32,768 tokens, 896 MiB, for the 1.5B target in a 16-bit cache; 18,724 of a
+    # Llama-3.2-3B's 131,072); a request that cannot fit is refused
     kv_cache_bytes: int = 0
     num_blocks: int = 0  # the KV pool's size in blocks, where > 0
     block_size: int = 16  # tokens per KV block

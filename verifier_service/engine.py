@@ -29,7 +29,7 @@ import torch
 from opentelemetry import trace
 
 from specd.config import (
-    DEFAULT_KV_TOKENS,
+    DEFAULT_KV_BYTES,
     EngineConfig,
     batched_tokens,
     chunk_invariant,
@@ -64,6 +64,13 @@ def graph_rows(config: EngineConfig) -> int:
     plus the tree's leaves (CUDA graphs are captured up to it)."""
     rows = config.max_batch_size * (config.max_draft_tokens + 1) + config.max_tree_tokens
     return min(rows, config.max_batched_tokens)
+
+
+def default_blocks(model, block_size: int) -> int:
+    """The KV pool unless sized: room for the model's whole context (a request of that
+    many tokens and the slot admission adds), within DEFAULT_KV_BYTES."""
+    context = -(-(model.args.max_position_embeddings + 1) // block_size)
+    return min(context, PagedKV.blocks_for_budget(model, DEFAULT_KV_BYTES, block_size))
 
 
 @dataclass
@@ -131,7 +138,7 @@ class Engine:
         self.config = replace(config, max_batched_tokens=batched_tokens(config, device))
         bs, budget = self.config.block_size, self.config.kv_cache_bytes
         num_blocks = self.config.num_blocks or (
-            PagedKV.blocks_for_budget(model, budget, bs) if budget else -(-DEFAULT_KV_TOKENS // bs)
+            PagedKV.blocks_for_budget(model, budget, bs) if budget else default_blocks(model, bs)
         )
         if model.gpu is not None and not self.config.batch_invariant:
             model.gpu.tile = 0  # one GEMM a step: faster, a row's bits depend on the batch

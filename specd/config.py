@@ -41,9 +41,8 @@ class EngineConfig:
     block_size: int = 16  # tokens per KV block
     max_batch_size: int = 16  # sequences running at once (more wait)
     # tokens per forward (prefill chunks + verification); 0 = auto: 512 on a GPU, 128 on a
-    # CPU, whose forward takes time by its rows (a prompt's chunk holds every decoding
-    # sequence for that forward: 512 rows ~3 s on 2 cores, 128 ~0.8 s, at the same
-    # prefill tokens/s)
+    # CPU, whose forward takes time by its rows: a prompt's chunk holds every decoding
+    # sequence for that forward, and smaller chunks prefill as fast there
     max_batched_tokens: int = 0
     max_draft_tokens: int = 8  # the most drafts per round for any request
     # decode and verification rows round alike (fixed-shape matmul and attention tiles;

@@ -22,9 +22,9 @@ once (one known under its route's `min_acceptance` left out: `Candidate.under_fl
 where it beats plain (a tie runs plain) and leaves none of the sequences it lets draft
 slower than plain: E_s(k_s) / time(k) >= 1 / time(0) for each (`_fair`), so one route's
 high acceptance does not buy a deep step that another route's requests pay for. One
-episode of `explore_steps` in `explore_every` steps runs the least measured k predicted within
-`explore_window` of the best (narrowing as 1 / sqrt(1 + its episodes)) or never measured
-at this batch size, as a budget allows. Nothing latches: acceptance decays with time toward
+episode of `explore_steps` in `explore_every` steps runs the least measured k predicted
+within `explore_window` of the best (narrowing as 1 / sqrt(1 + its episodes)) or never
+measured at this batch size, as a budget allows. Nothing latches: acceptance decays with time toward
 a prior, and a sequence off for acceptance probes one k = 1 round in `probe_every`. Without
 the cost model (`cost_model` False) every eligible sequence drafts its cap. Pure Python:
 the unit tests feed it recorded timings.

@@ -19,20 +19,24 @@ PRIOR, STRENGTH = [0.7], 2.0
 FLOOR = SpeculationBounds(auto=True, route="r", min_acceptance=0.5)
 
 
+def _upper(routes: RouteAcceptance) -> float:
+    return routes.upper("r", routes.estimate("r", PRIOR, STRENGTH)[0], STRENGTH)
+
+
 def test_the_upper_bound_narrows_onto_the_estimate_as_rounds_come():
     routes = RouteAcceptance(clock=lambda: 0.0)
     routes.record("r", 4, 0)  # one round, every draft rejected
-    assert routes.estimate("r", PRIOR, STRENGTH)[0] < 0.5 < routes.upper("r", PRIOR, STRENGTH)
+    assert routes.estimate("r", PRIOR, STRENGTH)[0] < 0.5 < _upper(routes)
     gaps = {}
     for n in range(2, 201):
         routes.record("r", 1, int(n % 10 < 3))  # a route that accepts 0.3
         estimate = routes.estimate("r", PRIOR, STRENGTH)[0]
-        upper = routes.upper("r", PRIOR, STRENGTH)
+        upper = _upper(routes)
         assert estimate < upper < 1.0
         gaps[n] = upper - estimate
     assert gaps[10] > gaps[30] > gaps[200]
     # the long memory holds 64 rounds: at 0.3 the bound is then under a floor of 0.5
-    assert routes.upper("r", PRIOR, STRENGTH) < 0.5
+    assert _upper(routes) < 0.5
 
 
 def _control() -> SpeculationControl:

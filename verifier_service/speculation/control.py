@@ -89,7 +89,7 @@ class SpeculationControl:
         controller = self.controller
         routes = dict.fromkeys(seq.bounds.route for seq in view.ready)
         accept = {route: controller.route_rates(route) for route in routes}
-        upper = {route: controller.route_upper(route) for route in routes}
+        upper = {route: controller.route_upper(route, accept[route][0]) for route in routes}
         goes_on = {route: controller.goes_on(route) for route in routes}
         lookups = {route: controller.lookups(route) for route in routes}
         held = recent >= _tightest(view.ready)  # past a bound in the batch: bounded ones plain

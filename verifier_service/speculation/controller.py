@@ -106,10 +106,10 @@ class Controller:
         c = self.config
         return self.routes.estimate(route, [c.prior_acceptance], c.prior_strength)
 
-    def route_upper(self, route: str) -> float:
-        """A route's a_1 upper bound (RouteAcceptance.upper), which its floor is held against."""
-        c = self.config
-        return self.routes.upper(route, [c.prior_acceptance], c.prior_strength)
+    def route_upper(self, route: str, first: float) -> float:
+        """A route's a_1 upper bound (RouteAcceptance.upper) from `first`, its a_1 as
+        `route_rates` gave it: what its floor is held against."""
+        return self.routes.upper(route, first, self.config.prior_strength)
 
     def goes_on(self, route: str) -> list[float]:
         """A route's c_i (`Candidate.goes_on`), over a prior of always (1.0)."""

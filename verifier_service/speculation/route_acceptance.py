@@ -82,14 +82,14 @@ class RouteAcceptance:
             out.append(s if s - g > self.z * math.sqrt(s * (1 - s) / rounds) else g)
         return out
 
-    def upper(self, route: str, prior: list[float], strength: float) -> float:
-        """a_1's upper bound: the Wilson score bound, at `z` standard errors, of its
-        estimate over the rounds the long memory holds and the prior's `strength`. A route
-        is known to accept under a floor only where this is under it: one rejected round
-        on a route with nothing in memory says little (docs/benchmarks-log.md section 138)."""
-        a = self.estimate(route, prior, strength)[0]
-        long = self._aged(route)[1]
-        n = (long.trials[0] if long.trials else 0.0) + strength
+    def upper(self, route: str, first: float, strength: float) -> float:
+        """a_1's upper bound: the Wilson score bound, at `z` standard errors, of `first`
+        (its `estimate`, as the plan read it) over the rounds the long memory holds and the
+        prior's `strength`. A route is known to accept under a floor only where this is
+        under it: one rejected round on a route with nothing in memory says little
+        (docs/benchmarks-log.md section 138)."""
+        a, long = first, self._long.get(route)
+        n = (long.trials[0] if long is not None and long.trials else 0.0) + strength
         z2 = self.z * self.z
         spread = self.z * math.sqrt(a * (1 - a) / n + z2 / (4 * n * n))
         return (a + z2 / (2 * n) + spread) / (1 + z2 / n)

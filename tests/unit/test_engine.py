@@ -203,28 +203,6 @@ def test_bad_requests_are_refused(tiny_pair):
     assert not engine.has_work()
 
 
-def test_the_kv_pool_holds_the_models_context_unless_sized_in_blocks_or_bytes(
-    tiny_pair, monkeypatch
-):
-    target, _ = tiny_pair
-    per_block = PagedKV.bytes_per_block(target, 16)
-    context = target.args.max_position_embeddings
-    engine = Engine(target, EngineConfig())
-    assert engine.max_context() == context  # a request of the whole context fits
-    assert engine.kv.allocator.num_blocks == context // 16 + 1
-    # within DEFAULT_KV_BYTES
-    monkeypatch.setattr("verifier_service.engine.DEFAULT_KV_BYTES", per_block * 10)
-    assert Engine(target, EngineConfig()).kv.allocator.num_blocks == 10
-    for config, blocks in (
-        (EngineConfig(kv_cache_bytes=per_block * 100 + 1), 100),
-        (EngineConfig(kv_cache_bytes=per_block * 100, num_blocks=7), 7),
-    ):
-        assert Engine(target, config).kv.allocator.num_blocks == blocks
-    engine = Engine(target, EngineConfig(num_blocks=4, block_size=4))
-    with pytest.raises(ValueError, match="needs 5 KV blocks; the pool has 4 .*--num-blocks"):
-        engine.add_request(Request(prompt=[1] * 10, max_new_tokens=6))
-
-
 def test_batch_invariant_mode_keeps_parity(tiny_pair):
     reqs = [dict(prompt=p, max_new_tokens=16) for p in PROMPTS]
     off = run_engine(make_engine(tiny_pair, batch_invariant=True), reqs)

@@ -1,6 +1,8 @@
-"""The step's token budget (`max_batched_tokens`): auto is 128 on a CPU, 512 on a GPU, so
-that a long prompt's prefill, chunked behind the decoding sequences' rows, holds them for
-a forward of at most that many rows; a setting is kept as given."""
+"""The engine's sizes where not given. The step's token budget (`max_batched_tokens`):
+auto is 128 on a CPU, 512 on a GPU, so that a long prompt's prefill, chunked behind the
+decoding sequences' rows, holds them for a forward of at most that many rows. The KV
+pool: room for the model's whole context, within DEFAULT_KV_BYTES. A setting is kept as
+given."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import pytest
 
 from specd.config import EngineConfig, batched_tokens
 from specd.models.loader import load_model
+from specd.models.paged_kv import PagedKV
 from tests.conftest import make_tiny_pair
 from verifier_service.engine import Engine
 from verifier_service.request import Request
@@ -71,3 +74,25 @@ def test_a_long_prompt_holds_a_decoding_stream_for_at_most_the_budget(rows_alone
     assert all(fed <= rows for fed, _ in steps)
     assert len(steps) == -(-401 // rows)  # the prompt (and the decoding row) in chunks
     assert all(got == 1 for _, got in steps)  # a token for the first at every one
+
+
+def test_the_kv_pool_holds_the_models_context_unless_sized_in_blocks_or_bytes(
+    tiny_pair, monkeypatch
+):
+    target, _ = tiny_pair
+    per_block = PagedKV.bytes_per_block(target, 16)
+    context = target.args.max_position_embeddings
+    engine = Engine(target, EngineConfig())
+    assert engine.max_context() == context  # a request of the whole context fits
+    assert engine.kv.allocator.num_blocks == context // 16 + 1
+    # within DEFAULT_KV_BYTES
+    monkeypatch.setattr("verifier_service.engine.DEFAULT_KV_BYTES", per_block * 10)
+    assert Engine(target, EngineConfig()).kv.allocator.num_blocks == 10
+    for config, blocks in (
+        (EngineConfig(kv_cache_bytes=per_block * 100 + 1), 100),
+        (EngineConfig(kv_cache_bytes=per_block * 100, num_blocks=7), 7),
+    ):
+        assert Engine(target, config).kv.allocator.num_blocks == blocks
+    engine = Engine(target, EngineConfig(num_blocks=4, block_size=4))
+    with pytest.raises(ValueError, match="needs 5 KV blocks; the pool has 4 .*--num-blocks"):
+        engine.add_request(Request(prompt=[1] * 10, max_new_tokens=6))

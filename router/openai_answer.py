@@ -72,8 +72,8 @@ class Answer:
         reason); the calls are read in the answer after the thinking."""
         thinking, content, calls = self.readers[index].read(text, final=bool(finish))
         self.calls[index] += len(calls)
-        if finish and self.calls[index] and self.tools.finishes_with_calls:
-            finish = "tool_calls"
+        if finish and self.tools:
+            finish = self.tools.finish(finish, self.calls[index] > 0)
         return thinking, content, calls, finish
 
     def _with_prompt(self, index: int, msg, text: str) -> tuple[str, list, list]:

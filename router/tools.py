@@ -268,10 +268,13 @@ class ToolUse:
                 "function"
             )
 
-    @property
-    def finishes_with_calls(self) -> bool:
-        """Found calls finish a choice with "tool_calls" (vLLM's rule: under "auto")."""
-        return self.choice == "auto"
+    def finish(self, finish: str, called: bool) -> str:
+        """A choice's finish reason once its text is read: "tool_calls" where it called a
+        tool under "auto", or under "required" where it stopped of itself; a named
+        function's call finishes as it did ("stop"), as in OpenAI's API and vLLM's."""
+        if called and (self.choice == "auto" or (self.choice == "required" and finish == "stop")):
+            return "tool_calls"
+        return finish
 
     def schema(self) -> dict | None:
         """The JSON schema the output must follow, if the choice forces a call."""

@@ -157,6 +157,15 @@ def test_required_and_named_choices_read_the_constrained_output():
     assert read_whole(use("none"), "<tool_call>{}</tool_call>") == ("<tool_call>{}</tool_call>", [])
 
 
+def test_a_choice_that_called_finishes_as_openai_says():
+    named = use({"type": "function", "function": {"name": "get_weather"}})
+    assert use("auto").finish("stop", True) == use("auto").finish("length", True) == "tool_calls"
+    assert use("required").finish("stop", True) == "tool_calls"
+    assert use("required").finish("length", True) == "length"  # cut: not a finished call
+    assert named.finish("stop", True) == "stop"
+    assert use("auto").finish("stop", False) == use("none").finish("stop", False) == "stop"
+
+
 def test_the_schema_a_forced_choice_constrains_the_output_to():
     named = use({"type": "function", "function": {"name": "get_weather"}})
     assert named.schema() == WEATHER["function"]["parameters"]

@@ -108,12 +108,12 @@ def test_required_calls_one_or_more_of_the_tools(client):
     r = ask(client, **one, n=3, temperature=1.0, seed=5)
     for choice in r.choices:
         calls = calls_of(choice.message)
-        assert len(calls) == 1 and choice.finish_reason == "stop", choice
+        assert len(calls) == 1 and choice.finish_reason == "tool_calls", choice
         for name, args in calls:
             jsonschema.validate(args, ALLOWED[name])
     greedy = ask(client, tools=TOOLS, tool_choice="required", max_tokens=400)
     calls = calls_of(greedy.choices[0].message)
-    assert len(calls) > 1 and greedy.choices[0].finish_reason == "stop"  # several, in parallel
+    assert len(calls) > 1 and greedy.choices[0].finish_reason == "tool_calls"  # in parallel
     for name, args in calls:
         jsonschema.validate(args, ALLOWED[name])
     assert_same_as_stream(client, greedy, tools=TOOLS, tool_choice="required", max_tokens=400)

@@ -20,6 +20,7 @@ class TokenLogprob(NamedTuple):
     logprob: float  # of the emitted token
     top_ids: list[int]  # the most likely tokens there, most likely first
     top_logprobs: list[float]
+    rank: int  # of the emitted token: how many are at least as likely, itself included
 
 
 def emitted(logits: torch.Tensor, tokens: list[int], path: list[int], top: int):
@@ -43,11 +44,13 @@ def prompt_rows(seq, rows: torch.Tensor, start: int) -> None:
 def of_rows(logits: torch.Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:
     """Rows [n, V] and the token each chose -> a TokenLogprob each."""
     rows = torch.log_softmax(logits.float(), dim=-1)
-    chosen = rows.gather(1, torch.tensor(tokens, device=rows.device)[:, None])[:, 0].tolist()
+    chosen = rows.gather(1, torch.tensor(tokens, device=rows.device)[:, None])
+    ranks = (rows >= chosen).sum(dim=-1).tolist()
+    chosen = chosen[:, 0].tolist()
     if top == 0:
-        return [TokenLogprob(lp, [], []) for lp in chosen]
+        return [TokenLogprob(lp, [], [], r) for lp, r in zip(chosen, ranks, strict=True)]
     values, ids = rows.topk(top, dim=-1)
     return [
-        TokenLogprob(lp, i, v)
-        for lp, i, v in zip(chosen, ids.tolist(), values.tolist(), strict=True)
+        TokenLogprob(lp, i, v, r)
+        for lp, i, v, r in zip(chosen, ids.tolist(), values.tolist(), ranks, strict=True)
     ]

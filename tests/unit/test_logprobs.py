@@ -14,6 +14,7 @@ from tests.conftest import run_engine_logprobs
 from tests.unit.test_engine import PROMPTS, make_engine
 from tests.unit.test_engine_oracle import OracleProposer, greedy_answers
 from verifier_service.engine import Engine
+from verifier_service.logprobs import of_rows
 from verifier_service.request import Request
 
 TOP = 4
@@ -29,16 +30,32 @@ def reference(model, prompt: list[int], output: list[int]) -> torch.Tensor:
     return torch.log_softmax(logits.float(), dim=-1).cpu()
 
 
+def assert_rank(row: torch.Tensor, token: int, rank: int, atol: float) -> None:
+    """`rank`: how many tokens of `row` are at least as likely as `token`, itself
+    included, to the tolerance of rows computed by forwards of other shapes."""
+    value = row[token]
+    assert int((row > value + atol).sum()) + 1 <= rank <= int((row >= value - atol).sum())
+
+
 def check(model, prompt, tokens, logprobs) -> None:
     ref = reference(model, prompt, tokens)
     got = torch.tensor([lp.logprob for lp in logprobs])
     want = ref.gather(1, torch.tensor(tokens)[:, None])[:, 0]
     assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
-    for row, lp in zip(ref, logprobs, strict=True):
+    for row, lp, token in zip(ref, logprobs, tokens, strict=True):
+        assert_rank(row, token, lp.rank, 1e-4)
         assert len(lp.top_ids) == TOP
         assert lp.top_logprobs == sorted(lp.top_logprobs, reverse=True)
         assert torch.allclose(torch.tensor(lp.top_logprobs), row.topk(TOP).values, atol=1e-4)
         assert torch.allclose(row[lp.top_ids], torch.tensor(lp.top_logprobs), atol=1e-4)
+
+
+def test_a_tokens_rank_counts_those_at_least_as_likely():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 3.0, 2.0], [5.0, 0.0, 0.0, 0.0, 0.0]])
+    got = of_rows(logits, [2, 0], top=2)
+    assert [lp.rank for lp in got] == [4, 1]  # a tie ranks both tokens by the count
+    assert [lp.top_ids for lp in got][0] in ([1, 3], [3, 1])
+    assert [lp.rank for lp in of_rows(logits, [3, 4], top=0)] == [2, 5]
 
 
 def greedy(prompt, **kw) -> dict:

@@ -11,7 +11,7 @@ import torch
 from specd.config import EngineConfig
 from specd.params import SamplingParams
 from tests.unit.test_engine import PROMPTS, make_engine
-from tests.unit.test_logprobs import TOP, reference
+from tests.unit.test_logprobs import TOP, assert_rank, reference
 from verifier_service import logprobs
 from verifier_service.engine import Engine
 from verifier_service.request import Request
@@ -46,7 +46,8 @@ def check(model, prompt: list[int], got) -> None:
     assert len(got) == len(prompt) - 1
     want = ref.gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
     assert torch.allclose(torch.tensor([lp.logprob for lp in got]), want, atol=1e-3)
-    for row, lp in zip(ref, got, strict=True):
+    for row, lp, token in zip(ref, got, prompt[1:], strict=True):
+        assert_rank(row, token, lp.rank, 1e-3)
         assert torch.allclose(torch.tensor(lp.top_logprobs), row.topk(TOP).values, atol=1e-3)
         assert torch.allclose(row[lp.top_ids], torch.tensor(lp.top_logprobs), atol=1e-3)
 

@@ -43,6 +43,7 @@ class Answer:
         self.n_each = body.n or 1
         self.n = len(prompts) * self.n_each
         self.prompts = prompts
+        self.token_text = token_text
         self.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         self.continuous = self.include_usage and body.stream_options.continuous_usage_stats
         self.so_far = [0] * self.n  # each streamed choice's tokens, for continuous usage
@@ -84,7 +85,9 @@ class Answer:
         if self.echo is None or index in self.echoed:
             return text, ids, entries
         self.echoed.add(index)
-        prompt = [None, *msg.prompt_logprobs] if self.logprobs is not None else []
+        top = self.body.logprobs or 0
+        prompt = [None, *(cut(lp, top) for lp in msg.prompt_logprobs)]
+        prompt = prompt if self.logprobs is not None else []
         which = index // self.n_each
         return self.echo[which] + text, self.prompts[which] + ids, prompt + entries
 
@@ -146,11 +149,37 @@ class Answer:
             "usage": usage_dict(self.usage),
             **extension_dict(resps[0]),
         }
+        if self.body.prompt_logprobs is not None:  # vLLM's: a chat's once, a completion's each
+            field = [self._prompt_logprobs(i, r) for i, r in enumerate(resps)]
+            if self.chat:
+                out["prompt_logprobs"] = field[0]
+            else:
+                for choice, each in zip(choices, field, strict=True):
+                    choice["prompt_logprobs"] = each
         if self.body.return_token_ids and len(self.prompts) == 1:
             out["prompt_token_ids"] = self.prompts[0]
         elif self.body.return_token_ids:  # a batch: each choice its prompt's
             for i, choice in enumerate(choices):
                 choice["prompt_token_ids"] = self.prompts[i // self.n_each]
+        return out
+
+    def _prompt_logprobs(self, index: int, resp) -> list[dict | None]:
+        """vLLM's `prompt_logprobs` of choice `index`'s prompt: None for its first token,
+        then at each position {token id: {logprob, rank, decoded_token}} for the prompt's
+        token and the `prompt_logprobs` most likely ones (ranks 1, 2, ...)."""
+        ids, top = self.prompts[index // self.n_each], self.body.prompt_logprobs
+        out: list[dict | None] = [None]
+        for token, lp in zip(ids[1:], resp.prompt_logprobs, strict=True):
+            entries = [(token, lp.logprob, lp.rank)]
+            tops = zip(lp.top_ids, lp.top_logprobs, strict=True)
+            entries += [(i, v, rank) for rank, (i, v) in enumerate(tops, start=1)]
+            at = {}
+            for i, v, r in entries[: top + 1]:  # the prompt's token first, as in vLLM
+                text = self.token_text([i])
+                at.setdefault(
+                    str(i), {"logprob": max(v, Logprobs.FLOOR), "rank": r, "decoded_token": text}
+                )
+            out.append(at)
         return out
 
     def chunks(self, index: int, msg) -> list[dict]:
@@ -270,6 +299,13 @@ class Logprobs:
 
     def _value(self, logprob: float) -> float:
         return max(logprob, self.FLOOR)
+
+
+def cut(lp: common_pb2.TokenLogprob, top: int) -> common_pb2.TokenLogprob:
+    """A token's log-probability with its `top` most likely tokens only."""
+    return common_pb2.TokenLogprob(
+        logprob=lp.logprob, top_ids=lp.top_ids[:top], top_logprobs=lp.top_logprobs[:top]
+    )
 
 
 def stop_reason(msg) -> str | int | None:

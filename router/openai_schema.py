@@ -214,6 +214,7 @@ class Body(SglangExtras, LlamaSamplers, ClientFields, SglangFields):
     ignore_eos: bool = False
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False  # log-probabilities' tokens as `token_id:{id}`
+    prompt_logprobs: TopLogprobs | None = None  # vLLM's: each prompt token's, and this many
     stop_token_ids: list[TokenId] | None = None
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None  # only these
     bad_words: list[Annotated[str, Field(min_length=1)]] | None = None  # never generated
@@ -321,8 +322,13 @@ class Body(SglangExtras, LlamaSamplers, ClientFields, SglangFields):
         return None
 
     def prompt_logprobs_asked(self) -> int | None:
-        """The same for the prompt's tokens."""
-        return None
+        """The same for the prompt's tokens: vLLM's `prompt_logprobs`, in the whole
+        answer only (as vLLM, a stream cannot carry them)."""
+        if self.prompt_logprobs and self.stream:
+            raise BodyError(
+                "prompt_logprobs are not available when stream is true", "prompt_logprobs"
+            )
+        return self.prompt_logprobs
 
 
 class CompletionBody(Body):
@@ -365,8 +371,11 @@ class CompletionBody(Body):
         return [p if isinstance(p, str) else decode(list(p)) for p in self.prompts()]
 
     def prompt_logprobs_asked(self) -> int | None:
-        """With `echo`, `logprobs` covers the prompt's tokens too."""
-        return self.logprobs if self.echo else None
+        """With `echo`, `logprobs` covers the prompt's tokens too (the engine gives the
+        larger count of top tokens where `prompt_logprobs` asks too; each is cut to its)."""
+        echoed = self.logprobs if self.echo else None
+        asked = [k for k in (echoed, super().prompt_logprobs_asked()) if k is not None]
+        return max(asked) if asked else None
 
     def logprobs_asked(self) -> int | None:
         return self.logprobs

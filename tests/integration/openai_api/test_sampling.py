@@ -131,6 +131,39 @@ def test_echo_returns_the_prompt_and_its_logprobs_as_vllm(client, grpc_client):
     assert err.value.body["param"] == "echo"
 
 
+def test_prompt_logprobs_in_vllms_shape(cluster, grpc_client):
+    """vLLM's `prompt_logprobs`: None for the first token, then at each position the
+    prompt's token (its log-probability and rank as gRPC's) and the top k by rank; a
+    completion's in each choice, a chat's at the top level; `echo`'s top tokens still its
+    own count."""
+    prompt = "def add(a, b):"
+    grpc = grpc_client.generate(prompt, max_new_tokens=2, prompt_logprobs=3).prompt_logprobs
+    body = {"model": TINY_MODEL_ID, "prompt": prompt, "max_tokens": 2, "temperature": 0}
+    r = post_json(f"{cluster.http}/v1/completions", {**body, "prompt_logprobs": 2, "n": 2})
+    assert r.status_code == 200, r.text
+    ids = char_tokenizer().encode(prompt)
+    for choice in r.json()["choices"]:
+        got = choice["prompt_logprobs"]
+        assert got[0] is None and len(got) == len(ids)
+        for token, at, want in zip(ids[1:], got[1:], grpc, strict=True):
+            mine = at[str(token)]
+            assert mine["logprob"] == pytest.approx(want.logprob) and mine["rank"] == want.rank
+            assert mine["decoded_token"] == char_tokenizer().decode([token])
+            tops = [(int(i), e["rank"]) for i, e in at.items() if e["rank"] <= 2]
+            assert sorted(tops, key=lambda t: t[1]) == list(
+                zip(want.top_ids[:2], [1, 2], strict=True)
+            )
+            assert (want.rank == 1) == (want.top_ids[0] == token) and len(at) <= 3
+    echo = {**body, "echo": True, "logprobs": 1, "prompt_logprobs": 3}
+    both = post_json(f"{cluster.http}/v1/completions", echo).json()["choices"][0]
+    assert max(len(t) for t in both["logprobs"]["top_logprobs"][1:]) == 2  # echo's own 1
+    assert max(len(at) for at in both["prompt_logprobs"][1:]) == 4
+    chat = {"model": TINY_MODEL_ID, "messages": CHAT, "max_tokens": 2, "prompt_logprobs": 0}
+    r = post_json(f"{cluster.http}/v1/chat/completions", chat).json()
+    assert len(r["prompt_logprobs"]) == r["usage"]["prompt_tokens"]
+    assert all(len(at) == 1 for at in r["prompt_logprobs"][1:])
+
+
 def test_a_constrained_requests_logprobs_are_over_what_its_grammar_allows(cluster):
     """As vLLM's sampler gets them: after the grammar's mask, so the allowed tokens' mass
     is 1 and a forbidden one reads -9999.0 (never -Infinity, which is not JSON)."""
@@ -176,6 +209,8 @@ def test_presence_and_frequency_penalties_change_the_output_alike_with_speculati
         ("completions", {"logprobs": 21}, "logprobs"),
         ("completions", {"logprobs": -1}, "logprobs"),
         ("completions", {"logprobs": True}, "logprobs"),
+        ("completions", {"prompt_logprobs": 21}, "prompt_logprobs"),
+        ("chat/completions", {"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
     ],
 )
 def test_logprobs_out_of_range_are_refused(cluster, path, fields, param):

@@ -7,6 +7,7 @@ beside its gRPC server, in front of the same `Router`.
     POST /v1/responses         OpenAI's Responses API, served as the chat it is
     POST /v1/messages          Anthropic's Messages API, the same way (and count_tokens)
     GET  /health               200 while some verifier replica is healthy, else 503
+    GET, POST /ping            the same (vLLM's, for SageMaker); GET /version: specd's
     POST /tokenize, /detokenize; GET /tokenizer_info  vLLM's (router/tokenize_http.py)
     POST /completion, /infill; GET /props  llama-server's own (router/llamacpp_http.py)
     POST /generate; GET /model_info   SGLang's own (router/sglang_http.py)
@@ -32,6 +33,7 @@ from collections.abc import AsyncIterator
 import grpc
 from aiohttp import web
 
+import specd
 from protos.specd.v1 import router_pb2, verifier_pb2
 from router import openai_schema as schema
 from router import sse
@@ -118,6 +120,9 @@ class OpenAIDoor:
         app.add_routes(
             [
                 web.get("/health", self.health),
+                web.get("/ping", self.health),
+                web.post("/ping", self.health),
+                web.get("/version", self.version),
                 web.get("/v1/models", self.models),
                 web.get("/v1/models/{model}", self.model_card),
                 web.post("/v1/completions", self.completions),
@@ -176,6 +181,9 @@ class OpenAIDoor:
         if self.draining or not self.router.replicas.any_healthy():
             return web.Response(status=503, text="draining" if self.draining else "no replica")
         return web.Response(text="ok")
+
+    async def version(self, request):
+        return web.json_response({"version": specd.__version__})
 
     async def metrics(self, request):
         import prometheus_client

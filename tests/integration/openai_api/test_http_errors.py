@@ -8,6 +8,7 @@ import json
 import openai
 import pytest
 
+import specd
 from router.openai_http import MAX_BODY_BYTES
 from tests.cluster import TINY_MODEL_ID
 from tests.integration.openai_api.door import CHAT, TOKEN, http, post_json, url
@@ -48,7 +49,9 @@ def test_401_without_the_token(cluster):
             bad.models.list()
     with openai.OpenAI(base_url=base, api_key=TOKEN, max_retries=0) as good:
         assert good.completions.create(model=TINY_MODEL_ID, prompt="abc", max_tokens=2).choices
-    assert http("GET", f"{url(cluster, 0)}/health").status_code == 200  # probes need no token
+    for method, probe in (("GET", "/health"), ("GET", "/ping"), ("POST", "/ping")):
+        assert http(method, f"{url(cluster, 0)}{probe}").status_code == 200  # need no token
+    assert http("GET", f"{url(cluster, 0)}/version").json() == {"version": specd.__version__}
 
 
 def test_404_unknown_model(client):
@@ -94,6 +97,7 @@ def test_503_without_a_replica(cluster):
             c.completions.create(model=TINY_MODEL_ID, prompt="abc", max_tokens=2)
     assert err.value.status_code == 503 and "no healthy verifier" in err.value.message
     assert http("GET", f"{url(cluster, 1)}/health").status_code == 503
+    assert http("POST", f"{url(cluster, 1)}/ping").status_code == 503
 
 
 def test_504_past_the_request_timeout_frees_kv(cluster, client, aborts):

@@ -85,9 +85,9 @@ class Answer:
         if self.echo is None or index in self.echoed:
             return text, ids, entries
         self.echoed.add(index)
-        top = self.body.logprobs or 0
-        prompt = [None, *(cut(lp, top) for lp in msg.prompt_logprobs)]
-        prompt = prompt if self.logprobs is not None else []
+        prompt = []
+        if self.logprobs is not None:  # `logprobs`' count of top tokens, not prompt_logprobs'
+            prompt = [None, *(cut(lp, self.body.logprobs or 0) for lp in msg.prompt_logprobs)]
         which = index // self.n_each
         return self.echo[which] + text, self.prompts[which] + ids, prompt + entries
 
@@ -303,9 +303,10 @@ class Logprobs:
 
 def cut(lp: common_pb2.TokenLogprob, top: int) -> common_pb2.TokenLogprob:
     """A token's log-probability with its `top` most likely tokens only."""
-    return common_pb2.TokenLogprob(
-        logprob=lp.logprob, top_ids=lp.top_ids[:top], top_logprobs=lp.top_logprobs[:top]
-    )
+    out = common_pb2.TokenLogprob()
+    out.CopyFrom(lp)
+    del out.top_ids[top:], out.top_logprobs[top:]
+    return out
 
 
 def stop_reason(msg) -> str | int | None:

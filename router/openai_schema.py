@@ -372,7 +372,8 @@ class CompletionBody(Body):
 
     def prompt_logprobs_asked(self) -> int | None:
         """With `echo`, `logprobs` covers the prompt's tokens too (the engine gives the
-        larger count of top tokens where `prompt_logprobs` asks too; each is cut to its)."""
+        larger count of top tokens where `prompt_logprobs` asks too; the answer cuts each
+        field to its own)."""
         echoed = self.logprobs if self.echo else None
         asked = [k for k in (echoed, super().prompt_logprobs_asked()) if k is not None]
         return max(asked) if asked else None

@@ -282,7 +282,7 @@ HEADERS = ["x-route", "x-speculation", "x-request-timeout", "traceparent", "auth
 BODY_FIELDS = [
     *("model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature"),
     *("top_p", "top_k", "min_p", "seed", "stop", "stream", "stream_options", "n", "logprobs"),
-    "top_logprobs",
+    *("top_logprobs", "prompt_logprobs"),
     *("response_format", "guided_json", "guided_regex", "guided_grammar", "speculation"),
     *("route", "ignore_eos", "repetition_penalty", "tools", "tool_choice", "bogus"),
     *("parallel_tool_calls", "echo", "suffix", "guided_choice", "structured_outputs"),

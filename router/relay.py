@@ -69,11 +69,11 @@ async def relay(call, prep: Prepared, decision: Decision, tokenizer):
             call.cancel()
         if finish:
             text += stops.flush()
-            # the verifier's account is the truth; the arrival's rides beside it, and
-            # stands in where the verifier had nothing to decide (or was cut off by a
-            # stop string before its final report)
+            # the verifier's account is the truth (as of its last message where a stop
+            # string cut the request); the arrival's rides beside it, and says why where
+            # the router held the request off (the verifier then had nothing to decide)
             spec.arrival_reason = decision.reason
-            if spec.reason in ("", "off:request"):
+            if decision.reason.startswith("off:") and spec.reason in ("", "off:request"):
                 spec.reason = decision.reason
                 spec.num_draft_tokens = decision.k
             final = router_pb2.GenerateStreamResponse(

@@ -382,8 +382,12 @@ class Engine:
         out.lookup = r.lookup
         out.prompt_hits = seq.prompt_hits or 0
         out.decision = (r.slot.decision.reason, r.slot.decision.gain)
+        # the account so far, as of this output (a router that cuts the request at a stop
+        # string keeps the last it got)
+        out.stats = replace(
+            seq.stats, reason=seq.speculation.reason(seq.decisions, seq.stats.rounds)
+        )
         if seq.finish_reason:
-            out.stats = seq.stats
             out.stop_token = seq.stopped_at_token
             out.timing = (seq.t_arrived, seq.t_scheduled, seq.t_first_token, time.time_ns())
         return out

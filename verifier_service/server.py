@@ -132,8 +132,9 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             prompt_logprobs=[common_pb2.TokenLogprob(**lp._asdict()) for lp in prompt_logprobs],
             stop_token=last.stop_token,
         )
-        if last.finish_reason and last.stats is not None:
+        if last.stats is not None:  # so far; final on the last message
             msg.speculation.CopyFrom(speculation_to_proto(last.stats, k))
+        if last.finish_reason and last.stats is not None:
             if self.metrics is not None:
                 self.metrics.finished(route, last.timing)
             if span is not None:

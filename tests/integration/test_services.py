@@ -108,6 +108,25 @@ def test_auto_reports_what_the_verifier_did(client):
             assert 0 < spec.mean_draft_tokens <= spec.num_draft_tokens == 3
 
 
+def test_the_account_of_a_request_a_stop_string_cut_is_what_it_drafted_until_then(client):
+    """The router cancels a request at its stop string: its speculation account is the
+    verifier's last, not an empty one; a request too short to draft says so."""
+    whole = client.generate(PROMPTS[2], max_new_tokens=40, ignore_eos=True, speculation="on")
+    assert whole.speculation.rounds > 4
+    stop = whole.text[20:24]  # cut halfway
+    cut = client.generate(
+        PROMPTS[2], max_new_tokens=40, ignore_eos=True, speculation="on", stop=[stop]
+    )
+    assert cut.finish_reason == "stop" and len(cut.token_ids) < len(whole.token_ids)
+    spec = cut.speculation
+    assert spec.enabled and spec.reason == "on" and 0 < spec.rounds <= whole.speculation.rounds
+    assert spec.rounds <= spec.drafted and spec.accepted <= spec.drafted
+    assert spec.arrival_reason == "on"
+    for mode, reason in (("on", "off:request"), ("auto", "off:request"), ("off", "off:client")):
+        short = client.generate(PROMPTS[0], max_new_tokens=1, speculation=mode).speculation
+        assert (short.reason, short.rounds, short.enabled) == (reason, 0, False)
+
+
 def test_acceptance_branch_and_route_metadata(client):
     # speculate on the route first, so the verifier has an acceptance rate for it (< 1.0)
     first = client.generate(

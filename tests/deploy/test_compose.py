@@ -124,7 +124,7 @@ def test_compose_topology_as_local_processes(tmp_path):
             # until the router's load reports say the drafter is there (its handshake
             # with the verifiers may finish after the router is ready)
             probe = lambda: client.generate("hi", max_new_tokens=1, speculation="on")  # noqa: E731
-            wait_for(lambda: probe().speculation.reason == "on", timeout=30, every=0.2)
+            wait_for(lambda: probe().speculation.arrival_reason == "on", timeout=30, every=0.2)
             r = client.generate(
                 messages=[{"role": "user", "content": "Say hi."}],
                 max_new_tokens=8,

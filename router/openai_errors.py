@@ -51,7 +51,8 @@ def request_error_response(exc: RequestError) -> web.Response:
     if status == 429:
         ms = exc.retry_after_ms or 1000
         headers = {"Retry-After": str(math.ceil(ms / 1000)), "retry-after-ms": str(ms)}
-    return error_response(status, str(exc), code=exc.code.name.lower(), headers=headers)
+    code = exc.error_code or exc.code.name.lower()
+    return error_response(status, str(exc), code=code, headers=headers)
 
 
 def error_type(exc: RequestError) -> str:
@@ -61,4 +62,4 @@ def error_type(exc: RequestError) -> str:
 
 def error_event(exc: RequestError) -> dict:
     """A failure after the stream began (its HTTP status already sent): an error event."""
-    return error(str(exc), error_type(exc), code=exc.code.name.lower())
+    return error(str(exc), error_type(exc), code=exc.error_code or exc.code.name.lower())

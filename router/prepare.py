@@ -14,7 +14,7 @@ import grpc
 from protos.specd.v1 import common_pb2, router_pb2
 from router.policy import Policy, PolicyFile
 from specd.params import SamplingParams
-from specd.wire import UNTIL_CONTEXT, constraint_from_proto, params_from_proto
+from specd.wire import ERROR_CODE_KEY, UNTIL_CONTEXT, constraint_from_proto, params_from_proto
 
 # the roles of the chat format every HF chat template is written for; a template that
 # cannot render one of them raises, and that is refused too (see _tokenize)
@@ -30,16 +30,21 @@ class RequestError(Exception):
     """A request that ends with a status: `retry_after_ms` is the hint a verifier sent with
     RESOURCE_EXHAUSTED (0: none)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str, retry_after_ms: int = 0):
+    def __init__(
+        self, code: grpc.StatusCode, message: str, retry_after_ms: int = 0, error_code: str = ""
+    ):
         super().__init__(message)
         self.code = code
         self.retry_after_ms = retry_after_ms
+        self.error_code = error_code  # the OpenAI API's code where a verifier named one
 
     @classmethod
     def from_rpc(cls, exc: grpc.aio.AioRpcError) -> RequestError:
-        hint = dict(exc.trailing_metadata() or ()).get("retry-after-ms", "0")
+        trailing = dict(exc.trailing_metadata() or ())
+        hint = trailing.get("retry-after-ms", "0")
         retry = int(hint) if str(hint).isdigit() else 0
-        return cls(exc.code(), exc.details() or str(exc.code()), retry)
+        code = str(trailing.get(ERROR_CODE_KEY, ""))
+        return cls(exc.code(), exc.details() or str(exc.code()), retry, code)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from router.policy import Policy, PolicyError, PolicyFile
 from router.prepare import Prepared, RequestError
 from router.replicas import ReplicaSet
 from router.tokenizer import ChatTokenizer
+from specd.wire import ERROR_CODE_KEY
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,13 @@ class GenerationServicer(router_pb2_grpc.GenerationServicer):
 
 
 async def _abort(context, exc: RequestError):
+    trailing = []
     if exc.retry_after_ms:
-        context.set_trailing_metadata((("retry-after-ms", str(exc.retry_after_ms)),))
+        trailing.append(("retry-after-ms", str(exc.retry_after_ms)))
+    if exc.error_code:
+        trailing.append((ERROR_CODE_KEY, exc.error_code))
+    if trailing:
+        context.set_trailing_metadata(tuple(trailing))
     await context.abort(exc.code, str(exc))
 
 

@@ -15,6 +15,10 @@ from specd.params import SamplingParams
 # do for a chat request that names no limit)
 UNTIL_CONTEXT = -1
 
+# trailing metadata of a refused request: the OpenAI API's error code where one fits
+# ("context_length_exceeded"), for the HTTP door to answer with it
+ERROR_CODE_KEY = "error-code"
+
 
 def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
     """Proto3 zeros mean "unset": top_p 0 -> 1 (off); repetition_penalty unset -> 1."""

@@ -46,6 +46,20 @@ class SpeculationBounds:
         return "off:drafter-unavailable" if decisions else "off:request"
 
 
+class ContextExceeded(ValueError):
+    """A request longer than the model's context, said as vLLM and the OpenAI API say it
+    (clients read "maximum context length" to shorten a conversation and retry)."""
+
+    code = "context_length_exceeded"  # the OpenAI API's error code
+
+    def __init__(self, context: int, prompt: int, max_new: int):
+        super().__init__(
+            f"This model's maximum context length is {context} tokens. However, you "
+            f"requested {prompt + max_new} tokens ({prompt} in the prompt, {max_new} in the "
+            "completion). Please reduce the length of the prompt or completion."
+        )
+
+
 @dataclass(frozen=True)
 class Request:
     prompt: list[int]
@@ -86,10 +100,7 @@ class Request:
                 f"({self.max_new_tokens})"
             )
         if len(self.prompt) + self.max_new_tokens > context:
-            raise ValueError(
-                f"prompt ({len(self.prompt)}) + max_new_tokens ({self.max_new_tokens}) "
-                f"exceeds the model context ({context})"
-            )
+            raise ContextExceeded(context, len(self.prompt), self.max_new_tokens)
         if blocks_needed > num_blocks:
             raise ValueError(
                 f"request needs {blocks_needed} KV blocks; the pool has {num_blocks}"

@@ -11,13 +11,14 @@ from opentelemetry import trace
 from protos.specd.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from specd.telemetry import extract_metadata
 from specd.wire import (
+    ERROR_CODE_KEY,
     UNTIL_CONTEXT,
     constraint_from_proto,
     params_from_proto,
     speculation_to_proto,
 )
 from verifier_service.load import TokenRate, VerifierMetrics
-from verifier_service.request import Request, SpeculationBounds
+from verifier_service.request import ContextExceeded, Request, SpeculationBounds
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_MS = 500  # the hint sent with RESOURCE_EXHAUSTED
@@ -87,6 +88,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             try:
                 outputs = await anext(stream)
             except ValueError as exc:
+                if isinstance(exc, ContextExceeded):  # the door answers it in OpenAI's code
+                    context.set_trailing_metadata(((ERROR_CODE_KEY, exc.code),))
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             generated = 0
             while True:

@@ -229,6 +229,13 @@ def test_bad_input_gets_invalid_argument(client):
         assert err.value.details()
 
 
+def test_a_request_over_the_context_names_openais_code(client):
+    with pytest.raises(grpc.RpcError) as err:
+        client.generate("x" * 500, max_new_tokens=100)  # the tiny models' context: 512
+    assert "maximum context length is 512 tokens" in err.value.details()
+    assert ("error-code", "context_length_exceeded") in err.value.trailing_metadata()
+
+
 def test_a_message_over_the_grpc_size_limit_is_refused(client):
     with pytest.raises(grpc.RpcError) as err:
         client.generate("x" * (17 << 20), max_new_tokens=1)  # the limit is 16 MiB

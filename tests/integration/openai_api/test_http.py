@@ -85,7 +85,13 @@ def test_a_chat_that_names_no_limit_runs_until_the_context_is_full(client):
         client.chat.completions.create(
             model=TINY_MODEL_ID, messages=[{"role": "user", "content": "x" * context}]
         )
-    assert "context" in err.value.message
+    # as vLLM and the OpenAI API say it: clients read these to shorten and retry
+    assert err.value.code == "context_length_exceeded"
+    assert f"maximum context length is {context} tokens" in err.value.message
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=TINY_MODEL_ID, prompt="def f(x):", max_tokens=context)
+    assert err.value.code == "context_length_exceeded"
+    assert f"requested {context + 9} tokens (9 in the prompt, {context} in" in err.value.message
 
 
 @pytest.mark.parametrize("speculation", ["on", "off"])

@@ -453,7 +453,7 @@ class ChatBody(Body, ChatTemplateOptions):
         return self.max_completion_tokens or self.max_tokens or UNTIL_CONTEXT
 
     def logprobs_asked(self) -> int | None:
-        if self.top_logprobs is not None and not self.logprobs:
+        if self.top_logprobs and not self.logprobs:  # 0 asks for nothing: taken, as vLLM
             raise BodyError("top_logprobs needs logprobs: true", "top_logprobs")
         return (self.top_logprobs or 0) if self.logprobs else None
 

@@ -219,6 +219,9 @@ def test_logprobs_out_of_range_are_refused(cluster, path, fields, param):
     r = post_json(f"{cluster.http}/v1/{path}", body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.text
+    if param == "top_logprobs" and "logprobs" not in fields:  # 0 asks for nothing (vLLM)
+        r = post_json(f"{cluster.http}/v1/{path}", {**body, "top_logprobs": 0})
+        assert r.status_code == 200 and r.json()["choices"][0]["logprobs"] is None, r.text
 
 
 def test_n_choices_are_seeded_requests_side_by_side(client):

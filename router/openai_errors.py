@@ -51,8 +51,12 @@ def request_error_response(exc: RequestError) -> web.Response:
     if status == 429:
         ms = exc.retry_after_ms or 1000
         headers = {"Retry-After": str(math.ceil(ms / 1000)), "retry-after-ms": str(ms)}
-    code = exc.error_code or exc.code.name.lower()
-    return error_response(status, str(exc), code=code, headers=headers)
+    return error_response(status, str(exc), code=error_code(exc), headers=headers)
+
+
+def error_code(exc: RequestError) -> str:
+    """The error's `code`: the OpenAI API's where a verifier named one, else the status's."""
+    return exc.error_code or exc.code.name.lower()
 
 
 def error_type(exc: RequestError) -> str:
@@ -62,4 +66,4 @@ def error_type(exc: RequestError) -> str:
 
 def error_event(exc: RequestError) -> dict:
     """A failure after the stream began (its HTTP status already sent): an error event."""
-    return error(str(exc), error_type(exc), code=exc.error_code or exc.code.name.lower())
+    return error(str(exc), error_type(exc), code=error_code(exc))

@@ -137,10 +137,9 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         )
         if last.stats is not None:  # so far; final on the last message
             msg.speculation.CopyFrom(speculation_to_proto(last.stats, k))
-        if last.finish_reason and last.stats is not None:
-            if self.metrics is not None:
+            if last.finish_reason and self.metrics is not None:
                 self.metrics.finished(route, last.timing)
-            if span is not None:
+            if last.finish_reason and span is not None:
                 self._phase_spans(span, last.stats, last.timing)
         return msg
 

@@ -9,6 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from specd import json_text
+
 
 class BodyError(ValueError):
     """A body that cannot be served: 400 with `param` naming the field (None: the body)."""
@@ -33,12 +35,12 @@ class Request(Strict):
 
 def parse(raw: bytes, kind: type[Request]) -> Request:
     """The body as `kind`, or BodyError with a message naming the field."""
+    if json_text.too_deep(raw):
+        raise BodyError(f"the body is {json_text.TOO_DEEP}")
     try:
         data = json.loads(raw, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BodyError(f"the body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise BodyError("the body is not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise BodyError("the body must be a JSON object")
     where = _not_unicode(data)
@@ -46,8 +48,6 @@ def parse(raw: bytes, kind: type[Request]) -> Request:
         raise BodyError(f"{where}: a lone UTF-16 surrogate (\\ud800-\\udfff) is not text", where)
     try:
         body = kind.model_validate(data)
-    except RecursionError:
-        raise BodyError("the body is nested too deeply") from None
     except ValidationError as exc:
         err = exc.errors()[0]
         path = _in_body(data, err["loc"], missing=err["type"] == "missing")
@@ -65,8 +65,8 @@ def has_field(raw: bytes, name: str) -> bool:
     """Whether the body is a JSON object with this field (False where it is no JSON: its
     parse says why)."""
     try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):
+        data = json_text.loads(raw)
+    except ValueError:
         return False
     return isinstance(data, dict) and name in data
 

@@ -176,10 +176,6 @@ BAD_BODIES = [
 ]
 
 
-# the 100,000-deep body recurses the door's thread to its limit: a finalizer the garbage
-# collector happens to run there (of some earlier test's object) cannot even report its
-# RecursionError, which pytest would count against this test
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize(("raw", "says"), BAD_BODIES)
 def test_bad_bodies_get_400_with_a_clear_message(cluster, raw, says):
     r = post_json(f"{cluster.http}/v1/completions", raw)

@@ -4,7 +4,6 @@ maps it to an HTTP code)."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ import grpc
 
 from protos.specd.v1 import common_pb2, router_pb2
 from router.policy import Policy, PolicyFile
+from specd import json_text
 from specd.params import SamplingParams
 from specd.wire import ERROR_CODE_KEY, UNTIL_CONTEXT, constraint_from_proto, params_from_proto
 
@@ -192,7 +192,7 @@ def _message(m: router_pb2.ChatMessage) -> dict:
 
 def _object_or_text(arguments: str):
     try:
-        value = json.loads(arguments)
+        value = json_text.loads(arguments)
     except ValueError:
         return arguments
     return value if isinstance(value, dict) else arguments
@@ -203,7 +203,7 @@ def _tools(tools_json: str) -> dict:
     if not tools_json:
         return {}
     try:
-        tools = json.loads(tools_json)
+        tools = json_text.loads(tools_json)
     except ValueError:
         tools = None
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
@@ -223,7 +223,7 @@ def _template_options(chat: router_pb2.ChatMessages) -> dict:
     if not chat.chat_template_kwargs_json:
         return options
     try:
-        kwargs = json.loads(chat.chat_template_kwargs_json)
+        kwargs = json_text.loads(chat.chat_template_kwargs_json)
     except ValueError:
         kwargs = None
     if not isinstance(kwargs, dict):

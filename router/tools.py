@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.detok import may_begin
+from specd import json_text
 
 HERMES = "hermes"
 LLAMA3_JSON = "llama3_json"
@@ -78,7 +79,7 @@ def _call(obj: Any) -> Call | None:
 
 def _loads(text: str) -> Any:
     try:
-        return json.loads(text)
+        return json_text.loads(text)
     except ValueError:
         return None
 
@@ -203,6 +204,8 @@ class Llama3Reader(Reader):
 
 def _llama3_calls(text: str) -> list[Call] | None:
     """`{...}` or `{...}; {...}`, each with a name and parameters; None if not that."""
+    if json_text.too_deep(text):
+        return None
     decoder, calls, at = json.JSONDecoder(), [], 0
     while True:
         while at < len(text) and text[at] in " \t\r\n;":

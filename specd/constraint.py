@@ -15,6 +15,8 @@ import functools
 import json
 from dataclasses import dataclass
 
+from specd import json_text
+
 KINDS = ("json_schema", "json_object", "regex", "grammar")
 # A reasoning model's thinking as each reasoning parser reads it (router/reasoning.py), in
 # llguidance's Lark: text without "</think>" (`_FREE`), "</think>" and the newlines after
@@ -117,8 +119,8 @@ def compile_grammar(kind: str, text: str, after_thinking: str = "") -> str:
         grammar = LLMatcher.grammar_from_json_schema({"type": "object"})
     elif kind == "json_schema":
         try:
-            schema = json.loads(text)
-        except json.JSONDecodeError as exc:
+            schema = json_text.loads(text)
+        except ValueError as exc:
             raise ValueError(f"json_schema is not valid JSON: {exc}") from None
         if not isinstance(schema, dict):
             raise ValueError("json_schema must be a JSON object (a schema)")

@@ -102,6 +102,7 @@ def test_streaming_under_a_constraint_agrees_with_unary(client):
         ({"json_schema": "{not json"}, "JSON"),
         ({"json_schema": {"type": "objec"}}, "objec"),
         ({"grammar": "start: nothing_here"}, "nothing_here"),
+        ({"json_schema": "[" * 100_000 + "]" * 100_000}, "nested too deeply"),
     ],
 )
 def test_bad_constraints_are_invalid_argument(client, kwargs, message):

@@ -162,3 +162,24 @@ def test_bad_words_become_token_ids_as_vllm_spells_them():
     chars = Preparer(char_tokenizer(), Policy.builtin(), 16, 0)  # " ab" is 3 tokens: one way
     words = chars.prepare(GenerateRequest(prompt="x", bad_words=["ab"]), {}).params.bad_words
     assert [list(w) for w in words] == [char_tokenizer()("ab")["input_ids"]]
+
+
+@pytest.mark.parametrize("field", ["tools_json", "chat_template_kwargs_json", "arguments"])
+def test_json_in_a_chat_nested_too_deeply_is_refused_not_recursed(field):
+    """The gRPC door's JSON fields parse with a depth limit (specd/json_text.py): a client's
+    100,000-deep text is INVALID_ARGUMENT, never a RecursionError (gRPC's UNKNOWN)."""
+    deep = "[" * 100_000 + "]" * 100_000
+    request = GenerateRequest()
+    request.messages.messages.add(role="user", content="hi")
+    if field == "arguments":  # an earlier call's arguments: kept as the text they are
+        call = request.messages.messages.add(role="assistant").tool_calls.add(name="f")
+        call.arguments = deep
+    else:
+        setattr(request.messages, field, deep)
+    preparer = Preparer(char_tokenizer(), Policy.builtin(), 16, 0)
+    if field == "arguments":
+        assert preparer.prepare(request, {}).prompt_ids
+        return
+    with pytest.raises(RequestError) as err:
+        preparer.prepare(request, {})
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and field in str(err.value)

@@ -47,6 +47,7 @@ def read_streamed(tools: ToolUse, text: str, rng: random.Random):
 
 
 PARIS = {"city": "Paris", "unit": "c"}
+DEEP = '{"a": ' + "[" * 5000 + "]" * 5000 + "}"
 HERMES_CASES = [
     # (model text, content, calls)
     ("It is sunny.", "It is sunny.", []),
@@ -80,6 +81,8 @@ HERMES_CASES = [
         "",
         [("get_time", {"x": 1})],
     ),
+    # a model's text nested past the parser's limit: text, never a RecursionError
+    (f"<tool_call>{DEEP}</tool_call>", f"<tool_call>{DEEP}</tool_call>", []),
 ]
 
 
@@ -122,6 +125,7 @@ LLAMA_CASES = [
     ),
     ("The weather is {sunny}.", "The weather is {sunny}.", []),
     ('{"answer": 42}', '{"answer": 42}', []),  # JSON, but not a call
+    (DEEP, DEEP, []),
     (
         '{"name": "get_time", "parameters": {}} and more',
         '{"name": "get_time", "parameters": {}} and more',

@@ -29,6 +29,8 @@ from specd.infill_filter import InfillFilter
 from specd.proposal import Proposal
 
 _BITS = torch.arange(32, dtype=torch.int32)
+# llguidance's error where no token can extend the text: the language has none (not a limit)
+NO_TEXT = "NoExtensionBias"
 # the end-of-turn tokens llama.cpp looks for, in its order: the infill sampler's end token
 END_NAMES = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>")
 
@@ -158,7 +160,10 @@ class Grammars:
                 self._templates[grammar] = template
         words = (ll.vocab_size + 31) // 32  # llguidance's bitmask: one bit per token
         state = GrammarState(template.deep_copy(), constraint, self.vocab_size, words)
-        if state.done or not state.allowed().any():  # (an empty match counts as none)
+        empty = state.done or not state.allowed().any()  # (an empty match counts as none)
+        if state.error:
+            raise ValueError(state.error)
+        if empty:
             raise ValueError(f"the {constraint.kind} constraint admits no output")
         if constraint.after_thinking:  # the thinking admits output: does the answer?
             self.start(dataclasses.replace(constraint, after_thinking=""))
@@ -175,6 +180,16 @@ class GrammarState:
     def done(self) -> bool:
         """Complete: nothing but end-of-sequence may follow (the request stops here)."""
         return self.matcher.is_stopped()
+
+    @property
+    def error(self) -> str | None:
+        """Why the constraint cannot be followed from here, or None. llguidance builds its
+        lexer as the text grows, within limits; past them the matcher stops for good
+        (and would allow only end-of-sequence)."""
+        why = self.matcher.get_error().strip().splitlines()[0] if self.matcher.is_error() else ""
+        if not why or why == NO_TEXT:
+            return None
+        return f"the {self.constraint.kind} constraint is beyond llguidance's limits: {why}"
 
     def allowed(self) -> torch.Tensor:
         """bool [vocab_size]: the tokens that may come next. Once the constraint is

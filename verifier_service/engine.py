@@ -388,7 +388,7 @@ class Engine:
             seq.stats, reason=seq.speculation.reason(seq.decisions, seq.stats.rounds)
         )
         if seq.finish_reason:
-            out.stop_token = seq.stopped_at_token
+            out.stop_token, out.error = seq.stopped_at_token, seq.error
             out.timing = (seq.t_arrived, seq.t_scheduled, seq.t_first_token, time.time_ns())
         return out
 

@@ -59,6 +59,7 @@ class Sequence:
     num_cached: int = 0  # tokens whose K/V the target cache holds
     prompt_hits: int | None = None  # prompt tokens the prefix cache held at first admission
     finish_reason: str | None = None
+    error: str | None = None  # finish_reason "error": why, where the request is at fault
     stats: SpecStats = field(default_factory=SpecStats)
     span: object = None  # the request's trace span (None when tracing is off)
     t_arrived: int = field(default_factory=time.time_ns)
@@ -203,8 +204,11 @@ class Sequence:
         """After committing `token`: "stop" at a stop token or once the constraint is
         complete (a bonus token sampled past that point is dropped), "length", or None."""
         grammar = self.grammar
-        if grammar is not None and not grammar.consume([token]):
+        if grammar is not None and not grammar.consume([token]) and not grammar.error:
             log.error("sequence %d: a token its grammar refuses", self.seq_id)  # masked: never
+        if grammar is not None and grammar.error:
+            self.error = grammar.error
+            return "error"
         if token in self.stop_ids or (grammar is not None and grammar.done):
             return "stop"
         return "length" if self.num_generated >= self.max_new_tokens else None
@@ -214,7 +218,7 @@ class Sequence:
 class StepOutput:
     seq_id: int
     tokens: list[int]  # newly committed this step (after stop checks)
-    finish_reason: str | None  # "stop", "length", "abort" or None while running
+    finish_reason: str | None  # "stop", "length", "abort", "error" or None while running
     drafted: int = 0
     accepted: int = 0
     lookup: bool = False  # its round's drafts were a lookup, not the draft model's
@@ -226,3 +230,4 @@ class StepOutput:
     prompt_logprobs: list | None = None  # with the first token: the prompt's, where asked
     stop_token: bool = False  # last output: it stopped at a stop token (Sequence.stopped_at_token)
     prompt_hits: int = 0  # the prompt's tokens found in the prefix cache (Sequence.prompt_hits)
+    error: str | None = None  # last output: Sequence.error

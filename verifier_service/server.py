@@ -94,6 +94,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             generated = 0
             while True:
                 last = outputs[-1]
+                if last.finish_reason == "error" and last.error:  # the request's own fault
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, last.error)
                 if last.finish_reason == "error":
                     await context.abort(
                         grpc.StatusCode.INTERNAL,

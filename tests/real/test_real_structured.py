@@ -61,3 +61,31 @@ def test_real_pair_json_schema_greedy_identical_and_valid(cpu_kernels):
     assert finished >= len(items) - 1
     assert engine.totals.accepted > 0.5 * engine.totals.drafted
     assert engine.kv.allocator.num_used == 0 and proposer.kv.allocator.num_used == 0
+
+
+@pytest.mark.real
+def test_a_constraint_past_llguidances_limits_ends_the_request_never_loosens(cpu_kernels):
+    """llguidance builds a regex's lexer as the text grows, within limits; past them its
+    matcher stops for good and would allow only end-of-sequence. The request then ends
+    with an error naming the limit (the service's INVALID_ARGUMENT), never "stop" with
+    text outside the constraint, and a later request for it is refused at the start."""
+    target_dir = real_model_or_skip(DEFAULT_TARGET)
+    tok = load_tokenizer(target_dir)
+    eos = eos_token_ids(target_dir, load_config(target_dir))
+    target = load_model(target_dir, device="cpu", weights="int4")
+    engine = Engine(target, EngineConfig(), None, eos_ids=eos, load_tokenizer=lambda: tok)
+    constraint = Constraint("regex", "(a{1000}){1000}")  # a million a's
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "Say hello."}], add_generation_prompt=True
+    )["input_ids"]
+    seq_id = engine.add_request(Request(prompt, max_new_tokens=100, constraint=constraint))
+    tokens, last = [], None
+    while engine.has_work():
+        for last in engine.step():
+            assert last.seq_id == seq_id and last.finish_reason in (None, "error")
+            tokens += last.tokens
+    assert last.finish_reason == "error" and "beyond llguidance's limits" in last.error
+    assert set(tok.decode(tokens)) == {"a"}  # what came was the constraint's text
+    assert engine.kv.allocator.num_used == 0
+    with pytest.raises(ValueError, match="beyond llguidance's limits"):
+        engine.add_request(Request(prompt, max_new_tokens=100, constraint=constraint))

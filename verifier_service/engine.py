@@ -35,7 +35,7 @@ from specd.config import (
     chunk_invariant,
     prefix_cache_on,
 )
-from specd.grammar import Grammars
+from specd.grammar import Grammars, GrammarState
 from specd.models.paged_kv import PagedKV
 from specd.proposal import Proposer
 from verifier_service import logprobs
@@ -175,20 +175,22 @@ class Engine:
         self.before_forward: Callable[[], None] | None = None
 
     # -- requests ----------------------------------------------------------------------------
-    def add_request(self, request: Request) -> int:
-        """Queue a request (ValueError when it cannot be served); -> its sequence id."""
+    def add_request(self, request: Request, grammar: GrammarState | None = None) -> int:
+        """Queue a request (ValueError when it cannot be served); -> its sequence id.
+        `grammar`: its constraint's state, started already (`grammars.start`: compiling
+        may take a while, best off the caller's event loop)."""
         args, alloc = self.model.args, self.kv.allocator
         # the request's k bounded by this engine's, once: admission reserves for it, and
         # the plan drafts within it (and the tokens left)
         request = replace(request, num_draft=min(request.num_draft, self.config.max_draft_tokens))
         need = alloc.blocks_for(len(request.prompt) + request.max_new_tokens + 1)
         request.validate(args.vocab_size, args.max_position_embeddings, need, alloc.num_blocks)
-        grammar = infill = None
+        infill = None
         if (request.constraint is not None or request.params.infill) and self.grammars is None:
             raise ValueError(
                 "this verifier was started without a tokenizer: no constraints, no infill"
             )
-        if request.constraint is not None:
+        if request.constraint is not None and grammar is None:
             grammar = self.grammars.start(request.constraint)
         if request.params.infill:
             infill = self.grammars.infill_filter()

@@ -49,11 +49,14 @@ class AsyncEngine:
         """As `generate`, but each time every output that has arrived for the request
         since the caller last asked: one step's, or several where the caller fell behind
         the steps (many streams on one event loop), so that it sends one message for them."""
-        grammars = self.engine.grammars
+        grammars, grammar = self.engine.grammars, None
         wants_tokenizer = request.constraint is not None or request.params.infill
         if wants_tokenizer and grammars is not None:
             await asyncio.to_thread(grammars.prepare)  # the tokenizer, at the first constraint
-        seq_id = self.engine.add_request(request)
+        if request.constraint is not None and grammars is not None:
+            # compiling a new constraint's lexer may take a second: not on the event loop
+            grammar = await asyncio.to_thread(grammars.start, request.constraint)
+        seq_id = self.engine.add_request(request, grammar)
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[seq_id] = queue
         self._ensure_loop()

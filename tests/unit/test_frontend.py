@@ -2,12 +2,15 @@
 go to the event loop."""
 
 import asyncio
+import re
 import threading
 
 import pytest
 
 from drafter_service.draft_model import DraftModelProposer
 from specd.config import EngineConfig
+from specd.constraint import Constraint
+from tests.cluster import char_tokenizer
 from tests.conftest import run_engine
 from verifier_service.engine import Engine
 from verifier_service.frontend import AsyncEngine
@@ -208,3 +211,34 @@ def test_the_verifier_sends_a_batch_as_one_message_and_counts_each_step(tiny_pai
         == 1
     )
     assert value(names.TOKENS_OUT + "_total") == 7
+
+
+def test_a_constraint_compiles_off_the_event_loop_which_keeps_serving(tiny_pair):
+    """Starting a new constraint compiles its lexer (up to a second for a large one): in a
+    worker thread, while the event loop goes on serving the other streams."""
+    target, _ = tiny_pair
+    cfg = EngineConfig(num_blocks=256, block_size=4)
+    engine = Engine(target, cfg, None, eos_ids=set(), load_tokenizer=char_tokenizer)
+    start, loop, loop_ran = engine.grammars.start, None, threading.Event()
+
+    def start_that_needs_the_loop(constraint):
+        loop.call_soon_threadsafe(loop_ran.set)  # runs only while the loop is free
+        assert loop_ran.wait(10), "the event loop stood still while a constraint compiled"
+        return start(constraint)
+
+    engine.grammars.start = start_that_needs_the_loop
+
+    async def main():
+        nonlocal loop
+        loop = asyncio.get_running_loop()
+        frontend = AsyncEngine(engine)
+        request = Request(PROMPTS[0], max_new_tokens=8, constraint=Constraint("regex", "[a-z]{6}"))
+        try:
+            return [out async for out in frontend.generate(request)]
+        finally:
+            await frontend.close()
+
+    outs = asyncio.run(asyncio.wait_for(main(), 60))
+    text = "".join(chr(t + 32) for out in outs for t in out.tokens)  # the tiny vocabulary
+    assert outs[-1].finish_reason == "stop" and re.fullmatch("[a-z]{6}", text), text
+    assert engine.kv.allocator.num_used == 0

@@ -16,6 +16,7 @@ from router.openai_answer import extension_dict
 from router.openai_errors import error_type
 from router.reasoning import AnswerReader
 from router.tools import Call, ToolUse
+from specd import context_limit
 
 # the OpenAI shape's error types, as Anthropic names them
 KINDS = {"service_unavailable_error": "overloaded_error", "server_error": "api_error"}
@@ -167,7 +168,10 @@ def in_anthropic_shape(response: web.Response) -> web.Response:
     if response.status < 400 or not isinstance(response, web.Response) or response.body is None:
         return response
     error = json.loads(response.body)["error"]
-    body = error_body(error["message"], error["type"])
+    message = error["message"]
+    if error.get("code") == context_limit.CODE:
+        message = context_limit.in_anthropic_words(message) or message
+    body = error_body(message, error["type"])
     headers = {
         k: v for k, v in response.headers.items() if k.lower() in ("retry-after", "retry-after-ms")
     }

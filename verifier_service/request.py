@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from specd.config import check_proposer
 from specd.constraint import Constraint
+from specd.context_limit import ContextExceeded
 from specd.params import SamplingParams
 
 
@@ -44,20 +45,6 @@ class SpeculationBounds:
         if offs:
             return offs.most_common(1)[0][0]
         return "off:drafter-unavailable" if decisions else "off:request"
-
-
-class ContextExceeded(ValueError):
-    """A request longer than the model's context, said as vLLM and the OpenAI API say it
-    (clients read "maximum context length" to shorten a conversation and retry)."""
-
-    code = "context_length_exceeded"  # the OpenAI API's error code
-
-    def __init__(self, context: int, prompt: int, max_new: int):
-        super().__init__(
-            f"This model's maximum context length is {context} tokens. However, you "
-            f"requested {prompt + max_new} tokens ({prompt} in the prompt, {max_new} in the "
-            "completion). Please reduce the length of the prompt or completion."
-        )
 
 
 @dataclass(frozen=True)

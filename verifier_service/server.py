@@ -9,6 +9,7 @@ import grpc
 from opentelemetry import trace
 
 from protos.specd.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
+from specd.context_limit import ContextExceeded
 from specd.telemetry import extract_metadata
 from specd.wire import (
     ERROR_CODE_KEY,
@@ -18,7 +19,7 @@ from specd.wire import (
     speculation_to_proto,
 )
 from verifier_service.load import TokenRate, VerifierMetrics
-from verifier_service.request import ContextExceeded, Request, SpeculationBounds
+from verifier_service.request import Request, SpeculationBounds
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_MS = 500  # the hint sent with RESOURCE_EXHAUSTED

@@ -2,14 +2,24 @@
 models: a message is the chat it stands for (the same text and token counts, whole and
 streamed as Anthropic's events, speculation on and off), stop sequences and the token
 limit give Anthropic's stop reasons, tool calls come back as `tool_use` blocks, earlier
-calls and results are the conversation, and errors come in Anthropic's shape."""
+calls and results are the conversation, and errors come in Anthropic's shape and words."""
+
+import re
 
 import anthropic
 import jsonschema
 import pytest
 
 from tests.cluster import TINY_MODEL_ID
-from tests.integration.openai_api.door import CITY, TOKEN, called, post_json, terse_chat, url
+from tests.integration.openai_api.door import (
+    CITY,
+    TOKEN,
+    called,
+    http,
+    post_json,
+    terse_chat,
+    url,
+)
 
 WEATHER = {"name": "get_weather", "description": "the weather", "input_schema": CITY}
 
@@ -150,3 +160,28 @@ def test_the_key_may_come_as_x_api_key(cluster):
     with anthropic.Anthropic(base_url=url(cluster, 0), api_key=TOKEN, max_retries=0) as c:
         reply = c.messages.create(model=TINY_MODEL_ID, max_tokens=2, messages=body["messages"])
     assert reply.usage.output_tokens == 2
+
+
+def test_past_the_context_is_said_in_anthropics_words(cluster, claude):
+    """Claude Code and LiteLLM read "prompt is too long" as the context window's end (and
+    compact the conversation); Anthropic says the prompt-and-max_tokens case its own way."""
+    models = http("GET", f"{cluster.http}/v1/models").json()["data"]
+    context = models[0]["max_model_len"]
+    with pytest.raises(anthropic.BadRequestError) as err:
+        ask(claude, messages=[{"role": "user", "content": "x" * context}], max_tokens=4)
+    found = re.fullmatch(r"prompt is too long: (\d+) tokens > (\d+) maximum", message(err))
+    assert found and int(found[1]) > int(found[2]) == context, message(err)
+    with pytest.raises(anthropic.BadRequestError) as err:
+        ask(claude, max_tokens=context)
+    found = re.fullmatch(
+        r"input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+), "
+        r"decrease input length or `max_tokens` and try again",
+        message(err),
+    )
+    assert found and int(found[1]) > 0 and int(found[2]) == int(found[3]) == context, message(err)
+
+
+def message(err) -> str:
+    body = err.value.body
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    return body["error"]["message"]

@@ -5,14 +5,18 @@ count_tokens`), the parts specd serves, checked strictly, and the chat request i
 (their `input_schema`) and `tool_choice` (`auto`, `any`, `tool`, `none`) as the chat
 endpoint takes them (`router.anthropic_answer` writes the answer back in Anthropic's
 shape). Images and documents are refused (400, naming the field); `thinking` is accepted
-and has no effect (specd's models do not think apart), as `cache_control` marks."""
+and has no effect (specd's models do not think apart), as `cache_control` marks, and
+what Claude Code sends for Anthropic's betas: `context_management` (its edits are not
+applied: the whole conversation is the prompt, and one past the context is refused in
+Anthropic's words), a tool's `input_examples` and `defer_loading` (every tool is in the
+prompt), and `output_config.task_budget`."""
 
 from __future__ import annotations
 
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag
+from pydantic import ConfigDict, Discriminator, Field, Tag
 
 from router.body import BodyError, Request, Strict
 from router.openai_schema import ChatBody, Positive
@@ -92,6 +96,8 @@ class Tool(Strict):
     input_schema: dict[str, Any]
     cache_control: CacheControl | None = None
     strict: bool | None = None
+    input_examples: list[dict[str, Any]] | None = None
+    defer_loading: bool | None = None
 
 
 class ToolChoice(Strict):
@@ -103,6 +109,7 @@ class ToolChoice(Strict):
 class Thinking(Strict):
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: int | None = None
+    display: str | None = None
 
 
 class OutputFormat(Strict):
@@ -110,9 +117,27 @@ class OutputFormat(Strict):
     schema_: dict[str, Any] = Field(alias="schema")
 
 
+class TaskBudget(Strict):
+    type: Literal["tokens"]
+    total: Annotated[int, Field(ge=0)]
+
+
 class OutputConfig(Strict):
     format: OutputFormat | None = None
     effort: str | None = None  # a hint for Anthropic's models
+    task_budget: TaskBudget | None = None  # advisory, on Anthropic's own
+
+
+class ContextEdit(Strict):
+    """One of Anthropic's context edits (`clear_tool_uses_20250919`,
+    `clear_thinking_20251015`, ...), with whatever settings its type takes."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+
+class ContextManagement(Strict):
+    edits: list[ContextEdit] = []
 
 
 class Metadata(Strict):
@@ -128,6 +153,7 @@ class _Conversation(Request):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
+    context_management: ContextManagement | None = None
 
     def chat(self, **more) -> ChatBody:
         """The chat request this is (the chat endpoint's checks apply to it too)."""

@@ -162,6 +162,33 @@ def test_the_key_may_come_as_x_api_key(cluster):
     assert reply.usage.output_tokens == 2
 
 
+def test_what_claude_code_sends_for_anthropics_betas_is_taken_and_changes_nothing(cluster):
+    """Claude Code sends `context_management` on every request (a gateway that refuses it
+    refuses Claude Code), tools with `input_examples` or `defer_loading`, `thinking` with
+    `display`, `output_config.task_budget`: the answer is the one without them."""
+    tool = WEATHER | {"input_examples": [{"city": "Paris"}], "defer_loading": True}
+    base = {"model": TINY_MODEL_ID, "max_tokens": 12, "temperature": 0, "tools": [WEATHER]}
+    base |= {"tool_choice": {"type": "none"}, "messages": [{"role": "user", "content": "ab"}]}
+    betas = base | {
+        "tools": [tool],
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "thinking": {"type": "disabled", "display": "omitted"},
+        "output_config": {"effort": "high", "task_budget": {"type": "tokens", "total": 4000}},
+        "metadata": {"user_id": "u"},
+    }
+    header = {"anthropic-beta": "context-management-2025-06-27,claude-code-20250219"}
+    plain = post_json(f"{cluster.http}/v1/messages", base)
+    taken = post_json(f"{cluster.http}/v1/messages", betas, header)
+    assert plain.status_code == taken.status_code == 200, taken.text
+    assert taken.json()["content"] == plain.json()["content"]
+    fields = ("model", "messages", "tools", "tool_choice", "thinking", "context_management")
+    counting = {k: betas[k] for k in fields}
+    counted = post_json(f"{cluster.http}/v1/messages/count_tokens", counting, header)
+    assert counted.status_code == 200, counted.text
+    refused = post_json(f"{cluster.http}/v1/messages", base | {"context_management": {"x": 1}})
+    assert refused.status_code == 400 and "context_management.x" in refused.text
+
+
 def test_past_the_context_is_said_in_anthropics_words(cluster, claude):
     """Claude Code and LiteLLM read "prompt is too long" as the context window's end (and
     compact the conversation); Anthropic says the prompt-and-max_tokens case its own way."""

@@ -217,6 +217,7 @@ class ResponsesAnswer:
             "incomplete_details": None,
             "instructions": body.instructions,
             "max_output_tokens": body.max_output_tokens,
+            "max_tool_calls": body.max_tool_calls,
             "metadata": body.metadata or {},
             "output": list(output),
             "parallel_tool_calls": body.parallel_tool_calls is not False,

@@ -165,6 +165,7 @@ class ResponsesBody(Request):
     prompt_cache_key: str | None = None
     service_tier: str | None = None
     top_logprobs: Annotated[int, Field(ge=0)] | None = None
+    max_tool_calls: Annotated[int, Field(ge=0)] | None = None  # of built-in tools: specd has none
     # what a stateless server cannot do
     previous_response_id: str | None = None
     conversation: str | dict[str, Any] | None = None

@@ -60,6 +60,9 @@ def test_the_token_limit_leaves_a_response_incomplete(client):
     assert short.status == "incomplete" and short.usage.output_tokens == 2
     assert short.incomplete_details.reason == "max_output_tokens"
     assert short.output[0].status == "incomplete"
+    # a limit on built-in tools' calls (Codex sends one): specd runs none, answered back
+    limited = respond(client, input="ab", max_output_tokens=2, max_tool_calls=3)
+    assert limited.max_tool_calls == 3 and limited.output_text == short.output_text
 
 
 @pytest.mark.parametrize("stream", [False, True])

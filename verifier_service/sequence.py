@@ -204,11 +204,13 @@ class Sequence:
         """After committing `token`: "stop" at a stop token or once the constraint is
         complete (a bonus token sampled past that point is dropped), "length", or None."""
         grammar = self.grammar
-        if grammar is not None and not grammar.consume([token]) and not grammar.error:
-            log.error("sequence %d: a token its grammar refuses", self.seq_id)  # masked: never
-        if grammar is not None and grammar.error:
+        if grammar is not None:
+            refused = not grammar.consume([token])
             self.error = grammar.error
-            return "error"
+            if self.error:
+                return "error"
+            if refused:
+                log.error("sequence %d: a token its grammar refuses", self.seq_id)  # masked
         if token in self.stop_ids or (grammar is not None and grammar.done):
             return "stop"
         return "length" if self.num_generated >= self.max_new_tokens else None

@@ -50,12 +50,12 @@ class AsyncEngine:
         since the caller last asked: one step's, or several where the caller fell behind
         the steps (many streams on one event loop), so that it sends one message for them."""
         grammars, grammar = self.engine.grammars, None
-        wants_tokenizer = request.constraint is not None or request.params.infill
-        if wants_tokenizer and grammars is not None:
-            await asyncio.to_thread(grammars.prepare)  # the tokenizer, at the first constraint
-        if request.constraint is not None and grammars is not None:
-            # compiling a new constraint's lexer may take a second: not on the event loop
+        # reading the tokenizer (the first time) and compiling a new constraint's lexer
+        # may take a second each: not on the event loop
+        if grammars is not None and request.constraint is not None:
             grammar = await asyncio.to_thread(grammars.start, request.constraint)
+        elif grammars is not None and request.params.infill:
+            await asyncio.to_thread(grammars.prepare)
         seq_id = self.engine.add_request(request, grammar)
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[seq_id] = queue

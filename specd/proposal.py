@@ -46,13 +46,15 @@ class Proposal:
     # in the committed tokens: no draft model ran for them, so their round costs the
     # drafter ~nothing and the verifier's step costs keep such rounds apart
     ngram: bool = False
+    # the drafts are the client's predicted output's (specd/prediction.py; also `ngram`)
+    predicted: bool = False
 
     def first(self, k: int) -> Proposal:
         """The first k drafts, with their q and the alternatives beside them."""
         q_ids = None if self.q_ids is None else self.q_ids[:k]
         q_probs = None if self.q_probs is None else self.q_probs[:k]
         alts = [(parent, t) for parent, t in self.alts if parent < k]
-        return Proposal(list(self.tokens[:k]), q_ids, q_probs, alts, self.ngram)
+        return Proposal(list(self.tokens[:k]), q_ids, q_probs, alts, self.ngram, self.predicted)
 
 
 def continuable(rounds) -> list[tuple[DraftState, Proposal]]:

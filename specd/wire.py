@@ -81,6 +81,8 @@ def speculation_to_proto(stats, k: int) -> common_pb2.SpeculationInfo:
         mean_accepted_length=stats.mean_accepted_length,
         mean_draft_tokens=stats.drafted / stats.rounds if stats.rounds else 0.0,
         lookup_rounds=stats.lookup_rounds,
+        predicted_drafted=stats.predicted_drafted,
+        predicted_accepted=stats.predicted_accepted,
     )
 
 

@@ -39,15 +39,24 @@ def draft_state(slot: Slot) -> DraftState:
 
 
 def _propose(slots: list[Slot], proposer: Proposer | None, vocab: int) -> dict[int, Proposal]:
+    """Each slot's drafts: its predicted output's where the output follows it, else the
+    proposer's (one call for the rest)."""
+    out = {}
+    for slot in slots:
+        prediction = slot.seq.prediction
+        if prediction is not None and (
+            tokens := prediction.drafts(slot.seq.tokens, len(slot.seq.prompt), slot.k)
+        ):
+            out[slot.seq_id] = Proposal(tokens=tokens, ngram=True, predicted=True)
+    slots = [s for s in slots if s.seq_id not in out]
     if not slots or proposer is None:
-        return {}
+        return out
     states = [draft_state(s) for s in slots]
     try:
         proposals = proposer.propose(states)
     except Exception:  # a failed drafter costs speculation, never the request
         log.exception("drafter failed; decoding without drafts this round")
-        return {}
-    out = {}
+        return out
     for slot, p in zip(slots, proposals, strict=True):
         # a remote drafter is another process: never feed the model an id it lacks
         bad = next((j for j, t in enumerate(p.tokens) if not 0 <= t < vocab), slot.k)

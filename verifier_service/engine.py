@@ -182,7 +182,11 @@ class Engine:
         args, alloc = self.model.args, self.kv.allocator
         # the request's k bounded by this engine's, once: admission reserves for it, and
         # the plan drafts within it (and the tokens left)
-        request = replace(request, num_draft=min(request.num_draft, self.config.max_draft_tokens))
+        # (a prediction's drafts cost no draft model: it may draft the most the engine takes)
+        cap = self.config.max_draft_tokens
+        k = (cap if request.num_draft > 0 else 0) if request.prediction else request.num_draft
+        predicted = replace(request.speculation, predicted=bool(request.prediction))
+        request = replace(request, num_draft=min(k, cap), speculation=predicted)
         need = alloc.blocks_for(len(request.prompt) + request.max_new_tokens + 1)
         request.validate(args.vocab_size, args.max_position_embeddings, need, alloc.num_blocks)
         infill = None
@@ -400,8 +404,8 @@ class Engine:
         seq, k = r.seq, r.k
         if r.slot.decode:
             seq.decided(r.slot.decision.reason, r.slot.k)
-        seq.stats.record(k, accepted, r.lookup)
-        self.totals.record(k, accepted, r.lookup)
+        seq.stats.record(k, accepted, r.lookup, r.predicted)
+        self.totals.record(k, accepted, r.lookup, r.predicted)
         if seq.span is not None and k:
             seq.span.add_event("speculation.round", {"k": k, "accepted": accepted})
 
@@ -481,7 +485,7 @@ def _report(r: Round, verdict: Verdict | None) -> RoundReport:
     sequence on: `behind` is what the drafter caught up on for this round)."""
     return RoundReport(
         seq_id=r.slot.seq_id,
-        route=r.seq.speculation.route,
+        route=r.seq.speculation.acceptance_key,
         decode=r.slot.decode,
         planned=r.slot.k,
         drafted=r.k,

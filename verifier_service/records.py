@@ -71,6 +71,11 @@ class Round:
         return self.proposal is not None and self.proposal.ngram
 
     @property
+    def predicted(self) -> bool:
+        """Its drafts were the client's predicted output's (Proposal.predicted)."""
+        return self.proposal is not None and self.proposal.predicted
+
+    @property
     def num_logits(self) -> int:
         """Rows of logits it needs: every node of a decode round (root, chain,
         alternatives); one for the last chunk of a fresh prompt; one a token for a chunk
@@ -144,7 +149,7 @@ class RoundReport:
     """One sequence's part of a step, as it ran."""
 
     seq_id: int
-    route: str
+    route: str  # whose acceptance it is (SpeculationBounds.acceptance_key)
     decode: bool  # a decode round (else a prefill chunk)
     planned: int  # drafts the plan allowed (decode)
     drafted: int  # drafts that came and were verified

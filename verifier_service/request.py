@@ -23,6 +23,14 @@ class SpeculationBounds:
     min_acceptance: float = 0.0  # known to accept under this: off for acceptance (probing)
     proposer: str = ""  # how the drafter drafts for the route ("": the drafter's own)
     suffix_private: bool = False  # a suffix drafter shares nothing of this request
+    # the request brought a predicted output (Request.prediction): its acceptance is
+    # learnt apart from the route's other requests', which draft without one
+    predicted: bool = False
+
+    @property
+    def acceptance_key(self) -> str:
+        """Under which name the speculation control learns this request's acceptance."""
+        return f"{self.route}+prediction" if self.predicted else self.route
 
     def validate(self) -> None:
         if self.draft_below_batch < 0:
@@ -61,6 +69,9 @@ class Request:
     constraint: Constraint | None = None
     span: object = None  # the request's trace span (None when tracing is off)
     cache_salt: str = ""  # its prefix-cache blocks are shared only under the same salt
+    # the output the client expects, as token ids (OpenAI's Predicted Outputs): drafted
+    # from where the output follows it (specd/prediction.py); () = none
+    prediction: tuple[int, ...] = ()
 
     def validate(self, vocab: int, context: int, blocks_needed: int, num_blocks: int) -> None:
         """ValueError with the reason when the engine cannot serve it: `blocks_needed` is
@@ -81,6 +92,13 @@ class Request:
             raise ValueError(f"bad_words token ids must be in [0, {vocab})")
         if any(not 0 <= t < vocab for t in self.stop_ids):
             raise ValueError(f"stop token ids must be in [0, {vocab})")
+        if any(not 0 <= t < vocab for t in self.prediction):
+            raise ValueError(f"prediction token ids must be in [0, {vocab})")
+        if len(self.prediction) > context:
+            raise ValueError(
+                f"the prediction has {len(self.prediction)} tokens, more than the context"
+                f" ({context})"
+            )
         if self.params.min_tokens > self.max_new_tokens:
             raise ValueError(
                 f"min_tokens ({self.params.min_tokens}) exceeds max_new_tokens "

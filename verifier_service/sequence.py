@@ -14,6 +14,7 @@ from specd.draws import make_generator
 from specd.grammar import GrammarState
 from specd.infill_filter import InfillFilter
 from specd.params import SamplingParams
+from specd.prediction import Prediction
 from specd.proposal import view_start
 from verifier_service.request import Request, SpeculationBounds
 
@@ -26,15 +27,21 @@ class SpecStats:
     drafted: int = 0
     accepted: int = 0
     lookup_rounds: int = 0  # rounds drafted by a lookup (no draft model ran)
+    # of drafted and accepted, those the client's predicted output drafted
+    predicted_drafted: int = 0
+    predicted_accepted: int = 0
     reason: str = ""  # set when the request finishes (SpeculationBounds.reason)
 
-    def record(self, k: int, a: int, lookup: bool = False) -> None:
+    def record(self, k: int, a: int, lookup: bool = False, predicted: bool = False) -> None:
         if k == 0:
             return
         self.rounds += 1
         self.drafted += k
         self.accepted += a
         self.lookup_rounds += lookup
+        if predicted:
+            self.predicted_drafted += k
+            self.predicted_accepted += a
 
     @property
     def acceptance_rate(self) -> float:
@@ -76,6 +83,7 @@ class Sequence:
     prompt_logprobs_sent: bool = False
     cache_salt: str = ""  # the prefix cache's salt (Request.cache_salt)
     drafter_window: int = 0  # the drafter's context window (specd.proposal.view_start)
+    prediction: Prediction | None = None  # the client's predicted output (Request.prediction)
 
     def __post_init__(self):
         if not self.tokens:
@@ -97,6 +105,7 @@ class Sequence:
             grammar=grammar,
             infill=infill,
             cache_salt=request.cache_salt,
+            prediction=Prediction(list(request.prediction)) if request.prediction else None,
         )
 
     @property

@@ -225,4 +225,5 @@ def _request(request, route: str, k: int, max_new: int, constraint, span) -> Req
         constraint=constraint,
         span=span,
         cache_salt=request.cache_salt,
+        prediction=tuple(request.prediction_ids),
     )

@@ -68,7 +68,7 @@ class TokenLogprob(_message.Message):
     def __init__(self, logprob: _Optional[float] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class SpeculationInfo(_message.Message):
-    __slots__ = ("enabled", "reason", "num_draft_tokens", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length", "mean_draft_tokens", "arrival_reason", "lookup_rounds")
+    __slots__ = ("enabled", "reason", "num_draft_tokens", "rounds", "drafted", "accepted", "acceptance_rate", "mean_accepted_length", "mean_draft_tokens", "arrival_reason", "lookup_rounds", "predicted_drafted", "predicted_accepted")
     ENABLED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +80,8 @@ class SpeculationInfo(_message.Message):
     MEAN_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ARRIVAL_REASON_FIELD_NUMBER: _ClassVar[int]
     LOOKUP_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_DRAFTED_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     enabled: bool
     reason: str
     num_draft_tokens: int
@@ -91,7 +93,9 @@ class SpeculationInfo(_message.Message):
     mean_draft_tokens: float
     arrival_reason: str
     lookup_rounds: int
-    def __init__(self, enabled: _Optional[bool] = ..., reason: _Optional[str] = ..., num_draft_tokens: _Optional[int] = ..., rounds: _Optional[int] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., mean_draft_tokens: _Optional[float] = ..., arrival_reason: _Optional[str] = ..., lookup_rounds: _Optional[int] = ...) -> None: ...
+    predicted_drafted: int
+    predicted_accepted: int
+    def __init__(self, enabled: _Optional[bool] = ..., reason: _Optional[str] = ..., num_draft_tokens: _Optional[int] = ..., rounds: _Optional[int] = ..., drafted: _Optional[int] = ..., accepted: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., mean_accepted_length: _Optional[float] = ..., mean_draft_tokens: _Optional[float] = ..., arrival_reason: _Optional[str] = ..., lookup_rounds: _Optional[int] = ..., predicted_drafted: _Optional[int] = ..., predicted_accepted: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "cached_prompt_tokens")

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class VerifyGenerateRequest(_message.Message):
-    __slots__ = ("prompt_ids", "params", "max_new_tokens", "stop_ids", "ignore_eos", "num_draft_tokens", "route", "draft_below_batch", "auto", "max_kv_utilization", "min_acceptance", "constraint", "proposer", "suffix_private", "cache_salt")
+    __slots__ = ("prompt_ids", "params", "max_new_tokens", "stop_ids", "ignore_eos", "num_draft_tokens", "route", "draft_below_batch", "auto", "max_kv_utilization", "min_acceptance", "constraint", "proposer", "suffix_private", "cache_salt", "prediction_ids")
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,7 @@ class VerifyGenerateRequest(_message.Message):
     PROPOSER_FIELD_NUMBER: _ClassVar[int]
     SUFFIX_PRIVATE_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    PREDICTION_IDS_FIELD_NUMBER: _ClassVar[int]
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     params: _common_pb2.SamplingParams
     max_new_tokens: int
@@ -39,7 +40,8 @@ class VerifyGenerateRequest(_message.Message):
     proposer: str
     suffix_private: bool
     cache_salt: str
-    def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., stop_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., num_draft_tokens: _Optional[int] = ..., route: _Optional[str] = ..., draft_below_batch: _Optional[int] = ..., auto: _Optional[bool] = ..., max_kv_utilization: _Optional[float] = ..., min_acceptance: _Optional[float] = ..., constraint: _Optional[_Union[_common_pb2.Constraint, _Mapping]] = ..., proposer: _Optional[str] = ..., suffix_private: _Optional[bool] = ..., cache_salt: _Optional[str] = ...) -> None: ...
+    prediction_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., stop_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., num_draft_tokens: _Optional[int] = ..., route: _Optional[str] = ..., draft_below_batch: _Optional[int] = ..., auto: _Optional[bool] = ..., max_kv_utilization: _Optional[float] = ..., min_acceptance: _Optional[float] = ..., constraint: _Optional[_Union[_common_pb2.Constraint, _Mapping]] = ..., proposer: _Optional[str] = ..., suffix_private: _Optional[bool] = ..., cache_salt: _Optional[str] = ..., prediction_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class VerifyGenerateResponse(_message.Message):
     __slots__ = ("token_ids", "finish_reason", "speculation", "usage", "logprobs", "prompt_logprobs", "stop_token")

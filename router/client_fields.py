@@ -3,9 +3,10 @@ not shape the sampling: accepted as vLLM accepts them, or refused, naming the fi
 where they ask for what specd does not do.
 
 - OpenAI's fields about the service rather than the output (`metadata`, `store`,
-  `service_tier`, `prompt_cache_key`, `safety_identifier`, `modalities` of text, and
-  `prediction`, OpenAI's predicted outputs, which vLLM ignores too) are accepted without
-  effect: specd stores nothing, has one tier, and its prefix cache needs no key.
+  `service_tier`, `prompt_cache_key`, `safety_identifier`, `modalities` of text) are
+  accepted without effect: specd stores nothing, has one tier, and its prefix cache needs
+  no key. `prediction`, OpenAI's predicted output, is what speculation drafts from where
+  the output follows it (specd/prediction.py; vLLM ignores it).
 - vLLM's `request_id` names the answer (`chatcmpl-{request_id}`; an `X-Request-Id`
   header first, as vLLM reads it); `priority` other than 0 is refused (specd serves first
   come, first served, as vLLM does without its priority scheduler);
@@ -31,9 +32,14 @@ class Prediction(Strict):
     type: Literal["content"]
     content: str | list[PredictedText]
 
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
 
 class ClientFields(Strict):
-    # OpenAI's, without effect here
+    # OpenAI's, without effect here but `prediction`
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None

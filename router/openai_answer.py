@@ -67,6 +67,7 @@ class Answer:
         self.calls = [0] * self.n  # each choice's calls so far (a stream's call index)
         # a prompt is counted once, whatever its n; completion tokens as choices finish
         self.usage = common_pb2.Usage(prompt_tokens=sum(len(p) for p in prompts))
+        self.predicted = [0, 0]  # drafts from the prediction accepted, rejected
 
     def _read(self, index: int, text: str, finish: str | None) -> tuple[str, str, list, str | None]:
         """Choice `index`'s next text as (thinking, content, tool calls completed, finish
@@ -140,13 +141,13 @@ class Answer:
         choices = []
         for i, resp in enumerate(self._without_output(r) for r in resps):
             choices.append(self._choice(i, resp, resp.text, resp.finish_reason))
-            self._count(i, resp.usage)
+            self._count(i, resp)
             if self.n > 1:
                 choices[-1]["speculation"] = extension_dict(resp)["speculation"]
         out = {
             **self.head,
             "choices": choices,
-            "usage": usage_dict(self.usage),
+            "usage": self._usage(),
             **extension_dict(resps[0]),
         }
         if self.body.prompt_logprobs is not None:  # vLLM's: a chat's once, a completion's each
@@ -213,7 +214,7 @@ class Answer:
             chunk = {**head, "choices": [self._choice(index, msg, text, finish, delta)]}
             out.append({**chunk, **usage, **(extension_dict(msg) if finish else {})})
         if finish:
-            self._count(index, msg.usage)
+            self._count(index, msg)
         return out
 
     def _usage_so_far(self, index: int) -> dict:
@@ -227,12 +228,26 @@ class Answer:
         )
         return {"usage": usage_dict(so_far)}
 
-    def _count(self, index: int, usage) -> None:
-        """A finished choice's tokens; its prompt's cached ones once (from its first
-        choice), as the prompt is counted once."""
-        self.usage.completion_tokens += usage.completion_tokens
+    def _count(self, index: int, msg) -> None:
+        """A finished choice's tokens (its last message's); its prompt's cached ones once
+        (from its first choice), as the prompt is counted once."""
+        self.usage.completion_tokens += msg.usage.completion_tokens
         if index % self.n_each == 0:
-            self.usage.cached_prompt_tokens += usage.cached_prompt_tokens
+            self.usage.cached_prompt_tokens += msg.usage.cached_prompt_tokens
+        self.predicted[0] += msg.speculation.predicted_accepted
+        self.predicted[1] += msg.speculation.predicted_drafted - msg.speculation.predicted_accepted
+
+    def _usage(self) -> dict:
+        """The whole answer's usage; with a prediction, OpenAI's count of its tokens the
+        output took (the drafts from it accepted) and of those it did not (rejected)."""
+        out = usage_dict(self.usage)
+        if self.body.prediction is not None:
+            accepted, rejected = self.predicted
+            out["completion_tokens_details"] = {
+                "accepted_prediction_tokens": accepted,
+                "rejected_prediction_tokens": rejected,
+            }
+        return out
 
     def failed(self, exc) -> dict:
         """An error after the stream began (its HTTP status already sent)."""
@@ -243,7 +258,7 @@ class Answer:
         if not self.include_usage:
             return []
         head = {**self.head, "object": f"{self.obj}.chunk" if self.chat else self.obj}
-        return [{**head, "choices": [], "usage": usage_dict(self.usage)}]
+        return [{**head, "choices": [], "usage": self._usage()}]
 
 
 class Logprobs:

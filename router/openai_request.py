@@ -139,6 +139,7 @@ def to_request(
         truncate_prompt_tokens=keep,
         cache_salt=salt(body.extra_key, body.cache_salt) or "",
         bad_words=body.bad_words or [],
+        prediction=body.prediction.text() if body.prediction is not None else "",
     )
     constraint = body.constraint(tools)
     if constraint is not None:

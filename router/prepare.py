@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -60,6 +60,7 @@ class Prepared:
     max_new_tokens: int
     metadata: Mapping[str, str]  # the caller's gRPC metadata or HTTP headers (lower case)
     deadline: float | None  # time.monotonic() past which the request fails
+    prediction_ids: list[int] = field(default_factory=list)  # request.prediction's tokens
 
 
 class Preparer:
@@ -124,7 +125,13 @@ class Preparer:
         route, policy, warning = policy_set.for_route(route_name)
         deadline = None if timeout is None else time.monotonic() + timeout
         warnings = [warning] if warning else []
-        return Prepared(request, params, ids, route, warnings, policy, max_new, metadata, deadline)
+        prediction = []  # as the output would spell it: no special tokens added
+        if request.prediction:
+            prediction = self.tokenizer(request.prediction, add_special_tokens=False)["input_ids"]
+        return Prepared(
+            request, params, ids, route, warnings, policy, max_new, metadata, deadline,
+            list(prediction),
+        )  # fmt: skip
 
     def _bad_words(self, words) -> list[list[int]]:
         """vLLM's bad_words as token ids: each word as it stands (leading spaces off), and

@@ -145,4 +145,5 @@ def verifier_request(prep: Prepared, decision: Decision) -> verifier_pb2.VerifyG
         proposer=policy.proposer,
         suffix_private=not policy.suffix_shared or bool(request.cache_salt),
         cache_salt=request.cache_salt,
+        prediction_ids=prep.prediction_ids,
     )

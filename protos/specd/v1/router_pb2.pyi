@@ -60,7 +60,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "messages", "token_ids", "params", "max_new_tokens", "stop", "route", "speculation", "ignore_eos", "constraint", "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "truncate_prompt_tokens", "cache_salt", "bad_words")
+    __slots__ = ("prompt", "messages", "token_ids", "params", "max_new_tokens", "stop", "route", "speculation", "ignore_eos", "constraint", "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "truncate_prompt_tokens", "cache_salt", "bad_words", "prediction")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +77,7 @@ class GenerateRequest(_message.Message):
     TRUNCATE_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     BAD_WORDS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTION_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     messages: ChatMessages
     token_ids: TokenIds
@@ -93,7 +94,8 @@ class GenerateRequest(_message.Message):
     truncate_prompt_tokens: int
     cache_salt: str
     bad_words: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., route: _Optional[str] = ..., speculation: _Optional[_Union[SpeculationMode, str]] = ..., ignore_eos: _Optional[bool] = ..., constraint: _Optional[_Union[_common_pb2.Constraint, _Mapping]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., truncate_prompt_tokens: _Optional[int] = ..., cache_salt: _Optional[str] = ..., bad_words: _Optional[_Iterable[str]] = ...) -> None: ...
+    prediction: str
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., route: _Optional[str] = ..., speculation: _Optional[_Union[SpeculationMode, str]] = ..., ignore_eos: _Optional[bool] = ..., constraint: _Optional[_Union[_common_pb2.Constraint, _Mapping]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., truncate_prompt_tokens: _Optional[int] = ..., cache_salt: _Optional[str] = ..., bad_words: _Optional[_Iterable[str]] = ..., prediction: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("text", "token_ids", "finish_reason", "usage", "speculation", "route", "warnings", "logprobs", "prompt_logprobs", "stop_string", "stop_token_id")

@@ -37,6 +37,38 @@ def test_openais_service_fields_leave_the_answer_as_it_is(cluster, client):
     assert completion.status_code == 200, completion.text
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prediction_drafts_the_answer_it_predicts_and_counts_its_tokens(cluster, stream):
+    """OpenAI's Predicted Outputs: the answer is the model's either way; the usage says
+    how many predicted tokens it took (accepted) and how many it did not (rejected)."""
+    url, asked = f"{cluster.http}/v1/chat/completions", {**ASK, "max_tokens": 24}
+    plain = post_json(url, {**asked, "speculation": "off"}).json()
+    text = plain["choices"][0]["message"]["content"]
+    assert "completion_tokens_details" not in plain["usage"]  # no prediction, no count
+    for predicted, took in [(text, "all"), ("x" + text[:6] + "yz" + text[6:], "some")]:
+        prediction = {"type": "content", "content": [{"type": "text", "text": predicted}]}
+        body = {**asked, "speculation": "on", "prediction": prediction}
+        if stream:
+            body |= {"stream": True, "stream_options": {"include_usage": True}}
+            lines = post_json(url, body).text.split("\n\n")
+            events = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
+            got = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1])
+            usage = events[-1]["usage"]
+        else:
+            answer = post_json(url, body).json()
+            got, usage = answer["choices"][0]["message"]["content"], answer["usage"]
+        assert got == text
+        counts = usage["completion_tokens_details"]
+        accepted, rejected = (
+            counts["accepted_prediction_tokens"],
+            counts["rejected_prediction_tokens"],
+        )
+        if took == "all":
+            assert accepted > 0 and rejected == 0, counts
+        else:  # it starts off the prediction and leaves it once more
+            assert accepted > 0 and rejected > 0, counts
+
+
 def test_a_request_id_names_the_answer_the_header_first(cluster):
     url = f"{cluster.http}/v1/chat/completions"
     named = post_json(url, {**ASK, "request_id": "job-42"}).json()

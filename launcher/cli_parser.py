@@ -39,6 +39,7 @@ BENCHES = {  # `specd bench KIND` -> the module whose main() runs it
     "suffix": "bench.suffix",
     "infill": "bench.infill",
     "turns": "bench.turns",
+    "predict": "bench.predict",
 }
 
 

@@ -1,0 +1,168 @@
+"""`specd bench predict`: code edits returned whole, with and without OpenAI's predicted
+output (`prediction`), through the chat endpoint; llama-server (which takes none) on the
+same bodies, same run.
+
+    specd bench predict --http http://127.0.0.1:8000 [--modes off,auto,auto+prediction]
+                        [--peer llamacpp,llamacpp-draft] [--repeats 3] [--max-tokens 512]
+
+Each request is one of the `edit` workload's (a change asked of a code block, the whole
+code to come back), greedy. A mode written `MODE+prediction` sends the prompt's code block
+as the prediction, as an editor's "apply" does. Every body is sent once untimed first
+(one token: each server's prompt cache as a user's editor leaves it), then the timed
+passes go through specd's modes and each llama-server variant (bench/llamacpp.py) in turn,
+`--repeats` times each, one request at a time. Tokens/s is the completion tokens over the
+pass's wall time. The report gives each one's median, its ratio to specd `off` and to
+llama-server plain, the predicted tokens taken and not (the usage's
+`completion_tokens_details`), and whether each one's answers were specd `off`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from bench.llamacpp import server
+from bench.prompts import load_items
+
+CODE = re.compile(r"```[\w+-]*\n(.*?)```", re.S)
+
+
+def bodies(workload: str, max_tokens: int) -> list[tuple[dict, str]]:
+    """Each request's greedy chat body and the code block its prompt asks to edit."""
+    out = []
+    for item in load_items(workload):
+        code = CODE.search(item["messages"][-1]["content"]).group(1)
+        body = {"messages": item["messages"], "max_tokens": max_tokens, "temperature": 0.0}
+        out.append((body, code))
+    return out
+
+
+def post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(
+        f"{url}/v1/chat/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=900) as r:
+        return json.loads(r.read())
+
+
+def one_pass(url: str, asked: list[tuple[dict, str]], extra: dict, predict: bool) -> dict:
+    start, tokens, texts, taken, missed = time.perf_counter(), 0, [], 0, 0
+    for body, code in asked:
+        prediction = {"prediction": {"type": "content", "content": code}} if predict else {}
+        answer = post(url, {**body, **extra, **prediction})
+        tokens += answer["usage"]["completion_tokens"]
+        texts.append(answer["choices"][0]["message"]["content"])
+        details = answer["usage"].get("completion_tokens_details") or {}
+        taken += details.get("accepted_prediction_tokens", 0)
+        missed += details.get("rejected_prediction_tokens", 0)
+    wall = time.perf_counter() - start
+    return {
+        "tokens": tokens,
+        "tokens_per_s": tokens / wall,
+        "texts": texts,
+        "taken": [taken, missed],
+    }
+
+
+def run(url, peers, modes, asked, repeats, model, draft) -> dict:
+    targets = []
+    for m in modes:
+        mode, _, extra = m.partition("+")
+        targets.append((f"specd {m}", url, {"speculation": mode}, extra == "prediction"))
+    results: dict[str, list[dict]] = {}
+    for name, address, extra, predict in targets:
+        _measure(results, name, address, asked, extra, predict, repeats)
+    with tempfile.TemporaryDirectory() as logs:
+        for peer in peers:
+            with server(peer, model, draft, 1, logs) as port:
+                _measure(results, peer, f"http://127.0.0.1:{port}", asked, {}, False, repeats)
+    first = next(iter(results.values()))[0]["texts"]  # the first mode's (`off`) answers
+    rows = {
+        name: {
+            "tokens_per_s": statistics.median(p["tokens_per_s"] for p in passes),
+            "tokens": [p["tokens"] for p in passes],
+            "predicted": passes[0]["taken"],
+            "same answers": sum(a == b for a, b in zip(passes[0]["texts"], first, strict=True)),
+        }
+        for name, passes in results.items()
+    }
+    for base in ("specd off", "llamacpp"):
+        if base in rows:
+            for row in rows.values():
+                row[f"over {base}"] = row["tokens_per_s"] / rows[base]["tokens_per_s"]
+    return {"requests": len(asked), "repeats": repeats, "rows": rows}
+
+
+def _measure(results, name, address, asked, extra, predict, repeats) -> None:
+    for body, _ in asked:  # untimed: the prompt cached as an editor's earlier call leaves it
+        post(address, {**body, **extra, "max_tokens": 1})
+    results[name] = [one_pass(address, asked, extra, predict) for _ in range(repeats)]
+    rates = ", ".join(f"{p['tokens_per_s']:.1f}" for p in results[name])
+    print(f"  {name:<24} tok/s per pass: {rates}", flush=True)
+
+
+def to_markdown(report: dict) -> str:
+    lines = [
+        "| server | tok/s (median) | / specd off | / llama-server | predicted tokens taken,"
+        " not | answers as specd off's |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, row in report["rows"].items():
+        ratios = [row.get(f"over {b}") for b in ("specd off", "llamacpp")]
+        cells = " | ".join("-" if r is None else f"{r:.2f}x" for r in ratios)
+        taken, missed = row["predicted"]
+        predicted = f"{taken}, {missed}" if taken or missed else "-"
+        same = f"{row['same answers']} of {report['requests']}"
+        lines.append(f"| {name} | {row['tokens_per_s']:.1f} | {cells} | {predicted} | {same} |")
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specd bench predict", description=__doc__.split("\n")[0])
+    p.add_argument("--http", required=True, help="specd's HTTP door, e.g. http://127.0.0.1:8000")
+    p.add_argument(
+        "--modes",
+        default="off,auto,auto+prediction",
+        help="specd's speculation modes, +prediction to send one (%(default)s)",
+    )
+    p.add_argument(
+        "--peer",
+        default="llamacpp,llamacpp-draft",
+        help="llama-server variants, '' for none (%(default)s)",
+    )
+    p.add_argument("--model", default="default-target", help="the peers' target (%(default)s)")
+    p.add_argument("--draft-model", default="default-draft", help="their draft (%(default)s)")
+    p.add_argument("--workload", default="edit", help="edit prompts (%(default)s)")
+    p.add_argument("--max-tokens", type=int, default=512, help="tokens at most (%(default)s)")
+    p.add_argument("--repeats", type=int, default=3, help="timed passes each (%(default)s)")
+    p.add_argument("--json", help="also write the report here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    report = run(
+        args.http.rstrip("/"),
+        [p for p in args.peer.split(",") if p],
+        [m for m in args.modes.split(",") if m],
+        bodies(args.workload, args.max_tokens),
+        args.repeats,
+        args.model,
+        args.draft_model,
+    )
+    print(to_markdown(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

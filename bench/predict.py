@@ -8,12 +8,12 @@ same bodies, same run.
 Each request is one of the `edit` workload's (a change asked of a code block, the whole
 code to come back), greedy. A mode written `MODE+prediction` sends the prompt's code block
 as the prediction, as an editor's "apply" does. Every body is sent once untimed first
-(one token: each server's prompt cache as a user's editor leaves it), then the timed
-passes go through specd's modes and each llama-server variant (bench/llamacpp.py) in turn,
-`--repeats` times each, one request at a time. Tokens/s is the completion tokens over the
-pass's wall time. The report gives each one's median, its ratio to specd `off` and to
-llama-server plain, the predicted tokens taken and not (the usage's
-`completion_tokens_details`), and whether each one's answers were specd `off`'s.
+(one token: each server's prompt cache as a user's editor leaves it), then `--repeats`
+timed passes of specd's modes taking turns (their order reversed every other), then of
+each llama-server variant (bench/llamacpp.py), one request at a time. Tokens/s is the
+completion tokens over the pass's wall time. The report gives each one's median, its
+ratio to specd `off` and to llama-server plain, the predicted tokens taken and not (the
+usage's `completion_tokens_details`), and whether each one's answers were specd `off`'s.
 """
 
 from __future__ import annotations
@@ -54,21 +54,23 @@ def post(url: str, body: dict) -> dict:
 
 
 def one_pass(url: str, asked: list[tuple[dict, str]], extra: dict, predict: bool) -> dict:
-    start, tokens, texts, taken, missed = time.perf_counter(), 0, [], 0, 0
+    start, tokens, texts, taken = time.perf_counter(), 0, [], None
     for body, code in asked:
         prediction = {"prediction": {"type": "content", "content": code}} if predict else {}
         answer = post(url, {**body, **extra, **prediction})
         tokens += answer["usage"]["completion_tokens"]
         texts.append(answer["choices"][0]["message"]["content"])
-        details = answer["usage"].get("completion_tokens_details") or {}
-        taken += details.get("accepted_prediction_tokens", 0)
-        missed += details.get("rejected_prediction_tokens", 0)
+        details = answer["usage"].get("completion_tokens_details")
+        if details is not None:  # answered where a prediction was sent
+            taken = taken or [0, 0]
+            taken[0] += details["accepted_prediction_tokens"]
+            taken[1] += details["rejected_prediction_tokens"]
     wall = time.perf_counter() - start
     return {
         "tokens": tokens,
         "tokens_per_s": tokens / wall,
         "texts": texts,
-        "taken": [taken, missed],
+        "taken": taken,
     }
 
 
@@ -77,13 +79,21 @@ def run(url, peers, modes, asked, repeats, model, draft) -> dict:
     for m in modes:
         mode, _, extra = m.partition("+")
         targets.append((f"specd {m}", url, {"speculation": mode}, extra == "prediction"))
-    results: dict[str, list[dict]] = {}
-    for name, address, extra, predict in targets:
-        _measure(results, name, address, asked, extra, predict, repeats)
+    results: dict[str, list[dict]] = {name: [] for name, *_ in targets}
+    for _, address, extra, _ in targets:
+        _warm(address, asked, extra)
+    for r in range(repeats):  # specd's modes take turns, their order reversed every other
+        for name, address, extra, predict in targets[:: -1 if r % 2 else 1]:
+            results[name].append(one_pass(address, asked, extra, predict))
+    for name in results:
+        _report_line(name, results[name])
     with tempfile.TemporaryDirectory() as logs:
         for peer in peers:
             with server(peer, model, draft, 1, logs) as port:
-                _measure(results, peer, f"http://127.0.0.1:{port}", asked, {}, False, repeats)
+                address = f"http://127.0.0.1:{port}"
+                _warm(address, asked, {})
+                results[peer] = [one_pass(address, asked, {}, False) for _ in range(repeats)]
+                _report_line(peer, results[peer])
     first = next(iter(results.values()))[0]["texts"]  # the first mode's (`off`) answers
     rows = {
         name: {
@@ -101,11 +111,14 @@ def run(url, peers, modes, asked, repeats, model, draft) -> dict:
     return {"requests": len(asked), "repeats": repeats, "rows": rows}
 
 
-def _measure(results, name, address, asked, extra, predict, repeats) -> None:
-    for body, _ in asked:  # untimed: the prompt cached as an editor's earlier call leaves it
+def _warm(address: str, asked, extra: dict) -> None:
+    """Each prompt once, untimed: cached as an editor's earlier call leaves it."""
+    for body, _ in asked:
         post(address, {**body, **extra, "max_tokens": 1})
-    results[name] = [one_pass(address, asked, extra, predict) for _ in range(repeats)]
-    rates = ", ".join(f"{p['tokens_per_s']:.1f}" for p in results[name])
+
+
+def _report_line(name: str, passes: list[dict]) -> None:
+    rates = ", ".join(f"{p['tokens_per_s']:.1f}" for p in passes)
     print(f"  {name:<24} tok/s per pass: {rates}", flush=True)
 
 
@@ -118,8 +131,7 @@ def to_markdown(report: dict) -> str:
     for name, row in report["rows"].items():
         ratios = [row.get(f"over {b}") for b in ("specd off", "llamacpp")]
         cells = " | ".join("-" if r is None else f"{r:.2f}x" for r in ratios)
-        taken, missed = row["predicted"]
-        predicted = f"{taken}, {missed}" if taken or missed else "-"
+        predicted = "-" if row["predicted"] is None else ", ".join(map(str, row["predicted"]))
         same = f"{row['same answers']} of {report['requests']}"
         lines.append(f"| {name} | {row['tokens_per_s']:.1f} | {cells} | {predicted} | {same} |")
     return "\n".join(lines)

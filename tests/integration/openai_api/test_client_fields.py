@@ -242,3 +242,21 @@ def test_bench_turns_reports_what_the_caches_held_turn_by_turn(cached_replicas, 
     for r in (r for r in rows if r["turn"] == 2):  # all of turn 1's whole blocks (of 4)
         assert r["cached_tokens"] >= opened[r["conversation"]] - 4, r
     assert "| 2 | 3 |" in to_markdown("tiny", [first, second])
+
+
+def test_bench_predict_sends_the_prompts_code_as_the_prediction(cluster, tmp_path):
+    """`specd bench predict` on the tiny pair: the `+prediction` mode sends the code block
+    (its answers count predicted tokens), and its answers are `off`'s."""
+    from bench.predict import bodies, run, to_markdown
+
+    edits = tmp_path / "edits.jsonl"
+    code = "def add(a, b):\n" + "    return a + b\n" * 6
+    asks = [{"messages": [{"role": "user", "content": f"{i}\n```python\n{code}```"}]} for i in "ab"]
+    edits.write_text("\n".join(json.dumps(x) for x in asks))
+    asked = bodies(str(edits), 24)
+    assert [c for _, c in asked] == [code, code]
+    report = run(cluster.http, [], ["off", "on+prediction"], asked, 1, "", "")
+    off, predicted = report["rows"]["specd off"], report["rows"]["specd on+prediction"]
+    assert off["predicted"] is None and len(predicted["predicted"]) == 2
+    assert predicted["same answers"] == 2
+    assert "| specd on+prediction |" in to_markdown(report)

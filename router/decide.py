@@ -30,16 +30,19 @@ class Decision:
     reason: str
 
 
-def decide(policy: RoutePolicy, client: str, temperature: float, load: Load) -> Decision:
+def decide(
+    policy: RoutePolicy, client: str, temperature: float, load: Load, predicted: bool = False
+) -> Decision:
     """client is the request's override: auto, on or off. The hard bounds (client, policy,
     drafter, temperature) are final; the soft ones (batch, KV) only name the arrival's
-    state, since the verifier applies them every step (SpeculationBounds)."""
+    state, since the verifier applies them every step (SpeculationBounds). `predicted`:
+    the request brings a predicted output, which drafts without a drafter."""
     k = policy.num_draft_tokens
     if client == "off":
         return Decision(0, False, "off:client")
     if policy.speculation == "off" or k == 0:
         return Decision(0, False, "off:policy")
-    if not load.drafter_available:
+    if not load.drafter_available and not predicted:
         return Decision(0, False, "off:drafter-unavailable")
     if client == "on" or policy.speculation == "on":
         return Decision(k, False, "on")

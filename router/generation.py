@@ -144,13 +144,13 @@ class Router:
                 raise RequestError.from_rpc(exc) from None
 
     def _decide(self, prep: Prepared, client: str, temperature: float, replica, span):
-        load = _load(replica)
+        load, predicted = _load(replica), bool(prep.prediction_ids)
         if span is None:
-            decision = decide(prep.policy, client, temperature, load)
+            decision = decide(prep.policy, client, temperature, load, predicted)
         else:
             ctx = trace.set_span_in_context(span)
             with self.tracer.start_as_current_span("specd.router.decide", context=ctx) as d:
-                decision = decide(prep.policy, client, temperature, load)
+                decision = decide(prep.policy, client, temperature, load, predicted)
                 d.set_attributes(
                     {
                         "specd.route": prep.route,

@@ -49,6 +49,12 @@ def test_hard_bounds_are_final_at_arrival(policy, client, temperature, load, exp
     assert decide(policy, client, temperature, load) == expected
 
 
+def test_a_prediction_speculates_without_a_drafter():
+    alone = Load(drafter_available=False)
+    assert decide(AUTO, "auto", 0.0, alone, predicted=True) == Decision(4, True, "auto")
+    assert decide(AUTO, "off", 0.0, alone, predicted=True) == Decision(0, False, "off:client")
+
+
 @pytest.mark.parametrize("path", ["deploy/policy.yaml", "deploy/k8s/base/policy.yaml"])
 def test_the_shipped_policy_files_are_the_builtin_policy(path):
     root = Path(__file__).resolve().parents[2]

@@ -25,8 +25,9 @@ import statistics
 import tempfile
 import time
 import urllib.request
-from pathlib import Path
 
+from bench import http_peers
+from bench.http_peers import add_flags, add_ratios, ratio_cells
 from bench.llamacpp import server
 from bench.prompts import load_items
 
@@ -104,10 +105,7 @@ def run(url, peers, modes, asked, repeats, model, draft) -> dict:
         }
         for name, passes in results.items()
     }
-    for base in ("specd off", "llamacpp"):
-        if base in rows:
-            for row in rows.values():
-                row[f"over {base}"] = row["tokens_per_s"] / rows[base]["tokens_per_s"]
+    add_ratios(rows)
     return {"requests": len(asked), "repeats": repeats, "rows": rows}
 
 
@@ -129,8 +127,7 @@ def to_markdown(report: dict) -> str:
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for name, row in report["rows"].items():
-        ratios = [row.get(f"over {b}") for b in ("specd off", "llamacpp")]
-        cells = " | ".join("-" if r is None else f"{r:.2f}x" for r in ratios)
+        cells = ratio_cells(row)
         predicted = "-" if row["predicted"] is None else ", ".join(map(str, row["predicted"]))
         same = f"{row['same answers']} of {report['requests']}"
         lines.append(f"| {name} | {row['tokens_per_s']:.1f} | {cells} | {predicted} | {same} |")
@@ -139,41 +136,15 @@ def to_markdown(report: dict) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specd bench predict", description=__doc__.split("\n")[0])
-    p.add_argument("--http", required=True, help="specd's HTTP door, e.g. http://127.0.0.1:8000")
-    p.add_argument(
-        "--modes",
-        default="off,auto,auto+prediction",
-        help="specd's speculation modes, +prediction to send one (%(default)s)",
-    )
-    p.add_argument(
-        "--peer",
-        default="llamacpp,llamacpp-draft",
-        help="llama-server variants, '' for none (%(default)s)",
-    )
-    p.add_argument("--model", default="default-target", help="the peers' target (%(default)s)")
-    p.add_argument("--draft-model", default="default-draft", help="their draft (%(default)s)")
+    add_flags(p, "off,auto,auto+prediction", "specd's speculation modes, +prediction to send one")
     p.add_argument("--workload", default="edit", help="edit prompts (%(default)s)")
     p.add_argument("--max-tokens", type=int, default=512, help="tokens at most (%(default)s)")
-    p.add_argument("--repeats", type=int, default=3, help="timed passes each (%(default)s)")
-    p.add_argument("--json", help="also write the report here")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    report = run(
-        args.http.rstrip("/"),
-        [p for p in args.peer.split(",") if p],
-        [m for m in args.modes.split(",") if m],
-        bodies(args.workload, args.max_tokens),
-        args.repeats,
-        args.model,
-        args.draft_model,
-    )
-    print(to_markdown(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-    return 0
+    return http_peers.main(args, bodies(args.workload, args.max_tokens), run, to_markdown)
 
 
 if __name__ == "__main__":

@@ -170,3 +170,37 @@ def test_engine_sampling_follows_the_target(tiny_pair, params, alternatives, p_m
         p = p.cpu()
         counts = torch.bincount(samples[:, position], minlength=v).float()
         assert chi_square_ok(counts, p, N), f"position {position + 1}"
+
+
+def test_sampling_with_a_predicted_output_follows_the_target(tiny_pair):
+    """A client's predicted output drafts without q (specd/prediction.py), verified as any
+    deterministic draft: the tokens are the target's whether its drafts are taken or not.
+    Predicted: the likeliest first token, then the likeliest after it, twice; a request
+    whose first token is another never finds it again within 3 tokens (no drafter here).
+    At temperature 0.3 a quarter of the requests start so, and three in four of those
+    take the next (the tiny target is flat)."""
+    target, _ = tiny_pair
+    params = SamplingParams(temperature=0.3)
+    predicted = []
+    for _ in range(3):
+        predicted.append(int(next_probs(target, [PROMPT + predicted], params)[0].argmax()))
+    cfg = EngineConfig(
+        num_blocks=4096, block_size=4, max_batch_size=256, max_batched_tokens=4096,
+        cost_model=False, batch_invariant=False,
+    )  # fmt: skip
+    engine = Engine(target, cfg, None, eos_ids=set())
+    torch.manual_seed(1001)
+    out = {}
+    for _ in range(N):
+        request = Request(PROMPT, params, max_new_tokens=4, num_draft=2, prediction=(*predicted, 7))
+        out[engine.add_request(request)] = []
+    while engine.has_work():
+        for o in engine.step():
+            out[o.seq_id].extend(o.tokens)
+    totals = engine.totals
+    assert 0 < totals.predicted_accepted < totals.predicted_drafted == totals.drafted
+    samples = torch.tensor([tokens[:3] for tokens in out.values()])
+    v = target.args.vocab_size
+    for position, p in enumerate(exact_marginals(target, params)):
+        counts = torch.bincount(samples[:, position], minlength=v).float()
+        assert chi_square_ok(counts, p.cpu(), N), f"position {position + 1}"

@@ -29,6 +29,12 @@ class Prediction:
         self.seen = 0  # output tokens followed so far
         self._ends: dict[tuple[int, int], list[int]] | None = None  # pair -> where it ends
 
+    def follows(self, tokens: list[int], start: int) -> bool:
+        """Whether the output (`tokens` from `start`) is somewhere in the prediction, with
+        tokens of it still to come: its next round drafts from it."""
+        self._follow(tokens, start)
+        return self.at is not None and self.at < len(self.tokens)
+
     def drafts(self, tokens: list[int], start: int, k: int) -> list[int]:
         """Up to k tokens to draft after `tokens`, whose output (generated so far, only
         ever growing) begins at `start`; [] where the output is not in the prediction."""

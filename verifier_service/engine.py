@@ -182,11 +182,8 @@ class Engine:
         args, alloc = self.model.args, self.kv.allocator
         # the request's k bounded by this engine's, once: admission reserves for it, and
         # the plan drafts within it (and the tokens left)
-        # (a prediction's drafts cost no draft model: it may draft the most the engine takes)
         cap = self.config.max_draft_tokens
-        k = (cap if request.num_draft > 0 else 0) if request.prediction else request.num_draft
-        predicted = replace(request.speculation, predicted=bool(request.prediction))
-        request = replace(request, num_draft=min(k, cap), speculation=predicted)
+        request = replace(request, num_draft=min(request.num_draft, cap))
         need = alloc.blocks_for(len(request.prompt) + request.max_new_tokens + 1)
         request.validate(args.vocab_size, args.max_position_embeddings, need, alloc.num_blocks)
         infill = None
@@ -200,6 +197,8 @@ class Engine:
             infill = self.grammars.infill_filter()
         seq = Sequence.start(next(self._ids), request, self.eos_ids, grammar, infill)
         seq.drafter_window = getattr(self.proposer, "context_window", 0)
+        if request.prediction and request.num_draft:  # its drafts cost no draft model
+            seq.num_predicted = cap
         with self._lock:
             self._seqs[seq.seq_id] = seq
             self.scheduler.add(seq)
@@ -485,7 +484,7 @@ def _report(r: Round, verdict: Verdict | None) -> RoundReport:
     sequence on: `behind` is what the drafter caught up on for this round)."""
     return RoundReport(
         seq_id=r.slot.seq_id,
-        route=r.seq.speculation.acceptance_key,
+        route=r.seq.speculation.acceptance_key(r.predicted),
         decode=r.slot.decode,
         planned=r.slot.k,
         drafted=r.k,

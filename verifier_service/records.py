@@ -100,7 +100,8 @@ class SeqView:
 
     seq_id: int
     bounds: SpeculationBounds  # the route's bounds the router sent
-    asked: int  # k the request asked for (0: no speculation)
+    key: str  # whose acceptance its next round drafts at (Sequence.acceptance_key)
+    asked: int  # the most drafts its next round may take (Sequence.draft_cap; 0: none)
     remaining: int  # tokens it may still generate
     off_steps: int  # decode steps since its last drafting round
     behind: int  # tokens the drafter catches up on before it can draft for it
@@ -110,8 +111,8 @@ class SeqView:
         """The view of a verifier_service.sequence.Sequence."""
         remaining = seq.max_new_tokens - seq.num_generated
         return cls(
-            seq.seq_id, seq.speculation, seq.num_draft, remaining, seq.off_steps,
-            seq.drafter_behind,
+            seq.seq_id, seq.speculation, seq.acceptance_key, seq.draft_cap, remaining,
+            seq.off_steps, seq.drafter_behind,
         )  # fmt: skip
 
     def after(self, k: int) -> SeqView:

@@ -23,14 +23,12 @@ class SpeculationBounds:
     min_acceptance: float = 0.0  # known to accept under this: off for acceptance (probing)
     proposer: str = ""  # how the drafter drafts for the route ("": the drafter's own)
     suffix_private: bool = False  # a suffix drafter shares nothing of this request
-    # the request brought a predicted output (Request.prediction): its acceptance is
-    # learnt apart from the route's other requests', which draft without one
-    predicted: bool = False
 
-    @property
-    def acceptance_key(self) -> str:
-        """Under which name the speculation control learns this request's acceptance."""
-        return f"{self.route}+prediction" if self.predicted else self.route
+    def acceptance_key(self, predicted: bool = False) -> str:
+        """Under which name the speculation control learns the acceptance of this
+        request's rounds: a predicted output's drafts (Request.prediction) apart from the
+        route's drafter's."""
+        return f"{self.route}+prediction" if predicted else self.route
 
     def validate(self) -> None:
         if self.draft_below_batch < 0:

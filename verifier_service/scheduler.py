@@ -152,7 +152,7 @@ class Scheduler:
                 budget -= len(slots[-1].tokens)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_batch_size:
             seq = self.waiting[0]
-            k = seq.num_draft  # the most it may draft
+            k = max(seq.num_draft, seq.num_predicted)  # the most it may draft
             reuse = seq.tokens[: prefill_target(seq) - 1]  # at least one token to compute
             if seq.wants_prompt_rows:  # every prompt row is computed: none is reused
                 reuse = []

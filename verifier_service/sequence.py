@@ -84,6 +84,7 @@ class Sequence:
     cache_salt: str = ""  # the prefix cache's salt (Request.cache_salt)
     drafter_window: int = 0  # the drafter's context window (specd.proposal.view_start)
     prediction: Prediction | None = None  # the client's predicted output (Request.prediction)
+    num_predicted: int = 0  # k a round drafted from the prediction may take (0: none)
 
     def __post_init__(self):
         if not self.tokens:
@@ -121,6 +122,24 @@ class Sequence:
         self.prompt_logprobs_sent = True
         out, self.prompt_logprobs = self.prompt_logprobs, []
         return out
+
+    @property
+    def following(self) -> bool:
+        """Its next round drafts from its prediction (the output follows it)."""
+        p = self.prediction
+        return p is not None and p.follows(self.tokens, len(self.prompt))
+
+    @property
+    def acceptance_key(self) -> str:
+        """Whose acceptance its next round drafts at (SpeculationBounds.acceptance_key):
+        its prediction's while the output follows it, else its route's drafter's."""
+        return self.speculation.acceptance_key(self.following)
+
+    @property
+    def draft_cap(self) -> int:
+        """The most drafts its next round may take: its prediction's k while the output
+        follows it, else the k it asked for."""
+        return self.num_predicted if self.num_predicted and self.following else self.num_draft
 
     @property
     def num_generated(self) -> int:

@@ -50,7 +50,7 @@ def test_a_step_as_expected_takes_the_plan_made_ahead_and_it_is_the_plan_made_no
     """Two `auto` sequences: the step after one that drafted, planned ahead from the view
     it was expected to leave, is taken as it is (its tokens left may be fewer: drafts were
     accepted), and it decides what planning at the step itself decides."""
-    seqs = (SeqView(0, AUTO, 4, 60, 0, 9), SeqView(1, AUTO, 4, 50, 3, 4))
+    seqs = (SeqView(0, AUTO, AUTO.route, 4, 60, 0, 9), SeqView(1, AUTO, AUTO.route, 4, 50, 3, 4))
     ahead, now = _control(FakeClock()), _control(FakeClock())
     step = ahead.plan(_view(*seqs))
     assert now.plan(_view(*seqs)) == step
@@ -79,10 +79,13 @@ def test_a_step_not_as_expected_is_planned_at_the_step_with_the_budget_given_bac
     sequences it holds, and what planning ahead spent (the exploring count and budget) is
     as if it had never run."""
     bounded = dataclasses.replace(AUTO, max_kv_utilization=0.5)
-    seqs = (SeqView(0, AUTO, 4, 60, 0, 0), SeqView(1, bounded, 4, 50, 0, 0))
+    seqs = (
+        SeqView(0, AUTO, AUTO.route, 4, 60, 0, 0),
+        SeqView(1, bounded, bounded.route, 4, 50, 0, 0),
+    )
     expected = _view(*(s.after(4) for s in seqs))
     step = {
-        "a sequence joined": _view(*expected.ready, SeqView(2, AUTO, 4, 40, 0, 30)),
+        "a sequence joined": _view(*expected.ready, SeqView(2, AUTO, AUTO.route, 4, 40, 0, 30)),
         "the batch grew": _view(*expected.ready, batch=3),
         "a sequence drafted nothing": _view(
             expected.ready[0], dataclasses.replace(expected.ready[1], behind=2)

@@ -4,9 +4,11 @@ that the engine's output is the same with any prediction as without one."""
 import pytest
 
 from specd.prediction import Prediction
+from specd.proposal import Proposal
 from tests.conftest import run_engine
 from tests.unit.test_engine import PROMPTS, make_engine
 from verifier_service.request import Request
+from verifier_service.sequence import Sequence
 
 
 def drafts(prediction: Prediction, output: list[int], k: int = 3) -> list[int]:
@@ -78,3 +80,53 @@ def test_greedy_output_is_the_same_with_a_prediction_as_without(tiny_pair, mangl
         assert 0 < accepted < drafted
     if drafted:  # its acceptance is learnt apart from the route's requests without one
         assert set(engine.acceptance_by_route()) == {"default+prediction"}
+
+
+class FixedDrafts:
+    """A drafter that drafts token 3, k times, whatever the sequence."""
+
+    available = True
+    most = 0  # the largest k it was asked for
+
+    def propose(self, states):
+        self.most = max([self.most] + [s.k for s in states])
+        return [Proposal(tokens=[3] * s.k) for s in states]
+
+    def close(self, seq_id) -> None:
+        pass
+
+    def forget_cached(self) -> None:
+        pass
+
+
+def test_where_the_output_leaves_the_prediction_the_drafter_drafts_learnt_as_the_routes(
+    tiny_pair,
+):
+    reqs = [dict(prompt=p, max_new_tokens=30) for p in PROMPTS]
+    off = list(run_engine(make_engine(tiny_pair), reqs).values())
+    engine = make_engine(tiny_pair)
+    engine.proposer = FixedDrafts()
+    edited = [out[:5] + [7, 7, 7] + out[9:] for out in off]
+    asked = [dict(r, num_draft=2, prediction=tuple(p)) for r, p in zip(reqs, edited, strict=True)]
+    ids = [engine.add_request(Request(**r)) for r in asked]
+    got = {i: [] for i in ids}
+    while engine.has_work():
+        for o in engine.step():
+            got[o.seq_id] += o.tokens
+    assert [got[i] for i in ids] == off
+    totals = engine.totals
+    assert 0 < totals.predicted_drafted < totals.drafted  # the drafter's rounds beside
+    assert engine.proposer.most == 2  # the k asked: only a prediction's rounds take more
+    assert set(engine.acceptance_by_route()) == {"default", "default+prediction"}
+
+
+def test_a_sequence_plans_at_its_predictions_acceptance_while_it_follows_it():
+    seq = Sequence.start(0, Request([1, 2], prediction=(5, 6, 7)), eos_ids=set())
+    seq.append([5])
+    assert seq.acceptance_key == "default+prediction"
+    seq.append([9])  # left it
+    assert seq.acceptance_key == "default"
+    seq.append([5, 6])  # found again, 7 to come
+    assert seq.acceptance_key == "default+prediction"
+    seq.append([7])  # nothing left of it to draft
+    assert seq.acceptance_key == "default"

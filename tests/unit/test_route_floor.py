@@ -50,7 +50,7 @@ def _control() -> SpeculationControl:
 
 
 def _decide(control: SpeculationControl) -> tuple[int, str]:
-    view = StepView((SeqView(0, FLOOR, 4, 200, 0, 0),), 1, 0.1)
+    view = StepView((SeqView(0, FLOOR, FLOOR.route, 4, 200, 0, 0),), 1, 0.1)
     decision = control.plan(view).decisions[0]
     return decision.k, decision.reason
 

@@ -87,7 +87,7 @@ class SpeculationControl:
         of the step where it priced it."""
         recent = self._recent_batch(view.batch)
         controller = self.controller
-        routes = dict.fromkeys(seq.bounds.acceptance_key for seq in view.ready)
+        routes = dict.fromkeys(seq.key for seq in view.ready)
         accept = {route: controller.route_rates(route) for route in routes}
         upper = {route: controller.route_upper(route, accept[route][0]) for route in routes}
         goes_on = {route: controller.goes_on(route) for route in routes}
@@ -104,7 +104,7 @@ class SpeculationControl:
             elif view.kv_used > bounds.max_kv_utilization:
                 decided[i] = Decision(0, "off:kv", 1.0)
             elif bounds.auto:
-                route, probe = bounds.acceptance_key, seq.off_steps + 1 >= self.tuned.probe_every
+                route, probe = seq.key, seq.off_steps + 1 >= self.tuned.probe_every
                 candidates[i] = Candidate(
                     k, accept[route], probe, bounds.min_acceptance, seq.behind, seq.remaining,
                     goes_on[route], lookups[route], upper[route],
@@ -113,7 +113,7 @@ class SpeculationControl:
                 decided[i] = Decision(k, "on", 1.0)
         if not candidates:  # nothing for the controller to plan
             return [decided[i] for i in range(len(view.ready))], None
-        routed = [(view.ready[i].bounds.acceptance_key, d.k) for i, d in decided.items()]
+        routed = [(view.ready[i].key, d.k) for i, d in decided.items()]
         rest = Fixed.of([(accept[route], goes_on[route], k) for route, k in routed])
         # fewer ready than the batch had a moment ago (or than run and wait now): a dip
         plan = controller.plan(list(candidates.values()), rest, dip=recent > len(view.ready))

@@ -6,9 +6,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import urllib.request
 from pathlib import Path
 
 BASES = ("specd off", "llamacpp")  # the rows the others are put beside
+
+
+def post(url: str, path: str, body: dict) -> dict:
+    """One JSON request to a server's `path` (`/infill`, `/v1/chat/completions`)."""
+    req = urllib.request.Request(
+        f"{url}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=900) as r:
+        return json.loads(r.read())
 
 
 def add_flags(p: argparse.ArgumentParser, modes: str, modes_help: str) -> None:

@@ -20,11 +20,9 @@ tell it (`timings.draft_n` and `draft_n_accepted`, specd's as llama-server's own
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
-import urllib.request
 
 from bench import http_peers
 from bench.http_peers import add_flags, add_ratios, ratio_cells
@@ -59,11 +57,7 @@ def bodies(workload: str, n_predict: int) -> list[dict]:
 
 
 def post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(
-        f"{url}/infill", json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=600) as r:
-        return json.loads(r.read())
+    return http_peers.post(url, "/infill", body)
 
 
 def one_pass(url: str, bodies_: list[dict], extra: dict) -> dict:

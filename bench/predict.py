@@ -19,12 +19,10 @@ usage's `completion_tokens_details`), and whether each one's answers were specd 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import tempfile
 import time
-import urllib.request
 
 from bench import http_peers
 from bench.http_peers import add_flags, add_ratios, ratio_cells
@@ -45,13 +43,7 @@ def bodies(workload: str, max_tokens: int) -> list[tuple[dict, str]]:
 
 
 def post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(
-        f"{url}/v1/chat/completions",
-        json.dumps(body).encode(),
-        {"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=900) as r:
-        return json.loads(r.read())
+    return http_peers.post(url, "/v1/chat/completions", body)
 
 
 def one_pass(url: str, asked: list[tuple[dict, str]], extra: dict, predict: bool) -> dict:

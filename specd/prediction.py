@@ -15,6 +15,7 @@ good prediction only makes it faster.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 
 MAX_MATCH = 32  # longer matches rank as this long
 
@@ -22,7 +23,7 @@ MAX_MATCH = 32  # longer matches rank as this long
 class Prediction:
     """The predicted tokens and where the output stands in them."""
 
-    def __init__(self, tokens: list[int]):
+    def __init__(self, tokens: Iterable[int]):
         self.tokens = list(tokens)
         self.at: int | None = 0  # the prediction's next token for the output; None: lost
         self.left = 0  # where the output last left the prediction

@@ -106,7 +106,7 @@ class Sequence:
             grammar=grammar,
             infill=infill,
             cache_salt=request.cache_salt,
-            prediction=Prediction(list(request.prediction)) if request.prediction else None,
+            prediction=Prediction(request.prediction) if request.prediction else None,
         )
 
     @property

@@ -184,7 +184,8 @@ def build_proposer(config):
 
     folder = resolve(config.model)
     if config.proposer == "ngram":
-        return NgramProposer(), load_config(folder).vocab_size, "ngram"
+        lookup = NgramProposer(config.prompt_lookup_max, config.prompt_lookup_min)
+        return lookup, load_config(folder).vocab_size, "ngram"
     model = load_draft_model(
         folder, config.dtype, config.device or None, config.weights, config.vocab, config.kv_dtype
     )

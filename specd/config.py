@@ -135,6 +135,8 @@ class DrafterConfig:
     # suffix: share earlier responses within a route (off: each request's own text only)
     suffix_shared: bool = True
     suffix_memory_tokens: int = 1 << 20  # suffix: earlier responses kept per route, in tokens
+    prompt_lookup_max: int = 4  # ngram: the longest run of the text's last tokens looked up
+    prompt_lookup_min: int = 1  # ngram: the shortest run looked up (fewer: no drafts)
     dtype: str = "auto"  # activations: auto (bf16 where the hardware has it), bf16, fp32, fp16
     kv_dtype: str = "auto"  # the K/V cache's dtype, as the verifier's
     device: str = ""  # cpu, cuda or cuda:N; "" = cuda if present, else cpu
@@ -170,6 +172,11 @@ class DrafterConfig:
         check_proposer(self.proposer, empty_ok=False)
         if self.suffix_memory_tokens < 0:
             raise ValueError("suffix_memory_tokens must be >= 0")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError(
+                "prompt_lookup_min and prompt_lookup_max must be 1 <= min <= max, got "
+                f"{self.prompt_lookup_min} and {self.prompt_lookup_max}"
+            )
         _check_dtype(self.dtype)
         _check_weights(self.weights)
         _check_kv_dtype(self.kv_dtype)
@@ -263,6 +270,7 @@ class RouterConfig:
     prefix_affinity: bool = True
     tokenizer: str = "default-target"  # model name or folder with the tokenizer files
     policy_file: str = ""  # per-route YAML; "" = built-in default policy
+    policy: str = ""  # the per-route policy as YAML text, where no policy_file is named
     default_max_new_tokens: int = 256  # a request that names no limit
     max_new_tokens_cap: int = 0  # the most any request may ask for; 0 = what verifiers take
     auth_token_file: str = ""  # clients must send "authorization: Bearer <token>"
@@ -294,6 +302,8 @@ class RouterConfig:
     structured_outputs_in_reasoning: bool = False
 
     def __post_init__(self):
+        if self.policy and self.policy_file:
+            raise ValueError("policy and policy_file: name one")
         if self.sampling_defaults not in ("model", "openai"):
             raise ValueError(
                 f"sampling_defaults must be model or openai, got {self.sampling_defaults!r}"

@@ -130,14 +130,18 @@ class Policy:
 
     @classmethod
     def from_yaml(cls, text: str) -> Policy:
-        return cls.from_dict(yaml.safe_load(text))
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise PolicyError(f"not YAML: {exc}") from None
+        return cls.from_dict(data)
 
     @classmethod
     def load(cls, path: str) -> Policy:
         try:
             with open(path) as f:
                 return cls.from_yaml(f.read())
-        except (OSError, yaml.YAMLError, PolicyError) as exc:
+        except (OSError, PolicyError) as exc:
             raise PolicyError(f"policy file {path}: {exc}") from None
 
     def for_route(self, name: str) -> tuple[str, RoutePolicy, str | None]:
@@ -175,3 +179,16 @@ class PolicyFile:
         except (OSError, PolicyError) as exc:
             log.error("keeping the previous policy: %s", exc)
         return self.policy
+
+
+def routing_policy(policy_file: str, text: str) -> Policy | PolicyFile:
+    """The router's policy: its file (reloaded as it changes), else `--policy`'s YAML text,
+    else the built-in one (PolicyError names the file or the flag)."""
+    if policy_file:
+        return PolicyFile(policy_file)
+    if not text:
+        return Policy.builtin()
+    try:
+        return Policy.from_yaml(text)
+    except PolicyError as exc:
+        raise PolicyError(f"--policy: {exc}") from None

@@ -10,7 +10,7 @@ import anyio
 
 from protos.specd.v1 import router_pb2, router_pb2_grpc
 from router.generation import Router
-from router.policy import Policy, PolicyError, PolicyFile
+from router.policy import PolicyError, routing_policy
 from router.prepare import Prepared, RequestError
 from router.replicas import ReplicaSet
 from router.tokenizer import ChatTokenizer
@@ -98,7 +98,7 @@ async def serve(config, ready=None, tokenizer=None) -> None:
     # metrics on with a metrics port or an HTTP door (which serves them at /metrics)
     telemetry = setup("router", config.metrics_port, metrics=bool(config.http_port) or None)
     try:
-        policy = PolicyFile(config.policy_file) if config.policy_file else Policy.builtin()
+        policy = routing_policy(config.policy_file, config.policy)
     except PolicyError as exc:
         raise SystemExit(f"specd router: {exc}") from None
     tokenizer = tokenizer or load_tokenizer(config.tokenizer)  # a bad name: one clear error

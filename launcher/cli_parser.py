@@ -165,6 +165,13 @@ def _add_up(sub) -> None:
         "suffix serves every way a route may name)",
     )
     up.add_argument(
+        "--speculative-config",
+        metavar="JSON",
+        help='vLLM\'s speculative config, e.g. \'{"model": "default-draft", '
+        '"num_speculative_tokens": 5}\' or \'{"method": "ngram"}\': its method, draft model, k '
+        "and batch sizes as specd's --draft, --proposer and policy (README: Coming from vLLM)",
+    )
+    up.add_argument(
         "--draft-p-min",
         type=float,
         default=DrafterConfig.p_min,

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 
+from launcher.speculative_config import speculation
 from launcher.supervisor import Child, Supervisor
 
 CLI = (sys.executable, "-m", "launcher")  # how a child runs `specd`
@@ -26,6 +28,7 @@ def _serve(role: str, flags, extra=()) -> list[str]:
 
 def cluster_children(args) -> list[Child]:
     """The drafter, `args.verifiers` verifiers and the router, in start order."""
+    spec = speculation(args)
     host = args.host
     drafter = f"{host}:{args.drafter_port}"
     model_flags = [
@@ -33,8 +36,9 @@ def cluster_children(args) -> list[Child]:
         *(["--kv-dtype", args.kv_dtype] if args.kv_dtype else []),
     ]
     drafter_flags = (
-        *("--model", args.draft, "--proposer", args.proposer, "--p-min", str(args.draft_p_min)),
+        *("--model", spec.draft, "--proposer", spec.proposer, "--p-min", str(args.draft_p_min)),
         *model_flags,
+        *spec.drafter_flags,
     )
     flags = (*_listen(host, args.drafter_port), *drafter_flags)
     children = [Child("drafter", _serve("drafter", flags, args.drafter_flags), drafter)]
@@ -47,6 +51,7 @@ def cluster_children(args) -> list[Child]:
             "--drafter",
             drafter,
             *model_flags,
+            *spec.verifier_flags,
         )
         name = "verifier" if i == 0 else f"verifier-{i + 1}"
         children.append(Child(name, _serve("verifier", flags, args.verifier_flags), address))
@@ -55,6 +60,7 @@ def cluster_children(args) -> list[Child]:
         *[x for v in verifiers for x in ("--verifier", v)],
         *("--tokenizer", args.target, "--http-port", str(args.http_port)),
         *(["--policy-file", args.policy_file] if args.policy_file else []),
+        *(["--policy", json.dumps(spec.policy)] if spec.policy else []),
     )
     children.append(
         Child(
@@ -121,7 +127,7 @@ def run_local_cluster(args) -> int:
             return 2
     # fetch (and convert) missing models once, before the processes race for them
     resolve(args.target)
-    resolve(args.draft)
+    resolve(speculation(args).draft)
     router = children[-1].address
     model = ALIASES.get(args.target, args.target)
     http = (

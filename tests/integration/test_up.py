@@ -153,3 +153,30 @@ def test_specd_up_keeps_serving_through_a_killed_drafter_and_a_killed_verifier(t
     assert "SIGTERM: stopping every process" in up.text()
     for port in ports.values():
         assert not check_health(f"127.0.0.1:{port}", timeout=0.5)
+
+
+def test_specd_up_runs_a_vllm_speculative_config(tmp_path):
+    """A vLLM user's `--speculative-config` as `specd up` serves it: an n-gram drafter
+    that loads no draft model, and the k it names, past the verifier's default of 8."""
+    model = save_tiny_cluster_model(tmp_path / "tiny")
+    spec = '{"method": "ngram", "num_speculative_tokens": 10, "prompt_lookup_max": 2}'
+    router, http = free_port(), free_port()
+    up = Up(
+        *("--target", str(model), "--dtype", "float32", "--speculative-config", spec),
+        *("--router-port", str(router), "--drafter-port", str(free_port())),
+        *("--verifier-port", str(free_port()), "--http-port", str(http)),
+    )
+    try:
+        up.wait_for("specd is up", 120)
+        with openai.OpenAI(base_url=f"http://127.0.0.1:{http}/v1", api_key="-") as c:
+            card = c.models.list().data[0].model_dump()
+        assert card["draft"] == {"id": "ngram", "available": True, "max_draft_tokens": 10}
+        with SpecdClient(f"127.0.0.1:{router}") as client:
+            r = client.generate(
+                "abcabcabcabc", max_new_tokens=32, ignore_eos=True, route="chat", speculation="on"
+            )
+        assert r.speculation.num_draft_tokens == 10  # every route's k, chat's 3 included
+        assert r.speculation.rounds > 0, r.speculation
+    finally:
+        code = up.stop(60)
+    assert code == 0, up.text()[-3000:]

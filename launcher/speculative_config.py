@@ -1,0 +1,188 @@
+"""vLLM's `--speculative-config` for `specd up`: the JSON a vLLM user starts a server with
+(`vllm serve TARGET --speculative-config '{...}'`), read as the specd settings it stands for.
+
+    no method and no model               -> specd's own drafter (--proposer, --draft)
+    method draft_model, or a model alone -> the drafter drafts with that model alone
+                                           (--draft MODEL --proposer draft)
+    method ngram (or ngram_gpu)          -> a lookup in the request's own text
+                                           (--proposer ngram; prompt_lookup_max / _min)
+    method suffix                        -> --proposer suffix (a lookup in the route's
+                                           earlier responses too, else the draft model);
+                                           suffix_decoding_max_cached_requests 0: none kept
+    num_speculative_tokens N             -> every route's num_draft_tokens (the most a round
+                                           drafts; `auto` drafts fewer where fewer pay)
+    num_speculative_tokens_per_batch_size -> its largest k as N, and no drafting past the
+                                           largest batch size it gives a k > 0
+    disable_by_batch_size B (vLLM 0.x)   -> no drafting where B or more run (as vLLM's)
+    draft_tensor_parallel_size           -> 1 (one process drafts)
+
+Methods that read the target's hidden states (EAGLE, MTP, Medusa, ...) are refused: specd's
+drafter runs in a process of its own, beside the target, not inside it. So is any other key
+vLLM has, naming the ones taken here: a setting that would be ignored is said, not dropped."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from router.policy import BUILTIN_POLICY
+from specd.config import DrafterConfig, EngineConfig
+
+PROPOSER_OF = {"draft_model": "draft", "ngram": "ngram", "ngram_gpu": "ngram", "suffix": "suffix"}
+Positive = Annotated[int, Field(ge=1)]
+
+
+class VllmSpeculativeConfig(BaseModel):
+    """The keys of vLLM's SpeculativeConfig that specd has a meaning for."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    method: str | None = None
+    model: str | None = None
+    num_speculative_tokens: Positive | None = None
+    # (first batch size, last batch size, k), both ends included
+    num_speculative_tokens_per_batch_size: list[tuple[Positive, Positive, int]] | None = None
+    disable_by_batch_size: Positive | None = None
+    prompt_lookup_max: Positive | None = None
+    prompt_lookup_min: Positive | None = None
+    draft_tensor_parallel_size: Annotated[int, Field(ge=1, le=1)] | None = None
+    suffix_decoding_max_cached_requests: Annotated[int, Field(ge=0)] | None = None
+
+
+@dataclass
+class Speculation:
+    """What `specd up` runs for a speculative config: the drafter's model and proposer,
+    flags for each role, and the router's policy (None: the built-in one or the file)."""
+
+    draft: str
+    proposer: str
+    drafter_flags: list[str] = field(default_factory=list)
+    verifier_flags: list[str] = field(default_factory=list)
+    policy: dict | None = None
+
+
+def parse(text: str) -> VllmSpeculativeConfig:
+    """The JSON text as a config; ValueError names each key it refuses and why."""
+    try:
+        return VllmSpeculativeConfig.model_validate_json(text)
+    except ValidationError as exc:
+        taken = ", ".join(VllmSpeculativeConfig.model_fields)
+        parts = []
+        for err in exc.errors():
+            where = ".".join(str(x) for x in err["loc"])
+            if err["type"] == "extra_forbidden":
+                parts.append(f"{where}: not a key specd takes (it takes {taken})")
+            elif err["type"].startswith("json"):
+                parts.append(f"not a JSON object: {err['msg']}")
+            else:
+                parts.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
+        raise ValueError("; ".join(parts)) from None
+
+
+def speculation(args) -> Speculation:
+    """`specd up`'s drafter, proposer and policy, with `--speculative-config` (JSON text,
+    or None) over `--draft`, `--proposer` and `--policy-file`; ValueError where the config
+    asks what specd does not do or what those flags say otherwise."""
+    if args.speculative_config is None:
+        return Speculation(args.draft, args.proposer)
+    try:
+        return _speculation(args, parse(args.speculative_config))
+    except ValueError as exc:
+        raise ValueError(f"--speculative-config: {exc}") from None
+
+
+def _speculation(args, spec: VllmSpeculativeConfig) -> Speculation:
+    method = spec.method or ("draft_model" if spec.model else None)
+    if method is not None and method not in PROPOSER_OF:
+        raise ValueError(
+            f"method {method!r}: specd drafts with a draft model of its own (draft_model), "
+            "a lookup in the request's text (ngram) or in the route's earlier responses too "
+            "(suffix); EAGLE, MTP and Medusa heads read the target's hidden states, which "
+            "specd's drafter, a process of its own, does not have"
+        )
+    if method == "draft_model" and not spec.model:
+        raise ValueError("method draft_model needs a model")
+    if method is None:  # neither: specd's own drafter (--proposer, --draft)
+        proposer = args.proposer
+    else:
+        proposer = PROPOSER_OF[method]
+        _one_way("--proposer", args.proposer, DrafterConfig.proposer, proposer)
+    draft = spec.model or (args.target if proposer == "ngram" else args.draft)
+    if spec.model:  # a lookup alone reads only the target's vocabulary size
+        _one_way("--draft", args.draft, "default-draft", spec.model)
+    out = Speculation(draft, proposer)
+    _lookup_window(spec, proposer, out)
+    if spec.suffix_decoding_max_cached_requests is not None:
+        if proposer != "suffix":
+            raise ValueError("suffix_decoding_max_cached_requests is for method suffix")
+        if spec.suffix_decoding_max_cached_requests == 0:
+            out.drafter_flags.append("--no-suffix-shared")
+    k, batch = _depth_and_batch(spec)
+    if k is None and batch is None:
+        return out
+    if args.policy_file:
+        raise ValueError(
+            "num_speculative_tokens and the batch sizes are the policy's: with --policy-file, "
+            "set its routes' num_draft_tokens and max_batch_size there"
+        )
+    policy = copy.deepcopy(BUILTIN_POLICY)
+    entries = [policy["default"], *policy["routes"].values()]
+    for entry in entries if k is not None else ():
+        if entry.get("speculation") != "off":
+            entry["num_draft_tokens"] = k
+    if batch is not None:
+        policy["default"]["max_batch_size"] = batch
+    out.policy = policy
+    for flags, config in ((out.verifier_flags, EngineConfig), (out.drafter_flags, DrafterConfig)):
+        if k is not None and k > config.max_draft_tokens:  # the most a round may ask for
+            flags += ["--max-draft-tokens", str(k)]
+    return out
+
+
+def _one_way(flag: str, given: str, default: str, wanted: str) -> None:
+    if given not in (default, wanted):
+        raise ValueError(f"{flag} {given} and the speculative config's {wanted}: give one")
+
+
+def _lookup_window(spec: VllmSpeculativeConfig, proposer: str, out: Speculation) -> None:
+    low, high = spec.prompt_lookup_min, spec.prompt_lookup_max
+    if low is None and high is None:
+        return
+    if proposer != "ngram":
+        raise ValueError("prompt_lookup_max and prompt_lookup_min are for method ngram")
+    high = high or max(low, DrafterConfig.prompt_lookup_max)
+    low = low or DrafterConfig.prompt_lookup_min
+    if low > high:
+        raise ValueError(f"prompt_lookup_min {low} is over prompt_lookup_max {high}")
+    out.drafter_flags += ["--prompt-lookup-max", str(high), "--prompt-lookup-min", str(low)]
+
+
+def _depth_and_batch(spec: VllmSpeculativeConfig) -> tuple[int | None, int | None]:
+    """(every route's k, the batch size past which none drafts), None where not given."""
+    k, batch = spec.num_speculative_tokens, spec.disable_by_batch_size
+    schedule = spec.num_speculative_tokens_per_batch_size
+    if schedule is None:
+        return k, batch
+    if batch is not None:
+        raise ValueError(
+            "disable_by_batch_size and num_speculative_tokens_per_batch_size: give one"
+        )
+    for first, last, depth in schedule:
+        if first > last or depth < 0:
+            raise ValueError(
+                "num_speculative_tokens_per_batch_size: each entry is (first batch size, "
+                f"last batch size, k >= 0), got {[first, last, depth]}"
+            )
+    drafting = [(last, depth) for _, last, depth in schedule if depth > 0]
+    if not drafting:
+        raise ValueError("num_speculative_tokens_per_batch_size gives no batch size a k > 0")
+    deepest = max(depth for _, depth in drafting)
+    if k is not None and k != deepest:
+        raise ValueError(
+            f"num_speculative_tokens {k} and the largest k of "
+            f"num_speculative_tokens_per_batch_size, {deepest}: give one"
+        )
+    # a route drafts while fewer than its max_batch_size run: the last size given a k, + 1
+    return deepest, 1 + max(last for last, _ in drafting)

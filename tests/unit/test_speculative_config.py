@@ -1,0 +1,149 @@
+"""vLLM's `--speculative-config` on `specd up`: each key reaches the service that owns
+its meaning (the drafter's model and proposer, the verifier's deepest round, the router's
+policy), and what specd does not do is refused, naming it, before anything starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.cli import main
+from launcher.cli_parser import build_parser, serve_config
+from launcher.local_cluster import CLI, cluster_children
+from router.decide import Load, decide
+from router.policy import PolicyError, routing_policy
+from specd.config import DrafterConfig, RouterConfig
+from specd.params import SamplingParams
+from specd.proposal import DraftState
+from tests.conftest import make_tiny
+
+
+def _configs(*flags: str) -> dict:
+    """Each child's config, as `specd up FLAGS` would start it."""
+    up = build_parser().parse_args(["up", *flags])
+    return {c.role: serve_config(c.argv[len(CLI) :]) for c in cluster_children(up)}
+
+
+def _policy(router: RouterConfig):
+    return routing_policy(router.policy_file, router.policy)
+
+
+def test_a_draft_model_drafts_alone_at_every_routes_k():
+    spec = '{"method": "draft_model", "model": "small-draft", "num_speculative_tokens": 10}'
+    c = _configs("--speculative-config", spec)
+    assert (c["drafter"].model, c["drafter"].proposer) == ("small-draft", "draft")
+    # deeper than the verifier's default of 8: its bound follows, the drafter's (16) holds it
+    assert c["verifier"].engine.max_draft_tokens == 10
+    assert c["drafter"].max_draft_tokens == DrafterConfig.max_draft_tokens
+    policy = _policy(c["router"])
+    assert policy.default.num_draft_tokens == 10
+    for route in ("code", "edit", "chat"):
+        assert policy.routes[route].num_draft_tokens == 10
+    assert policy.routes["batch"].speculation == "off"  # the built-in routes stay
+    assert policy.default.max_batch_size == 8  # not given: the built-in bound
+    # a model alone is vLLM's draft_model too; deeper than the drafter's 16, both follow
+    c = _configs("--speculative-config", '{"model": "small-draft", "num_speculative_tokens": 20}')
+    assert c["drafter"].proposer == "draft"
+    assert c["drafter"].max_draft_tokens == c["verifier"].engine.max_draft_tokens == 20
+
+
+def test_without_a_config_or_a_method_specd_keeps_its_own_drafter():
+    c = _configs()
+    assert (c["drafter"].model, c["drafter"].proposer) == ("default-draft", "combined")
+    assert (c["router"].policy, c["router"].policy_file) == ("", "")
+    c = _configs("--proposer", "suffix", "--speculative-config", '{"num_speculative_tokens": 3}')
+    assert (c["drafter"].model, c["drafter"].proposer) == ("default-draft", "suffix")
+    assert _policy(c["router"]).routes["code"].num_draft_tokens == 3
+
+
+def test_ngram_looks_up_its_window_and_loads_no_draft_model(tmp_path):
+    spec = '{"method": "ngram", "prompt_lookup_max": 3, "prompt_lookup_min": 2}'
+    c = _configs("--target", "small", "--speculative-config", spec)
+    drafter = c["drafter"]
+    assert (drafter.proposer, drafter.model) == ("ngram", "small")  # the target's vocabulary
+    assert (drafter.prompt_lookup_max, drafter.prompt_lookup_min) == (3, 2)
+    assert c["router"].policy == ""  # no k, no batch size: the built-in policy
+
+    from drafter_service.server import build_proposer
+
+    folder = tmp_path / "tiny"
+    make_tiny("llama", folder)
+    # the last token, 7, came before (followed by 9); its last two, 9 7, did not
+    tokens = [5, 7, 9, 1, 9, 7]
+    state = DraftState(seq_id=1, tokens=tokens, params=SamplingParams(), k=3)
+    for low, drafts in ((1, [9, 1, 9]), (2, [])):
+        config = DrafterConfig(model=str(folder), proposer="ngram", prompt_lookup_min=low)
+        proposer, _, name = build_proposer(config)
+        assert name == "ngram"
+        assert proposer.propose([state])[0].tokens == drafts
+
+
+def test_a_batch_size_schedule_bounds_where_the_router_lets_a_request_draft():
+    schedule = '{"num_speculative_tokens_per_batch_size": [[1, 4, 6], [5, 16, 2], [17, 64, 0]]}'
+    policy = _policy(_configs("--speculative-config", schedule)["router"])
+    code = policy.routes["code"]
+    assert code.num_draft_tokens == 6  # the largest k given: `auto` drafts fewer as it pays
+    # a route drafts while fewer than its max_batch_size run (the verifier holds a batch of
+    # that many plain): here up to 16, the last batch size given a k
+    assert code.max_batch_size == 17
+    assert decide(code, "auto", 0.0, Load(running=16)).reason == "auto"
+    assert decide(code, "auto", 0.0, Load(running=17)).reason == "off:batch"
+    # vLLM 0.x's bound: none drafts where that many or more run, as specd's
+    policy = _policy(_configs("--speculative-config", '{"disable_by_batch_size": 4}')["router"])
+    assert policy.default.max_batch_size == 4
+    assert decide(policy.routes["chat"], "auto", 0.0, Load(running=3)).reason == "auto"
+    assert decide(policy.routes["chat"], "auto", 0.0, Load(running=4)).reason == "off:batch"
+    assert policy.routes["chat"].num_draft_tokens == 3  # k not given: the route's own
+
+
+REFUSED = [
+    ('{"method": "eagle3", "model": "x"}', "method 'eagle3': specd drafts with a draft model"),
+    ('{"method": "draft_model"}', "method draft_model needs a model"),
+    ('{"num_speculative_tokens": 0}', "num_speculative_tokens: Input should be greater than"),
+    ('{"num_speculative_tokens": "5"}', "num_speculative_tokens: Input should be a valid integer"),
+    ('{"enforce_eager": true}', "enforce_eager: not a key specd takes (it takes method, model"),
+    ("{method: ngram}", "not a JSON object"),
+    ('{"draft_tensor_parallel_size": 2}', "draft_tensor_parallel_size: Input should be less"),
+    ('{"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 3}', "5 is over"),
+    ('{"model": "small-draft", "prompt_lookup_max": 3}', "are for method ngram"),
+    ('{"method": "ngram", "suffix_decoding_max_cached_requests": 0}', "is for method suffix"),
+    ('{"num_speculative_tokens_per_batch_size": [[4, 1, 2]]}', "got [4, 1, 2]"),
+    ('{"num_speculative_tokens_per_batch_size": [[1, 8, 0]]}', "no batch size a k > 0"),
+    (
+        '{"num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": [[1, 8, 4]]}',
+        "num_speculative_tokens 3 and the largest k",
+    ),
+]
+
+
+@pytest.mark.parametrize(("spec", "said"), REFUSED)
+def test_what_specd_does_not_do_is_refused_before_anything_starts(spec, said, capsys):
+    assert main(["up", "--http-port", "0", "--speculative-config", spec]) == 2
+    err = capsys.readouterr().err
+    assert said in err
+    assert "--speculative-config" in err and "Traceback" not in err
+
+
+def test_the_config_and_specd_ups_own_flags_must_agree(capsys):
+    for flags, said in (
+        (["--draft", "small-draft"], "--draft small-draft and the speculative config's tiny"),
+        (["--proposer", "ngram"], "--proposer ngram and the speculative config's draft"),
+        (["--policy-file", "deploy/policy.yaml"], "set its routes' num_draft_tokens"),
+    ):
+        spec = '{"model": "tiny", "num_speculative_tokens": 4}'
+        assert main(["up", "--http-port", "0", *flags, "--speculative-config", spec]) == 2
+        assert said in capsys.readouterr().err
+    # the same value said twice is one
+    spec = '{"model": "small-draft"}'
+    c = _configs("--draft", "small-draft", "--proposer", "draft", "--speculative-config", spec)
+    assert (c["drafter"].model, c["drafter"].proposer) == ("small-draft", "draft")
+
+
+def test_the_routers_policy_as_text():
+    assert routing_policy("", "default: {num_draft_tokens: 3}").default.num_draft_tokens == 3
+    assert routing_policy("", "").routes["code"].num_draft_tokens == 6  # the built-in
+    with pytest.raises(PolicyError, match=r"^--policy: default\.num_draft_tokens"):
+        routing_policy("", "default: {num_draft_tokens: '3'}")
+    with pytest.raises(PolicyError, match=r"^--policy: not YAML"):
+        routing_policy("", "routes: {code: [unclosed")
+    with pytest.raises(ValueError, match="policy and policy_file: name one"):
+        RouterConfig(policy="default: {}", policy_file="deploy/policy.yaml")

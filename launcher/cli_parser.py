@@ -172,6 +172,13 @@ def _add_up(sub) -> None:
         "and batch sizes as specd's --draft, --proposer and policy (README: Coming from vLLM)",
     )
     up.add_argument(
+        "--draft-max",
+        type=int,
+        default=0,
+        help="the most drafts a round may have, on every route (llama-server's flag; vLLM's "
+        "num_speculative_tokens); under auto a cap (default 0: each route's num_draft_tokens)",
+    )
+    up.add_argument(
         "--draft-p-min",
         type=float,
         default=DrafterConfig.p_min,

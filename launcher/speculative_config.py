@@ -1,5 +1,6 @@
 """vLLM's `--speculative-config` for `specd up`: the JSON a vLLM user starts a server with
-(`vllm serve TARGET --speculative-config '{...}'`), read as the specd settings it stands for.
+(`vllm serve TARGET --speculative-config '{...}'`), read as the specd settings it stands for
+(llama-server's `--draft-max N` is its num_speculative_tokens N).
 
     no method and no model               -> specd's own drafter (--proposer, --draft)
     method draft_model, or a model alone -> the drafter drafts with that model alone
@@ -83,14 +84,27 @@ def parse(text: str) -> VllmSpeculativeConfig:
 
 def speculation(args) -> Speculation:
     """`specd up`'s drafter, proposer and policy, with `--speculative-config` (JSON text,
-    or None) over `--draft`, `--proposer` and `--policy-file`; ValueError where the config
+    or None) and `--draft-max` (llama-server's flag: its num_speculative_tokens; 0 = not
+    given) over `--draft`, `--proposer` and `--policy-file`; ValueError where the config
     asks what specd does not do or what those flags say otherwise."""
-    if args.speculative_config is None:
+    text, draft_max = args.speculative_config, args.draft_max
+    if text is None and draft_max == 0:
         return Speculation(args.draft, args.proposer)
+    flag = "--speculative-config" if text is not None else "--draft-max"
     try:
-        return _speculation(args, parse(args.speculative_config))
+        spec = VllmSpeculativeConfig() if text is None else parse(text)
+        if draft_max < 0:
+            raise ValueError(f"--draft-max must be >= 0, got {draft_max}")
+        if draft_max:
+            if spec.num_speculative_tokens not in (None, draft_max):
+                raise ValueError(
+                    f"--draft-max {draft_max} and num_speculative_tokens "
+                    f"{spec.num_speculative_tokens}: give one"
+                )
+            spec = spec.model_copy(update={"num_speculative_tokens": draft_max})
+        return _speculation(args, spec)
     except ValueError as exc:
-        raise ValueError(f"--speculative-config: {exc}") from None
+        raise ValueError(f"{flag}: {exc}") from None
 
 
 def _speculation(args, spec: VllmSpeculativeConfig) -> Speculation:
@@ -124,8 +138,8 @@ def _speculation(args, spec: VllmSpeculativeConfig) -> Speculation:
         return out
     if args.policy_file:
         raise ValueError(
-            "num_speculative_tokens and the batch sizes are the policy's: with --policy-file, "
-            "set its routes' num_draft_tokens and max_batch_size there"
+            "a route's k and batch bound are the policy's: with --policy-file, set its "
+            "routes' num_draft_tokens and max_batch_size there"
         )
     policy = copy.deepcopy(BUILTIN_POLICY)
     entries = [policy["default"], *policy["routes"].values()]

@@ -123,6 +123,26 @@ def test_what_specd_does_not_do_is_refused_before_anything_starts(spec, said, ca
     assert "--speculative-config" in err and "Traceback" not in err
 
 
+def test_llama_servers_draft_max_is_every_routes_k(capsys):
+    c = _configs("--draft-max", "12")
+    assert c["verifier"].engine.max_draft_tokens == 12
+    assert c["drafter"].proposer == "combined"  # specd's own drafter, as without it
+    policy = _policy(c["router"])
+    assert [policy.routes[r].num_draft_tokens for r in ("code", "edit", "chat")] == [12] * 3
+    c = _configs("--draft-max", "5", "--speculative-config", '{"num_speculative_tokens": 5}')
+    assert _policy(c["router"]).default.num_draft_tokens == 5
+    for flags, said in (
+        (["--draft-max", "-1"], "specd up: --draft-max: --draft-max must be >= 0, got -1"),
+        (
+            ["--draft-max", "4", "--speculative-config", '{"num_speculative_tokens": 5}'],
+            "--draft-max 4 and num_speculative_tokens 5: give one",
+        ),
+        (["--draft-max", "4", "--policy-file", "deploy/policy.yaml"], "specd up: --draft-max: a"),
+    ):
+        assert main(["up", "--http-port", "0", *flags]) == 2
+        assert said in capsys.readouterr().err
+
+
 def test_the_config_and_specd_ups_own_flags_must_agree(capsys):
     for flags, said in (
         (["--draft", "small-draft"], "--draft small-draft and the speculative config's tiny"),

@@ -6,7 +6,8 @@
     method draft_model, or a model alone -> the drafter drafts with that model alone
                                            (--draft MODEL --proposer draft)
     method ngram (or ngram_gpu)          -> a lookup in the request's own text
-                                           (--proposer ngram; prompt_lookup_max / _min)
+                                           (--proposer ngram; prompt_lookup_max / _min,
+                                           one alone both, as in vLLM; neither: 4 and 1)
     method suffix                        -> --proposer suffix (a lookup in the route's
                                            earlier responses too, else the draft model);
                                            suffix_decoding_max_cached_requests 0: none kept
@@ -123,8 +124,9 @@ def _speculation(args, spec: VllmSpeculativeConfig) -> Speculation:
     else:
         proposer = PROPOSER_OF[method]
         _one_way("--proposer", args.proposer, DrafterConfig.proposer, proposer)
+    # a lookup alone loads no model: it reads the target's vocabulary size
     draft = spec.model or (args.target if proposer == "ngram" else args.draft)
-    if spec.model:  # a lookup alone reads only the target's vocabulary size
+    if spec.model:
         _one_way("--draft", args.draft, "default-draft", spec.model)
     out = Speculation(draft, proposer)
     _lookup_window(spec, proposer, out)
@@ -166,15 +168,15 @@ def _lookup_window(spec: VllmSpeculativeConfig, proposer: str, out: Speculation)
         return
     if proposer != "ngram":
         raise ValueError("prompt_lookup_max and prompt_lookup_min are for method ngram")
-    high = high or max(low, DrafterConfig.prompt_lookup_max)
-    low = low or DrafterConfig.prompt_lookup_min
+    high, low = high or low, low or high  # one given: the other is the same, as in vLLM
     if low > high:
         raise ValueError(f"prompt_lookup_min {low} is over prompt_lookup_max {high}")
     out.drafter_flags += ["--prompt-lookup-max", str(high), "--prompt-lookup-min", str(low)]
 
 
 def _depth_and_batch(spec: VllmSpeculativeConfig) -> tuple[int | None, int | None]:
-    """(every route's k, the batch size past which none drafts), None where not given."""
+    """(every route's k, the policy's max_batch_size: none drafts where that many run),
+    each None where not given."""
     k, batch = spec.num_speculative_tokens, spec.disable_by_batch_size
     schedule = spec.num_speculative_tokens_per_batch_size
     if schedule is None:

@@ -62,6 +62,10 @@ def test_ngram_looks_up_its_window_and_loads_no_draft_model(tmp_path):
     assert (drafter.proposer, drafter.model) == ("ngram", "small")  # the target's vocabulary
     assert (drafter.prompt_lookup_max, drafter.prompt_lookup_min) == (3, 2)
     assert c["router"].policy == ""  # no k, no batch size: the built-in policy
+    one = _configs("--speculative-config", '{"method": "ngram", "prompt_lookup_max": 3}')
+    assert (one["drafter"].prompt_lookup_max, one["drafter"].prompt_lookup_min) == (3, 3)
+    neither = _configs("--speculative-config", '{"method": "ngram"}')["drafter"]
+    assert (neither.prompt_lookup_max, neither.prompt_lookup_min) == (4, 1)  # specd's own
 
     from drafter_service.server import build_proposer
 

@@ -1,5 +1,5 @@
-"""`specd` command line: models, up, serve, generate, health, bench (services imported
-lazily, so `specd generate` never loads torch)."""
+"""`specd` command line: models, up, serve, generate, health, run-batch, bench (services
+imported lazily, so `specd generate` and `specd run-batch` never load torch)."""
 
 from __future__ import annotations
 
@@ -125,6 +125,12 @@ def _up(args) -> int:
     return run_local_cluster(args)
 
 
+def _run_batch(args) -> int:
+    from launcher.run_batch import main as run_batch
+
+    return run_batch(args)
+
+
 def _bench(args) -> int:
     import importlib
 
@@ -137,6 +143,7 @@ COMMANDS = {
     "generate": _generate,
     "health": _health,
     "up": _up,
+    "run-batch": _run_batch,
     "bench": _bench,
 }
 

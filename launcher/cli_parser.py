@@ -46,11 +46,13 @@ BENCHES = {  # `specd bench KIND` -> the module whose main() runs it
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specd",
-        description="speculative decoding services: models, up, serve, generate, health, bench",
+        description="speculative decoding services: models, up, serve, generate, health, "
+        "run-batch, bench",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_models, _add_serve, _add_generate, _add_health, _add_up, _add_bench):
+    adders = (_add_models, _add_serve, _add_generate, _add_health, _add_up, _add_run_batch)
+    for add in (*adders, _add_bench):
         add(sub)
     return parser
 
@@ -220,6 +222,35 @@ def _flag_string(text: str) -> list[str]:
         return shlex.split(text)
     except ValueError as exc:  # an unclosed quote
         raise argparse.ArgumentTypeError(f"{exc}: {text}") from None
+
+
+def _add_run_batch(sub) -> None:
+    batch = sub.add_parser(
+        "run-batch", help="an OpenAI batch file (JSONL) through a running specd, as vLLM's"
+    )
+    batch.add_argument(
+        "-i", "--input-file", required=True, help="the batch: one request a line (JSONL)"
+    )
+    batch.add_argument(
+        "-o", "--output-file", required=True, help="the answers, a line each, in input order"
+    )
+    batch.add_argument(
+        "--url",
+        default="http://127.0.0.1:8000",
+        help="the specd HTTP door (default: %(default)s, specd up's)",
+    )
+    batch.add_argument(
+        "--concurrency", type=int, default=16, help="requests at once (default: %(default)s)"
+    )
+    batch.add_argument(
+        "--api-key", default="", help="the door's bearer token (default: $OPENAI_API_KEY)"
+    )
+    batch.add_argument(
+        "--route",
+        default="",
+        help="the policy route of every request, where a body names none (e.g. batch: the "
+        "built-in policy's, which does not speculate; default: the default route)",
+    )
 
 
 def _add_bench(sub) -> None:

@@ -160,7 +160,7 @@ async def _ready(session, base: str, headers: dict) -> None:
 
 def _count(answer: dict, counts: dict) -> None:
     body = answer["response"]["body"]
-    if answer["error"] is not None or body is None:
+    if answer["error"] is not None or not isinstance(body, dict):
         counts["failed"] += 1
         return
     counts["ok"] += 1

@@ -19,6 +19,7 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import aiohttp
@@ -41,10 +42,11 @@ class Line:
     refused: str = ""
 
 
-def read_lines(text: str) -> list[Line]:
-    """The input's non-empty lines as requests, each checked alone."""
-    lines, seen = [], {}
-    for number, raw in enumerate(text.splitlines(), 1):
+def read_lines(raw_lines: Iterable[str]) -> Iterator[Line]:
+    """The input's non-empty lines as requests, each checked alone, read as they are
+    taken (a batch of millions is never held whole)."""
+    seen: dict[str, int] = {}
+    for number, raw in enumerate(raw_lines, 1):
         if raw.strip():
             line = _line(raw)
             if line.custom_id is not None and not line.refused:
@@ -54,8 +56,7 @@ def read_lines(text: str) -> list[Line]:
                     )
                 else:
                     seen[line.custom_id] = number
-            lines.append(line)
-    return lines
+            yield line
 
 
 def _line(raw: str) -> Line:
@@ -111,23 +112,25 @@ async def _send(session, base: str, line: Line, headers: dict) -> dict:
 
 
 async def run(
-    lines: list[Line], base: str, path: str, concurrency: int, token: str = "", route: str = ""
+    lines: Iterable[Line], base: str, path: str, concurrency: int, token: str = "", route: str = ""
 ) -> dict:
     """Send `lines` to the door at `base`, `concurrency` at a time (as `route`'s requests,
-    where one is named), and write each answer to the file at `path` in the input's order
-    as soon as those before it are written; returns the counts (ok, failed, prompt and
-    completion tokens)."""
+    where one is named; a line is read once one of those is free), and write each answer
+    to the file at `path` in the input's order as soon as those before it are written;
+    returns the counts (ok, failed, prompt and completion tokens)."""
     headers = {"authorization": f"Bearer {token}"} if token else {}
     headers |= {"x-route": route} if route else {}
     gate = asyncio.Semaphore(concurrency)
     done: dict[int, dict] = {}
-    counts = {"ok": 0, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    counts = {"lines": 0, "ok": 0, "failed": 0, "prompt_tokens": 0, "completion_tokens": 0}
     written = 0
 
     async def one(i: int, line: Line) -> None:
         nonlocal written
-        async with gate:
+        try:
             done[i] = await _send(session, base, line, headers)
+        finally:
+            gate.release()
         while written in done:  # in order: the next line waits for those before it
             answer = done.pop(written)
             out.write(json.dumps(answer) + "\n")
@@ -144,6 +147,7 @@ async def run(
         with out:
             async with asyncio.TaskGroup() as group:
                 for i, line in enumerate(lines):
+                    await gate.acquire()
                     group.create_task(one(i, line))
     return counts
 
@@ -159,6 +163,7 @@ async def _ready(session, base: str, headers: dict) -> None:
 
 
 def _count(answer: dict, counts: dict) -> None:
+    counts["lines"] += 1
     body = answer["response"]["body"]
     if answer["error"] is not None or not isinstance(body, dict):
         counts["failed"] += 1
@@ -180,20 +185,25 @@ def main(args) -> int:
 
 
 def _main(args) -> int:
-    try:
-        with open(args.input_file, encoding="utf-8") as f:
-            lines = read_lines(f.read())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BatchError(f"cannot read {args.input_file}: {exc}") from None
     if args.concurrency < 1:
         raise BatchError(f"--concurrency must be at least 1, got {args.concurrency}")
     token = args.api_key or os.environ.get("OPENAI_API_KEY", "")
     start = time.perf_counter()
     base = args.url.rstrip("/")
-    counts = asyncio.run(run(lines, base, args.output_file, args.concurrency, token, args.route))
+    try:
+        f = open(args.input_file, encoding="utf-8")  # noqa: SIM115 (closed below)
+    except OSError as exc:
+        raise BatchError(f"cannot read {args.input_file}: {exc}") from None
+    with f:
+        try:
+            counts = asyncio.run(
+                run(read_lines(f), base, args.output_file, args.concurrency, token, args.route)
+            )
+        except UnicodeDecodeError as exc:
+            raise BatchError(f"cannot read {args.input_file}: {exc}") from None
     seconds = time.perf_counter() - start
     print(
-        f"specd run-batch: {len(lines)} requests, {counts['ok']} answered, "
+        f"specd run-batch: {counts['lines']} requests, {counts['ok']} answered, "
         f"{counts['failed']} failed; {counts['prompt_tokens']} prompt and "
         f"{counts['completion_tokens']} completion tokens in {seconds:.1f} s "
         f"({counts['completion_tokens'] / max(seconds, 1e-9):.1f} tokens/s) -> {args.output_file}",

@@ -2,12 +2,14 @@
 input's order, each answer the one the door gives the same body; lines that are not
 requests are answered without being sent; a batch that cannot run says why."""
 
+import asyncio
 import json
 import subprocess
 import sys
 
 import pytest
 
+from launcher import run_batch
 from launcher.cli import main
 from launcher.processes import free_port
 from tests.cluster import TINY_MODEL_ID
@@ -64,6 +66,33 @@ def test_a_batch_is_answered_line_by_line_as_the_door_answers_each(cluster, clie
     assert said[2].startswith("url: one of /v1/chat/completions, /v1/completions")
     assert said[3] == "body.stream: a batch's answers are not streamed"
     assert all(o["response"]["status_code"] == 400 for o in out[8:])
+
+
+def test_a_line_is_read_once_a_request_is_free(cluster, tmp_path, monkeypatch):
+    """A batch of millions is never held whole: `--concurrency` lines ahead of the last
+    answered at most."""
+    answered, ahead = [0], []
+    send = run_batch._send
+
+    async def counted(*args):
+        out = await send(*args)
+        answered[0] += 1
+        return out
+
+    def lines():
+        for i in range(12):
+            ahead.append(i - answered[0])
+            body = {**CHAT, "max_tokens": 2 + i % 5, "temperature": 0}
+            yield run_batch.Line(f"x{i}", "/v1/chat/completions", body)
+
+    monkeypatch.setattr(run_batch, "_send", counted)
+    path = tmp_path / "answers.jsonl"
+    counts = asyncio.run(run_batch.run(lines(), url(cluster), str(path), 3))
+    assert counts["lines"] == counts["ok"] == 12
+    assert max(ahead) == 3  # three in flight, the fourth read once one is answered
+    assert [json.loads(x)["custom_id"] for x in path.read_text().splitlines()] == [
+        f"x{i}" for i in range(12)
+    ]
 
 
 def test_the_route_and_the_token_reach_the_door(cluster, tmp_path):

@@ -7,9 +7,10 @@ and the OpenAI Batch API write them:
      "response": {"status_code": 200, "request_id": "...", "body": {...}}, "error": null}
 
 A request the server refused keeps its status and error body; a line that is not a
-request (not JSON, an endpoint the door does not serve, a streamed body, a `custom_id`
+request (not UTF-8 JSON, an endpoint the door does not serve, a streamed body, a `custom_id`
 already used) is answered with status 400 and `error` saying why, and sent nowhere.
-Requests run `--concurrency` at a time; the client needs neither torch nor the models."""
+Requests run `--concurrency` at a time, each line read once one is free; the client needs
+neither torch nor the models."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ class Line:
     refused: str = ""
 
 
-def read_lines(raw_lines: Iterable[str]) -> Iterator[Line]:
+def read_lines(raw_lines: Iterable[bytes]) -> Iterator[Line]:
     """The input's non-empty lines as requests, each checked alone, read as they are
     taken (a batch of millions is never held whole)."""
     seen: dict[str, int] = {}
@@ -59,9 +60,11 @@ def read_lines(raw_lines: Iterable[str]) -> Iterator[Line]:
             yield line
 
 
-def _line(raw: str) -> Line:
+def _line(raw: bytes) -> Line:
     try:
-        item = json.loads(raw)
+        item = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return Line(None, refused=f"not UTF-8: {exc}")
     except json.JSONDecodeError as exc:
         return Line(None, refused=f"not JSON: {exc}")
     if not isinstance(item, dict):
@@ -191,16 +194,13 @@ def _main(args) -> int:
     start = time.perf_counter()
     base = args.url.rstrip("/")
     try:
-        f = open(args.input_file, encoding="utf-8")  # noqa: SIM115 (closed below)
+        f = open(args.input_file, "rb")  # noqa: SIM115 (closed below)
     except OSError as exc:
         raise BatchError(f"cannot read {args.input_file}: {exc}") from None
     with f:
-        try:
-            counts = asyncio.run(
-                run(read_lines(f), base, args.output_file, args.concurrency, token, args.route)
-            )
-        except UnicodeDecodeError as exc:
-            raise BatchError(f"cannot read {args.input_file}: {exc}") from None
+        counts = asyncio.run(
+            run(read_lines(f), base, args.output_file, args.concurrency, token, args.route)
+        )
     seconds = time.perf_counter() - start
     print(
         f"specd run-batch: {counts['lines']} requests, {counts['ok']} answered, "

@@ -22,9 +22,10 @@ def _line(custom_id: str, endpoint: str, body: dict) -> str:
     return json.dumps({"custom_id": custom_id, "method": "POST", "url": endpoint, "body": body})
 
 
-def _run(tmp_path, lines: list[str], *flags: str) -> tuple[int, list[dict]]:
+def _run(tmp_path, lines: list[str | bytes], *flags: str) -> tuple[int, list[dict]]:
     batch, answers = tmp_path / "batch.jsonl", tmp_path / "answers.jsonl"
-    batch.write_text("\n".join(lines) + "\n")
+    raw = [x if isinstance(x, bytes) else x.encode() for x in lines]
+    batch.write_bytes(b"\n".join(raw) + b"\n")
     code = main(["run-batch", "-i", str(batch), "-o", str(answers), *flags])
     out = [json.loads(x) for x in answers.read_text().splitlines()] if answers.exists() else []
     return code, out
@@ -38,6 +39,7 @@ def test_a_batch_is_answered_line_by_line_as_the_door_answers_each(cluster, clie
     lines.append(_line("refused", "/v1/chat/completions", {**CHAT, "temperature": -1}))
     lines += [
         "not json",
+        b"\xff\xfe not UTF-8",
         _line("chat-0", "/v1/chat/completions", CHAT),  # a custom_id already used
         _line("embed", "/v1/embeddings", {"input": "x"}),
         _line("streamed", "/v1/chat/completions", {**CHAT, "stream": True}),
@@ -45,8 +47,8 @@ def test_a_batch_is_answered_line_by_line_as_the_door_answers_each(cluster, clie
     code, out = _run(tmp_path, lines, "--url", url(cluster), "--concurrency", "3")
     assert code == 0
     assert [o["custom_id"] for o in out] == [
-        *(f"chat-{i}" for i in range(6)), "completion", "refused", None, "chat-0", "embed",
-        "streamed",
+        *(f"chat-{i}" for i in range(6)), "completion", "refused", None, None, "chat-0",
+        "embed", "streamed",
     ]  # fmt: skip
     for body, answer in zip(bodies, out, strict=False):
         alone = client.chat.completions.create(**body)
@@ -62,9 +64,10 @@ def test_a_batch_is_answered_line_by_line_as_the_door_answers_each(cluster, clie
     assert "temperature" in refused["error"]["error"]["message"]  # the door's own error
     said = [o["error"] for o in out[8:]]
     assert said[0].startswith("not JSON")
-    assert said[1] == "custom_id 'chat-0' repeats line 1"
-    assert said[2].startswith("url: one of /v1/chat/completions, /v1/completions")
-    assert said[3] == "body.stream: a batch's answers are not streamed"
+    assert said[1].startswith("not UTF-8")
+    assert said[2] == "custom_id 'chat-0' repeats line 1"
+    assert said[3].startswith("url: one of /v1/chat/completions, /v1/completions")
+    assert said[4] == "body.stream: a batch's answers are not streamed"
     assert all(o["response"]["status_code"] == 400 for o in out[8:])
 
 

@@ -106,9 +106,10 @@ def run_local_cluster(args) -> int:
     except ValueError as exc:
         print(f"specd up: {exc}", file=sys.stderr)
         return 2
+    configs = {}
     for child in children:  # a value a child's config refuses: said before anything starts
         try:
-            serve_config(child.argv[len(CLI) :])
+            configs[child.role] = serve_config(child.argv[len(CLI) :])
         except ConfigError as exc:
             print(f"specd up: {child.role}: {exc}", file=sys.stderr)
             return 2
@@ -127,7 +128,7 @@ def run_local_cluster(args) -> int:
             return 2
     # fetch (and convert) missing models once, before the processes race for them
     resolve(args.target)
-    resolve(speculation(args).draft)
+    resolve(configs["drafter"].model)
     router = children[-1].address
     model = ALIASES.get(args.target, args.target)
     http = (

@@ -135,8 +135,22 @@ _EXAMPLE_FLAGS = {
 def _add_up(sub) -> None:
     up = sub.add_parser("up", help="drafter + verifier + router on localhost")
     models = "catalogue name, Hugging Face folder, .gguf file or hub id (default: %(default)s)"
-    up.add_argument("--target", default="default-target", help=f"the target model: {models}")
-    up.add_argument("--draft", default="default-draft", help=f"the draft model: {models}")
+    up.add_argument(
+        "--target",
+        "--model",
+        "--model-path",
+        "-m",
+        default="default-target",
+        help=f"the target model (vLLM's --model, SGLang's --model-path, llama-server's -m): "
+        f"{models}",
+    )
+    up.add_argument(
+        "--draft",
+        "--model-draft",
+        "-md",
+        default="default-draft",
+        help=f"the draft model (llama-server's -md): {models}",
+    )
     up.add_argument("--host", default="127.0.0.1", help="where all three listen (%(default)s)")
     up.add_argument("--router-port", type=int, default=RouterConfig.port, help="gRPC (%(default)s)")
     up.add_argument(
@@ -180,6 +194,7 @@ def _add_up(sub) -> None:
         help="the most drafts a round may have, on every route (llama-server's flag; vLLM's "
         "num_speculative_tokens); under auto a cap (default 0: each route's num_draft_tokens)",
     )
+    _add_sglang_flags(up)
     up.add_argument(
         "--draft-p-min",
         type=float,
@@ -215,6 +230,29 @@ def _add_up(sub) -> None:
             f"string after `=` (`specd serve {role} --help` lists them; not one specd up "
             f"sets itself), e.g. --{role}-flags={_EXAMPLE_FLAGS[role]}",
         )
+
+
+def _add_sglang_flags(up) -> None:
+    """SGLang's speculative launch flags (launcher.speculative_config.sglang_config)."""
+    sglang = up.add_argument_group(
+        "SGLang's speculative flags", "as sglang.launch_server's (README: Coming from vLLM)"
+    )
+    sglang.add_argument(
+        "--speculative-algorithm",
+        metavar="STANDALONE|NGRAM",
+        help="STANDALONE: the draft model alone; NGRAM: a lookup in the request's own text",
+    )
+    sglang.add_argument(
+        "--speculative-draft-model-path", metavar="MODEL", help="STANDALONE's draft model"
+    )
+    for name, said in (
+        ("num-steps", "drafts a round (k)"),
+        ("eagle-topk", "1: a chain; more: a draft's runner-up beside it too"),
+        ("num-draft-tokens", "tokens a round verifies, the last committed one among them"),
+        ("ngram-min-match-window-size", "NGRAM: the shortest run of last tokens looked up"),
+        ("ngram-max-match-window-size", "NGRAM: the longest run of last tokens looked up"),
+    ):
+        sglang.add_argument(f"--speculative-{name}", type=int, metavar="N", help=said)
 
 
 def _flag_string(text: str) -> list[str]:

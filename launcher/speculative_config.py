@@ -1,6 +1,7 @@
 """vLLM's `--speculative-config` for `specd up`: the JSON a vLLM user starts a server with
 (`vllm serve TARGET --speculative-config '{...}'`), read as the specd settings it stands for
-(llama-server's `--draft-max N` is its num_speculative_tokens N).
+(llama-server's `--draft-max N` is its num_speculative_tokens N; SGLang's `--speculative-*`
+launch flags are read as the same config: sglang_config below).
 
     no method and no model               -> specd's own drafter (--proposer, --draft)
     method draft_model, or a model alone -> the drafter drafts with that model alone
@@ -65,6 +66,90 @@ class Speculation:
     policy: dict | None = None
 
 
+# SGLang's launch flags (`python -m sglang.launch_server --speculative-algorithm ...`) that
+# specd has a meaning for, as `specd up` names them in its arguments
+SGLANG_FLAGS = (
+    "speculative_algorithm",
+    "speculative_draft_model_path",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "speculative_ngram_min_match_window_size",
+    "speculative_ngram_max_match_window_size",
+)
+SGLANG_METHOD = {"STANDALONE": "draft_model", "NGRAM": "ngram"}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def sglang_config(given: dict) -> tuple[VllmSpeculativeConfig, int | None]:
+    """SGLang's flags (`given`: SGLANG_FLAGS' values given) as vLLM's config and the
+    drafter's `alternatives` (None: its own). SGLang counts a round's verified tokens,
+    the last committed one among them: its num_draft_tokens T is k + 1 for a chain, and a
+    tree of depth num_steps with T - 1 drafts in all, where eagle_topk > 1. specd's tree
+    hangs a draft's runner-up beside it: the T - 1 - k runner-ups of the first drafts."""
+    for name, value in given.items():
+        least = 2 if name == "speculative_num_draft_tokens" else 1
+        if name != "speculative_algorithm" and name != "speculative_draft_model_path":
+            if value < least:
+                raise ValueError(f"{_flag(name)} must be >= {least}, got {value}")
+    algorithm = given.get("speculative_algorithm")
+    if algorithm is None:
+        raise ValueError("give --speculative-algorithm (STANDALONE or NGRAM) with the others")
+    method = SGLANG_METHOD.get(algorithm.upper())
+    if method is None:
+        raise ValueError(
+            f"--speculative-algorithm {algorithm}: specd drafts with a draft model of its own "
+            "(STANDALONE) or a lookup in the request's text (NGRAM); EAGLE, EAGLE3 and NEXTN "
+            "read the target's hidden states, which specd's drafter, a process of its own, "
+            "does not have"
+        )
+    steps = given.get("speculative_num_steps")
+    topk = given.get("speculative_eagle_topk")
+    tokens = given.get("speculative_num_draft_tokens")
+    window = "speculative_ngram_min_match_window_size", "speculative_ngram_max_match_window_size"
+    k = steps if steps is not None else None if tokens is None else tokens - 1
+    if method == "ngram":
+        taken = [_flag(n) for n in given if n.endswith(("path", "steps", "topk"))]
+        if taken:
+            raise ValueError(
+                f"{', '.join(taken)}: NGRAM takes a draft's length "
+                "(--speculative-num-draft-tokens) and its match window"
+            )
+        low, high = (given.get(n) for n in window)
+        if (low is None) != (high is None):  # one given: the other is SGLang's default
+            low, high = low or 1, high or 12
+        spec = VllmSpeculativeConfig(
+            method=method, num_speculative_tokens=k, prompt_lookup_min=low, prompt_lookup_max=high
+        )
+        return spec, None
+    if any(n in given for n in window):
+        raise ValueError("the --speculative-ngram-* flags are for NGRAM")
+    if "speculative_draft_model_path" not in given:
+        raise ValueError("STANDALONE drafts with --speculative-draft-model-path")
+    spec = VllmSpeculativeConfig(
+        method=method, model=given.get("speculative_draft_model_path"), num_speculative_tokens=k
+    )
+    if steps is None and topk is None and tokens is None:
+        return spec, None  # neither depth nor tree: specd's own, as vLLM's config without k
+    if (topk or 1) == 1:  # a chain: SGLang takes T as num_steps + 1 whatever is given
+        return spec, 0
+    if steps is None or tokens is None:
+        raise ValueError(
+            "a tree (--speculative-eagle-topk over 1) takes its depth, "
+            "--speculative-num-steps, and its size, --speculative-num-draft-tokens"
+        )
+    if not steps + 1 <= tokens <= 2 * steps + 1:
+        raise ValueError(
+            f"--speculative-num-draft-tokens {tokens} with --speculative-num-steps {steps}: "
+            f"specd's tree holds the {steps} drafts and a runner-up beside each at most, "
+            f"{steps + 1} to {2 * steps + 1} tokens with the last committed one"
+        )
+    return spec, tokens - 1 - steps
+
+
 def parse(text: str) -> VllmSpeculativeConfig:
     """The JSON text as a config; ValueError names each key it refuses and why."""
     try:
@@ -85,15 +170,24 @@ def parse(text: str) -> VllmSpeculativeConfig:
 
 def speculation(args) -> Speculation:
     """`specd up`'s drafter, proposer and policy, with `--speculative-config` (JSON text,
-    or None) and `--draft-max` (llama-server's flag: its num_speculative_tokens; 0 = not
-    given) over `--draft`, `--proposer` and `--policy-file`; ValueError where the config
-    asks what specd does not do or what those flags say otherwise."""
+    or None), SGLang's flags (SGLANG_FLAGS, None where not given) and `--draft-max`
+    (llama-server's flag: its num_speculative_tokens; 0 = not given) over `--draft`,
+    `--proposer` and `--policy-file`; ValueError where they ask what specd does not do or
+    what those flags say otherwise."""
     text, draft_max = args.speculative_config, args.draft_max
-    if text is None and draft_max == 0:
+    sglang = {n: getattr(args, n) for n in SGLANG_FLAGS if getattr(args, n) is not None}
+    if text is None and not sglang and draft_max == 0:
         return Speculation(args.draft, args.proposer)
     flag = "--speculative-config" if text is not None else "--draft-max"
+    flag = _flag(next(iter(sglang))) if sglang else flag
     try:
-        spec = VllmSpeculativeConfig() if text is None else parse(text)
+        alternatives = None
+        if text is not None and sglang:
+            raise ValueError(f"--speculative-config and SGLang's {flag}: give one")
+        if sglang:
+            spec, alternatives = sglang_config(sglang)
+        else:
+            spec = VllmSpeculativeConfig() if text is None else parse(text)
         if draft_max < 0:
             raise ValueError(f"--draft-max must be >= 0, got {draft_max}")
         if draft_max:
@@ -103,9 +197,12 @@ def speculation(args) -> Speculation:
                     f"{spec.num_speculative_tokens}: give one"
                 )
             spec = spec.model_copy(update={"num_speculative_tokens": draft_max})
-        return _speculation(args, spec)
+        out = _speculation(args, spec)
     except ValueError as exc:
         raise ValueError(f"{flag}: {exc}") from None
+    if alternatives is not None:
+        out.drafter_flags += ["--alternatives", str(alternatives)]
+    return out
 
 
 def _speculation(args, spec: VllmSpeculativeConfig) -> Speculation:
@@ -126,8 +223,10 @@ def _speculation(args, spec: VllmSpeculativeConfig) -> Speculation:
         _one_way("--proposer", args.proposer, DrafterConfig.proposer, proposer)
     # a lookup alone loads no model: it reads the target's vocabulary size
     draft = spec.model or (args.target if proposer == "ngram" else args.draft)
+    if proposer == "ngram" and args.draft != DrafterConfig.model:
+        raise ValueError(f"--draft {args.draft} and a lookup, which loads no draft model: give one")
     if spec.model:
-        _one_way("--draft", args.draft, "default-draft", spec.model)
+        _one_way("--draft", args.draft, DrafterConfig.model, spec.model)
     out = Speculation(draft, proposer)
     _lookup_window(spec, proposer, out)
     if spec.suffix_decoding_max_cached_requests is not None:

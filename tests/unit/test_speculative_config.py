@@ -171,3 +171,96 @@ def test_the_routers_policy_as_text():
         routing_policy("", "routes: {code: [unclosed")
     with pytest.raises(ValueError, match="policy and policy_file: name one"):
         RouterConfig(policy="default: {}", policy_file="deploy/policy.yaml")
+
+
+def _sglang(*flags: str) -> dict:
+    return _configs("--speculative-algorithm", *flags)
+
+
+def test_sglangs_standalone_flags_are_the_draft_models_depth_and_tree():
+    # SGLang's T counts the last committed token: a tree of 4 drafts and 2 runner-ups
+    c = _sglang(
+        *("STANDALONE", "--speculative-draft-model-path", "small-draft"),
+        *("--speculative-num-steps", "4", "--speculative-eagle-topk", "2"),
+        *("--speculative-num-draft-tokens", "7"),
+    )
+    assert (c["drafter"].model, c["drafter"].proposer) == ("small-draft", "draft")
+    assert c["drafter"].alternatives == 2
+    policy = _policy(c["router"])
+    assert [policy.routes[r].num_draft_tokens for r in ("code", "edit", "chat")] == [4] * 3
+    # topk 1 is a chain of num_steps, T or not (SGLang sets T to num_steps + 1)
+    for extra in ((), ("--speculative-num-draft-tokens", "9")):
+        chain = _sglang(
+            *("standalone", "--speculative-draft-model-path", "small-draft"),
+            *("--speculative-num-steps", "6", "--speculative-eagle-topk", "1", *extra),
+        )
+        assert chain["drafter"].alternatives == 0
+        assert _policy(chain["router"]).default.num_draft_tokens == 6
+    # T alone: a chain of T - 1; neither depth nor tree: specd's own (its tree, its k)
+    alone = _sglang(
+        *("STANDALONE", "--speculative-draft-model-path", "small-draft"),
+        *("--speculative-num-draft-tokens", "5"),
+    )
+    assert _policy(alone["router"]).default.num_draft_tokens == 4
+    assert alone["drafter"].alternatives == 0
+    own = _sglang("STANDALONE", "--speculative-draft-model-path", "small-draft")
+    assert own["drafter"].alternatives == DrafterConfig.alternatives
+    assert own["router"].policy == ""
+
+
+def test_sglangs_ngram_is_the_lookup_its_window_and_length():
+    c = _configs(
+        *("-m", "small", "--speculative-algorithm", "NGRAM"),
+        *("--speculative-num-draft-tokens", "6", "--speculative-ngram-max-match-window-size", "3"),
+    )
+    drafter = c["drafter"]
+    assert (drafter.proposer, drafter.model, c["verifier"].model) == ("ngram", "small", "small")
+    # one end given: the other is SGLang's default (min 1, max 12), not vLLM's rule
+    assert (drafter.prompt_lookup_max, drafter.prompt_lookup_min) == (3, 1)
+    assert _policy(c["router"]).default.num_draft_tokens == 5
+    low = _sglang("NGRAM", "--speculative-ngram-min-match-window-size", "2")["drafter"]
+    assert (low.prompt_lookup_max, low.prompt_lookup_min) == (12, 2)
+
+
+def test_the_model_flags_of_vllm_sglang_and_llama_server_name_the_pair():
+    for target, draft in (("--model", "--model-draft"), ("--model-path", "-md"), ("-m", "-md")):
+        c = _configs(target, "small", draft, "small-draft")
+        assert (c["verifier"].model, c["drafter"].model) == ("small", "small-draft")
+
+
+SGLANG_REFUSED = [
+    (["--speculative-algorithm", "EAGLE3"], "EAGLE, EAGLE3 and NEXTN read the target's"),
+    (["--speculative-algorithm", "STANDALONE"], "STANDALONE drafts with --speculative-draft"),
+    (["--speculative-num-steps", "3"], "give --speculative-algorithm (STANDALONE or NGRAM)"),
+    (["--speculative-algorithm", "NGRAM", "--speculative-num-steps", "3"], "NGRAM takes"),
+    (["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "1"], "must be >= 2"),
+    (["--speculative-algorithm", "NGRAM", "--draft", "small-draft"], "loads no draft model"),
+    (
+        ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "x"]
+        + ["--speculative-ngram-max-match-window-size", "3"],
+        "the --speculative-ngram-* flags are for NGRAM",
+    ),
+    (
+        ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "x"]
+        + ["--speculative-eagle-topk", "4", "--speculative-num-steps", "3"],
+        "takes its depth, --speculative-num-steps, and its size",
+    ),
+    (
+        ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "x"]
+        + ["--speculative-eagle-topk", "4", "--speculative-num-steps", "3"]
+        + ["--speculative-num-draft-tokens", "8"],
+        "num-draft-tokens 8 with --speculative-num-steps 3: specd's tree holds",
+    ),
+    (
+        ["--speculative-algorithm", "NGRAM", "--speculative-config", '{"method": "ngram"}'],
+        "--speculative-config and SGLang's --speculative-algorithm: give one",
+    ),
+]
+
+
+@pytest.mark.parametrize(("flags", "said"), SGLANG_REFUSED)
+def test_what_sglangs_flags_ask_and_specd_does_not_do_is_refused(flags, said, capsys):
+    assert main(["up", "--http-port", "0", *flags]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.startswith("specd up: --speculative-")
+    assert "Traceback" not in err

@@ -185,7 +185,8 @@ def _add_up(sub) -> None:
         metavar="JSON",
         help='vLLM\'s speculative config, e.g. \'{"model": "default-draft", '
         '"num_speculative_tokens": 5}\' or \'{"method": "ngram"}\': its method, draft model, k '
-        "and batch sizes as specd's --draft, --proposer and policy (README: Coming from vLLM)",
+        "and batch sizes as specd's --draft, --proposer and policy (README: Coming from "
+        "vLLM, SGLang or llama-server)",
     )
     up.add_argument(
         "--draft-max",
@@ -235,7 +236,8 @@ def _add_up(sub) -> None:
 def _add_sglang_flags(up) -> None:
     """SGLang's speculative launch flags (launcher.speculative_config.sglang_config)."""
     sglang = up.add_argument_group(
-        "SGLang's speculative flags", "as sglang.launch_server's (README: Coming from vLLM)"
+        "SGLang's speculative flags",
+        "as sglang.launch_server's (README: Coming from vLLM, SGLang or llama-server)",
     )
     sglang.add_argument(
         "--speculative-algorithm",

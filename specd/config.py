@@ -38,6 +38,9 @@ class EngineConfig:
     # Llama-3.2-3B's 131,072); a request that cannot fit is refused
     kv_cache_bytes: int = 0
     num_blocks: int = 0  # the KV pool's size in blocks, where > 0
+    # the longest prompt + generation a request may ask for (vLLM's --max-model-len; the
+    # KV pool is sized for it unless sized above); 0 = the model's context
+    max_model_len: int = 0
     block_size: int = 16  # tokens per KV block
     max_batch_size: int = 16  # sequences running at once (more wait)
     # tokens per forward (prefill chunks + verification); 0 = auto: 512 on a GPU, 128 on a
@@ -69,6 +72,8 @@ class EngineConfig:
     def __post_init__(self):
         if self.block_size <= 0 or self.max_batch_size <= 0:
             raise ValueError("block_size and max_batch_size must be positive")
+        if self.max_model_len < 0:
+            raise ValueError(f"max_model_len must be >= 0, got {self.max_model_len}")
         if self.max_batched_tokens < 0 or 0 < self.max_batched_tokens < self.max_draft_tokens + 1:
             raise ValueError("max_batched_tokens must hold one verification (k + 1 tokens)")
         if self.max_draft_tokens < 0 or self.draft_top_m <= 0:

@@ -66,11 +66,11 @@ def graph_rows(config: EngineConfig) -> int:
     return min(rows, config.max_batched_tokens)
 
 
-def default_blocks(model, block_size: int) -> int:
-    """The KV pool unless sized: room for the model's whole context (a request of that
+def default_blocks(model, block_size: int, context: int) -> int:
+    """The KV pool unless sized: room for a request's whole context (a request of that
     many tokens and the slot admission adds), within DEFAULT_KV_BYTES."""
-    context = -(-(model.args.max_position_embeddings + 1) // block_size)
-    return min(context, PagedKV.blocks_for_budget(model, DEFAULT_KV_BYTES, block_size))
+    blocks = -(-(context + 1) // block_size)
+    return min(blocks, PagedKV.blocks_for_budget(model, DEFAULT_KV_BYTES, block_size))
 
 
 @dataclass
@@ -136,9 +136,16 @@ class Engine:
         config = config or EngineConfig()
         device = torch.device(model.device).type
         self.config = replace(config, max_batched_tokens=batched_tokens(config, device))
+        # a request's prompt + generation at most: the model's context, or less if asked
+        self.context = min(
+            model.args.max_position_embeddings,
+            self.config.max_model_len or model.args.max_position_embeddings,
+        )
         bs, budget = self.config.block_size, self.config.kv_cache_bytes
         num_blocks = self.config.num_blocks or (
-            PagedKV.blocks_for_budget(model, budget, bs) if budget else default_blocks(model, bs)
+            PagedKV.blocks_for_budget(model, budget, bs)
+            if budget
+            else default_blocks(model, bs, self.context)
         )
         if model.gpu is not None and not self.config.batch_invariant:
             model.gpu.tile = 0  # one GEMM a step: faster, a row's bits depend on the batch
@@ -185,7 +192,7 @@ class Engine:
         cap = self.config.max_draft_tokens
         request = replace(request, num_draft=min(request.num_draft, cap))
         need = alloc.blocks_for(len(request.prompt) + request.max_new_tokens + 1)
-        request.validate(args.vocab_size, args.max_position_embeddings, need, alloc.num_blocks)
+        request.validate(args.vocab_size, self.context, need, alloc.num_blocks)
         infill = None
         if (request.constraint is not None or request.params.infill) and self.grammars is None:
             raise ValueError(
@@ -205,11 +212,12 @@ class Engine:
         return seq.seq_id
 
     def max_context(self) -> int:
-        """The longest prompt + generation a request may ask for: the model's context, or
-        what the KV pool holds (less the one slot admission adds) where that is less."""
+        """The longest prompt + generation a request may ask for: the context (the
+        model's, or --max-model-len), or what the KV pool holds (less the one slot
+        admission adds) where that is less."""
         alloc = self.kv.allocator
         pool = alloc.num_blocks * alloc.block_size - 1
-        return min(self.model.args.max_position_embeddings, pool)
+        return min(self.context, pool)
 
     def abort(self, seq_id: int) -> None:
         """Stop a request; its KV blocks (both caches) are freed before the next step."""

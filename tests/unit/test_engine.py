@@ -153,14 +153,17 @@ def test_preemption_under_kv_pressure_keeps_outputs(tiny_pair):
     assert small.kv.allocator.num_used == 0
 
 
-@pytest.mark.parametrize("num_blocks", [40, 256])  # the pool bounds it, then the context
-def test_max_context_is_the_longest_request_the_engine_admits(tiny_pair, num_blocks):
+# the pool bounds it, then the model's context, then --max-model-len
+@pytest.mark.parametrize(("num_blocks", "max_model_len"), [(40, 0), (256, 0), (256, 100)])
+def test_max_context_is_the_longest_request_the_engine_admits(tiny_pair, num_blocks, max_model_len):
     """What the verifier reports (InfoResponse.max_context, the HTTP card's max_model_len)
     is served: a prompt and generation of that length are admitted, one token more is not."""
     target, _ = tiny_pair
-    engine = Engine(target, EngineConfig(num_blocks=num_blocks, block_size=4), eos_ids=set())
+    config = EngineConfig(num_blocks=num_blocks, block_size=4, max_model_len=max_model_len)
+    engine = Engine(target, config, eos_ids=set())
     longest = engine.max_context()
-    assert longest == min(4 * num_blocks - 1, target.args.max_position_embeddings)
+    context = max_model_len or target.args.max_position_embeddings
+    assert longest == min(4 * num_blocks - 1, context)
     prompt = [7] * (longest - 2)
     engine.add_request(Request(prompt=prompt, max_new_tokens=2))
     with pytest.raises(ValueError):

@@ -85,6 +85,9 @@ def test_the_kv_pool_holds_the_models_context_unless_sized_in_blocks_or_bytes(
     engine = Engine(target, EngineConfig())
     assert engine.max_context() == context  # a request of the whole context fits
     assert engine.kv.allocator.num_blocks == context // 16 + 1
+    # vLLM's --max-model-len: room for that context instead
+    engine = Engine(target, EngineConfig(max_model_len=100))
+    assert (engine.max_context(), engine.kv.allocator.num_blocks) == (100, -(-101 // 16))
     # within DEFAULT_KV_BYTES
     monkeypatch.setattr("verifier_service.engine.DEFAULT_KV_BYTES", per_block * 10)
     assert Engine(target, EngineConfig()).kv.allocator.num_blocks == 10

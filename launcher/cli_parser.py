@@ -164,9 +164,11 @@ def _add_up(sub) -> None:
     )
     up.add_argument(
         "--http-port",
+        "--port",
         type=int,
         default=8000,
-        help="the OpenAI-compatible API (%(default)s; 0 = off)",
+        help="the OpenAI-compatible API (%(default)s; 0 = off; vLLM's, SGLang's and "
+        "llama-server's --port)",
     )
     up.add_argument(
         "--policy-file",
@@ -196,6 +198,7 @@ def _add_up(sub) -> None:
         "num_speculative_tokens); under auto a cap (default 0: each route's num_draft_tokens)",
     )
     _add_sglang_flags(up)
+    _add_serving_flags(up)
     up.add_argument(
         "--draft-p-min",
         type=float,
@@ -231,6 +234,44 @@ def _add_up(sub) -> None:
             f"string after `=` (`specd serve {role} --help` lists them; not one specd up "
             f"sets itself), e.g. --{role}-flags={_EXAMPLE_FLAGS[role]}",
         )
+
+
+def _add_serving_flags(up) -> None:
+    """What a vLLM, SGLang or llama-server launch command sets, under its names, for the
+    role that owns it (launcher.local_cluster)."""
+    serving = up.add_argument_group(
+        "serving flags", "as vLLM's, SGLang's and llama-server's (0 or empty: the role's own)"
+    )
+    serving.add_argument(
+        "--api-key",
+        default="",
+        help="clients send it as a bearer token, on both doors (the router reads it from a "
+        "private file specd up writes)",
+    )
+    serving.add_argument(
+        "--served-model-name", "--alias", "-a", default="", help="the model id HTTP clients name"
+    )
+    serving.add_argument(
+        "--max-num-seqs",
+        "--max-running-requests",
+        "--parallel",
+        "-np",
+        type=int,
+        default=0,
+        help="sequences each verifier runs at once (its --max-batch-size)",
+    )
+    serving.add_argument(
+        "--max-model-len",
+        "--context-length",
+        "--ctx-size",
+        "-c",
+        type=int,
+        default=0,
+        help="the longest prompt + generation a request may ask for (the verifiers' "
+        "--max-model-len; llama-server divides -c among its -np slots, specd does not)",
+    )
+    for flag in ("--tool-call-parser", "--reasoning-parser"):
+        serving.add_argument(flag, default="", help="the router's (specd serve router --help)")
 
 
 def _add_sglang_flags(up) -> None:

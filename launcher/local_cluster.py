@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import socket
 import sys
+import tempfile
 
 from launcher.speculative_config import speculation
 from launcher.supervisor import Child, Supervisor
@@ -26,8 +29,9 @@ def _serve(role: str, flags, extra=()) -> list[str]:
     return [*CLI, "serve", role, *flags, *extra]
 
 
-def cluster_children(args) -> list[Child]:
-    """The drafter, `args.verifiers` verifiers and the router, in start order."""
+def cluster_children(args, token_file: str = "") -> list[Child]:
+    """The drafter, `args.verifiers` verifiers and the router, in start order (the router
+    wanting the bearer token in `token_file`, where one is named)."""
     spec = speculation(args)
     host = args.host
     drafter = f"{host}:{args.drafter_port}"
@@ -52,6 +56,7 @@ def cluster_children(args) -> list[Child]:
             drafter,
             *model_flags,
             *spec.verifier_flags,
+            *_given(args, max_batch_size="max_num_seqs", max_model_len="max_model_len"),
         )
         name = "verifier" if i == 0 else f"verifier-{i + 1}"
         children.append(Child(name, _serve("verifier", flags, args.verifier_flags), address))
@@ -61,6 +66,13 @@ def cluster_children(args) -> list[Child]:
         *("--tokenizer", args.target, "--http-port", str(args.http_port)),
         *(["--policy-file", args.policy_file] if args.policy_file else []),
         *(["--policy", json.dumps(spec.policy)] if spec.policy else []),
+        *(["--auth-token-file", token_file] if token_file else []),
+        *_given(
+            args,
+            served_model_name="served_model_name",
+            tool_call_parser="tool_call_parser",
+            reasoning_parser="reasoning_parser",
+        ),
     )
     children.append(
         Child(
@@ -71,6 +83,32 @@ def cluster_children(args) -> list[Child]:
         )
     )
     return children
+
+
+def _given(args, **flags: str) -> list[str]:
+    """`--FLAG VALUE` for each of a role's flags (named as keywords, each with the `up`
+    argument that sets it) that `specd up` was given (not 0 or empty)."""
+    out = []
+    for flag, name in flags.items():
+        value = getattr(args, name)
+        if value:
+            out += ["--" + flag.replace("_", "-"), str(value)]
+    return out
+
+
+@contextlib.contextmanager
+def _token_file(token: str):
+    """The bearer token in a file only this user may read, for the router (its flag
+    names a file, not the token: the token stays out of its command line), removed after;
+    "" where there is no token."""
+    if not token:
+        yield ""
+        return
+    with tempfile.TemporaryDirectory(prefix="specd-up-") as folder:
+        path = os.path.join(folder, "api-key")
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(token)
+        yield path
 
 
 def in_use(host: str, port: int) -> bool:
@@ -93,6 +131,11 @@ def _listen(host: str, port: int) -> tuple[str, ...]:
 
 
 def run_local_cluster(args) -> int:
+    with _token_file(args.api_key) as token_file:
+        return _run_local_cluster(args, token_file)
+
+
+def _run_local_cluster(args, token_file: str) -> int:
     from launcher.cli_parser import serve_config
     from specd.config import ConfigError
     from specd.models.catalog import ALIASES
@@ -102,7 +145,7 @@ def run_local_cluster(args) -> int:
         print("specd up: --verifiers must be at least 1", file=sys.stderr)
         return 2
     try:
-        children = cluster_children(args)
+        children = cluster_children(args, token_file)
     except ValueError as exc:
         print(f"specd up: {exc}", file=sys.stderr)
         return 2
@@ -130,9 +173,11 @@ def run_local_cluster(args) -> int:
     resolve(args.target)
     resolve(configs["drafter"].model)
     router = children[-1].address
-    model = ALIASES.get(args.target, args.target)
+    model = args.served_model_name or ALIASES.get(args.target, args.target)
+    token = " --auth-token <the --api-key>" if token_file else ""
+    bearer = " -H 'authorization: Bearer <the --api-key>'" if token_file else ""
     http = (
-        f"\n  or:  curl http://{args.host}:{args.http_port}/v1/chat/completions "
+        f"\n  or:  curl http://{args.host}:{args.http_port}/v1/chat/completions{bearer} "
         f'-H \'content-type: application/json\' -d \'{{"model": "{model}", '
         '"messages": [{"role": "user", "content": "Reverse a string in Python."}]}\''
         if args.http_port
@@ -142,7 +187,7 @@ def run_local_cluster(args) -> int:
     def ready() -> None:
         print(
             f"\nspecd is up: router on {router}\n  try: specd generate "
-            f'--address {router} --stream "Write a Python function that reverses a '
+            f'--address {router}{token} --stream "Write a Python function that reverses a '
             f'string."{http}\nA process that dies is restarted; Ctrl-C stops them all.',
             flush=True,
         )

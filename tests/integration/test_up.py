@@ -9,6 +9,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import openai
 import pytest
 
@@ -155,25 +156,43 @@ def test_specd_up_keeps_serving_through_a_killed_drafter_and_a_killed_verifier(t
         assert not check_health(f"127.0.0.1:{port}", timeout=0.5)
 
 
-def test_specd_up_runs_a_vllm_speculative_config(tmp_path):
-    """A vLLM user's `--speculative-config` as `specd up` serves it: an n-gram drafter
-    that loads no draft model, and the k it names, past the verifier's default of 8."""
+def test_specd_up_runs_a_vllm_launch_command(tmp_path):
+    """A vLLM user's launch flags as `specd up` serves them: the `--speculative-config`
+    (an n-gram drafter that loads no draft model, and the k it names, past the verifier's
+    default of 8), `--port`, `--api-key` on both doors, `--served-model-name` and
+    `--max-model-len`."""
     model = save_tiny_cluster_model(tmp_path / "tiny")
     spec = '{"method": "ngram", "num_speculative_tokens": 10, "prompt_lookup_max": 2}'
-    router, http = free_port(), free_port()
+    router, http, key = free_port(), free_port(), "k3y-for-the-test"
     up = Up(
         *("--target", str(model), "--dtype", "float32", "--speculative-config", spec),
         *("--router-port", str(router), "--drafter-port", str(free_port())),
-        *("--verifier-port", str(free_port()), "--http-port", str(http)),
+        *("--verifier-port", str(free_port()), "--port", str(http), "--api-key", key),
+        *("--served-model-name", "tiny-coder", "--max-model-len", "200"),
     )
     try:
         up.wait_for("specd is up", 120)
-        with openai.OpenAI(base_url=f"http://127.0.0.1:{http}/v1", api_key="-") as c:
+        with openai.OpenAI(base_url=f"http://127.0.0.1:{http}/v1", api_key="wrong") as c:
+            with pytest.raises(openai.AuthenticationError):
+                c.models.list()
+        with openai.OpenAI(base_url=f"http://127.0.0.1:{http}/v1", api_key=key) as c:
             card = c.models.list().data[0].model_dump()
+            with pytest.raises(openai.BadRequestError, match="context"):
+                c.completions.create(model="tiny-coder", prompt="a" * 10, max_tokens=195)
         assert card["draft"] == {"id": "ngram", "available": True, "max_draft_tokens": 10}
+        assert (card["id"], card["max_model_len"]) == ("tiny-coder", 200)
+        auth = [("authorization", f"Bearer {key}")]
         with SpecdClient(f"127.0.0.1:{router}") as client:
+            with pytest.raises(grpc.RpcError) as denied:
+                client.generate("abc", max_new_tokens=4)
+            assert denied.value.code() == grpc.StatusCode.UNAUTHENTICATED
             r = client.generate(
-                "abcabcabcabc", max_new_tokens=32, ignore_eos=True, route="chat", speculation="on"
+                "abcabcabcabc",
+                max_new_tokens=32,
+                ignore_eos=True,
+                route="chat",
+                speculation="on",
+                metadata=auth,
             )
         assert r.speculation.num_draft_tokens == 10  # every route's k, chat's 3 included
         assert r.speculation.rounds > 0, r.speculation

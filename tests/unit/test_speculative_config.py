@@ -222,12 +222,6 @@ def test_sglangs_ngram_is_the_lookup_its_window_and_length():
     assert (low.prompt_lookup_max, low.prompt_lookup_min) == (12, 2)
 
 
-def test_the_model_flags_of_vllm_sglang_and_llama_server_name_the_pair():
-    for target, draft in (("--model", "--model-draft"), ("--model-path", "-md"), ("-m", "-md")):
-        c = _configs(target, "small", draft, "small-draft")
-        assert (c["verifier"].model, c["drafter"].model) == ("small", "small-draft")
-
-
 SGLANG_REFUSED = [
     (["--speculative-algorithm", "EAGLE3"], "EAGLE, EAGLE3 and NEXTN read the target's"),
     (["--speculative-algorithm", "STANDALONE"], "STANDALONE drafts with --speculative-draft"),

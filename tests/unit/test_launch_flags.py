@@ -1,0 +1,77 @@
+"""The serving flags of a vLLM, SGLang or llama-server launch command on `specd up`: each
+under its peers' names reaches the role that owns it, and the API key reaches the router
+in a file only its user may read."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from launcher.cli_parser import build_parser, serve_config
+from launcher.local_cluster import CLI, _token_file, cluster_children
+from specd.config import ConfigError
+
+
+def _configs(*flags: str, token_file: str = "") -> dict:
+    up = build_parser().parse_args(["up", *flags])
+    return {c.role: serve_config(c.argv[len(CLI) :]) for c in cluster_children(up, token_file)}
+
+
+def test_the_model_flags_of_vllm_sglang_and_llama_server_name_the_pair():
+    for target, draft in (("--model", "--model-draft"), ("--model-path", "-md"), ("-m", "-md")):
+        c = _configs(target, "small", draft, "small-draft")
+        assert (c["verifier"].model, c["drafter"].model) == ("small", "small-draft")
+
+
+def test_each_serving_flag_reaches_the_role_that_owns_it():
+    c = _configs(
+        *("--verifiers", "2", "--port", "9000", "--served-model-name", "coder"),
+        *("--max-num-seqs", "4", "--max-model-len", "2048"),
+        *("--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"),
+    )
+    router = c["router"]
+    assert (router.http_port, router.served_model_name) == (9000, "coder")
+    assert (router.tool_call_parser, router.reasoning_parser) == ("hermes", "qwen3")
+    for verifier in (c["verifier"], c["verifier-2"]):
+        assert (verifier.engine.max_batch_size, verifier.engine.max_model_len) == (4, 2048)
+    # SGLang's and llama-server's names for the same
+    for flags in (
+        ("--max-running-requests", "3", "--context-length", "512", "--alias", "x"),
+        ("-np", "3", "-c", "512", "-a", "x"),
+        ("--parallel", "3", "--ctx-size", "512", "--served-model-name", "x"),
+    ):
+        c = _configs(*flags)
+        assert (c["verifier"].engine.max_batch_size, c["verifier"].engine.max_model_len) == (
+            3,
+            512,
+        )
+        assert c["router"].served_model_name == "x"
+    # none given: each role's own
+    c = _configs()
+    assert (c["verifier"].engine.max_batch_size, c["verifier"].engine.max_model_len) == (16, 0)
+    assert (c["router"].served_model_name, c["router"].auth_token_file) == ("", "")
+
+
+def test_the_api_key_reaches_the_router_in_a_file_only_its_user_reads():
+    with _token_file("s3cret") as path:
+        assert open(path).read() == "s3cret"
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert _configs("--api-key", "s3cret", token_file=path)["router"].auth_token_file == path
+        up = build_parser().parse_args(["up", "--api-key", "s3cret"])
+        assert "s3cret" not in " ".join(" ".join(c.argv) for c in cluster_children(up, path))
+    assert not os.path.exists(path) and not os.path.exists(os.path.dirname(path))
+    with _token_file("") as path:
+        assert path == ""
+
+
+def test_a_flag_set_both_ways_is_refused():
+    # (not through `main`: where the check fails, that would start the cluster)
+    up = build_parser().parse_args(
+        ["up", "--max-num-seqs", "4", "--verifier-flags=--max-batch-size 8"]
+    )
+    with pytest.raises(ValueError, match="--verifier-flags: --max-batch-size is set by specd up"):
+        cluster_children(up)
+    with pytest.raises(ConfigError, match="max_model_len must be >= 0, got -1"):
+        _configs("--max-model-len", "-1")

@@ -258,7 +258,7 @@ def _add_serving_flags(up) -> None:
         "-np",
         type=int,
         default=0,
-        help="sequences each verifier runs at once (its --max-batch-size)",
+        help="sequences each verifier runs at once (its --max-batch-size; default 0: its own)",
     )
     serving.add_argument(
         "--max-model-len",
@@ -268,7 +268,14 @@ def _add_serving_flags(up) -> None:
         type=int,
         default=0,
         help="the longest prompt + generation a request may ask for (the verifiers' "
-        "--max-model-len; llama-server divides -c among its -np slots, specd does not)",
+        "--max-model-len; default 0: the model's context; llama-server divides -c among its "
+        "-np slots, specd does not)",
+    )
+    serving.add_argument(
+        "--chat-template",
+        "--chat-template-file",
+        default="",
+        help="in place of the model's: a file, or the template's text (the router's)",
     )
     for flag in ("--tool-call-parser", "--reasoning-parser"):
         serving.add_argument(flag, default="", help="the router's (specd serve router --help)")

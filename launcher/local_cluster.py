@@ -70,6 +70,7 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
         *_given(
             args,
             served_model_name="served_model_name",
+            chat_template="chat_template",
             tool_call_parser="tool_call_parser",
             reasoning_parser="reasoning_parser",
         ),

@@ -102,6 +102,10 @@ async def serve(config, ready=None, tokenizer=None) -> None:
     except PolicyError as exc:
         raise SystemExit(f"specd router: {exc}") from None
     tokenizer = tokenizer or load_tokenizer(config.tokenizer)  # a bad name: one clear error
+    if config.chat_template:  # in place of the model's (transformers' tokenizers alike)
+        from specd.chat_template import read_chat_template
+
+        tokenizer.chat_template = read_chat_template(config.chat_template)
     replicas = ReplicaSet(config.verifier or [], config.tls_ca, config.prefix_affinity)
     async with anyio.create_task_group() as background:
         await background.start(replicas.run)

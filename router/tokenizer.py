@@ -80,12 +80,21 @@ class ChatTokenizer:
         named = [self._tok.token_to_id(t) for t in self.special.values()]
         self._special_ids = {i for i in named if i is not None}
         self._clean_up = bool(config.get("clean_up_tokenization_spaces", False))
-        source = _template_source(folder, config)
-        self.chat_template = source  # its text, as transformers' tokenizers name it
-        self._template = None if source is None else _environment().from_string(source)
         # the settings it was made with, as transformers keeps them (vLLM's /tokenizer_info)
         added = self._tok.get_added_tokens_decoder()
-        self.init_kwargs = {**config, "chat_template": source, "added_tokens_decoder": added}
+        self.init_kwargs = {**config, "added_tokens_decoder": added}
+        self.chat_template = _template_source(folder, config)
+
+    @property
+    def chat_template(self) -> str | None:
+        """The chat template's text, as transformers' tokenizers name it; set, it renders
+        every chat from then on (a template given in place of the model's)."""
+        return self.init_kwargs["chat_template"]
+
+    @chat_template.setter
+    def chat_template(self, source: str | None) -> None:
+        self._template = None if source is None else _environment().from_string(source)
+        self.init_kwargs["chat_template"] = source
 
     def __len__(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)

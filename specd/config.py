@@ -289,6 +289,9 @@ class RouterConfig:
     # compose and the Kubernetes manifests serve it on 8000
     http_port: int = 0
     served_model_name: str = ""  # the model id HTTP clients name; "" = --tokenizer's
+    # the chat template in place of the model's: a file, or the template's text, as
+    # vLLM's --chat-template takes it; "" = the model's
+    chat_template: str = ""
     # what an HTTP request's absent temperature, top_p, top_k, min_p and repetition_penalty
     # mean: model = the values the model's generation_config.json recommends, where it
     # names them (as vLLM and SGLang serve it), else the OpenAI API's; openai = the OpenAI
@@ -309,6 +312,10 @@ class RouterConfig:
     def __post_init__(self):
         if self.policy and self.policy_file:
             raise ValueError("policy and policy_file: name one")
+        if self.chat_template:
+            from specd.chat_template import read_chat_template
+
+            read_chat_template(self.chat_template)  # refused here if it cannot be read
         if self.sampling_defaults not in ("model", "openai"):
             raise ValueError(
                 f"sampling_defaults must be model or openai, got {self.sampling_defaults!r}"

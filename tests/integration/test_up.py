@@ -1,12 +1,14 @@
 """`specd up` as users run it: ready line, a request, clean stop on SIGTERM; a SIGKILLed
 drafter or verifier is restarted while the cluster keeps serving (issue #16)."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -159,9 +161,11 @@ def test_specd_up_keeps_serving_through_a_killed_drafter_and_a_killed_verifier(t
 def test_specd_up_runs_a_vllm_launch_command(tmp_path):
     """A vLLM user's launch flags as `specd up` serves them: the `--speculative-config`
     (an n-gram drafter that loads no draft model, and the k it names, past the verifier's
-    default of 8), `--port`, `--api-key` on both doors, `--served-model-name` and
-    `--max-model-len`."""
+    default of 8), `--port`, `--api-key` on both doors, `--served-model-name`,
+    `--max-model-len` and `--chat-template`."""
     model = save_tiny_cluster_model(tmp_path / "tiny")
+    template = tmp_path / "chat.jinja"
+    template.write_text("{% for m in messages %}<{{ m['content'] }}>{% endfor %}")
     spec = '{"method": "ngram", "num_speculative_tokens": 10, "prompt_lookup_max": 2}'
     router, http, key = free_port(), free_port(), "k3y-for-the-test"
     up = Up(
@@ -169,6 +173,7 @@ def test_specd_up_runs_a_vllm_launch_command(tmp_path):
         *("--router-port", str(router), "--drafter-port", str(free_port())),
         *("--verifier-port", str(free_port()), "--port", str(http), "--api-key", key),
         *("--served-model-name", "tiny-coder", "--max-model-len", "200"),
+        *("--chat-template", str(template)),
     )
     try:
         up.wait_for("specd is up", 120)
@@ -179,6 +184,14 @@ def test_specd_up_runs_a_vllm_launch_command(tmp_path):
             card = c.models.list().data[0].model_dump()
             with pytest.raises(openai.BadRequestError, match="context"):
                 c.completions.create(model="tiny-coder", prompt="a" * 10, max_tokens=195)
+        chat = [{"role": "user", "content": "hi"}, {"role": "user", "content": "yo"}]
+        asked = urllib.request.Request(
+            f"http://127.0.0.1:{http}/apply-template",  # llama-server's: the prompt rendered
+            data=json.dumps({"messages": chat}).encode(),
+            headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+        )
+        with urllib.request.urlopen(asked, timeout=30) as reply:
+            assert json.load(reply) == {"prompt": "<hi><yo>"}  # the template given
         assert card["draft"] == {"id": "ngram", "available": True, "max_draft_tokens": 10}
         assert (card["id"], card["max_model_len"]) == ("tiny-coder", 200)
         auth = [("authorization", f"Bearer {key}")]

@@ -30,10 +30,12 @@ def test_each_serving_flag_reaches_the_role_that_owns_it():
         *("--verifiers", "2", "--port", "9000", "--served-model-name", "coder"),
         *("--max-num-seqs", "4", "--max-model-len", "2048"),
         *("--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"),
+        *("--chat-template", "{{ messages[0]['content'] }}"),
     )
     router = c["router"]
     assert (router.http_port, router.served_model_name) == (9000, "coder")
     assert (router.tool_call_parser, router.reasoning_parser) == ("hermes", "qwen3")
+    assert router.chat_template == "{{ messages[0]['content'] }}"
     for verifier in (c["verifier"], c["verifier-2"]):
         assert (verifier.engine.max_batch_size, verifier.engine.max_model_len) == (4, 2048)
     # SGLang's and llama-server's names for the same

@@ -13,6 +13,8 @@ from transformers import AutoTokenizer
 from bench.prompts import WORKLOADS, load_conversations
 from router.tokenize_http import tokenizer_info
 from router.tokenizer import ChatTokenizer
+from specd.chat_template import read_chat_template
+from specd.config import RouterConfig
 from specd.models.catalog import DEFAULT_TARGET
 from tests.cluster import char_tokenizer
 from tests.conftest import real_model_or_skip
@@ -108,6 +110,39 @@ def test_a_template_that_raises_is_an_error_and_no_template_is_refused(tmp_path)
     (tmp_path / "chat_template.jinja").unlink()
     with pytest.raises(ValueError, match="no chat template"):
         ChatTokenizer(tmp_path).apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_a_template_given_in_place_of_the_models_renders_every_chat(tmp_path):
+    """vLLM's --chat-template: the template set on the tokenizer renders every chat from
+    then on, as transformers' does with its chat_template set, and is the one reported."""
+    char_tokenizer().save_pretrained(tmp_path)
+    ours, theirs = ChatTokenizer(tmp_path), AutoTokenizer.from_pretrained(tmp_path)
+    chat = [{"role": "user", "content": "hi"}]
+    before = ours.apply_chat_template(chat, tokenize=False)
+    ours.chat_template = theirs.chat_template = PICKY_TEMPLATE
+    assert ours.apply_chat_template(chat, tokenize=False) != before
+    for messages in CONVERSATIONS[::5]:
+        for tokenize in (True, False):
+            want = theirs.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=tokenize
+            )
+            want = list(want["input_ids"]) if hasattr(want, "keys") else want
+            assert ours.apply_chat_template(messages, True, tokenize=tokenize) == want
+    assert tokenizer_info(ours)["chat_template"] == PICKY_TEMPLATE
+
+
+def test_a_chat_template_is_read_from_a_file_or_as_its_text(tmp_path):
+    path = tmp_path / "tool_chat.jinja"
+    path.write_text(PICKY_TEMPLATE)
+    assert read_chat_template(str(path)) == PICKY_TEMPLATE
+    one_line = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}"
+    assert read_chat_template(one_line) == one_line
+    with pytest.raises(ValueError, match="no file 'chatml', and it is not a template's text"):
+        read_chat_template("chatml")
+    with pytest.raises(ValueError, match=r"^chat_template: line 1: .*endfor"):
+        read_chat_template("{% for m in messages %}")
+    with pytest.raises(ValueError, match="no file"):  # refused before a router starts
+        RouterConfig(chat_template=str(tmp_path / "missing.jinja"))
 
 
 TOOLS = [

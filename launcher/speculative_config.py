@@ -91,10 +91,9 @@ def sglang_config(given: dict) -> tuple[VllmSpeculativeConfig, int | None]:
     tree of depth num_steps with T - 1 drafts in all, where eagle_topk > 1. specd's tree
     hangs a draft's runner-up beside it: the T - 1 - k runner-ups of the first drafts."""
     for name, value in given.items():
-        least = 2 if name == "speculative_num_draft_tokens" else 1
-        if name != "speculative_algorithm" and name != "speculative_draft_model_path":
-            if value < least:
-                raise ValueError(f"{_flag(name)} must be >= {least}, got {value}")
+        least = 2 if name == "speculative_num_draft_tokens" else 1  # k + 1 at the least
+        if isinstance(value, int) and value < least:
+            raise ValueError(f"{_flag(name)} must be >= {least}, got {value}")
     algorithm = given.get("speculative_algorithm")
     if algorithm is None:
         raise ValueError("give --speculative-algorithm (STANDALONE or NGRAM) with the others")

@@ -222,7 +222,10 @@ def _add_up(sub) -> None:
     said = field_docs(VerifierConfig)
     up.add_argument("--dtype", default="", help=f"both models' {said['dtype']} (default: auto)")
     up.add_argument(
-        "--kv-dtype", default="", help=f"for both models, {said['kv_dtype']} (default: auto)"
+        "--kv-dtype",
+        "--kv-cache-dtype",
+        default="",
+        help=f"for both models, {said['kv_dtype']} (default: auto; vLLM's --kv-cache-dtype)",
     )
     for role in ("drafter", "verifier", "router"):
         up.add_argument(
@@ -276,6 +279,12 @@ def _add_serving_flags(up) -> None:
         "--chat-template-file",
         default="",
         help="in place of the model's: a file, or the template's text (the router's)",
+    )
+    serving.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="vLLM's, which specd does always: with tools and tool_choice auto, the model's "
+        "calls are parsed (--tool-call-parser)",
     )
     for flag in ("--tool-call-parser", "--reasoning-parser"):
         serving.add_argument(flag, default="", help="the router's (specd serve router --help)")

@@ -193,8 +193,16 @@ class DrafterConfig:
             raise ValueError(f"p_min must be in [0, 1], got {self.p_min}")
 
 
-# activations (specd.models.args.parse_dtype), with torch's spellings of the three
-DTYPES = ("auto", "bf16", "fp32", "fp16", "bfloat16", "float32", "float16")
+# activations (specd.models.args.parse_dtype), and the other spellings of the three that
+# torch and vLLM's --dtype take
+DTYPE_SPELLINGS = {
+    "bfloat16": "bf16",
+    "float32": "fp32",
+    "float": "fp32",
+    "float16": "fp16",
+    "half": "fp16",
+}
+DTYPES = ("auto", "bf16", "fp32", "fp16", *DTYPE_SPELLINGS)
 
 
 def _check_dtype(value: str) -> None:

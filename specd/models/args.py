@@ -7,6 +7,7 @@ from functools import cache
 
 import torch
 
+from specd.config import DTYPE_SPELLINGS
 from specd.models.native import cpu_isa
 
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral")
@@ -94,14 +95,8 @@ def default_dtype(device: torch.device) -> torch.dtype:
 def parse_dtype(name: str | None, device: torch.device) -> torch.dtype:
     if name in (None, "", "auto"):
         return default_dtype(device)
-    table = {
-        "bf16": torch.bfloat16,
-        "bfloat16": torch.bfloat16,
-        "fp32": torch.float32,
-        "float32": torch.float32,
-        "fp16": torch.float16,
-        "float16": torch.float16,
-    }
-    if name not in table:
+    table = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+    dtype = table.get(DTYPE_SPELLINGS.get(name, name))
+    if dtype is None:
         raise ValueError(f"unknown dtype {name!r}; use auto, bf16, fp32 or fp16")
-    return table[name]
+    return dtype

@@ -66,6 +66,12 @@ def test_invalid_values_are_refused_by_the_dataclass():
             _config(role, "--dtype=fp64")
     device = torch.device("cpu")  # every spelling the config takes is one the loader parses
     assert {parse_dtype(name, device) for name in DTYPES} >= {torch.float32, torch.float16}
+    # vLLM's --dtype spellings
+    assert (parse_dtype("half", device), parse_dtype("float", device)) == (
+        torch.float16,
+        torch.float32,
+    )
+    assert _config("verifier", "--dtype=half").dtype == "half"
 
 
 def test_a_refused_value_is_one_line_before_anything_starts(capsys):

@@ -29,7 +29,8 @@ def test_each_serving_flag_reaches_the_role_that_owns_it():
     c = _configs(
         *("--verifiers", "2", "--port", "9000", "--served-model-name", "coder"),
         *("--max-num-seqs", "4", "--max-model-len", "2048"),
-        *("--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"),
+        *("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),
+        *("--reasoning-parser", "qwen3", "--kv-cache-dtype", "fp16", "--dtype", "half"),
         *("--chat-template", "{{ messages[0]['content'] }}"),
     )
     router = c["router"]
@@ -38,6 +39,8 @@ def test_each_serving_flag_reaches_the_role_that_owns_it():
     assert router.chat_template == "{{ messages[0]['content'] }}"
     for verifier in (c["verifier"], c["verifier-2"]):
         assert (verifier.engine.max_batch_size, verifier.engine.max_model_len) == (4, 2048)
+    for model in (c["drafter"], c["verifier"]):
+        assert (model.dtype, model.kv_dtype) == ("half", "fp16")
     # SGLang's and llama-server's names for the same
     for flags in (
         ("--max-running-requests", "3", "--context-length", "512", "--alias", "x"),

@@ -281,6 +281,18 @@ def _add_serving_flags(up) -> None:
         help="in place of the model's: a file, or the template's text (the router's)",
     )
     serving.add_argument(
+        "--generation-config",
+        choices=["auto", "vllm"],
+        help="what a request's absent temperature, top_p, ... mean: auto, the model's "
+        "generation_config.json; vllm, the OpenAI API's (the router's --sampling-defaults "
+        "model or openai; default: the router's, model)",
+    )
+    serving.add_argument(
+        "--disable-log-stats",
+        action="store_true",
+        help="no stats lines in the verifiers' logs (their --log-stats-interval 0)",
+    )
+    serving.add_argument(
         "--enable-auto-tool-choice",
         action="store_true",
         help="vLLM's, which specd does always: with tools and tool_choice auto, the model's "

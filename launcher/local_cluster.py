@@ -14,6 +14,8 @@ from launcher.speculative_config import speculation
 from launcher.supervisor import Child, Supervisor
 
 CLI = (sys.executable, "-m", "launcher")  # how a child runs `specd`
+# vLLM's --generation-config: the model's generation_config.json, or vLLM's own defaults
+SAMPLING_DEFAULTS = {"auto": "model", "vllm": "openai"}
 
 
 def _serve(role: str, flags, extra=()) -> list[str]:
@@ -57,6 +59,7 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
             *model_flags,
             *spec.verifier_flags,
             *_given(args, max_batch_size="max_num_seqs", max_model_len="max_model_len"),
+            *(["--log-stats-interval", "0"] if args.disable_log_stats else []),
         )
         name = "verifier" if i == 0 else f"verifier-{i + 1}"
         children.append(Child(name, _serve("verifier", flags, args.verifier_flags), address))
@@ -73,6 +76,11 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
             chat_template="chat_template",
             tool_call_parser="tool_call_parser",
             reasoning_parser="reasoning_parser",
+        ),
+        *(
+            ["--sampling-defaults", SAMPLING_DEFAULTS[args.generation_config]]
+            if args.generation_config
+            else []
         ),
     )
     children.append(

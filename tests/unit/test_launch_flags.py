@@ -31,14 +31,17 @@ def test_each_serving_flag_reaches_the_role_that_owns_it():
         *("--max-num-seqs", "4", "--max-model-len", "2048"),
         *("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),
         *("--reasoning-parser", "qwen3", "--kv-cache-dtype", "fp16", "--dtype", "half"),
+        *("--generation-config", "vllm", "--disable-log-stats"),
         *("--chat-template", "{{ messages[0]['content'] }}"),
     )
     router = c["router"]
     assert (router.http_port, router.served_model_name) == (9000, "coder")
     assert (router.tool_call_parser, router.reasoning_parser) == ("hermes", "qwen3")
     assert router.chat_template == "{{ messages[0]['content'] }}"
+    assert router.sampling_defaults == "openai"  # vLLM's own defaults, not the model's
     for verifier in (c["verifier"], c["verifier-2"]):
         assert (verifier.engine.max_batch_size, verifier.engine.max_model_len) == (4, 2048)
+        assert verifier.log_stats_interval == 0
     for model in (c["drafter"], c["verifier"]):
         assert (model.dtype, model.kv_dtype) == ("half", "fp16")
     # SGLang's and llama-server's names for the same
@@ -57,6 +60,8 @@ def test_each_serving_flag_reaches_the_role_that_owns_it():
     c = _configs()
     assert (c["verifier"].engine.max_batch_size, c["verifier"].engine.max_model_len) == (16, 0)
     assert (c["router"].served_model_name, c["router"].auth_token_file) == ("", "")
+    assert (c["router"].sampling_defaults, c["verifier"].log_stats_interval) == ("model", 10.0)
+    assert _configs("--generation-config", "auto")["router"].sampling_defaults == "model"
 
 
 def test_the_api_key_reaches_the_router_in_a_file_only_its_user_reads():

@@ -264,6 +264,14 @@ def _add_serving_flags(up) -> None:
         help="sequences each verifier runs at once (its --max-batch-size; default 0: its own)",
     )
     serving.add_argument(
+        "--max-num-batched-tokens",
+        "--chunked-prefill-size",
+        type=int,
+        default=0,
+        help="tokens a verifier's forward feeds at most, prompt chunks and verification (its "
+        "--max-batched-tokens; default 0: its own, 128 on a CPU, 512 on a GPU)",
+    )
+    serving.add_argument(
         "--max-model-len",
         "--context-length",
         "--ctx-size",

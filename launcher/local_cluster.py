@@ -58,7 +58,12 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
             drafter,
             *model_flags,
             *spec.verifier_flags,
-            *_given(args, max_batch_size="max_num_seqs", max_model_len="max_model_len"),
+            *_given(
+                args,
+                max_batch_size="max_num_seqs",
+                max_batched_tokens="max_num_batched_tokens",
+                max_model_len="max_model_len",
+            ),
             *(["--log-stats-interval", "0"] if args.disable_log_stats else []),
         )
         name = "verifier" if i == 0 else f"verifier-{i + 1}"

@@ -28,7 +28,7 @@ def test_the_model_flags_of_vllm_sglang_and_llama_server_name_the_pair():
 def test_each_serving_flag_reaches_the_role_that_owns_it():
     c = _configs(
         *("--verifiers", "2", "--port", "9000", "--served-model-name", "coder"),
-        *("--max-num-seqs", "4", "--max-model-len", "2048"),
+        *("--max-num-seqs", "4", "--max-model-len", "2048", "--max-num-batched-tokens", "256"),
         *("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),
         *("--reasoning-parser", "qwen3", "--kv-cache-dtype", "fp16", "--dtype", "half"),
         *("--generation-config", "vllm", "--disable-log-stats"),
@@ -42,6 +42,9 @@ def test_each_serving_flag_reaches_the_role_that_owns_it():
     for verifier in (c["verifier"], c["verifier-2"]):
         assert (verifier.engine.max_batch_size, verifier.engine.max_model_len) == (4, 2048)
         assert verifier.log_stats_interval == 0
+        assert verifier.engine.max_batched_tokens == 256
+    sglang = _configs("--chunked-prefill-size", "64")["verifier"]
+    assert sglang.engine.max_batched_tokens == 64
     for model in (c["drafter"], c["verifier"]):
         assert (model.dtype, model.kv_dtype) == ("half", "fp16")
     # SGLang's and llama-server's names for the same

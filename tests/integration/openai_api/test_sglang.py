@@ -292,7 +292,12 @@ def test_get_load_tells_each_replicas_requests_and_tokens_as_sglangs_gateway_rea
     """GET /get_load, SGLang's per-rank list (its Model Gateway balances on `num_tokens`):
     one entry per replica, a request counted with its KV tokens while it streams, and
     nothing held once every request ended."""
-    loads = wait_for(lambda: _loads(cluster), lambda ls: len(ls) == 2)
+
+    def idle(loads: list[dict]) -> bool:
+        return len(loads) == 2 and sum(x["num_reqs"] for x in loads) == 0
+
+    # the earlier tests' requests gone from the replicas' reports (each up to 100 ms old)
+    loads = wait_for(lambda: _loads(cluster), idle)
     assert [x["dp_rank"] for x in loads] == [0, 1]
     assert set(loads[0]) == {"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens"}
     body = {"text": "abc" * 40, "sampling_params": {**GREEDY, "max_new_tokens": 380}}
@@ -309,8 +314,8 @@ def test_get_load_tells_each_replicas_requests_and_tokens_as_sglangs_gateway_rea
         assert sum(x["num_reqs"] for x in busy) == 1
         assert all(x["num_tokens"] % 4 == 0 for x in busy)
         stream.read()
-    idle = wait_for(lambda: _loads(cluster), lambda ls: sum(x["num_reqs"] for x in ls) == 0)
-    assert all(x["num_tokens"] == 0 for x in idle), idle
+    after = wait_for(lambda: _loads(cluster), idle)
+    assert all(x["num_tokens"] == 0 for x in after), after
 
 
 def wait_for(read, done, timeout: float = 10.0):

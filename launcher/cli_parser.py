@@ -249,7 +249,7 @@ def _add_serving_flags(up) -> None:
         "--api-key",
         default="",
         help="clients send it as a bearer token, on both doors (the router reads it from a "
-        "private file specd up writes)",
+        "private file specd up writes; default: $SPECD_API_KEY, else none)",
     )
     serving.add_argument(
         "--served-model-name", "--alias", "-a", default="", help="the model id HTTP clients name"

@@ -10,7 +10,7 @@ import stat
 import pytest
 
 from launcher.cli_parser import build_parser, serve_config
-from launcher.local_cluster import CLI, _token_file, cluster_children
+from launcher.local_cluster import CLI, _token_file, api_key, cluster_children
 from specd.config import ConfigError
 
 
@@ -77,6 +77,15 @@ def test_the_api_key_reaches_the_router_in_a_file_only_its_user_reads():
     assert not os.path.exists(path) and not os.path.exists(os.path.dirname(path))
     with _token_file("") as path:
         assert path == ""
+
+
+def test_the_api_key_may_come_from_the_environment_and_the_flag_wins(monkeypatch):
+    parse = build_parser().parse_args
+    monkeypatch.delenv("SPECD_API_KEY", raising=False)
+    assert api_key(parse(["up"])) == ""
+    monkeypatch.setenv("SPECD_API_KEY", "from-env")
+    assert api_key(parse(["up"])) == "from-env"
+    assert api_key(parse(["up", "--api-key", "given"])) == "given"
 
 
 def test_a_flag_set_both_ways_is_refused():

@@ -85,7 +85,8 @@ def _generate(args) -> int:
         kwargs["prompt"] = args.prompt
     else:
         kwargs["messages"] = [{"role": "user", "content": args.prompt}]
-    metadata = [("authorization", f"Bearer {args.auth_token}")] if args.auth_token else None
+    token = args.auth_token or os.environ.get("SPECD_API_KEY", "")  # as `specd up` takes it
+    metadata = [("authorization", f"Bearer {token}")] if token else None
     kwargs["metadata"] = metadata
     with SpecdClient(args.address, tls_ca=args.tls_ca) as client:
         try:

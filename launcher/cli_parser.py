@@ -114,7 +114,11 @@ def _add_generate(sub) -> None:
     gen.add_argument("--stop", action="append", help="a stop string (repeat for several)")
     gen.add_argument("--raw", action="store_true", help="no chat template")
     gen.add_argument("--tls-ca", default="", help="PEM of the router's CA (TLS)")
-    gen.add_argument("--auth-token", default="", help="bearer token, if the router wants one")
+    gen.add_argument(
+        "--auth-token",
+        default="",
+        help="bearer token, if the router wants one (default: $SPECD_API_KEY, else none)",
+    )
 
 
 def _add_health(sub) -> None:

@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from bench.faults import Up
+from launcher.cli import main
 from launcher.processes import free_port
 from router.client import SpecdClient
 from specd.channels import check_health
@@ -158,7 +159,7 @@ def test_specd_up_keeps_serving_through_a_killed_drafter_and_a_killed_verifier(t
         assert not check_health(f"127.0.0.1:{port}", timeout=0.5)
 
 
-def test_specd_up_runs_a_vllm_launch_command(tmp_path):
+def test_specd_up_runs_a_vllm_launch_command(tmp_path, monkeypatch, capsys):
     """A vLLM user's launch flags as `specd up` serves them: the `--speculative-config`
     (an n-gram drafter that loads no draft model, and the k it names, past the verifier's
     default of 8), `--port`, `--api-key` on both doors, `--served-model-name`,
@@ -209,6 +210,13 @@ def test_specd_up_runs_a_vllm_launch_command(tmp_path):
             )
         assert r.speculation.num_draft_tokens == 10  # every route's k, chat's 3 included
         assert r.speculation.rounds > 0, r.speculation
+        # `specd generate` sends the key from $SPECD_API_KEY, as `specd up` reads it
+        asked = ["generate", "--address", f"127.0.0.1:{router}", "--max-new-tokens", "4", "ab"]
+        monkeypatch.delenv("SPECD_API_KEY", raising=False)
+        assert main(asked) == 1
+        assert "UNAUTHENTICATED" in capsys.readouterr().err
+        monkeypatch.setenv("SPECD_API_KEY", key)
+        assert main(asked) == 0
     finally:
         code = up.stop(60)
     assert code == 0, up.text()[-3000:]

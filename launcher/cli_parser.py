@@ -137,7 +137,9 @@ _EXAMPLE_FLAGS = {
 
 
 def _add_up(sub) -> None:
-    up = sub.add_parser("up", help="drafter + verifier + router on localhost")
+    # no abbreviations: a peer's flag that is a prefix of one here (llama-server's -n, its
+    # n_predict, of -np) is refused, not taken as another
+    up = sub.add_parser("up", help="drafter + verifier + router on localhost", allow_abbrev=False)
     models = "catalogue name, Hugging Face folder, .gguf file or hub id (default: %(default)s)"
     up.add_argument(
         "--target",
@@ -274,6 +276,15 @@ def _add_serving_flags(up) -> None:
         default=0,
         help="tokens a verifier's forward feeds at most, prompt chunks and verification (its "
         "--max-batched-tokens; default 0: its own, 128 on a CPU, 512 on a GPU)",
+    )
+    serving.add_argument(
+        "--n-predict",
+        "--predict",
+        "-n",
+        type=int,
+        default=0,
+        help="the tokens a request that names no limit generates at most, -1: what the context "
+        "leaves (the router's --default-max-new-tokens; default 0: its own, 256)",
     )
     serving.add_argument(
         "--max-model-len",

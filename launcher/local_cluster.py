@@ -78,6 +78,7 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
         *_given(
             args,
             served_model_name="served_model_name",
+            default_max_new_tokens="n_predict",
             chat_template="chat_template",
             tool_call_parser="tool_call_parser",
             reasoning_parser="reasoning_parser",

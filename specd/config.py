@@ -324,6 +324,11 @@ class RouterConfig:
             from specd.chat_template import read_chat_template
 
             read_chat_template(self.chat_template)  # refused here if it cannot be read
+        if self.default_max_new_tokens < 1 and self.default_max_new_tokens != -1:
+            raise ValueError(
+                "default_max_new_tokens must be >= 1, or -1: what the context leaves; got "
+                f"{self.default_max_new_tokens}"
+            )
         if self.sampling_defaults not in ("model", "openai"):
             raise ValueError(
                 f"sampling_defaults must be model or openai, got {self.sampling_defaults!r}"

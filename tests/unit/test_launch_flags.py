@@ -43,10 +43,15 @@ def test_each_serving_flag_reaches_the_role_that_owns_it():
         assert (verifier.engine.max_batch_size, verifier.engine.max_model_len) == (4, 2048)
         assert verifier.log_stats_interval == 0
         assert verifier.engine.max_batched_tokens == 256
-    sglang = _configs("--chunked-prefill-size", "64")["verifier"]
-    assert sglang.engine.max_batched_tokens == 64
     for model in (c["drafter"], c["verifier"]):
         assert (model.dtype, model.kv_dtype) == ("half", "fp16")
+    sglang = _configs("--chunked-prefill-size", "64")["verifier"]
+    assert sglang.engine.max_batched_tokens == 64
+    # llama-server's -n is its n_predict, not a prefix of -np; -1: what the context leaves
+    for flags, want in ((("-n", "128"), 128), (("--n-predict", "-1"), -1), ((), 256)):
+        llama = _configs(*flags)
+        router, verifier = llama["router"], llama["verifier"]
+        assert (router.default_max_new_tokens, verifier.engine.max_batch_size) == (want, 16)
     # SGLang's and llama-server's names for the same
     for flags in (
         ("--max-running-requests", "3", "--context-length", "512", "--alias", "x"),
@@ -97,3 +102,8 @@ def test_a_flag_set_both_ways_is_refused():
         cluster_children(up)
     with pytest.raises(ConfigError, match="max_model_len must be >= 0, got -1"):
         _configs("--max-model-len", "-1")
+    with pytest.raises(ConfigError, match="default_max_new_tokens must be >= 1, or -1"):
+        _configs("-n", "-2")
+    # no abbreviation stands for another flag (--max-model is not --max-model-len)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["up", "--max-model", "10"])

@@ -17,6 +17,7 @@ from specd.config import (
 )
 from specd.models.catalog import ALIASES, CATALOG, MODEL_SETS
 
+DEFAULT_TARGET = "default-target"  # specd up's target where none is named
 ROLES = {"drafter": DrafterConfig, "verifier": VerifierConfig, "router": RouterConfig}
 
 BENCHES = {  # `specd bench KIND` -> the module whose main() runs it
@@ -146,9 +147,17 @@ def _add_up(sub) -> None:
         "--model",
         "--model-path",
         "-m",
-        default="default-target",
+        default=DEFAULT_TARGET,
+        action=_Target,
         help=f"the target model (vLLM's --model, SGLang's --model-path, llama-server's -m): "
         f"{models}",
+    )
+    up.add_argument(
+        "model_tag",
+        nargs="?",
+        metavar="MODEL",
+        action=_Target,
+        help="the target model, as `vllm serve MODEL` names it (the same as --target)",
     )
     up.add_argument(
         "--draft",
@@ -243,6 +252,19 @@ def _add_up(sub) -> None:
             f"string after `=` (`specd serve {role} --help` lists them; not one specd up "
             f"sets itself), e.g. --{role}-flags={_EXAMPLE_FLAGS[role]}",
         )
+
+
+class _Target(argparse.Action):
+    """`specd up`'s target, from `--target` (or its peers' names) or `vllm serve`'s place
+    for it: named twice, the names must agree."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        if value is None:  # the place left empty
+            return
+        named = getattr(namespace, "target", DEFAULT_TARGET)
+        if named not in (DEFAULT_TARGET, value):
+            parser.error(f"the target model named twice: {named} and {value}")
+        namespace.target = value
 
 
 def _add_serving_flags(up) -> None:

@@ -25,6 +25,15 @@ def test_the_model_flags_of_vllm_sglang_and_llama_server_name_the_pair():
         assert (c["verifier"].model, c["drafter"].model) == ("small", "small-draft")
 
 
+def test_the_target_may_take_vllm_serves_place_and_is_named_once():
+    c = _configs("small", "--http-port", "0")  # `vllm serve MODEL ...`
+    assert (c["verifier"].model, c["router"].tokenizer) == ("small", "small")
+    assert _configs("small", "--target", "small")["verifier"].model == "small"  # agreeing
+    for flags in (("small", "--model", "x"), ("-m", "x", "small")):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["up", *flags])
+
+
 def test_each_serving_flag_reaches_the_role_that_owns_it():
     c = _configs(
         *("--verifiers", "2", "--port", "9000", "--served-model-name", "coder"),

@@ -28,13 +28,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from opentelemetry import trace
 
-from specd.config import (
-    DEFAULT_KV_BYTES,
-    EngineConfig,
-    batched_tokens,
-    chunk_invariant,
-    prefix_cache_on,
-)
+from specd.config import EngineConfig, batched_tokens, chunk_invariant, prefix_cache_on
 from specd.grammar import Grammars, GrammarState
 from specd.models.paged_kv import PagedKV
 from specd.proposal import Proposer
@@ -52,25 +46,12 @@ from verifier_service.records import (
 from verifier_service.request import Request
 from verifier_service.scheduler import Scheduler
 from verifier_service.sequence import Sequence, SpecStats, StepOutput
+from verifier_service.sizing import context_and_blocks, graph_rows
 from verifier_service.speculation import SpeculationControl
 from verifier_service.tree import moves
 from verifier_service.verify import Verdict, verify_rounds
 
 log = logging.getLogger(__name__)
-
-
-def graph_rows(config: EngineConfig) -> int:
-    """The most rows a decode/verification step feeds: every sequence at the largest k,
-    plus the tree's leaves (CUDA graphs are captured up to it)."""
-    rows = config.max_batch_size * (config.max_draft_tokens + 1) + config.max_tree_tokens
-    return min(rows, config.max_batched_tokens)
-
-
-def default_blocks(model, block_size: int, context: int) -> int:
-    """The KV pool unless sized: room for a request's whole context (a request of that
-    many tokens and the slot admission adds), within DEFAULT_KV_BYTES."""
-    blocks = -(-(context + 1) // block_size)
-    return min(blocks, PagedKV.blocks_for_budget(model, DEFAULT_KV_BYTES, block_size))
 
 
 @dataclass
@@ -136,17 +117,8 @@ class Engine:
         config = config or EngineConfig()
         device = torch.device(model.device).type
         self.config = replace(config, max_batched_tokens=batched_tokens(config, device))
-        # a request's prompt + generation at most: the model's context, or less if asked
-        self.context = min(
-            model.args.max_position_embeddings,
-            self.config.max_model_len or model.args.max_position_embeddings,
-        )
-        bs, budget = self.config.block_size, self.config.kv_cache_bytes
-        num_blocks = self.config.num_blocks or (
-            PagedKV.blocks_for_budget(model, budget, bs)
-            if budget
-            else default_blocks(model, bs, self.context)
-        )
+        self.context, num_blocks = context_and_blocks(model, self.config)
+        bs = self.config.block_size
         if model.gpu is not None and not self.config.batch_invariant:
             model.gpu.tile = 0  # one GEMM a step: faster, a row's bits depend on the batch
         prefix_cache = prefix_cache_on(self.config.prefix_cache, model)

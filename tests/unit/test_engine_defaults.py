@@ -89,7 +89,7 @@ def test_the_kv_pool_holds_the_models_context_unless_sized_in_blocks_or_bytes(
     engine = Engine(target, EngineConfig(max_model_len=100))
     assert (engine.max_context(), engine.kv.allocator.num_blocks) == (100, -(-101 // 16))
     # within DEFAULT_KV_BYTES
-    monkeypatch.setattr("verifier_service.engine.DEFAULT_KV_BYTES", per_block * 10)
+    monkeypatch.setattr("verifier_service.sizing.DEFAULT_KV_BYTES", per_block * 10)
     assert Engine(target, EngineConfig()).kv.allocator.num_blocks == 10
     for config, blocks in (
         (EngineConfig(kv_cache_bytes=per_block * 100 + 1), 100),

@@ -10,6 +10,7 @@ import os
 import sys
 
 from launcher.cli_parser import BENCHES, ROLES, build_parser
+from launcher.peer_flags import api_key
 from specd.config import ConfigError, from_arguments
 from specd.models.resolve import ModelNotFound
 from specd.openmp import settle_spinning, settle_threads, too_late
@@ -85,7 +86,7 @@ def _generate(args) -> int:
         kwargs["prompt"] = args.prompt
     else:
         kwargs["messages"] = [{"role": "user", "content": args.prompt}]
-    token = args.auth_token or os.environ.get("SPECD_API_KEY", "")  # as `specd up` takes it
+    token = api_key(args.auth_token)  # as `specd up` takes it
     metadata = [("authorization", f"Bearer {token}")] if token else None
     kwargs["metadata"] = metadata
     with SpecdClient(args.address, tls_ca=args.tls_ca) as client:

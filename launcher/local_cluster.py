@@ -10,6 +10,7 @@ import socket
 import sys
 import tempfile
 
+from launcher.peer_flags import api_key
 from launcher.speculative_config import speculation
 from launcher.supervisor import Child, Supervisor
 
@@ -145,14 +146,8 @@ def _listen(host: str, port: int) -> tuple[str, ...]:
     return ("--host", host, "--port", str(port))
 
 
-def api_key(args) -> str:
-    """The bearer token clients must send: `--api-key`, else $SPECD_API_KEY (which keeps it
-    off `specd up`'s own command line), else none."""
-    return args.api_key or os.environ.get("SPECD_API_KEY", "")
-
-
 def run_local_cluster(args) -> int:
-    with _token_file(api_key(args)) as token_file:
+    with _token_file(api_key(args.api_key)) as token_file:
         return _run_local_cluster(args, token_file)
 
 

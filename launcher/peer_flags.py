@@ -5,8 +5,15 @@ hands them on) and SGLang's speculative flags (launcher.speculative_config reads
 from __future__ import annotations
 
 import argparse
+import os
 
 DEFAULT_TARGET = "default-target"  # specd up's target where none is named
+
+
+def api_key(given: str) -> str:
+    """The bearer token: the one given (`--api-key`, `--auth-token`), else $SPECD_API_KEY
+    (which keeps it off the command line, as vLLM's VLLM_API_KEY), else none."""
+    return given or os.environ.get("SPECD_API_KEY", "")
 
 
 class Target(argparse.Action):

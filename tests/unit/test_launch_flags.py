@@ -10,7 +10,8 @@ import stat
 import pytest
 
 from launcher.cli_parser import build_parser, serve_config
-from launcher.local_cluster import CLI, _token_file, api_key, cluster_children
+from launcher.local_cluster import CLI, _token_file, cluster_children
+from launcher.peer_flags import api_key
 from specd.config import ConfigError
 
 
@@ -96,10 +97,10 @@ def test_the_api_key_reaches_the_router_in_a_file_only_its_user_reads():
 def test_the_api_key_may_come_from_the_environment_and_the_flag_wins(monkeypatch):
     parse = build_parser().parse_args
     monkeypatch.delenv("SPECD_API_KEY", raising=False)
-    assert api_key(parse(["up"])) == ""
+    assert api_key(parse(["up"]).api_key) == ""
     monkeypatch.setenv("SPECD_API_KEY", "from-env")
-    assert api_key(parse(["up"])) == "from-env"
-    assert api_key(parse(["up", "--api-key", "given"])) == "given"
+    assert api_key(parse(["up"]).api_key) == "from-env"
+    assert api_key(parse(["up", "--api-key", "given"]).api_key) == "given"
 
 
 def test_a_flag_set_both_ways_is_refused():

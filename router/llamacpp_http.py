@@ -112,7 +112,10 @@ class LlamaCppRoutes:
             bias = self._bias(body)
             preps = []
             for ids in prompts:
-                grpc = to_request(body.completion_body(ids, bias), headers.get("x-speculation", ""))
+                grpc = to_request(
+                    body.completion_body(ids, bias, self.door.overrides),
+                    headers.get("x-speculation", ""),
+                )
                 preps.append(self.router.prepare(grpc, headers, request_timeout(headers)))
         except BodyError as exc:
             return error_response(400, str(exc), exc.param)

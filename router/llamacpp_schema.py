@@ -30,6 +30,9 @@ from router.llamacpp_sampling import LlamaSamplers
 from router.openai_schema import CompletionBody
 from specd.params import MAX_LOGPROBS
 
+# the samplers whose defaults a server's overrides set here too (a repetition penalty is
+# llama.cpp's own, over a window: off unless a body names it)
+OVERRIDABLE = ("temperature", "top_k", "top_p", "min_p")
 BATCH = 2048  # llama-server's batch: /infill keeps 3/4 of it for the prefix, 1/4 the suffix
 LIMITLESS = -1
 
@@ -80,17 +83,20 @@ class LlamaCompletionBody(Request, LlamaSamplers):
         several = isinstance(p, list) and p and all(isinstance(x, (str, list)) for x in p)
         return list(p) if several else [p]
 
-    def completion_body(self, prompt_ids: list[int], bias: dict[int, float]) -> CompletionBody:
+    def completion_body(
+        self, prompt_ids: list[int], bias: dict[int, float], overrides: dict | None = None
+    ) -> CompletionBody:
         """The OpenAI completion of `prompt_ids` with this body's sampling: its samplers
-        named, so that the OpenAI door's own mapping of them applies (LlamaSamplers.chain)."""
+        named, so that the OpenAI door's own mapping of them applies (LlamaSamplers.chain);
+        a sampler the body leaves out takes the server's `overrides` (as llama-server's
+        --temp, --top-k, ... set its defaults) where they name it, else llama-server's."""
+        given = {**(overrides or {}), **self.model_dump(include=self.model_fields_set)}
+        sampler = {k: given.get(k, getattr(self, k)) for k in OVERRIDABLE}
         return CompletionBody.model_construct(
             model="",
             prompt=prompt_ids,
             max_tokens=self.max_new_tokens(),
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            min_p=self.min_p,
+            **sampler,
             samplers=self.sampler_names(),
             seed=self.seed if self.seed >= 0 else None,
             stop=list(self.stop),

@@ -87,6 +87,7 @@ class OpenAIDoor:
         tool_call_parser: str = "auto",
         reasoning_parser: str = "",
         structured_outputs_in_reasoning: bool = False,
+        overrides: dict | None = None,
     ):
         """`model`: the id clients name (and /v1/models lists); `aliases`: other names
         accepted for it; `token`: the bearer token ("" = open); `registry`: the router's
@@ -94,10 +95,13 @@ class OpenAIDoor:
         `sampling`: what a body's absent sampling fields mean; `tool_call_parser`: the
         format of the model's tool calls (`router.tools.call_format`); `reasoning_parser`:
         how its thinking is read apart (`router.reasoning`; "" = it is not), and a chat's
-        constraint held after it unless `structured_outputs_in_reasoning`."""
+        constraint held after it unless `structured_outputs_in_reasoning`; `overrides`: the
+        server's own sampling defaults (in `sampling` already), which llama-server's
+        endpoints take over its defaults too."""
         self.router = router
         self.registry = registry
         self.sampling = sampling
+        self.overrides = overrides or {}
         self.model = model
         self.names = {model, *aliases}
         self._expected = f"Bearer {token}".encode() if token else b""

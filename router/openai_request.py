@@ -17,6 +17,7 @@ from router.fim import infill_prompt
 from router.openai_schema import Body, ChatBody, ChatMessage
 from router.sglang_fields import salt
 from router.tools import ToolUse
+from specd.params import DEFAULTABLE, valid_default
 
 log = logging.getLogger(__name__)
 
@@ -43,17 +44,10 @@ class SamplingDefaults:
         except (OSError, ValueError) as exc:
             log.warning("%s unreadable (%s): the OpenAI API's sampling defaults", path, exc)
             return cls()
-        valid = {  # a value a request could not send is not taken (a 400 for a request)
-            "temperature": lambda v: v >= 0,
-            "top_p": lambda v: 0 < v <= 1,
-            "top_k": lambda v: isinstance(v, int) and v >= -1,
-            "min_p": lambda v: 0 <= v <= 1,
-            "repetition_penalty": lambda v: v > 0,
-        }
         found = {}
-        for name, ok in valid.items():
+        for name in DEFAULTABLE:  # a value a request could not send is not taken
             value = config.get(name)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and ok(value):
+            if valid_default(name, value):
                 found[name] = value
             elif value is not None:
                 log.warning("%s: %s = %r ignored", path, name, value)

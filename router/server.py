@@ -4,6 +4,7 @@ request path is `router.generation.Router`."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import anyio
@@ -14,6 +15,7 @@ from router.policy import PolicyError, routing_policy
 from router.prepare import Prepared, RequestError
 from router.replicas import ReplicaSet
 from router.tokenizer import ChatTokenizer
+from specd.params import sampling_overrides
 from specd.wire import ERROR_CODE_KEY
 
 log = logging.getLogger(__name__)
@@ -183,6 +185,10 @@ async def _start_http(config, router: Router, token: str, registry):
     sampling = OPENAI_DEFAULTS
     if config.sampling_defaults == "model":
         sampling = SamplingDefaults.from_folder(resolve(config.tokenizer))
+    overrides = sampling_overrides(config.override_generation_config)
+    if overrides:
+        sampling = dataclasses.replace(sampling, **overrides)
+        log.info("sampling defaults overridden for fields a request leaves out: %s", overrides)
     door = OpenAIDoor(
         router,
         model,
@@ -193,6 +199,7 @@ async def _start_http(config, router: Router, token: str, registry):
         config.tool_call_parser,
         config.reasoning_parser,
         config.structured_outputs_in_reasoning,
+        overrides,
     )
     runner, port = await start(
         door,

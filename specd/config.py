@@ -8,6 +8,7 @@ import re
 import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 
+from specd.params import sampling_overrides
 from specd.speculation_config import SpeculationConfig
 
 # how a drafter may draft (the drafter's `--proposer`, a route's `proposer`)
@@ -305,6 +306,10 @@ class RouterConfig:
     # names them (as vLLM and SGLang serve it), else the OpenAI API's; openai = the OpenAI
     # API's (temperature 1, the rest off)
     sampling_defaults: str = "model"
+    # vLLM's: a JSON object of defaults over those, e.g. {"temperature": 0.2} (any of
+    # temperature, top_p, top_k, min_p, repetition_penalty); on llama-server's /completion
+    # and /infill over its own defaults too
+    override_generation_config: str = ""
     # how the model writes a tool call, for `tool_choice: auto` (vLLM's flag): hermes,
     # llama3_json, or auto = the format its chat template teaches
     tool_call_parser: str = "auto"
@@ -329,6 +334,7 @@ class RouterConfig:
                 "default_max_new_tokens must be >= 1, or -1: what the context leaves; got "
                 f"{self.default_max_new_tokens}"
             )
+        sampling_overrides(self.override_generation_config)  # refused here if malformed
         if self.sampling_defaults not in ("model", "openai"):
             raise ValueError(
                 f"sampling_defaults must be model or openai, got {self.sampling_defaults!r}"

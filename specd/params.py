@@ -3,6 +3,7 @@ so the router validates requests without loading torch)."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -87,3 +88,41 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and not 0 <= value <= MAX_LOGPROBS:
                 raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}")
+
+
+# the sampling fields a server may give a default for (a model's generation_config.json,
+# vLLM's --override-generation-config), with the values a request could send for each
+DEFAULTABLE = {
+    "temperature": lambda v: math.isfinite(v) and v >= 0,
+    "top_p": lambda v: 0 < v <= 1,
+    "top_k": lambda v: isinstance(v, int) and v >= -1,  # -1 or 0: off
+    "min_p": lambda v: 0 <= v <= 1,
+    "repetition_penalty": lambda v: math.isfinite(v) and v > 0,
+}
+
+
+def valid_default(name: str, value) -> bool:
+    """Whether `value` may be the default of the sampling field `name` (DEFAULTABLE)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return name in DEFAULTABLE and number and DEFAULTABLE[name](value)
+
+
+def sampling_overrides(text: str) -> dict[str, float]:
+    """vLLM's --override-generation-config: a JSON object of sampling defaults ("" = none),
+    as a dict; ValueError names a key or value a request could not send."""
+    if not text:
+        return {}
+    try:
+        given = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"override_generation_config is not JSON: {exc}") from None
+    if not isinstance(given, dict):
+        raise ValueError("override_generation_config must be a JSON object")
+    for name, value in given.items():
+        if name not in DEFAULTABLE:
+            raise ValueError(
+                f"override_generation_config: {name!r} is not one of {', '.join(DEFAULTABLE)}"
+            )
+        if not valid_default(name, value):
+            raise ValueError(f"override_generation_config: {name} = {value!r} is out of range")
+    return given

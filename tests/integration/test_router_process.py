@@ -79,3 +79,44 @@ def test_absent_sampling_fields_take_the_models_recommended_values(tmp_path):
     finally:
         for p in (front, target):
             p.stop()
+
+
+def test_the_servers_sampling_overrides_fill_what_a_request_leaves_out(tmp_path):
+    """vLLM's --override-generation-config over the model's recommended temperature 0: an
+    OpenAI request that names no temperature samples at the override's 1.0 (two seeds, two
+    answers); llama-server's /completion takes the override's top_k 1 over its own 40, so
+    it is greedy whatever its seed, as llama-server's --top-k 1 makes it."""
+    import json
+    import urllib.request
+
+    model = save_tiny_cluster_model(tmp_path / "tiny")
+    config = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps(config | {"temperature": 0.0}))
+    target = verifier(model, tmp_path).start()
+    http = free_port()
+    overrides = json.dumps({"temperature": 1.0, "top_k": 1})
+    extra = ("--http-port", str(http), "--override-generation-config", overrides)
+    front = router(model, tmp_path, target, extra=extra).start()
+
+    def post(path: str, body: dict) -> dict:
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{http}{path}", json.dumps(body).encode(), {}
+        )
+        with urllib.request.urlopen(req, timeout=60) as reply:
+            return json.load(reply)
+
+    def complete(**fields) -> str:
+        body = {"model": str(model), "prompt": "abc", "max_tokens": 16, "ignore_eos": True}
+        return post("/v1/completions", body | fields)["choices"][0]["text"]
+
+    def llama(**fields) -> str:
+        body = {"prompt": "abc", "n_predict": 16, "ignore_eos": True}
+        return post("/completion", body | fields)["content"]
+
+    try:
+        assert complete(top_k=0, seed=1) != complete(top_k=0, seed=2)  # temperature 1.0
+        assert complete(top_k=0, seed=1) == complete(top_k=0, seed=1, temperature=1.0)
+        assert {llama(seed=seed) for seed in (1, 2, 3)} == {llama(temperature=0)}
+    finally:
+        for p in (front, target):
+            p.stop()

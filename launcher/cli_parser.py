@@ -4,9 +4,16 @@ specd/cli.py); the services' flags are derived from their config classes."""
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 
-from launcher.peer_flags import DEFAULT_TARGET, Target, add_serving_flags, add_sglang_flags
+from launcher.peer_flags import (
+    DEFAULT_TARGET,
+    Target,
+    add_device_flags,
+    add_serving_flags,
+    add_sglang_flags,
+)
 from specd.config import (
     PROPOSERS,
     DrafterConfig,
@@ -44,8 +51,26 @@ BENCHES = {  # `specd bench KIND` -> the module whose main() runs it
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's, which with `whole_flags` (`specd up`) refuses a single-dash word that is
+    none of its flags, where argparse reads it as a flag and its value glued: llama-server's
+    -mlock as -m lock (a value glued to a short flag, such as -c4096, is still taken)."""
+
+    whole_flags = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        words = list(args or ()) if self.whole_flags else []
+        for arg in words[: words.index("--")] if "--" in words else words:
+            if (
+                re.fullmatch(r"-[A-Za-z][A-Za-z_-]+", arg)
+                and arg not in self._option_string_actions
+            ):
+                self.error(f"unrecognized argument: {arg} (see specd {self.prog.split()[-1]} -h)")
+        return super().parse_known_args(args, namespace)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="specd",
         description="speculative decoding services: models, up, serve, generate, health, "
         "run-batch, bench",
@@ -141,6 +166,7 @@ def _add_up(sub) -> None:
     # no abbreviations: a peer's flag that is a prefix of one here (llama-server's -n, its
     # n_predict, of -np) is refused, not taken as another
     up = sub.add_parser("up", help="drafter + verifier + router on localhost", allow_abbrev=False)
+    up.whole_flags = True
     models = "catalogue name, Hugging Face folder, .gguf file or hub id (default: %(default)s)"
     up.add_argument(
         "--target",
@@ -214,6 +240,7 @@ def _add_up(sub) -> None:
     )
     add_sglang_flags(up)
     add_serving_flags(up)
+    add_device_flags(up)
     up.add_argument(
         "--draft-p-min",
         type=float,
@@ -230,9 +257,14 @@ def _add_up(sub) -> None:
     )
     up.add_argument(
         "--verifiers",
+        "--data-parallel-size",
+        "-dp",
+        "--dp-size",
+        "--dp",
         type=int,
         default=1,
-        help="verifier replicas (ports from --verifier-port; %(default)s)",
+        help="verifier replicas (ports from --verifier-port; vLLM's --data-parallel-size, "
+        "SGLang's --dp-size; %(default)s)",
     )
     said = field_docs(VerifierConfig)
     up.add_argument("--dtype", default="", help=f"both models' {said['dtype']} (default: auto)")

@@ -10,7 +10,7 @@ import socket
 import sys
 import tempfile
 
-from launcher.peer_flags import api_key
+from launcher.peer_flags import api_key, generation_overrides
 from launcher.speculative_config import speculation
 from launcher.supervisor import Child, Supervisor
 
@@ -42,14 +42,26 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
         *(["--dtype", args.dtype] if args.dtype else []),
         *(["--kv-dtype", args.kv_dtype] if args.kv_dtype else []),
     ]
+    if args.prefix_caching is not None:  # vLLM's --enable-prefix-caching, or its no-
+        model_flags += ["--prefix-cache", "on" if args.prefix_caching else "off"]
     drafter_flags = (
         *("--model", spec.draft, "--proposer", spec.proposer, "--p-min", str(args.draft_p_min)),
         *model_flags,
+        *_given(args, device="draft_device"),
         *spec.drafter_flags,
     )
     flags = (*_listen(host, args.drafter_port), *drafter_flags)
-    children = [Child("drafter", _serve("drafter", flags, args.drafter_flags), drafter)]
+    draft_threads = args.threads_draft or args.threads  # llama-server's -td, else its -t
+    children = [
+        Child(
+            "drafter",
+            _serve("drafter", flags, args.drafter_flags),
+            drafter,
+            env=_threads(draft_threads),
+        )
+    ]
     verifiers = [f"{host}:{args.verifier_port + i}" for i in range(args.verifiers)]
+    overrides = generation_overrides(args)
     for i, address in enumerate(verifiers):
         flags = (
             *_listen(host, args.verifier_port + i),
@@ -61,6 +73,7 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
             *spec.verifier_flags,
             *_given(
                 args,
+                device="target_device",
                 max_batch_size="max_num_seqs",
                 max_batched_tokens="max_num_batched_tokens",
                 max_model_len="max_model_len",
@@ -68,7 +81,8 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
             *(["--log-stats-interval", "0"] if args.disable_log_stats else []),
         )
         name = "verifier" if i == 0 else f"verifier-{i + 1}"
-        children.append(Child(name, _serve("verifier", flags, args.verifier_flags), address))
+        argv = _serve("verifier", flags, args.verifier_flags)
+        children.append(Child(name, argv, address, env=_threads(args.threads)))
     router_flags = (
         *_listen(host, args.router_port),
         *[x for v in verifiers for x in ("--verifier", v)],
@@ -89,6 +103,7 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
             if args.generation_config
             else []
         ),
+        *(["--override-generation-config", overrides] if overrides else []),
     )
     children.append(
         Child(
@@ -110,6 +125,12 @@ def _given(args, **flags: str) -> list[str]:
         if value:
             out += ["--" + flag.replace("_", "-"), str(value)]
     return out
+
+
+def _threads(count: int) -> dict[str, str]:
+    """A model service's environment for `count` threads (0: its own choice,
+    specd.openmp.settle_threads)."""
+    return {"OMP_NUM_THREADS": str(count)} if count else {}
 
 
 @contextlib.contextmanager

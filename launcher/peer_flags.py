@@ -1,11 +1,15 @@
 """A vLLM, SGLang or llama-server launch command's flags on `specd up`, under their names:
-the target in `vllm serve`'s place, the serving flags each role owns (launcher.local_cluster
-hands them on) and SGLang's speculative flags (launcher.speculative_config reads them)."""
+the target in `vllm serve`'s place, the serving, device, thread and cache flags each role
+owns (launcher.local_cluster hands them on), SGLang's speculative flags
+(launcher.speculative_config reads them), and those that ask for what specd does anyway."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+
+from specd.params import sampling_overrides
 
 DEFAULT_TARGET = "default-target"  # specd up's target where none is named
 
@@ -27,6 +31,15 @@ class Target(argparse.Action):
         if named not in (DEFAULT_TARGET, value):
             parser.error(f"the target model named twice: {named} and {value}")
         namespace.target = value
+
+
+# llama-server's sampling flags: the defaults of requests that leave them out
+LLAMA_SAMPLERS = (
+    (("--temp", "--temperature"), float, "temperature"),
+    (("--top-k",), int, "top_k"),
+    (("--top-p",), float, "top_p"),
+    (("--min-p",), float, "min_p"),
+)
 
 
 def add_serving_flags(up) -> None:
@@ -107,6 +120,35 @@ def add_serving_flags(up) -> None:
     )
     for flag in ("--tool-call-parser", "--reasoning-parser"):
         serving.add_argument(flag, default="", help="the router's (specd serve router --help)")
+    serving.add_argument(
+        "--override-generation-config",
+        metavar="JSON",
+        default="",
+        help="sampling defaults for fields a request leaves out, e.g. '{\"temperature\": 0.2}' "
+        "(the router's; default: none)",
+    )
+    for names, kind, key in LLAMA_SAMPLERS:
+        serving.add_argument(
+            *names,
+            dest=key,
+            type=kind,
+            metavar="X",
+            help=f"llama-server's: the default {key} (--override-generation-config's)",
+        )
+
+
+def generation_overrides(args) -> str:
+    """The router's --override-generation-config: vLLM's JSON with llama-server's sampling
+    flags added (ValueError where both name one field, or the JSON is malformed)."""
+    given = sampling_overrides(args.override_generation_config)
+    for _, _, key in LLAMA_SAMPLERS:
+        value = getattr(args, key)
+        if value is None:
+            continue
+        if key in given:
+            raise ValueError(f"{key} given in --override-generation-config and by its own flag")
+        given[key] = value
+    return json.dumps(given) if given else ""
 
 
 def add_sglang_flags(up) -> None:
@@ -131,3 +173,129 @@ def add_sglang_flags(up) -> None:
         ("ngram-max-match-window-size", "NGRAM: the longest run of last tokens looked up"),
     ):
         sglang.add_argument(f"--speculative-{name}", type=int, metavar="N", help=said)
+
+
+def one_device(text: str) -> int:
+    """A tensor or pipeline parallel size, which must be 1: specd runs each model whole on
+    one device."""
+    try:
+        size = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if size != 1:
+        raise argparse.ArgumentTypeError(
+            f"{size}: specd runs each model whole on one device; for more throughput run "
+            "replicas (--data-parallel-size N, specd's --verifiers N)"
+        )
+    return size
+
+
+def gpu_layers(text: str) -> str:
+    """llama-server's -ngl as a specd device: 0 layers on the GPU is the CPU ("cpu"); more,
+    `auto` or `all` is the service's default, the whole model on the GPU where there is one
+    ("")."""
+    if text in ("auto", "all"):
+        return ""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"a count of layers, auto or all, not {text!r}")
+    return "cpu" if int(text) == 0 else ""
+
+
+def threads(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"a count of threads >= 1, not {text!r}")
+    return count
+
+
+# flags that ask for what specd does without being asked, each with what it does
+ALWAYS = (
+    (("--trust-remote-code",), "specd runs no code of a model's folder: it loads its "
+     "Llama, Mistral and Qwen2/3 architectures itself"),
+    (("--jinja",), "chats are rendered by the model's Jinja template (or --chat-template)"),
+    (("--cont-batching", "-cb"), "the verifier batches continuously"),
+    (("--enable-chunked-prefill",), "prompts are fed in chunks (--max-num-batched-tokens)"),
+    (("--metrics", "--enable-metrics"), "the HTTP door serves Prometheus metrics on /metrics"),
+    (("--no-webui",), "specd serves no web page"),
+    (("--disable-log-requests",), "specd logs no line per request"),
+    (("--enable-prompt-tokens-details",), "usage counts cached prompt tokens always"),
+)  # fmt: skip
+
+
+def add_device_flags(up) -> None:
+    """What a launch command says of devices, threads and caches, under the peers' names
+    (launcher.local_cluster hands them on), and the flags it takes that ask for what specd
+    does anyway."""
+    devices = up.add_argument_group(
+        "devices, threads and caches", "as vLLM's, SGLang's and llama-server's"
+    )
+    for names, which in (
+        (("--tensor-parallel-size", "-tp", "--tp-size", "--tp"), "tensor"),
+        (("--pipeline-parallel-size", "-pp", "--pp-size"), "pipeline"),
+    ):
+        devices.add_argument(
+            *names,
+            type=one_device,
+            default=1,
+            metavar="N",
+            help=f"{which} parallel size: 1, the only one (specd runs each model whole on one "
+            "device; more throughput comes from --data-parallel-size)",
+        )
+    for names, model, dest in (
+        (("--n-gpu-layers", "--gpu-layers", "-ngl"), "target", "target_device"),
+        (("--n-gpu-layers-draft", "--gpu-layers-draft", "-ngld"), "draft", "draft_device"),
+    ):
+        devices.add_argument(
+            *names,
+            dest=dest,
+            type=gpu_layers,
+            default=None,
+            metavar="N",
+            help=f"llama-server's: 0 runs the {model} model on the CPU; more, auto or all runs "
+            "it whole on the GPU where there is one, else on the CPU (default: so)",
+        )
+    devices.add_argument(
+        "--threads",
+        "-t",
+        type=threads,
+        default=0,
+        help="the threads each model's forward runs on (OMP_NUM_THREADS; the draft model's "
+        "too unless --threads-draft; default 0: the cores this process may run on)",
+    )
+    devices.add_argument(
+        "--threads-draft",
+        "-td",
+        type=threads,
+        default=0,
+        help="the threads the draft model's forward runs on (default 0: --threads')",
+    )
+    devices.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        dest="prefix_caching",
+        default=None,
+        help="reuse a cached prompt prefix's K/V, in both models (their --prefix-cache on; "
+        "no-: off; default: theirs, auto, on where a cached prefix cannot change an output)",
+    )
+    devices.add_argument(
+        "--disable-radix-cache",
+        action="store_false",
+        dest="prefix_caching",
+        default=None,
+        help="SGLang's: --no-enable-prefix-caching",
+    )
+    taken = up.add_argument_group(
+        "taken without effect", "peers' flags that ask for what specd does anyway"
+    )
+    for names, does in ALWAYS:
+        taken.add_argument(*names, action="store_true", help=does)
+    taken.add_argument(
+        "--flash-attn",
+        "-fa",
+        nargs="?",
+        choices=["on", "off", "auto"],
+        help="llama-server's: specd's own paged attention computes the same softmax either way",
+    )

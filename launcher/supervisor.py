@@ -11,11 +11,12 @@ after the grace period. Every start, exit and stop is one line on stderr.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 
@@ -28,6 +29,7 @@ class Child:
     argv: list[str]
     address: str
     ready_service: str = ""  # the health service that says it can serve ("": overall)
+    env: dict[str, str] = field(default_factory=dict)  # set on top of up's environment
     ever_ready: bool = False
     restarts: int = 0
 
@@ -116,8 +118,9 @@ class Supervisor:
     async def _run_once(self, child: Child) -> int:
         """Start the child, announce it once ready, return its exit code; on cancellation
         stop it (SIGTERM, SIGKILL after the grace period)."""
+        env = {**os.environ, **child.env} if child.env else None
         proc = await anyio.open_process(
-            child.argv, stdin=subprocess.DEVNULL, stdout=None, stderr=None
+            child.argv, stdin=subprocess.DEVNULL, stdout=None, stderr=None, env=env
         )
         try:
             async with anyio.create_task_group() as watch:

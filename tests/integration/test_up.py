@@ -163,7 +163,8 @@ def test_specd_up_runs_a_vllm_launch_command(tmp_path, monkeypatch, capsys):
     """A vLLM user's launch flags as `specd up` serves them: the `--speculative-config`
     (an n-gram drafter that loads no draft model, and the k it names, past the verifier's
     default of 8), `--port`, `--api-key` on both doors, `--served-model-name`,
-    `--max-model-len` and `--chat-template`."""
+    `--max-model-len` and `--chat-template`; and llama-server's threads, the verifier's
+    and the draft model's."""
     model = save_tiny_cluster_model(tmp_path / "tiny")
     template = tmp_path / "chat.jinja"
     template.write_text("{% for m in messages %}<{{ m['content'] }}>{% endfor %}")
@@ -175,9 +176,12 @@ def test_specd_up_runs_a_vllm_launch_command(tmp_path, monkeypatch, capsys):
         *("--verifier-port", str(free_port()), "--port", str(http), "--api-key", key),
         *("--served-model-name", "tiny-coder", "--max-model-len", "200"),
         *("--chat-template", str(template)),
+        *("--trust-remote-code", "-t", "2", "-td", "1"),  # llama-server's threads
     )
     try:
         up.wait_for("specd is up", 120)
+        up.wait_for(r"verifier: 2 threads \(OMP_NUM_THREADS, set by the user\)", 1)
+        up.wait_for(r"drafter: 1 threads \(OMP_NUM_THREADS, set by the user\)", 1)
         with openai.OpenAI(base_url=f"http://127.0.0.1:{http}/v1", api_key="wrong") as c:
             with pytest.raises(openai.AuthenticationError):
                 c.models.list()

@@ -4,7 +4,9 @@ in a file only its user may read."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import stat
 
 import pytest
@@ -117,3 +119,93 @@ def test_a_flag_set_both_ways_is_refused():
     # no abbreviation stands for another flag (--max-model is not --max-model-len)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["up", "--max-model", "10"])
+
+
+def _children(*flags: str) -> dict:
+    up = build_parser().parse_args(["up", *flags])
+    return {c.role: c for c in cluster_children(up)}
+
+
+def test_devices_threads_and_caches_under_the_peers_names():
+    c = _configs("-ngl", "0", "--data-parallel-size", "2", "--enable-prefix-caching", "-tp", "1")
+    assert [c[r].device for r in ("verifier", "verifier-2", "drafter")] == ["cpu", "cpu", ""]
+    assert [c[r].engine.prefix_cache for r in ("verifier", "verifier-2")] == ["on", "on"]
+    assert c["drafter"].prefix_cache == "on"
+    c = _configs("--gpu-layers-draft", "0", "-ngl", "99", "--no-enable-prefix-caching")
+    assert (c["verifier"].device, c["drafter"].device) == ("", "cpu")  # 99: the default
+    assert (c["verifier"].engine.prefix_cache, c["drafter"].prefix_cache) == ("off", "off")
+    c = _configs("--disable-radix-cache", "--dp-size", "3", "-ngl", "all")  # SGLang's
+    assert c["drafter"].prefix_cache == "off" and "verifier-3" in c
+    assert (c["verifier"].engine.prefix_cache, c["verifier"].device) == ("off", "")
+    c = _configs()
+    assert (c["verifier"].engine.prefix_cache, c["verifier"].device) == ("auto", "")
+    # llama-server's -t for both models unless -td names the draft model's
+    threads = {r: c.env for r, c in _children("-t", "3").items()}
+    assert threads == {
+        "drafter": {"OMP_NUM_THREADS": "3"},
+        "verifier": {"OMP_NUM_THREADS": "3"},
+        "router": {},
+    }
+    split = _children("--threads", "3", "--threads-draft", "1")
+    assert (split["verifier"].env, split["drafter"].env) == (
+        {"OMP_NUM_THREADS": "3"},
+        {"OMP_NUM_THREADS": "1"},
+    )
+    assert all(not c.env for c in _children().values())  # each service's own choice
+
+
+def test_what_specd_cannot_do_is_refused_naming_why(capsys):
+    for flags, said in (
+        (("--tensor-parallel-size", "2"), "whole on one device"),
+        (("--pp-size", "4"), "whole on one device"),
+        (("-ngl", "x"), "a count of layers"),
+        (("-t", "0"), "a count of threads"),
+        (("-mlock",), "unrecognized argument: -mlock"),  # not -m lock
+        (("-nkvo",), "unrecognized argument: -nkvo"),  # not -n kvo
+    ):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["up", *flags])
+        assert said in capsys.readouterr().err
+    # a value glued to a short flag is still taken
+    assert build_parser().parse_args(["up", "-c4096"]).max_model_len == 4096
+
+
+def test_flags_that_ask_for_what_specd_does_anyway_change_nothing():
+    asked = (
+        *("--trust-remote-code", "--jinja", "-cb", "--cont-batching", "--metrics"),
+        *("--enable-metrics", "--no-webui", "--disable-log-requests", "-fa", "on"),
+        *("--enable-chunked-prefill", "--enable-prompt-tokens-details", "--flash-attn"),
+    )
+    plain = [c.argv for c in _children().values()]
+    assert [c.argv for c in _children(*asked).values()] == plain
+
+
+def test_llama_servers_sampling_flags_join_vllms_override():
+    def overrides(*flags):
+        return json.loads(_configs(*flags)["router"].override_generation_config or "{}")
+
+    assert overrides() == {}
+    assert overrides("--temp", "0.2", "--top-k", "1", "--top-p", "0.9", "--min-p", "0.1") == {
+        "temperature": 0.2,
+        "top_k": 1,
+        "top_p": 0.9,
+        "min_p": 0.1,
+    }
+    given = '{"repetition_penalty": 1.1}'
+    assert overrides("--override-generation-config", given, "--temperature", "0") == {
+        "repetition_penalty": 1.1,
+        "temperature": 0.0,
+    }
+    with pytest.raises(ValueError, match="temperature given in --override-generation-config"):
+        _configs("--override-generation-config", '{"temperature": 1}', "--temp", "0.5")
+    for bad, said in (
+        ('{"max_new_tokens": 5}', "'max_new_tokens' is not one of temperature"),
+        ('{"top_p": 0}', "top_p = 0 is out of range"),
+        ('{"temperature": NaN}', "temperature = nan is out of range"),
+        ("[1]", "must be a JSON object"),
+        ("{", "is not JSON"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            _configs("--override-generation-config", bad)
+    with pytest.raises(ConfigError, match="top_p = 2.0 is out of range"):
+        _configs("--top-p", "2")  # said by the router's config, before anything starts

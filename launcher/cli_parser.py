@@ -167,16 +167,21 @@ def _add_up(sub) -> None:
     # n_predict, of -np) is refused, not taken as another
     up = sub.add_parser("up", help="drafter + verifier + router on localhost", allow_abbrev=False)
     up.whole_flags = True
-    models = "catalogue name, Hugging Face folder, .gguf file or hub id (default: %(default)s)"
+    models = (
+        "catalogue name, Hugging Face folder, .gguf file or hub id, REPO:QUANT for one of its "
+        "GGUF files (default: %(default)s)"
+    )
     up.add_argument(
         "--target",
         "--model",
         "--model-path",
         "-m",
+        "--hf-repo",
+        "-hf",
         default=DEFAULT_TARGET,
         action=Target,
-        help=f"the target model (vLLM's --model, SGLang's --model-path, llama-server's -m): "
-        f"{models}",
+        help=f"the target model (vLLM's --model, SGLang's --model-path, llama-server's -m and "
+        f"-hf): {models}",
     )
     up.add_argument(
         "model_tag",
@@ -189,8 +194,10 @@ def _add_up(sub) -> None:
         "--draft",
         "--model-draft",
         "-md",
+        "--hf-repo-draft",
+        "-hfd",
         default="default-draft",
-        help=f"the draft model (llama-server's -md): {models}",
+        help=f"the draft model (llama-server's -md and -hfd): {models}",
     )
     up.add_argument("--host", default="127.0.0.1", help="where all three listen (%(default)s)")
     up.add_argument("--router-port", type=int, default=RouterConfig.port, help="gRPC (%(default)s)")

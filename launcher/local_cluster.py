@@ -10,7 +10,7 @@ import socket
 import sys
 import tempfile
 
-from launcher.peer_flags import api_key, generation_overrides
+from launcher.peer_flags import api_key, forward_tokens, generation_overrides
 from launcher.speculative_config import speculation
 from launcher.supervisor import Child, Supervisor
 
@@ -61,7 +61,7 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
         )
     ]
     verifiers = [f"{host}:{args.verifier_port + i}" for i in range(args.verifiers)]
-    overrides = generation_overrides(args)
+    overrides, batched = generation_overrides(args), forward_tokens(args)
     for i, address in enumerate(verifiers):
         flags = (
             *_listen(host, args.verifier_port + i),
@@ -75,9 +75,9 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
                 args,
                 device="target_device",
                 max_batch_size="max_num_seqs",
-                max_batched_tokens="max_num_batched_tokens",
                 max_model_len="max_model_len",
             ),
+            *(["--max-batched-tokens", str(batched)] if batched else []),
             *(["--log-stats-interval", "0"] if args.disable_log_stats else []),
         )
         name = "verifier" if i == 0 else f"verifier-{i + 1}"

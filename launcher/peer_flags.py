@@ -69,10 +69,20 @@ def add_serving_flags(up) -> None:
     serving.add_argument(
         "--max-num-batched-tokens",
         "--chunked-prefill-size",
+        "--ubatch-size",
+        "-ub",
         type=int,
         default=0,
         help="tokens a verifier's forward feeds at most, prompt chunks and verification (its "
         "--max-batched-tokens; default 0: its own, 128 on a CPU, 512 on a GPU)",
+    )
+    serving.add_argument(
+        "--batch-size",
+        "-b",
+        type=int,
+        default=0,
+        help="llama-server's logical batch: with -ub, a forward feeds the smaller of the two "
+        "(default 0: none)",
     )
     serving.add_argument(
         "--n-predict",
@@ -135,6 +145,13 @@ def add_serving_flags(up) -> None:
             metavar="X",
             help=f"llama-server's: the default {key} (--override-generation-config's)",
         )
+
+
+def forward_tokens(args) -> int:
+    """The tokens a verifier's forward feeds at most (0: its own): llama-server's physical
+    and logical batches (-ub, -b), a forward the smaller, or vLLM's and SGLang's names."""
+    given = [n for n in (args.max_num_batched_tokens, args.batch_size) if n]
+    return min(given, default=0)
 
 
 def generation_overrides(args) -> str:
@@ -292,6 +309,20 @@ def add_device_flags(up) -> None:
     )
     for names, does in ALWAYS:
         taken.add_argument(*names, action="store_true", help=does)
+    taken.add_argument(
+        "--defrag-thold",
+        "-dt",
+        type=float,
+        metavar="X",
+        help="llama-server's: specd's K/V pool is paged, so it needs no defragmentation",
+    )
+    taken.add_argument(
+        "--cache-reuse",
+        type=int,
+        metavar="N",
+        help="llama-server's: specd reuses a cached prompt's prefix (--prefix-cache), not the "
+        "chunks past where a prompt changed; the output is the same",
+    )
     taken.add_argument(
         "--flash-attn",
         "-fa",

@@ -59,6 +59,10 @@ def test_each_serving_flag_reaches_the_role_that_owns_it():
         assert (model.dtype, model.kv_dtype) == ("half", "fp16")
     sglang = _configs("--chunked-prefill-size", "64")["verifier"]
     assert sglang.engine.max_batched_tokens == 64
+    # llama-server's physical and logical batches: a forward feeds the smaller
+    for flags, want in ((("-ub", "1024", "-b", "512"), 512), (("-b", "64"), 64)):
+        assert _configs(*flags)["verifier"].engine.max_batched_tokens == want
+    assert _configs("--ubatch-size", "96")["verifier"].engine.max_batched_tokens == 96
     # llama-server's -n is its n_predict, not a prefix of -np; -1: what the context leaves
     for flags, want in ((("-n", "128"), 128), (("--n-predict", "-1"), -1), ((), 256)):
         llama = _configs(*flags)
@@ -175,6 +179,7 @@ def test_flags_that_ask_for_what_specd_does_anyway_change_nothing():
         *("--trust-remote-code", "--jinja", "-cb", "--cont-batching", "--metrics"),
         *("--enable-metrics", "--no-webui", "--disable-log-requests", "-fa", "on"),
         *("--enable-chunked-prefill", "--enable-prompt-tokens-details", "--flash-attn"),
+        *("-dt", "0.1", "--cache-reuse", "256"),
     )
     plain = [c.argv for c in _children().values()]
     assert [c.argv for c in _children(*asked).values()] == plain

@@ -131,6 +131,15 @@ def add_serving_flags(up) -> None:
     for flag in ("--tool-call-parser", "--reasoning-parser"):
         serving.add_argument(flag, default="", help="the router's (specd serve router --help)")
     serving.add_argument(
+        "--seed",
+        "--random-seed",
+        type=int,
+        metavar="N",
+        help="sampled requests that name no seed take seeds of a sequence started from N: "
+        "the same requests in the same order sample the same (the verifiers' --seed; "
+        "default: none, each its own random seed)",
+    )
+    serving.add_argument(
         "--override-generation-config",
         metavar="JSON",
         default="",

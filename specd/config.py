@@ -69,6 +69,10 @@ class EngineConfig:
     # (as vLLM's and llama-server's prompt caches); off
     prefix_cache: str = "auto"
     draft_top_m: int = 32  # support size of a sampled draft's q
+    # N >= 0: a sampled request that names no seed takes the next of a sequence of seeds
+    # started from N, as if it had named it (vLLM's --seed: the same requests, in the same
+    # order, sample the same); -1: each its own random seed
+    seed: int = -1
 
     def __post_init__(self):
         if self.block_size <= 0 or self.max_batch_size <= 0:
@@ -80,6 +84,8 @@ class EngineConfig:
         if self.max_draft_tokens < 0 or self.draft_top_m <= 0:
             raise ValueError("max_draft_tokens must be >= 0 and draft_top_m > 0")
         _check_prefix_cache(self.prefix_cache)
+        if self.seed < -1:
+            raise ValueError(f"seed must be >= 0, or -1: random; got {self.seed}")
 
 
 PREFIX_CACHE = ("auto", "on", "off")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -129,6 +130,7 @@ class Engine:
                  num_blocks, bs, num_blocks * bs, mib, str(model.kv_dtype).removeprefix("torch."),
                  "on" if prefix_cache else "off")  # fmt: skip
         self.scheduler = Scheduler(self.kv.allocator, self.config, chunk_invariant(model))
+        self._seeds = random.Random(config.seed) if config.seed >= 0 else None
         self.speculation = SpeculationControl(self.config)
         self.observed = self.speculation.observe(StepReport())  # what it has learned
         self._unobserved: StepReport | None = None  # a queued device's last step, to learn
@@ -163,6 +165,9 @@ class Engine:
         # the plan drafts within it (and the tokens left)
         cap = self.config.max_draft_tokens
         request = replace(request, num_draft=min(request.num_draft, cap))
+        params = request.params
+        if self._seeds is not None and params.seed is None and not params.greedy:
+            request = replace(request, params=replace(params, seed=self._seeds.getrandbits(62)))
         need = alloc.blocks_for(len(request.prompt) + request.max_new_tokens + 1)
         request.validate(args.vocab_size, self.context, need, alloc.num_blocks)
         infill = None

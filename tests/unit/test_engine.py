@@ -138,6 +138,25 @@ def test_sampled_generation_is_seeded_and_frees_everything(tiny_pair):
     assert engine.kv.allocator.num_used == 0 and engine.proposer.kv.allocator.num_used == 0
 
 
+def test_a_servers_seed_seeds_the_requests_that_name_none(tiny_pair):
+    """vLLM's --seed: unseeded sampled requests, the same in the same order, sample the same
+    on two engines started from one seed, and otherwise on another seed; a greedy request
+    among them takes no seed of the sequence."""
+    params = SamplingParams(temperature=1.0)
+    reqs = [dict(prompt=p, params=params, max_new_tokens=16, num_draft=3) for p in PROMPTS]
+    greedy = dict(prompt=PROMPTS[1], max_new_tokens=4)
+
+    def outputs(seed, first=()):
+        engine = make_engine(tiny_pair, "draft", seed=seed)
+        run_engine(engine, list(first))
+        return list(run_engine(engine, reqs).values())
+
+    a = outputs(7)
+    assert outputs(7, [greedy]) == a
+    assert outputs(8) != a
+    assert outputs(-1) != outputs(-1)  # no seed: each request its own random one
+
+
 def test_preemption_under_kv_pressure_keeps_outputs(tiny_pair):
     reqs = [dict(prompt=p, max_new_tokens=30, num_draft=3) for p in PROMPTS]
     ref = run_engine(make_engine(tiny_pair), [dict(r, num_draft=0) for r in reqs])

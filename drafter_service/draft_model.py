@@ -70,6 +70,7 @@ class DraftModelProposer:
         prefix_cache: bool = False,
         p_min: float = 0.0,
         context_window: int = 0,
+        graphs: bool = True,
     ):
         self.model = model
         self.context_window = context_window  # 0: every sequence drafted from its first token
@@ -80,7 +81,7 @@ class DraftModelProposer:
         # a sequence starts on the cached prefix of an earlier one (specd.kvcache); its
         # blocks are published when it closes (while it runs, drafts come and go in them)
         self.kv = PagedKV.for_model(model, num_blocks, block_size, prefix_cache)
-        model.prepare_steps(self.kv, GRAPH_SEQS, GRAPH_ROWS)  # CUDA graphs; else nothing
+        model.prepare_steps(self.kv, GRAPH_SEQS, GRAPH_ROWS, graphs)  # CUDA; else nothing
         self.top_m = top_m
         self._cached: dict[object, list[int]] = {}  # tokens whose K/V the drafter holds
         self._start: dict[object, int] = {}  # where each sequence's view starts

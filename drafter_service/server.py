@@ -198,6 +198,7 @@ def build_proposer(config):
         prefix_cache=prefix_cache_on(config.prefix_cache, model),
         p_min=config.p_min,
         context_window=context_window(config.context_window, model.device.type),
+        graphs=not config.enforce_eager,
     )
     name = folder.name
     if config.proposer == "combined":

@@ -44,6 +44,7 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
     ]
     if args.prefix_caching is not None:  # vLLM's --enable-prefix-caching, or its no-
         model_flags += ["--prefix-cache", "on" if args.prefix_caching else "off"]
+    model_flags += ["--enforce-eager"] if args.enforce_eager else []
     drafter_flags = (
         *("--model", spec.draft, "--proposer", spec.proposer, "--p-min", str(args.draft_p_min)),
         *model_flags,

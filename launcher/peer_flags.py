@@ -284,6 +284,13 @@ def add_device_flags(up) -> None:
             "it whole on the GPU where there is one, else on the CPU (default: so)",
         )
     devices.add_argument(
+        "--enforce-eager",
+        "--disable-cuda-graph",
+        action="store_true",
+        help="on a GPU, both models' steps eager, no CUDA graphs captured (their "
+        "--enforce-eager; SGLang's --disable-cuda-graph); a CPU captures none anyway",
+    )
+    devices.add_argument(
         "--threads",
         "-t",
         type=threads,

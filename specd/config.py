@@ -73,6 +73,9 @@ class EngineConfig:
     # started from N, as if it had named it (vLLM's --seed: the same requests, in the same
     # order, sample the same); -1: each its own random seed
     seed: int = -1
+    # on a GPU: every step eager, no CUDA graphs captured (less memory, a faster start,
+    # slower steps; vLLM's --enforce-eager); nothing is captured on a CPU
+    enforce_eager: bool = False
 
     def __post_init__(self):
         if self.block_size <= 0 or self.max_batch_size <= 0:
@@ -174,6 +177,7 @@ class DrafterConfig:
     # target's either way); 0 = from the first token; auto = 256 on a CPU (where that
     # prefill takes the cores the target decodes on), 0 on a GPU
     context_window: str = "auto"
+    enforce_eager: bool = False  # on a GPU: no CUDA graphs, as the verifier's
     metrics_port: int = 0  # the Prometheus endpoint's port; 0 = none
     # on SIGTERM: draft streams get this long (a verifier decodes without drafts meanwhile)
     drain_seconds: float = 2.0

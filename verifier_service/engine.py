@@ -124,7 +124,8 @@ class Engine:
             model.gpu.tile = 0  # one GEMM a step: faster, a row's bits depend on the batch
         prefix_cache = prefix_cache_on(self.config.prefix_cache, model)
         self.kv = PagedKV.for_model(model, num_blocks, bs, prefix_cache)
-        model.prepare_steps(self.kv, self.config.max_batch_size, graph_rows(self.config))
+        rows, graphs = graph_rows(self.config), not self.config.enforce_eager
+        model.prepare_steps(self.kv, self.config.max_batch_size, rows, graphs)
         mib = PagedKV.bytes_per_block(model, bs) * num_blocks / 2**20
         log.info("KV cache: %d blocks of %d (%d tokens, %.0f MiB, %s); prefix cache %s",
                  num_blocks, bs, num_blocks * bs, mib, str(model.kv_dtype).removeprefix("torch."),

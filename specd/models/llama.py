@@ -136,11 +136,11 @@ class LlamaModel:
         quantised = all(isinstance(p, QWeight) for p in parts)
         return quantised and attention.available(self.device, self.dtype, self.args.head_dim)
 
-    def prepare_steps(self, kv: PagedKV, max_seqs: int, max_rows: int) -> None:
+    def prepare_steps(self, kv: PagedKV, max_seqs: int, max_rows: int, graphs=True) -> None:
         """Capture the decode/verification steps of up to `max_seqs` sequences and
         `max_rows` rows over `kv` as CUDA graphs (specd.models.gpu.graphs); nothing
-        where the model has no GPU step."""
-        if self.gpu is not None:
+        where the model has no GPU step, or without `graphs` (every step eager)."""
+        if self.gpu is not None and graphs:
             from specd.models.gpu.graphs import StepGraphs
 
             self.gpu.graphs = StepGraphs(self.gpu, kv, max_seqs, max_rows)

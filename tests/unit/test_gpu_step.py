@@ -181,3 +181,30 @@ def test_greedy_is_the_same_with_speculation_on_and_off(triton_ops, tmp_path_fac
     assert 0 < engine.totals.accepted < engine.totals.drafted  # drafts taken and refused
     assert list(on.values()) == list(off.values())
     assert engine.kv.allocator.num_used == 0
+
+
+def test_enforce_eager_captures_no_graphs_and_decodes_the_same(triton_ops, tmp_path_factory):
+    """vLLM's --enforce-eager: the engine and the draft model leave their steps eager, no
+    graph buckets made, and the output is the graphs' token for token."""
+    from dataclasses import replace
+
+    from drafter_service.draft_model import DraftModelProposer
+
+    folder, draft_folder = make_tiny_pair(tmp_path_factory, "gpu-eager")
+    target, draft = load(folder), load(draft_folder)
+    target.gpu, draft.gpu = gpu_step(target, split_keys=512), gpu_step(draft)
+    reqs = [
+        dict(prompt=[5, 6, 7, 8, 9, 10, 5, 6, 7], max_new_tokens=6),
+        dict(prompt=[3, 4], max_new_tokens=3),
+    ]
+    config = EngineConfig(num_blocks=96, block_size=4, max_batch_size=4, max_tree_tokens=0)
+    graphed = run_engine(Engine(target, config, None, eos_ids=set()), reqs)
+    assert target.gpu.graphs is not None
+    target.gpu.graphs = None
+    eager = Engine(target, replace(config, enforce_eager=True), None, eos_ids=set())
+    assert target.gpu.graphs is None
+    assert list(run_engine(eager, reqs).values()) == list(graphed.values())
+    DraftModelProposer(draft, num_blocks=32, block_size=4, graphs=False)
+    assert draft.gpu.graphs is None
+    DraftModelProposer(draft, num_blocks=32, block_size=4)
+    assert draft.gpu.graphs is not None

@@ -146,6 +146,10 @@ def test_devices_threads_and_caches_under_the_peers_names():
     assert (c["verifier"].engine.prefix_cache, c["verifier"].device) == ("off", "")
     c = _configs()
     assert (c["verifier"].engine.prefix_cache, c["verifier"].device) == ("auto", "")
+    assert not c["verifier"].engine.enforce_eager and not c["drafter"].enforce_eager
+    for flag in ("--enforce-eager", "--disable-cuda-graph"):  # vLLM's, SGLang's
+        c = _configs(flag, "--verifiers", "2")
+        assert c["verifier-2"].engine.enforce_eager and c["drafter"].enforce_eager
     # llama-server's -t for both models unless -td names the draft model's
     threads = {r: c.env for r, c in _children("-t", "3").items()}
     assert threads == {

@@ -27,10 +27,10 @@ class Target(argparse.Action):
     def __call__(self, parser, namespace, value, option_string=None):
         if value is None:  # the place left empty
             return
-        named = getattr(namespace, "target", DEFAULT_TARGET)
-        if named not in (DEFAULT_TARGET, value):
+        named = getattr(namespace, "target_named", None)  # by an earlier flag
+        if named not in (None, value):
             parser.error(f"the target model named twice: {named} and {value}")
-        namespace.target = value
+        namespace.target = namespace.target_named = value
 
 
 # llama-server's sampling flags: the defaults of requests that leave them out

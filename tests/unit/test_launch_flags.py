@@ -32,7 +32,7 @@ def test_the_target_may_take_vllm_serves_place_and_is_named_once():
     c = _configs("small", "--http-port", "0")  # `vllm serve MODEL ...`
     assert (c["verifier"].model, c["router"].tokenizer) == ("small", "small")
     assert _configs("small", "--target", "small")["verifier"].model == "small"  # agreeing
-    for flags in (("small", "--model", "x"), ("-m", "x", "small")):
+    for flags in (("small", "--model", "x"), ("-m", "x", "small"), ("-m", "default-target", "x")):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["up", *flags])
 

@@ -135,9 +135,9 @@ def add_serving_flags(up) -> None:
         "--random-seed",
         type=int,
         metavar="N",
-        help="sampled requests that name no seed take seeds of a sequence started from N: "
-        "the same requests in the same order sample the same (the verifiers' --seed; "
-        "default: none, each its own random seed)",
+        help="sampled requests that name no seed take seeds of a sequence started from N, "
+        "as if they had named them (the verifiers' --seed; default: none, each its own "
+        "random seed)",
     )
     serving.add_argument(
         "--override-generation-config",

@@ -70,8 +70,7 @@ class EngineConfig:
     prefix_cache: str = "auto"
     draft_top_m: int = 32  # support size of a sampled draft's q
     # N >= 0: a sampled request that names no seed takes the next of a sequence of seeds
-    # started from N, as if it had named it (vLLM's --seed: the same requests, in the same
-    # order, sample the same); -1: each its own random seed
+    # started from N, as if it had named it (vLLM's --seed); -1: each its own random seed
     seed: int = -1
     # on a GPU: every step eager, no CUDA graphs captured (less memory, a faster start,
     # slower steps; vLLM's --enforce-eager); nothing is captured on a CPU

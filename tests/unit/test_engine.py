@@ -139,9 +139,9 @@ def test_sampled_generation_is_seeded_and_frees_everything(tiny_pair):
 
 
 def test_a_servers_seed_seeds_the_requests_that_name_none(tiny_pair):
-    """vLLM's --seed: unseeded sampled requests, the same in the same order, sample the same
-    on two engines started from one seed, and otherwise on another seed; a greedy request
-    among them takes no seed of the sequence."""
+    """vLLM's --seed: unseeded sampled requests, the same in the same order at the same k,
+    sample the same on two engines started from one seed, and otherwise on another seed; a
+    greedy request among them takes no seed of the sequence."""
     params = SamplingParams(temperature=1.0)
     reqs = [dict(prompt=p, params=params, max_new_tokens=16, num_draft=3) for p in PROMPTS]
     greedy = dict(prompt=PROMPTS[1], max_new_tokens=4)

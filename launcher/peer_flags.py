@@ -284,6 +284,16 @@ def add_device_flags(up) -> None:
             "it whole on the GPU where there is one, else on the CPU (default: so)",
         )
     devices.add_argument(
+        "--gpu-memory-utilization",
+        "--mem-fraction-static",
+        type=float,
+        metavar="F",
+        help="on a GPU, the share of its memory each verifier may take, its K/V pool what "
+        "the weights and the steps leave (their --gpu-memory-utilization; SGLang's "
+        "--mem-fraction-static); a CPU ignores it (default: none, the pool sized for the "
+        "context)",
+    )
+    devices.add_argument(
         "--enforce-eager",
         "--disable-cuda-graph",
         action="store_true",

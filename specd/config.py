@@ -39,6 +39,10 @@ class EngineConfig:
     # Llama-3.2-3B's 131,072); a request that cannot fit is refused
     kv_cache_bytes: int = 0
     num_blocks: int = 0  # the KV pool's size in blocks, where > 0
+    # on a GPU, where the two above are not given: the share of its memory this verifier
+    # may take, weights, steps and K/V pool together, the pool what the rest leave
+    # (vLLM's --gpu-memory-utilization); 0 = as above. A CPU ignores it, as vLLM's does
+    gpu_memory_utilization: float = 0.0
     # the longest prompt + generation a request may ask for (vLLM's --max-model-len; the
     # KV pool is sized for it unless sized above); 0 = the model's context
     max_model_len: int = 0
@@ -79,6 +83,10 @@ class EngineConfig:
     def __post_init__(self):
         if self.block_size <= 0 or self.max_batch_size <= 0:
             raise ValueError("block_size and max_batch_size must be positive")
+        if not 0.0 <= self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in [0, 1], got {self.gpu_memory_utilization}"
+            )
         if self.max_model_len < 0:
             raise ValueError(f"max_model_len must be >= 0, got {self.max_model_len}")
         if self.max_batched_tokens < 0 or 0 < self.max_batched_tokens < self.max_draft_tokens + 1:

@@ -150,3 +150,18 @@ def test_queued_forwards_from_graphs_give_what_waited_ones_give(cuda_pair):
 
     waited, queued = decode(True), decode(False)
     assert all(torch.equal(a, b) for a, b in zip(waited, queued, strict=True))
+
+
+def test_a_share_of_the_gpus_memory_sizes_the_pool_and_serves(tmp_path_factory):
+    """--gpu-memory-utilization on the GPU itself: the pool takes what the share leaves
+    (more than the default's room for the context), and a batch runs in it, graphs and all,
+    with the GPU's memory in use under the share."""
+    target_dir, _ = make_tiny_pair(tmp_path_factory, "gpu-share")
+    target = load_model(target_dir, device="cuda")
+    total = torch.cuda.mem_get_info()[1]
+    engine = Engine(target, EngineConfig(gpu_memory_utilization=0.2), None, eos_ids=set())
+    pool = engine.kv.allocator.num_blocks * PagedKV.bytes_per_block(target, 16)
+    assert pool > 0.1 * total  # the tiny model's weights take next to nothing
+    out = run_engine(engine, [dict(prompt=p, max_new_tokens=8) for p in PROMPTS])
+    assert all(len(v) == 8 for v in out.values())
+    assert torch.cuda.memory_reserved() <= 0.2 * total

@@ -99,3 +99,38 @@ def test_the_kv_pool_holds_the_models_context_unless_sized_in_blocks_or_bytes(
     engine = Engine(target, EngineConfig(num_blocks=4, block_size=4))
     with pytest.raises(ValueError, match="needs 5 KV blocks; the pool has 4 .*--num-blocks"):
         engine.add_request(Request(prompt=[1] * 10, max_new_tokens=6))
+
+
+def test_a_gpus_memory_share_sizes_the_pool_as_vllms_does(tiny_pair, monkeypatch):
+    """--gpu-memory-utilization: the share of the GPU's memory, less what the process holds
+    (the weights) and the largest step's workspace, within what is free; refused where that
+    leaves no room; ignored on a CPU (the GPU's memory stood in for here)."""
+    from specd.config import ConfigError
+    from verifier_service import sizing
+
+    target, _ = tiny_pair
+    per_block = PagedKV.bytes_per_block(target, 16)
+    config = EngineConfig(gpu_memory_utilization=0.5, max_batched_tokens=128)
+    work = sizing.workspace_bytes(target, config)
+    a = target.args
+    assert work == 128 * (4 * a.vocab_size + 8 * (a.hidden_size + 2 * a.intermediate_size)) + (
+        sizing.GPU_OVERHEAD
+    )
+    gib = 1 << 30
+    # 80 GiB, 3 GiB held: the pool is 40 - 3 GiB less the workspace
+    pool = sizing.gpu_pool_bytes(target, config, (70 * gib, 80 * gib, 3 * gib))
+    assert pool == 37 * gib - work
+    # never more than is free (another process holds the rest)
+    assert sizing.gpu_pool_bytes(target, config, (10 * gib, 80 * gib, 3 * gib)) == 10 * gib - work
+    with pytest.raises(ConfigError, match="gpu_memory_utilization 0.5 leaves no room"):
+        sizing.gpu_pool_bytes(target, config, (70 * gib, 8 * gib, 3 * gib))
+    # the engine on a "GPU": its pool in blocks of that many bytes
+    monkeypatch.setattr(target, "device", "cuda")
+    monkeypatch.setattr(sizing, "cuda_memory", lambda device: (4 * gib, 8 * gib, gib))
+    _, blocks = sizing.context_and_blocks(target, config)
+    assert blocks == (3 * gib - work) // per_block
+    monkeypatch.setattr(target, "device", "cpu")  # a CPU sizes its pool as without
+    assert (
+        sizing.context_and_blocks(target, config)[1]
+        == sizing.context_and_blocks(target, EngineConfig(max_batched_tokens=128))[1]
+    )

@@ -147,6 +147,12 @@ def test_devices_threads_and_caches_under_the_peers_names():
     c = _configs()
     assert (c["verifier"].engine.prefix_cache, c["verifier"].device) == ("auto", "")
     assert not c["verifier"].engine.enforce_eager and not c["drafter"].enforce_eager
+    for flag in ("--gpu-memory-utilization", "--mem-fraction-static"):
+        c = _configs(flag, "0.9", "--verifiers", "2")
+        assert [c[v].engine.gpu_memory_utilization for v in ("verifier", "verifier-2")] == [
+            0.9,
+            0.9,
+        ]
     for flag in ("--enforce-eager", "--disable-cuda-graph"):  # vLLM's, SGLang's
         c = _configs(flag, "--verifiers", "2")
         assert c["verifier-2"].engine.enforce_eager and c["drafter"].enforce_eager

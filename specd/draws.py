@@ -1,9 +1,11 @@
 """The random draws a verification round consumes, made from each request's own seeded
 `torch.Generator` so that a request's output depends only on its seed and its history
-(specd/sampling.py takes them as plain tensors)."""
+(specd/sampling.py takes them as plain tensors); and a seeded request's draws at each
+position of its output, the same however its rounds were drafted (position_noise)."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -11,6 +13,18 @@ def make_generator(seed: int | None) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
     return g
+
+
+def position_noise(seed: int, position: int, size: int) -> torch.Tensor:
+    """Exp(1) draws E [size] for output position `position` (the index its token will
+    have in the sequence) of a request seeded with `seed`: its token is argmax p(x) / E(x),
+    a sample from p (the exponential race, the Gumbel-max trick), and the same at that
+    position whatever was drafted, so a seeded request's output is the same with
+    speculation on, off or auto. Drawn by PCG64 keyed by (seed, position), so that the
+    first n draws are the same for any size >= n (a drafter with a smaller vocabulary
+    draws the same at its ids). ~0.6 ms for 152k tokens."""
+    g = np.random.Generator(np.random.PCG64([seed & (2**64 - 1), position]))
+    return torch.from_numpy(g.standard_exponential(size, dtype=np.float32))
 
 
 def draw_randomness(

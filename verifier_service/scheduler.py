@@ -102,12 +102,7 @@ class Scheduler:
             if seq not in self.running:
                 continue  # preempted by an earlier sequence's reservation
             k = max(0, min(decision.k, budget - 1))
-            # at most one leaf beside each draft; none for a seeded sampled request: the
-            # leaves come and go with the measured forward's cost, and a seed must draw
-            # the same sample whatever the machine measured (a tree changes the draws;
-            # greedy output is the same with or without leaves)
-            seeded = seq.params.seed is not None and not seq.params.greedy
-            leaves = 0 if seeded else min(k, room)
+            leaves = min(k, room)  # at most one leaf beside each draft
             fit = self._fit(seq, k, leaves)
             if fit is None:
                 continue

@@ -2,7 +2,9 @@
 
 Every round, chain or tree, goes through the same two functions of specd.sampling
 (greedy_round per sequence, rejection_sample batched); this module only lays the step's
-rows out for them and reads their results back."""
+rows out for them and reads their results back. A seeded sampled round is greedy on the
+tokens its seed draws at each position (`_seeded`), so that it emits the same tokens
+however it was drafted."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from specd.draws import draw_randomness
+from specd.draws import draw_randomness, position_noise
 from specd.logits import (
     adjustments,
     argmax_rows,
@@ -56,14 +58,18 @@ def verify_rounds(rounds: list[Round], logits: torch.Tensor, vocab: int) -> dict
     (nodes = 1 + k + alternatives: a chain is a tree without alternatives), masked here
     for constrained rounds. -> seq_id -> Verdict."""
     _mask(rounds, logits)
-    greedy, sampled, offset = [], [], 0
+    greedy, seeded, sampled, offset = [], [], [], 0
     for r in rounds:
         item = (r, logits[offset : offset + r.num_logits])  # rows [nodes, V]
         offset += r.num_logits
-        (greedy if r.seq.params.greedy else sampled).append(item)
+        params = r.seq.params
+        kind = greedy if params.greedy else sampled if params.seed is None else seeded
+        kind.append(item)
     result = {}
     if greedy:
-        result.update(_greedy(greedy, _argmax_all(greedy, sampled, logits)))
+        result.update(_greedy(greedy, _argmax_all(greedy, seeded + sampled, logits)))
+    if seeded:
+        result.update(_seeded(seeded))
     if sampled:
         result.update(_sampled(sampled, vocab))
     _add_logprobs(rounds, logits, result)
@@ -150,6 +156,31 @@ def _greedy(items, argmax: list[int] | None = None) -> dict:
             best = argmax_rows(rows).tolist()
         p = r.proposal
         drafts, alts = (p.tokens, p.alts) if p is not None else ([], [])
+        tokens, accepted, taken = greedy_round(best, drafts, alts)
+        result[r.slot.seq_id] = _verdict(r, tokens, accepted, taken)
+    return result
+
+
+def _seeded(items) -> dict:
+    """Seeded sampled rounds: the target's token at a node is argmax p(x) / E(x), E the
+    request's draws at the node's position in the output (specd.draws.position_noise),
+    an exact sample from p; the drafts are verified against those tokens as greedy ones
+    are. A node's token then depends on its position and the tokens before it alone, not
+    on how many drafts, leaves or rounds led there: the output is the same drafted or not
+    (a drafter that drafts with the same draws has its drafts taken where it agrees)."""
+    result = {}
+    for r, rows in items:
+        probs = _target_rows(r.seq, r.proposal, rows).cpu()  # [nodes, V]
+        p = r.proposal
+        drafts, alts = (p.tokens, p.alts) if p is not None else ([], [])
+        # the chain's nodes 0..k, then each leaf's: the position after its parent's
+        depths = [*range(len(drafts) + 1), *(parent + 1 for parent, _ in alts)]
+        start, seed, noise = len(r.seq.tokens), r.seq.params.seed, {}
+        best = []
+        for row, depth in zip(probs, depths, strict=True):
+            if depth not in noise:
+                noise[depth] = position_noise(seed, start + depth, probs.shape[-1])
+            best.append(int((row / noise[depth]).argmax()))
         tokens, accepted, taken = greedy_round(best, drafts, alts)
         result[r.slot.seq_id] = _verdict(r, tokens, accepted, taken)
     return result

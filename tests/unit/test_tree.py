@@ -10,6 +10,7 @@ hand: greedy walks, parents and K/V moves."""
 import pytest
 import torch
 
+from specd.draws import position_noise
 from specd.logits import logits_to_probs
 from specd.params import SamplingParams
 from specd.proposal import Proposal
@@ -242,3 +243,24 @@ def test_a_tree_forward_gives_each_node_its_own_paths_logits(tiny_pair):
     ref_kv.allocator.allocate(0)
     want = target.forward(ref_kv, [SeqInput(0, context + [40, 51, 60])])[0]
     torch.testing.assert_close(nxt, want, rtol=1e-4, atol=1e-4)
+
+
+def seeded_generate(target, n: int, positions=(0, 1, 2)) -> torch.Tensor:
+    """n sequences of 3 tokens after the token 0, each its seed's: at position t the token
+    is argmax p(x) / E(x), E = position_noise(seed, t) (verifier_service.verify._seeded)."""
+    out = torch.zeros(n, 3, dtype=torch.long)
+    for seed in range(n):
+        last = 0
+        for i, t in enumerate(positions):
+            last = int((target[last] / position_noise(seed, t, V)).argmax())
+            out[seed, i] = last
+    return out
+
+
+def test_a_seeds_draws_at_each_position_emit_the_targets_distribution():
+    """The seeded path's tokens (the exponential race over each position's draws) are
+    distributed as the target's, jointly over positions; draws shared between positions
+    (the same E at two positions) would correlate them, and are caught."""
+    target, _ = markov_pair(seed=3)
+    assert not fails_exactness(seeded_generate(target, N), target)
+    assert fails_exactness(seeded_generate(target, N, positions=(0, 0, 0)), target)

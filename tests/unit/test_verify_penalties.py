@@ -97,3 +97,26 @@ def test_a_sequence_knows_whether_a_stop_token_ended_it():
     seq.max_new_tokens = 2
     assert seq.append([7]) == [7] and seq.finish_reason == "length"
     assert not seq.stopped_at_token
+
+
+def test_a_seeded_rounds_tokens_are_its_seeds_at_each_nodes_position():
+    """A seeded sampled round, a chain of two and a leaf: each node's token is argmax
+    p(x) / E(x) with E its seed's draws at the node's position (the root's: the sequence's
+    length; a leaf's: the position after its parent's, where its token will stand)."""
+    from specd.draws import position_noise
+    from specd.logits import logits_to_probs
+
+    params = SamplingParams(temperature=1.0, seed=7)
+    rows = torch.randn(4, V, generator=torch.Generator().manual_seed(1))
+    p = logits_to_probs(rows, params)
+    start = 3  # [1, 2] and the pending 3
+    drawn = [
+        int((p[i] / position_noise(7, start + d, V)).argmax()) for i, d in enumerate([0, 1, 2, 2])
+    ]
+    wrong = next(t for t in range(V) if t != drawn[1])
+    # the chain's second draft is refused; the leaf beside it is the seed's token there
+    r = round_of(params, [drawn[0], wrong], alts=[(1, drawn[1])])
+    assert verify_rounds([r], rows.clone(), V)[0].tokens == [drawn[0], drawn[1], drawn[3]]
+    # a chain taken whole: its bonus token is the seed's at the position after it
+    r = round_of(params, [drawn[0], drawn[1]])
+    assert verify_rounds([r], rows[:3].clone(), V)[0].tokens == drawn[:3]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from specd.draws import make_generator
+from specd.draws import make_generator, position_noise
 from specd.kvcache import NoFreeBlocks
 from specd.logits import adjust_logits, adjustments, logits_to_probs
 from specd.models.paged_kv import PagedKV
@@ -237,8 +237,8 @@ class DraftModelProposer:
             view = s.tokens[start:-1]  # feed >= 1
             found = alloc.allocate(s.seq_id, tokens=view, salt=s.cache_salt)
             self._cached[s.seq_id] = view[:found]
-            seed = None if s.params.seed is None else s.params.seed + 0x5EED
-            self._gens[s.seq_id] = make_generator(seed)
+            # an unseeded request's draws (a seeded one's: position_noise)
+            self._gens[s.seq_id] = make_generator(None)
         cached, view = self._cached[s.seq_id], s.tokens[self._start[s.seq_id] :]
         common = 0
         for a, b in zip(cached, view, strict=False):
@@ -281,7 +281,11 @@ class DraftModelProposer:
         vals, cols = vals.cpu(), cols.cpu()
         vals = vals / vals.sum()
         ids = cols if head_ids is None else head_ids[cols.to(head_ids.device)].cpu()
-        noise = torch.empty_like(vals).exponential_(generator=self._gens[s.seq_id])
+        if s.params.seed is None:
+            noise = torch.empty_like(vals).exponential_(generator=self._gens[s.seq_id])
+        else:  # the draws the verifier takes its token with at this position: agreed on
+            position = len(s.tokens) + len(so_far)
+            noise = position_noise(s.params.seed, position, vocab)[ids]
         idx = int((vals / noise).argmax())
         other = 1 if idx == 0 else 0
         alt = int(ids[other]) if other < len(ids) and vals[other] > 0 else None

@@ -60,18 +60,9 @@ class Proposal:
 def continuable(rounds) -> list[tuple[DraftState, Proposal]]:
     """Of (state, proposal) rounds, those a proposer may draft ahead from (as if accepted
     whole): those that got every draft they asked for, unconstrained (a grammar follows
-    the committed tokens), and not a seeded sampled request (its draws, the drafter's as
-    the verifier's, must follow from its seed and history alone, not from whether work
-    ahead was ready in time). References, no copies: a later hit compares the tokens it
+    the committed tokens). References, no copies: a later hit compares the tokens it
     assumed, in full."""
-    return [
-        (s, p)
-        for s, p in rounds
-        if s.k > 0
-        and len(p.tokens) == s.k
-        and s.grammar is None
-        and (s.params.seed is None or s.params.greedy)
-    ]
+    return [(s, p) for s, p in rounds if s.k > 0 and len(p.tokens) == s.k and s.grammar is None]
 
 
 def view_start(n: int, window: int, cached: int = 0) -> int:

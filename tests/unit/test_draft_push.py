@@ -97,12 +97,11 @@ def test_only_a_round_drafted_whole_and_free_is_continued():
     proposer = NgramProposer()
     proposer.propose([state([1, 2, 3], 2)])  # nothing repeats: no drafts
     assert proposer.draft_ahead() == []
-    # a seeded sampled request: its draws follow its seed and history, not timing
-    seeded = replace(state(CYCLE + CYCLE[:3], 2), params=SamplingParams(temperature=1, seed=5))
-    proposer.propose([seeded])
-    assert proposer.draft_ahead() == []
-    proposer.propose([replace(seeded, params=SamplingParams(temperature=1))])  # unseeded
-    assert len(proposer.draft_ahead()) == 1
+    # sampled, seeded or not (a seeded request's tokens are its seed's drafted or not)
+    for seed in (5, None):
+        sampled = SamplingParams(temperature=1, seed=seed)
+        proposer.propose([replace(state(CYCLE + CYCLE[:3], 2), params=sampled)])
+        assert len(proposer.draft_ahead()) == 1
     proposer.propose([state(CYCLE + CYCLE[:3], 2)])
     proposer.close(1)  # ended: nothing to draft ahead for
     assert proposer.draft_ahead() == []

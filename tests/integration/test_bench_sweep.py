@@ -274,3 +274,19 @@ def test_a_raw_prompt_item_is_sent_as_a_prompt_and_a_chat_as_messages():
     assert (
         sent[1].WhichOneof("input") == "messages" and sent[1].messages.messages[0].content == "hi"
     )
+
+
+def test_the_parity_bench_compares_seeded_sampling_across_modes(cluster, tmp_path):
+    """`specd bench parity --temperature 1 --modes off,on,auto`: each prompt's seeded
+    sample is the same in every mode (the tiny pair drafts, and its drafts are taken and
+    refused); a prompt of its own seed each, so the prompts' samples differ."""
+    from bench.parity import run
+
+    chats = tmp_path / "chats.jsonl"
+    prompts = ["abcabcabc", "hello there", "xyz xyz", "one two three"]
+    chats.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    report = run(cluster.router, [str(chats)], 16, ("off", "on", "auto"), 1.0, 7)
+    r = report[str(chats)]
+    assert (r["identical"], r["prompts"]) == (4, 4), r
+    greedy = run(cluster.router, [str(chats)], 16)[str(chats)]
+    assert [x["output"] for x in r["rows"]] != [x["output"] for x in greedy["rows"]]  # sampled

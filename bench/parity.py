@@ -81,9 +81,23 @@ def main(argv: list[str] | None = None) -> int:
     add_service_args(p)
     p.add_argument("--workloads", default="code,chat,edit,retrieval", help=flags.workload(True))
     p.add_argument("--max-new-tokens", type=int, default=128, help=flags.MAX_NEW_TOKENS)
-    p.add_argument("--modes", default="off,on", help="speculation modes, the first the reference")
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; else sampled, seeded")
-    p.add_argument("--seed", type=int, default=1000, help="sampled: prompt i's seed is this + i")
+    p.add_argument(
+        "--modes",
+        default="off,on",
+        help="speculation modes, the first the reference (default: %(default)s)",
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0: greedy; else sampled, seeded (default: %(default)s)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=1000,
+        help="sampled: prompt i's seed is this + i (default: %(default)s)",
+    )
     p.add_argument("--json", help="also write the report here")
     args = p.parse_args(argv)
     workloads = args.workloads.split(",")

@@ -285,7 +285,8 @@ class DraftModelProposer:
             noise = torch.empty_like(vals).exponential_(generator=self._gens[s.seq_id])
         else:  # the draws the verifier takes its token with at this position: agreed on
             position = len(s.tokens) + len(so_far)
-            noise = position_noise(s.params.seed, position, vocab)[ids]
+            # its draws up to q's largest id only (the rest a prefix of them)
+            noise = position_noise(s.params.seed, position, int(ids.max()) + 1)[ids]
         idx = int((vals / noise).argmax())
         other = 1 if idx == 0 else 0
         alt = int(ids[other]) if other < len(ids) and vals[other] > 0 else None

@@ -77,10 +77,10 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
                 device="target_device",
                 max_batch_size="max_num_seqs",
                 max_model_len="max_model_len",
+                gpu_memory_utilization="gpu_memory_utilization",
             ),
             *(["--max-batched-tokens", str(batched)] if batched else []),
             *(["--seed", str(args.seed)] if args.seed is not None else []),  # 0 too
-            *_given(args, gpu_memory_utilization="gpu_memory_utilization"),
             *(["--log-stats-interval", "0"] if args.disable_log_stats else []),
         )
         name = "verifier" if i == 0 else f"verifier-{i + 1}"

@@ -67,7 +67,7 @@ def verify_rounds(rounds: list[Round], logits: torch.Tensor, vocab: int) -> dict
         kind.append(item)
     result = {}
     if greedy:
-        result.update(_greedy(greedy, _argmax_all(greedy, seeded + sampled, logits)))
+        result.update(_greedy(greedy, _argmax_all(greedy, seeded or sampled, logits)))
     if seeded:
         result.update(_seeded(seeded))
     if sampled:
@@ -175,11 +175,14 @@ def _seeded(items) -> dict:
         drafts, alts = (p.tokens, p.alts) if p is not None else ([], [])
         # the chain's nodes 0..k, then each leaf's: the position after its parent's
         depths = [*range(len(drafts) + 1), *(parent + 1 for parent, _ in alts)]
+        # draws only up to the last token any node may emit: a truncated p (top-k, top-p)
+        # needs a few, and a position's draws are a prefix of the whole vocabulary's
+        width = int(probs.amax(0).nonzero().max()) + 1
         start, seed, noise = len(r.seq.tokens), r.seq.params.seed, {}
         best = []
-        for row, depth in zip(probs, depths, strict=True):
+        for row, depth in zip(probs[:, :width], depths, strict=True):
             if depth not in noise:
-                noise[depth] = position_noise(seed, start + depth, probs.shape[-1])
+                noise[depth] = position_noise(seed, start + depth, width)
             best.append(int((row / noise[depth]).argmax()))
         tokens, accepted, taken = greedy_round(best, drafts, alts)
         result[r.slot.seq_id] = _verdict(r, tokens, accepted, taken)

@@ -42,6 +42,7 @@ from router.anthropic_schema import CountTokensBody, MessagesBody
 from router.body import BodyError, parse
 from router.cache_http import PATHS as CACHE_PATHS
 from router.cache_http import CacheRoutes
+from router.cors import ANY_ORIGIN, CrossOrigin, allow_cross_origin, is_preflight
 from router.fim import markers_of
 from router.generation import Router, side_by_side
 from router.llamacpp_http import PATHS as LLAMACPP_PATHS
@@ -88,6 +89,7 @@ class OpenAIDoor:
         reasoning_parser: str = "",
         structured_outputs_in_reasoning: bool = False,
         overrides: dict | None = None,
+        cross_origin: CrossOrigin = ANY_ORIGIN,
     ):
         """`model`: the id clients name (and /v1/models lists); `aliases`: other names
         accepted for it; `token`: the bearer token ("" = open); `registry`: the router's
@@ -97,11 +99,13 @@ class OpenAIDoor:
         how its thinking is read apart (`router.reasoning`; "" = it is not), and a chat's
         constraint held after it unless `structured_outputs_in_reasoning`; `overrides`: the
         server's own sampling defaults (in `sampling` already), which llama-server's
-        endpoints take over its defaults too."""
+        endpoints take over its defaults too; `cross_origin`: which other sites' pages
+        may call it (router/cors.py)."""
         self.router = router
         self.registry = registry
         self.sampling = sampling
         self.overrides = overrides or {}
+        self.cross_origin = cross_origin
         self.model = model
         self.names = {model, *aliases}
         self._expected = f"Bearer {token}".encode() if token else b""
@@ -132,7 +136,10 @@ class OpenAIDoor:
                 web.post("/v1/completions", self.completions),
                 web.post("/v1/chat/completions", self.chat),
                 web.post("/v1/responses", self.responses),
-                web.route("*", "/v1/responses/{rest:.*}", self.no_stored_responses),
+                *[
+                    web.route(method, "/v1/responses/{rest:.*}", self.no_stored_responses)
+                    for method in ("GET", "POST", "DELETE")
+                ],
                 web.post(MESSAGES, self.messages),
                 web.post(f"{MESSAGES}/count_tokens", self.count_tokens),
             ]
@@ -143,6 +150,7 @@ class OpenAIDoor:
         app.add_routes(self.sglang.routes())
         app.add_routes(CacheRoutes(self.router).routes())
         app.add_routes(TokenizerRoutes(self).routes())
+        allow_cross_origin(app, self.cross_origin)
         return app
 
     # -- middlewares -----------------------------------------------------------------------
@@ -165,7 +173,7 @@ class OpenAIDoor:
     @web.middleware
     async def _auth(self, request, handler):
         guarded = request.path.startswith("/v1/") or request.path in NATIVE_PATHS
-        if not self._expected or not guarded:
+        if not self._expected or not guarded or is_preflight(request):
             return await handler(request)
         given = request.headers.get("Authorization", "").encode()
         if "x-api-key" in request.headers:  # Anthropic's clients send the key so

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import re
 import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
@@ -338,8 +339,18 @@ class RouterConfig:
     # holds after the thinking; this holds it from the first token, thinking included
     # (vLLM's structured_outputs_config.enable_in_reasoning)
     structured_outputs_in_reasoning: bool = False
+    # -- who may call the HTTP port from a page of another site (CORS), vLLM's flags --
+    # the sites whose pages may call the HTTP port (CORS): a JSON list, e.g.
+    # ["https://chat.example.com"], or comma-separated; "*" = any (as vLLM, SGLang and
+    # llama-server allow by default); [] = none
+    allowed_origins: str = '["*"]'
+    allowed_methods: str = '["*"]'  # the methods such a page may use; "*" = any
+    allowed_headers: str = '["*"]'  # the headers it may send; "*" = any
+    allow_credentials: bool = False  # with the browser's cookies and HTTP authentication
 
     def __post_init__(self):
+        for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
+            string_list(getattr(self, name), name)  # refused here if malformed
         if self.policy and self.policy_file:
             raise ValueError("policy and policy_file: name one")
         if self.chat_template:
@@ -359,6 +370,23 @@ class RouterConfig:
 
 
 # -- the CLI is derived from these dataclasses, so defaults live in one place -------------
+def string_list(text: str, name: str) -> tuple[str, ...]:
+    """A flag's list of strings: a JSON list (as vLLM takes it), or comma-separated."""
+    text = text.strip()
+    if not text.startswith("["):
+        items = tuple(item.strip() for item in text.split(",") if item.strip())
+        if any(re.search(r'[\s"\[\]{}]', item) for item in items):
+            raise ValueError(f"{name}: a JSON list, or comma-separated words; got {text!r}")
+        return items
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{name}: not a JSON list ({exc.msg}): {text!r}") from None
+    if not all(isinstance(i, str) and i for i in items):
+        raise ValueError(f"{name}: a JSON list of non-empty strings, got {text!r}")
+    return tuple(items)
+
+
 def field_docs(cls) -> dict[str, str]:
     """Each field's comment in the class's source, as one line: the one after it on its
     line, else the comment lines right above it (a `# --` section heading, and a comment

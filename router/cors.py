@@ -1,0 +1,52 @@
+"""Cross-origin requests (CORS) on the HTTP door, so that a page served from elsewhere (a
+chat UI in a browser) may call it. vLLM's flags say who may (`--allowed-origins`,
+`--allowed-methods`, `--allowed-headers`, `--allow-credentials`), and by default any page
+may, as vLLM, SGLang and llama-server let it. aiohttp-cors answers the preflights and
+marks the answers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import aiohttp_cors
+from aiohttp import web
+
+PREFLIGHT_MAX_AGE_S = 600  # how long a browser may keep a preflight's answer (Starlette's)
+
+
+@dataclass(frozen=True)
+class CrossOrigin:
+    """Who may call from another origin: `origins` (scheme://host[:port], or "*" for
+    any; none: no page may), the methods and request headers it may use ("*": any), and
+    whether with the browser's credentials (cookies, HTTP authentication)."""
+
+    origins: tuple[str, ...] = ("*",)
+    methods: tuple[str, ...] = ("*",)
+    headers: tuple[str, ...] = ("*",)
+    credentials: bool = False
+
+
+ANY_ORIGIN = CrossOrigin()
+
+
+def allow_cross_origin(app: web.Application, allowed: CrossOrigin) -> None:
+    """Answer `allowed`'s preflights (OPTIONS) on every path of `app`, and mark its
+    answers to those origins, errors included, as theirs to read (every header exposed).
+    Call it once the routes are added."""
+    if not allowed.origins:
+        return
+    options = aiohttp_cors.ResourceOptions(
+        allow_credentials=allowed.credentials,
+        expose_headers="*",
+        allow_headers="*" if "*" in allowed.headers else allowed.headers,
+        allow_methods="*" if "*" in allowed.methods else [m.upper() for m in allowed.methods],
+        max_age=PREFLIGHT_MAX_AGE_S,
+    )
+    cors = aiohttp_cors.setup(app, defaults=dict.fromkeys(allowed.origins, options))
+    for resource in list(app.router.resources()):
+        cors.add(resource)  # a resource, not its routes: then --allowed-methods holds
+
+
+def is_preflight(request: web.Request) -> bool:
+    """A browser asking whether it may (which carries no credentials to check)."""
+    return request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers

@@ -100,7 +100,11 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
             chat_template="chat_template",
             tool_call_parser="tool_call_parser",
             reasoning_parser="reasoning_parser",
+            allowed_origins="allowed_origins",
+            allowed_methods="allowed_methods",
+            allowed_headers="allowed_headers",
         ),
+        *(["--allow-credentials"] if args.allow_credentials else []),
         *(
             ["--sampling-defaults", SAMPLING_DEFAULTS[args.generation_config]]
             if args.generation_config

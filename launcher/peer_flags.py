@@ -146,6 +146,22 @@ def add_serving_flags(up) -> None:
         help="sampling defaults for fields a request leaves out, e.g. '{\"temperature\": 0.2}' "
         "(the router's; default: none)",
     )
+    for flag, what in (
+        ("origins", "the sites whose pages may call the HTTP port (CORS)"),
+        ("methods", "the methods those pages may use"),
+        ("headers", "the headers those pages may send"),
+    ):
+        serving.add_argument(
+            f"--allowed-{flag}",
+            metavar="JSON",
+            default="",
+            help=f"vLLM's: {what}, a JSON list (the router's; default: its own, any)",
+        )
+    serving.add_argument(
+        "--allow-credentials",
+        action="store_true",
+        help="vLLM's: those pages may send the browser's cookies (the router's)",
+    )
     for names, kind, key in LLAMA_SAMPLERS:
         serving.add_argument(
             *names,

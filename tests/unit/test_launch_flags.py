@@ -227,3 +227,18 @@ def test_llama_servers_sampling_flags_join_vllms_override():
             _configs("--override-generation-config", bad)
     with pytest.raises(ConfigError, match="top_p = 2.0 is out of range"):
         _configs("--top-p", "2")  # said by the router's config, before anything starts
+
+
+def test_vllms_cors_flags_reach_the_router():
+    router = _configs()["router"]
+    assert (router.allowed_origins, router.allowed_headers) == ('["*"]', '["*"]')
+    assert router.allow_credentials is False
+    sites = '["https://chat.example.com"]'
+    router = _configs(
+        *("--allowed-origins", sites, "--allowed-methods", '["POST"]'),
+        *("--allowed-headers", "content-type", "--allow-credentials"),
+    )["router"]
+    assert (router.allowed_origins, router.allowed_methods) == (sites, '["POST"]')
+    assert (router.allowed_headers, router.allow_credentials) == ("content-type", True)
+    with pytest.raises(ConfigError, match="allowed_origins"):
+        _configs("--allowed-origins", '["https://a.example"')  # refused before anything starts

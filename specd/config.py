@@ -6,6 +6,7 @@ import argparse
 import inspect
 import json
 import re
+import ssl
 import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 
@@ -193,6 +194,7 @@ class DrafterConfig:
     tls_key: str = ""  # PEM key of tls_cert
 
     def __post_init__(self):
+        check_tls(self.tls_cert, self.tls_key)
         check_proposer(self.proposer, empty_ok=False)
         if self.suffix_memory_tokens < 0:
             raise ValueError("suffix_memory_tokens must be >= 0")
@@ -283,6 +285,7 @@ class VerifierConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self):
+        check_tls(self.tls_cert, self.tls_key)
         _check_dtype(self.dtype)
         _check_weights(self.weights)
         _check_kv_dtype(self.kv_dtype)
@@ -309,6 +312,11 @@ class RouterConfig:
     tls_cert: str = ""  # PEM certificate; with tls_key, this listener speaks TLS only
     tls_key: str = ""  # PEM key of tls_cert
     tls_ca: str = ""  # PEM of the CA that signed the verifiers' certificates
+    # the HTTP port's own certificate and key, where they are not tls_cert's (`specd up`
+    # sets them from vLLM's --ssl-certfile and --ssl-keyfile: HTTPS, the gRPC port plain);
+    # "" = tls_cert's
+    http_tls_cert: str = ""
+    http_tls_key: str = ""  # PEM key of http_tls_cert
     metrics_port: int = 0  # the Prometheus endpoint's port; 0 = none
     # on SIGTERM: NOT_SERVING, new calls refused, running requests get this long to finish
     drain_seconds: float = 30.0
@@ -349,6 +357,8 @@ class RouterConfig:
     allow_credentials: bool = False  # with the browser's cookies and HTTP authentication
 
     def __post_init__(self):
+        check_tls(self.tls_cert, self.tls_key)
+        check_tls(self.http_tls_cert, self.http_tls_key, "http_tls_cert", "http_tls_key")
         for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
             string_list(getattr(self, name), name)  # refused here if malformed
         if self.policy and self.policy_file:
@@ -370,6 +380,23 @@ class RouterConfig:
 
 
 # -- the CLI is derived from these dataclasses, so defaults live in one place -------------
+def check_tls(cert: str, key: str, cert_name="tls_cert", key_name="tls_key") -> None:
+    """A listener's certificate and key: both or neither, and they load together."""
+    if not cert and not key:
+        return
+    if not (cert and key):
+        raise ValueError(f"{cert_name} and {key_name}: give both, or neither")
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except ssl.SSLError as exc:  # its reason, e.g. KEY_VALUES_MISMATCH: a key of another
+        why = (exc.reason or "unreadable").lower().replace("_", " ")
+        raise ValueError(
+            f"{cert_name} {cert} with {key_name} {key}: not a PEM certificate and its key ({why})"
+        ) from None
+    except OSError as exc:
+        raise ValueError(f"{cert_name} {cert} with {key_name} {key}: {exc.strerror}") from None
+
+
 def string_list(text: str, name: str) -> tuple[str, ...]:
     """A flag's list of strings: a JSON list (as vLLM takes it), or comma-separated."""
     text = text.strip()

@@ -14,7 +14,7 @@ import torch
 from launcher.cli import main
 from launcher.cli_parser import BENCHES, ROLES, build_parser, serve_config
 from launcher.local_cluster import CLI, cluster_children
-from specd.config import DTYPES, EngineConfig, RouterConfig, from_arguments
+from specd.config import DTYPES, ConfigError, EngineConfig, RouterConfig, from_arguments
 from specd.models.args import parse_dtype
 from specd.models.paged_kv import kv_dtype
 
@@ -277,3 +277,23 @@ def test_specd_up_refuses_ports_another_server_holds(capsys):
         flags = ["--router-port", str(free), "--verifier-port", str(free_port())]
         assert main(["up", *flags, "--drafter-port", str(held), "--http-port", "0"]) == 2
     assert capsys.readouterr().err.startswith(f"specd up: 127.0.0.1:{held} (drafter) is in use")
+
+
+def test_a_listeners_certificate_and_key_are_checked_before_it_starts(tmp_path):
+    """Both or neither, readable, a PEM certificate with its own key: said in one line,
+    for each role, rather than a traceback when the listener starts."""
+    from tests.integration.test_tls import self_signed
+
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    cert, key = self_signed(tmp_path / "a")
+    _, other_key = self_signed(tmp_path / "b")
+    for role in ("drafter", "verifier", "router"):
+        assert serve_config(["serve", role, "--tls-cert", cert, "--tls-key", key]).tls_cert == cert
+        for flags, said in (
+            (["--tls-cert", cert], "give both, or neither"),
+            (["--tls-cert", cert, "--tls-key", other_key], "(key values mismatch)"),
+            (["--tls-cert", str(tmp_path / "none.pem"), "--tls-key", key], "No such file"),
+            (["--tls-cert", key, "--tls-key", key], "not a PEM certificate and its key"),
+        ):
+            with pytest.raises(ConfigError, match=re.escape(said)):
+                serve_config(["serve", role, *flags])

@@ -214,18 +214,12 @@ async def _start_http(config, router: Router, token: str, registry):
         overrides,
         cross_origin(config),
     )
-    runner, port = await start(
-        door,
-        config.host,
-        config.http_port,
-        config.tls_cert,
-        config.tls_key,
-        config.drain_seconds,
-    )
+    cert, key = config.http_tls_cert or config.tls_cert, config.http_tls_key or config.tls_key
+    runner, port = await start(door, config.host, config.http_port, cert, key, config.drain_seconds)
     log.info(
         "router serving the OpenAI API on http%s://%s:%d/v1 as model %r (tool calls read: "
         "%s; thinking read: %s)",
-        "s" if config.tls_cert else "",
+        "s" if cert else "",
         config.host,
         port,
         model,

@@ -120,3 +120,37 @@ def test_the_servers_sampling_overrides_fill_what_a_request_leaves_out(tmp_path)
     finally:
         for p in (front, target):
             p.stop()
+
+
+def test_the_http_port_may_speak_https_with_the_grpc_port_plain(tmp_path):
+    """The HTTP door's own certificate (what `specd up --ssl-certfile --ssl-keyfile`
+    gives it, as vLLM's flags make its port HTTPS): HTTPS there, trusted through the
+    certificate, plain HTTP refused; the gRPC port, which `specd up`'s readiness check and
+    its clients on the host reach, stays plain."""
+    import json
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    from tests.integration.test_tls import self_signed
+
+    cert, key = self_signed(tmp_path)
+    model = save_tiny_cluster_model(tmp_path / "tiny")
+    target = verifier(model, tmp_path).start()
+    http = free_port()
+    extra = ("--http-port", str(http), "--http-tls-cert", cert, "--http-tls-key", key)
+    front = router(model, tmp_path, target, extra=extra).start()  # ready over plain gRPC
+    body = json.dumps({"prompt": "abc", "max_tokens": 4, "ignore_eos": True}).encode()
+    try:
+        secure = urllib.request.Request(f"https://localhost:{http}/v1/completions", body)
+        trusted = ssl.create_default_context(cafile=cert)
+        with urllib.request.urlopen(secure, context=trusted, timeout=60) as reply:
+            assert json.load(reply)["usage"]["completion_tokens"] == 4
+        plain = urllib.request.Request(f"http://127.0.0.1:{http}/v1/completions", body)
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            urllib.request.urlopen(plain, timeout=10)
+        with SpecdClient(front.address) as client:
+            assert client.generate("abc", max_new_tokens=4, ignore_eos=True).text
+    finally:
+        for p in (front, target):
+            p.stop()

@@ -96,6 +96,8 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
         *_given(
             args,
             served_model_name="served_model_name",
+            http_tls_cert="ssl_certfile",
+            http_tls_key="ssl_keyfile",
             default_max_new_tokens="n_predict",
             chat_template="chat_template",
             tool_call_parser="tool_call_parser",
@@ -220,8 +222,9 @@ def _run_local_cluster(args, token_file: str) -> int:
     model = args.served_model_name or ALIASES.get(args.target, args.target)
     token = " --auth-token <the --api-key>" if token_file else ""
     bearer = " -H 'authorization: Bearer <the --api-key>'" if token_file else ""
+    scheme = "https" if args.ssl_certfile else "http"
     http = (
-        f"\n  or:  curl http://{args.host}:{args.http_port}/v1/chat/completions{bearer} "
+        f"\n  or:  curl {scheme}://{args.host}:{args.http_port}/v1/chat/completions{bearer} "
         f'-H \'content-type: application/json\' -d \'{{"model": "{model}", '
         '"messages": [{"role": "user", "content": "Reverse a string in Python."}]}\''
         if args.http_port

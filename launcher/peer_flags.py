@@ -58,6 +58,19 @@ def add_serving_flags(up) -> None:
         "--served-model-name", "--alias", "-a", default="", help="the model id HTTP clients name"
     )
     serving.add_argument(
+        "--ssl-certfile",
+        "--ssl-cert-file",
+        default="",
+        help="the HTTP port speaks HTTPS with this PEM certificate, the gRPC ports staying "
+        "plain (the router's --http-tls-cert; llama-server's --ssl-cert-file)",
+    )
+    serving.add_argument(
+        "--ssl-keyfile",
+        "--ssl-key-file",
+        default="",
+        help="its PEM key (the router's --http-tls-key; llama-server's --ssl-key-file)",
+    )
+    serving.add_argument(
         "--max-num-seqs",
         "--max-running-requests",
         "--parallel",

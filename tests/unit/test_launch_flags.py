@@ -242,3 +242,18 @@ def test_vllms_cors_flags_reach_the_router():
     assert (router.allowed_headers, router.allow_credentials) == ("content-type", True)
     with pytest.raises(ConfigError, match="allowed_origins"):
         _configs("--allowed-origins", '["https://a.example"')  # refused before anything starts
+
+
+def test_vllms_and_llama_servers_ssl_flags_make_the_http_port_https(tmp_path):
+    from tests.integration.test_tls import self_signed
+
+    cert, key = self_signed(tmp_path)
+    for flags in (
+        ("--ssl-certfile", cert, "--ssl-keyfile", key),
+        ("--ssl-cert-file", cert, "--ssl-key-file", key),
+    ):
+        router = _configs(*flags)["router"]
+        assert (router.http_tls_cert, router.http_tls_key) == (cert, key)
+        assert (router.tls_cert, router.tls_key) == ("", "")  # the gRPC port stays plain
+    with pytest.raises(ConfigError, match="http_tls_cert and http_tls_key: give both"):
+        _configs("--ssl-certfile", cert)

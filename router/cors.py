@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import aiohttp_cors
 from aiohttp import web
 
+from specd.config import string_list
+
 PREFLIGHT_MAX_AGE_S = 600  # how long a browser may keep a preflight's answer (Starlette's)
 
 
@@ -27,6 +29,16 @@ class CrossOrigin:
 
 
 ANY_ORIGIN = CrossOrigin()
+
+
+def cross_origin(config) -> CrossOrigin:
+    """Who may call, as the router's config (`specd.config.RouterConfig`) says."""
+    return CrossOrigin(
+        string_list(config.allowed_origins, "allowed_origins"),
+        string_list(config.allowed_methods, "allowed_methods"),
+        string_list(config.allowed_headers, "allowed_headers"),
+        config.allow_credentials,
+    )
 
 
 def allow_cross_origin(app: web.Application, allowed: CrossOrigin) -> None:

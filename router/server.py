@@ -10,13 +10,11 @@ import logging
 import anyio
 
 from protos.specd.v1 import router_pb2, router_pb2_grpc
-from router.cors import CrossOrigin
 from router.generation import Router
 from router.policy import PolicyError, routing_policy
 from router.prepare import Prepared, RequestError
 from router.replicas import ReplicaSet
 from router.tokenizer import ChatTokenizer
-from specd.config import string_list
 from specd.params import sampling_overrides
 from specd.wire import ERROR_CODE_KEY
 
@@ -176,19 +174,10 @@ async def _start_servers(config, router: Router, registry=None):
     return server, port, health, also_stop
 
 
-def cross_origin(config) -> CrossOrigin:
-    """Who may call the HTTP door from another site's page, as the config says."""
-    return CrossOrigin(
-        string_list(config.allowed_origins, "allowed_origins"),
-        string_list(config.allowed_methods, "allowed_methods"),
-        string_list(config.allowed_headers, "allowed_headers"),
-        config.allow_credentials,
-    )
-
-
 async def _start_http(config, router: Router, token: str, registry):
     """The OpenAI-compatible door on config.http_port, with the router's metrics
     (`registry`) at /metrics; returns its drain."""
+    from router.cors import cross_origin
     from router.openai_http import OpenAIDoor, start
     from router.openai_request import OPENAI_DEFAULTS, SamplingDefaults
     from specd.models.resolve import resolve

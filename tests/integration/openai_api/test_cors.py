@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from router.cors import CrossOrigin
+from router.cors import CrossOrigin, cross_origin
 from router.openai_http import OpenAIDoor
 from router.openai_http import start as start_http
 from specd.config import ConfigError, RouterConfig
@@ -102,8 +102,6 @@ def test_only_the_sites_methods_and_headers_allowed(door_of):
     ],
 )
 def test_the_lists_are_json_as_vllm_takes_them_or_comma_separated(given, want):
-    from router.server import cross_origin
-
     assert cross_origin(RouterConfig(allowed_origins=given)).origins == want
 
 

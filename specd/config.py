@@ -312,9 +312,8 @@ class RouterConfig:
     tls_cert: str = ""  # PEM certificate; with tls_key, this listener speaks TLS only
     tls_key: str = ""  # PEM key of tls_cert
     tls_ca: str = ""  # PEM of the CA that signed the verifiers' certificates
-    # the HTTP port's own certificate and key, where they are not tls_cert's (`specd up`
-    # sets them from vLLM's --ssl-certfile and --ssl-keyfile: HTTPS, the gRPC port plain);
-    # "" = tls_cert's
+    # the HTTP port's own certificate (`specd up`'s --ssl-certfile, vLLM's: HTTPS there,
+    # the gRPC port plain); "" = tls_cert's
     http_tls_cert: str = ""
     http_tls_key: str = ""  # PEM key of http_tls_cert
     metrics_port: int = 0  # the Prometheus endpoint's port; 0 = none
@@ -379,7 +378,6 @@ class RouterConfig:
             )
 
 
-# -- the CLI is derived from these dataclasses, so defaults live in one place -------------
 def check_tls(cert: str, key: str, cert_name="tls_cert", key_name="tls_key") -> None:
     """A listener's certificate and key: both or neither, and they load together."""
     if not cert and not key:
@@ -388,13 +386,13 @@ def check_tls(cert: str, key: str, cert_name="tls_cert", key_name="tls_key") -> 
         raise ValueError(f"{cert_name} and {key_name}: give both, or neither")
     try:
         ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+        return
     except ssl.SSLError as exc:  # its reason, e.g. KEY_VALUES_MISMATCH: a key of another
         why = (exc.reason or "unreadable").lower().replace("_", " ")
-        raise ValueError(
-            f"{cert_name} {cert} with {key_name} {key}: not a PEM certificate and its key ({why})"
-        ) from None
+        why = f"not a PEM certificate and its key ({why})"
     except OSError as exc:
-        raise ValueError(f"{cert_name} {cert} with {key_name} {key}: {exc.strerror}") from None
+        why = exc.strerror
+    raise ValueError(f"{cert_name} {cert} with {key_name} {key}: {why}")
 
 
 def string_list(text: str, name: str) -> tuple[str, ...]:
@@ -414,6 +412,7 @@ def string_list(text: str, name: str) -> tuple[str, ...]:
     return tuple(items)
 
 
+# -- the CLI is derived from these dataclasses, so defaults live in one place -------------
 def field_docs(cls) -> dict[str, str]:
     """Each field's comment in the class's source, as one line: the one after it on its
     line, else the comment lines right above it (a `# --` section heading, and a comment

@@ -95,7 +95,6 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
         *(["--auth-token-file", token_file] if token_file else []),
         *_given(
             args,
-            served_model_name="served_model_name",
             http_tls_cert="ssl_certfile",
             http_tls_key="ssl_keyfile",
             default_max_new_tokens="n_predict",
@@ -107,6 +106,7 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
             allowed_headers="allowed_headers",
         ),
         *(["--allow-credentials"] if args.allow_credentials else []),
+        *[x for name in args.served_model_name for x in ("--served-model-name", name)],
         *(
             ["--sampling-defaults", SAMPLING_DEFAULTS[args.generation_config]]
             if args.generation_config
@@ -219,7 +219,7 @@ def _run_local_cluster(args, token_file: str) -> int:
     resolve(args.target)
     resolve(configs["drafter"].model)
     router = children[-1].address
-    model = args.served_model_name or ALIASES.get(args.target, args.target)
+    model = (args.served_model_name or [ALIASES.get(args.target, args.target)])[0]
     token = " --auth-token <the --api-key>" if token_file else ""
     bearer = " -H 'authorization: Bearer <the --api-key>'" if token_file else ""
     scheme = "https" if args.ssl_certfile else "http"

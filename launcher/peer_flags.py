@@ -55,7 +55,14 @@ def add_serving_flags(up) -> None:
         "private file specd up writes; default: $SPECD_API_KEY, else none)",
     )
     serving.add_argument(
-        "--served-model-name", "--alias", "-a", default="", help="the model id HTTP clients name"
+        "--served-model-name",
+        "--alias",
+        "-a",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="the model's ids to HTTP clients: the first answers, /v1/models lists each (vLLM's; "
+        "the router's; default: the target's catalogue name)",
     )
     serving.add_argument(
         "--ssl-certfile",

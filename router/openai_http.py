@@ -90,6 +90,7 @@ class OpenAIDoor:
         structured_outputs_in_reasoning: bool = False,
         overrides: dict | None = None,
         cross_origin: CrossOrigin = ANY_ORIGIN,
+        also_served: tuple[str, ...] = (),
     ):
         """`model`: the id clients name (and /v1/models lists); `aliases`: other names
         accepted for it; `token`: the bearer token ("" = open); `registry`: the router's
@@ -100,14 +101,16 @@ class OpenAIDoor:
         constraint held after it unless `structured_outputs_in_reasoning`; `overrides`: the
         server's own sampling defaults (in `sampling` already), which llama-server's
         endpoints take over its defaults too; `cross_origin`: which other sites' pages
-        may call it (router/cors.py)."""
+        may call it (router/cors.py); `also_served`: more names for the model, listed
+        and answered beside `model` (vLLM's --served-model-name after the first)."""
         self.router = router
         self.registry = registry
         self.sampling = sampling
         self.overrides = overrides or {}
         self.cross_origin = cross_origin
         self.model = model
-        self.names = {model, *aliases}
+        self.listed = (model, *(n for n in also_served if n != model))  # /v1/models' ids
+        self.names = {*self.listed, *aliases}
         self._expected = f"Bearer {token}".encode() if token else b""
         self.created = int(time.time())
         self.draining = False  # set on SIGTERM: /health answers 503
@@ -243,12 +246,19 @@ class OpenAIDoor:
         )
 
     async def models(self, request):
-        return web.json_response({"object": "list", "data": [await self._card()]})
+        """A card for each served name, as vLLM lists them."""
+        card = await self._card()
+        cards = [card | {"id": name} for name in self.listed]
+        return web.json_response({"object": "list", "data": cards})
 
     async def model_card(self, request):
         """One model's card (the OpenAI SDK's `models.retrieve`), by any of its names."""
-        refused = self.unknown(request.match_info["model"])
-        return refused if refused is not None else web.json_response(await self._card())
+        name = request.match_info["model"]
+        refused = self.unknown(name)
+        if refused is not None:
+            return refused
+        card = await self._card()
+        return web.json_response(card | {"id": name} if name in self.listed else card)
 
     async def _card(self) -> dict:
         card = {"id": self.model, "object": "model", "created": self.created, "owned_by": "specd"}

@@ -141,7 +141,7 @@ def served_model_name(config) -> str:
     tokenizer's catalog name or path."""
     from specd.models.catalog import ALIASES
 
-    return config.served_model_name or ALIASES.get(config.tokenizer, config.tokenizer)
+    return (config.served_model_name or [ALIASES.get(config.tokenizer, config.tokenizer)])[0]
 
 
 async def _start_servers(config, router: Router, registry=None):
@@ -202,6 +202,7 @@ async def _start_http(config, router: Router, token: str, registry):
         config.structured_outputs_in_reasoning,
         overrides,
         cross_origin(config),
+        tuple(config.served_model_name[1:]),
     )
     cert, key = config.http_tls_cert or config.tls_cert, config.http_tls_key or config.tls_key
     runner, port = await start(door, config.host, config.http_port, cert, key, config.drain_seconds)

@@ -322,7 +322,8 @@ class RouterConfig:
     # the OpenAI-compatible HTTP API (same token and certificate); 0 = off. `specd up`,
     # compose and the Kubernetes manifests serve it on 8000
     http_port: int = 0
-    served_model_name: str = ""  # the model id HTTP clients name; "" = --tokenizer's
+    # the model's ids to HTTP clients (vLLM's): the first answers; none = --tokenizer's
+    served_model_name: list[str] = field(default_factory=list)
     # the chat template in place of the model's: a file, or the template's text, as
     # vLLM's --chat-template takes it; "" = the model's
     chat_template: str = ""
@@ -346,7 +347,6 @@ class RouterConfig:
     # holds after the thinking; this holds it from the first token, thinking included
     # (vLLM's structured_outputs_config.enable_in_reasoning)
     structured_outputs_in_reasoning: bool = False
-    # -- who may call the HTTP port from a page of another site (CORS), vLLM's flags --
     # the sites whose pages may call the HTTP port (CORS): a JSON list, e.g.
     # ["https://chat.example.com"], or comma-separated; "*" = any (as vLLM, SGLang and
     # llama-server allow by default); [] = none

@@ -162,7 +162,7 @@ def test_specd_up_keeps_serving_through_a_killed_drafter_and_a_killed_verifier(t
 def test_specd_up_runs_a_vllm_launch_command(tmp_path, monkeypatch, capsys):
     """A vLLM user's launch flags as `specd up` serves them: the `--speculative-config`
     (an n-gram drafter that loads no draft model, and the k it names, past the verifier's
-    default of 8), `--port`, `--api-key` on both doors, `--served-model-name`,
+    default of 8), `--port`, `--api-key` on both doors, `--served-model-name` (two names),
     `--max-model-len` and `--chat-template`; and llama-server's threads, the verifier's
     and the draft model's."""
     model = save_tiny_cluster_model(tmp_path / "tiny")
@@ -174,7 +174,7 @@ def test_specd_up_runs_a_vllm_launch_command(tmp_path, monkeypatch, capsys):
         *("--target", str(model), "--dtype", "float32", "--speculative-config", spec),
         *("--router-port", str(router), "--drafter-port", str(free_port())),
         *("--verifier-port", str(free_port()), "--port", str(http), "--api-key", key),
-        *("--served-model-name", "tiny-coder", "--max-model-len", "200"),
+        *("--served-model-name", "tiny-coder", "gpt-4o", "--max-model-len", "200"),
         *("--chat-template", str(template)),
         *("--trust-remote-code", "-t", "2", "-td", "1"),  # llama-server's threads
     )
@@ -186,9 +186,11 @@ def test_specd_up_runs_a_vllm_launch_command(tmp_path, monkeypatch, capsys):
             with pytest.raises(openai.AuthenticationError):
                 c.models.list()
         with openai.OpenAI(base_url=f"http://127.0.0.1:{http}/v1", api_key=key) as c:
-            card = c.models.list().data[0].model_dump()
+            cards = [m.model_dump() for m in c.models.list().data]
+            card = cards[0]
+            assert [m["id"] for m in cards] == ["tiny-coder", "gpt-4o"]  # vLLM's two names
             with pytest.raises(openai.BadRequestError, match="context"):
-                c.completions.create(model="tiny-coder", prompt="a" * 10, max_tokens=195)
+                c.completions.create(model="gpt-4o", prompt="a" * 10, max_tokens=195)
         chat = [{"role": "user", "content": "hi"}, {"role": "user", "content": "yo"}]
         asked = urllib.request.Request(
             f"http://127.0.0.1:{http}/apply-template",  # llama-server's: the prompt rendered

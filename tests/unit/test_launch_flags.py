@@ -47,7 +47,7 @@ def test_each_serving_flag_reaches_the_role_that_owns_it():
         *("--chat-template", "{{ messages[0]['content'] }}"),
     )
     router = c["router"]
-    assert (router.http_port, router.served_model_name) == (9000, "coder")
+    assert (router.http_port, router.served_model_name) == (9000, ["coder"])
     assert (router.tool_call_parser, router.reasoning_parser) == ("hermes", "qwen3")
     assert router.chat_template == "{{ messages[0]['content'] }}"
     assert router.sampling_defaults == "openai"  # vLLM's own defaults, not the model's
@@ -83,11 +83,15 @@ def test_each_serving_flag_reaches_the_role_that_owns_it():
             3,
             512,
         )
-        assert c["router"].served_model_name == "x"
+        assert c["router"].served_model_name == ["x"]
     # none given: each role's own
     c = _configs()
     assert (c["verifier"].engine.max_batch_size, c["verifier"].engine.max_model_len) == (16, 0)
-    assert (c["router"].served_model_name, c["router"].auth_token_file) == ("", "")
+    assert (c["router"].served_model_name, c["router"].auth_token_file) == ([], "")
+    # vLLM's several names, the first the one answers carry; the target still named after
+    named = _configs("--served-model-name", "coder", "gpt-4o", "--target", "tiny")
+    assert named["router"].served_model_name == ["coder", "gpt-4o"]
+    assert named["verifier"].model == "tiny"
     assert (c["router"].sampling_defaults, c["verifier"].log_stats_interval) == ("model", 10.0)
     assert _configs("--generation-config", "auto")["router"].sampling_defaults == "model"
 

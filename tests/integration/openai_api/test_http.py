@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from tests.cluster import CHAT_TEMPLATE, TINY_MODEL_ID, char_tokenizer
-from tests.integration.openai_api.door import CHAT, TOKEN, http, post_json, url
+from tests.integration.openai_api.door import CHAT, TOKEN, http, post_json, side_door, url
 
 
 # -- answers ---------------------------------------------------------------------------------
@@ -313,3 +313,17 @@ def test_route_and_speculation_by_header_and_body(client):
 def test_the_model_name_may_be_an_alias(client):
     r = client.completions.create(model="tiny-alias", prompt="abc", max_tokens=2)
     assert r.model == TINY_MODEL_ID
+
+
+def test_several_served_names_are_each_listed_and_answered_as_the_first(cluster):
+    """vLLM's `--served-model-name coder gpt-4o`: /v1/models lists a card for each name,
+    any of them is served, and the answer names the first, as vLLM's does."""
+    with side_door(cluster, char_tokenizer(), also_served=("gpt-4o",)) as client:
+        cards = client.models.list().data
+        assert [c.id for c in cards] == [TINY_MODEL_ID, "gpt-4o"]
+        assert cards[1].model_dump()["max_model_len"] == 512  # the same model's card
+        assert client.models.retrieve("gpt-4o").id == "gpt-4o"
+        r = client.completions.create(model="gpt-4o", prompt="abc", max_tokens=2)
+        assert r.model == TINY_MODEL_ID
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="gpt-5", prompt="abc", max_tokens=2)

@@ -83,19 +83,25 @@ def verification_ratios(model, context: int, sizes, repeats: int = 20) -> dict[i
     return {n: round(t / times[1], 3) for n, t in times.items()} | {"one_row_ms": times[1] * 1e3}
 
 
+MEASURED_PASSES = 3  # a speculation run's passes after its first, the fastest reported
+
+
 def engine_run(
-    model, prompts, new: int, proposer=None, k: int = 0, auto=False, batch=1, warm=False
-) -> dict:
+    model, prompts, new: int, proposer=None, k: int = 0, auto=False, batch=1, warm=False,
+    repeats: int = 1,
+) -> dict:  # fmt: skip
     """All prompts through one engine, `batch` at a time: tok/s over the whole run. With
-    `warm`, the prompts run twice on the same engine and the figures are the second
+    `warm`, the prompts run again on the same engine and the figures are the later
     pass's, as a verifier that has run a while serves them (its speculation control has
     priced its steps; what was built at first use is built); `first_pass_tok_per_s` is the
-    first's."""
+    first's. `repeats` later passes: the fastest's figures (a shared machine's pauses
+    land on a pass, not on what it measures)."""
     blocks = batch * -(-(len(prompts[0]) + new + 2 * k + 2) // 16)
     config = EngineConfig(max_batch_size=batch, num_blocks=blocks)
     engine = Engine(model, config, proposer, eos_ids=set())
     first = _pass(engine, prompts, new, k, auto, batch) if warm else None
-    run = _pass(engine, prompts, new, k, auto, batch)
+    passes = [_pass(engine, prompts, new, k, auto, batch) for _ in range(max(1, repeats))]
+    run = max(passes, key=lambda p: p["tok_per_s"])
     if first is not None:
         run["first_pass_tok_per_s"] = first["tok_per_s"]
     return run
@@ -213,38 +219,27 @@ def speculation(
     emulate_ms=(),
 ):  # fmt: skip
     """Plain, then controlled drafts (free and behind the draft model), then `auto`, each
-    engine's second pass over the prompts (`engine_run`'s `warm`); and
+    engine's fastest of MEASURED_PASSES over the prompts after a first (`engine_run`'s
+    `warm`); and
     with `services` (target and draft shape) the same through verifier and drafter
     processes (bench.gpu.services), and `many` prompts at once through the verifier."""
     from drafter_service.draft_model import DraftModelProposer
 
-    plain = engine_run(model, prompts, new, warm=True)
+    plain = engine_run(model, prompts, new, warm=True, repeats=MEASURED_PASSES)
     recorded = {tuple(p): out for p, out in zip(prompts, plain["outputs"], strict=True)}
     vocab = model.args.vocab_size
 
-    def controlled(inner):
-        return ControlledProposer(recorded, vocab, acceptance, inner)
+    def run(inner, auto=False):
+        proposer = ControlledProposer(recorded, vocab, acceptance, inner)
+        return engine_run(
+            model, prompts, new, proposer, k, auto, warm=True, repeats=MEASURED_PASSES
+        )
 
     runs = {
         "off": plain,
-        "lookup": engine_run(model, prompts, new, controlled(None), k, warm=True),
-        "draft": engine_run(
-            model,
-            prompts,
-            new,
-            controlled(DraftModelProposer(draft, num_blocks=4096)),
-            k,
-            warm=True,
-        ),
-        "draft-auto": engine_run(
-            model,
-            prompts,
-            new,
-            controlled(DraftModelProposer(draft, num_blocks=4096)),
-            k,
-            auto=True,
-            warm=True,
-        ),
+        "lookup": run(None),
+        "draft": run(DraftModelProposer(draft, num_blocks=4096)),
+        "draft-auto": run(DraftModelProposer(draft, num_blocks=4096), auto=True),
     }
     out = {}
     if services is not None:

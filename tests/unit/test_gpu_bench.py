@@ -205,3 +205,10 @@ def test_a_set_of_services_is_measured_with_the_others_paused():
         for p in sets["a"] + sets["b"]:
             p.kill()
             p.wait()
+
+
+def test_a_run_of_several_passes_reports_the_fastest_after_the_first(tiny, monkeypatch):
+    speeds = iter([1.0, 5.0, 9.0, 7.0])  # the first pass, then the three measured
+    monkeypatch.setattr(run, "_pass", lambda *a: {"tok_per_s": next(speeds)})
+    measured = run.engine_run(tiny, [[1, 2]], 4, warm=True, repeats=3)
+    assert (measured["tok_per_s"], measured["first_pass_tok_per_s"]) == (9.0, 1.0)

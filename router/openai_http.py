@@ -8,6 +8,7 @@ beside its gRPC server, in front of the same `Router`.
     POST /v1/messages          Anthropic's Messages API, the same way (and count_tokens)
     GET  /health               200 while some verifier replica is healthy, else 503
     GET, POST /ping            the same (vLLM's, for SageMaker); GET /version: specd's
+    POST /invocations          vLLM's for SageMaker: a chat or a completion, by its body
     POST /tokenize, /detokenize; GET /tokenizer_info  vLLM's (router/tokenize_http.py)
     POST /completion, /infill; GET /props  llama-server's own (router/llamacpp_http.py)
     POST /generate; GET /model_info   SGLang's own (router/sglang_http.py)
@@ -39,7 +40,7 @@ from router import openai_schema as schema
 from router import sse
 from router.anthropic_answer import AnthropicAnswer, in_anthropic_shape
 from router.anthropic_schema import CountTokensBody, MessagesBody
-from router.body import BodyError, parse
+from router.body import BodyError, has_field, parse
 from router.cache_http import PATHS as CACHE_PATHS
 from router.cache_http import CacheRoutes
 from router.cors import ANY_ORIGIN, CrossOrigin, allow_cross_origin, is_preflight
@@ -71,9 +72,11 @@ from specd.serving import ListenError
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = MAX_MESSAGE_BYTES  # as the gRPC listener's
 MESSAGES = "/v1/messages"  # Anthropic's Messages API: its errors in Anthropic's shape
-# the token guards these beside /v1/: the other servers' own endpoints, the prefix caches'
-# and the tokenizer's settings
-NATIVE_PATHS = frozenset(LLAMACPP_PATHS + SGLANG_PATHS + CACHE_PATHS + TOKENIZER_PATHS)
+# the token guards these beside /v1/: the other servers' own endpoints (vLLM's for
+# SageMaker too), the prefix caches' and the tokenizer's settings
+NATIVE_PATHS = frozenset(
+    LLAMACPP_PATHS + SGLANG_PATHS + CACHE_PATHS + TOKENIZER_PATHS + ("/invocations",)
+)
 
 
 class OpenAIDoor:
@@ -133,6 +136,7 @@ class OpenAIDoor:
                 web.get("/health", self.health),
                 web.get("/ping", self.health),
                 web.post("/ping", self.health),
+                web.post("/invocations", self.invocations),
                 web.get("/version", self.version),
                 web.get("/v1/models", self.models),
                 web.get("/v1/models/{model}", self.model_card),
@@ -284,6 +288,18 @@ class OpenAIDoor:
     async def responses(self, request):
         """OpenAI's Responses API, served as the chat it is (router/responses_schema.py)."""
         return await self._serve(request, ResponsesBody, "response", "resp")
+
+    async def invocations(self, request):
+        """vLLM's door for SageMaker (beside /ping): a chat body served as a chat, a
+        completion body as a completion."""
+        raw = await request.read()
+        if has_field(raw, "messages"):
+            return await self.chat(request)
+        if has_field(raw, "prompt"):
+            return await self.completions(request)
+        return error_response(
+            400, "an invocation is a chat body (with messages) or a completion body (with prompt)"
+        )
 
     async def no_stored_responses(self, request):
         """A stored response asked for (retrieved, deleted, cancelled, its input items)."""

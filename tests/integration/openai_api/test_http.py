@@ -327,3 +327,31 @@ def test_several_served_names_are_each_listed_and_answered_as_the_first(cluster)
         assert r.model == TINY_MODEL_ID
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model="gpt-5", prompt="abc", max_tokens=2)
+
+
+def test_sagemakers_invocations_serve_a_chat_or_a_completion_by_its_body(cluster, client):
+    """vLLM's POST /invocations (SageMaker's door, beside /ping): the same answers as the
+    endpoints the bodies are for; a body of neither is refused; the token guards it."""
+    chat = {"model": TINY_MODEL_ID, "messages": CHAT, "max_tokens": 6, "temperature": 0}
+    completion = {"prompt": "abcabc", "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    invoked = post_json(f"{cluster.http}/invocations", chat).json()
+    assert invoked["object"] == "chat.completion"
+    direct = client.chat.completions.create(**chat)
+    assert invoked["choices"][0]["message"]["content"] == direct.choices[0].message.content
+    invoked = post_json(f"{cluster.http}/invocations", completion).json()
+    assert invoked["object"] == "text_completion"
+    direct = client.completions.create(
+        model=TINY_MODEL_ID,
+        prompt="abcabc",
+        max_tokens=6,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert invoked["choices"][0]["text"] == direct.choices[0].text
+    neither = post_json(f"{cluster.http}/invocations", {"input": "abc"})
+    assert neither.status_code == 400 and "messages" in neither.json()["error"]["message"]
+    assert post_json(f"{url(cluster, 0)}/invocations", chat).status_code == 401
+    guarded = post_json(
+        f"{url(cluster, 0)}/invocations", chat, {"Authorization": f"Bearer {TOKEN}"}
+    )
+    assert guarded.status_code == 200

@@ -7,6 +7,7 @@ import argparse
 import re
 import shlex
 
+from launcher.config_file import CONFIG_FLAG, CONFIG_TARGET, ConfigTarget, expand
 from launcher.peer_flags import (
     DEFAULT_TARGET,
     Target,
@@ -51,14 +52,20 @@ BENCHES = {  # `specd bench KIND` -> the module whose main() runs it
 }
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
 class Parser(argparse.ArgumentParser):
     """argparse's, which with `whole_flags` (`specd up`) refuses a single-dash word that is
     none of its flags, where argparse reads it as a flag and its value glued: llama-server's
     -mlock as -m lock (a value glued to a short flag, such as -c4096, is still taken)."""
 
     whole_flags = False
+    config_file = False  # `--config FILE` read (launcher.config_file)
 
     def parse_known_args(self, args=None, namespace=None):
+        if self.config_file and args is not None:
+            args = expand(list(args), self)
         words = list(args or ()) if self.whole_flags else []
         for arg in words[: words.index("--")] if "--" in words else words:
             if (
@@ -76,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
         "run-batch, bench",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default="info",
+        help="the least a log line must matter to be written (default: %(default)s)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     adders = (_add_models, _add_serve, _add_generate, _add_health, _add_up, _add_run_batch)
     for add in (*adders, _add_bench):
@@ -166,7 +179,20 @@ def _add_up(sub) -> None:
     # no abbreviations: a peer's flag that is a prefix of one here (llama-server's -n, its
     # n_predict, of -np) is refused, not taken as another
     up = sub.add_parser("up", help="drafter + verifier + router on localhost", allow_abbrev=False)
-    up.whole_flags = True
+    up.whole_flags = up.config_file = True
+    up.add_argument(
+        CONFIG_FLAG,
+        metavar="FILE",
+        help="vLLM's: a YAML file of these flags (`max-num-seqs: 8`, `model: NAME`), as if "
+        "given before the command line's, which win where both name one",
+    )
+    up.add_argument(
+        CONFIG_TARGET,
+        dest="target",
+        action=ConfigTarget,
+        default=argparse.SUPPRESS,  # --target's default stands
+        help=argparse.SUPPRESS,
+    )
     models = (
         "catalogue name, Hugging Face folder, .gguf file or hub id, REPO:QUANT for one of its "
         "GGUF files (default: %(default)s)"

@@ -19,17 +19,23 @@ CLI = (sys.executable, "-m", "launcher")  # how a child runs `specd`
 SAMPLING_DEFAULTS = {"auto": "model", "vllm": "openai"}
 
 
-def _serve(role: str, flags, extra=()) -> list[str]:
-    """`specd serve ROLE` with what `up` sets (`flags`), then the user's `extra` flags
-    for the role, none of which may be one `up` sets: a port or address changed behind
-    its back would have it wait on the wrong one (ValueError)."""
+def _serve(role: str, flags, extra=(), log_level: str = "info") -> list[str]:
+    """`specd --log-level LOG_LEVEL serve ROLE` with what `up` sets (`flags`), then the
+    user's `extra` flags for the role, none of which may be one `up` sets: a port or
+    address changed behind its back would have it wait on the wrong one (ValueError)."""
     own = {f.split("=")[0] for f in flags if f.startswith("--")}
     taken = [f for f in extra if f.split("=")[0] in own]
     if taken:
         raise ValueError(
             f"--{role}-flags: {', '.join(taken)} is set by specd up itself (see its own flags)"
         )
-    return [*CLI, "serve", role, *flags, *extra]
+    return [*CLI, "--log-level", log_level, "serve", role, *flags, *extra]
+
+
+def _log_level(args) -> str:
+    """The services': `up`'s --log-level (vLLM's trace is debug), else `specd`'s own."""
+    level = args.child_log_level or ("debug" if args.verbose else args.log_level)
+    return "debug" if level == "trace" else level
 
 
 def cluster_children(args, token_file: str = "") -> list[Child]:
@@ -56,7 +62,7 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
     children = [
         Child(
             "drafter",
-            _serve("drafter", flags, args.drafter_flags),
+            _serve("drafter", flags, args.drafter_flags, _log_level(args)),
             drafter,
             env=_threads(draft_threads),
         )
@@ -84,7 +90,7 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
             *(["--log-stats-interval", "0"] if args.disable_log_stats else []),
         )
         name = "verifier" if i == 0 else f"verifier-{i + 1}"
-        argv = _serve("verifier", flags, args.verifier_flags)
+        argv = _serve("verifier", flags, args.verifier_flags, _log_level(args))
         children.append(Child(name, argv, address, env=_threads(args.threads)))
     router_flags = (
         *_listen(host, args.router_port),
@@ -117,7 +123,7 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
     children.append(
         Child(
             "router",
-            _serve("router", router_flags, args.router_flags),
+            _serve("router", router_flags, args.router_flags, _log_level(args)),
             f"{host}:{args.router_port}",
             ready_service="specd.v1.Generation",  # ready once a verifier is
         )

@@ -183,6 +183,14 @@ def add_serving_flags(up) -> None:
         action="store_true",
         help="vLLM's: those pages may send the browser's cookies (the router's)",
     )
+    serving.add_argument(
+        "--log-level",
+        "--uvicorn-log-level",
+        dest="child_log_level",
+        choices=["trace", "debug", "info", "warning", "error", "critical"],
+        help="SGLang's and vLLM's: the services' log level (their `specd --log-level`; trace "
+        "is debug; default: `specd`'s own, info)",
+    )
     for names, kind, key in LLAMA_SAMPLERS:
         serving.add_argument(
             *names,

@@ -262,3 +262,64 @@ def test_vllms_and_llama_servers_ssl_flags_make_the_http_port_https(tmp_path):
         assert (router.tls_cert, router.tls_key) == ("", "")  # the gRPC port stays plain
     with pytest.raises(ConfigError, match="http_tls_cert and http_tls_key: give both"):
         _configs("--ssl-certfile", cert)
+
+
+def test_a_vllm_config_file_is_read_as_its_flags_and_the_command_line_wins(tmp_path, capsys):
+    config = tmp_path / "vllm.yaml"
+    config.write_text(
+        "model: tiny-from-file\n"
+        "max_num_seqs: 8\n"  # vLLM takes underscores too
+        "max-model-len: 4096\n"
+        "served-model-name: [coder, gpt-4o]\n"  # a flag of several values
+        "allowed-origins: [https://a.example]\n"  # one of JSON text
+        "speculative-config: {method: ngram, num_speculative_tokens: 4}\n"
+        "enable-prefix-caching: false\n"  # its --no- form
+        "disable-log-stats: true\n"
+        "trust-remote-code: false\n"  # a switch left off
+        "seed: 0\n"
+    )
+    c = _configs("--config", str(config))
+    verifier, router = c["verifier"], c["router"]
+    assert (verifier.model, verifier.engine.max_batch_size) == ("tiny-from-file", 8)
+    assert (verifier.engine.max_model_len, verifier.engine.seed) == (4096, 0)
+    assert (verifier.engine.prefix_cache, verifier.log_stats_interval) == ("off", 0)
+    assert router.served_model_name == ["coder", "gpt-4o"]
+    assert json.loads(router.allowed_origins) == ["https://a.example"]
+    assert c["drafter"].proposer == "ngram"
+    assert json.loads(router.policy)["default"]["num_draft_tokens"] == 4
+    # the command line's flags and model win over the file's
+    c = _configs("tiny-on-the-line", "--config", str(config), "--max-num-seqs", "2")
+    assert (c["verifier"].model, c["verifier"].engine.max_batch_size) == ("tiny-on-the-line", 2)
+    for text, said in (
+        ("no-such-flag: 1\n", "no-such-flag is none of the flags it takes"),
+        ("- max-num-seqs\n", "a mapping of flags to values"),
+        ("a: [b\n", "not YAML"),
+    ):
+        config.write_text(text)
+        with pytest.raises(SystemExit):
+            _configs("--config", str(config))
+        assert said in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _configs("--config", str(tmp_path / "none.yaml"))
+    assert "No such file" in capsys.readouterr().err
+
+
+def test_sglangs_and_vllms_log_levels_reach_every_service(monkeypatch):
+    def levels(*words: str) -> set[str]:
+        up = build_parser().parse_args([*words, "up"] if words[:1] == ("-v",) else ["up", *words])
+        argvs = [c.argv for c in cluster_children(up)]
+        return {argv[argv.index("--log-level") + 1] for argv in argvs}
+
+    assert levels() == {"info"}
+    assert levels("--log-level", "warning") == {"warning"}  # SGLang's
+    assert levels("--uvicorn-log-level", "trace") == {"debug"}  # vLLM's
+    assert levels("-v") == {"debug"}  # specd's own, for its services too
+    # and `specd --log-level` sets what a process logs
+    import logging
+
+    from launcher.cli import main
+
+    said = {}
+    monkeypatch.setattr(logging, "basicConfig", lambda **kw: said.update(kw))
+    main(["--log-level", "warning", "health", "127.0.0.1:1", "--timeout", "0.1"])
+    assert said["level"] == logging.WARNING

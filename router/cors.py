@@ -57,6 +57,15 @@ def allow_cross_origin(app: web.Application, allowed: CrossOrigin) -> None:
     cors = aiohttp_cors.setup(app, defaults=dict.fromkeys(allowed.origins, options))
     for resource in list(app.router.resources()):
         cors.add(resource)  # a resource, not its routes: then --allowed-methods holds
+    app.on_response_prepare.append(_vary_by_origin)  # after aiohttp-cors's, which it reads
+
+
+async def _vary_by_origin(request: web.Request, response: web.StreamResponse) -> None:
+    """An answer that names the origin it was for says so to caches (`Vary: Origin`), so
+    that a proxy does not hand one site's answer to another site's page."""
+    if "Access-Control-Allow-Origin" in response.headers:
+        vary = response.headers.get("Vary")
+        response.headers["Vary"] = f"{vary}, Origin" if vary else "Origin"
 
 
 def is_preflight(request: web.Request) -> bool:

@@ -39,6 +39,7 @@ def test_a_page_of_any_site_may_chat_with_the_token_by_default(cluster):
     called = {"Origin": PAGE, "Authorization": f"Bearer {TOKEN}"}
     reply = post_json(chat, body, called)
     assert reply.status_code == 200 and reply.headers[ALLOW_ORIGIN] == PAGE
+    assert "Origin" in reply.headers["Vary"]  # a cache keeps each site's answer apart
     chunks = [line for line in reply.text.splitlines() if line.startswith("data: {")]
     assert chunks and json.loads(chunks[0][6:])["object"] == "chat.completion.chunk"
     refused = post_json(chat, body, {"Origin": PAGE})  # no token: the page reads why

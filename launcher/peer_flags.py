@@ -153,12 +153,11 @@ def add_serving_flags(up) -> None:
     serving.add_argument(
         "--seed",
         "--random-seed",
-        "-s",
         type=int,
         metavar="N",
         help="sampled requests that name no seed take seeds of a sequence started from N, "
-        "as if they had named them (the verifiers' --seed; SGLang's --random-seed, "
-        "llama-server's -s; default: none, each its own random seed, as -1)",
+        "as if they had named them (the verifiers' --seed; SGLang's --random-seed; "
+        "default: none, each its own random seed, as -1)",
     )
     serving.add_argument(
         "--override-generation-config",

@@ -59,8 +59,8 @@ def test_each_serving_flag_reaches_the_role_that_owns_it():
         assert (model.dtype, model.kv_dtype) == ("half", "fp16")
     sglang = _configs("--chunked-prefill-size", "64")["verifier"]
     assert sglang.engine.max_batched_tokens == 64
-    seeds = ((("--seed", "0"), 0), (("--random-seed", "5"), 5), (("-s", "7"), 7), ((), -1))
-    for flags, want in seeds + ((("-s", "-1"), -1),):  # llama-server's -1: a random seed
+    seeds = ((("--seed", "0"), 0), (("--random-seed", "5"), 5), (("--seed", "-1"), -1), ((), -1))
+    for flags, want in seeds:  # -1: none, as llama-server's default
         c = _configs("--verifiers", "2", *flags)
         assert (c["verifier"].engine.seed, c["verifier-2"].engine.seed) == (want, want)
     # llama-server's physical and logical batches: a forward feeds the smaller

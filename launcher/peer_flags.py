@@ -290,7 +290,9 @@ ALWAYS = (
     (("--enable-chunked-prefill",), "prompts are fed in chunks (--max-num-batched-tokens)"),
     (("--metrics", "--enable-metrics"), "the HTTP door serves Prometheus metrics on /metrics"),
     (("--no-webui",), "specd serves no web page"),
-    (("--disable-log-requests",), "specd logs no line per request"),
+    (("--disable-log-requests", "--disable-uvicorn-access-log"), "specd logs no line per "
+     "request"),
+    (("--disable-fastapi-docs",), "specd serves no OpenAPI page (/docs, /openapi.json)"),
     (("--enable-prompt-tokens-details",), "usage counts cached prompt tokens always"),
 )  # fmt: skip
 

@@ -35,7 +35,8 @@ from pathlib import Path
 from bench.controller_sim import BACK_S, FIRST_ROUND_S, PROMPT_TOKENS, Machine, cell_texts
 from bench.prompts import WARM_UP_TOKENS
 from router.policy import Policy, RoutePolicy
-from specd.config import ConfigError, EngineConfig, add_arguments, from_arguments
+from specd.config import ConfigError, EngineConfig
+from specd.config_flags import add_arguments, from_arguments
 from specd.speculation_config import SpeculationConfig
 from verifier_service.records import RoundReport, SeqView, StepReport, StepView
 from verifier_service.request import Request, SpeculationBounds

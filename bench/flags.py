@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from bench.prompts import WORKLOADS
-from specd.config import VerifierConfig, field_docs
+from specd.config import VerifierConfig
+from specd.config_flags import field_docs
 
 MODEL = "catalogue name, Hugging Face folder or .gguf file (default: %(default)s)"
 DTYPE = field_docs(VerifierConfig)["dtype"] + " (default: %(default)s)"

@@ -11,7 +11,8 @@ import sys
 
 from launcher.cli_parser import BENCHES, ROLES, build_parser
 from launcher.peer_flags import api_key
-from specd.config import ConfigError, from_arguments
+from specd.config import ConfigError
+from specd.config_flags import from_arguments
 from specd.models.resolve import ModelNotFound
 from specd.openmp import settle_spinning, settle_threads, too_late
 from specd.serving import ListenError

@@ -20,10 +20,8 @@ from specd.config import (
     DrafterConfig,
     RouterConfig,
     VerifierConfig,
-    add_arguments,
-    field_docs,
-    from_arguments,
 )
+from specd.config_flags import add_arguments, field_docs, from_arguments
 from specd.models.catalog import ALIASES, CATALOG, MODEL_SETS
 
 ROLES = {"drafter": DrafterConfig, "verifier": VerifierConfig, "router": RouterConfig}

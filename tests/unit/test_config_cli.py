@@ -14,7 +14,8 @@ import torch
 from launcher.cli import main
 from launcher.cli_parser import BENCHES, ROLES, build_parser, serve_config
 from launcher.local_cluster import CLI, cluster_children
-from specd.config import DTYPES, ConfigError, EngineConfig, RouterConfig, from_arguments
+from specd.config import DTYPES, ConfigError, EngineConfig, RouterConfig
+from specd.config_flags import from_arguments
 from specd.models.args import parse_dtype
 from specd.models.paged_kv import kv_dtype
 

@@ -119,6 +119,7 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
             else []
         ),
         *(["--override-generation-config", overrides] if overrides else []),
+        *(["--default-seed", str(args.default_seed)] if args.default_seed is not None else []),
     )
     children.append(
         Child(

@@ -160,6 +160,14 @@ def add_serving_flags(up) -> None:
         "default: none, each its own random seed, as -1)",
     )
     serving.add_argument(
+        "-s",
+        dest="default_seed",
+        type=int,
+        metavar="N",
+        help="llama-server's: the seed of every HTTP request that names none, so the same "
+        "prompt samples alike (the router's --default-seed; default: none)",
+    )
+    serving.add_argument(
         "--override-generation-config",
         metavar="JSON",
         default="",

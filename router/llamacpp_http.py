@@ -113,7 +113,7 @@ class LlamaCppRoutes:
             preps = []
             for ids in prompts:
                 grpc = to_request(
-                    body.completion_body(ids, bias, self.door.overrides),
+                    body.completion_body(ids, bias, self.door.overrides, self.door.sampling.seed),
                     headers.get("x-speculation", ""),
                 )
                 preps.append(self.router.prepare(grpc, headers, request_timeout(headers)))

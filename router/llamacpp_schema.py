@@ -84,12 +84,17 @@ class LlamaCompletionBody(Request, LlamaSamplers):
         return list(p) if several else [p]
 
     def completion_body(
-        self, prompt_ids: list[int], bias: dict[int, float], overrides: dict | None = None
+        self,
+        prompt_ids: list[int],
+        bias: dict[int, float],
+        overrides: dict | None = None,
+        seed: int | None = None,
     ) -> CompletionBody:
         """The OpenAI completion of `prompt_ids` with this body's sampling: its samplers
         named, so that the OpenAI door's own mapping of them applies (LlamaSamplers.chain);
         a sampler the body leaves out takes the server's `overrides` (as llama-server's
-        --temp, --top-k, ... set its defaults) where they name it, else llama-server's."""
+        --temp, --top-k, ... set its defaults) where they name it, else llama-server's;
+        an unseeded body the server's `seed` (as llama-server's -s sets it)."""
         given = {**(overrides or {}), **self.model_dump(include=self.model_fields_set)}
         sampler = {k: given.get(k, getattr(self, k)) for k in OVERRIDABLE}
         return CompletionBody.model_construct(
@@ -98,7 +103,7 @@ class LlamaCompletionBody(Request, LlamaSamplers):
             max_tokens=self.max_new_tokens(),
             **sampler,
             samplers=self.sampler_names(),
-            seed=self.seed if self.seed >= 0 else None,
+            seed=self.seed if self.seed >= 0 else seed,
             stop=list(self.stop),
             ignore_eos=self.ignore_eos,
             logit_bias={str(t): b for t, b in bias.items()} or None,

@@ -35,6 +35,7 @@ class SamplingDefaults:
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
+    seed: int | None = None  # llama-server's -s: every request's that names none
 
     @classmethod
     def from_folder(cls, folder: Path) -> SamplingDefaults:
@@ -108,8 +109,8 @@ def to_request(
         temperature_last=order["temperature_last"],
         infill=order["infill"],
     )
-    if body.seed is not None:
-        params.seed = body.seed
+    if sampling["seed"] is not None:
+        params.seed = sampling["seed"]
     if sampling["repetition_penalty"] is not None:
         params.repetition_penalty = sampling["repetition_penalty"]
     params.logit_bias.update(body.bias())

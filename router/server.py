@@ -190,6 +190,8 @@ async def _start_http(config, router: Router, token: str, registry):
     if overrides:
         sampling = dataclasses.replace(sampling, **overrides)
         log.info("sampling defaults overridden for fields a request leaves out: %s", overrides)
+    if config.default_seed >= 0:
+        sampling = dataclasses.replace(sampling, seed=config.default_seed)
     door = OpenAIDoor(
         router,
         model,

@@ -333,6 +333,9 @@ class RouterConfig:
     # temperature, top_p, top_k, min_p, repetition_penalty); on llama-server's /completion
     # and /infill over its own defaults too
     override_generation_config: str = ""
+    # the seed of a sampled HTTP request that names none, as llama-server's -s gives it
+    # (the same prompt then samples alike; n choices take seed + i); -1 = none (vLLM's)
+    default_seed: int = -1
     # how the model writes a tool call, for `tool_choice: auto` (vLLM's flag): hermes,
     # llama3_json, or auto = the format its chat template teaches
     tool_call_parser: str = "auto"
@@ -369,6 +372,8 @@ class RouterConfig:
                 f"{self.default_max_new_tokens}"
             )
         sampling_overrides(self.override_generation_config)  # refused here if malformed
+        if not -1 <= self.default_seed < 1 << 64:
+            raise ValueError(f"default_seed must be in [0, 2**64), or -1; got {self.default_seed}")
         if self.sampling_defaults not in ("model", "openai"):
             raise ValueError(
                 f"sampling_defaults must be model or openai, got {self.sampling_defaults!r}"

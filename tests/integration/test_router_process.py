@@ -85,7 +85,8 @@ def test_the_servers_sampling_overrides_fill_what_a_request_leaves_out(tmp_path)
     """vLLM's --override-generation-config over the model's recommended temperature 0: an
     OpenAI request that names no temperature samples at the override's 1.0 (two seeds, two
     answers); llama-server's /completion takes the override's top_k 1 over its own 40, so
-    it is greedy whatever its seed, as llama-server's --top-k 1 makes it."""
+    it is greedy whatever its seed, as llama-server's --top-k 1 makes it. With
+    --default-seed, an unseeded request samples as one naming it."""
     import json
     import urllib.request
 
@@ -96,7 +97,7 @@ def test_the_servers_sampling_overrides_fill_what_a_request_leaves_out(tmp_path)
     http = free_port()
     overrides = json.dumps({"temperature": 1.0, "top_k": 1})
     extra = ("--http-port", str(http), "--override-generation-config", overrides)
-    front = router(model, tmp_path, target, extra=extra).start()
+    front = router(model, tmp_path, target, extra=(*extra, "--default-seed", "7")).start()
 
     def post(path: str, body: dict) -> dict:
         req = urllib.request.Request(
@@ -116,6 +117,8 @@ def test_the_servers_sampling_overrides_fill_what_a_request_leaves_out(tmp_path)
     try:
         assert complete(top_k=0, seed=1) != complete(top_k=0, seed=2)  # temperature 1.0
         assert complete(top_k=0, seed=1) == complete(top_k=0, seed=1, temperature=1.0)
+        # llama-server's -s: an unseeded request samples as one naming the server's seed
+        assert complete(top_k=0) == complete(top_k=0) == complete(top_k=0, seed=7)
         assert {llama(seed=seed) for seed in (1, 2, 3)} == {llama(temperature=0)}
     finally:
         for p in (front, target):

@@ -59,6 +59,12 @@ def test_each_serving_flag_reaches_the_role_that_owns_it():
         assert (model.dtype, model.kv_dtype) == ("half", "fp16")
     sglang = _configs("--chunked-prefill-size", "64")["verifier"]
     assert sglang.engine.max_batched_tokens == 64
+    # llama-server's -s: the router's seed of every unseeded HTTP request instead
+    assert (_configs("-s", "7")["router"].default_seed, _configs()["router"].default_seed) == (
+        7,
+        -1,
+    )
+    assert _configs("-s", "7")["verifier"].engine.seed == -1
     seeds = ((("--seed", "0"), 0), (("--random-seed", "5"), 5), (("--seed", "-1"), -1), ((), -1))
     for flags, want in seeds:  # -1: none, as llama-server's default
         c = _configs("--verifiers", "2", *flags)

@@ -113,3 +113,35 @@ def test_llama_servers_tokenize_detokenize_and_apply_template(cluster):
         assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text
     refused = post_json(f"{cluster.http}/apply-template", {"messages": []})
     assert refused.status_code == 400, refused.text
+
+
+def test_a_servers_default_seed_samples_a_prompt_alike_as_llama_servers_s(cluster):
+    """`specd up -s 7` (the router's --default-seed): a sampled request that names no seed
+    samples as one naming 7, on llama-server's endpoint and the OpenAI ones; n choices
+    take 7 + i; a request's own seed stands."""
+    from router.openai_request import SamplingDefaults
+    from tests.cluster import char_tokenizer
+    from tests.integration.openai_api.door import side_door
+
+    sampled = {"prompt": "abc", "max_tokens": 16, "temperature": 1.0, "ignore_eos": True}
+    with side_door(cluster, char_tokenizer(), sampling=SamplingDefaults(seed=7)) as client:
+        door = str(client.base_url).removesuffix("/v1/")
+
+        def text(**fields) -> list[str]:
+            r = post_json(f"{door}/v1/completions", {**sampled, **fields}).json()
+            return [c["text"] for c in r["choices"]]
+
+        assert text() == text() == text(seed=7)
+        assert text(n=2) == [*text(seed=7), *text(seed=8)]
+        assert text(seed=8) != text(seed=7)
+        body = {"prompt": "abc", "n_predict": 16, "ignore_eos": True}  # its own sampling
+        llama = [post_json(f"{door}/completion", body).json()["content"] for _ in range(2)]
+        seeded = post_json(f"{door}/completion", {**body, "seed": 7}).json()["content"]
+        assert llama[0] == llama[1] == seeded
+        params = {"max_new_tokens": 16, "temperature": 1.0, "ignore_eos": True}
+        sglang = [post_json(f"{door}/generate", {"text": "abc", "sampling_params": params})]
+        sglang.append(post_json(f"{door}/generate", {"text": "abc", "sampling_params": params}))
+        assert sglang[0].json()["text"] == sglang[1].json()["text"] == text(max_tokens=16)[0]
+    # without it, two unseeded requests draw apart
+    plain = [post_json(f"{cluster.http}/v1/completions", sampled).json() for _ in range(2)]
+    assert plain[0]["choices"][0]["text"] != plain[1]["choices"][0]["text"]

@@ -72,7 +72,7 @@ def _flags(path: str, data: dict, parser) -> list[str]:
             negated = "--no-" + flag[2:]
             out += [flag] if value else [negated] if negated in known else []
         elif isinstance(value, list):
-            if flag in known and known[flag].nargs in ("+", "*"):
+            if known[flag].nargs in ("+", "*"):
                 out += [flag, *map(str, value)] if value else []
             else:
                 out += [flag, json.dumps(value)]

@@ -118,12 +118,7 @@ def compile_grammar(kind: str, text: str, after_thinking: str = "") -> str:
     if kind == "json_object":
         grammar = LLMatcher.grammar_from_json_schema({"type": "object"})
     elif kind == "json_schema":
-        try:
-            schema = json_text.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"json_schema is not valid JSON: {exc}") from None
-        if not isinstance(schema, dict):
-            raise ValueError("json_schema must be a JSON object (a schema)")
+        schema = json_text.loads_object(text, "json_schema")
         grammar = LLMatcher.grammar_from_json_schema(schema)
     elif kind == "regex":
         grammar = LLMatcher.grammar_from_regex(text)

@@ -34,3 +34,15 @@ def loads(text: bytes | str, **kwargs) -> Any:
     if too_deep(text):
         raise ValueError(TOO_DEEP)
     return json.loads(text, **kwargs)
+
+
+def loads_object(text: bytes | str, name: str) -> dict:
+    """A JSON object given as text (a flag's value, a request's field), or ValueError
+    naming it (`name`) and saying what is wrong."""
+    try:
+        data = loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{name} is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{name} must be a JSON object")
+    return data

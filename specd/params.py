@@ -3,9 +3,10 @@ so the router validates requests without loading torch)."""
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
+
+from specd import json_text
 
 MAX_LOGPROBS = 20  # the most likely tokens a request may ask for at each position (vLLM's)
 # the infill sampler compares every candidate's text with every other's: top-k bounds them
@@ -112,12 +113,7 @@ def sampling_overrides(text: str) -> dict[str, float]:
     as a dict; ValueError names a key or value a request could not send."""
     if not text:
         return {}
-    try:
-        given = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"override_generation_config is not JSON: {exc}") from None
-    if not isinstance(given, dict):
-        raise ValueError("override_generation_config must be a JSON object")
+    given = json_text.loads_object(text, "override_generation_config")
     for name, value in given.items():
         if name not in DEFAULTABLE:
             raise ValueError(

@@ -50,7 +50,7 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
     ]
     if args.prefix_caching is not None:  # vLLM's --enable-prefix-caching, or its no-
         model_flags += ["--prefix-cache", "on" if args.prefix_caching else "off"]
-    model_flags += ["--enforce-eager"] if args.enforce_eager else []
+    model_flags += _given(args, enforce_eager="enforce_eager")
     drafter_flags = (
         *("--model", spec.draft, "--proposer", spec.proposer, "--p-min", str(args.draft_p_min)),
         *model_flags,
@@ -110,9 +110,9 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
             allowed_origins="allowed_origins",
             allowed_methods="allowed_methods",
             allowed_headers="allowed_headers",
+            allow_credentials="allow_credentials",
+            served_model_name="served_model_name",
         ),
-        *(["--allow-credentials"] if args.allow_credentials else []),
-        *[x for name in args.served_model_name for x in ("--served-model-name", name)],
         *(
             ["--sampling-defaults", SAMPLING_DEFAULTS[args.generation_config]]
             if args.generation_config
@@ -134,12 +134,17 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
 
 def _given(args, **flags: str) -> list[str]:
     """`--FLAG VALUE` for each of a role's flags (named as keywords, each with the `up`
-    argument that sets it) that `specd up` was given (not 0 or empty)."""
+    argument that sets it) that `specd up` was given (not 0, empty or false): a switch
+    alone, a list's values a flag each."""
     out = []
     for flag, name in flags.items():
-        value = getattr(args, name)
-        if value:
-            out += ["--" + flag.replace("_", "-"), str(value)]
+        value, option = getattr(args, name), "--" + flag.replace("_", "-")
+        if value is True:
+            out.append(option)
+        elif isinstance(value, list):
+            out += [x for item in value for x in (option, str(item))]
+        elif value:
+            out += [option, str(value)]
     return out
 
 

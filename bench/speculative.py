@@ -23,8 +23,8 @@ from bench.hf_generate import first_divergence, run_hf
 from bench.prompts import load_workload
 from drafter_service.combined import CombinedProposer
 from drafter_service.draft_model import DraftModelProposer, load_draft_model
-from drafter_service.ngram import NgramProposer
 from specd.config import EngineConfig
+from specd.lookup import NgramProposer
 from specd.models.loader import eos_token_ids, load_config, load_model, load_tokenizer, resolve
 from verifier_service.engine import Engine
 from verifier_service.request import Request, SpeculationBounds

@@ -12,7 +12,7 @@ the verifier treats it as one-hot, like any deterministic draft.
 
 from __future__ import annotations
 
-from drafter_service.ngram import LookupAhead, allowed_prefix, ngram_propose
+from specd.lookup import LookupAhead, Lookups, allowed_prefix
 from specd.proposal import DraftState, Proposal, Proposer
 
 MIN_MATCH, MAX_N = 3, 8  # the lookup: suffixes of 8 tokens down to 3
@@ -42,7 +42,8 @@ class CombinedProposer:
     def __init__(self, model: Proposer, min_match: int = MIN_MATCH, max_n: int = MAX_N):
         self.model = model
         self.min_match, self.max_n = min_match, max_n
-        self._ahead = LookupAhead(self._lookup)
+        self.lookups = Lookups(max_n, min_match)
+        self._ahead = LookupAhead(lambda s: self._lookup(s, commit=False))
 
     @property
     def available(self) -> bool:
@@ -62,11 +63,12 @@ class CombinedProposer:
         sequences it drafted last."""
         return self.model.draft_ahead(stop) + self._ahead.draft()
 
-    def _lookup(self, s: DraftState) -> Proposal | None:
-        return lookup(s, ngram_propose(s.tokens, s.k, self.max_n, self.min_match))
+    def _lookup(self, s: DraftState, commit: bool = True) -> Proposal | None:
+        return lookup(s, self.lookups.follow(s, commit))
 
     def close(self, seq_id) -> None:
         self._ahead.close(seq_id)
+        self.lookups.close(seq_id)
         self.model.close(seq_id)
 
     def forget_cached(self) -> None:

@@ -177,8 +177,8 @@ def build_proposer(config):
     it tells verifiers it is."""
     from drafter_service.combined import CombinedProposer
     from drafter_service.draft_model import DraftModelProposer, load_draft_model
-    from drafter_service.ngram import NgramProposer
     from specd.config import context_window, prefix_cache_on
+    from specd.lookup import NgramProposer
     from specd.models.loader import load_config, resolve
     from specd.models.paged_kv import PagedKV
 

@@ -23,7 +23,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 from drafter_service.combined import MAX_N, MIN_MATCH, lookup, lookup_then_model
-from drafter_service.ngram import LookupAhead, ngram_propose
+from specd.lookup import LookupAhead, Lookups
 from specd.proposal import DraftState, Proposal, Proposer
 
 KEY = 3  # tokens a lookup key holds: the index finds occurrences of the last KEY tokens
@@ -140,6 +140,12 @@ class SuffixProposer:
         self.routes: dict[str, ResponseIndex] = {}
         self._seen: dict[object, DraftState] = {}  # the last state of each open sequence
         self.shared_rounds = 0  # rounds drafted from earlier responses (a route's)
+        # the request's own text, by the way its route drafts
+        self.lookups = {
+            "ngram": Lookups(4, 1),  # as NgramProposer's
+            "combined": Lookups(MAX_N, MIN_MATCH),  # as CombinedProposer's
+            "suffix": Lookups(MAX_N, min_match),
+        }
         self._ahead = LookupAhead(self._look)
 
     @property
@@ -154,37 +160,36 @@ class SuffixProposer:
         found = []
         for s in states:
             self._seen[s.seq_id] = s
-            proposal = self._look(s, count=True)
+            proposal = self._look(s, commit=True)
             # nothing found: the model's turn, but a lookup-only route drafts nothing
             found.append(proposal or (Proposal() if _mode(s) == "ngram" else None))
         self._ahead.record((s, p) for s, p in zip(states, found, strict=True) if p is not None)
         return lookup_then_model(states, found, self.model)
 
-    def _look(self, s: DraftState, count: bool = False) -> Proposal | None:
-        match = self._lookup(s, _mode(s), count)
+    def _look(self, s: DraftState, commit: bool = False) -> Proposal | None:
+        match = self._lookup(s, _mode(s), commit)
         return lookup(s, match.tokens, match.alts)
 
-    def _lookup(self, s: DraftState, mode: str, count: bool = False) -> Match:
+    def _lookup(self, s: DraftState, mode: str, commit: bool = False) -> Match:
         if mode == "draft":
             return Match([], 0)
-        if mode == "ngram":
-            return Match(ngram_propose(s.tokens, s.k), 0)
-        if mode == "combined":
-            return Match(ngram_propose(s.tokens, s.k, MAX_N, MIN_MATCH), 0)
-        match = self._match(s, count)
+        if mode in ("ngram", "combined"):
+            return Match(self.lookups[mode].follow(s, commit), 0)
+        match = self._match(s, commit)
         return match if match.length >= self.min_match else Match([], 0)
 
-    def _match(self, s: DraftState, count: bool = False) -> Match:
-        """The longer of the own and the route's match (`count`: a round drafted from the
-        route's counts in shared_rounds)."""
-        own = ngram_propose(s.tokens, s.k, max_n=MAX_N, min_n=self.min_match)
+    def _match(self, s: DraftState, commit: bool = False) -> Match:
+        """The longer of the own and the route's match (`commit`: `s`'s tokens are
+        committed, a round asked: its own lookup indexed, a round drafted from the route's
+        counted in shared_rounds)."""
+        own = self.lookups["suffix"].follow(s, commit)
         own_match = Match(own, self.min_match if own else 0)
         index = self.routes.get(s.route) if self._shares(s) else None
         if index is None:
             return own_match
         theirs = index.continuation(s.tokens, s.k, self.alternatives)
         if len(theirs.tokens) > len(own) and theirs.length >= self.min_match:
-            if count:
+            if commit:
                 self.shared_rounds += 1
             return theirs
         return own_match
@@ -204,6 +209,8 @@ class SuffixProposer:
     def close(self, seq_id) -> None:
         """The sequence ended: its response joins its route's memory."""
         self._ahead.close(seq_id)
+        for lookups in self.lookups.values():
+            lookups.close(seq_id)
         s = self._seen.pop(seq_id, None)
         if s is not None and self._shares(s) and _mode(s) == "suffix":
             index = self.routes.setdefault(s.route, ResponseIndex(self.max_tokens))

@@ -42,7 +42,7 @@ class Proposal:
     # alternative leaves (parent, token): a deterministic sibling of tokens[parent], parent
     # in [0, k) (0: the pending token); verified side by side (verifier_service/tree.py)
     alts: list[tuple[int, int]] = field(default_factory=list)
-    # the drafts are an n-gram continuation (drafter_service/ngram.py), found by a lookup
+    # the drafts are an n-gram continuation (specd/lookup.py), found by a lookup
     # in the committed tokens: no draft model ran for them, so their round costs the
     # drafter ~nothing and the verifier's step costs keep such rounds apart
     ngram: bool = False

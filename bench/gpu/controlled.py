@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 
-from drafter_service.ngram import LookupAhead
+from specd.lookup import LookupAhead
 from specd.proposal import DraftState, Proposal
 
 
@@ -32,7 +32,7 @@ class ControlledProposer:
 
     @property
     def lookup_only(self) -> bool:
-        return self.inner is None  # a lookup's cost: none (drafter_service/ngram.py)
+        return self.inner is None  # a lookup's cost: none (specd/lookup.py)
 
     def propose(self, states: list[DraftState]) -> list[Proposal]:
         if self.inner is not None:

@@ -15,10 +15,10 @@ import torch
 from tokenizers import decoders
 
 from drafter_service.draft_model import DraftModelProposer
-from drafter_service.ngram import NgramProposer
 from specd.config import EngineConfig
 from specd.constraint import Constraint
 from specd.grammar import Grammars, _lltokenizer, grammar_tokenizer, mask_q
+from specd.lookup import NgramProposer
 from specd.models.catalog import DEFAULT_TARGET
 from specd.params import SamplingParams
 from specd.proposal import Proposal

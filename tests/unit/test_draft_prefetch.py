@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from drafter_service.ngram import NgramProposer, ngram_propose
 from drafter_service.server import DrafterServicer
 from specd.config import EngineConfig
+from specd.lookup import NgramProposer, ngram_propose
 from specd.models.loader import load_model
 from specd.proposal import Proposal
 from specd.telemetry import DRAFTER_PREFETCHED, setup

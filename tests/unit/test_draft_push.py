@@ -15,11 +15,11 @@ import pytest
 
 from drafter_service.combined import CombinedProposer
 from drafter_service.draft_model import DraftModelProposer
-from drafter_service.ngram import NgramProposer, ngram_propose
 from drafter_service.server import AHEAD_ROUNDS, DrafterServicer
 from drafter_service.suffix import SuffixProposer
 from protos.specd.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 from specd.config import EngineConfig
+from specd.lookup import NgramProposer, ngram_propose
 from specd.model_thread import model_thread
 from specd.models.loader import load_model
 from specd.params import SamplingParams

@@ -7,8 +7,8 @@ import torch
 
 from drafter_service.combined import CombinedProposer
 from drafter_service.draft_model import DraftModelProposer
-from drafter_service.ngram import NgramProposer, ngram_propose
 from specd.config import EngineConfig
+from specd.lookup import NgramProposer, ngram_propose
 from specd.models.loader import load_model
 from specd.models.paged_kv import PagedKV
 from specd.models.seq_input import SeqInput

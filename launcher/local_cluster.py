@@ -39,11 +39,19 @@ def _log_level(args) -> str:
 
 
 def cluster_children(args, token_file: str = "") -> list[Child]:
-    """The drafter, `args.verifiers` verifiers and the router, in start order (the router
-    wanting the bearer token in `token_file`, where one is named)."""
+    """The drafter (none for a lookup), `args.verifiers` verifiers and the router, in
+    start order (the router wanting the bearer token in `token_file`, where one is
+    named)."""
     spec = speculation(args)
     host = args.host
     drafter = f"{host}:{args.drafter_port}"
+    # a lookup in the request's own text runs in each verifier, as vLLM's ngram method runs
+    # in its engine: no drafter process, no round trip a round
+    lookup = spec.proposer == "ngram"
+    if lookup and args.drafter_flags:
+        raise ValueError(
+            "--drafter-flags: with a lookup (ngram) no drafter runs; each verifier looks up"
+        )
     model_flags = [
         *(["--dtype", args.dtype] if args.dtype else []),
         *(["--kv-dtype", args.kv_dtype] if args.kv_dtype else []),
@@ -59,23 +67,17 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
     )
     flags = (*_listen(host, args.drafter_port), *drafter_flags)
     draft_threads = args.threads_draft or args.threads  # llama-server's -td, else its -t
-    children = [
-        Child(
-            "drafter",
-            _serve("drafter", flags, args.drafter_flags, _log_level(args)),
-            drafter,
-            env=_threads(draft_threads),
-        )
-    ]
+    children = []
+    if not lookup:
+        argv = _serve("drafter", flags, args.drafter_flags, _log_level(args))
+        children.append(Child("drafter", argv, drafter, env=_threads(draft_threads)))
     verifiers = [f"{host}:{args.verifier_port + i}" for i in range(args.verifiers)]
     overrides, batched = generation_overrides(args), forward_tokens(args)
     for i, address in enumerate(verifiers):
         flags = (
             *_listen(host, args.verifier_port + i),
-            "--model",
-            args.target,
-            "--drafter",
-            drafter,
+            *("--model", args.target),
+            *(("--lookup",) if lookup else ("--drafter", drafter)),
             *model_flags,
             *spec.verifier_flags,
             *_given(
@@ -229,7 +231,8 @@ def _run_local_cluster(args, token_file: str) -> int:
             return 2
     # fetch (and convert) missing models once, before the processes race for them
     resolve(args.target)
-    resolve(configs["drafter"].model)
+    if "drafter" in configs:
+        resolve(configs["drafter"].model)
     router = children[-1].address
     model = (args.served_model_name or [ALIASES.get(args.target, args.target)])[0]
     token = " --auth-token <the --api-key>" if token_file else ""

@@ -269,7 +269,8 @@ def _lookup_window(spec: VllmSpeculativeConfig, proposer: str, out: Speculation)
     high, low = high or low, low or high  # one given: the other is the same, as in vLLM
     if low > high:
         raise ValueError(f"prompt_lookup_min {low} is over prompt_lookup_max {high}")
-    out.drafter_flags += ["--prompt-lookup-max", str(high), "--prompt-lookup-min", str(low)]
+    # a lookup runs in the verifier (launcher/local_cluster.py)
+    out.verifier_flags += ["--prompt-lookup-max", str(high), "--prompt-lookup-min", str(low)]
 
 
 def _depth_and_batch(spec: VllmSpeculativeConfig) -> tuple[int | None, int | None]:

@@ -195,11 +195,7 @@ class DrafterConfig:
         check_proposer(self.proposer, empty_ok=False)
         if self.suffix_memory_tokens < 0:
             raise ValueError("suffix_memory_tokens must be >= 0")
-        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
-            raise ValueError(
-                "prompt_lookup_min and prompt_lookup_max must be 1 <= min <= max, got "
-                f"{self.prompt_lookup_min} and {self.prompt_lookup_max}"
-            )
+        _check_lookup_window(self.prompt_lookup_min, self.prompt_lookup_max)
         _check_dtype(self.dtype)
         _check_weights(self.weights)
         _check_kv_dtype(self.kv_dtype)
@@ -221,6 +217,13 @@ DTYPE_SPELLINGS = {
     "half": "fp16",
 }
 DTYPES = ("auto", "bf16", "fp32", "fp16", *DTYPE_SPELLINGS)
+
+
+def _check_lookup_window(low: int, high: int) -> None:
+    if not 1 <= low <= high:
+        raise ValueError(
+            f"prompt_lookup_min and prompt_lookup_max must be 1 <= min <= max, got {low} and {high}"
+        )
 
 
 def _check_dtype(value: str) -> None:
@@ -261,7 +264,12 @@ class VerifierConfig:
     # bf16
     kv_dtype: str = "auto"
     device: str = ""  # cpu, cuda or cuda:N; "" = cuda if present, else cpu
-    drafter: str = ""  # host:port of the drafter; "" = no speculation
+    drafter: str = ""  # host:port of the drafter; "" = no speculation (unless `lookup`)
+    # draft by a lookup in the request's own text, in this process, with no drafter (as
+    # vLLM's ngram method: no round trip a round); the drafter's `--proposer ngram` alike
+    lookup: bool = False
+    prompt_lookup_max: int = 4  # lookup: the longest run of the text's last tokens looked up
+    prompt_lookup_min: int = 1  # lookup: the shortest run looked up (fewer: no drafts)
     drafter_timeout_ms: int = 3000  # per round; past it the round decodes with k = 0
     drafter_reconnect_ms: int = 1000  # between attempts to reach a drafter that went away
     drafter_startup_wait_ms: int = 30000  # at start, wait this long for the drafter to answer
@@ -283,6 +291,12 @@ class VerifierConfig:
 
     def __post_init__(self):
         check_tls(self.tls_cert, self.tls_key)
+        if self.lookup and self.drafter:
+            raise ValueError(
+                f"lookup and drafter {self.drafter}: the verifier drafts by its own lookup or "
+                "asks a drafter; give one (a drafter's --proposer ngram looks up there)"
+            )
+        _check_lookup_window(self.prompt_lookup_min, self.prompt_lookup_max)
         _check_dtype(self.dtype)
         _check_weights(self.weights)
         _check_kv_dtype(self.kv_dtype)

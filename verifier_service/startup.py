@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 
 
 def build_engine(config, telemetry=None):
-    """The target model, its engine and (if configured) the remote drafter."""
+    """The target model, its engine and its drafts' source: a remote drafter, or a
+    lookup of its own (`lookup`), if configured."""
     from specd.grammar import grammar_tokenizer
     from specd.models.loader import (
         eos_token_ids,
@@ -37,7 +38,11 @@ def build_engine(config, telemetry=None):
         kv=config.kv_dtype,
     )
     proposer = None
-    if config.drafter:
+    if config.lookup:
+        from specd.lookup import NgramProposer
+
+        proposer = NgramProposer(config.prompt_lookup_max, config.prompt_lookup_min)
+    elif config.drafter:
         proposer = RemoteProposer(
             config.drafter,
             config.drafter_timeout_ms,

@@ -11,7 +11,7 @@ from launcher.cli_parser import build_parser, serve_config
 from launcher.local_cluster import CLI, cluster_children
 from router.decide import Load, decide
 from router.policy import PolicyError, routing_policy
-from specd.config import DrafterConfig, RouterConfig
+from specd.config import DrafterConfig, RouterConfig, VerifierConfig
 from specd.params import SamplingParams
 from specd.proposal import DraftState
 from tests.conftest import make_tiny
@@ -55,19 +55,25 @@ def test_without_a_config_or_a_method_specd_keeps_its_own_drafter():
     assert _policy(c["router"]).routes["code"].num_draft_tokens == 3
 
 
-def test_ngram_looks_up_its_window_and_loads_no_draft_model(tmp_path):
+def test_ngram_looks_up_its_window_in_the_verifier_with_no_drafter(tmp_path):
     spec = '{"method": "ngram", "prompt_lookup_max": 3, "prompt_lookup_min": 2}'
     c = _configs("--target", "small", "--speculative-config", spec)
-    drafter = c["drafter"]
-    assert (drafter.proposer, drafter.model) == ("ngram", "small")  # the target's vocabulary
-    assert (drafter.prompt_lookup_max, drafter.prompt_lookup_min) == (3, 2)
+    assert set(c) == {"verifier", "router"}  # no drafter process, no draft model
+    verifier = c["verifier"]
+    assert (verifier.lookup, verifier.drafter, verifier.model) == (True, "", "small")
+    assert (verifier.prompt_lookup_max, verifier.prompt_lookup_min) == (3, 2)
     assert c["router"].policy == ""  # no k, no batch size: the built-in policy
     one = _configs("--speculative-config", '{"method": "ngram", "prompt_lookup_max": 3}')
-    assert (one["drafter"].prompt_lookup_max, one["drafter"].prompt_lookup_min) == (3, 3)
-    neither = _configs("--speculative-config", '{"method": "ngram"}')["drafter"]
+    assert (one["verifier"].prompt_lookup_max, one["verifier"].prompt_lookup_min) == (3, 3)
+    neither = _configs("--speculative-config", '{"method": "ngram"}')["verifier"]
     assert (neither.prompt_lookup_max, neither.prompt_lookup_min) == (4, 1)  # specd's own
+    assert _configs("--proposer", "ngram")["verifier"].lookup  # specd's own flag alike
+    assert not _configs("--proposer", "draft")["verifier"].lookup
+    with pytest.raises(ValueError, match="no drafter runs"):
+        _configs("--proposer", "ngram", "--drafter-flags=--top-m 8")
 
     from drafter_service.server import build_proposer
+    from verifier_service.startup import build_engine
 
     folder = tmp_path / "tiny"
     make_tiny("llama", folder)
@@ -75,6 +81,11 @@ def test_ngram_looks_up_its_window_and_loads_no_draft_model(tmp_path):
     tokens = [5, 7, 9, 1, 9, 7]
     state = DraftState(seq_id=1, tokens=tokens, params=SamplingParams(), k=3)
     for low, drafts in ((1, [9, 1, 9]), (2, [])):
+        # in the verifier (as `specd up` runs it) and in a drafter (`--proposer ngram`)
+        config = VerifierConfig(model=str(folder), lookup=True, prompt_lookup_min=low)
+        engine, _ = build_engine(config)
+        assert engine.proposer.drafter == "ngram"
+        assert engine.proposer.propose([state])[0].tokens == drafts
         config = DrafterConfig(model=str(folder), proposer="ngram", prompt_lookup_min=low)
         proposer, _, name = build_proposer(config)
         assert name == "ngram"
@@ -213,12 +224,12 @@ def test_sglangs_ngram_is_the_lookup_its_window_and_length():
         *("-m", "small", "--speculative-algorithm", "NGRAM"),
         *("--speculative-num-draft-tokens", "6", "--speculative-ngram-max-match-window-size", "3"),
     )
-    drafter = c["drafter"]
-    assert (drafter.proposer, drafter.model, c["verifier"].model) == ("ngram", "small", "small")
+    verifier = c["verifier"]
+    assert "drafter" not in c and (verifier.lookup, verifier.model) == (True, "small")
     # one end given: the other is SGLang's default (min 1, max 12), not vLLM's rule
-    assert (drafter.prompt_lookup_max, drafter.prompt_lookup_min) == (3, 1)
+    assert (verifier.prompt_lookup_max, verifier.prompt_lookup_min) == (3, 1)
     assert _policy(c["router"]).default.num_draft_tokens == 5
-    low = _sglang("NGRAM", "--speculative-ngram-min-match-window-size", "2")["drafter"]
+    low = _sglang("NGRAM", "--speculative-ngram-min-match-window-size", "2")["verifier"]
     assert (low.prompt_lookup_max, low.prompt_lookup_min) == (12, 2)
 
 

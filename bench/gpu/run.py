@@ -165,8 +165,9 @@ def round_breakdown(runs: dict, services: dict | None = None) -> dict:
     less another's: verification (the lookup run's round: its drafts cost nothing), the
     draft model's forwards (the draft run's round beyond that) and, with `services`, what
     the processes add: the verifier's (the lookup round through the verifier process
-    beyond in-process: its Generate stream and the drafter's gRPC hop) and the router's
-    (through the router beyond the verifier). Then what a second GPU drafting ahead
+    beyond in-process: its Generate stream and the drafter's gRPC hop), the drafter's hop
+    alone (beyond the verifier drafting the same lookup itself, where that set ran) and the
+    router's (through the router beyond the verifier). Then what a second GPU drafting ahead
     would give: the draft forwards hidden behind verification, a round of
     max(verification, draft forwards) plus the processes' parts, against plain through
     the router (predicted, not measured)."""
@@ -185,6 +186,10 @@ def round_breakdown(runs: dict, services: dict | None = None) -> dict:
         router = round_ms(lookup, s["router_on_tok_per_s"]) - verify - verifier
         ahead = 1e3 * draft["tokens_per_round"] / (max(verify, forwards) + verifier + router)
         out |= {"verifier_process_ms": verifier, "router_ms": router}
+        if (own := services.get("lookup_in_verifier")) is not None:
+            # the same lookup round asked of a drafter process, beyond drafting it in the verifier
+            hop = round_ms(lookup, s["on_tok_per_s"]) - round_ms(lookup, own["on_tok_per_s"])
+            out["drafter_hop_ms"] = hop
         out["second_gpu_ahead_tok_per_s"] = ahead
         out["second_gpu_ahead_vs_off"] = ahead / s["router_off_tok_per_s"]
     return {name: round(value, 3) for name, value in out.items()}
@@ -247,9 +252,10 @@ def speculation(
         out["services"] = compare(
             recorded, vocab, prompts, new, k, acceptance, services, device, many, emulate_ms
         )
-        for name in ("lookup", "draft"):  # what the processes and gRPC cost
-            s = out["services"][name]
-            s["on_vs_in_process"] = round(s["on_tok_per_s"] / runs[name]["tok_per_s"], 3)
+        in_process = {"lookup_in_verifier": "lookup"}  # the same drafts, no drafter's hop
+        for name in ("lookup", "draft", "lookup_in_verifier"):  # what processes and gRPC cost
+            s, measured = out["services"][name], runs[in_process.get(name, name)]
+            s["on_vs_in_process"] = round(s["on_tok_per_s"] / measured["tok_per_s"], 3)
             s["off_vs_in_process"] = round(s["off_tok_per_s"] / plain["tok_per_s"], 3)
     out["round_ms"] = round_breakdown(runs, out.get("services"))
     for name, run in runs.items():

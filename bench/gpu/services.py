@@ -3,15 +3,17 @@ process and a drafter process (gRPC between them, as deployed) on random weights
 shapes, against plain decoding through the same verifier and against the same engine
 in-process (bench.gpu.run measures that side in the same run).
 
-Two pairs run side by side: one drafter proposes without a model (a lookup's cost), the
-other behind the draft model's real forwards (bench.gpu.controlled), each with a router
-in front. The client speaks token ids to each verifier directly (as the router sends
-them) and through its router (as users do, router -> verifier -> drafter); random
-weights come with no tokenizer, so the routers read one of made-up words
-(`write_tokenizer`) to check and decode the ids.
+Three sets run side by side, each with a router in front: a drafter that proposes
+without a model (a lookup's cost), one behind the draft model's real forwards
+(bench.gpu.controlled), and a verifier that proposes so itself, with no drafter (as
+`specd serve verifier --lookup` drafts: no gRPC hop a round). The client speaks token
+ids to each verifier directly (as the router sends them) and through its router (as
+users do, router -> verifier -> drafter); random weights come with no tokenizer, so the
+routers read one of made-up words (`write_tokenizer`) to check and decode the ids.
 
     python -m bench.gpu.services drafter --port P --recorded F [--draft-shape S]
     python -m bench.gpu.services verifier --port P --drafter HOST:PORT [--shape S]
+    python -m bench.gpu.services verifier --port P --recorded F [--shape S]
 
 (each with `--emulate-ms MS` on a CPU: its model's forwards at a GPU step's pace)
 """
@@ -49,15 +51,20 @@ def _drafter(args) -> None:
     from drafter_service.server import serve
     from specd.config import DrafterConfig
 
-    data = json.loads(Path(args.recorded).read_text())
-    recorded = {tuple(p): out for p, out in data["recorded"]}
     inner = None
     if args.draft_shape:
         _, draft = build(args.draft_shape, args.device, dtype(args.device), seed=1, draft=True)
         inner = DraftModelProposer(emulated(draft, args.emulate_ms / 1e3), num_blocks=4096)
-    proposer = ControlledProposer(recorded, data["vocab"], args.acceptance, inner)
+    proposer, vocab = _controlled(args, inner)
     config = DrafterConfig(host=HOST, port=args.port)
-    asyncio.run(serve(config, built=(proposer, data["vocab"], "controlled")))
+    asyncio.run(serve(config, built=(proposer, vocab, "controlled")))
+
+
+def _controlled(args, inner=None) -> tuple[ControlledProposer, int]:
+    """The proposer of the target's recorded tokens at `args.acceptance`, and the vocab."""
+    data = json.loads(Path(args.recorded).read_text())
+    recorded = {tuple(p): out for p, out in data["recorded"]}
+    return ControlledProposer(recorded, data["vocab"], args.acceptance, inner), data["vocab"]
 
 
 def _verifier(args) -> None:
@@ -68,8 +75,11 @@ def _verifier(args) -> None:
 
     _, target = build(args.shape, args.device, dtype(args.device))
     emulated(target, args.emulate_ms / 1e3, queued=True)
-    config = VerifierConfig(host=HOST, port=args.port, drafter=args.drafter)
-    proposer = RemoteProposer(args.drafter, config.drafter_timeout_ms, 1000, None)
+    config = VerifierConfig(host=HOST, port=args.port, drafter=args.drafter or "")
+    if args.drafter:
+        proposer = RemoteProposer(args.drafter, config.drafter_timeout_ms, 1000, None)
+    else:  # its own lookup's cost, in its own process
+        proposer, _ = _controlled(args)
     # 32 sequences of up to 512 tokens (the c = 32 run's), as the in-process engine holds
     engine_config = EngineConfig(max_batch_size=32, num_blocks=32 * 512 // 16)
     engine = Engine(target, engine_config, proposer, eos_ids=set())
@@ -177,8 +187,9 @@ def compare(
     recorded, vocab, prompts, new: int, k: int, acceptance: float, shapes, device, many=(),
     emulate_ms=(),
 ):  # fmt: skip
-    """Start two (drafter, verifier, router) sets, one per drafting kind; each prompt
-    through each verifier and through each router with speculation off and on. -> tok/s
+    """Start three sets of a verifier and its router, one per drafting kind (a drafter
+    of each kind, and none for the lookup in the verifier); each prompt through each
+    verifier and through each router with speculation off and on. -> tok/s
     and whether outputs match plain; with `many` prompts, also their plain tok/s all at
     once through the first verifier. `emulate_ms`: (target, draft) ms each model's forward
     sleeps first (`emulated`)."""
@@ -186,7 +197,11 @@ def compare(
     base = [sys.executable, "-m", "bench.gpu.services", "--device", device]
     target_ms, draft_ms = emulate_ms or (0.0, 0.0)
     env = model_service_env()
-    pairs = {"lookup": (50761, 50762, 50765, ""), "draft": (50763, 50764, 50766, draft_shape)}
+    pairs = {
+        "lookup": (50761, 50762, 50765, ""),
+        "draft": (50763, 50764, 50766, draft_shape),
+        "lookup_in_verifier": (0, 50767, 50768, ""),  # no drafter
+    }
     work = Path(tempfile.mkdtemp(prefix="specd-services-"))  # the services' inputs
     procs, sets = [], {}
     try:
@@ -198,17 +213,22 @@ def compare(
         tokenizer = write_tokenizer(work / "tokenizer", vocab)
         router = [sys.executable, "-m", "launcher", "serve", "router"]
         router += ["--tokenizer", str(tokenizer), "--policy-file", str(policy)]
+        controlled = ["--recorded", str(work / "recorded.json"), "--acceptance", str(acceptance)]
         for name, (d_port, v_port, r_port, inner) in pairs.items():
-            drafter = [*base, "drafter", "--port", str(d_port), "--recorded"]
-            drafter += [str(work / "recorded.json"), "--acceptance", str(acceptance)]
-            drafter += ["--emulate-ms", str(draft_ms)]
-            procs.append(subprocess.Popen([*drafter, "--draft-shape", inner], env=env))
+            started = len(procs)
             verifier = [*base, "verifier", "--port", str(v_port), "--shape", target_shape]
             verifier += ["--emulate-ms", str(target_ms)]
-            procs.append(subprocess.Popen([*verifier, "--drafter", f"{HOST}:{d_port}"], env=env))
+            if d_port:
+                drafter = [*base, "drafter", "--port", str(d_port), *controlled]
+                drafter += ["--emulate-ms", str(draft_ms), "--draft-shape", inner]
+                procs.append(subprocess.Popen(drafter, env=env))
+                verifier += ["--drafter", f"{HOST}:{d_port}"]
+            else:
+                verifier += controlled
+            procs.append(subprocess.Popen(verifier, env=env))
             at = ["--port", str(r_port), "--verifier", f"{HOST}:{v_port}"]
             procs.append(subprocess.Popen([*router, *at]))
-            sets[name] = procs[-3:]
+            sets[name] = procs[started:]
         for _, v_port, r_port, _ in pairs.values():
             _wait_serving(f"{HOST}:{v_port}", 240)
             _wait_serving(f"{HOST}:{r_port}", 60, ROUTER_SERVICE)
@@ -313,7 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--emulate-ms", type=float, default=0.0, help="sleep before each forward")
     v = sub.add_parser("verifier")
     v.add_argument("--port", type=int, required=True, help="where it listens")
-    v.add_argument("--drafter", required=True, help="the drafter's HOST:PORT")
+    drafts = v.add_mutually_exclusive_group(required=True)
+    drafts.add_argument("--drafter", help="the drafter's HOST:PORT")
+    drafts.add_argument("--recorded", help="or draft these recorded tokens itself (JSON)")
+    v.add_argument("--acceptance", type=float, default=0.8, help="with --recorded (%(default)s)")
     v.add_argument("--shape", default="llama-3.2-3b", help="the target's (%(default)s)")
     v.add_argument("--emulate-ms", type=float, default=0.0, help="sleep before each forward")
     args = p.parse_args(argv)

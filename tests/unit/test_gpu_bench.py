@@ -146,7 +146,8 @@ def test_a_round_breaks_into_its_parts():
     run's at 50 tok/s 80 ms, so 40 of draft forwards; through the verifier process the
     lookup's at 80 tok/s 50 ms, so 10 of it, and through the router at 4e3 / 60 tok/s 60
     ms, so 10 more. Drafting ahead on a second GPU: max(40, 40) + 10 + 10 ms a round of 4
-    tokens, 4e3 / 60 tok/s, 2x plain's 1e3 / 30 through the router."""
+    tokens, 4e3 / 60 tok/s, 2x plain's 1e3 / 30 through the router. The verifier's own
+    lookup at 4e3 / 44 tok/s, 44 ms a round: the drafter's hop is 6 ms of its 50."""
     runs = {
         "off": {"tok_per_s": 25.0, "tokens_per_round": None},
         "lookup": {"tok_per_s": 100.0, "tokens_per_round": 4.0},
@@ -162,6 +163,10 @@ def test_a_round_breaks_into_its_parts():
     assert parts["verifier_process_ms"] == 10.0 and parts["router_ms"] == 10.0
     assert parts["second_gpu_ahead_tok_per_s"] == round(4e3 / 60, 3)
     assert parts["second_gpu_ahead_vs_off"] == 2.0
+    assert "drafter_hop_ms" not in parts  # no verifier drafted the lookup itself
+    # the verifier's own lookup at 4e3 / 44 tok/s: a 44 ms round, the drafter's hop 6 of 50
+    services["lookup_in_verifier"] = {"on_tok_per_s": 4e3 / 44}
+    assert run.round_breakdown(runs, services)["drafter_hop_ms"] == 6.0
     # verification longer than the draft forwards: they hide behind it
     runs["draft"]["tok_per_s"] = 4e3 / 70  # a 70 ms round: 30 ms of forwards
     assert run.round_breakdown(runs, services)["second_gpu_ahead_tok_per_s"] == round(4e3 / 60, 3)

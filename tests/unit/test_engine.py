@@ -57,7 +57,9 @@ def test_greedy_parity_speculation_on_vs_off(tiny_pair, kind, k):
     assert list(on.values()) == list(off.values())
     assert 0 < engine.totals.accepted < engine.totals.drafted  # speculation really ran
     assert engine.kv.allocator.num_used == 0
-    if kind != "ngram":
+    if kind == "ngram":
+        assert len(engine.proposer.lookups) == 0  # each sequence's index dropped with it
+    else:
         drafter = engine.proposer
         if isinstance(drafter, CombinedProposer):
             drafter = drafter.model
@@ -160,8 +162,9 @@ def test_max_context_is_the_longest_request_the_engine_admits(tiny_pair, num_blo
         engine.add_request(Request(prompt=prompt, max_new_tokens=3))
 
 
-def test_cancel_frees_both_caches(tiny_pair):
-    engine = make_engine(tiny_pair, "draft")
+@pytest.mark.parametrize("kind", ["draft", "ngram"])
+def test_cancel_frees_both_caches(tiny_pair, kind):
+    engine = make_engine(tiny_pair, kind)
 
     async def main():
         gen = AsyncEngine(engine).generate(Request(PROMPTS[3], max_new_tokens=200, num_draft=3))
@@ -179,7 +182,10 @@ def test_cancel_frees_both_caches(tiny_pair):
 
     assert asyncio.run(main()) >= 5
     assert engine.kv.allocator.num_used == 0
-    assert engine.proposer.kv.allocator.num_used == 0 and engine.proposer.num_sessions == 0
+    if kind == "ngram":
+        assert len(engine.proposer.lookups) == 0  # the sequence's index dropped with it
+    else:
+        assert engine.proposer.kv.allocator.num_used == 0 and engine.proposer.num_sessions == 0
 
 
 def test_bad_requests_are_refused(tiny_pair):

@@ -73,6 +73,12 @@ def test_invalid_values_are_refused_by_the_dataclass():
         torch.float32,
     )
     assert _config("verifier", "--dtype=half").dtype == "half"
+    # the verifier drafts by its own lookup or asks a drafter, never both
+    with pytest.raises(ValueError, match="give one"):
+        _config("verifier", "--lookup", "--drafter=127.0.0.1:1")
+    for role in ("verifier", "drafter"):
+        with pytest.raises(ValueError, match="1 <= min <= max, got 3 and 2"):
+            _config(role, "--prompt-lookup-min=3", "--prompt-lookup-max=2")
 
 
 def test_a_refused_value_is_one_line_before_anything_starts(capsys):

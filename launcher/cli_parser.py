@@ -4,10 +4,12 @@ specd/cli.py); the services' flags are derived from their config classes."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 
 from launcher.config_file import CONFIG_FLAG, CONFIG_TARGET, ConfigTarget, expand
+from launcher.llama_env import llama_env_flags
 from launcher.peer_flags import (
     DEFAULT_TARGET,
     Target,
@@ -59,11 +61,14 @@ class Parser(argparse.ArgumentParser):
     -mlock as -m lock (a value glued to a short flag, such as -c4096, is still taken)."""
 
     whole_flags = False
-    config_file = False  # `--config FILE` read (launcher.config_file)
+    # `--config FILE` read (launcher.config_file), and llama-server's environment
+    # (launcher.llama_env)
+    config_file = False
 
     def parse_known_args(self, args=None, namespace=None):
         if self.config_file and args is not None:
-            args = expand(list(args), self)
+            # llama-server's environment, a config file's flags, then the command line's
+            args = llama_env_flags(os.environ, self.error) + expand(list(args), self)
         words = list(args or ()) if self.whole_flags else []
         for arg in words[: words.index("--")] if "--" in words else words:
             if (

@@ -11,6 +11,7 @@ import stat
 
 import pytest
 
+from launcher import llama_env
 from launcher.cli_parser import build_parser, serve_config
 from launcher.local_cluster import CLI, _token_file, cluster_children
 from launcher.peer_flags import api_key
@@ -330,3 +331,59 @@ def test_sglangs_and_vllms_log_levels_reach_every_service(monkeypatch):
     monkeypatch.setattr(logging, "basicConfig", lambda **kw: said.update(kw))
     main(["--log-level", "warning", "health", "127.0.0.1:1", "--timeout", "0.1"])
     assert said["level"] == logging.WARNING
+
+
+def test_llama_servers_environment_is_read_as_its_flags_and_the_command_line_wins(
+    monkeypatch, capsys
+):
+    """A llama.cpp container's `LLAMA_ARG_*` variables start specd as llama-server."""
+    for name in [n for n in os.environ if n.startswith("LLAMA_")]:
+        monkeypatch.delenv(name)
+    environment = {
+        "LLAMA_ARG_MODEL": "small",
+        "LLAMA_ARG_MODEL_DRAFT": "small-draft",
+        "LLAMA_ARG_HOST": "0.0.0.0",
+        "LLAMA_ARG_PORT": "8123",
+        "LLAMA_ARG_ALIAS": "coder",
+        "LLAMA_ARG_CTX_SIZE": "4096",
+        "LLAMA_ARG_N_PARALLEL": "3",
+        "LLAMA_ARG_SPEC_DRAFT_N_MAX": "6",
+        "LLAMA_ARG_TEMPERATURE": "0.2",
+        "LLAMA_ARG_JINJA": "true",
+        "LLAMA_ARG_ENDPOINT_METRICS": "0",
+        "LLAMA_ARG_FLASH_ATTN": "1",
+        "LLAMA_ARG_NO_WEBUI": "1",
+        "LLAMA_API_KEY": "from-llama-env",
+    }
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    up = build_parser().parse_args(["up"])
+    assert (up.api_key, up.host, up.flash_attn, up.jinja, up.metrics) == (
+        "from-llama-env", "0.0.0.0", "on", True, False,
+    )  # fmt: skip
+    c = _configs()
+    verifier, router, drafter = c["verifier"], c["router"], c["drafter"]
+    assert (verifier.model, drafter.model, verifier.host) == ("small", "small-draft", "0.0.0.0")
+    assert (verifier.engine.max_model_len, verifier.engine.max_batch_size) == (4096, 3)
+    assert (router.http_port, router.served_model_name) == (8123, ["coder"])
+    assert json.loads(router.override_generation_config) == {"temperature": 0.2}
+    assert json.loads(router.policy)["default"]["num_draft_tokens"] == 6
+    # the command line wins, the target included (not a second name)
+    c = _configs("-m", "tiny", "-c", "2048", "--port", "8124")
+    assert (c["verifier"].model, c["verifier"].engine.max_model_len) == ("tiny", 2048)
+    assert c["router"].http_port == 8124
+    # a variable for a flag specd up does not take, or a switch neither true nor false
+    for name, value, said in (
+        ("LLAMA_ARG_MLOCK", "1", "LLAMA_ARG_MLOCK (llama-server's environment) names a flag"),
+        ("LLAMA_ARG_JINJA", "maybe", "LLAMA_ARG_JINJA=maybe: a switch is one of on"),
+    ):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["up"])
+        assert said in capsys.readouterr().err
+        monkeypatch.setenv("LLAMA_ARG_JINJA", "on")
+        monkeypatch.delenv("LLAMA_ARG_MLOCK", raising=False)
+    # every variable stands for a flag specd up takes
+    up_parser = build_parser()._subparsers._group_actions[0].choices["up"]
+    flags = [*llama_env.VALUES.values(), *llama_env.SWITCHES.values(), "--flash-attn"]
+    assert all(flag in up_parser._option_string_actions for flag in flags)

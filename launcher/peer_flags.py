@@ -297,6 +297,7 @@ ALWAYS = (
     (("--cont-batching", "-cb"), "the verifier batches continuously"),
     (("--enable-chunked-prefill",), "prompts are fed in chunks (--max-num-batched-tokens)"),
     (("--metrics", "--enable-metrics"), "the HTTP door serves Prometheus metrics on /metrics"),
+    (("--enable-server-load-tracking",), "the HTTP door's /load counts requests in flight"),
     (("--no-webui",), "specd serves no web page"),
     (("--disable-log-requests", "--disable-uvicorn-access-log"), "specd logs no line per "
      "request"),

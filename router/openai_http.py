@@ -48,6 +48,7 @@ from router.fim import markers_of
 from router.generation import Router, side_by_side
 from router.llamacpp_http import PATHS as LLAMACPP_PATHS
 from router.llamacpp_http import LlamaCppRoutes
+from router.load_http import LoadRoutes
 from router.openai_answer import Answer
 from router.openai_errors import error_response, request_error_response
 from router.openai_request import (
@@ -156,6 +157,7 @@ class OpenAIDoor:
         app.add_routes(self.llama.routes())
         app.add_routes(self.sglang.routes())
         app.add_routes(CacheRoutes(self.router).routes())
+        app.add_routes(LoadRoutes(self.router).routes())
         app.add_routes(TokenizerRoutes(self).routes())
         allow_cross_origin(app, self.cross_origin)
         return app

@@ -205,7 +205,11 @@ def test_flags_that_ask_for_what_specd_does_anyway_change_nothing():
         *("--enable-metrics", "--no-webui", "--disable-log-requests", "-fa", "on"),
         *("--enable-chunked-prefill", "--enable-prompt-tokens-details", "--flash-attn"),
         *("-dt", "0.1", "--cache-reuse", "256"),
-        *("--disable-fastapi-docs", "--disable-uvicorn-access-log"),
+        *(
+            "--disable-fastapi-docs",
+            "--disable-uvicorn-access-log",
+            "--enable-server-load-tracking",
+        ),
     )
     plain = [c.argv for c in _children().values()]
     assert [c.argv for c in _children(*asked).values()] == plain

@@ -291,7 +291,7 @@ def _text(answer: dict) -> str:
 def test_get_load_tells_each_replicas_requests_and_tokens_as_sglangs_gateway_reads_them(cluster):
     """GET /get_load, SGLang's per-rank list (its Model Gateway balances on `num_tokens`):
     one entry per replica, a request counted with its KV tokens while it streams, and
-    nothing held once every request ended."""
+    nothing held once every request ended; vLLM's GET /load counts it alike."""
 
     def idle(loads: list[dict]) -> bool:
         return len(loads) == 2 and sum(x["num_reqs"] for x in loads) == 0
@@ -313,9 +313,18 @@ def test_get_load_tells_each_replicas_requests_and_tokens_as_sglangs_gateway_rea
         busy = wait_for(lambda: _loads(cluster), lambda ls: sum(x["num_tokens"] for x in ls) >= 124)
         assert sum(x["num_reqs"] for x in busy) == 1
         assert all(x["num_tokens"] % 4 == 0 for x in busy)
+        assert _server_load(cluster) == {"server_load": 1}  # vLLM's, the door's own count
         stream.read()
     after = wait_for(lambda: _loads(cluster), idle)
     assert all(x["num_tokens"] == 0 for x in after), after
+    assert wait_for(lambda: _server_load(cluster), lambda x: x["server_load"] == 0)
+
+
+def _server_load(cluster) -> dict:
+    """vLLM's GET /load, which asks no token (as vLLM's and /health)."""
+    secured = url(cluster, 0)
+    assert http("GET", f"{secured}/load").status_code == 200
+    return http("GET", f"{cluster.http}/load").json()
 
 
 def wait_for(read, done, timeout: float = 10.0):

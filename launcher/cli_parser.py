@@ -223,8 +223,11 @@ def _add_up(sub) -> None:
         "--draft",
         "--model-draft",
         "-md",
+        "--spec-draft-model",
         "--hf-repo-draft",
         "-hfd",
+        "--spec-draft-hf",
+        "-hfrd",
         default="default-draft",
         help=f"the draft model (llama-server's -md and -hfd): {models}",
     )
@@ -269,16 +272,26 @@ def _add_up(sub) -> None:
     )
     up.add_argument(
         "--draft-max",
+        "--spec-draft-n-max",
         type=int,
         default=0,
         help="the most drafts a round may have, on every route (llama-server's flag; vLLM's "
         "num_speculative_tokens); under auto a cap (default 0: each route's num_draft_tokens)",
+    )
+    up.add_argument(
+        "--spec-type",
+        metavar="TYPES",
+        help="llama-server's: draft-simple (the draft model alone), ngram-simple and the other "
+        "ngram-* (a lookup in the request's own text, in the verifier), both (specd's own: "
+        "the lookup where the text repeats, else the model), or none (every route off); "
+        "comma-separated",
     )
     add_sglang_flags(up)
     add_serving_flags(up)
     add_device_flags(up)
     up.add_argument(
         "--draft-p-min",
+        "--spec-draft-p-min",
         type=float,
         default=DrafterConfig.p_min,
         help="a drafting round stops after a draft the draft model gave a probability under "

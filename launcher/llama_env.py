@@ -32,6 +32,7 @@ VALUES = {
     "LLAMA_ARG_N_GPU_LAYERS": "--n-gpu-layers",
     "LLAMA_ARG_N_GPU_LAYERS_DRAFT": "--n-gpu-layers-draft",
     "LLAMA_ARG_DRAFT_MAX": "--draft-max",
+    "LLAMA_ARG_SPEC_TYPE": "--spec-type",
     "LLAMA_ARG_SPEC_DRAFT_N_MAX": "--draft-max",
     "LLAMA_ARG_DRAFT_P_MIN": "--draft-p-min",
     "LLAMA_ARG_SPEC_DRAFT_P_MIN": "--draft-p-min",

@@ -327,7 +327,11 @@ def add_device_flags(up) -> None:
         )
     for names, model, dest in (
         (("--n-gpu-layers", "--gpu-layers", "-ngl"), "target", "target_device"),
-        (("--n-gpu-layers-draft", "--gpu-layers-draft", "-ngld"), "draft", "draft_device"),
+        (
+            ("--n-gpu-layers-draft", "--gpu-layers-draft", "-ngld", "--spec-draft-ngl"),
+            "draft",
+            "draft_device",
+        ),
     ):
         devices.add_argument(
             *names,

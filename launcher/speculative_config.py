@@ -149,6 +149,42 @@ def sglang_config(given: dict) -> tuple[VllmSpeculativeConfig, int | None]:
     return spec, tokens - 1 - steps
 
 
+# llama-server's `--spec-type` names (its common/speculative.cpp): the lookups specd runs
+# as its own, and the drafts that read the target's hidden states
+LLAMA_LOOKUPS = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+LLAMA_HIDDEN = ("draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
+
+
+def llama_spec_type(types: str, draft: str) -> tuple[VllmSpeculativeConfig, bool]:
+    """llama-server's `--spec-type` (comma-separated) as vLLM's config, and whether every
+    route is off (`none`): draft-simple drafts with `draft` alone, the lookups are vLLM's
+    ngram, both are specd's own drafter (the lookup where the text repeats, else the
+    model)."""
+    names = [name.strip() for name in types.split(",") if name.strip()]
+    hidden = [name for name in names if name in LLAMA_HIDDEN]
+    if hidden:
+        raise ValueError(
+            f"{', '.join(hidden)} read the target's hidden states, which specd's drafter, a "
+            "process of its own, does not have; it takes draft-simple and the ngram-* types"
+        )
+    unknown = [name for name in names if name not in ("none", "draft-simple", *LLAMA_LOOKUPS)]
+    if unknown or not names:
+        raise ValueError(
+            f"{', '.join(unknown) or 'nothing'}: give none, draft-simple or "
+            f"{', '.join(LLAMA_LOOKUPS)}, comma-separated"
+        )
+    if "none" in names:
+        if set(names) != {"none"}:
+            raise ValueError("none and a type that drafts: give one")
+        return VllmSpeculativeConfig(), True
+    drafts, looks = "draft-simple" in names, any(name in LLAMA_LOOKUPS for name in names)
+    if drafts and looks:
+        return VllmSpeculativeConfig(), False
+    if drafts:
+        return VllmSpeculativeConfig(method="draft_model", model=draft), False
+    return VllmSpeculativeConfig(method="ngram"), False
+
+
 def parse(text: str) -> VllmSpeculativeConfig:
     """The JSON text as a config; ValueError names each key it refuses and why."""
     try:
@@ -169,22 +205,34 @@ def parse(text: str) -> VllmSpeculativeConfig:
 
 def speculation(args) -> Speculation:
     """`specd up`'s drafter, proposer and policy, with `--speculative-config` (JSON text,
-    or None), SGLang's flags (SGLANG_FLAGS, None where not given) and `--draft-max`
-    (llama-server's flag: its num_speculative_tokens; 0 = not given) over `--draft`,
-    `--proposer` and `--policy-file`; ValueError where they ask what specd does not do or
-    what those flags say otherwise."""
-    text, draft_max = args.speculative_config, args.draft_max
+    or None), SGLang's flags (SGLANG_FLAGS, None where not given), llama-server's
+    `--spec-type` (None where not given) and `--draft-max` (its num_speculative_tokens; 0 =
+    not given) over `--draft`, `--proposer` and `--policy-file`; ValueError where they ask
+    what specd does not do or what those flags say otherwise."""
+    text, draft_max, spec_type = args.speculative_config, args.draft_max, args.spec_type
     sglang = {n: getattr(args, n) for n in SGLANG_FLAGS if getattr(args, n) is not None}
-    if text is None and not sglang and draft_max == 0:
+    if text is None and not sglang and spec_type is None and draft_max == 0:
         return Speculation(args.draft, args.proposer)
     flag = "--speculative-config" if text is not None else "--draft-max"
+    flag = "--spec-type" if spec_type is not None else flag
     flag = _flag(next(iter(sglang))) if sglang else flag
     try:
-        alternatives = None
-        if text is not None and sglang:
-            raise ValueError(f"--speculative-config and SGLang's {flag}: give one")
+        alternatives, off = None, False
+        given = [
+            name
+            for name, on in (
+                ("--speculative-config", text is not None),
+                (f"SGLang's {flag}", bool(sglang)),
+                ("--spec-type", spec_type is not None),
+            )
+            if on
+        ]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)}: give one")
         if sglang:
             spec, alternatives = sglang_config(sglang)
+        elif spec_type is not None:
+            spec, off = llama_spec_type(spec_type, args.draft)
         else:
             spec = VllmSpeculativeConfig() if text is None else parse(text)
         if draft_max < 0:
@@ -197,11 +245,24 @@ def speculation(args) -> Speculation:
                 )
             spec = spec.model_copy(update={"num_speculative_tokens": draft_max})
         out = _speculation(args, spec)
+        if off:
+            _every_route_off(args, out)
     except ValueError as exc:
         raise ValueError(f"{flag}: {exc}") from None
     if alternatives is not None:
         out.drafter_flags += ["--alternatives", str(alternatives)]
     return out
+
+
+def _every_route_off(args, out: Speculation) -> None:
+    """llama-server's `--spec-type none`: the policy with every route `off` (a request may
+    still ask for `on`)."""
+    if args.policy_file:
+        raise ValueError("none with --policy-file: set its routes' speculation: off there")
+    policy = copy.deepcopy(out.policy or BUILTIN_POLICY)
+    for entry in [policy["default"], *policy["routes"].values()]:
+        entry["speculation"] = "off"
+    out.policy = policy
 
 
 def _speculation(args, spec: VllmSpeculativeConfig) -> Speculation:

@@ -269,3 +269,41 @@ def test_what_sglangs_flags_ask_and_specd_does_not_do_is_refused(flags, said, ca
     err = capsys.readouterr().err
     assert said in err and err.startswith("specd up: --speculative-")
     assert "Traceback" not in err
+
+
+def test_llama_servers_spec_type_and_its_draft_flags_under_their_current_names():
+    """llama-server's `--spec-type` and `--spec-draft-*` (its names since `--draft-max`
+    was removed) as the drafts specd runs for them."""
+    looked = _configs("--spec-type", "ngram-simple", "--spec-draft-n-max", "8")
+    assert set(looked) == {"verifier", "router"} and looked["verifier"].lookup
+    assert _policy(looked["router"]).routes["code"].num_draft_tokens == 8
+    drafts = _configs(
+        *("--spec-type", "draft-simple", "--spec-draft-model", "small-draft"),
+        *("--spec-draft-p-min", "0.5", "--spec-draft-ngl", "0"),
+    )["drafter"]
+    assert (drafts.proposer, drafts.model, drafts.p_min, drafts.device) == (
+        "draft", "small-draft", 0.5, "cpu",
+    )  # fmt: skip
+    both = _configs("--spec-type", "ngram-mod,draft-simple")
+    assert both["drafter"].proposer == "combined" and not both["verifier"].lookup
+    assert both["router"].policy == ""  # no k given: the built-in policy
+    plain = _policy(_configs("--spec-type", "none")["router"])
+    assert plain.default.speculation == "off"
+    assert {route.speculation for route in plain.routes.values()} == {"off"}
+
+
+LLAMA_SPEC_REFUSED = [
+    (["--spec-type", "draft-eagle3"], "draft-eagle3 read the target's hidden states"),
+    (["--spec-type", "ngram-fancy"], "ngram-fancy: give none, draft-simple or ngram-simple"),
+    (["--spec-type", "none,draft-simple"], "none and a type that drafts: give one"),
+    (["--spec-type", "ngram-simple", "--speculative-config", "{}"], "give one"),
+    (["--spec-type", "none", "--policy-file", "p.yaml"], "set its routes' speculation: off"),
+]
+
+
+@pytest.mark.parametrize(("flags", "said"), LLAMA_SPEC_REFUSED)
+def test_what_llama_servers_spec_type_asks_and_specd_does_not_do_is_refused(flags, said, capsys):
+    assert main(["up", "--http-port", "0", *flags]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.startswith("specd up: --spec-type: ")
+    assert "Traceback" not in err

@@ -263,14 +263,6 @@ SGLANG_REFUSED = [
 ]
 
 
-@pytest.mark.parametrize(("flags", "said"), SGLANG_REFUSED)
-def test_what_sglangs_flags_ask_and_specd_does_not_do_is_refused(flags, said, capsys):
-    assert main(["up", "--http-port", "0", *flags]) == 2
-    err = capsys.readouterr().err
-    assert said in err and err.startswith("specd up: --speculative-")
-    assert "Traceback" not in err
-
-
 def test_llama_servers_spec_type_and_its_draft_flags_under_their_current_names():
     """llama-server's `--spec-type` and `--spec-draft-*` (its names since `--draft-max`
     was removed) as the drafts specd runs for them."""
@@ -301,9 +293,17 @@ LLAMA_SPEC_REFUSED = [
 ]
 
 
-@pytest.mark.parametrize(("flags", "said"), LLAMA_SPEC_REFUSED)
-def test_what_llama_servers_spec_type_asks_and_specd_does_not_do_is_refused(flags, said, capsys):
+# each refusal as `specd up` says it, under the flag that asked
+REFUSED = [(flags, said, "--speculative-") for flags, said in SGLANG_REFUSED] + [
+    (flags, said, "--spec-type: ") for flags, said in LLAMA_SPEC_REFUSED
+]
+
+
+@pytest.mark.parametrize(("flags", "said", "flag"), REFUSED)
+def test_what_sglangs_and_llama_servers_flags_ask_and_specd_does_not_do_is_refused(
+    flags, said, flag, capsys
+):
     assert main(["up", "--http-port", "0", *flags]) == 2
     err = capsys.readouterr().err
-    assert said in err and err.startswith("specd up: --spec-type: ")
+    assert said in err and err.startswith(f"specd up: {flag}")
     assert "Traceback" not in err

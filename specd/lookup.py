@@ -72,9 +72,10 @@ class NgramIndex:
             self._ends.clear()
         if commit:
             self._add(tokens)
+        past = self.covered < size  # tokens the index does not cover (not committed)
         for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
             # the ends the index does not cover first: they are the latest
-            end = _latest_end(tokens, n, size - 1, self.covered)
+            end = _latest_end(tokens, n, size - 1, self.covered) if past else None
             if end is None:
                 end = self._indexed_end(tokens, n)
             if end is not None:

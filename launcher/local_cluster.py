@@ -59,17 +59,18 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
     if args.prefix_caching is not None:  # vLLM's --enable-prefix-caching, or its no-
         model_flags += ["--prefix-cache", "on" if args.prefix_caching else "off"]
     model_flags += _given(args, enforce_eager="enforce_eager")
-    drafter_flags = (
-        *("--model", spec.draft, "--proposer", spec.proposer, "--p-min", str(args.draft_p_min)),
-        *model_flags,
-        *_given(args, device="draft_device"),
-        *spec.drafter_flags,
-    )
-    flags = (*_listen(host, args.drafter_port), *drafter_flags)
-    draft_threads = args.threads_draft or args.threads  # llama-server's -td, else its -t
     children = []
     if not lookup:
+        flags = (
+            *_listen(host, args.drafter_port),
+            *("--model", spec.draft, "--proposer", spec.proposer),
+            *("--p-min", str(args.draft_p_min)),
+            *model_flags,
+            *_given(args, device="draft_device"),
+            *spec.drafter_flags,
+        )
         argv = _serve("drafter", flags, args.drafter_flags, _log_level(args))
+        draft_threads = args.threads_draft or args.threads  # llama-server's -td, else its -t
         children.append(Child("drafter", argv, drafter, env=_threads(draft_threads)))
     verifiers = [f"{host}:{args.verifier_port + i}" for i in range(args.verifiers)]
     overrides, batched = generation_overrides(args), forward_tokens(args)

@@ -249,9 +249,8 @@ def speculation(
     out = {}
     if services is not None:
         device = str(model.device)
-        out["services"] = compare(
-            recorded, vocab, prompts, new, k, acceptance, services, device, many, emulate_ms
-        )
+        setting = (recorded, vocab, prompts, new, k, acceptance, services, device, many)
+        out["services"] = compare(*setting, emulate_ms, passes=MEASURED_PASSES)
         in_process = {"lookup_in_verifier": "lookup"}  # the same drafts, no drafter's hop
         for name in ("lookup", "draft", "lookup_in_verifier"):  # what processes and gRPC cost
             s, measured = out["services"][name], runs[in_process.get(name, name)]

@@ -217,3 +217,38 @@ def test_a_run_of_several_passes_reports_the_fastest_after_the_first(tiny, monke
     monkeypatch.setattr(run, "_pass", lambda *a: {"tok_per_s": next(speeds)})
     measured = run.engine_run(tiny, [[1, 2]], 4, warm=True, repeats=3)
     assert (measured["tok_per_s"], measured["first_pass_tok_per_s"]) == (9.0, 1.0)
+
+
+def test_the_services_report_autos_first_pass_apart_and_each_modes_fastest(monkeypatch):
+    """`auto`'s first pass through the router spends a fresh control's exploring budget:
+    it is reported apart. Then the five run in turn, each one's fastest pass reported, and
+    one pass whose outputs differ from plain's marks its mode."""
+    from bench.gpu import services
+
+    order, speeds = [], iter(range(1, 100))
+    plain, wrong = [[7, 8]], [[7, 9]]
+
+    def generate(address, prompts, new, k):
+        order.append("on" if k else "off")
+        return {"tok_per_s": float(next(speeds)), "outputs": plain}
+
+    def generate_routed(address, prompts, new, mode):
+        order.append(f"router_{mode}")
+        speed = float(next(speeds))
+        if mode == "auto" and len(order) == 12:  # the second measured pass of auto
+            speed = 1000.0
+        outputs = wrong if mode == "on" and len(order) == 11 else plain
+        return {"tok_per_s": speed, "outputs": outputs}
+
+    monkeypatch.setattr(services, "generate", generate)
+    monkeypatch.setattr(services, "generate_routed", generate_routed)
+    monkeypatch.setattr(services, "_warm_routed", lambda routed, prompts: None)
+    out = services._through("v", "r", [[1, 2]], 2, 4, passes=3)
+    modes = ["off", "on", "router_off", "router_on", "router_auto"]
+    assert order == ["on", "router_auto", *modes * 3]  # warm, auto's first pass, the rounds
+    assert out["router_auto_first_pass_tok_per_s"] == 2.0
+    assert out["router_auto_tok_per_s"] == 1000.0  # the fastest, not the last
+    assert (out["off_tok_per_s"], out["router_on_tok_per_s"]) == (13.0, 16.0)
+    assert out["router_auto_vs_better_of_on_off"] == round(1000 / 16, 3)
+    assert out["identical"] and out["router_auto_identical"]
+    assert not out["router_identical"]  # the second round's `on` through the router

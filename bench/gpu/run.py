@@ -221,13 +221,13 @@ def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
 
 def speculation(
     model, draft, prompts, new: int, k: int, acceptance: float, services=None, many=(),
-    emulate_ms=(),
+    emulate_ms=(), keep=lambda partial: None,
 ):  # fmt: skip
     """Plain, then controlled drafts (free and behind the draft model), then `auto`, each
     engine's fastest of MEASURED_PASSES over the prompts after a first (`engine_run`'s
-    `warm`); and
-    with `services` (target and draft shape) the same through verifier and drafter
-    processes (bench.gpu.services), and `many` prompts at once through the verifier."""
+    `warm`), handed to `keep` (a run cut short in the services keeps them); and with
+    `services` (target and draft shape) the same through verifier and drafter processes
+    (bench.gpu.services), and `many` prompts at once through the verifier."""
     from drafter_service.draft_model import DraftModelProposer
 
     plain = engine_run(model, prompts, new, warm=True, repeats=MEASURED_PASSES)
@@ -247,16 +247,6 @@ def speculation(
         "draft-auto": run(DraftModelProposer(draft, num_blocks=4096), auto=True),
     }
     out = {}
-    if services is not None:
-        device = str(model.device)
-        setting = (recorded, vocab, prompts, new, k, acceptance, services, device, many)
-        out["services"] = compare(*setting, emulate_ms, passes=MEASURED_PASSES)
-        in_process = {"lookup_in_verifier": "lookup"}  # the same drafts, no drafter's hop
-        for name in ("lookup", "draft", "lookup_in_verifier"):  # what processes and gRPC cost
-            s, measured = out["services"][name], runs[in_process.get(name, name)]
-            s["on_vs_in_process"] = round(s["on_tok_per_s"] / measured["tok_per_s"], 3)
-            s["off_vs_in_process"] = round(s["off_tok_per_s"] / plain["tok_per_s"], 3)
-    out["round_ms"] = round_breakdown(runs, out.get("services"))
     for name, run in runs.items():
         out[name] = {
             "tok_per_s": run["tok_per_s"],
@@ -272,6 +262,23 @@ def speculation(
     auto["first_pass_vs_off"] = round(
         runs["draft-auto"]["first_pass_tok_per_s"] / plain["tok_per_s"], 3
     )
+    out["round_ms"] = round_breakdown(runs)
+    keep(out)
+    if services is None:
+        return out
+    setting = (recorded, vocab, prompts, new, k, acceptance, services, str(model.device), many)
+    try:
+        out["services"] = compare(*setting, emulate_ms, passes=MEASURED_PASSES)
+    except Exception as e:  # reported, and the run goes on to its other parts (main fails)
+        out["services_error"] = f"{type(e).__name__}: {e}"[:500]
+        print(f"services failed: {out['services_error']}")
+        return out
+    in_process = {"lookup_in_verifier": "lookup"}  # the same drafts, no drafter's hop
+    for name in ("lookup", "draft", "lookup_in_verifier"):  # what processes and gRPC cost
+        s, measured = out["services"][name], runs[in_process.get(name, name)]
+        s["on_vs_in_process"] = round(s["on_tok_per_s"] / measured["tok_per_s"], 3)
+        s["off_vs_in_process"] = round(s["off_tok_per_s"] / plain["tok_per_s"], 3)
+    out["round_ms"] = round_breakdown(runs, out["services"])
     return out
 
 
@@ -392,11 +399,18 @@ def main(argv: list[str] | None = None) -> int:
     prompts = _prompts(4, args.prompt_tokens, vocab, 3)
     new = args.new_tokens // 2
     services = None if args.no_services else (args.target, args.draft)
+    setting = dict(k=args.k, acceptance=args.acceptance, c=1)
+
+    def keep(partial: dict) -> None:
+        report["speculation"] = partial | {"setting": setting}
+        save()
+
     report["speculation"] = speculation(
-        target, draft, prompts, new, args.k, args.acceptance, services, many, args.emulate_ms
-    )
-    report["speculation"]["setting"] = dict(k=args.k, acceptance=args.acceptance, c=1)
-    if services is not None:  # c = 32 plain through the verifier process, against in-process
+        target, draft, prompts, new, args.k, args.acceptance, services, many, args.emulate_ms,
+        keep,
+    ) | {"setting": setting}  # fmt: skip
+    failed = "services_error" in report["speculation"]
+    if services is not None and not failed:  # c = 32 plain through the verifier, against in-process
         together = report["speculation"]["services"].pop("plain_together_tok_per_s")
         report["c32"]["services_tok_per_s"] = together
         report["c32"]["services_vs_in_process"] = round(together / c32, 3)
@@ -420,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     for shape in filter(None, args.also.split(",")):
         _decode(report, shape, args)  # plain decode only: the peer's compile takes minutes
         save()
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -136,6 +136,26 @@ def test_the_bench_reports_every_part(tmp_path):
     assert table.parts(4, 12, 4, 2)[1] == report["steps"]["4,2"]["draft"] > 0
 
 
+def test_the_in_process_figures_are_kept_before_the_services_and_their_failure_reported(
+    tiny, monkeypatch
+):
+    """A services run cut short (the GPU check's timeout) or failed keeps what ran
+    in-process; a failure is reported with the figures, not raised past the run's other
+    parts."""
+    _, draft = build("tiny", "cpu", torch.float32, seed=1, draft=True)
+    prompts = run._prompts(2, 12, tiny.args.vocab_size, 0)
+    kept = []
+
+    def compare(*args, **kwargs):
+        assert kept and "lookup" in kept[-1]  # saved before the services start
+        raise RuntimeError("no verifier today")
+
+    monkeypatch.setattr(run, "compare", compare)
+    out = run.speculation(tiny, draft, prompts, 8, 2, 0.8, ("tiny", "tiny"), keep=kept.append)
+    assert out["services_error"] == "RuntimeError: no verifier today"
+    assert out["lookup"]["identical_to_off"] and "services" not in out
+
+
 def test_a_gpu_is_not_emulated():
     with pytest.raises(SystemExit):
         run.main(["--device", "cuda", "--emulate-ms", "2", "0"])

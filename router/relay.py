@@ -12,6 +12,7 @@ from protos.specd.v1 import common_pb2, router_pb2, verifier_pb2
 from router.decide import Decision
 from router.detok import IncrementalDetokenizer, StopStrings
 from router.prepare import Prepared, RequestError
+from router.replicas import Serving
 from specd.telemetry import inject_metadata
 
 
@@ -24,9 +25,10 @@ async def attempt(replica, prep: Prepared, decision: Decision, span, buffered: b
         timeout=remaining(prep.deadline),
         metadata=inject_metadata(trace.set_span_in_context(span)) if span else None,
     )
-    replica.inflight += 1
+    serving = Serving(len(prep.prompt_ids), prep.max_new_tokens, prep.params)
+    replica.serving[serving.task] = serving
     try:
-        messages = relay(call, prep, decision, tokenizer)
+        messages = relay(call, prep, decision, tokenizer, serving)
         if buffered:
             for arrived in [(time.perf_counter(), m) async for m in messages]:
                 yield arrived
@@ -34,14 +36,14 @@ async def attempt(replica, prep: Prepared, decision: Decision, span, buffered: b
         async for msg in messages:
             yield time.perf_counter(), msg
     finally:
-        replica.inflight -= 1
+        del replica.serving[serving.task]
         replica.finished = time.monotonic()
         call.cancel()  # no-op when done; frees the verifier's KV when we stop early
 
 
-async def relay(call, prep: Prepared, decision: Decision, tokenizer):
+async def relay(call, prep: Prepared, decision: Decision, tokenizer, serving: Serving):
     """The verifier's messages as the client's: text deltas, and at the end the finish
-    reason, usage and the verifier's account of speculation."""
+    reason, usage and the verifier's account of speculation; `serving` counts the tokens."""
     request = prep.request
     skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
     detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip)
@@ -56,6 +58,7 @@ async def relay(call, prep: Prepared, decision: Decision, tokenizer):
         if stops.stopped:  # the tokens a round accepted past the stop string: never output
             new, logprobs = new[:kept], logprobs[:kept]
         ids.extend(new)
+        serving.decoded = len(ids)
         usage, finish = resp.usage, resp.finish_reason
         if resp.HasField("speculation"):
             spec = resp.speculation

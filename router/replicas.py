@@ -8,6 +8,7 @@ have none); removing a replica cancels its watcher's scope."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -18,9 +19,25 @@ import grpc
 from protos.specd.v1 import verifier_pb2, verifier_pb2_grpc
 from router.affinity import BALANCE, PrefixAffinity
 from specd.channels import MAX_MESSAGE_BYTES, open_channel
+from specd.params import SamplingParams
 
 log = logging.getLogger(__name__)
 STALE_S = 1.0  # a replica whose last report is older than this is not chosen
+
+
+_TASKS = itertools.count()
+
+
+@dataclass
+class Serving:
+    """A request this router has in flight on a replica (router/relay.py's attempt), as
+    llama-server's /slots shows a slot's task (router/slots_http.py)."""
+
+    prompt_tokens: int
+    max_new_tokens: int
+    params: SamplingParams
+    decoded: int = 0  # tokens the replica has streamed back
+    task: int = field(default_factory=lambda: next(_TASKS))
 
 
 @dataclass
@@ -30,10 +47,15 @@ class Replica:
     stub: verifier_pb2_grpc.VerifierStub
     report: verifier_pb2.LoadReport | None = None
     seen: float = 0.0
-    inflight: int = 0  # requests this router sent and that have not finished
+    serving: dict[int, Serving] = field(default_factory=dict)  # by task, until they finish
     chosen: float = 0.0  # when this router last sent it a request (ties go to the oldest)
     finished: float = 0.0  # when a request of this router's last finished there
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope, repr=False)
+
+    @property
+    def inflight(self) -> int:
+        """Requests this router sent and that have not finished."""
+        return len(self.serving)
 
     @property
     def healthy(self) -> bool:

@@ -184,6 +184,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             acceptance_by_route=self.engine.acceptance_by_route(),
             drafter_available=self._drafter_available(),
             kv_block_size=self.engine.kv.allocator.block_size,
+            max_batch_size=self.engine.config.max_batch_size,
         )
 
     async def Info(self, request, context):

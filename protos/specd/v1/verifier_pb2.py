@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos.specd.v1 import common_pb2 as protos_dot_specd_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprotos/specd/v1/verifier.proto\x12\x08specd.v1\x1a\x1cprotos/specd/v1/common.proto\"\x99\x03\n\x15VerifyGenerateRequest\x12\x12\n\nprompt_ids\x18\x01 \x03(\x05\x12(\n\x06params\x18\x02 \x01(\x0b\x32\x18.specd.v1.SamplingParams\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\x05\x12\x10\n\x08stop_ids\x18\x04 \x03(\x05\x12\x12\n\nignore_eos\x18\x05 \x01(\x08\x12\x18\n\x10num_draft_tokens\x18\x06 \x01(\x05\x12\r\n\x05route\x18\x07 \x01(\t\x12\x19\n\x11\x64raft_below_batch\x18\x08 \x01(\x05\x12\x0c\n\x04\x61uto\x18\t \x01(\x08\x12\x1a\n\x12max_kv_utilization\x18\n \x01(\x02\x12\x16\n\x0emin_acceptance\x18\x0b \x01(\x02\x12(\n\nconstraint\x18\x0c \x01(\x0b\x32\x14.specd.v1.Constraint\x12\x10\n\x08proposer\x18\r \x01(\t\x12\x16\n\x0esuffix_private\x18\x0e \x01(\x08\x12\x12\n\ncache_salt\x18\x0f \x01(\t\x12\x16\n\x0eprediction_ids\x18\x10 \x03(\x05\"\x81\x02\n\x16VerifyGenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12.\n\x0bspeculation\x18\x03 \x01(\x0b\x32\x19.specd.v1.SpeculationInfo\x12\x1e\n\x05usage\x18\x04 \x01(\x0b\x32\x0f.specd.v1.Usage\x12(\n\x08logprobs\x18\x05 \x03(\x0b\x32\x16.specd.v1.TokenLogprob\x12/\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x16.specd.v1.TokenLogprob\x12\x12\n\nstop_token\x18\x07 \x01(\x08\"\'\n\x10WatchLoadRequest\x12\x13\n\x0binterval_ms\x18\x01 \x01(\x05\"\xc1\x02\n\nLoadReport\x12\x17\n\x0fkv_blocks_total\x18\x01 \x01(\x05\x12\x16\n\x0ekv_blocks_used\x18\x02 \x01(\x05\x12\x0f\n\x07running\x18\x03 \x01(\x05\x12\x0f\n\x07waiting\x18\x04 \x01(\x05\x12\x14\n\x0cspec_running\x18\x05 \x01(\x05\x12\x14\n\x0ctokens_per_s\x18\x06 \x01(\x02\x12H\n\x13\x61\x63\x63\x65ptance_by_route\x18\x07 \x03(\x0b\x32+.specd.v1.LoadReport.AcceptanceByRouteEntry\x12\x19\n\x11\x64rafter_available\x18\x08 \x01(\x08\x12\x15\n\rkv_block_size\x18\t \x01(\x05\x1a\x38\n\x16\x41\x63\x63\x65ptanceByRouteEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"\r\n\x0bInfoRequest\"\x82\x01\n\x0cInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x13\n\x0bmax_context\x18\x03 \x01(\x05\x12\x0f\n\x07\x65os_ids\x18\x04 \x03(\x05\x12\x18\n\x10max_draft_tokens\x18\x05 \x01(\x05\x12\x0f\n\x07\x64rafter\x18\x06 \x01(\t\"\x19\n\x17ResetPrefixCacheRequest\"*\n\x18ResetPrefixCacheResponse\x12\x0e\n\x06\x62locks\x18\x01 \x01(\x05\x32\xae\x02\n\x08Verifier\x12O\n\x08Generate\x12\x1f.specd.v1.VerifyGenerateRequest\x1a .specd.v1.VerifyGenerateResponse0\x01\x12?\n\tWatchLoad\x12\x1a.specd.v1.WatchLoadRequest\x1a\x14.specd.v1.LoadReport0\x01\x12\x35\n\x04Info\x12\x15.specd.v1.InfoRequest\x1a\x16.specd.v1.InfoResponse\x12Y\n\x10ResetPrefixCache\x12!.specd.v1.ResetPrefixCacheRequest\x1a\".specd.v1.ResetPrefixCacheResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprotos/specd/v1/verifier.proto\x12\x08specd.v1\x1a\x1cprotos/specd/v1/common.proto\"\x99\x03\n\x15VerifyGenerateRequest\x12\x12\n\nprompt_ids\x18\x01 \x03(\x05\x12(\n\x06params\x18\x02 \x01(\x0b\x32\x18.specd.v1.SamplingParams\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\x05\x12\x10\n\x08stop_ids\x18\x04 \x03(\x05\x12\x12\n\nignore_eos\x18\x05 \x01(\x08\x12\x18\n\x10num_draft_tokens\x18\x06 \x01(\x05\x12\r\n\x05route\x18\x07 \x01(\t\x12\x19\n\x11\x64raft_below_batch\x18\x08 \x01(\x05\x12\x0c\n\x04\x61uto\x18\t \x01(\x08\x12\x1a\n\x12max_kv_utilization\x18\n \x01(\x02\x12\x16\n\x0emin_acceptance\x18\x0b \x01(\x02\x12(\n\nconstraint\x18\x0c \x01(\x0b\x32\x14.specd.v1.Constraint\x12\x10\n\x08proposer\x18\r \x01(\t\x12\x16\n\x0esuffix_private\x18\x0e \x01(\x08\x12\x12\n\ncache_salt\x18\x0f \x01(\t\x12\x16\n\x0eprediction_ids\x18\x10 \x03(\x05\"\x81\x02\n\x16VerifyGenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12.\n\x0bspeculation\x18\x03 \x01(\x0b\x32\x19.specd.v1.SpeculationInfo\x12\x1e\n\x05usage\x18\x04 \x01(\x0b\x32\x0f.specd.v1.Usage\x12(\n\x08logprobs\x18\x05 \x03(\x0b\x32\x16.specd.v1.TokenLogprob\x12/\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x16.specd.v1.TokenLogprob\x12\x12\n\nstop_token\x18\x07 \x01(\x08\"\'\n\x10WatchLoadRequest\x12\x13\n\x0binterval_ms\x18\x01 \x01(\x05\"\xd9\x02\n\nLoadReport\x12\x17\n\x0fkv_blocks_total\x18\x01 \x01(\x05\x12\x16\n\x0ekv_blocks_used\x18\x02 \x01(\x05\x12\x0f\n\x07running\x18\x03 \x01(\x05\x12\x0f\n\x07waiting\x18\x04 \x01(\x05\x12\x14\n\x0cspec_running\x18\x05 \x01(\x05\x12\x14\n\x0ctokens_per_s\x18\x06 \x01(\x02\x12H\n\x13\x61\x63\x63\x65ptance_by_route\x18\x07 \x03(\x0b\x32+.specd.v1.LoadReport.AcceptanceByRouteEntry\x12\x19\n\x11\x64rafter_available\x18\x08 \x01(\x08\x12\x15\n\rkv_block_size\x18\t \x01(\x05\x12\x16\n\x0emax_batch_size\x18\n \x01(\x05\x1a\x38\n\x16\x41\x63\x63\x65ptanceByRouteEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"\r\n\x0bInfoRequest\"\x82\x01\n\x0cInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x13\n\x0bmax_context\x18\x03 \x01(\x05\x12\x0f\n\x07\x65os_ids\x18\x04 \x03(\x05\x12\x18\n\x10max_draft_tokens\x18\x05 \x01(\x05\x12\x0f\n\x07\x64rafter\x18\x06 \x01(\t\"\x19\n\x17ResetPrefixCacheRequest\"*\n\x18ResetPrefixCacheResponse\x12\x0e\n\x06\x62locks\x18\x01 \x01(\x05\x32\xae\x02\n\x08Verifier\x12O\n\x08Generate\x12\x1f.specd.v1.VerifyGenerateRequest\x1a .specd.v1.VerifyGenerateResponse0\x01\x12?\n\tWatchLoad\x12\x1a.specd.v1.WatchLoadRequest\x1a\x14.specd.v1.LoadReport0\x01\x12\x35\n\x04Info\x12\x15.specd.v1.InfoRequest\x1a\x16.specd.v1.InfoResponse\x12Y\n\x10ResetPrefixCache\x12!.specd.v1.ResetPrefixCacheRequest\x1a\".specd.v1.ResetPrefixCacheResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,17 +41,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WATCHLOADREQUEST']._serialized_start=746
   _globals['_WATCHLOADREQUEST']._serialized_end=785
   _globals['_LOADREPORT']._serialized_start=788
-  _globals['_LOADREPORT']._serialized_end=1109
-  _globals['_LOADREPORT_ACCEPTANCEBYROUTEENTRY']._serialized_start=1053
-  _globals['_LOADREPORT_ACCEPTANCEBYROUTEENTRY']._serialized_end=1109
-  _globals['_INFOREQUEST']._serialized_start=1111
-  _globals['_INFOREQUEST']._serialized_end=1124
-  _globals['_INFORESPONSE']._serialized_start=1127
-  _globals['_INFORESPONSE']._serialized_end=1257
-  _globals['_RESETPREFIXCACHEREQUEST']._serialized_start=1259
-  _globals['_RESETPREFIXCACHEREQUEST']._serialized_end=1284
-  _globals['_RESETPREFIXCACHERESPONSE']._serialized_start=1286
-  _globals['_RESETPREFIXCACHERESPONSE']._serialized_end=1328
-  _globals['_VERIFIER']._serialized_start=1331
-  _globals['_VERIFIER']._serialized_end=1633
+  _globals['_LOADREPORT']._serialized_end=1133
+  _globals['_LOADREPORT_ACCEPTANCEBYROUTEENTRY']._serialized_start=1077
+  _globals['_LOADREPORT_ACCEPTANCEBYROUTEENTRY']._serialized_end=1133
+  _globals['_INFOREQUEST']._serialized_start=1135
+  _globals['_INFOREQUEST']._serialized_end=1148
+  _globals['_INFORESPONSE']._serialized_start=1151
+  _globals['_INFORESPONSE']._serialized_end=1281
+  _globals['_RESETPREFIXCACHEREQUEST']._serialized_start=1283
+  _globals['_RESETPREFIXCACHEREQUEST']._serialized_end=1308
+  _globals['_RESETPREFIXCACHERESPONSE']._serialized_start=1310
+  _globals['_RESETPREFIXCACHERESPONSE']._serialized_end=1352
+  _globals['_VERIFIER']._serialized_start=1355
+  _globals['_VERIFIER']._serialized_end=1657
 # @@protoc_insertion_point(module_scope)

@@ -68,7 +68,7 @@ class WatchLoadRequest(_message.Message):
     def __init__(self, interval_ms: _Optional[int] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("kv_blocks_total", "kv_blocks_used", "running", "waiting", "spec_running", "tokens_per_s", "acceptance_by_route", "drafter_available", "kv_block_size")
+    __slots__ = ("kv_blocks_total", "kv_blocks_used", "running", "waiting", "spec_running", "tokens_per_s", "acceptance_by_route", "drafter_available", "kv_block_size", "max_batch_size")
     class AcceptanceByRouteEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +85,7 @@ class LoadReport(_message.Message):
     ACCEPTANCE_BY_ROUTE_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     kv_blocks_total: int
     kv_blocks_used: int
     running: int
@@ -94,7 +95,8 @@ class LoadReport(_message.Message):
     acceptance_by_route: _containers.ScalarMap[str, float]
     drafter_available: bool
     kv_block_size: int
-    def __init__(self, kv_blocks_total: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., spec_running: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., acceptance_by_route: _Optional[_Mapping[str, float]] = ..., drafter_available: _Optional[bool] = ..., kv_block_size: _Optional[int] = ...) -> None: ...
+    max_batch_size: int
+    def __init__(self, kv_blocks_total: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., spec_running: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., acceptance_by_route: _Optional[_Mapping[str, float]] = ..., drafter_available: _Optional[bool] = ..., kv_block_size: _Optional[int] = ..., max_batch_size: _Optional[int] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()

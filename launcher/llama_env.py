@@ -54,6 +54,8 @@ SWITCHES = {
     "LLAMA_ARG_CONT_BATCHING": "--cont-batching",
     "LLAMA_ARG_ENDPOINT_METRICS": "--metrics",
 }
+# said either way: a true value gives --NAME, a false one --no-NAME
+TOGGLES = {"LLAMA_ARG_ENDPOINT_SLOTS": "slots"}
 # llama-server's web page on or off (its image's default): specd serves none either way
 NO_EFFECT = {"LLAMA_ARG_UI", "LLAMA_ARG_NO_UI", "LLAMA_ARG_WEBUI", "LLAMA_ARG_NO_WEBUI"}
 TRUE, FALSE = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0")
@@ -72,10 +74,13 @@ def llama_env_flags(environ: Mapping[str, str], error) -> list[str]:
             out += [VALUES[name], value]
         elif name == "LLAMA_ARG_FLASH_ATTN":  # on, off or auto; older images say 1 or 0
             out += ["--flash-attn", "on" if value in TRUE else "off" if value in FALSE else value]
-        elif name in SWITCHES:
+        elif name in SWITCHES or name in TOGGLES:
             if value not in TRUE + FALSE:
                 error(f"{name}={value}: a switch is one of {', '.join(TRUE + FALSE)}")
-            out += [SWITCHES[name]] if value in TRUE else []
+            if name in TOGGLES:
+                out.append(f"--{'' if value in TRUE else 'no-'}{TOGGLES[name]}")
+            elif value in TRUE:
+                out.append(SWITCHES[name])
         else:
             error(
                 f"{name} (llama-server's environment) names a flag specd up does not take; "

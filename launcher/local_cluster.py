@@ -123,6 +123,7 @@ def cluster_children(args, token_file: str = "") -> list[Child]:
         ),
         *(["--override-generation-config", overrides] if overrides else []),
         *(["--default-seed", str(args.default_seed)] if args.default_seed is not None else []),
+        *([] if args.slots else ["--no-slots"]),
     )
     children.append(
         Child(

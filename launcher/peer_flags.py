@@ -78,6 +78,13 @@ def add_serving_flags(up) -> None:
         help="its PEM key (the router's --http-tls-key; llama-server's --ssl-key-file)",
     )
     serving.add_argument(
+        "--slots",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="llama-server's GET /slots on the HTTP port: a slot per sequence a verifier runs "
+        "at once (the router's --slots; default: on, as llama-server's)",
+    )
+    serving.add_argument(
         "--max-num-seqs",
         "--max-running-requests",
         "--parallel",

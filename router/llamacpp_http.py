@@ -66,7 +66,7 @@ class LlamaCppRoutes:
                     "n_ctx": context,
                     "params": {**settings.sampler_order(), "n_predict": settings.n_predict},
                 },
-                "total_slots": None,
+                "total_slots": self.door.slots.total(),
                 "model_alias": self.door.model,
                 "model_path": info.model if info is not None else None,
                 "chat_template": template,

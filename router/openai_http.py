@@ -64,6 +64,7 @@ from router.responses_answer import ResponsesAnswer
 from router.responses_schema import ResponsesBody
 from router.sglang_http import PATHS as SGLANG_PATHS
 from router.sglang_http import SglangRoutes
+from router.slots_http import SlotsRoutes
 from router.tokenize_http import GUARDED_PATHS as TOKENIZER_PATHS
 from router.tokenize_http import TokenizerRoutes
 from router.tools import call_format
@@ -95,6 +96,7 @@ class OpenAIDoor:
         overrides: dict | None = None,
         cross_origin: CrossOrigin = ANY_ORIGIN,
         also_served: tuple[str, ...] = (),
+        slots: bool = True,
     ):
         """`model`: the id clients name (and /v1/models lists); `aliases`: other names
         accepted for it; `token`: the bearer token ("" = open); `registry`: the router's
@@ -106,7 +108,8 @@ class OpenAIDoor:
         server's own sampling defaults (in `sampling` already), which llama-server's
         endpoints take over its defaults too; `cross_origin`: which other sites' pages
         may call it (router/cors.py); `also_served`: more names for the model, listed
-        and answered beside `model` (vLLM's --served-model-name after the first)."""
+        and answered beside `model` (vLLM's --served-model-name after the first); `slots`:
+        llama-server's /slots served (router/slots_http.py)."""
         self.router = router
         self.registry = registry
         self.sampling = sampling
@@ -127,6 +130,7 @@ class OpenAIDoor:
         self._context = 0  # the model's context, once a replica told it (context())
         self.llama = LlamaCppRoutes(self)  # llama-server's own endpoints
         self.sglang = SglangRoutes(self)  # SGLang's native ones
+        self.slots = SlotsRoutes(self, slots)
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -156,6 +160,7 @@ class OpenAIDoor:
             app.add_routes([web.get("/metrics", self.metrics)])
         app.add_routes(self.llama.routes())
         app.add_routes(self.sglang.routes())
+        app.add_routes(self.slots.routes())
         app.add_routes(CacheRoutes(self.router).routes())
         app.add_routes(LoadRoutes(self.router).routes())
         app.add_routes(TokenizerRoutes(self).routes())
@@ -181,7 +186,7 @@ class OpenAIDoor:
 
     @web.middleware
     async def _auth(self, request, handler):
-        guarded = request.path.startswith("/v1/") or request.path in NATIVE_PATHS
+        guarded = request.path.startswith(("/v1/", "/slots")) or request.path in NATIVE_PATHS
         if not self._expected or not guarded or is_preflight(request):
             return await handler(request)
         given = request.headers.get("Authorization", "").encode()

@@ -205,6 +205,7 @@ async def _start_http(config, router: Router, token: str, registry):
         overrides,
         cross_origin(config),
         tuple(config.served_model_name[1:]),
+        config.slots,
     )
     cert, key = config.http_tls_cert or config.tls_cert, config.http_tls_key or config.tls_key
     runner, port = await start(door, config.host, config.http_port, cert, key, config.drain_seconds)

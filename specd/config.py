@@ -368,6 +368,8 @@ class RouterConfig:
     allowed_methods: str = '["*"]'  # the methods such a page may use; "*" = any
     allowed_headers: str = '["*"]'  # the headers it may send; "*" = any
     allow_credentials: bool = False  # with the browser's cookies and HTTP authentication
+    # llama-server's GET /slots on the HTTP port (router/slots_http.py), as it serves it
+    slots: bool = True
 
     def __post_init__(self):
         check_tls(self.tls_cert, self.tls_key)

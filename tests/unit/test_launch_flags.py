@@ -246,6 +246,11 @@ def test_llama_servers_sampling_flags_join_vllms_override():
         _configs("--top-p", "2")  # said by the router's config, before anything starts
 
 
+def test_llama_servers_slots_switch_reaches_the_router():
+    assert _configs()["router"].slots is True  # on, as llama-server's
+    assert _configs("--no-slots")["router"].slots is False
+
+
 def test_vllms_cors_flags_reach_the_router():
     router = _configs()["router"]
     assert (router.allowed_origins, router.allowed_headers) == ('["*"]', '["*"]')
@@ -355,6 +360,7 @@ def test_llama_servers_environment_is_read_as_its_flags_and_the_command_line_win
         "LLAMA_ARG_TEMPERATURE": "0.2",
         "LLAMA_ARG_JINJA": "true",
         "LLAMA_ARG_ENDPOINT_METRICS": "0",
+        "LLAMA_ARG_ENDPOINT_SLOTS": "disabled",
         "LLAMA_ARG_FLASH_ATTN": "1",
         "LLAMA_ARG_NO_WEBUI": "1",
         "LLAMA_API_KEY": "from-llama-env",
@@ -369,13 +375,13 @@ def test_llama_servers_environment_is_read_as_its_flags_and_the_command_line_win
     verifier, router, drafter = c["verifier"], c["router"], c["drafter"]
     assert (verifier.model, drafter.model, verifier.host) == ("small", "small-draft", "0.0.0.0")
     assert (verifier.engine.max_model_len, verifier.engine.max_batch_size) == (4096, 3)
-    assert (router.http_port, router.served_model_name) == (8123, ["coder"])
+    assert (router.http_port, router.served_model_name, router.slots) == (8123, ["coder"], False)
     assert json.loads(router.override_generation_config) == {"temperature": 0.2}
     assert json.loads(router.policy)["default"]["num_draft_tokens"] == 6
     # the command line wins, the target included (not a second name)
-    c = _configs("-m", "tiny", "-c", "2048", "--port", "8124")
+    c = _configs("-m", "tiny", "-c", "2048", "--port", "8124", "--slots")
     assert (c["verifier"].model, c["verifier"].engine.max_model_len) == ("tiny", 2048)
-    assert c["router"].http_port == 8124
+    assert (c["router"].http_port, c["router"].slots) == (8124, True)
     # a variable for a flag specd up does not take, or a switch neither true nor false
     for name, value, said in (
         ("LLAMA_ARG_MLOCK", "1", "LLAMA_ARG_MLOCK (llama-server's environment) names a flag"),
@@ -390,4 +396,5 @@ def test_llama_servers_environment_is_read_as_its_flags_and_the_command_line_win
     # every variable stands for a flag specd up takes
     up_parser = build_parser()._subparsers._group_actions[0].choices["up"]
     flags = [*llama_env.VALUES.values(), *llama_env.SWITCHES.values(), "--flash-attn"]
+    flags += [f"--{no}{name}" for name in llama_env.TOGGLES.values() for no in ("", "no-")]
     assert all(flag in up_parser._option_string_actions for flag in flags)

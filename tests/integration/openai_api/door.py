@@ -4,6 +4,7 @@ test_structured's)."""
 
 import contextlib
 import json
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -136,3 +137,14 @@ def completion(client, speculation: str, **extra):
         | extra,
     )
     return r.choices[0]
+
+
+def wait_for(read, done, timeout: float = 10.0):
+    """`read()` until `done` holds of it (the replicas report every 100 ms)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = read()
+        if done(value) or time.monotonic() > deadline:
+            assert done(value), value
+            return value
+        time.sleep(0.02)

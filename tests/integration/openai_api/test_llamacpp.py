@@ -2,12 +2,14 @@
 cluster: /completion answers as llama-server does, greedy the same as the OpenAI door and
 the same with speculation on and off; its stream adds up to the whole; n_predict 0
 generates nothing; the token guards it; /infill needs FIM tokens (the char tokenizer has
-none: the real pair's /infill is checked against llama-server in BENCHMARKS.md)."""
+none: the real pair's /infill is checked against llama-server in BENCHMARKS.md); /slots
+(router/slots_http.py) shows the replicas' batches and a running request's task."""
 
 import json
+import urllib.request
 
-from tests.cluster import TINY_MODEL_ID
-from tests.integration.openai_api.door import TOKEN, http, post_json, url
+from tests.cluster import TINY_MODEL_ID, char_tokenizer
+from tests.integration.openai_api.door import TOKEN, http, post_json, side_door, url, wait_for
 
 GREEDY = {"prompt": "def f(x):", "n_predict": 12, "temperature": 0, "ignore_eos": True}
 
@@ -120,8 +122,6 @@ def test_a_servers_default_seed_samples_a_prompt_alike_as_llama_servers_s(cluste
     samples as one naming 7, on llama-server's endpoint and the OpenAI ones; n choices
     take 7 + i; a request's own seed stands."""
     from router.openai_request import SamplingDefaults
-    from tests.cluster import char_tokenizer
-    from tests.integration.openai_api.door import side_door
 
     sampled = {"prompt": "abc", "max_tokens": 16, "temperature": 1.0, "ignore_eos": True}
     with side_door(cluster, char_tokenizer(), sampling=SamplingDefaults(seed=7)) as client:
@@ -145,3 +145,58 @@ def test_a_servers_default_seed_samples_a_prompt_alike_as_llama_servers_s(cluste
     # without it, two unseeded requests draw apart
     plain = [post_json(f"{cluster.http}/v1/completions", sampled).json() for _ in range(2)]
     assert plain[0]["choices"][0]["text"] != plain[1]["choices"][0]["text"]
+
+
+def _slots(address: str, query: str = "") -> list[dict]:
+    r = http("GET", f"{address}/slots{query}")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_slots_are_each_replicas_batch_and_show_a_running_requests_task(cluster):
+    """llama-server's GET /slots: a slot per sequence each replica runs at once (two
+    replicas of 16), one processing while a request streams, with its task's prompt,
+    tokens decoded and left, and parameters; all idle again once it ended."""
+
+    def idle(slots: list[dict]) -> bool:
+        return len(slots) == 32 and not any(s["is_processing"] for s in slots)
+
+    slots = wait_for(lambda: _slots(cluster.http), idle)
+    assert [s["id"] for s in slots] == list(range(32))
+    props = http("GET", f"{cluster.http}/props").json()
+    assert {s["n_ctx"] for s in slots} == {props["default_generation_settings"]["n_ctx"]}
+    assert props["total_slots"] == 32
+    assert set(slots[0]) == {"id", "n_ctx", "speculative", "is_processing"}
+    body = {**GREEDY, "prompt": "abc" * 20, "n_predict": 300, "seed": 5, "stream": True}
+    req = urllib.request.Request(
+        f"{cluster.http}/completion",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=60) as stream:
+        stream.readline()  # it runs
+        busy = [s for s in _slots(cluster.http, "?fail_on_no_slot=1") if s["is_processing"]]
+        assert len(busy) == 1, busy
+        [task] = busy[0]["next_token"]
+        assert busy[0]["n_prompt_tokens"] == 60 and task["has_next_token"] is True
+        assert task["n_decoded"] >= 1 and task["n_decoded"] + task["n_remain"] == 300
+        params = busy[0]["params"]
+        assert (params["n_predict"], params["seed"], params["temperature"]) == (300, 5, 0.0)
+        stream.read()
+    wait_for(lambda: _slots(cluster.http), idle)
+
+
+def test_slots_want_the_token_and_refuse_what_specd_does_not_do(cluster):
+    secured, empty = url(cluster, 0), url(cluster, 1)
+    assert http("GET", f"{secured}/slots").status_code == 401
+    assert http("POST", f"{secured}/slots/0?action=save").status_code == 401
+    given = {"Authorization": f"Bearer {TOKEN}"}
+    assert len(http("GET", f"{secured}/slots", headers=given).json()) == 32
+    r = post_json(f"{cluster.http}/slots/0?action=save", {"filename": "a.bin"})
+    assert r.status_code == 501 and "--slot-save-path" in r.json()["error"]["message"]
+    assert _slots(empty) == []  # no replica: no slot, none idle
+    r = http("GET", f"{empty}/slots?fail_on_no_slot=1")
+    assert r.status_code == 503 and r.json()["error"]["message"] == "no slot available"
+    with side_door(cluster, char_tokenizer(), slots=False) as client:
+        r = http("GET", f"{str(client.base_url).removesuffix('/v1/')}/slots")
+    assert r.status_code == 501 and "--slots" in r.json()["error"]["message"]

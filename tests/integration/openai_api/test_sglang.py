@@ -8,13 +8,12 @@ are refused naming the field."""
 
 import json
 import re
-import time
 import urllib.request
 
 import pytest
 
 from tests.cluster import TINY_MODEL_ID, char_tokenizer
-from tests.integration.openai_api.door import http, post_json, url
+from tests.integration.openai_api.door import http, post_json, url, wait_for
 
 GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
 
@@ -325,17 +324,6 @@ def _server_load(cluster) -> dict:
     secured = url(cluster, 0)
     assert http("GET", f"{secured}/load").status_code == 200
     return http("GET", f"{cluster.http}/load").json()
-
-
-def wait_for(read, done, timeout: float = 10.0):
-    """`read()` until `done` holds of it (the replicas report every 100 ms)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = read()
-        if done(value) or time.monotonic() > deadline:
-            assert done(value), value
-            return value
-        time.sleep(0.02)
 
 
 def _loads(cluster) -> list[dict]:

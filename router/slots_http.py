@@ -81,7 +81,10 @@ def _task(serving: Serving) -> dict:
     return {
         "id_task": serving.task,
         "n_prompt_tokens": serving.prompt_tokens,
+        # the whole prompt is processed once the first token came
+        "n_prompt_tokens_processed": serving.prompt_tokens if serving.decoded else 0,
         "params": {
+            "max_tokens": serving.max_new_tokens,
             "n_predict": serving.max_new_tokens,
             "seed": params.seed if params.seed is not None else RANDOM_SEED,
             "temperature": params.temperature,

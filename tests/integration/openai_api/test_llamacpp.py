@@ -178,7 +178,8 @@ def test_slots_are_each_replicas_batch_and_show_a_running_requests_task(cluster)
         busy = [s for s in _slots(cluster.http, "?fail_on_no_slot=1") if s["is_processing"]]
         assert len(busy) == 1, busy
         [task] = busy[0]["next_token"]
-        assert busy[0]["n_prompt_tokens"] == 60 and task["has_next_token"] is True
+        assert busy[0]["n_prompt_tokens"] == busy[0]["n_prompt_tokens_processed"] == 60
+        assert task["has_next_token"] is True
         assert task["n_decoded"] >= 1 and task["n_decoded"] + task["n_remain"] == 300
         params = busy[0]["params"]
         assert (params["n_predict"], params["seed"], params["temperature"]) == (300, 5, 0.0)

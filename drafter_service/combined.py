@@ -12,38 +12,31 @@ the verifier treats it as one-hot, like any deterministic draft.
 
 from __future__ import annotations
 
-from specd.lookup import LookupAhead, Lookups, allowed_prefix
+from specd.lookup import (
+    COMBINED_MAX_N,
+    COMBINED_MIN_MATCH,
+    LookupAhead,
+    Lookups,
+    lookup,
+    lookup_then_model,
+)
 from specd.proposal import DraftState, Proposal, Proposer
-
-MIN_MATCH, MAX_N = 3, 8  # the lookup: suffixes of 8 tokens down to 3
-
-
-def lookup_then_model(
-    states: list[DraftState], found: list[Proposal | None], model: Proposer | None
-) -> list[Proposal]:
-    """Each state's lookup proposal where `found` has one; where it has None, the model's
-    proposal (one call for all of them), or no drafts without a model."""
-    asked = [s for s, p in zip(states, found, strict=True) if p is None]
-    drafted = iter(model.propose(asked) if asked and model is not None else [])
-    return [p if p is not None else next(drafted, Proposal()) for p in found]
-
-
-def lookup(s: DraftState, tokens: list[int], alts=()) -> Proposal | None:
-    """A lookup's drafts as a deterministic proposal (cut where a grammar forbids; the
-    alternatives only beside drafts kept, and none under a grammar), None if none."""
-    tokens = allowed_prefix(s, tokens)
-    if not tokens:
-        return None
-    kept = [] if s.grammar is not None else [(p, t) for p, t in alts if p < len(tokens)]
-    return Proposal(tokens=tokens, alts=kept, ngram=True)
 
 
 class CombinedProposer:
-    def __init__(self, model: Proposer, min_match: int = MIN_MATCH, max_n: int = MAX_N):
+    def __init__(
+        self, model: Proposer, min_match: int = COMBINED_MIN_MATCH, max_n: int = COMBINED_MAX_N
+    ):
         self.model = model
         self.min_match, self.max_n = min_match, max_n
         self.lookups = Lookups(max_n, min_match)
         self._ahead = LookupAhead(lambda s: self._lookup(s, commit=False))
+
+    @property
+    def combined_lookup(self) -> bool:
+        """Whether its lookup is specd/lookup.py's `combined` window (the handshake says
+        so: a verifier may look it up itself)."""
+        return (self.max_n, self.min_match) == (COMBINED_MAX_N, COMBINED_MIN_MATCH)
 
     @property
     def available(self) -> bool:

@@ -22,8 +22,14 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
-from drafter_service.combined import MAX_N, MIN_MATCH, lookup, lookup_then_model
-from specd.lookup import LookupAhead, Lookups
+from specd.lookup import (
+    COMBINED_MAX_N,
+    COMBINED_MIN_MATCH,
+    LookupAhead,
+    Lookups,
+    lookup,
+    lookup_then_model,
+)
 from specd.proposal import DraftState, Proposal, Proposer
 
 KEY = 3  # tokens a lookup key holds: the index finds occurrences of the last KEY tokens
@@ -143,8 +149,8 @@ class SuffixProposer:
         # the request's own text, by the way its route drafts
         self.lookups = {
             "ngram": Lookups(4, 1),  # as NgramProposer's
-            "combined": Lookups(MAX_N, MIN_MATCH),  # as CombinedProposer's
-            "suffix": Lookups(MAX_N, min_match),
+            "combined": Lookups(COMBINED_MAX_N, COMBINED_MIN_MATCH),  # as CombinedProposer's
+            "suffix": Lookups(COMBINED_MAX_N, min_match),
         }
         self._ahead = LookupAhead(self._look)
 

@@ -129,6 +129,32 @@ def allowed_prefix(s: DraftState, tokens: list[int]) -> list[int]:
     return tokens if s.grammar is None else tokens[: s.grammar.valid_prefix(tokens)]
 
 
+# `combined`'s lookup (drafter_service/combined.py): suffixes of 8 tokens down to 3, where
+# the draft model drafts otherwise; the verifier looks it up itself where its drafter says
+# it drafts so (verifier_service/drafter_client.py)
+COMBINED_MAX_N, COMBINED_MIN_MATCH = 8, 3
+
+
+def lookup(s: DraftState, tokens: list[int], alts=()) -> Proposal | None:
+    """A lookup's drafts as a deterministic proposal (cut where a grammar forbids; the
+    alternatives only beside drafts kept, and none under a grammar), None if none."""
+    tokens = allowed_prefix(s, tokens)
+    if not tokens:
+        return None
+    kept = [] if s.grammar is not None else [(p, t) for p, t in alts if p < len(tokens)]
+    return Proposal(tokens=tokens, alts=kept, ngram=True)
+
+
+def lookup_then_model(
+    states: list[DraftState], found: list[Proposal | None], model
+) -> list[Proposal]:
+    """Each state's lookup proposal where `found` has one; where it has None, the model's
+    proposal (one call for all of them), or no drafts without a model."""
+    asked = [s for s, p in zip(states, found, strict=True) if p is None]
+    drafted = iter(model.propose(asked) if asked and model is not None else [])
+    return [p if p is not None else next(drafted, Proposal()) for p in found]
+
+
 class LookupAhead:
     """A lookup's drafting ahead (see DraftModelProposer.draft_ahead), for a proposer
     that drafts by `look`: from the rounds it last drafted whole (`record`), each the

@@ -146,6 +146,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                 out.drafter = self.name
                 out.lookup_only = self.lookup_only
                 out.context_window = getattr(self.proposer, "context_window", 0)
+                out.combined_lookup = getattr(self.proposer, "combined_lookup", False)
             for step in steps:
                 msg = out.proposals.add(seq_id=step.seq_id, error=step.problem)
                 if step.state is None:

@@ -18,6 +18,7 @@ from typing import NamedTuple
 from opentelemetry import trace
 
 from protos.specd.v1 import drafter_pb2
+from specd.lookup import COMBINED_MAX_N, COMBINED_MIN_MATCH, Lookups, lookup
 from specd.proposal import DraftState, Proposal
 from specd.telemetry import (
     DRAFTER_FALLBACKS,
@@ -71,6 +72,9 @@ class RemoteProposer:
         self._fetching: dict[int, tuple[int, int, Sent]] = {}
         self.prefetched = 0  # sequences' rounds drafted from a round asked so (`prefetch`)
         self._rounds = itertools.count(1)
+        # each open sequence's `combined` lookup, where the drafter drafts so (`_look_first`)
+        self.lookups = Lookups(COMBINED_MAX_N, COMBINED_MIN_MATCH)
+        self.looked_up = 0  # sequences' rounds drafted by that lookup here, with no round trip
         self.fallbacks = 0  # rounds that decoded with k = 0 because of the drafter
         self._lock = threading.RLock()  # the engine thread and load reports both connect
         self._rtt = self._fallback_counter = self._pushed_counter = self._prefetched = None
@@ -151,12 +155,35 @@ class RemoteProposer:
         self._up, self._down_said = False, True
 
     def propose(self, states: list[DraftState]) -> list[Proposal]:
-        """Each state's drafts: pushed ahead where the drafter guessed its tokens, else
-        the answer to the round `prefetch` asked for them, else asked for in one round."""
-        taken = {s.seq_id: p for s in states if (p := self._take_ahead(s)) is not None}
+        """Each state's drafts: looked up here where the drafter would look them up first
+        (`_look_first`: no round trip), else pushed ahead where the drafter guessed its
+        tokens, else the answer to the round `prefetch` asked for them, else asked for in
+        one round."""
+        taken = {}
+        for s in states:
+            if (p := self._look_first(s) or self._take_ahead(s)) is not None:
+                taken[s.seq_id] = p
         taken |= self._take_fetched([s for s in states if s.seq_id not in taken])
         asked = iter(self._ask([s for s in states if s.seq_id not in taken]))
         return [taken[s.seq_id] if s.seq_id in taken else next(asked) for s in states]
+
+    def _look_first(self, s: DraftState) -> Proposal | None:
+        """`s`'s drafts by `combined`'s lookup in its own text, where the drafter's
+        handshake says it drafts so (it would find the same in the same tokens); None
+        elsewhere, or where the lookup finds nothing (the drafter's model drafts then,
+        catching up on the tokens it did not see). Pushes made for its tokens or fewer
+        are dropped: never used."""
+        stream = self._stream
+        if stream is None or not (stream.alive and stream.combined_lookup):
+            return None
+        found = lookup(s, self.lookups.follow(s))
+        if found is None:
+            return None
+        self.looked_up += 1
+        pushed = self._ahead.get(s.seq_id, {})
+        for follows in [f for f in list(pushed) if f <= len(s.tokens)]:
+            pushed.pop(follows, None)
+        return found
 
     @property
     def prefetches(self) -> bool:
@@ -308,6 +335,7 @@ class RemoteProposer:
                 self._fallback_counter.inc()
 
     def close(self, seq_id) -> None:
+        self.lookups.close(seq_id)
         sent = self._sent.pop(seq_id, None)
         self._asked.pop(seq_id, None)
         self._fetching.pop(seq_id, None)

@@ -31,6 +31,7 @@ class DraftStream:
         self.drafter = ""  # what the handshake said drafts
         self.lookup_only = False  # the handshake said no round costs the drafter a forward
         self.context_window = 0  # the handshake's: what a new sequence's prefill costs it
+        self.combined_lookup = False  # the handshake's: its proposer looks up first
         self.ended = ""  # why the call ended (a gRPC status; the caller says it)
         self._requests.put(drafter_pb2.DraftRequest(round=0, push_ahead=on_ahead is not None))
         requests = iter(self._requests.get, None)
@@ -48,6 +49,7 @@ class DraftStream:
                 if resp.round == 0:
                     self.drafter, self.lookup_only = resp.drafter, resp.lookup_only
                     self.context_window = resp.context_window
+                    self.combined_lookup = resp.combined_lookup
                 self.ready = True
                 with self._lock:
                     waiter = self._waiters.pop(resp.round, None)

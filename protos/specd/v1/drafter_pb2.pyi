@@ -73,20 +73,22 @@ class Close(_message.Message):
     def __init__(self) -> None: ...
 
 class DraftResponse(_message.Message):
-    __slots__ = ("round", "proposals", "drafter", "ahead", "lookup_only", "context_window")
+    __slots__ = ("round", "proposals", "drafter", "ahead", "lookup_only", "context_window", "combined_lookup")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     PROPOSALS_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
     AHEAD_FIELD_NUMBER: _ClassVar[int]
     LOOKUP_ONLY_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    COMBINED_LOOKUP_FIELD_NUMBER: _ClassVar[int]
     round: int
     proposals: _containers.RepeatedCompositeFieldContainer[SeqProposal]
     drafter: str
     ahead: bool
     lookup_only: bool
     context_window: int
-    def __init__(self, round: _Optional[int] = ..., proposals: _Optional[_Iterable[_Union[SeqProposal, _Mapping]]] = ..., drafter: _Optional[str] = ..., ahead: _Optional[bool] = ..., lookup_only: _Optional[bool] = ..., context_window: _Optional[int] = ...) -> None: ...
+    combined_lookup: bool
+    def __init__(self, round: _Optional[int] = ..., proposals: _Optional[_Iterable[_Union[SeqProposal, _Mapping]]] = ..., drafter: _Optional[str] = ..., ahead: _Optional[bool] = ..., lookup_only: _Optional[bool] = ..., context_window: _Optional[int] = ..., combined_lookup: _Optional[bool] = ...) -> None: ...
 
 class SeqProposal(_message.Message):
     __slots__ = ("seq_id", "tokens", "q", "error", "alternatives", "ngram", "follows", "assumed")

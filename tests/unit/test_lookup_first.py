@@ -16,7 +16,6 @@ from specd.proposal import Proposal
 from tests.conftest import TEST_DEVICE, make_tiny_pair, run_engine
 from tests.unit.test_draft_push import CYCLE, connected, serve, state
 from verifier_service.engine import Engine
-from verifier_service.request import Request
 
 MODEL_DRAFTS = [90, 91]
 
@@ -105,12 +104,8 @@ def test_greedy_output_is_the_targets_with_the_lookup_in_the_verifier(tmp_path_f
         requests = [dict(prompt=p, max_new_tokens=24) for p in prompts]
         plain = run_engine(Engine(target, config, None, eos_ids=set()), requests)
         engine = Engine(target, config, remote, eos_ids=set())
-        ids = [engine.add_request(Request(**r, num_draft=3)) for r in requests]
-        out = {i: [] for i in ids}
-        while engine.has_work():
-            for o in engine.step():
-                out[o.seq_id].extend(o.tokens)
-        assert list(out.values()) == list(plain.values())
+        drafted = run_engine(engine, [r | {"num_draft": 3} for r in requests])
+        assert list(drafted.values()) == list(plain.values())
         assert remote.looked_up > 0 and sum(remote.asked) > 0
         assert engine.kv.allocator.num_used == 0 and len(remote.lookups) == 0
     finally:

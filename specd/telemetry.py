@@ -72,6 +72,8 @@ DRAFTER_FALLBACKS = "specd:drafter_fallbacks"  # verifier: rounds decoded with k
 DRAFTER_PUSHED = "specd:drafter_pushed_rounds"  # verifier: drafted from a push, no round trip
 # verifier: drafted from a round asked as the step before ended (RemoteProposer.prefetch)
 DRAFTER_PREFETCHED = "specd:drafter_prefetched_rounds"
+# verifier: drafted by its own lookup where a combined drafter would look up first
+DRAFTER_LOOKED_UP = "specd:drafter_looked_up_rounds"
 DRAFTER_SESSIONS = "specd:drafter_sessions"  # drafter gauge
 DRAFTER_ROUNDS = "specd:drafter_rounds"  # drafter counter
 # the verifier's load under the names an inference gateway's endpoint picker scrapes from

@@ -22,6 +22,7 @@ from specd.lookup import COMBINED_MAX_N, COMBINED_MIN_MATCH, Lookups, lookup
 from specd.proposal import DraftState, Proposal
 from specd.telemetry import (
     DRAFTER_FALLBACKS,
+    DRAFTER_LOOKED_UP,
     DRAFTER_PREFETCHED,
     DRAFTER_PUSHED,
     DRAFTER_RTT,
@@ -78,6 +79,7 @@ class RemoteProposer:
         self.fallbacks = 0  # rounds that decoded with k = 0 because of the drafter
         self._lock = threading.RLock()  # the engine thread and load reports both connect
         self._rtt = self._fallback_counter = self._pushed_counter = self._prefetched = None
+        self._looked_up = None
         if telemetry is not None:
             self._rtt = telemetry.histogram(DRAFTER_RTT, "Draft round trip")
             self._fallback_counter = telemetry.counter(
@@ -88,6 +90,9 @@ class RemoteProposer:
             )
             self._prefetched = telemetry.counter(
                 DRAFTER_PREFETCHED, "Sequences' rounds drafted from a round asked the step before"
+            )
+            self._looked_up = telemetry.counter(
+                DRAFTER_LOOKED_UP, "Sequences' rounds drafted by the verifier's own lookup"
             )
 
     @property
@@ -180,6 +185,8 @@ class RemoteProposer:
         if found is None:
             return None
         self.looked_up += 1
+        if self._looked_up is not None:
+            self._looked_up.inc()
         pushed = self._ahead.get(s.seq_id, {})
         for follows in [f for f in list(pushed) if f <= len(s.tokens)]:
             pushed.pop(follows, None)

@@ -13,6 +13,7 @@ from drafter_service.server import DrafterServicer
 from specd.config import EngineConfig
 from specd.models.loader import load_model
 from specd.proposal import Proposal
+from specd.telemetry import DRAFTER_LOOKED_UP, setup
 from tests.conftest import TEST_DEVICE, make_tiny_pair, run_engine
 from tests.unit.test_draft_push import CYCLE, connected, serve, state
 from verifier_service.engine import Engine
@@ -40,12 +41,14 @@ class _Model:
 
 
 def _remote(proposer):
-    """A RemoteProposer connected to `proposer` served as a drafter that never pushes;
-    its asks counted in `asked`."""
+    """A RemoteProposer connected to `proposer` served as a drafter that never pushes, with
+    metrics; its asks counted in `asked`."""
     servicer = DrafterServicer(proposer, vocab_size=100)
     servicer.draft_ahead = False
     served = serve(servicer)
-    remote = connected(next(served))
+    telemetry = setup("verifier", metrics=True)
+    remote = connected(next(served), telemetry)
+    remote.telemetry = telemetry
     remote.asked = []
     ask = remote._ask
     remote._ask = lambda states: remote.asked.append(len(states)) or ask(states)
@@ -68,6 +71,8 @@ def test_the_verifier_looks_up_what_a_combined_drafter_would_and_asks_for_the_re
     [p] = remote.propose([state(tokens, 2)])
     assert p.tokens == own.propose([state(tokens, 2)])[0].tokens == [14, 15] and p.ngram
     assert remote.asked == [0] and remote.looked_up == 1 and model.seen == []
+    looked_up = remote.telemetry.registry.get_sample_value(f"{DRAFTER_LOOKED_UP}_total")
+    assert looked_up == 1  # as the verifier's metric says it
     tokens = tokens + [14, 15, 11, 77, 78, 79]  # ends in no 3 tokens seen before
     [p] = remote.propose([state(tokens, 2)])
     assert p.tokens == own.propose([state(tokens, 2)])[0].tokens == MODEL_DRAFTS

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from specd.proposal import DraftState, Proposal, continuable
+from specd.proposal import DraftState, Proposal, Proposer, continuable
 
 
 def ngram_propose(tokens: list[int], k: int, max_n: int = 4, min_n: int = 1) -> list[int]:
@@ -146,7 +146,7 @@ def lookup(s: DraftState, tokens: list[int], alts=()) -> Proposal | None:
 
 
 def lookup_then_model(
-    states: list[DraftState], found: list[Proposal | None], model
+    states: list[DraftState], found: list[Proposal | None], model: Proposer | None
 ) -> list[Proposal]:
     """Each state's lookup proposal where `found` has one; where it has None, the model's
     proposal (one call for all of them), or no drafts without a model."""

@@ -187,9 +187,7 @@ class RemoteProposer:
         self.looked_up += 1
         if self._looked_up is not None:
             self._looked_up.inc()
-        pushed = self._ahead.get(s.seq_id, {})
-        for follows in [f for f in list(pushed) if f <= len(s.tokens)]:
-            pushed.pop(follows, None)
+        self._drop_pushes(s.seq_id, len(s.tokens) + 1)
         return found
 
     @property
@@ -297,9 +295,7 @@ class RemoteProposer:
         if not pushed:
             return None
         msg = pushed.pop(n, None)
-        for follows in list(pushed):  # (a copy: the reader thread adds to it)
-            if follows < n:
-                pushed.pop(follows, None)
+        self._drop_pushes(s.seq_id, n)
         if not _follows(msg, s.tokens):
             return None
         if len(msg.tokens) < s.k and self._asked.get(s.seq_id, 0) < s.k:
@@ -308,6 +304,13 @@ class RemoteProposer:
         if self._pushed_counter is not None:
             self._pushed_counter.inc()
         return proposal_from_proto(msg, s.k)
+
+    def _drop_pushes(self, seq_id, before: int) -> None:
+        """A sequence's pushes for fewer than `before` tokens: it is past them, never used."""
+        pushed = self._ahead.get(seq_id, {})
+        for follows in list(pushed):  # (a copy: the reader thread adds to it)
+            if follows < before:
+                pushed.pop(follows, None)
 
     def _add_commands(self, request, s: DraftState) -> None:
         """A round's commands for one sequence: open its session (the first time on this

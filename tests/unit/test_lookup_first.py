@@ -10,6 +10,7 @@ import pytest
 from drafter_service.combined import CombinedProposer
 from drafter_service.draft_model import DraftModelProposer
 from drafter_service.server import DrafterServicer
+from protos.specd.v1 import drafter_pb2
 from specd.config import EngineConfig
 from specd.models.loader import load_model
 from specd.proposal import Proposal
@@ -116,3 +117,14 @@ def test_greedy_output_is_the_targets_with_the_lookup_in_the_verifier(tmp_path_f
     finally:
         remote.shutdown()
         next(served, None)
+
+
+def test_pushes_the_lookup_made_useless_are_dropped(combined):
+    """Pushes for the tokens a lookup drafted from, or fewer, can never be taken: dropped,
+    so a sequence that drafts by lookups holds no pile of them; one for more tokens stays."""
+    remote, _ = combined
+    tokens = CYCLE + CYCLE[:3]
+    n = len(tokens)
+    remote._ahead[1] = {f: drafter_pb2.SeqProposal(seq_id=1) for f in (n - 3, n, n + 3)}
+    [p] = remote.propose([state(tokens, 2)])
+    assert p.ngram and list(remote._ahead[1]) == [n + 3]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, one run of at most ~8 minutes, for the device machine (`run`):
 #   the CUDA tests, then `specd bench gpu` (random weights with the real shapes) and a
-#   profile of a decode step. Results land in $OUT (gpu.json, *.log).
+#   profile of a decode step. Results land in $OUT (gpu.json, goals.md: the issue's
+#   goals met or missed, *.log).
 # Here, first: bash bench/gpu/wheels.sh (the packages the machine's image lacks, into
 # .whl/), then run with carry [".whl"]:  bash bench/gpu/check.sh
 set -uo pipefail
@@ -23,5 +24,7 @@ SPECD_REQUIRE_CUDA=1 SPECD_TEST_DEVICE=cuda timeout 200 python3 -m pytest -q -ra
   || status=1
 timeout 300 python3 -m launcher bench gpu --json "$OUT/gpu.json" 2>&1 | tee "$OUT/bench.log" \
   || status=1
+# the goals, from what the bench saved (also where it was cut short)
+python3 -m bench.gpu.goals "$OUT/gpu.json" | tee "$OUT/goals.md" || status=1
 timeout 60 python3 -m bench.gpu.profile 2>&1 | tee "$OUT/profile.log" || status=1
 exit $status

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from bench.engine import ours_decode
+from bench.gpu import goals
 from bench.gpu.controlled import ControlledProposer
 from bench.gpu.services import compare
 from bench.gpu.shapes import SHAPES, build, bytes_per_token, emulated
@@ -370,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(args.emulate_ms) and args.device != "cpu":
         parser.error("--emulate-ms is for a CPU: a GPU runs at its own pace")
     report: dict = {"device": args.device, "torch": torch.__version__, "decode": {}}
+    report["target"] = args.target
     if any(args.emulate_ms):
         report["emulated_forward_ms"] = dict(zip(("target", "draft"), args.emulate_ms, strict=True))
 
@@ -434,6 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     for shape in filter(None, args.also.split(",")):
         _decode(report, shape, args)  # plain decode only: the peer's compile takes minutes
         save()
+    report["goals"] = goals.judge(report)
+    save()
+    print(goals.table(report))
     return 1 if failed else 0
 
 

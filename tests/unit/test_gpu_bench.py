@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bench.controller_batch import StepTable
-from bench.gpu import run
+from bench.gpu import goals, run
 from bench.gpu.controlled import ControlledProposer
 from bench.gpu.shapes import build
 from specd.params import SamplingParams
@@ -134,6 +134,12 @@ def test_the_bench_reports_every_part(tmp_path):
     assert report["steps"]["4,2"]["rows"] == 12 and report["first_round_s"] is not None
     table = StepTable.load(out)
     assert table.parts(4, 12, 4, 2)[1] == report["steps"]["4,2"]["draft"] > 0
+    # the GPU issue's goals, judged on what ran (no services, no peer: not measured)
+    judged = {g["goal"]: g for g in report["goals"]}
+    assert len(judged) == len(goals.GOALS) and report["target"] == "tiny"
+    unmeasured = {name for name, g in judged.items() if g["state"] == "not measured"}
+    assert unmeasured == {goals.GOALS[i].name for i in (1, 3, 4, 5, 6, 8)}
+    assert judged[goals.GOALS[7].name]["value"] == report["c32"]["ratio"]
 
 
 def test_the_in_process_figures_are_kept_before_the_services_and_their_failure_reported(

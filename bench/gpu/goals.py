@@ -115,6 +115,9 @@ def table(report: dict) -> str:
     for g in report.get("goals") or judge(report):
         value = "-" if g["value"] is None else f"{g['value']:.3g}"
         lines.append(f"| {g['goal']} | {g['needs']} | {value} | {g['state']} |")
+    if elapsed := report.get("elapsed_s"):  # where the run's time went (a part cut short: absent)
+        ends = ", ".join(f"{part} {s:g}" for part, s in elapsed.items())
+        lines += ["", f"Parts ended at (s from the bench's start): {ends}."]
     return "\n".join(lines)
 
 

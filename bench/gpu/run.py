@@ -375,7 +375,11 @@ def main(argv: list[str] | None = None) -> int:
     if any(args.emulate_ms):
         report["emulated_forward_ms"] = dict(zip(("target", "draft"), args.emulate_ms, strict=True))
 
-    def save():  # after every part: a run cut short keeps what it measured
+    started = time.perf_counter()
+    report["elapsed_s"] = {}  # each part's end, in seconds from the start (the check's budget)
+
+    def save(part: str):  # after every part: a run cut short keeps what it measured
+        report["elapsed_s"][part] = round(time.perf_counter() - started, 1)
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=1))
 
@@ -384,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     report["copy_bandwidth_gbs"] = round(copy_bandwidth(args.device) / 1e9, 1)
     print(f"copy bandwidth {report['copy_bandwidth_gbs']} GB/s")
     hf, target, prompt = _decode(report, args.target, args)
-    save()
+    save("decode")
     context = min(512, target.args.max_position_embeddings // 2)
     report["verification_ratio"] = verification_ratios(target, context, (1, 2, 3, 4, 5, 6, 8))
     print(f"verification / one row: {report['verification_ratio']}")
@@ -395,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     c32 = engine_run(target, many, args.new_tokens // 2, batch=32)["tok_per_s"]
     report["c32"] = {"c1_tok_per_s": c1, "c32_tok_per_s": c32, "ratio": round(c32 / c1, 2)}
     print(f"c = 32 plain: {c32} tok/s, {c32 / c1:.1f}x c = 1")
-    save()
+    save("verification and c32")
     _, draft = build(args.draft, args.device, target.dtype, seed=1, draft=True)
     emulated(draft, args.emulate_ms[1] / 1e3)
     prompts = _prompts(4, args.prompt_tokens, vocab, 3)
@@ -405,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def keep(partial: dict) -> None:
         report["speculation"] = partial | {"setting": setting}
-        save()
+        save("speculation in-process")
 
     report["speculation"] = speculation(
         target, draft, prompts, new, args.k, args.acceptance, services, many, args.emulate_ms,
@@ -421,23 +425,23 @@ def main(argv: list[str] | None = None) -> int:
         )
     for name, r in report["speculation"].items():
         print(f"speculation {name}: {r}")
-    save()
+    save("speculation")
     try:
         report.update(controller_steps(target, draft, args.prompt_tokens))
     except Exception as e:  # an offline tool's table: its failure must not cost the rest
         report["steps_error"] = f"{type(e).__name__}: {e}"[:500]
         print(f"steps failed: {report['steps_error']}")
     del draft
-    save()
+    save("steps")
     if not args.no_peer and not any(args.emulate_ms):  # transformers runs at its own pace
         _peer(report, args.target, hf, prompt, args.new_tokens)
-        save()
+        save("transformers")
     del hf, target
     for shape in filter(None, args.also.split(",")):
         _decode(report, shape, args)  # plain decode only: the peer's compile takes minutes
-        save()
+        save(f"decode {shape}")
     report["goals"] = goals.judge(report)
-    save()
+    save("goals")
     print(goals.table(report))
     return 1 if failed else 0
 

@@ -134,6 +134,12 @@ def test_the_bench_reports_every_part(tmp_path):
     assert report["steps"]["4,2"]["rows"] == 12 and report["first_round_s"] is not None
     table = StepTable.load(out)
     assert table.parts(4, 12, 4, 2)[1] == report["steps"]["4,2"]["draft"] > 0
+    # where the run's time went, part by part (the GPU check's budget)
+    elapsed = report["elapsed_s"]
+    assert list(elapsed) == [
+        "decode", "verification and c32", "speculation in-process", "speculation", "steps", "goals"
+    ]  # fmt: skip
+    assert list(elapsed.values()) == sorted(elapsed.values()) and elapsed["goals"] > 0
     # the GPU issue's goals, judged on what ran (no services, no peer: not measured)
     judged = {g["goal"]: g for g in report["goals"]}
     assert len(judged) == len(goals.GOALS) and report["target"] == "tiny"

@@ -84,7 +84,11 @@ def test_the_table_names_the_device_and_reads_a_report_file(tmp_path, capsys):
     assert goals.main([str(path)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("Goals, NVIDIA H200, target llama-3.2-3b")
-    assert out.count("| met |") == len(goals.GOALS)
+    assert out.count("| met |") == len(goals.GOALS) and "Parts ended" not in out
+    timed = dict(REPORT, elapsed_s={"decode": 20.5, "verification and c32": 41.0})
+    assert "Parts ended at (s from the bench's start): decode 20.5, verification and c32 41." in (
+        goals.table(timed)
+    )
     emulated = dict(REPORT, gpu=None, device="cpu")
     emulated["emulated_forward_ms"] = {"target": 2.0, "draft": 0.7}
     assert "not a GPU: forwards emulated at target 2 ms, draft 0.7 ms" in goals.table(emulated)

@@ -20,13 +20,13 @@ class Goal:
     name: str
     bound: float
     at_least: bool  # the figure must be >= bound (else <=)
-    read: Callable[[dict], float | None]  # the report -> the figure (None: not measured)
+    read: Callable[[dict], float]  # the report -> the figure (raises where its part is absent)
 
     def judge(self, report: dict) -> dict:
         try:
             value = self.read(report)
         except (KeyError, TypeError, ValueError):  # a part missing from the report
-            value = None
+            value = None  # not measured
         if value is None:
             state = "not measured"
         else:

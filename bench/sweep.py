@@ -20,9 +20,11 @@ another cannot give. `--repeats R` runs each level R times (the modes' order rev
 other run) and prints each mode's ratio to the first mode per run and merged.
 Writes `sweep.json`, `sweep.md` (the table and the ratio lines it prints) and two PNG plots
 (throughput, with the peers of the run beside specd, and TPOT p99 vs concurrency).
-Modes "ngram" and "combined" are speculation on with the drafter swapped for that
-`--proposer` (only when the sweep starts the services; against --target, sweep such a
-cluster with `--modes on --label ngram`). `--peer hf` also runs transformers' generate
+Modes "ngram" and "combined" are speculation on with drafts from elsewhere, as `specd
+up` serves them (only when the sweep starts the services; against --target, sweep such a
+cluster with `--modes on --label ngram`): "combined" swaps the drafter for that
+`--proposer`, "ngram" runs last, with no drafter and the verifier restarted with a lookup
+of its own. `--peer hf` also runs transformers' generate
 (plain, assisted with the same draft model, prompt lookup) on the same prompts at
 concurrency 1 and reports each mode's ratio to it. A mixed workload (`--workload a,b`,
 `--route ra,rb`: one route per workload) interleaves the workloads' conversations, each
@@ -52,7 +54,7 @@ from router.client import build_request
 
 WARM_UP = [{"role": "user", "content": "Write a Python function that reverses a string."}]
 
-# modes that are "on" with the drafter process swapped for another proposer
+# modes that are "on" with drafts from another proposer than the drafter's model
 SWAPPED = {"ngram", "combined"}
 
 
@@ -333,10 +335,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def _specd_cells(args, modes: list[str], run: dict) -> dict:
     """Every (mode, concurrency) cell through specd: a running router (--target) or
-    services started here (then ngram/combined swap the drafter between modes)."""
+    services started here (then ngram and combined draw their drafts as the module says)."""
     if args.target:
         return sweep(args.target, modes=modes, label=args.label, **run)
-    from launcher.processes import replace_drafter, start_services
+    from launcher.processes import lookup_in_verifier, replace_drafter, start_services
 
     logs = Path(tempfile.mkdtemp(prefix="specd-sweep-"))
     services = start_services(
@@ -345,8 +347,12 @@ def _specd_cells(args, modes: list[str], run: dict) -> dict:
     address = services["router"].address
     try:
         report = sweep(address, modes=[m for m in modes if m not in SWAPPED], **run)
-        for proposer in [m for m in modes if m in SWAPPED]:
-            replace_drafter(services, args.draft_model, args.dtype, proposer, logs)
+        # combined before ngram, which stops the drafter
+        for proposer in sorted(SWAPPED & set(modes)):
+            if proposer == "ngram":
+                lookup_in_verifier(services, logs)
+            else:
+                replace_drafter(services, args.draft_model, args.dtype, proposer, logs)
             report["cells"] += sweep(address, modes=["on"], label=proposer, **run)["cells"]
     finally:
         for role in ("router", "verifier", "drafter"):

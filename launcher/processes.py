@@ -197,6 +197,25 @@ def replace_drafter(services: dict, draft_model: str, dtype: str, proposer: str,
     wait_for_drafter(services["verifier"].address)
 
 
+def lookup_in_verifier(services: dict, logs: Path, timeout: float = 300) -> None:
+    """Stop the drafter and restart the verifier on its port with a lookup of its own
+    (`--lookup`), as `specd up` runs vLLM's ngram method: no drafter process, no round trip
+    a round. Returns once the router serves through the new verifier."""
+    router, old = services["router"], services["verifier"]
+    services["drafter"].stop()
+    old.stop()
+    deadline = time.monotonic() + 30  # the router sees it gone before the new one starts
+    while check_health(router.address, timeout=1.0, service=ROUTER_READY):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the router at {router.address} still serves a stopped verifier")
+        time.sleep(0.2)
+    at = old.flags.index("--drafter")
+    flags = [*old.flags[:at], *old.flags[at + 2 :], "--lookup"]
+    services["verifier"] = ServerProcess("verifier", *flags, logs=logs, port=old.port)
+    services["verifier"].start(timeout)
+    router.wait_ready(timeout)
+
+
 def wait_for_drafter(verifier: str, timeout: float = 60) -> None:
     """Until the verifier's drafter stream is up (its load report says so) and the router
     has seen that in a load report (every ~100 ms)."""

@@ -135,6 +135,9 @@ def test_sweep_starts_its_own_services_and_swaps_in_ngram(tmp_path):
     assert logs[0].parent == tmp_path  # under the temporary folder it was given
     names = sorted(p.name.split("-")[0] for p in logs[0].iterdir())
     assert names == ["drafter", "router", "verifier"]
+    # ngram as `specd up` serves it: the verifier restarted with a lookup of its own
+    verifier_log = next(logs[0].glob("verifier-*")).read_text()
+    assert "drafts: a lookup" in verifier_log.split("verifier serving on")[1]
     cells = json.loads((tmp_path / "out" / "sweep.json").read_text())["cells"]
     assert [(c["mode"], c["concurrency"]) for c in cells] == [
         (m, c) for m in ("off", "on", "ngram") for c in (1, 2)
@@ -142,7 +145,7 @@ def test_sweep_starts_its_own_services_and_swaps_in_ngram(tmp_path):
     for cell in cells:
         if cell["mode"] == "off":
             assert cell["acceptance"] is None
-        else:  # the n-gram drafter really answered: rounds were drafted and verified
+        else:  # the drafts really came: rounds were drafted and verified
             assert cell["reasons"] == {"on": 2} and cell["acceptance"] is not None
 
 

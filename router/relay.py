@@ -58,7 +58,8 @@ async def relay(call, prep: Prepared, decision: Decision, tokenizer, serving: Se
         if stops.stopped:  # the tokens a round accepted past the stop string: never output
             new, logprobs = new[:kept], logprobs[:kept]
         ids.extend(new)
-        serving.decoded = len(ids)
+        serving.decoded, serving.cached = len(ids), resp.usage.cached_prompt_tokens
+        serving.new_line = serving.new_line or "\n" in text
         usage, finish = resp.usage, resp.finish_reason
         if resp.HasField("speculation"):
             spec = resp.speculation

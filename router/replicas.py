@@ -37,6 +37,8 @@ class Serving:
     max_new_tokens: int
     params: SamplingParams
     decoded: int = 0  # tokens the replica has streamed back
+    cached: int = 0  # of the prompt's, those found in the replica's prefix cache
+    new_line: bool = False  # whether the text streamed back holds a line break
     task: int = field(default_factory=lambda: next(_TASKS))
 
 

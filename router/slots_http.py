@@ -78,11 +78,13 @@ def _size(replica) -> int:
 def _task(serving: Serving) -> dict:
     """What llama-server's slot shows of its task, metrics only."""
     params = serving.params
+    # the prompt's tokens not found cached are processed once the first token came
+    processed = serving.prompt_tokens - serving.cached if serving.decoded else 0
     return {
         "id_task": serving.task,
         "n_prompt_tokens": serving.prompt_tokens,
-        # the whole prompt is processed once the first token came
-        "n_prompt_tokens_processed": serving.prompt_tokens if serving.decoded else 0,
+        "n_prompt_tokens_processed": processed,
+        "n_prompt_tokens_cache": serving.cached,
         "params": {
             "max_tokens": serving.max_new_tokens,
             "n_predict": serving.max_new_tokens,
@@ -98,6 +100,7 @@ def _task(serving: Serving) -> dict:
         "next_token": [
             {
                 "has_next_token": True,
+                "has_new_line": serving.new_line,
                 "n_remain": serving.max_new_tokens - serving.decoded,
                 "n_decoded": serving.decoded,
             }

@@ -155,8 +155,9 @@ def _slots(address: str, query: str = "") -> list[dict]:
 
 def test_slots_are_each_replicas_batch_and_show_a_running_requests_task(cluster):
     """llama-server's GET /slots: a slot per sequence each replica runs at once (two
-    replicas of 16), one processing while a request streams, with its task's prompt,
-    tokens decoded and left, and parameters; all idle again once it ended."""
+    replicas of 16), one processing while a request streams, with its task's prompt (the
+    tokens found cached and those processed), tokens decoded and left, and parameters; all
+    idle again once it ended."""
 
     def idle(slots: list[dict]) -> bool:
         return len(slots) == 32 and not any(s["is_processing"] for s in slots)
@@ -178,12 +179,15 @@ def test_slots_are_each_replicas_batch_and_show_a_running_requests_task(cluster)
         busy = [s for s in _slots(cluster.http, "?fail_on_no_slot=1") if s["is_processing"]]
         assert len(busy) == 1, busy
         [task] = busy[0]["next_token"]
-        assert busy[0]["n_prompt_tokens"] == busy[0]["n_prompt_tokens_processed"] == 60
+        assert busy[0]["n_prompt_tokens"] == 60
+        cached = busy[0]["n_prompt_tokens_cache"]
+        assert busy[0]["n_prompt_tokens_processed"] == 60 - cached  # (a cached prompt: test_slots)
         assert task["has_next_token"] is True
         assert task["n_decoded"] >= 1 and task["n_decoded"] + task["n_remain"] == 300
         params = busy[0]["params"]
         assert (params["n_predict"], params["seed"], params["temperature"]) == (300, 5, 0.0)
-        stream.read()
+        events = [line for line in stream.read().decode().split("\n") if line.startswith("data: ")]
+        assert json.loads(events[-1][6:])["tokens_cached"] == cached  # as the answer says
     wait_for(lambda: _slots(cluster.http), idle)
 
 

@@ -23,7 +23,7 @@ Writes `sweep.json`, `sweep.md` (the table and the ratio lines it prints) and tw
 Modes "ngram" and "combined" are speculation on with drafts from elsewhere, as `specd
 up` serves them (only when the sweep starts the services; against --target, sweep such a
 cluster with `--modes on --label ngram`): "combined" swaps the drafter for that
-`--proposer`, "ngram" runs last, with no drafter and the verifier restarted with a lookup
+`--proposer`; "ngram" runs last, with no drafter and the verifier restarted with a lookup
 of its own. `--peer hf` also runs transformers' generate
 (plain, assisted with the same draft model, prompt lookup) on the same prompts at
 concurrency 1 and reports each mode's ratio to it. A mixed workload (`--workload a,b`,
@@ -54,8 +54,9 @@ from router.client import build_request
 
 WARM_UP = [{"role": "user", "content": "Write a Python function that reverses a string."}]
 
-# modes that are "on" with drafts from another proposer than the drafter's model
-SWAPPED = {"ngram", "combined"}
+# modes that are "on" with drafts from another proposer than the drafter's model, in the
+# order they run (ngram stops the drafter)
+SWAPPED = ("combined", "ngram")
 
 
 async def stream_one(stub, messages, mode: str, max_new: int, route: str = "") -> dict:
@@ -347,8 +348,7 @@ def _specd_cells(args, modes: list[str], run: dict) -> dict:
     address = services["router"].address
     try:
         report = sweep(address, modes=[m for m in modes if m not in SWAPPED], **run)
-        # combined before ngram, which stops the drafter
-        for proposer in sorted(SWAPPED & set(modes)):
+        for proposer in [m for m in SWAPPED if m in modes]:
             if proposer == "ngram":
                 lookup_in_verifier(services, logs)
             else:
@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     p = _parser()
     args = p.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",")]
-    if args.target and SWAPPED & set(modes):
+    if args.target and set(SWAPPED) & set(modes):
         p.error("modes ngram and combined need the sweep to start the services")
     workloads = args.workload.split(",")
     route_names = args.route.split(",") if args.route else [""] * len(workloads)

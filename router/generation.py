@@ -42,7 +42,9 @@ class Router:
         model_name: str = "",
     ):
         """`model_name`: the served model's name, on the metrics under vLLM's names."""
-        self.metrics = RouterMetrics(telemetry, model_name) if telemetry is not None else None
+        self.metrics = (
+            RouterMetrics(telemetry, model_name, replicas) if telemetry is not None else None
+        )
         self.tracer = telemetry.tracer if telemetry is not None and telemetry.tracing else None
         self.tokenizer = tokenizer
         self.replicas = replicas

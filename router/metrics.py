@@ -1,9 +1,12 @@
 """The router's Prometheus metrics: requests, tokens, latencies and decisions by route, and
-the same requests under vLLM's names for the dashboards a fleet already has."""
+the same requests under vLLM's names (and llama-server's: router/llamacpp_metrics.py) for
+the dashboards a fleet already has."""
 
 from __future__ import annotations
 
 import time
+
+from router.llamacpp_metrics import LlamaCppMetrics
 
 
 class RequestClock:
@@ -29,7 +32,8 @@ class RequestClock:
 
 
 class RouterMetrics:
-    def __init__(self, telemetry, model_name: str = ""):
+    def __init__(self, telemetry, model_name: str = "", replicas=None):
+        """`replicas`: the router's ReplicaSet (llama-server's running and waiting gauges)."""
         from specd import telemetry as names
 
         t = telemetry
@@ -56,6 +60,7 @@ class RouterMetrics:
         self.rounds = self.accepted = 0  # drafting rounds and accepted drafts, since start
         model = {"model_name": model_name}
         t.view(names.VLLM_SUCCESS, self.requests, model, {"finish_reason": "finished_reason"})
+        self.llama = LlamaCppMetrics(telemetry, replicas)
         for name, source in (
             (names.VLLM_PROMPT_TOKENS, self.prompt_tokens),
             (names.VLLM_TOKENS_OUT, self.tokens),
@@ -91,6 +96,7 @@ class RouterMetrics:
         self.request_prompt.labels(route).observe(final.usage.prompt_tokens)
         self.request_tokens.labels(route).observe(tokens)
         self.e2e.labels(route).observe(now - clock.started)
+        self.llama.finished(final, clock)
         if clock.first is not None:
             self.ttft.labels(route).observe(clock.first - clock.started)
             itl = self.itl.labels(route)

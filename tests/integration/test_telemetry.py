@@ -326,6 +326,57 @@ def test_the_routers_requests_under_vllms_names(traced):
         assert total(after, ours) == pytest.approx(total(after, theirs, **tiny))
 
 
+def test_the_routers_requests_under_llama_servers_names(traced):
+    """llama-server's `--metrics` series on the router: prompt tokens processed and those
+    its prefix cache held, tokens generated, drafts as the verifier told them, the longest
+    sequence; throughput over the window since the last scrape (none in the next one);
+    requests processing."""
+    cluster, _ = traced
+    url = cluster.metrics_urls["router"]
+    llama = cluster.router_core.metrics.llama
+    new = 32
+    ask = dict(max_new_tokens=new, ignore_eos=True, route="code", speculation="on")
+    predicted = llama.predict.tokens
+    with SpecdClient(cluster.router) as client:
+        stream = client.stream("xyz", **ask)
+        next(stream)  # it runs
+        assert total(scrape(url), "llamacpp:requests_processing") == 1
+        list(stream)
+    # until the router counted it (without scraping it: that would end a window)
+    wait_for(lambda: llama.predict.tokens == predicted + new, timeout=10)
+    before = scrape(url)  # the window starts here
+    predicted = llama.predict.tokens
+    with SpecdClient(cluster.router) as client:  # the second finds the first's prompt
+        finals = [list(client.stream("abcdefgh" * 3, **ask))[-1] for _ in range(2)]
+    wait_for(lambda: llama.predict.tokens == predicted + 2 * new, timeout=10)
+    after = scrape(url)
+
+    def moved(name):
+        return total(after, f"llamacpp:{name}") - total(before, f"llamacpp:{name}")
+
+    usage, spec = [f.usage for f in finals], [f.speculation for f in finals]
+    cached = sum(u.cached_prompt_tokens for u in usage)
+    assert cached > 0
+    assert moved("prompt_tokens_cached_total") == cached
+    assert moved("prompt_tokens_total") == sum(u.prompt_tokens for u in usage) - cached
+    assert moved("tokens_predicted_total") == 2 * new
+    assert moved("spec_decode_num_drafts_total") == sum(s.rounds for s in spec) > 0
+    assert moved("spec_decode_num_draft_tokens_total") == sum(s.drafted for s in spec)
+    assert moved("spec_decode_num_accepted_tokens_total") == sum(s.accepted for s in spec)
+    assert moved("prompt_seconds_total") > 0 and moved("tokens_predicted_seconds_total") > 0
+    assert total(after, "llamacpp:n_tokens_max") >= usage[0].prompt_tokens + new
+    # forwards a second: a step's accepted drafts add none, the first token came with the
+    # prompt
+    steps = sum(new - 1 - s.accepted for s in spec)
+    rate = total(after, "llamacpp:predicted_tokens_seconds")
+    assert rate == pytest.approx(steps / moved("tokens_predicted_seconds_total"))
+    assert total(after, "llamacpp:prompt_tokens_seconds") > 0
+    assert total(after, "llamacpp:requests_processing") == 0
+    quiet = scrape(url)
+    assert total(quiet, "llamacpp:predicted_tokens_seconds") == 0
+    assert total(quiet, "llamacpp:prompt_tokens_seconds") == 0
+
+
 def test_sglangs_server_info_tells_the_mean_accepted_length_since_start(traced):
     """SGLang's /server_info, as sglang.bench_serving reads it: the router's mean tokens a
     drafting round made since start, the same as the verifier's own counts (every

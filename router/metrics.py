@@ -57,7 +57,7 @@ class RouterMetrics:
         self.affinity = t.counter(
             names.PREFIX_AFFINITY, "Replica choices by prefix affinity", ("outcome",)
         )
-        self.rounds = self.accepted = 0  # drafting rounds and accepted drafts, since start
+        self._restarted = (0, 0)  # the rounds and accepted drafts at the last restart
         model = {"model_name": model_name}
         t.view(names.VLLM_SUCCESS, self.requests, model, {"finish_reason": "finished_reason"})
         self.llama = LlamaCppMetrics(telemetry, replicas)
@@ -76,11 +76,13 @@ class RouterMetrics:
     def accept_length(self) -> float | None:
         """Tokens a drafting round made, on average since start or the last
         restart_accept_length (SGLang's avg_spec_accept_length); None before any round."""
-        return 1 + self.accepted / self.rounds if self.rounds else None
+        rounds = self.llama.drafts - self._restarted[0]
+        accepted = self.llama.accepted - self._restarted[1]
+        return 1 + accepted / rounds if rounds else None
 
     def restart_accept_length(self) -> None:
         """Average the rounds from now on (SGLang's /flush_cache does)."""
-        self.rounds = self.accepted = 0
+        self._restarted = (self.llama.drafts, self.llama.accepted)
 
     def chosen(self, outcome: str) -> None:
         """A replica chosen by prefix affinity: cached, busy or new (router.affinity)."""
@@ -91,8 +93,6 @@ class RouterMetrics:
         self.requests.labels(route, final.finish_reason).inc()
         self.tokens.labels(route).inc(tokens)
         self.prompt_tokens.labels(route).inc(final.usage.prompt_tokens)
-        self.rounds += final.speculation.rounds
-        self.accepted += final.speculation.accepted
         self.request_prompt.labels(route).observe(final.usage.prompt_tokens)
         self.request_tokens.labels(route).observe(tokens)
         self.e2e.labels(route).observe(now - clock.started)

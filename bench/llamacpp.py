@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.request
@@ -20,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.prompts import WARM_UP_TOKENS
+from launcher.processes import free_port
 from specd.models.catalog import ALIASES, CATALOG, cache_root
 
 VARIANTS = {
@@ -43,12 +43,6 @@ def gguf_path(model: str) -> Path:
     if name in CATALOG:
         return cache_root() / "gguf" / CATALOG[name].gguf_name
     return Path(model)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_ready(port: int, proc: subprocess.Popen, timeout: float = 300) -> None:
@@ -89,7 +83,7 @@ def _tokens(port: int, messages, max_new: int) -> int:
 @contextlib.contextmanager
 def server(name: str, model: str, draft_model: str, slots: int, log_dir):
     """A llama-server variant on a free loopback port, ready and warmed up: yields it."""
-    port = _free_port()
+    port = free_port()
     cmd = [str(binary("llama-server")), "-m", str(gguf_path(model)), "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "-t", str(os.cpu_count() or 2), "-np", str(slots)]
     cmd += ["-c", str(slots * 2048), "--no-webui", *VARIANTS[name]]

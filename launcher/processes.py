@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,10 +24,34 @@ from specd.channels import check_health
 ROUTER_READY = "specd.v1.Generation"  # the router's readiness: some verifier is healthy
 
 
+_handed_out: set[int] = set()
+_pick = random.Random()  # its own seed: a test that seeds `random` makes no two pickers agree
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nobody listens on, for a process about to be started. It is drawn
+    below the kernel's ephemeral range, where no `bind(port 0)` or outgoing connection can
+    take it in the seconds before the process binds it, and never twice in this process."""
+    low = _ephemeral_low()
+    while True:
+        port = _pick.randrange(low - 10_000, low) if low > 11_024 else 0
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            port = s.getsockname()[1]
+        _handed_out.add(port)
+        return port
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 class ServerProcess:

@@ -31,10 +31,13 @@ _pick = random.Random()  # its own seed: a test that seeds `random` makes no two
 def free_port() -> int:
     """A loopback port nobody listens on, for a process about to be started. It is drawn
     below the kernel's ephemeral range, where no `bind(port 0)` or outgoing connection can
-    take it in the seconds before the process binds it, and never twice in this process."""
+    take it in the seconds before the process binds it, and never twice in this process
+    (past 10,000 draws that find none, the kernel's pick)."""
     low = _ephemeral_low()
+    draws = 0
     while True:
-        port = _pick.randrange(low - 10_000, low) if low > 11_024 else 0
+        draws += 1
+        port = _pick.randrange(low - 10_000, low) if low > 11_024 and draws <= 10_000 else 0
         if port in _handed_out:
             continue
         with socket.socket() as s:

@@ -54,8 +54,16 @@ class LlamaCppMetrics:
         ):
             t.total(PREFIX + name, read, description)
         for name, read, description in (
-            ("prompt_tokens_seconds", self._prompt_rate, "Prompt throughput in tokens/s"),
-            ("predicted_tokens_seconds", self._predict_rate, "Generation throughput, steps/s"),
+            (
+                "prompt_tokens_seconds",
+                lambda: self._window_rate("prompt_window"),
+                "Prompt throughput in tokens/s",
+            ),
+            (
+                "predicted_tokens_seconds",
+                lambda: self._window_rate("predict_window"),
+                "Generation throughput, steps/s",
+            ),
             ("requests_processing", self._processing, "Requests processing"),
             ("requests_deferred", self._deferred, "Requests waiting in a verifier's queue"),
             ("n_tokens_max", lambda: self.tokens_max, "Longest prompt + generation seen"),
@@ -81,12 +89,10 @@ class LlamaCppMetrics:
         for bucket in (self.predict, self.predict_window):
             bucket.add(clock.tokens, steps, clock.last - clock.first)
 
-    def _prompt_rate(self) -> float:
-        rate, self.prompt_window = self.prompt_window.rate(), _Bucket()
-        return rate
-
-    def _predict_rate(self) -> float:
-        rate, self.predict_window = self.predict_window.rate(), _Bucket()
+    def _window_rate(self, window: str) -> float:
+        """A window's rate, the window started anew (a scrape reads each gauge once)."""
+        rate = getattr(self, window).rate()
+        setattr(self, window, _Bucket())
         return rate
 
     def _processing(self) -> int:

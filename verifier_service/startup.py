@@ -42,8 +42,11 @@ def build_engine(config, telemetry=None):
         from specd.lookup import NgramProposer
 
         proposer = NgramProposer(config.prompt_lookup_max, config.prompt_lookup_min)
-        low, high = config.prompt_lookup_min, config.prompt_lookup_max
-        log.info("drafts: a lookup of the request's last %d..%d tokens in its text", high, low)
+        log.info(
+            "drafts: a lookup of the request's last %d..%d tokens in its text",
+            config.prompt_lookup_min,
+            config.prompt_lookup_max,
+        )
     elif config.drafter:
         proposer = RemoteProposer(
             config.drafter,
